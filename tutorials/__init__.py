@@ -1,0 +1,1 @@
+"""Interactive tutorials: lesson format, courses, grader, progress (built in issue 7)."""
