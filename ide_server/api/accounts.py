@@ -1,0 +1,81 @@
+"""Accounts: register, sign in and out, the current user, personal API tokens."""
+
+from fastapi import APIRouter, Request, Response, status
+
+from ide_server import security
+from ide_server.components import Component
+from ide_server.deps import (
+    CSRF_COOKIE,
+    SESSION_COOKIE,
+    CurrentUser,
+    DbSession,
+    Public,
+    SettingsDep,
+)
+from ide_server.models import User
+from ide_server.schemas import LoginPublic, LoginRequest, TokenCreate, TokenCreated, TokenPublic, UserCreate, UserPublic
+from ide_server.services import accounts
+from ide_server.settings import Settings
+
+router = APIRouter(prefix="/api", tags=["accounts"])
+
+
+def _sign_in(response: Response, db: DbSession, settings: Settings, user: User) -> LoginPublic:
+    """Start a session and set its cookies: the HttpOnly session and the readable CSRF token."""
+    token = accounts.start_session(db, settings, user)
+    csrf = security.csrf_token(settings.secret_key.get_secret_value(), token)
+    max_age = settings.session_days * 86400
+    common = dict(max_age=max_age, path="/", samesite="lax", secure=settings.secure_cookies)
+    response.set_cookie(SESSION_COOKIE, token, httponly=True, **common)
+    response.set_cookie(CSRF_COOKIE, csrf, httponly=False, **common)
+    return LoginPublic(user=UserPublic.model_validate(user), csrf_token=csrf)
+
+
+@router.post("/auth/register", status_code=status.HTTP_201_CREATED, dependencies=[Public])
+def register(body: UserCreate, response: Response, db: DbSession, settings: SettingsDep) -> LoginPublic:
+    """Create an account and sign in to it."""
+    user = accounts.create_user(db, settings, body.username, body.password)
+    return _sign_in(response, db, settings, user)
+
+
+@router.post("/auth/login", dependencies=[Public], responses={401: {}, 429: {}})
+def login(body: LoginRequest, request: Request, response: Response, db: DbSession, settings: SettingsDep) -> LoginPublic:
+    """Sign in with username and password; repeated failures are throttled (429 + Retry-After)."""
+    client_ip = request.client.host if request.client else "unknown"
+    user = accounts.authenticate(db, settings, body.username, body.password, client_ip)
+    return _sign_in(response, db, settings, user)
+
+
+@router.post("/auth/logout", status_code=status.HTTP_204_NO_CONTENT)
+def logout(request: Request, response: Response, user: CurrentUser, db: DbSession) -> None:
+    """End this browser session (API tokens stay valid until revoked)."""
+    token = request.cookies.get(SESSION_COOKIE)
+    if token:
+        accounts.end_session(db, token)
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    response.delete_cookie(CSRF_COOKIE, path="/")
+
+
+@router.get("/me")
+def me(user: CurrentUser) -> UserPublic:
+    return UserPublic.model_validate(user)
+
+
+@router.get("/tokens")
+def list_tokens(user: CurrentUser, db: DbSession) -> list[TokenPublic]:
+    return [TokenPublic.model_validate(t) for t in accounts.list_api_tokens(db, user)]
+
+
+@router.post("/tokens", status_code=status.HTTP_201_CREATED)
+def create_token(body: TokenCreate, user: CurrentUser, db: DbSession) -> TokenCreated:
+    """Create a personal API token for `Authorization: Bearer <token>`; it is shown only in this answer."""
+    row, token = accounts.create_api_token(db, user, body.name)
+    return TokenCreated(token=token, **TokenPublic.model_validate(row).model_dump())
+
+
+@router.delete("/tokens/{token_id}", status_code=status.HTTP_204_NO_CONTENT)
+def revoke_token(token_id: str, user: CurrentUser, db: DbSession) -> None:
+    accounts.revoke_api_token(db, user, token_id)
+
+
+component = Component(name="accounts", router=router)

@@ -1,0 +1,60 @@
+"""The FastAPI application factory."""
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+from fastapi import FastAPI
+
+from ide_server import __version__, components, db, log
+from ide_server.access import unguarded_api_routes
+from ide_server.errors import install_error_handlers
+from ide_server.settings import Settings
+
+
+def create_app(settings: Settings | None = None, component_specs: list[str] | None = None) -> FastAPI:
+    """Build the app: prepare the data dir and secret key, migrate the database, plug in components.
+
+    component_specs: "module:attribute" names of Components; default `components.COMPONENTS`.
+    Raises RuntimeError if a component adds an /api route without an access rule.
+    """
+    settings = (settings or Settings()).prepare()
+    log.configure(settings.log_level)
+    engine = db.make_engine(settings.effective_database_url)
+    db.migrate(engine)
+    loaded = components.load_all(component_specs)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            for component in loaded:
+                if component.lifespan is not None:
+                    await stack.enter_async_context(component.lifespan(app))
+            yield
+        engine.dispose()
+
+    app = FastAPI(
+        title="Codeyard",
+        version=__version__,
+        openapi_url="/api/openapi.json",
+        docs_url="/api/docs",
+        redoc_url=None,
+        swagger_ui_oauth2_redirect_url=None,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessionmaker = db.make_sessionmaker(engine)
+    install_error_handlers(app)
+    app.add_middleware(log.RequestLogMiddleware)
+    for component in loaded:
+        if component.router is not None:
+            app.include_router(component.router)
+        if component.setup is not None:
+            component.setup(app)
+    missing = unguarded_api_routes(app.routes, exempt={app.openapi_url, app.docs_url})
+    if missing:
+        raise RuntimeError(f"/api routes without an access rule (see ide_server/deps.py): {', '.join(missing)}")
+    log.get_logger("codeyard").info(
+        "app created", database=engine.dialect.name, data_dir=str(settings.data_dir), components=[c.name for c in loaded]
+    )
+    return app

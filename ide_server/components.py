@@ -1,0 +1,63 @@
+"""Components: how features plug into the app (in the spirit of Datasette plugins).
+
+A component is a router plus optional setup and lifespan hooks. The core features (health,
+accounts, projects, files, web pages) are components too, so later features (collaboration,
+sandbox runs, deploys, tutorials, the LLM's /v1 API) plug in the same way:
+
+1. In your package, build a `Component`, e.g. in `collab/component.py`:
+
+       router = APIRouter(prefix="/api/projects/{project_id}/collab", tags=["collab"])
+
+       @router.websocket("/ws")
+       async def room(ws: WebSocket, ctx: ProjectEditor): ...
+
+       component = Component(name="collab", router=router, lifespan=collab_lifespan)
+
+2. Append "collab.component:component" to `COMPONENTS` below.
+
+Every `/api` route must declare an access rule through the dependencies of `ide_server.deps`
+(`Public`, `CurrentUser`, `ProjectViewer`/`ProjectReader`/`ProjectEditor`/`ProjectOwner`), or
+`create_app` refuses to start. Components are imported when the app is created, not when the
+CLI starts, so heavy imports in them don't slow down `codeyard --help`.
+"""
+
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from importlib import import_module
+
+from fastapi import APIRouter, FastAPI
+
+
+@dataclass(frozen=True)
+class Component:
+    """name: for logs and errors. router: included into the app as it is (give it its prefix).
+    setup: called with the app after the router is included (mounts, middleware, app.state).
+    lifespan: an async context manager factory run while the app serves (open/close clients)."""
+
+    name: str
+    router: APIRouter | None = None
+    setup: Callable[[FastAPI], None] | None = None
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None
+
+
+COMPONENTS: list[str] = [
+    "ide_server.api.health:component",
+    "ide_server.api.accounts:component",
+    "ide_server.api.projects:component",
+    "ide_server.api.files:component",
+    "ide_server.api.pages:component",  # browser pages last: they own "/" and "/static"
+]
+
+
+def load(spec: str) -> Component:
+    """Import "module:attribute" and check that it is a Component."""
+    module_name, _, attr = spec.partition(":")
+    component = getattr(import_module(module_name), attr or "component")
+    if not isinstance(component, Component):
+        raise TypeError(f"{spec} is a {type(component).__name__}, not a Component")
+    return component
+
+
+def load_all(specs: list[str] | None = None) -> list[Component]:
+    return [load(spec) for spec in (COMPONENTS if specs is None else specs)]

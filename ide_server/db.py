@@ -1,0 +1,66 @@
+"""Database engine, sessions and schema migrations (SQLite in WAL mode or PostgreSQL)."""
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.orm import DeclarativeBase, sessionmaker
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+# Any constant works: it only has to be the same for every replica running migrations.
+PG_MIGRATION_LOCK = 7_202_611
+
+
+class Base(DeclarativeBase):
+    """Base class of every table."""
+
+
+def make_engine(url: str) -> Engine:
+    """Engine with SQLite tuned for concurrent web use (WAL, busy timeout, foreign keys)."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def alembic_config(url: str) -> Config:
+    cfg = Config(str(MIGRATIONS_DIR / "alembic.ini"))
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["database_url"] = url
+    return cfg
+
+
+def migrate(engine: Engine) -> None:
+    """Upgrade the schema to head; on PostgreSQL an advisory lock keeps replicas from racing."""
+    url = engine.url.render_as_string(hide_password=False)
+    cfg = alembic_config(url)
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": PG_MIGRATION_LOCK})
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config("")).get_current_head()
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()

@@ -1,0 +1,158 @@
+"""Typed request dependencies shared by every component: DB session, identity, project access.
+
+They take an `HTTPConnection`, so the same dependencies guard HTTP routes and WebSocket routes
+(a DomainError raised while opening a WebSocket becomes an HTTP denial response: 401/403/404).
+
+Use them as annotations:
+
+    @router.post("/projects/{project_id}/thing")
+    def make_thing(ctx: ProjectEditor, db: DbSession) -> ThingPublic: ...
+
+Each access dependency carries an `access_rule` (see `access.py`); a route under /api must use
+at least one of `Public`, `CurrentUser`, `ProjectViewer`, `ProjectReader`, `ProjectEditor`,
+`ProjectOwner`, or the app refuses to start.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from typing import Annotated
+from urllib.parse import urlsplit
+
+from fastapi import Depends
+from sqlalchemy.orm import Session
+from starlette.requests import HTTPConnection
+from starlette.websockets import WebSocket
+
+from ide_server import access, security
+from ide_server.errors import NotAuthenticated, PermissionDenied
+from ide_server.models import Project, Role, User
+from ide_server.services import accounts, projects
+from ide_server.settings import Settings
+
+SESSION_COOKIE = "codeyard_session"
+CSRF_COOKIE = "codeyard_csrf"
+CSRF_HEADER = "X-CSRF-Token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def get_settings(conn: HTTPConnection) -> Settings:
+    return conn.app.state.settings
+
+
+def get_db(conn: HTTPConnection) -> Iterator[Session]:
+    with conn.app.state.sessionmaker() as db:
+        yield db
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+DbSession = Annotated[Session, Depends(get_db)]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who is calling and how: via "cookie", "token", or neither (anonymous)."""
+
+    user: User | None
+    via: str | None = None
+
+
+def identify(conn: HTTPConnection, db: Session, settings: Settings) -> Identity:
+    """Resolve the caller from a Bearer token or the session cookie.
+
+    A Bearer header that is wrong is an error (never a silent fall back to anonymous). Cookie
+    requests with unsafe methods must echo the session's CSRF token in the X-CSRF-Token header.
+    """
+    auth = conn.headers.get("authorization")
+    if auth is not None:
+        scheme, _, token = auth.partition(" ")
+        user = accounts.user_for_api_token(db, token.strip()) if scheme.lower() == "bearer" else None
+        if user is None:
+            raise NotAuthenticated("invalid or revoked API token")
+        return Identity(user, "token")
+    session_token = conn.cookies.get(SESSION_COOKIE)
+    if not session_token:
+        return Identity(None)
+    user = accounts.user_for_session(db, session_token)
+    if user is None:
+        return Identity(None)
+    secret = settings.secret_key.get_secret_value()
+    method = conn.scope.get("method", "GET")
+    if conn.scope["type"] == "http" and method not in SAFE_METHODS:
+        if not security.csrf_ok(secret, session_token, conn.headers.get(CSRF_HEADER)):
+            raise PermissionDenied(f"missing or wrong {CSRF_HEADER} header (read it from the {CSRF_COOKIE} cookie)")
+    return Identity(user, "cookie")
+
+
+def _identity(conn: HTTPConnection, db: DbSession, settings: SettingsDep) -> Identity:
+    return identify(conn, db, settings)
+
+
+IdentityDep = Annotated[Identity, Depends(_identity)]
+
+
+def optional_user(identity: IdentityDep) -> User | None:
+    return identity.user
+
+
+def require_user(identity: IdentityDep) -> User:
+    if identity.user is None:
+        raise NotAuthenticated("sign in first")
+    return identity.user
+
+
+def anyone() -> None:
+    """Marks a route as open to everyone, anonymous included."""
+
+
+require_user.access_rule = access.SIGNED_IN  # type: ignore[attr-defined]
+anyone.access_rule = access.PUBLIC  # type: ignore[attr-defined]
+
+OptionalUser = Annotated[User | None, Depends(optional_user)]
+CurrentUser = Annotated[User, Depends(require_user)]
+Public = Depends(anyone)  # use as `dependencies=[Public]`
+
+
+class _ProjectAccess:
+    """Dependency: the `{project_id}` in the path, if the caller holds at least `min_role`."""
+
+    def __init__(self, min_role: Role, public_read: bool):
+        self.min_role = min_role
+        self.public_read = public_read
+        self.access_rule = access.project_rule(min_role, public_read)
+
+    def __call__(self, project_id: str, identity: IdentityDep, db: DbSession) -> projects.ProjectAccess:
+        return projects.authorize(db, project_id, identity.user, self.min_role, self.public_read)
+
+
+@cache
+def project_access(min_role: Role, public_read: bool = False) -> _ProjectAccess:
+    """One shared instance per rule, so FastAPI caches it per request like any dependency."""
+    return _ProjectAccess(min_role, public_read)
+
+
+# Read routes: members, plus anyone (anonymous included) when the project is public.
+ProjectViewer = Annotated[projects.ProjectAccess, Depends(project_access(Role.viewer, public_read=True))]
+# Members only, even on public projects.
+ProjectReader = Annotated[projects.ProjectAccess, Depends(project_access(Role.viewer))]
+ProjectEditor = Annotated[projects.ProjectAccess, Depends(project_access(Role.editor))]
+ProjectOwner = Annotated[projects.ProjectAccess, Depends(project_access(Role.owner))]
+
+
+def authenticate_websocket(websocket: WebSocket, db: Session, settings: Settings) -> User | None:
+    """The user behind a WebSocket handshake (Bearer header or session cookie), or None if anonymous.
+
+    Cookie handshakes must come from this site (Origin host = Host), which stops cross-site
+    WebSocket hijacking. Raises NotAuthenticated for a bad token, PermissionDenied for a bad Origin.
+    """
+    identity = identify(websocket, db, settings)
+    if identity.via == "cookie":
+        origin = websocket.headers.get("origin")
+        if origin is not None and urlsplit(origin).netloc != websocket.headers.get("host"):
+            raise PermissionDenied("cross-site WebSocket refused")
+    return identity.user
+
+
+def project_role(db: Session, project: Project | str, user: User | None) -> Role | None:
+    """The user's role on a project (None: not a member, or anonymous)."""
+    return projects.role_of(db, project if isinstance(project, str) else project.id, user)

@@ -1,0 +1,135 @@
+"""Request and response bodies of the core API (Create/Update/Public, as in the FastAPI template)."""
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ide_server.models import Role, Visibility
+
+Username = Field(min_length=2, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+Password = Field(min_length=1, max_length=1024)
+
+
+class Public(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class UserCreate(BaseModel):
+    username: str = Username
+    password: str = Password
+
+
+class LoginRequest(BaseModel):
+    username: str = Field(min_length=1, max_length=100)
+    password: str = Password
+
+
+class UserPublic(Public):
+    username: str
+    is_admin: bool
+    created_at: datetime
+
+
+class LoginPublic(BaseModel):
+    user: UserPublic
+    csrf_token: str = Field(description="Send it back in the X-CSRF-Token header on cookie-authenticated writes.")
+
+
+class TokenCreate(BaseModel):
+    name: str = Field(min_length=1, max_length=100)
+
+
+class TokenPublic(Public):
+    id: str
+    name: str
+    created_at: datetime
+    last_used_at: datetime | None
+
+
+class TokenCreated(TokenPublic):
+    token: str = Field(description="The token itself; shown only now.")
+
+
+class TemplatePublic(Public):
+    id: str
+    title: str
+    description: str
+
+
+class ProjectCreate(BaseModel):
+    name: str = Field(min_length=1, max_length=100)
+    template: str = Field(default="python", max_length=32)
+
+
+class ProjectUpdate(BaseModel):
+    name: str | None = Field(default=None, min_length=1, max_length=100)
+    visibility: Visibility | None = None
+
+
+class ProjectFork(BaseModel):
+    name: str | None = Field(default=None, min_length=1, max_length=100)
+
+
+class ProjectPublic(Public):
+    id: str
+    name: str
+    template: str
+    visibility: Visibility
+    forked_from: str | None
+    created_at: datetime
+    role: Role | None = Field(description="The caller's role; null for a public project they are not a member of.")
+
+
+class MemberPublic(BaseModel):
+    username: str
+    role: Role
+
+
+class MemberUpdate(BaseModel):
+    role: Role
+
+
+class InviteCreate(BaseModel):
+    role: Role = Role.viewer
+
+
+class InvitePublic(Public):
+    id: str
+    role: Role
+    created_at: datetime
+
+
+class InviteCreated(InvitePublic):
+    token: str = Field(description="The secret part of the link; shown only now.")
+    url: str = Field(description="Path of the page that accepts the invite.")
+
+
+class InvitePreview(BaseModel):
+    project_name: str
+    role: Role
+
+
+class InviteAccepted(BaseModel):
+    project: ProjectPublic
+
+
+class FileEntry(Public):
+    path: str
+    kind: Literal["file", "directory", "symlink"]
+    size: int
+
+
+class FileCreate(BaseModel):
+    path: str = Field(min_length=1, max_length=1024)
+    kind: Literal["file", "directory"] = "file"
+    content: str = Field(default="", description="UTF-8 text of a new file.")
+
+
+class FileMove(BaseModel):
+    src: str = Field(min_length=1, max_length=1024)
+    dst: str = Field(min_length=1, max_length=1024)
+
+
+class UploadResult(BaseModel):
+    files_written: int

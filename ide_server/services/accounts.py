@@ -1,0 +1,118 @@
+"""Users, browser sessions and personal API tokens."""
+
+import re
+from datetime import timedelta
+
+from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from ide_server import security
+from ide_server.errors import Conflict, InvalidInput, NotAuthenticated, NotFound
+from ide_server.models import ApiToken, LoginSession, User, utcnow
+from ide_server.services import login_throttle
+from ide_server.settings import Settings
+
+USERNAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{1,31}$")
+USERNAME_RULE = "2-32 characters: lowercase letters, digits, '-' or '_', starting with a letter or digit"
+API_TOKEN_PREFIX = "cy_"
+# last_used_at is informative only: don't write it on every request.
+TOKEN_TOUCH_INTERVAL = timedelta(minutes=1)
+
+
+def normalise_username(username: str) -> str:
+    name = username.strip().lower()
+    if not USERNAME_RE.match(name):
+        raise InvalidInput(f"username must be {USERNAME_RULE}")
+    return name
+
+
+def create_user(db: Session, settings: Settings, username: str, password: str, is_admin: bool = False) -> User:
+    name = normalise_username(username)
+    if len(password) < settings.password_min_length:
+        raise InvalidInput(f"password must have at least {settings.password_min_length} characters")
+    if db.scalar(select(User.id).where(User.username == name)) is not None:
+        raise Conflict(f"username {name!r} is taken")
+    user = User(username=name, password_hash=security.hash_password(password), is_admin=is_admin)
+    db.add(user)
+    try:
+        db.commit()
+    except IntegrityError:  # a concurrent registration won the race
+        db.rollback()
+        raise Conflict(f"username {name!r} is taken") from None
+    return user
+
+
+def authenticate(db: Session, settings: Settings, username: str, password: str, client_ip: str) -> User:
+    """Check a password, throttled per username and client address."""
+    key = login_throttle.throttle_key(username.strip(), client_ip)
+    login_throttle.check(db, key, settings.login_max_failures, settings.login_window_seconds)
+    user = db.scalar(select(User).where(User.username == username.strip().lower()))
+    if not security.verify_password(user.password_hash if user else None, password):
+        login_throttle.record_failure(db, key, settings.login_window_seconds)
+        raise NotAuthenticated("wrong username or password")
+    login_throttle.clear(db, key)
+    if security.needs_rehash(user.password_hash):
+        user.password_hash = security.hash_password(password)
+        db.commit()
+    return user
+
+
+def start_session(db: Session, settings: Settings, user: User) -> str:
+    """Returns the cookie value; the table keeps only its hash."""
+    token = security.new_token()
+    db.add(
+        LoginSession(
+            token_hash=security.token_hash(token),
+            user_id=user.id,
+            expires_at=utcnow() + timedelta(days=settings.session_days),
+        )
+    )
+    db.commit()
+    return token
+
+
+def user_for_session(db: Session, token: str) -> User | None:
+    row = db.get(LoginSession, security.token_hash(token))
+    if row is None or row.expires_at <= utcnow():
+        return None
+    return row.user
+
+
+def end_session(db: Session, token: str) -> None:
+    db.execute(delete(LoginSession).where(LoginSession.token_hash == security.token_hash(token)))
+    db.commit()
+
+
+def create_api_token(db: Session, user: User, name: str) -> tuple[ApiToken, str]:
+    """Returns the row and the token itself, which is shown once and never stored."""
+    token = security.new_token(API_TOKEN_PREFIX)
+    row = ApiToken(id=security.new_id(), user_id=user.id, name=name, token_hash=security.token_hash(token))
+    db.add(row)
+    db.commit()
+    return row, token
+
+
+def list_api_tokens(db: Session, user: User) -> list[ApiToken]:
+    return list(db.scalars(select(ApiToken).where(ApiToken.user_id == user.id).order_by(ApiToken.created_at)))
+
+
+def revoke_api_token(db: Session, user: User, token_id: str) -> None:
+    row = db.get(ApiToken, token_id)
+    if row is None or row.user_id != user.id:
+        raise NotFound("no such token")
+    db.delete(row)
+    db.commit()
+
+
+def user_for_api_token(db: Session, token: str) -> User | None:
+    if not token.startswith(API_TOKEN_PREFIX):
+        return None
+    row = db.scalar(select(ApiToken).where(ApiToken.token_hash == security.token_hash(token)))
+    if row is None:
+        return None
+    now = utcnow()
+    if row.last_used_at is None or now - row.last_used_at > TOKEN_TOUCH_INTERVAL:
+        row.last_used_at = now
+        db.commit()
+    return row.user

@@ -1,0 +1,73 @@
+"""Server settings, read from `CODEYARD_*` environment variables (pydantic-settings)."""
+
+import os
+import secrets
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+SECRET_KEY_FILE = "secret_key"
+
+
+class Settings(BaseSettings):
+    """Everything the server can be configured with; defaults give a working single-user server."""
+
+    model_config = SettingsConfigDict(env_prefix="CODEYARD_", extra="ignore")
+
+    data_dir: Path = Path(".codeyard")
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL; default is a SQLite file in the data dir."
+    )
+    secret_key: SecretStr | None = Field(
+        default=None, description="Signs sessions and CSRF tokens; generated into the data dir if unset."
+    )
+    sandbox_backend: Literal["auto", "docker", "bwrap"] = "auto"
+    redis_url: str | None = None
+    llm_model: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    session_days: int = Field(default=14, ge=1)
+    login_max_failures: int = Field(default=5, ge=1, description="Failed logins per user+IP per window.")
+    login_window_seconds: int = Field(default=300, ge=1)
+    password_min_length: int = Field(default=8, ge=1)
+    max_file_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
+    max_upload_bytes: int = Field(default=50 * 1024 * 1024, ge=1, description="Zip upload, compressed and expanded.")
+    max_upload_files: int = Field(default=5000, ge=1)
+    secure_cookies: bool = Field(default=False, description="Mark cookies Secure (serve over HTTPS).")
+
+    @property
+    def projects_dir(self) -> Path:
+        return self.data_dir / "projects"
+
+    @property
+    def effective_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'codeyard.db').resolve()}"
+
+    def prepare(self) -> "Settings":
+        """Create the data dir and make sure a secret key exists; returns self for chaining."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.projects_dir.mkdir(exist_ok=True)
+        if self.secret_key is None:
+            self.secret_key = SecretStr(load_or_create_secret(self.data_dir / SECRET_KEY_FILE))
+        return self
+
+
+def load_or_create_secret(path: Path) -> str:
+    """Read the key file, or create it readable by the owner only (mode 0600) on first start."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        key = path.read_text().strip()
+        if not key:
+            raise ValueError(f"secret key file {path} is empty; delete it to generate a new one")
+        return key
+    key = secrets.token_urlsafe(48)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key
