@@ -1,0 +1,1 @@
+"""Sandboxed code execution: backends (bubblewrap, Docker), limits, verdicts and file transfer."""

@@ -1,0 +1,291 @@
+"""The one interface every sandbox backend implements, and the run lifecycle they share.
+
+A backend only knows how to launch a command in its isolation; `Backend.start` does the rest the
+same way for all: a per-run uid, cgroup and quota'd workspace, copy in, the wall timer, output
+accounting, the verdict, copy out, and cleanup that leaves no process, mount or folder behind.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import re
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import AsyncIterator, ClassVar, Literal, Mapping, Sequence
+
+from sandbox.cgroups import RunCgroup
+from sandbox.files import WorkspaceTooLarge, copy_in, copy_out
+from sandbox.limits import Limits
+from sandbox.verdict import RunResult, Verdict
+from sandbox.workspace import kill_uid, run_uid, scratch
+
+log = logging.getLogger(__name__)
+
+WORKSPACE = "/workspace"
+MAX_ARGV_BYTES = 1 << 20
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What to run: an argument vector (never a shell string), over a copy of project_dir."""
+
+    argv: Sequence[str]
+    project_dir: Path
+    limits: Limits = field(default_factory=Limits)
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.argv, (str, bytes)) or not self.argv:
+            raise ValueError("argv must be a non-empty list of strings")
+        if not all(isinstance(a, str) and "\0" not in a for a in self.argv):
+            raise ValueError("argv items must be strings without NUL bytes")
+        if sum(len(a.encode()) + 1 for a in self.argv) > MAX_ARGV_BYTES:
+            raise ValueError(f"argv is longer than {MAX_ARGV_BYTES} bytes")
+        for key, value in self.env.items():
+            if not _ENV_NAME.match(key) or "\0" in value:
+                raise ValueError(f"env has an invalid variable name or value: {key!r}")
+        if not Path(self.project_dir).is_dir():
+            raise ValueError(f"project_dir is not a folder: {self.project_dir}")
+
+    def environment(self) -> dict[str, str]:
+        return {**BASE_ENV, **self.env}
+
+
+@dataclass(frozen=True)
+class OutputChunk:
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+@dataclass
+class ExitStatus:
+    exit_code: int | None = None
+    signal: int | None = None
+    cpu_seconds: float = 0.0
+    peak_memory_bytes: int = 0
+    oom_killed: bool = False
+
+
+class Execution(abc.ABC):
+    """A launched sandboxed process, as a backend controls it."""
+
+    @abc.abstractmethod
+    async def write_stdin(self, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    async def close_stdin(self) -> None: ...
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """Kill everything of the run now (idempotent, never blocks for long)."""
+
+    @abc.abstractmethod
+    async def wait(self) -> ExitStatus:
+        """Wait for the exit and for all output to be delivered."""
+
+    async def cleanup(self) -> None:
+        """Release backend resources (containers); called once, after wait or on failure."""
+
+
+@dataclass
+class RunContext:
+    """What the shared lifecycle prepared for a backend's launch."""
+
+    spec: RunSpec
+    workspace: Path
+    uid: int
+    cgroup: RunCgroup | None
+    run: SandboxRun
+
+
+class SandboxRun:
+    """A started run: stream its output, send it input, cancel it, await its one result."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.id = secrets.token_hex(8)
+        self.limits = limits
+        self._queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
+        self._out = {"stdout": bytearray(), "stderr": bytearray()}
+        self._total = 0
+        self._execution: Execution | None = None
+        self._pending_stdin: list[bytes | None] = []
+        self._task: asyncio.Task[RunResult] | None = None
+        self.cancelled = False
+        self.output_exceeded = False
+        self.timed_out = False
+
+    def emit(self, stream: Literal["stdout", "stderr"], data: bytes) -> None:
+        """Account for output: keep and stream it up to the limit, then stop the run."""
+        if self.output_exceeded or not data:
+            return
+        room = self.limits.output_bytes - self._total
+        if len(data) > room:
+            data = data[: max(room, 0)]
+            self.output_exceeded = True
+        self._total += len(data)
+        self._out[stream] += data
+        if data:
+            self._queue.put_nowait(OutputChunk(stream, bytes(data)))
+        if self.output_exceeded:
+            self._kill()
+
+    async def chunks(self) -> AsyncIterator[OutputChunk]:
+        """Output as it arrives, ending when the run has ended (one consumer)."""
+        while (chunk := await self._queue.get()) is not None:
+            yield chunk
+
+    async def send_stdin(self, data: bytes) -> None:
+        """Input for the program; held until it has started."""
+        if self._execution is None:
+            self._pending_stdin.append(data)
+        else:
+            await self._execution.write_stdin(data)
+
+    async def close_stdin(self) -> None:
+        if self._execution is None:
+            self._pending_stdin.append(None)
+        else:
+            await self._execution.close_stdin()
+
+    async def _bind(self, execution: Execution) -> None:
+        self._execution = execution
+        for data in self._pending_stdin:
+            await (execution.close_stdin() if data is None else execution.write_stdin(data))
+        self._pending_stdin.clear()
+        if self.cancelled or self.output_exceeded:
+            execution.kill()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._kill()
+
+    async def result(self) -> RunResult:
+        assert self._task is not None
+        return await asyncio.shield(self._task)
+
+    def _kill(self) -> None:
+        if self._execution is not None:
+            self._execution.kill()
+
+    def _verdict(self, status: ExitStatus) -> Verdict:
+        if self.cancelled:
+            return Verdict.CANCELLED
+        if self.output_exceeded:
+            return Verdict.OUTPUT_LIMIT
+        if status.oom_killed:
+            return Verdict.MEMORY_LIMIT
+        if self.timed_out or status.cpu_seconds >= self.limits.cpu_seconds or status.signal == signal.SIGXCPU:
+            return Verdict.TIME_LIMIT
+        if status.exit_code == 0 and status.signal is None:
+            return Verdict.OK
+        return Verdict.RUNTIME_ERROR
+
+    def _result(self, verdict: Verdict, status: ExitStatus, wall: float, message: str = "") -> RunResult:
+        return RunResult(
+            verdict=verdict,
+            exit_code=status.exit_code,
+            signal=status.signal,
+            cpu_seconds=round(status.cpu_seconds, 4),
+            wall_seconds=round(wall, 4),
+            peak_memory_bytes=status.peak_memory_bytes,
+            stdout=bytes(self._out["stdout"]),
+            stderr=bytes(self._out["stderr"]),
+            message=message,
+        )
+
+
+class Backend(abc.ABC):
+    """A way to isolate a run. Subclasses implement `launch`; `start` is the same for all."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    @abc.abstractmethod
+    def unavailable_reason(cls) -> str | None:
+        """None when this backend can run code here, else why not and how to fix it."""
+
+    @abc.abstractmethod
+    async def launch(self, ctx: RunContext) -> Execution:
+        """Start spec.argv in isolation over ctx.workspace at /workspace, running as ctx.uid."""
+
+    async def start(self, spec: RunSpec) -> SandboxRun:
+        """Start a run in the background and return its handle at once."""
+        run = SandboxRun(spec.limits)
+        run._task = asyncio.create_task(self._drive(run, spec))
+        return run
+
+    async def run(self, spec: RunSpec, stdin: bytes = b"") -> RunResult:
+        """Run to completion with the given input (output is in the result)."""
+        started = await self.start(spec)
+        if stdin:
+            await started.send_stdin(stdin)
+        await started.close_stdin()
+        return await started.result()
+
+    async def _drive(self, run: SandboxRun, spec: RunSpec) -> RunResult:
+        began = time.monotonic()
+        status = ExitStatus()
+        try:
+            with run_uid() as uid:
+                cgroup = RunCgroup.create(f"run-{uid}-{run.id}", spec.limits.memory_bytes, spec.limits.pids)
+                try:
+                    return await self._in_workspace(run, spec, uid, cgroup, status)
+                finally:
+                    if cgroup is not None:
+                        cgroup.kill_all()
+                        cgroup.remove()
+        except WorkspaceTooLarge as exc:
+            return run._result(Verdict.INTERNAL_ERROR, status, time.monotonic() - began, str(exc))
+        except Exception as exc:  # the run must end with a verdict whatever failed
+            log.exception("sandbox run %s failed", run.id)
+            return run._result(Verdict.INTERNAL_ERROR, status, time.monotonic() - began, f"sandbox error: {exc}")
+        finally:
+            run._queue.put_nowait(None)
+
+    async def _in_workspace(self, run: SandboxRun, spec: RunSpec, uid: int, cgroup: RunCgroup | None, status: ExitStatus) -> RunResult:
+        limits = spec.limits
+        with scratch(limits.disk_bytes, limits.files_count * 2 + 64, uid) as ws:
+            snapshot = await asyncio.to_thread(
+                copy_in, Path(spec.project_dir), ws, max_bytes=limits.disk_bytes, max_files=limits.files_count, owner=uid
+            )
+            began = time.monotonic()
+            execution = await self.launch(RunContext(spec, ws, uid, cgroup, run))
+            try:
+                await run._bind(execution)
+                waiter = asyncio.ensure_future(execution.wait())
+                try:
+                    status = await asyncio.wait_for(asyncio.shield(waiter), limits.wall_seconds)
+                except asyncio.TimeoutError:
+                    run.timed_out = True
+                    execution.kill()
+                    status = await waiter
+                except asyncio.CancelledError:
+                    run.cancelled = True
+                    execution.kill()
+                    await waiter
+                    raise
+                wall = time.monotonic() - began
+            finally:
+                execution.kill()
+                if cgroup is not None:
+                    cgroup.kill_all()
+                kill_uid(uid)
+                await execution.cleanup()
+            if cgroup is not None:
+                status.cpu_seconds = max(status.cpu_seconds, cgroup.cpu_seconds())
+                status.peak_memory_bytes = max(status.peak_memory_bytes, cgroup.peak_memory())
+                status.oom_killed = status.oom_killed or cgroup.oom_killed()
+            result = run._result(run._verdict(status), status, wall)
+            report = await asyncio.to_thread(
+                copy_out, ws, Path(spec.project_dir), snapshot, max_bytes=limits.disk_bytes, max_files=limits.files_count
+            )
+            result.files_written = report.written
+            result.files_skipped = snapshot.skipped + report.skipped
+            return result

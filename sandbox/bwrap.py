@@ -1,0 +1,130 @@
+"""The bubblewrap backend: Linux namespaces, a seccomp filter, cgroup and rlimit limits.
+
+The program runs with new user, pid, net, ipc, uts, mount and cgroup namespaces, as uid 1000 inside
+(a per-run uid outside), with no capabilities, read-only system folders, an empty network, fresh
+/tmp and /dev/shm, and only the workspace writable.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import shutil
+from pathlib import Path
+
+from sandbox.backend import WORKSPACE, Backend, ExitStatus, Execution, RunContext
+from sandbox.process import HostProcess, exit_status
+from sandbox.seccomp import filter_program
+
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC_FILES = ("/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
+             "/etc/nsswitch.conf", "/etc/ssl/certs")
+SANDBOX_UID = 1000
+PASSWD = "root:x:0:0::/:/usr/sbin/nologin\nuser:x:1000:1000::/tmp:/bin/bash\nnobody:x:65534:65534::/:/usr/sbin/nologin\n"
+GROUP = "root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n"
+
+
+def _system_binds() -> list[str]:
+    args: list[str] = []
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for path in ETC_FILES:
+        args += ["--ro-bind-try", path, path]
+    return args
+
+
+def bwrap_argv(ctx: RunContext, seccomp_fd: int, passwd_fd: int, group_fd: int) -> list[str]:
+    limits = ctx.spec.limits
+    args = [
+        shutil.which("bwrap") or "bwrap",
+        "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
+        *_system_binds(),
+        "--ro-bind-data", str(passwd_fd), "/etc/passwd", "--ro-bind-data", str(group_fd), "/etc/group",
+        "--proc", "/proc", "--dev", "/dev",
+        "--size", str(limits.disk_bytes), "--tmpfs", "/tmp",
+        "--size", str(limits.disk_bytes), "--tmpfs", "/dev/shm",
+        "--bind", str(ctx.workspace), WORKSPACE, "--chdir", WORKSPACE,
+        "--clearenv",
+    ]
+    for key, value in ctx.spec.environment().items():
+        args += ["--setenv", key, value]
+    return [*args, "--seccomp", str(seccomp_fd), "--", *ctx.spec.argv]
+
+
+def _data_fd(data: bytes) -> int:
+    """A memfd holding data at offset 0, for bwrap options that read a file descriptor."""
+    fd = os.memfd_create("codeyard-data", 0)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _preexec(ctx: RunContext):
+    limits = ctx.spec.limits
+    cpu = math.ceil(limits.cpu_seconds)
+    procs_files = ctx.cgroup.procs_files() if ctx.cgroup else []
+    uid = ctx.uid
+
+    def setup() -> None:
+        pid = str(os.getpid()).encode()
+        for path in procs_files:
+            fd = os.open(path, os.O_WRONLY)
+            os.write(fd, pid)
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
+        resource.setrlimit(resource.RLIMIT_NPROC, (limits.pids, limits.pids))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if not procs_files:  # no cgroup: bound the address space instead
+            resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+
+    return setup
+
+
+class _BwrapExecution(Execution):
+    def __init__(self, proc: HostProcess) -> None:
+        self.proc = proc
+
+    async def write_stdin(self, data: bytes) -> None:
+        await self.proc.write_stdin(data)
+
+    async def close_stdin(self) -> None:
+        await self.proc.close_stdin()
+
+    def kill(self) -> None:
+        self.proc.kill()
+
+    async def wait(self) -> ExitStatus:
+        return exit_status(*await self.proc.wait())
+
+
+class BwrapBackend(Backend):
+    name = "bwrap"
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        if shutil.which("bwrap") is None:
+            return "bubblewrap is not installed (apt-get install bubblewrap)"
+        if os.geteuid() != 0:
+            return "the bubblewrap backend must run as root (it mounts per-run workspaces and uses per-run uids)"
+        return None
+
+    async def launch(self, ctx: RunContext) -> Execution:
+        fds = (_data_fd(filter_program()), _data_fd(PASSWD.encode()), _data_fd(GROUP.encode()))
+        try:
+            proc = await HostProcess.spawn(
+                bwrap_argv(ctx, *fds), ctx.run, env={}, cwd=str(ctx.workspace), preexec=_preexec(ctx), pass_fds=fds
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return _BwrapExecution(proc)

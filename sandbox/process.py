@@ -1,0 +1,107 @@
+"""A host child process driven from asyncio: piped output to a SandboxRun, buffered stdin, exit via pidfd.
+
+Waiting on a pidfd with os.wait4 (instead of asyncio's child watcher) gives the resource usage of
+the whole reaped tree, needs no thread per run, and works for many concurrent runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import signal
+import subprocess
+from typing import Callable, Literal
+
+from sandbox.backend import ExitStatus, SandboxRun
+
+MAX_STDIN_BUFFER = 1 << 20
+
+
+class _Pump(asyncio.Protocol):
+    def __init__(self, run: SandboxRun, stream: Literal["stdout", "stderr"], done: asyncio.Future[None]) -> None:
+        self.run, self.stream, self.done = run, stream, done
+
+    def data_received(self, data: bytes) -> None:
+        self.run.emit(self.stream, data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+class HostProcess:
+    """Spawn argv with pipes; `wait` returns after exit and end of output."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+        self.pidfd = os.pidfd_open(popen.pid)
+        self._stdin: asyncio.WriteTransport | None = None
+        self._eof: list[asyncio.Future[None]] = []
+        self._exited = False
+
+    @classmethod
+    async def spawn(cls, argv: list[str], run: SandboxRun, env: dict[str, str], cwd: str,
+                    preexec: Callable[[], None], pass_fds: tuple[int, ...] = ()) -> HostProcess:
+        popen = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
+            preexec_fn=preexec, start_new_session=True, close_fds=True, pass_fds=pass_fds,
+        )
+        proc = cls(popen)
+        loop = asyncio.get_running_loop()
+        for pipe, stream in ((popen.stdout, "stdout"), (popen.stderr, "stderr")):
+            done: asyncio.Future[None] = loop.create_future()
+            await loop.connect_read_pipe(lambda s=stream, d=done: _Pump(run, s, d), pipe)
+            proc._eof.append(done)
+        proc._stdin, _ = await loop.connect_write_pipe(asyncio.BaseProtocol, popen.stdin)
+        return proc
+
+    async def write_stdin(self, data: bytes) -> None:
+        if self._stdin is None or self._stdin.is_closing():
+            return
+        if self._stdin.get_write_buffer_size() + len(data) > MAX_STDIN_BUFFER:
+            raise ValueError("stdin: more than 1 MiB is waiting to be read by the program")
+        self._stdin.write(data)
+
+    async def close_stdin(self) -> None:
+        if self._stdin is not None:
+            self._stdin.close()
+
+    def kill(self) -> None:
+        if self._exited:
+            return
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    async def wait(self) -> tuple[int, resource.struct_rusage]:
+        """Exit status (as os.wait4 reports it) and rusage, after the output pipes closed."""
+        loop = asyncio.get_running_loop()
+        exited: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(self.pidfd, lambda: exited.done() or exited.set_result(None))
+        try:
+            await exited
+        finally:
+            loop.remove_reader(self.pidfd)
+            os.close(self.pidfd)
+        _, status, usage = os.wait4(self.popen.pid, 0)
+        self._exited = True
+        self.popen.returncode = os.waitstatus_to_exitcode(status)
+        await asyncio.gather(*self._eof)
+        if self._stdin is not None:
+            self._stdin.close()
+        return status, usage
+
+
+def exit_status(status: int, usage: resource.struct_rusage) -> ExitStatus:
+    """Translate a wait status whose exit code follows the 128+signal convention of bwrap and docker-init."""
+    code = os.waitstatus_to_exitcode(status)
+    result = ExitStatus(cpu_seconds=usage.ru_utime + usage.ru_stime, peak_memory_bytes=usage.ru_maxrss * 1024)
+    if code < 0:
+        result.signal = -code
+    elif code > 128 and code - 128 < signal.NSIG:
+        result.signal = code - 128
+    else:
+        result.exit_code = code
+    return result

@@ -1,0 +1,125 @@
+"""A run's scratch folder: a size-limited tmpfs owned by a uid no other live run uses.
+
+The tmpfs size is the workspace disk quota (disk fill ends in ENOSPC, not a full host disk) and
+unmounting it removes everything the run left. The dedicated host uid makes per-user limits
+(RLIMIT_NPROC) per-run and lets cleanup find every process the run owns.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+UID_BASE = 620000
+UID_COUNT = 4096
+MNT_DETACH = 2
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_uids_lock = threading.Lock()
+_uids_in_use: set[int] = set()
+_next_uid = 0
+
+
+class SandboxUnavailable(RuntimeError):
+    """No backend can run code safely on this host; the message says how to fix that."""
+
+
+def runs_root() -> Path:
+    root = Path(os.environ.get("CODEYARD_SANDBOX_DIR", "/tmp/codeyard-runs"))
+    root.mkdir(mode=0o711, parents=True, exist_ok=True)
+    return root
+
+
+@contextmanager
+def run_uid() -> Iterator[int]:
+    """Reserve a host uid for the duration of one run, then kill anything still running as it."""
+    global _next_uid
+    with _uids_lock:
+        for _ in range(UID_COUNT):
+            uid = UID_BASE + _next_uid
+            _next_uid = (_next_uid + 1) % UID_COUNT
+            if uid not in _uids_in_use:
+                _uids_in_use.add(uid)
+                break
+        else:
+            raise SandboxUnavailable("too many concurrent runs: no free sandbox uid")
+    try:
+        yield uid
+    finally:
+        kill_uid(uid)
+        with _uids_lock:
+            _uids_in_use.discard(uid)
+
+
+def processes_of_uid(uid: int) -> list[int]:
+    """Live (non-zombie) processes owned by uid."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid and _state(entry.name) != "Z":
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+def _state(pid: str) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0]
+
+
+def kill_uid(uid: int) -> None:
+    """SIGKILL every process of uid, repeatedly, until none is left."""
+    for _ in range(100):
+        pids = processes_of_uid(uid)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.01)
+
+
+def _mount_tmpfs(path: Path, size: int, inodes: int) -> None:
+    opts = f"size={size},nr_inodes={inodes},mode=0700".encode()
+    if _libc.mount(b"tmpfs", str(path).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount tmpfs on {path}: {os.strerror(err)}")
+
+
+def _umount(path: Path) -> None:
+    if _libc.umount2(str(path).encode(), MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        if err not in (22,):  # EINVAL: not mounted
+            raise OSError(err, f"umount {path}: {os.strerror(err)}")
+
+
+@contextmanager
+def scratch(size: int, inodes: int, owner: int) -> Iterator[Path]:
+    """A fresh tmpfs folder of `size` bytes owned by `owner`; unmounted and removed afterwards."""
+    if os.geteuid() != 0:
+        raise SandboxUnavailable("the sandbox must run as root (it mounts per-run workspaces and switches to per-run uids)")
+    path = Path(tempfile.mkdtemp(prefix="run-", dir=runs_root()))
+    try:
+        _mount_tmpfs(path, size, inodes)
+        try:
+            os.chown(path, owner, owner)
+            yield path
+        finally:
+            _umount(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
