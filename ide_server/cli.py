@@ -1,0 +1,183 @@
+"""The `codeyard` command line: serve, admin, and sub-commands that other packages register.
+
+Adding a sub-command group (e.g. `codeyard sandbox ...`) from another package:
+
+1. Write a Typer app in your package, e.g. `sandbox/cli.py` with `app = typer.Typer(help=...)`.
+   Keep heavy imports (torch, docker...) inside the command functions, not at module top.
+2. Add one line to `SUBCOMMANDS` below: `"sandbox": ("sandbox.cli:app", "Manage sandboxes.")`.
+
+Sub-command modules are imported only when their command runs (or its own --help is shown);
+`codeyard --help` lists them from the help text given here, without importing them.
+Errors (domain errors, ValueError, bad options) print one line on stderr and exit with code 2.
+"""
+
+import getpass
+import sys
+from importlib import import_module
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from typer import _click as click  # Typer 0.29 vendors Click; its exceptions live here
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
+from typer.core import TyperGroup
+
+from ide_server import __version__
+from ide_server.errors import DomainError
+
+# name -> ("module:typer_app", one-line help). Imported lazily.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {}
+
+
+class LazyGroup(TyperGroup):
+    """A Typer group that also offers the lazily imported `SUBCOMMANDS`."""
+
+    _listing = False
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return super().list_commands(ctx) + [n for n in SUBCOMMANDS if n not in self.commands]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands or cmd_name not in SUBCOMMANDS:
+            return super().get_command(ctx, cmd_name)
+        target, help_text = SUBCOMMANDS[cmd_name]
+        if self._listing:  # help listing: don't import the module just for a line of help
+            return click.Group(cmd_name, help=help_text)
+        module_name, _, attr = target.partition(":")
+        command = typer.main.get_command(getattr(import_module(module_name), attr))
+        command.name = cmd_name
+        return command
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+
+app = typer.Typer(
+    name="codeyard",
+    cls=LazyGroup,
+    help="Codeyard: a self-hostable browser IDE.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+admin_app = typer.Typer(help="Administer users.", no_args_is_help=True)
+app.add_typer(admin_app, name="admin")
+
+DataDir = Annotated[
+    Path | None, typer.Option("--data-dir", help="Data folder (default: $CODEYARD_DATA_DIR or ./.codeyard).")
+]
+
+
+def _settings(**overrides):
+    """Settings from the environment, with the command line's explicit options on top."""
+    from ide_server.settings import Settings
+
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"codeyard {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Codeyard: a self-hostable browser IDE."""
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Address to listen on (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port (default 8000).")] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Run the IDE server."""
+    import uvicorn
+
+    from ide_server.app import create_app
+
+    settings = _settings(host=host, port=port, data_dir=data_dir)
+    server_app = create_app(settings)
+    typer.echo(f"Codeyard {__version__} on http://{settings.host}:{settings.port}", err=True)
+    uvicorn.run(
+        server_app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        proxy_headers=True,
+    )
+
+
+@admin_app.command("create-user")
+def create_user(
+    username: Annotated[str, typer.Argument(help="2-32 characters: a-z, 0-9, '-' or '_'.")],
+    password_stdin: Annotated[
+        bool, typer.Option("--password-stdin", help="Read the password from standard input (for scripts).")
+    ] = False,
+    admin: Annotated[bool, typer.Option("--admin", help="Make the user an administrator.")] = False,
+    data_dir: DataDir = None,
+) -> None:
+    """Create a user account (asks for the password unless --password-stdin)."""
+    from ide_server import db
+    from ide_server.services import accounts
+
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Repeat password: ") != password:
+            raise ValueError("the passwords do not match")
+    settings = _settings(data_dir=data_dir).prepare()
+    engine = db.make_engine(settings.effective_database_url)
+    try:
+        db.migrate(engine)
+        with db.make_sessionmaker(engine)() as session:
+            user = accounts.create_user(session, settings, username, password, is_admin=admin)
+            typer.echo(f"created user {user.username!r}{' (admin)' if admin else ''}")
+    finally:
+        engine.dispose()
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return f"invalid setting {where}: {first.get('msg')}" if where else str(first.get("msg"))
+    if isinstance(exc, DomainError):
+        return exc.detail
+    if isinstance(exc, ClickException):
+        return exc.format_message()
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: run the CLI, turning errors into one line + exit code 2."""
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=argv, prog_name="codeyard", standalone_mode=False)
+    except NoArgsIsHelpError as exc:  # a group called without a sub-command: help was shown
+        if exc.format_message().strip():
+            typer.echo(exc.format_message(), err=True)
+        sys.exit(2)
+    except (ClickException, DomainError, ValidationError, ValueError, ImportError, OSError) as exc:
+        typer.echo(f"codeyard: error: {_one_line(exc)}", err=True)
+        sys.exit(2)
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("codeyard: aborted", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()
