@@ -1,0 +1,154 @@
+"""The project file behind a room: written soon after edits, watched for changes made elsewhere.
+
+Writes are debounced (at most `max_delay_s` after the first unsaved edit) and atomic (temp file
++ os.replace), so runs, deploys and git never see half a file. A change on disk that we did not
+write is handed to the room together with the document state that was last written (the
+base), so the room can rebase the outside edit onto everything typed since.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+FileStamp = tuple[int, int, int]  # inode, size, mtime_ns
+
+
+def read_text(path: Path) -> str:
+    """The file's text; ValueError when it is not UTF-8 (binary files have no room)."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"file_path: {path.name} is not a UTF-8 text file") from exc
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".codeyard-tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode("utf-8"))
+            handle.flush()
+            os.fsync(handle.fileno())
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def file_stamp(path: Path) -> FileStamp | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class DiskMirror:
+    """Runs one task per open room: debounced writes of the document and polling for outside edits."""
+
+    def __init__(
+        self,
+        path: Path,
+        snapshot: Callable[[], tuple[str, bytes]],
+        on_outside_change: Callable[[str, bytes, str], Awaitable[None]],
+        on_written: Callable[[str], Awaitable[None]],
+        *,
+        debounce_s: float = 0.2,
+        max_delay_s: float = 0.8,
+        poll_s: float = 0.25,
+    ) -> None:
+        self.path = path
+        self._snapshot = snapshot
+        self._on_outside_change = on_outside_change
+        self._on_written = on_written
+        self.debounce_s = debounce_s
+        self.max_delay_s = max_delay_s
+        self.poll_s = poll_s
+        self.written_text: str | None = None
+        self.written_state = b""
+        self._stamp: FileStamp | None = None
+        self._first_dirty: float | None = None
+        self._last_dirty = 0.0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._io_lock = asyncio.Lock()
+
+    def adopt(self, disk_text: str) -> None:
+        """Record what the file holds at load time; the document state becomes the merge base."""
+        self.written_text = disk_text
+        self.written_state = self._snapshot()[1]
+        self._stamp = file_stamp(self.path)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"disk-mirror:{self.path}")
+
+    async def stop(self, *, flush: bool = True) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if flush:
+            await self.flush()
+
+    def mark_dirty(self) -> None:
+        now = time.monotonic()
+        self._last_dirty = now
+        if self._first_dirty is None:
+            self._first_dirty = now
+        self._wake.set()
+
+    async def flush(self) -> None:
+        """Write the document now if it changed since the last write."""
+        async with self._io_lock:
+            self._first_dirty = None
+            text, state = self._snapshot()
+            if text != self.written_text:
+                await asyncio.to_thread(write_text_atomic, self.path, text)
+                self._stamp = file_stamp(self.path)
+                await self._on_written(text)
+            self.written_text, self.written_state = text, state
+
+    async def _run(self) -> None:
+        while True:
+            timeout = self.poll_s
+            if self._first_dirty is not None:
+                now = time.monotonic()
+                due = min(self._last_dirty + self.debounce_s, self._first_dirty + self.max_delay_s)
+                if due <= now:
+                    await self._guarded(self.flush)
+                    continue
+                timeout = min(timeout, due - now)
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                await self._guarded(self._check_outside_change)
+
+    async def _guarded(self, step: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await step()
+        except Exception:
+            log.exception("disk mirror of %s failed; retrying", self.path)
+            await asyncio.sleep(self.poll_s)
+
+    async def _check_outside_change(self) -> None:
+        async with self._io_lock:
+            stamp = file_stamp(self.path)
+            if stamp is None or stamp == self._stamp:
+                return
+            text = await asyncio.to_thread(read_text, self.path)
+            self._stamp = stamp
+            if text == self.written_text:
+                return
+            base_text, base_state = self.written_text or "", self.written_state
+        await self._on_outside_change(base_text, base_state, text)

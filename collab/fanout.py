@@ -1,0 +1,97 @@
+"""Rooms shared by several app replicas: stored updates and presence travel over Redis pub/sub.
+
+Each room has a channel; every message starts with the publishing replica's id so a replica
+ignores its own echo. Updates are published only after they are stored, so a replica that
+loads a room from the database and then hears the channel misses nothing (it subscribes first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import TYPE_CHECKING
+
+import redis.asyncio as aioredis
+
+from collab.protocol import AwarenessEntry, decode_awareness_entries, encode_awareness_entries
+
+if TYPE_CHECKING:
+    from collab.room import Room
+
+log = logging.getLogger(__name__)
+
+KIND_UPDATE = b"u"
+KIND_AWARENESS = b"a"
+ORIGIN_BYTES = 8
+
+
+def channel_name(room: str) -> str:
+    return f"codeyard:collab:{room}"
+
+
+class Fanout:
+    def __init__(self, redis_url: str) -> None:
+        self.redis = aioredis.from_url(redis_url)
+        self.origin = os.urandom(ORIGIN_BYTES)
+        self._pubsub = self.redis.pubsub()
+        self._rooms: dict[str, Room] = {}
+        self._listener: asyncio.Task | None = None
+
+    async def subscribe(self, room: Room) -> None:
+        channel = channel_name(room.key.name)
+        self._rooms[channel] = room
+        await self._pubsub.subscribe(channel)
+        if self._listener is None:
+            self._listener = asyncio.create_task(self._listen(), name="collab-fanout")
+
+    async def unsubscribe(self, room: Room) -> None:
+        channel = channel_name(room.key.name)
+        if self._rooms.get(channel) is room:
+            del self._rooms[channel]
+            await self._pubsub.unsubscribe(channel)
+
+    async def publish_update(self, room: str, update: bytes) -> None:
+        await self._publish(room, KIND_UPDATE, update)
+
+    async def publish_awareness(self, room: str, entries: list[AwarenessEntry]) -> None:
+        await self._publish(room, KIND_AWARENESS, encode_awareness_entries(entries))
+
+    async def close(self) -> None:
+        if self._listener:
+            self._listener.cancel()
+            await asyncio.gather(self._listener, return_exceptions=True)
+        await self._pubsub.aclose()
+        await self.redis.aclose()
+
+    async def _publish(self, room: str, kind: bytes, payload: bytes) -> None:
+        try:
+            await self.redis.publish(channel_name(room), self.origin + kind + payload)
+        except aioredis.RedisError:
+            # Other replicas still converge: their clients resync from the database on reconnect.
+            log.exception("publishing to Redis failed for room %s", room)
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            except aioredis.RedisError:
+                log.exception("Redis subscription failed; retrying")
+                await asyncio.sleep(1.0)
+                continue
+            if message is None or message["type"] != "message":
+                continue
+            data: bytes = message["data"]
+            if data[:ORIGIN_BYTES] == self.origin:
+                continue
+            room = self._rooms.get(message["channel"].decode())
+            if room is None:
+                continue
+            kind, payload = data[ORIGIN_BYTES : ORIGIN_BYTES + 1], data[ORIGIN_BYTES + 1 :]
+            try:
+                if kind == KIND_UPDATE:
+                    room.receive_remote_update(payload)
+                elif kind == KIND_AWARENESS:
+                    room.receive_remote_awareness(list(decode_awareness_entries(payload)))
+            except ValueError:
+                log.exception("ignoring a malformed fan-out message for %s", room.key.name)

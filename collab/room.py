@@ -1,0 +1,324 @@
+"""One open file: its CRDT document, the clients editing it, their presence, storage and disk copy.
+
+Every document change goes through one path: applied to the doc, queued, stored durably by the
+flush task (one transaction per batch), and only then sent to clients, other replicas and disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from pycrdt import Doc, Text, TransactionEvent, merge_updates
+
+from collab.disk import DiskMirror, read_text
+from collab.presence import Presence
+from collab.protocol import (
+    AwarenessEntry,
+    ProtocolError,
+    encode_awareness,
+    encode_sync_step1,
+    encode_sync_step2,
+    encode_sync_update,
+)
+from collab.store import UpdateStore
+from collab.textdiff import apply_text
+
+log = logging.getLogger(__name__)
+
+TEXT_NAME = "content"
+CLOSE_STORE_FAILED = 1011
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class RoomKey:
+    project_id: str
+    file_path: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.project_id}/{self.file_path}"
+
+
+class Peer(Protocol):
+    """What a room needs from a connected client (see collab.connection)."""
+
+    user_id: str
+    awareness_ids: set[int]
+
+    def enqueue(self, message: bytes) -> None: ...
+
+    async def close(self, code: int, reason: str) -> None: ...
+
+
+class Publisher(Protocol):
+    """Where a room sends stored updates and presence for other replicas (see collab.fanout)."""
+
+    async def publish_update(self, room: str, update: bytes) -> None: ...
+
+    async def publish_awareness(self, room: str, entries: list[AwarenessEntry]) -> None: ...
+
+
+class Room:
+    def __init__(
+        self,
+        key: RoomKey,
+        path: Path,
+        store: UpdateStore,
+        publisher: Publisher | None = None,
+        *,
+        compact_every: int = 500,
+    ) -> None:
+        self.key = key
+        self.store = store
+        self.publisher = publisher
+        self.compact_every = compact_every
+        self.doc = Doc()
+        self.text = self.doc.get(TEXT_NAME, type=Text)
+        self.peers: set[Peer] = set()
+        self.presence = Presence()
+        self.holders = 0
+        self.closed = False
+        self.mirror = DiskMirror(path, self._snapshot, self._merge_outside_change, self._record_written)
+        self._captured: list[bytes] = []
+        self._pending: list[tuple[bytes, Peer | None]] = []
+        self._queued = 0
+        self._stored = 0
+        self._stored_changed = asyncio.Condition()
+        self._wake = asyncio.Event()
+        self._log_rows = 0
+        self._compacting: asyncio.Task | None = None
+        self._flusher: asyncio.Task | None = None
+        self._loaded = False
+        self._remote_backlog: list[bytes] = []
+        self.doc.observe(self._capture)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Restore the document from storage; the file seeds it only when nothing is stored.
+
+        Rebuilding from stored updates (never re-inserting the file text) keeps the CRDT item ids
+        that reconnecting clients already hold, so their copies merge without duplicates.
+        """
+        if not self.mirror.path.is_file():
+            raise FileNotFoundError(f"file_path: {self.key.file_path} does not exist")
+        disk_text = await asyncio.to_thread(read_text, self.mirror.path)
+        stored = await asyncio.to_thread(self.store.load, self.key.name)
+        self._log_rows = len(stored)
+        with self.doc.transaction(origin="store"):
+            for update in stored:
+                self.doc.apply_update(update)
+        self._captured.clear()
+        for update in self._remote_backlog:
+            self.doc.apply_update(update)
+        self._captured.clear()
+        self._remote_backlog.clear()
+        self._loaded = True
+        self._flusher = asyncio.create_task(self._flush_loop(), name=f"room-flush:{self.key.name}")
+        if str(self.text) != disk_text:
+            written = await asyncio.to_thread(self.store.written_sha256, self.key.name)
+            if not stored or written != sha256_text(disk_text):
+                # First open, or someone changed the file while the room was closed.
+                self._edit_text(disk_text)
+                await self.wait_stored()
+            # Otherwise the file is merely behind the stored document (we stopped before
+            # writing it): the document wins and is written below.
+        self.mirror.adopt(disk_text)
+        if str(self.text) == disk_text:
+            await self._record_written(disk_text)
+        else:
+            self.mirror.mark_dirty()
+        self.mirror.start()
+
+    async def unload(self, *, keep: bool = True) -> None:
+        """Stop the room's tasks after storing everything; with keep, also write disk and compact."""
+        await self.wait_stored()
+        if self._flusher:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        await self.mirror.stop(flush=keep)
+        if self._compacting:
+            await asyncio.gather(self._compacting, return_exceptions=True)
+        if keep and self._log_rows > 1:
+            await asyncio.to_thread(self.store.compact, self.key.name)
+        self.closed = True
+
+    # ---- clients ---------------------------------------------------------------------------
+
+    def join(self, peer: Peer) -> None:
+        """Start the sync handshake and show the newcomer everyone's presence."""
+        self.peers.add(peer)
+        peer.enqueue(encode_sync_step1(self.doc.get_state()))
+        current = self.presence.current()
+        if current:
+            peer.enqueue(encode_awareness(current))
+
+    async def leave(self, peer: Peer) -> None:
+        """Remove the peer and, at once, the presence states it announced."""
+        self.peers.discard(peer)
+        removals = self.presence.remove(peer.awareness_ids)
+        peer.awareness_ids.clear()
+        if removals:
+            self._send_all(encode_awareness(removals))
+            if self.publisher:
+                await self.publisher.publish_awareness(self.key.name, removals)
+
+    async def sync_reply(self, state_vector: bytes) -> bytes:
+        """Sync step 2 for a client's step 1, once everything it will receive is stored."""
+        await self.wait_stored()
+        try:
+            return encode_sync_step2(self.doc.get_update(state_vector))
+        except ValueError as exc:
+            raise ProtocolError(f"bad state vector: {exc}") from exc
+
+    def receive_update(self, update: bytes, origin: Peer | None) -> None:
+        """Apply a client's update; it is stored and broadcast by the flush task."""
+        try:
+            self.doc.apply_update(update)
+        except ValueError as exc:
+            self._captured.clear()
+            raise ProtocolError(f"bad document update: {exc}") from exc
+        self._queue_captured(origin)
+
+    async def receive_awareness(self, entries: tuple[AwarenessEntry, ...], origin: Peer) -> None:
+        accepted = self.presence.apply(entries)
+        if not accepted:
+            return
+        for entry in accepted:
+            if entry.state_json == "null":
+                origin.awareness_ids.discard(entry.client_id)
+            else:
+                origin.awareness_ids.add(entry.client_id)
+        self._send_all(encode_awareness(accepted), skip=origin)
+        if self.publisher:
+            await self.publisher.publish_awareness(self.key.name, accepted)
+
+    def presence_message(self) -> bytes:
+        return encode_awareness(self.presence.current())
+
+    # ---- other replicas (already stored by them) -------------------------------------------
+
+    def receive_remote_update(self, update: bytes) -> None:
+        if not self._loaded:
+            self._remote_backlog.append(update)
+            return
+        self.doc.apply_update(update)
+        changes, self._captured = self._captured, []
+        if changes:
+            self._send_all(encode_sync_update(merge_updates(*changes) if len(changes) > 1 else changes[0]))
+            self.mirror.mark_dirty()
+
+    def receive_remote_awareness(self, entries: list[AwarenessEntry]) -> None:
+        accepted = self.presence.apply(entries)
+        if accepted:
+            self._send_all(encode_awareness(accepted))
+
+    # ---- edits made outside the editor -----------------------------------------------------
+
+    async def set_text(self, new_text: str) -> None:
+        """Make the document read new_text (files API, history restore) as a minimal edit."""
+        self._edit_text(new_text)
+        await self.wait_stored()
+
+    async def _merge_outside_change(self, base_text: str, base_state: bytes, new_text: str) -> None:
+        """Rebase a disk edit made against base_state onto the current document.
+
+        The diff base_text -> new_text is applied to a copy of the document as it was when the
+        file was last written, and that copy's update is merged in: edits typed meanwhile stay.
+        """
+        base = Doc()
+        base_content = base.get(TEXT_NAME, type=Text)
+        base.apply_update(base_state)
+        if str(base_content) != base_text:
+            self._edit_text(new_text)
+        else:
+            before = base.get_state()
+            with base.transaction():
+                apply_text(base_content, new_text)
+            self.receive_update(base.get_update(before), origin=None)
+        await self.wait_stored()
+
+    def _edit_text(self, new_text: str) -> None:
+        with self.doc.transaction(origin="server"):
+            apply_text(self.text, new_text)
+        self._queue_captured(None)
+
+    # ---- storage, broadcast -----------------------------------------------------------------
+
+    def _capture(self, event: TransactionEvent) -> None:
+        self._captured.append(event.update)
+
+    def _queue_captured(self, origin: Peer | None) -> None:
+        changes, self._captured = self._captured, []
+        for update in changes:
+            self._pending.append((update, origin))
+            self._queued += 1
+        if changes:
+            self._wake.set()
+
+    async def wait_stored(self) -> None:
+        target = self._queued
+        async with self._stored_changed:
+            await self._stored_changed.wait_for(lambda: self._stored >= target or self.closed)
+
+    async def _record_written(self, text: str) -> None:
+        await asyncio.to_thread(self.store.mark_written, self.key.name, sha256_text(text))
+
+    def _snapshot(self) -> tuple[str, bytes]:
+        return str(self.text), self.doc.get_update()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._pending = self._pending, []
+            if not batch:
+                continue
+            updates = [update for update, _ in batch]
+            try:
+                await asyncio.to_thread(self.store.append, self.key.name, updates)
+            except Exception:
+                log.exception("storing updates of %s failed; closing the room", self.key.name)
+                await self._fail()
+                return
+            merged = updates[0] if len(updates) == 1 else merge_updates(*updates)
+            if len(batch) == 1:
+                self._send_all(encode_sync_update(merged), skip=batch[0][1])
+            else:
+                self._send_all(encode_sync_update(merged))
+            self.mirror.mark_dirty()
+            self._log_rows += len(updates)
+            async with self._stored_changed:
+                self._stored += len(batch)
+                self._stored_changed.notify_all()
+            if self.publisher:
+                await self.publisher.publish_update(self.key.name, merged)
+            self._maybe_compact()
+
+    def _maybe_compact(self) -> None:
+        if self._log_rows >= self.compact_every and (self._compacting is None or self._compacting.done()):
+            self._log_rows = 0
+            self._compacting = asyncio.create_task(asyncio.to_thread(self.store.compact, self.key.name))
+
+    async def _fail(self) -> None:
+        """Storage failed: drop the in-memory state; clients resend their edits on reconnect."""
+        self.closed = True
+        async with self._stored_changed:
+            self._stored_changed.notify_all()
+        await self.mirror.stop(flush=False)
+        for peer in list(self.peers):
+            await peer.close(CLOSE_STORE_FAILED, "storage unavailable")
+
+    def _send_all(self, message: bytes, skip: Peer | None = None) -> None:
+        for peer in self.peers:
+            if peer is not skip:
+                peer.enqueue(message)

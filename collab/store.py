@@ -1,0 +1,161 @@
+"""Durable CRDT state per room: an append-only update log plus one compacted snapshot.
+
+A room's document is the merge of its snapshot and every logged update, so restarts restore the
+exact CRDT items clients already hold (which is what prevents duplicated text on reconnect).
+Blocking SQLAlchemy calls; the async side runs them in a worker thread.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from pycrdt import merge_updates
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Engine,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    delete,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+ROOM_KEY_LENGTH = 1024
+# Integer primary keys autoincrement on SQLite only when declared INTEGER.
+LogId = BigInteger().with_variant(Integer, "sqlite")
+
+
+class CollabBase(DeclarativeBase):
+    metadata = MetaData()
+
+
+class DocUpdate(CollabBase):
+    __tablename__ = "collab_doc_updates"
+    __table_args__ = (Index("ix_collab_doc_updates_room_id", "room", "id"),)
+
+    id: Mapped[int] = mapped_column(LogId, primary_key=True, autoincrement=True)
+    room: Mapped[str] = mapped_column(String(ROOM_KEY_LENGTH))
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class DocSnapshot(CollabBase):
+    __tablename__ = "collab_doc_snapshots"
+
+    room: Mapped[str] = mapped_column(String(ROOM_KEY_LENGTH), primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    # Bumped by every compaction, so two processes compacting at once cannot both win.
+    version: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class WrittenFile(CollabBase):
+    """What the server last wrote to a room's file, to tell a stale file from an edited one."""
+
+    __tablename__ = "collab_written_files"
+
+    room: Mapped[str] = mapped_column(String(ROOM_KEY_LENGTH), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class UpdateStore:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def append(self, room: str, updates: list[bytes]) -> None:
+        """Store updates in one transaction; returns only once they are committed."""
+        if not updates:
+            return
+        now = datetime.now(UTC)
+        with self.engine.begin() as conn:
+            conn.execute(
+                insert(DocUpdate),
+                [{"room": room, "data": data, "created_at": now} for data in updates],
+            )
+
+    def load(self, room: str) -> list[bytes]:
+        """The snapshot (if any) followed by the logged updates.
+
+        The log is read before the snapshot: a compaction committing in between only moves rows
+        into the snapshot, so nothing can fall between the two reads (updates are idempotent).
+        """
+        with self.engine.connect() as conn:
+            log = conn.execute(
+                select(DocUpdate.data).where(DocUpdate.room == room).order_by(DocUpdate.id)
+            ).scalars().all()
+            snapshot = conn.execute(
+                select(DocSnapshot.data).where(DocSnapshot.room == room)
+            ).scalar_one_or_none()
+        return ([snapshot] if snapshot is not None else []) + list(log)
+
+    def log_length(self, room: str) -> int:
+        with self.engine.connect() as conn:
+            return conn.execute(
+                select(func.count()).select_from(DocUpdate).where(DocUpdate.room == room)
+            ).scalar_one()
+
+    def compact(self, room: str) -> bool:
+        """Merge the log into the snapshot. Returns False when another process compacted first."""
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                select(DocUpdate.id, DocUpdate.data).where(DocUpdate.room == room).order_by(DocUpdate.id)
+            ).all()
+            if not rows:
+                return True
+            current = conn.execute(
+                select(DocSnapshot.data, DocSnapshot.version).where(DocSnapshot.room == room)
+            ).one_or_none()
+            parts = ([current.data] if current else []) + [row.data for row in rows]
+            version = current.version + 1 if current else 1
+            values = {"data": merge_updates(*parts), "version": version, "updated_at": datetime.now(UTC)}
+            if current is None:
+                try:
+                    with conn.begin_nested():
+                        conn.execute(insert(DocSnapshot).values(room=room, **values))
+                except IntegrityError:
+                    return False
+            else:
+                swapped = conn.execute(
+                    update(DocSnapshot)
+                    .where(DocSnapshot.room == room, DocSnapshot.version == current.version)
+                    .values(**values)
+                )
+                if swapped.rowcount != 1:
+                    return False
+            # Delete exactly the rows merged: ids from a sequence may commit out of order.
+            merged_ids = [row.id for row in rows]
+            for start in range(0, len(merged_ids), 500):
+                conn.execute(delete(DocUpdate).where(DocUpdate.id.in_(merged_ids[start : start + 500])))
+        return True
+
+    def mark_written(self, room: str, sha256: str) -> None:
+        with self.engine.begin() as conn:
+            values = {"sha256": sha256, "updated_at": datetime.now(UTC)}
+            if conn.execute(update(WrittenFile).where(WrittenFile.room == room).values(**values)).rowcount:
+                return
+            try:
+                with conn.begin_nested():
+                    conn.execute(insert(WrittenFile).values(room=room, **values))
+            except IntegrityError:
+                conn.execute(update(WrittenFile).where(WrittenFile.room == room).values(**values))
+
+    def written_sha256(self, room: str) -> str | None:
+        with self.engine.connect() as conn:
+            return conn.execute(
+                select(WrittenFile.sha256).where(WrittenFile.room == room)
+            ).scalar_one_or_none()
+
+    def delete(self, room: str) -> None:
+        """Forget a room's document (its file was deleted)."""
+        with self.engine.begin() as conn:
+            for table in (DocUpdate, DocSnapshot, WrittenFile):
+                conn.execute(delete(table).where(table.room == room))

@@ -1,0 +1,150 @@
+"""Helpers for the collab tests: a uvicorn server in a subprocess and real Yjs clients in Node."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from pycrdt import Doc, Text
+from sqlalchemy import create_engine
+
+from collab.store import UpdateStore
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+JS_DIR = HERE / "js"
+SECRET = "test-secret"
+
+
+def token(user: str, role: str = "editor") -> str:
+    return f"{SECRET}:{user}:{role}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ensure_node_modules() -> None:
+    """Install the pinned Yjs clients once (npm ci from package-lock.json)."""
+    marker = JS_DIR / "node_modules" / ".package-lock.json"
+    lock = JS_DIR / "package-lock.json"
+    if marker.exists() and marker.stat().st_mtime >= lock.stat().st_mtime:
+        return
+    subprocess.run(
+        ["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
+        cwd=JS_DIR, check=True, capture_output=True, timeout=300,
+    )
+
+
+def stored_text(db_url: str, room: str) -> str:
+    """The document text as rebuilt from the database alone."""
+    engine = create_engine(db_url)
+    try:
+        doc = Doc()
+        text = doc.get("content", type=Text)
+        for update in UpdateStore(engine).load(room):
+            doc.apply_update(update)
+        return str(text)
+    finally:
+        engine.dispose()
+
+
+class CollabServer:
+    """The test harness app under uvicorn, in its own process so it can be killed and restarted."""
+
+    def __init__(self, db_url: str, root: Path, log_path: Path, *, redis_url: str | None = None,
+                 port: int | None = None, extra_env: dict[str, str] | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.env = {
+            **os.environ,
+            "COLLAB_DB_URL": db_url,
+            "COLLAB_ROOT": str(root),
+            "COLLAB_SECRET": SECRET,
+            "PYTHONPATH": str(REPO),
+            **(extra_env or {}),
+        }
+        if redis_url:
+            self.env["COLLAB_REDIS_URL"] = redis_url
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE), "collab_harness:create_app",
+             "--factory", "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                httpx.get(f"{self.url}/test/rooms", timeout=1)
+                return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise RuntimeError("server did not start")
+
+    def kill(self) -> None:
+        """Crash the server (SIGKILL): nothing gets a chance to flush."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def post(self, path: str, body: dict | None = None) -> dict:
+        response = httpx.post(f"{self.url}{path}", json=body or {}, timeout=10)
+        response.raise_for_status()
+        return response.json()
+
+
+class JsClients:
+    """A Node process holding named y-websocket clients, driven by JSON lines."""
+
+    def __init__(self, ws_url: str) -> None:
+        self.process = subprocess.Popen(
+            ["node", str(JS_DIR / "driver.js"), ws_url],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=JS_DIR,
+        )
+
+    def call(self, op: str, **args) -> dict:
+        assert self.process.stdin and self.process.stdout
+        self.process.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"node driver died: {self.process.stderr.read() if self.process.stderr else ''}")
+        reply = json.loads(line)
+        if not reply.pop("ok"):
+            raise AssertionError(reply["error"])
+        return reply
+
+    def close(self) -> None:
+        if self.process.stdin:
+            self.process.stdin.close()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()

@@ -1,0 +1,262 @@
+"""Rooms in one process, with pycrdt clients talking the wire protocol through in-memory sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+from pycrdt import Doc, Text
+
+from collab.connection import CollabConnection
+from collab.protocol import (
+    AwarenessEntry,
+    AwarenessUpdate,
+    SyncStep1,
+    SyncStep2,
+    SyncUpdate,
+    decode_message,
+    encode_awareness,
+    encode_sync_step1,
+    encode_sync_step2,
+    encode_sync_update,
+)
+from collab.room import RoomKey, sha256_text
+from collab.rooms import RoomManager
+from collab.store import UpdateStore
+
+
+class PyClient:
+    """A y-websocket client built on pycrdt, connected through asyncio queues."""
+
+    def __init__(self, manager: RoomManager, key: RoomKey, user: str, *, can_write: bool = True) -> None:
+        self.doc = Doc()
+        self.text = self.doc.get("content", type=Text)
+        self.user = user
+        self.client_id = abs(hash(user)) % 2**31
+        self.awareness: dict[int, str] = {}
+        self.closed_with: int | None = None
+        self._inbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._local_updates: list[bytes] = []
+        self.doc.observe(self._on_local)
+        self.connection = CollabConnection(
+            manager, key, send=self._deliver, receive=self._inbox.get, close=self._closed,
+            can_write=can_write, user_id=user,
+        )
+        self._applying = False
+
+    def _on_local(self, event) -> None:
+        if not self._applying:
+            self._inbox.put_nowait(encode_sync_update(event.update))
+
+    async def _deliver(self, data: bytes) -> None:
+        message = decode_message(data)
+        self._applying = True
+        try:
+            if isinstance(message, SyncStep1):
+                self._inbox.put_nowait(encode_sync_step2(self.doc.get_update(message.state_vector)))
+            elif isinstance(message, (SyncStep2, SyncUpdate)):
+                self.doc.apply_update(message.update)
+            elif isinstance(message, AwarenessUpdate):
+                for entry in message.entries:
+                    if entry.state_json == "null":
+                        self.awareness.pop(entry.client_id, None)
+                    else:
+                        self.awareness[entry.client_id] = entry.state_json
+        finally:
+            self._applying = False
+
+    async def _closed(self, code: int, reason: str) -> None:
+        self.closed_with = code
+        self._inbox.put_nowait(None)
+
+    async def start(self) -> None:
+        self.task = asyncio.create_task(self.connection.serve())
+        self._inbox.put_nowait(encode_sync_step1(self.doc.get_state()))
+        self.set_presence({"user": {"name": self.user}}, clock=1)
+
+    def set_presence(self, state: dict, clock: int) -> None:
+        self._inbox.put_nowait(encode_awareness([AwarenessEntry(self.client_id, clock, json.dumps(state))]))
+
+    def type(self, index_utf8: int, piece: str) -> None:
+        self.text.insert(index_utf8, piece)
+
+    async def leave(self) -> None:
+        self._inbox.put_nowait(None)
+        await self.task
+
+
+async def eventually(check, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def file_path(project_root: Path, project_id: str) -> Path:
+    path = project_root / project_id / "notes.md"
+    path.write_text("hello 😀\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def key(project_id: str) -> RoomKey:
+    return RoomKey(project_id, "notes.md")
+
+
+@pytest.fixture
+async def manager(store: UpdateStore, project_root: Path):
+    rooms = RoomManager(store, lambda k: project_root / k.project_id / k.file_path, idle_unload_s=0.1)
+    yield rooms
+    await rooms.shutdown()
+
+
+async def test_first_joiners_at_once_share_one_room_and_one_copy_of_the_file(
+    manager: RoomManager, key: RoomKey, store: UpdateStore, file_path: Path
+) -> None:
+    rooms = await asyncio.gather(*(manager.acquire(key) for _ in range(20)))
+    assert all(room is rooms[0] for room in rooms)
+    assert str(rooms[0].text) == "hello 😀\n"
+    for room in rooms:
+        await manager.release(room)
+    fresh = Doc()
+    for update in store.load(key.name):
+        fresh.apply_update(update)
+    assert str(fresh.get("content", type=Text)) == "hello 😀\n"
+
+
+async def test_edits_reach_others_and_disk_within_a_second(
+    manager: RoomManager, key: RoomKey, file_path: Path
+) -> None:
+    alice, bob = PyClient(manager, key, "alice"), PyClient(manager, key, "bob")
+    await alice.start()
+    await bob.start()
+    await eventually(lambda: str(alice.text) == str(bob.text) == "hello 😀\n")
+    alice.type(len("hello 😀".encode()), " wörld")
+    await eventually(lambda: str(bob.text) == "hello 😀 wörld\n")
+    edited = time.monotonic()
+    await eventually(lambda: file_path.read_text(encoding="utf-8") == "hello 😀 wörld\n", timeout=1.0)
+    assert time.monotonic() - edited < 1.0
+    await alice.leave()
+    await bob.leave()
+
+
+async def test_viewer_updates_are_refused_but_presence_accepted(
+    manager: RoomManager, key: RoomKey, file_path: Path
+) -> None:
+    editor = PyClient(manager, key, "editor")
+    viewer = PyClient(manager, key, "viewer", can_write=False)
+    await editor.start()
+    await viewer.start()
+    await eventually(lambda: str(viewer.text) == "hello 😀\n")
+    await eventually(lambda: len(editor.awareness) == 1 and "viewer" in next(iter(editor.awareness.values())))
+    viewer.type(0, "HACK ")
+    editor.type(0, "ok ")
+    await eventually(lambda: str(viewer.text).startswith("HACK ok ") or str(viewer.text).startswith("ok HACK "))
+    await asyncio.sleep(0.3)
+    room = manager.rooms[key]
+    assert str(room.text) == "ok hello 😀\n"
+    assert str(editor.text) == "ok hello 😀\n"
+    await eventually(lambda: file_path.read_text(encoding="utf-8") == "ok hello 😀\n")
+    await editor.leave()
+    await viewer.leave()
+
+
+async def test_late_joiner_sees_presence_and_leaver_is_removed_at_once(
+    manager: RoomManager, key: RoomKey, file_path: Path
+) -> None:
+    alice, bob, carol = (PyClient(manager, key, name) for name in ("alice", "bob", "carol"))
+    await alice.start()
+    await bob.start()
+    await eventually(lambda: bob.client_id in alice.awareness)
+    await carol.start()
+    await eventually(lambda: {alice.client_id, bob.client_id} <= set(carol.awareness))
+    await bob.leave()
+    await eventually(lambda: bob.client_id not in carol.awareness and bob.client_id not in alice.awareness, 0.5)
+    await alice.leave()
+    await carol.leave()
+
+
+async def test_idle_room_unloads_and_reloads_exactly(
+    manager: RoomManager, key: RoomKey, file_path: Path, store: UpdateStore
+) -> None:
+    alice = PyClient(manager, key, "alice")
+    await alice.start()
+    for i in range(30):
+        alice.type(0, f"{i}é")
+    await eventually(lambda: key in manager.rooms and str(manager.rooms[key].text) == str(alice.text))
+    before_state = manager.rooms[key].doc.get_state()
+    before_text = str(alice.text)
+    await alice.leave()
+    await eventually(lambda: key not in manager.rooms)
+    assert file_path.read_text(encoding="utf-8") == before_text
+    assert store.log_length(key.name) == 0  # compacted on unload
+    async with manager.room(key) as room:
+        assert str(room.text) == before_text
+        assert room.doc.get_state() == before_state
+
+
+async def test_outside_change_merges_with_unsaved_concurrent_typing(
+    manager: RoomManager, key: RoomKey, file_path: Path
+) -> None:
+    file_path.write_text("one\ntwo\nthree\n", encoding="utf-8")
+    alice = PyClient(manager, key, "alice")
+    await alice.start()
+    await eventually(lambda: str(alice.text) == "one\ntwo\nthree\n")
+    await eventually(lambda: manager.rooms[key].mirror.written_text == "one\ntwo\nthree\n")
+    room = manager.rooms[key]
+    # The program writes the file from what it read; meanwhile alice types at the end.
+    room.mirror.debounce_s = room.mirror.max_delay_s = 5.0
+    alice.type(len("one\ntwo\nthree\n"), "four 🦊\n")
+    await eventually(lambda: "four" in str(room.text))
+    file_path.write_text("one\nTWO (by a script)\nthree\n", encoding="utf-8")
+    await eventually(lambda: "TWO" in str(alice.text), timeout=2.0)
+    assert str(alice.text) == "one\nTWO (by a script)\nthree\nfour 🦊\n"
+    await room.mirror.flush()
+    assert file_path.read_text(encoding="utf-8") == "one\nTWO (by a script)\nthree\nfour 🦊\n"
+    await alice.leave()
+
+
+async def test_set_text_reaches_clients_as_an_edit(manager: RoomManager, key: RoomKey, file_path: Path) -> None:
+    alice = PyClient(manager, key, "alice")
+    await alice.start()
+    await eventually(lambda: str(alice.text) == "hello 😀\n")
+    await manager.set_text(key, "hello 😀 restored\n")
+    await eventually(lambda: str(alice.text) == "hello 😀 restored\n")
+    assert file_path.read_text(encoding="utf-8") == "hello 😀 restored\n"
+    await alice.leave()
+
+
+async def test_reload_after_crash_keeps_document_over_stale_file(
+    store: UpdateStore, project_root: Path, key: RoomKey, file_path: Path
+) -> None:
+    """A crash before the disk write leaves the file behind the stored document: no revert."""
+    first = RoomManager(store, lambda k: project_root / k.project_id / k.file_path, idle_unload_s=60)
+    room = await first.acquire(key)
+    await room.set_text("hello 😀\nnew line\n")
+    # Simulate the crash: the file still has the old text the server last wrote.
+    file_path.write_text("hello 😀\n", encoding="utf-8")
+    store.mark_written(key.name, sha256_text("hello 😀\n"))
+    for task in (room._flusher, room.mirror._task):
+        task.cancel()
+    second = RoomManager(store, lambda k: project_root / k.project_id / k.file_path, idle_unload_s=60)
+    async with second.room(key) as reloaded:
+        assert str(reloaded.text) == "hello 😀\nnew line\n"
+        await reloaded.mirror.flush()
+    assert file_path.read_text(encoding="utf-8") == "hello 😀\nnew line\n"
+    await second.shutdown()
+
+
+async def test_file_edited_while_room_closed_enters_as_an_edit(
+    manager: RoomManager, key: RoomKey, file_path: Path
+) -> None:
+    async with manager.room(key) as room:
+        assert str(room.text) == "hello 😀\n"
+    await eventually(lambda: key not in manager.rooms)
+    file_path.write_text("hello 😀\nfrom git\n", encoding="utf-8")
+    async with manager.room(key) as room:
+        assert str(room.text) == "hello 😀\nfrom git\n"
