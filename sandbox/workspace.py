@@ -37,7 +37,8 @@ class SandboxUnavailable(RuntimeError):
 
 def runs_root() -> Path:
     root = Path(os.environ.get("CODEYARD_SANDBOX_DIR", "/tmp/codeyard-runs"))
-    root.mkdir(mode=0o711, parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o711)  # run uids must reach their own workspace, never list the others
     return root
 
 

@@ -1,0 +1,120 @@
+"""Build the Docker backend's runner image without an image registry.
+
+The image is a Debian rootfs made by debootstrap (Debian's mirror is reachable where registries
+are not), tarred once into a cache and imported with `docker import`. Where a base image can be
+pulled (CODEYARD_SANDBOX_BASE_IMAGE), it is used instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+RUNNER_IMAGE = os.environ.get("CODEYARD_SANDBOX_IMAGE", "codeyard/runner:bookworm")
+SUITE = "bookworm"
+MIRROR = os.environ.get("CODEYARD_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+PACKAGES = ("python3", "nodejs", "gcc", "g++", "libc6-dev", "bash", "ca-certificates")
+PRUNED = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "var/cache/apt", "var/lib/apt/lists")
+IMAGE_CHANGES = ["ENV PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 HOME=/tmp", "WORKDIR /workspace"]
+REQUIRED_TOOLS = ["/usr/bin/python3", "/usr/bin/node", "/usr/bin/gcc", "/usr/bin/g++", "/bin/bash"]
+
+Progress = Callable[[str], None]
+
+
+class ImageBuildError(RuntimeError):
+    """The runner image could not be built; the message says which step failed."""
+
+
+def cache_dir() -> Path:
+    """Where the rootfs tarball and downloaded .debs are kept between builds."""
+    data_dir = Path(os.environ.get("CODEYARD_DATA_DIR", ".codeyard"))
+    path = Path(os.environ.get("CODEYARD_CACHE_DIR", data_dir / "cache"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def rootfs_tarball(progress: Progress) -> Path:
+    """The cached rootfs tarball, made with debootstrap on the first call."""
+    key = hashlib.sha256(f"{SUITE} {MIRROR} {' '.join(PACKAGES)}".encode()).hexdigest()[:12]
+    tarball = cache_dir() / f"runner-rootfs-{SUITE}-{key}.tar"
+    if tarball.exists():
+        progress(f"using cached rootfs {tarball}")
+        return tarball
+    if shutil.which("debootstrap") is None:
+        raise ImageBuildError("debootstrap is not installed (apt-get install debootstrap)")
+    work = Path(tempfile.mkdtemp(prefix="rootfs-", dir=cache_dir()))
+    try:
+        rootfs = work / "rootfs"
+        argv = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
+                f"--cache-dir={cache_dir() / 'debs'}", SUITE, str(rootfs), MIRROR]
+        (cache_dir() / "debs").mkdir(exist_ok=True)
+        progress(f"debootstrap {SUITE} with {', '.join(PACKAGES)} (a few minutes)")
+        _run_with_progress(argv, progress)
+        for rel in PRUNED:
+            shutil.rmtree(rootfs / rel, ignore_errors=True)
+        (rootfs / "workspace").mkdir(exist_ok=True)
+        progress("packing the rootfs")
+        partial = tarball.with_suffix(".partial")
+        _run_with_progress(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(partial), "."], progress)
+        partial.rename(tarball)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return tarball
+
+
+def _run_with_progress(argv: list[str], progress: Progress) -> None:
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tail: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip()
+        tail = (tail + [line])[-20:]
+        if line.startswith(("I: Retrieving", "I: Validating", "I: Unpacking", "I: Configuring", "I: Installing", "I: Base system")):
+            progress(line[3:])
+    if proc.wait() != 0:
+        raise ImageBuildError(f"{argv[0]} failed (exit {proc.returncode}):\n" + "\n".join(tail))
+
+
+def _try_base_image(client, base: str, progress: Progress) -> bool:
+    import docker.errors
+
+    progress(f"pulling base image {base}")
+    try:
+        image = client.images.pull(base)
+    except docker.errors.DockerException as exc:
+        progress(f"cannot pull {base} ({exc.__class__.__name__}); building from Debian packages instead")
+        return False
+    repo, _, tag = RUNNER_IMAGE.rpartition(":")
+    image.tag(repo, tag)
+    return True
+
+
+def build_image(client, progress: Progress, *, base_image: str | None = None, force: bool = False) -> str:
+    """Make RUNNER_IMAGE available in the engine behind `client`; returns the image id."""
+    import docker.errors
+
+    if not force:
+        try:
+            return client.images.get(RUNNER_IMAGE).id
+        except docker.errors.ImageNotFound:
+            pass
+    base_image = base_image or os.environ.get("CODEYARD_SANDBOX_BASE_IMAGE")
+    if not (base_image and _try_base_image(client, base_image, progress)):
+        tarball = rootfs_tarball(progress)
+        repo, _, tag = RUNNER_IMAGE.rpartition(":")
+        progress(f"importing {tarball.stat().st_size // (1 << 20)} MiB into Docker as {RUNNER_IMAGE}")
+        client.api.import_image_from_file(str(tarball), repository=repo, tag=tag, changes=IMAGE_CHANGES)
+    progress("checking the image has python3, node, gcc, g++ and bash")
+    check = ["/bin/sh", "-c", 'for t in "$@"; do test -x "$t" || { echo "missing $t"; exit 1; }; done', "sh", *REQUIRED_TOOLS]
+    try:
+        client.containers.run(RUNNER_IMAGE, check, remove=True, network_mode="none")
+    except docker.errors.ContainerError as exc:
+        raise ImageBuildError(f"the image {RUNNER_IMAGE} lacks a tool: {exc.stderr or exc}") from exc
+    image_id = client.images.get(RUNNER_IMAGE).id
+    progress(f"ready: {RUNNER_IMAGE} ({image_id[:19]})")
+    return image_id

@@ -1,0 +1,149 @@
+"""Sandbox fixtures: both backends for real (a dockerd of our own if no engine answers, the runner
+image built on the spot), and a check after every test that the run left nothing behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SERVICES = REPO / ".services" / "docker"
+
+# Every run's workspace mount lives under this session's own folder, so the leftover check is exact.
+os.environ["CODEYARD_SANDBOX_DIR"] = tempfile.mkdtemp(prefix="codeyard-sandbox-test-")
+os.environ.setdefault("CODEYARD_CACHE_DIR", str(REPO / ".codeyard" / "cache"))
+# A server secret in the host environment: the hostile suite checks no run can see it.
+os.environ["CODEYARD_SECRET_KEY"] = "test-secret-do-not-leak-4f1c"
+
+from sandbox.backend import Backend, RunSpec  # noqa: E402
+from sandbox.cgroups import RunCgroup, _v1_mounts  # noqa: E402
+from sandbox.limits import Limits  # noqa: E402
+from sandbox.workspace import UID_BASE, UID_COUNT, processes_of_uid  # noqa: E402
+
+
+def _say(line: str) -> None:
+    sys.__stderr__.write(f"[sandbox fixtures] {line}\n")
+    sys.__stderr__.flush()
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    """A Docker client: the engine that answers, or a dockerd this session starts and stops."""
+    from sandbox.engine import docker_client
+
+    client = docker_client()
+    if client is not None:
+        yield client
+        return
+    if shutil.which("dockerd") is None:
+        pytest.fail("dockerd is not installed (apt-get install docker.io)", pytrace=False)
+    SERVICES.mkdir(parents=True, exist_ok=True)
+    sock = SERVICES / "docker.sock"
+    log = open(SERVICES / "dockerd.log", "ab")
+    proc = subprocess.Popen(
+        ["dockerd", "--data-root", str(SERVICES / "data"), "--exec-root", str(SERVICES / "exec"),
+         "--pidfile", str(SERVICES / "dockerd.pid"), "--host", f"unix://{sock}", "--bridge", "none"],
+        stdout=log, stderr=log, start_new_session=True,
+    )
+    os.environ["DOCKER_HOST"] = f"unix://{sock}"
+    deadline = time.monotonic() + 60
+    while (client := docker_client()) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"dockerd did not start; see {SERVICES / 'dockerd.log'}", pytrace=False)
+        time.sleep(0.3)
+    _say(f"started dockerd (pid {proc.pid}) at {sock}")
+    yield client
+    client.close()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()
+    del os.environ["DOCKER_HOST"]
+
+
+@pytest.fixture(scope="session")
+def runner_image(docker_engine) -> str:
+    """The Docker runner image, built here (debootstrap + import) if the engine lacks it."""
+    from sandbox.image import RUNNER_IMAGE, build_image
+
+    began = time.monotonic()
+    build_image(docker_engine, _say)
+    _say(f"runner image ready in {time.monotonic() - began:.1f}s")
+    return RUNNER_IMAGE
+
+
+@pytest.fixture(params=["bwrap", "docker"])
+def backend(request) -> Backend:
+    if request.param == "docker":
+        from sandbox.docker_backend import DockerBackend
+
+        request.getfixturevalue("runner_image")
+        return DockerBackend(request.getfixturevalue("docker_engine"))
+    from sandbox.bwrap import BwrapBackend
+
+    return BwrapBackend()
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    path = tmp_path / "project"
+    path.mkdir()
+    return path
+
+
+def make_spec(project: Path, argv: list[str], **limits) -> RunSpec:
+    """A run with small, fast limits unless a test asks for others."""
+    base = dict(cpu_seconds=3, wall_seconds=6, memory_bytes=128 << 20, pids=64, output_bytes=256 << 10)
+    return RunSpec(argv, project, Limits(**{**base, **limits}))
+
+
+def leftovers(client=None) -> list[str]:
+    """Everything a run could leave behind: processes, containers, mounts, folders, cgroups."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                uid = entry.stat().st_uid
+            except OSError:
+                continue
+            if UID_BASE <= uid < UID_BASE + UID_COUNT and int(entry.name) in processes_of_uid(uid):
+                found.append(f"process {entry.name} of sandbox uid {uid}")
+    runs_root = os.environ["CODEYARD_SANDBOX_DIR"]
+    found += [f"folder {p}" for p in os.listdir(runs_root)]
+    found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines() if runs_root in line]
+    base = RunCgroup.base_relpath()
+    if base:
+        for ctl, (mnt, root) in _v1_mounts().items():
+            d = mnt / os.path.relpath(base, root)
+            if d.is_dir():
+                found += [f"cgroup {p}" for p in d.iterdir() if p.is_dir()]
+    if client is not None:
+        from sandbox.docker_backend import LABEL
+
+        found += [f"container {c.name}" for c in client.containers.list(all=True, filters={"label": LABEL})]
+    return found
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind(request):
+    """After each test: no process, container, mount, folder or cgroup of any run remains."""
+    yield
+    client = request.getfixturevalue("docker_engine") if "docker_engine" in request.fixturenames or (
+        "backend" in request.fixturenames and getattr(request.node, "callspec", None) and request.node.callspec.params.get("backend") == "docker"
+    ) else None
+    deadline = time.monotonic() + 1
+    while (found := leftovers(client)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not found, f"left behind: {found[:10]}"

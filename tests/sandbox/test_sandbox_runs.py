@@ -1,0 +1,80 @@
+"""The run interface on both backends: output, input, streaming, files both ways, cancel, verdicts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from conftest import make_spec
+from sandbox.backend import RunSpec
+from sandbox.verdict import Verdict
+
+
+async def test_print_and_exit_code(backend, project):
+    (project / "main.py").write_text("import sys\nprint('hello')\nprint('oops', file=sys.stderr)\nsys.exit(3)\n")
+    result = await backend.run(make_spec(project, ["python3", "main.py"]))
+    assert result.stdout == b"hello\n"
+    assert result.stderr == b"oops\n"
+    assert result.verdict == Verdict.RUNTIME_ERROR and result.exit_code == 3
+    assert result.wall_seconds > 0 and result.peak_memory_bytes > 1 << 20
+
+
+async def test_input_program_talks_over_stdin(backend, project):
+    (project / "main.py").write_text("name = input('name? ')\nprint(f'hi {name}')\nprint(int(input()) * 2)\n")
+    run = await backend.start(make_spec(project, ["python3", "main.py"]))
+    seen = b""
+    chunks = run.chunks()
+    async for chunk in chunks:
+        seen += chunk.data
+        if b"name? " in seen:
+            break
+    await run.send_stdin(b"ada\n21\n")
+    await run.close_stdin()
+    async for chunk in chunks:
+        seen += chunk.data
+    result = await run.result()
+    assert result.verdict == Verdict.OK
+    assert seen == b"name? hi ada\n42\n" == result.stdout
+
+
+async def test_output_streams_before_the_run_ends(backend, project):
+    (project / "main.py").write_text("import time\nprint('first', flush=True)\ntime.sleep(30)\n")
+    run = await backend.start(make_spec(project, ["python3", "main.py"], wall_seconds=40))
+    first = await asyncio.wait_for(run.chunks().__anext__(), 10)
+    assert first.stream == "stdout" and first.data == b"first\n"
+    run.cancel()
+    result = await run.result()
+    assert result.verdict == Verdict.CANCELLED
+    assert result.wall_seconds < 20
+
+
+async def test_files_flow_both_ways(backend, project):
+    (project / "data").mkdir()
+    (project / "data" / "in.txt").write_text("41")
+    (project / "main.py").write_text(
+        "import os\nn = int(open('data/in.txt').read())\nos.makedirs('out', exist_ok=True)\n"
+        "open('out/answer.txt', 'w').write(str(n + 1))\nopen('data/in.txt', 'w').write('changed')\n"
+    )
+    result = await backend.run(make_spec(project, ["python3", "main.py"]))
+    assert result.verdict == Verdict.OK, result
+    assert (project / "out" / "answer.txt").read_text() == "42"
+    assert (project / "data" / "in.txt").read_text() == "changed"
+    assert sorted(result.files_written) == ["data/in.txt", "out/answer.txt"]
+
+
+async def test_unchanged_files_are_not_written_back(backend, project):
+    (project / "main.py").write_text("print(open('main.py').read()[:5])\n")
+    result = await backend.run(make_spec(project, ["python3", "main.py"]))
+    assert result.verdict == Verdict.OK and result.files_written == []
+
+
+async def test_missing_program_is_a_runtime_error(backend, project):
+    result = await backend.run(make_spec(project, ["no-such-program"]))
+    assert result.verdict == Verdict.RUNTIME_ERROR and result.exit_code != 0
+
+
+@pytest.mark.parametrize("argv", ["python3 main.py", [], ["python3", "a\0b"]])
+def test_bad_argv_is_refused(project, argv):
+    with pytest.raises(ValueError, match="argv"):
+        RunSpec(argv, project)
