@@ -1,0 +1,75 @@
+"""Engine configuration: one validated dataclass shared by every component."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_MEMORY_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
+                 "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+_DTYPES = ("auto", "float32", "float16", "bfloat16")
+_POLICIES = ("fcfs", "priority")
+
+
+def parse_memory(value: int | str, field: str) -> int:
+    """Accept bytes as an int or a string such as '512MiB' / '2GB'."""
+    if isinstance(value, bool):
+        raise ValueError(f"{field}: expected bytes as int or a size like '512MiB', got {value!r}")
+    if isinstance(value, int):
+        size = value
+    else:
+        match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", str(value))
+        if not match or match.group(2).lower() not in _MEMORY_UNITS:
+            raise ValueError(f"{field}: expected bytes as int or a size like '512MiB', got {value!r}")
+        size = int(float(match.group(1)) * _MEMORY_UNITS[match.group(2).lower()])
+    if size <= 0:
+        raise ValueError(f"{field}: must be positive, got {value!r}")
+    return size
+
+
+@dataclass
+class EngineConfig:
+    """Everything the engine needs to know before it loads a model.
+
+    `kv_cache_memory` is the byte budget for the paged KV pool; `num_kv_blocks` overrides it
+    (tests use it to force preemption with a pool of a few blocks).
+    """
+
+    model: str
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "cpu"
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    kv_cache_memory: int | str = "1GiB"
+    num_kv_blocks: int | None = None
+    enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"
+    num_threads: int | None = None
+    seed: int = 0
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model: a local folder or .gguf file path is required")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype: must be one of {_DTYPES}, got {self.dtype!r}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device: must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len: must be positive, got {self.max_model_len!r}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks: must be positive, got {self.num_kv_blocks!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads: must be positive, got {self.num_threads!r}")
+        if self.scheduling_policy not in _POLICIES:
+            raise ValueError(f"scheduling_policy: must be one of {_POLICIES}, got {self.scheduling_policy!r}")
+        if self.tensor_parallel_size != 1:
+            raise ValueError("tensor_parallel_size: only 1 is supported so far")
+        self.kv_cache_memory = parse_memory(self.kv_cache_memory, "kv_cache_memory")

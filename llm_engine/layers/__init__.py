@@ -1,0 +1,1 @@
+"""Model building blocks: parallel-aware linear layers, embeddings, rotary, norms, attention."""

@@ -1,0 +1,116 @@
+"""Linear layers that know how they are split across tensor-parallel ranks.
+
+Column-parallel layers split the output features, row-parallel ones the input features (and
+all-reduce the result). Each parameter carries a `weight_loader` that copies this rank's slice of
+a checkpoint tensor into place, so the loaders never need to know the parallel layout.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from llm_engine.distributed import all_reduce, get_tp_rank, get_tp_size
+from llm_engine.layers.quantization import QuantMethod, UnquantizedLinearMethod
+
+
+class LinearBase(nn.Module):
+    def __init__(self, input_size: int, output_size: int, bias: bool, dtype: torch.dtype,
+                 quant_method: QuantMethod | None) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
+        self.input_size, self.output_size = input_size, output_size
+        self.quant_method = quant_method or UnquantizedLinearMethod()
+        self.quant_method.create_weights(self, input_size, output_size, dtype)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(output_size, dtype=dtype), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.bias = None
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        param.data.copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quant_method.apply(self, x, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False,
+                 dtype: torch.dtype = torch.float32, quant_method: QuantMethod | None = None) -> None:
+        super().__init__(input_size, output_size, bias, dtype, quant_method)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split across ranks; each rank keeps its slice of the output."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False,
+                 dtype: torch.dtype = torch.float32, quant_method: QuantMethod | None = None) -> None:
+        tp_size = get_tp_size()
+        if output_size % tp_size:
+            raise ValueError(f"output_size {output_size} is not divisible by tp_size {tp_size}")
+        super().__init__(input_size, output_size // tp_size, bias, dtype, quant_method)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        size = param.shape[0]
+        param.data.copy_(loaded.narrow(0, self.tp_rank * size, size))
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel projections stored as one matrix (e.g. gate_proj + up_proj)."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False,
+                 dtype: torch.dtype = torch.float32, quant_method: QuantMethod | None = None) -> None:
+        self.output_sizes = output_sizes
+        super().__init__(input_size, sum(output_sizes), bias, dtype, quant_method)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int) -> None:
+        offset = sum(self.output_sizes[:shard_id]) // self.tp_size
+        size = self.output_sizes[shard_id] // self.tp_size
+        shard = loaded.narrow(0, self.tp_rank * size, size)
+        param.data.narrow(0, offset, size).copy_(shard)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Fused q/k/v projection; heads are split across ranks (kv heads replicated if fewer)."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
+                 bias: bool = False, dtype: torch.dtype = torch.float32,
+                 quant_method: QuantMethod | None = None) -> None:
+        tp_size = get_tp_size()
+        self.head_dim = head_dim
+        self.num_heads = num_heads // tp_size
+        self.num_kv_heads = max(1, num_kv_heads // tp_size)
+        self.kv_replicas = max(1, tp_size // num_kv_heads)
+        output_size = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp_size
+        super().__init__(hidden_size, output_size, bias, dtype, quant_method)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        offset, size, rank = {"q": (0, q_size, self.tp_rank),
+                              "k": (q_size, kv_size, self.tp_rank // self.kv_replicas),
+                              "v": (q_size + kv_size, kv_size, self.tp_rank // self.kv_replicas)}[shard_id]
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, rank * size, size))
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split across ranks; partial results are summed with an all-reduce."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False,
+                 dtype: torch.dtype = torch.float32, quant_method: QuantMethod | None = None) -> None:
+        tp_size = get_tp_size()
+        if input_size % tp_size:
+            raise ValueError(f"input_size {input_size} is not divisible by tp_size {tp_size}")
+        super().__init__(input_size // tp_size, output_size, bias, dtype, quant_method)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        if param.dim() == 1:  # bias is added once, after the reduction
+            param.data.copy_(loaded)
+            return
+        size = param.shape[1]
+        param.data.copy_(loaded.narrow(1, self.tp_rank * size, size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.bias if self.tp_rank == 0 else None
+        return all_reduce(self.quant_method.apply(self, x, bias))

@@ -1,0 +1,56 @@
+"""LLM: the offline facade — build an engine, generate for a list of prompts with a progress bar."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from tqdm import tqdm
+
+from llm_engine.config import EngineConfig
+from llm_engine.llm_engine import LLMEngine
+from llm_engine.outputs import RequestOutput
+from llm_engine.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    def __init__(self, model: str, **kwargs) -> None:
+        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 priority: Sequence[int] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in the order of the prompts."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = ([sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams)
+                  else list(sampling_params))
+        if len(params) != len(prompts):
+            raise ValueError(f"sampling_params: got {len(params)} for {len(prompts)} prompts")
+        priorities = list(priority) if priority is not None else [0] * len(prompts)
+        if len(priorities) != len(prompts):
+            raise ValueError(f"priority: got {len(priorities)} values for {len(prompts)} prompts")
+        ids = [f"gen-{next(self._ids)}" for _ in prompts]
+        try:
+            for rid, prompt, p, prio in zip(ids, prompts, params, priorities):
+                self.engine.add_request(rid, prompt, p, priority=prio)
+            finished: dict[str, RequestOutput] = {}
+            with tqdm(total=len(ids), desc="Generating", unit="req", disable=not use_tqdm) as bar:
+                while len(finished) < len(ids):
+                    for output in self.engine.step():
+                        if output.finished:
+                            finished[output.request_id] = output
+                            bar.update(1)
+        except BaseException:
+            self.engine.abort_request(ids)
+            raise
+        return [finished[rid] for rid in ids]

@@ -1,0 +1,284 @@
+"""LLMEngine: add requests, run steps, abort; the loop an async server drives."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from llm_engine.block_manager import BlockManager
+from llm_engine.config import EngineConfig
+from llm_engine.detokenizer import IncrementalDetokenizer, find_stop_string
+from llm_engine.loader import ModelSource
+from llm_engine.model_runner import ModelRunner
+from llm_engine.outputs import CompletionOutput, RequestOutput
+from llm_engine.sampler import SampleResult
+from llm_engine.sampling_params import SamplingParams
+from llm_engine.scheduler import Scheduler, SchedulerOutput
+from llm_engine.sequence import Request, Sequence, SequenceStatus
+
+
+@dataclass
+class EngineStats:
+    """Counters and gauges for monitoring (totals since start)."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_free_blocks: int
+    num_total_blocks: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    last_iteration_tokens: int
+    finished_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        source = ModelSource(config.model, config.tokenizer)
+        self.hf_config = source.hf_config()
+        self.tokenizer = source.tokenizer()
+        self.model_runner = ModelRunner(config, self.hf_config, source)
+        num_blocks = self.model_runner.num_blocks
+        self.max_model_len = min(config.max_model_len or self.hf_config.max_position_embeddings,
+                                 self.hf_config.max_position_embeddings, num_blocks * config.block_size)
+        self.vocab_size = self.hf_config.vocab_size
+        self.eos_token_ids = self._eos_token_ids()
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.requests: dict[str, Request] = {}
+        self._updated: set[str] = set()
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.last_iteration_tokens = 0
+        self.finished_by_reason: dict[str, int] = {}
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> LLMEngine:
+        return cls(EngineConfig(**kwargs))
+
+    def _eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        configured = getattr(self.hf_config, "eos_token_id", None)
+        if configured is not None:
+            ids.update(configured if isinstance(configured, list) else [configured])
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    # ----- requests -------------------------------------------------------------------------
+
+    def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt: this model has no tokenizer; pass token ids instead of text")
+            return prompt, self.tokenizer(prompt).input_ids
+        if not isinstance(prompt, (list, tuple)) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise ValueError("prompt: must be a string or a list of token ids")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt: token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+        return None, list(prompt)
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                    priority: int = 0, arrival_time: float | None = None) -> None:
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority: must be an integer, got {priority!r}")
+        if params.stop_list and self.tokenizer is None:
+            raise ValueError("stop: stop strings need a tokenizer; use stop_token_ids")
+        text, token_ids = self.tokenize(prompt)
+        if not token_ids:
+            raise ValueError("prompt: must not be empty")
+        request = Request(request_id, text, token_ids, params, priority, arrival_time,
+                          use_priority=self.config.scheduling_policy == "priority")
+        self.requests[request_id] = request
+        self._updated.add(request_id)
+        if len(token_ids) >= self.max_model_len:
+            request.error = (f"prompt is {len(token_ids)} tokens; this engine allows at most "
+                             f"{self.max_model_len - 1} prompt tokens (max_model_len {self.max_model_len})")
+            self._finish(request.seqs[0], SequenceStatus.FINISHED_IGNORED)
+            return
+        self.scheduler.add(request.seqs[0])
+
+    def abort_request(self, request_id: str | list[str], reason: str = "abort") -> None:
+        """Abort requests by id (unknown or finished ids are ignored); their blocks are freed now."""
+        for rid in [request_id] if isinstance(request_id, str) else request_id:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            for seq in request.seqs:
+                if not seq.is_finished:
+                    seq.stop_reason = reason
+                    self._finish(seq, SequenceStatus.FINISHED_ABORTED)
+            self._updated.add(rid)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # ----- the step ---------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run one forward pass, sample, and report requests that changed."""
+        self._abort_timed_out()
+        out = self.scheduler.schedule()
+        self.last_iteration_tokens = out.num_batched_tokens
+        if out.scheduled:
+            self._run(out)
+        return self._collect_outputs()
+
+    def _abort_timed_out(self) -> None:
+        now = time.time()
+        expired = [rid for rid, r in self.requests.items() if r.deadline is not None and r.deadline <= now]
+        if expired:
+            self.abort_request(expired, reason="timeout")
+
+    def _run(self, out: SchedulerOutput) -> None:
+        now = time.time()
+        for seq, _ in out.scheduled:
+            metrics = seq.request.metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
+                self.prompt_tokens_total += seq.num_prompt_tokens
+        try:
+            logits = self.model_runner.execute(out.scheduled, out.block_copies)
+            to_sample = self._advance(out)
+            results = self.model_runner.sample(logits[[row for row, _ in to_sample]],
+                                               [seq for _, seq in to_sample], self.eos_token_ids)
+        except Exception as exc:  # a failed batch ends its requests, the engine keeps serving
+            for seq, _ in out.scheduled:
+                seq.request.error = f"{type(exc).__name__}: {exc}"
+                for s in seq.request.seqs:
+                    if not s.is_finished:
+                        self._finish(s, SequenceStatus.FINISHED_ERROR)
+            return
+        for (_, seq), result in zip(to_sample, results):
+            self._append_token(seq, result)
+
+    def _advance(self, out: SchedulerOutput) -> list[tuple[int, Sequence]]:
+        """Count computed tokens, cache full blocks, fork n>1 samples; return (logit row, seq)."""
+        to_sample: list[tuple[int, Sequence]] = []
+        row = -1
+        for seq, num_new in out.scheduled:
+            seq.num_computed_tokens += num_new
+            self.block_manager.cache_full_blocks(seq)
+            if seq.num_computed_tokens < seq.num_tokens:
+                continue
+            row += 1
+            to_sample.append((row, seq))
+            request = seq.request
+            if seq.index == 0 and seq.num_output_tokens == 0 and len(request.seqs) < request.params.n:
+                for index in range(1, request.params.n):
+                    child = seq.fork(index)
+                    self.block_manager.fork(seq, child)
+                    request.seqs.append(child)
+                    self.scheduler.add_running(child)
+                    to_sample.append((row, child))
+        return to_sample
+
+    def _append_token(self, seq: Sequence, result: SampleResult) -> None:
+        request, params = seq.request, seq.request.params
+        now = time.time()
+        metrics = request.metrics
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+        elif seq.index == 0:
+            metrics.inter_token_latencies.append(now - metrics.last_token_time)
+        if seq.index == 0:
+            metrics.last_token_time = now
+        token = result.token_id
+        seq.token_ids.append(token)
+        self.generation_tokens_total += 1
+        if result.top_logprobs is not None:
+            seq.logprobs.append(result.top_logprobs)
+            seq.cumulative_logprob += result.logprob
+        self._updated.add(request.request_id)
+        new_text = ""
+        if self.tokenizer is not None:
+            if seq.detokenizer_state is None:
+                seq.detokenizer_state = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params)
+            new_text = seq.detokenizer_state.decode_new(seq.token_ids)
+            seq.text += new_text
+        status = self._stop_status(seq, token, new_text)
+        if status is not None:
+            self._finish(seq, status)
+
+    def _stop_status(self, seq: Sequence, token: int, new_text: str) -> SequenceStatus | None:
+        params = seq.request.params
+        if seq.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token in self.eos_token_ids:
+                seq.stop_reason = None
+                return SequenceStatus.FINISHED_STOPPED
+            if token in params.stop_token_ids:
+                seq.stop_reason = token
+                return SequenceStatus.FINISHED_STOPPED
+            if new_text and params.stop_list:
+                found = find_stop_string(seq.text, len(new_text), params.stop_list,
+                                         params.include_stop_str_in_output)
+                if found is not None:
+                    seq.text, seq.stop_reason = found
+                    return SequenceStatus.FINISHED_STOPPED
+        if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
+            return SequenceStatus.FINISHED_LENGTH_CAPPED
+        if seq.num_tokens >= self.max_model_len:
+            return SequenceStatus.FINISHED_LENGTH_CAPPED
+        return None
+
+    def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        self.scheduler.finish(seq, status)
+        request = seq.request
+        self._updated.add(request.request_id)
+        if request.is_finished and request.metrics.finished_time is None:
+            request.metrics.finished_time = time.time()
+            for s in request.seqs:
+                reason = s.status.finish_reason
+                self.finished_by_reason[reason] = self.finished_by_reason.get(reason, 0) + 1
+
+    # ----- outputs and stats -----------------------------------------------------------------
+
+    def _collect_outputs(self) -> list[RequestOutput]:
+        outputs = []
+        for rid in self._updated:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            outputs.append(self._make_output(request))
+            if request.is_finished:
+                del self.requests[rid]
+        self._updated.clear()
+        return outputs
+
+    def _make_output(self, request: Request) -> RequestOutput:
+        completions = []
+        holdback = max((len(s) for s in request.params.stop_list), default=1) - 1
+        for seq in request.seqs:
+            text = seq.text
+            if not seq.is_finished and holdback:
+                text = text[:max(len(text) - holdback, 0)]  # may still become part of a stop string
+            completions.append(CompletionOutput(
+                index=seq.index, text=text, token_ids=list(seq.output_token_ids),
+                cumulative_logprob=seq.cumulative_logprob if request.params.logprobs is not None else None,
+                logprobs=list(seq.logprobs) if request.params.logprobs is not None else None,
+                finish_reason=seq.status.finish_reason, stop_reason=seq.stop_reason))
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, completions,
+                             request.is_finished, request.metrics, request.error)
+
+    def get_stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+            kv_cache_usage=bm.usage, num_free_blocks=bm.num_free_blocks, num_total_blocks=bm.num_blocks,
+            prefix_cache_queries=bm.prefix_queries, prefix_cache_hits=bm.prefix_hits,
+            num_preemptions=self.scheduler.num_preemptions, prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+            last_iteration_tokens=self.last_iteration_tokens,
+            finished_by_reason=dict(self.finished_by_reason))

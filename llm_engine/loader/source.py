@@ -1,0 +1,61 @@
+"""Where a model lives: a Hugging Face folder (config.json + safetensors) or a .gguf file."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from llm_engine.loader.gguf_weights import iter_gguf
+from llm_engine.loader.safetensors_weights import iter_safetensors
+
+_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                       "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+class ModelSource:
+    def __init__(self, model: str, tokenizer: str | None = None) -> None:
+        path = Path(model).expanduser()
+        if not path.exists():
+            raise ValueError(f"model: path {model!r} does not exist (only local models are loaded)")
+        self.gguf_file: str | None = None
+        if path.is_file():
+            if path.suffix != ".gguf":
+                raise ValueError(f"model: {model!r} is a file but not a .gguf file")
+            self.folder, self.gguf_file = path.parent, path.name
+        else:
+            self.folder = path
+            ggufs = sorted(path.glob("*.gguf"))
+            if not (path / "config.json").is_file():
+                if len(ggufs) != 1:
+                    raise ValueError(f"model: {model!r} has no config.json and not exactly one .gguf file")
+                self.gguf_file = ggufs[0].name
+        self.tokenizer_path = Path(tokenizer).expanduser() if tokenizer else self.folder
+
+    def hf_config(self):
+        from transformers import AutoConfig
+
+        if self.gguf_file is None:
+            return AutoConfig.from_pretrained(self.folder, local_files_only=True)
+        config = AutoConfig.from_pretrained(self.folder, gguf_file=self.gguf_file, local_files_only=True)
+        if not getattr(config, "architectures", None):
+            arch = _GGUF_ARCHITECTURES.get(config.model_type)
+            config.architectures = [arch] if arch else [config.model_type]
+        return config
+
+    def weights(self, config) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.gguf_file is None:
+            return iter_safetensors(self.folder)
+        return iter_gguf(self.folder / self.gguf_file, config)
+
+    def tokenizer(self):
+        """The tokenizer from the same local files, or None when the folder has none."""
+        from transformers import AutoTokenizer
+
+        if self.gguf_file is not None and self.tokenizer_path == self.folder:
+            return AutoTokenizer.from_pretrained(self.folder, gguf_file=self.gguf_file, local_files_only=True)
+        if not any((self.tokenizer_path / name).is_file() for name in _TOKENIZER_FILES):
+            return None
+        return AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)

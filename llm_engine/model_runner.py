@@ -1,0 +1,88 @@
+"""Owns the device: builds the model, loads its weights, holds the KV pool, runs steps, samples."""
+
+from __future__ import annotations
+
+import torch
+
+from llm_engine.config import EngineConfig
+from llm_engine.layers.attention import Attention, SeqSlice, TorchPagedAttention
+from llm_engine.loader import ModelSource
+from llm_engine.models.registry import resolve_model_class
+from llm_engine.sampler import SampleResult, Sampler
+from llm_engine.sequence import Sequence
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(config: EngineConfig, hf_config) -> torch.dtype:
+    """'auto' is float32 on CPU (fastest and exact there) and the checkpoint's dtype elsewhere."""
+    if config.dtype != "auto":
+        return _DTYPES[config.dtype]
+    if config.device == "cpu":
+        return torch.float32
+    checkpoint = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(checkpoint, str):
+        checkpoint = _DTYPES.get(checkpoint)
+    return checkpoint if checkpoint in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, hf_config, source: ModelSource) -> None:
+        if config.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device: {config.device!r} requested but CUDA is not available")
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = torch.device(config.device)
+        self.dtype = resolve_dtype(config, hf_config)
+        self.block_size = config.block_size
+        self.backend = TorchPagedAttention()
+        model_class = resolve_model_class(getattr(hf_config, "architectures", None))
+        with torch.device(self.device):
+            self.model = model_class(hf_config, self.backend, self.dtype)
+        self.model.load_weights(source.weights(hf_config))
+        self.model.eval()
+        self.num_blocks = self._allocate_kv_cache(config)
+        self.sampler = Sampler(config.seed)
+
+    def _allocate_kv_cache(self, config: EngineConfig) -> int:
+        layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        first = layers[0]
+        slot_shape = (first.num_kv_heads, first.head_dim)
+        bytes_per_block = (2 * len(layers) * self.block_size * first.num_kv_heads * first.head_dim
+                           * torch.tensor([], dtype=self.dtype).element_size())
+        num_blocks = config.num_kv_blocks or config.kv_cache_memory // bytes_per_block
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_memory: {config.kv_cache_memory} bytes is less than one block "
+                             f"({bytes_per_block} bytes)")
+        self.kv_cache = torch.zeros(2, len(layers), num_blocks * self.block_size, *slot_shape,
+                                    dtype=self.dtype, device=self.device)
+        for i, layer in enumerate(layers):
+            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+        return num_blocks
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[tuple[Sequence, int]], block_copies: list[tuple[int, int]]
+                ) -> torch.Tensor:
+        """Run one forward pass; return logits for each sequence whose last token was computed."""
+        bs = self.block_size
+        for src, dst in block_copies:
+            self.kv_cache[:, :, dst * bs:(dst + 1) * bs] = self.kv_cache[:, :, src * bs:(src + 1) * bs]
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slices: list[SeqSlice] = []
+        logit_rows: list[int] = []
+        for seq, num_new in scheduled:
+            start = seq.num_computed_tokens
+            input_ids.extend(seq.token_ids[start:start + num_new])
+            positions.extend(range(start, start + num_new))
+            slices.append(SeqSlice(start, num_new, seq.block_table))
+            if start + num_new == seq.num_tokens:
+                logit_rows.append(len(input_ids) - 1)
+        metadata = self.backend.build_metadata(slices, bs, self.device)
+        hidden = self.model(torch.tensor(input_ids, device=self.device),
+                            torch.tensor(positions, device=self.device), metadata)
+        return self.model.compute_logits(hidden[torch.tensor(logit_rows, device=self.device)])
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: set[int]) -> list[SampleResult]:
+        return self.sampler(logits, seqs, eos_token_ids)

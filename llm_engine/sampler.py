@@ -1,0 +1,115 @@
+"""Batched sampling with per-request parameters.
+
+Penalties, min_tokens suppression, temperature, top-k, top-p and min-p are applied as tensor ops
+over the whole batch. Each seeded request draws its noise from its own torch.Generator, one draw
+per step, so its samples do not depend on what else is in the batch. Logprobs are those of the
+model's raw distribution (before penalties and temperature), as in vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llm_engine.outputs import Logprob
+from llm_engine.sequence import Sequence
+
+
+@dataclass
+class SampleResult:
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: dict[int, Logprob] | None = None
+
+
+class Sampler:
+    def __init__(self, seed: int) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence],
+                 eos_token_ids: set[int]) -> list[SampleResult]:
+        logits = logits.float().cpu()
+        params = [s.request.params for s in seqs]
+        raw_logprobs = (torch.log_softmax(logits, dim=-1)
+                        if any(p.logprobs is not None for p in params) else None)
+        logits = logits.clone()
+        self._apply_penalties(logits, seqs)
+        self._suppress_stops_before_min_tokens(logits, seqs, eos_token_ids)
+        tokens = logits.argmax(dim=-1)
+        random_rows = [i for i, p in enumerate(params) if not p.greedy]
+        if random_rows:
+            rows = torch.tensor(random_rows)
+            tokens[rows] = self._sample(logits[rows], [seqs[i] for i in random_rows])
+        results = []
+        for i, (seq, p) in enumerate(zip(seqs, params)):
+            token = int(tokens[i])
+            if raw_logprobs is None or p.logprobs is None:
+                results.append(SampleResult(token))
+                continue
+            row = raw_logprobs[i]
+            value = float(row[token])
+            top: dict[int, Logprob] = {token: Logprob(value, int((row > row[token]).sum()) + 1)}
+            if p.logprobs:
+                values, ids = row.topk(p.logprobs)
+                for rank, (lp, tid) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
+                    top.setdefault(tid, Logprob(lp, rank))
+            results.append(SampleResult(token, value, top))
+        return results
+
+    @staticmethod
+    def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        vocab = logits.shape[-1]
+        for i, seq in enumerate(seqs):
+            p = seq.request.params
+            if p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty:
+                continue
+            counts = torch.bincount(torch.tensor(seq.output_token_ids, dtype=torch.long), minlength=vocab)[:vocab]
+            if p.repetition_penalty != 1.0:
+                seen = counts > 0
+                prompt = torch.tensor(seq.token_ids[:seq.num_prompt_tokens], dtype=torch.long)
+                seen[prompt[prompt < vocab]] = True
+                row = logits[i]
+                penalised = torch.where(row > 0, row / p.repetition_penalty, row * p.repetition_penalty)
+                logits[i] = torch.where(seen, penalised, row)
+            logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
+
+    @staticmethod
+    def _suppress_stops_before_min_tokens(logits: torch.Tensor, seqs: list[Sequence],
+                                          eos_token_ids: set[int]) -> None:
+        for i, seq in enumerate(seqs):
+            p = seq.request.params
+            if seq.num_output_tokens >= p.min_tokens:
+                continue
+            banned = set(p.stop_token_ids or []) | (set() if p.ignore_eos else eos_token_ids)
+            ids = [t for t in banned if t < logits.shape[-1]]
+            if ids:
+                logits[i, ids] = float("-inf")
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        params = [s.request.params for s in seqs]
+        temperature = torch.tensor([p.temperature for p in params]).unsqueeze(1)
+        logits = logits / temperature
+        top_k = torch.tensor([p.top_k for p in params])
+        top_p = torch.tensor([p.top_p for p in params])
+        if (top_k > 0).any() or (top_p < 1).any():
+            sorted_logits, order = logits.sort(dim=-1, descending=True)
+            positions = torch.arange(logits.shape[-1]).unsqueeze(0)
+            cut = (top_k > 0).unsqueeze(1) & (positions >= top_k.unsqueeze(1))
+            sorted_logits = sorted_logits.masked_fill(cut, float("-inf"))
+            probs = sorted_logits.softmax(dim=-1)
+            cut = (probs.cumsum(dim=-1) - probs) >= top_p.unsqueeze(1)  # keeps at least the top one
+            sorted_logits = sorted_logits.masked_fill(cut, float("-inf"))
+            logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
+        min_p = torch.tensor([p.min_p for p in params]).unsqueeze(1)
+        probs = logits.softmax(dim=-1)
+        if (min_p > 0).any():
+            probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
+        noise = torch.empty_like(probs)
+        unseeded = [i for i, s in enumerate(seqs) if s.generator is None]
+        if unseeded:
+            noise[unseeded] = torch.empty(len(unseeded), probs.shape[1]).exponential_(generator=self.generator)
+        for i, seq in enumerate(seqs):
+            if seq.generator is not None:
+                noise[i].exponential_(generator=seq.generator)
+        return (probs / noise).argmax(dim=-1)

@@ -1,0 +1,117 @@
+"""Token-budget continuous batching with chunked prefill, FCFS/priority order and preemption.
+
+Every step first advances running sequences (decodes and unfinished prefill chunks) in order,
+then admits waiting ones, all under `max_num_batched_tokens` and `max_num_seqs`. When the pool
+runs out of blocks, the last running sequence in order (lowest priority, newest) is preempted:
+its blocks are freed and it is recomputed from its tokens later, reusing cached prefix blocks.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from llm_engine.block_manager import BlockManager
+from llm_engine.config import EngineConfig
+from llm_engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, new tokens)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.block_manager = block_manager
+        self.waiting: list[Sequence] = []  # kept sorted by Sequence.sort_key
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def add(self, seq: Sequence) -> None:
+        bisect.insort(self.waiting, seq, key=lambda s: s.sort_key)
+
+    def add_running(self, seq: Sequence) -> None:
+        """A freshly forked sample joins the running set directly."""
+        self.running.append(seq)
+
+    def finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        """Move seq to a terminal state and free all its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.set_status(status)
+        self.block_manager.free(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        self.running.sort(key=lambda s: s.sort_key)
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            copies = self.block_manager.allocate_slots(seq, num_new)
+            while copies is None:
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+                copies = self.block_manager.allocate_slots(seq, num_new)
+            if copies is None:
+                break
+            out.scheduled.append((seq, num_new))
+            out.block_copies.extend(copies)
+            budget -= num_new
+            index += 1
+        if not out.preempted:
+            self._admit_waiting(out, budget)
+        return out
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        bm = self.block_manager
+        while self.waiting and budget > 0:
+            seq = self.waiting[0]
+            group = seq.request.params.n if seq.num_output_tokens == 0 else 1
+            if len(self.running) + group > self.max_num_seqs:
+                break
+            cached = bm.find_cached_prefix(seq)
+            num_new = min(seq.num_tokens - len(cached) * bm.block_size, budget)
+            copies = bm.allocate_slots(seq, num_new, cached)
+            if copies is None:
+                break
+            bm.record_prefix_lookup(seq.num_tokens, len(cached) * bm.block_size)
+            if seq.status is SequenceStatus.WAITING:
+                seq.request.metrics.num_cached_tokens = len(cached) * bm.block_size
+            self.waiting.pop(0)
+            seq.set_status(SequenceStatus.RUNNING)
+            self.running.append(seq)
+            out.scheduled.append((seq, num_new))
+            out.block_copies.extend(copies)
+            budget -= num_new
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.set_status(SequenceStatus.PREEMPTED)
+        seq.request.metrics.num_preemptions += 1
+        self.num_preemptions += 1
+        self.add(seq)
