@@ -35,7 +35,7 @@ def configure(level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS[level])
-    for noisy in ("alembic", "httpx"):
+    for noisy in ("alembic", "httpx", "httpx2"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
