@@ -37,7 +37,7 @@ const commands = {
   async open ({ name, project, file, token, user, timeout = 10000 }) {
     const doc = new Y.Doc()
     const provider = new WebsocketProvider(`${serverUrl}/ws/collab/${project}`, file, doc, {
-      WebSocketPolyfill: WebSocket, params: { token }, maxBackoffTime: 300
+      WebSocketPolyfill: WebSocket, params: { token }, maxBackoffTime: 300, disableBc: true
     })
     const c = { doc, provider, text: doc.getText('content'), closeCodes: [], synced: false }
     provider.on('connection-close', (event) => { c.closeCodes.push(event.code) })
