@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 WORKSPACE = "/workspace"
 MAX_ARGV_BYTES = 1 << 20
+MAX_ARGV_ITEMS = 4096  # bubblewrap takes at most 9000 arguments, its own included
+MAX_ARG_BYTES = 128 << 10  # the kernel's limit for one argument (MAX_ARG_STRLEN)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
 
@@ -46,6 +48,10 @@ class RunSpec:
             raise ValueError("argv must be a non-empty list of strings")
         if not all(isinstance(a, str) and "\0" not in a for a in self.argv):
             raise ValueError("argv items must be strings without NUL bytes")
+        if len(self.argv) > MAX_ARGV_ITEMS:
+            raise ValueError(f"argv has more than {MAX_ARGV_ITEMS} items")
+        if max(len(a.encode()) for a in self.argv) > MAX_ARG_BYTES:
+            raise ValueError(f"argv has an item longer than {MAX_ARG_BYTES} bytes")
         if sum(len(a.encode()) + 1 for a in self.argv) > MAX_ARGV_BYTES:
             raise ValueError(f"argv is longer than {MAX_ARGV_BYTES} bytes")
         for key, value in self.env.items():

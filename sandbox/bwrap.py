@@ -49,6 +49,7 @@ def bwrap_argv(ctx: RunContext, seccomp_fd: int, passwd_fd: int, group_fd: int) 
         "--size", str(limits.disk_bytes), "--tmpfs", "/tmp",
         "--size", str(limits.disk_bytes), "--tmpfs", "/dev/shm",
         "--bind", str(ctx.workspace), WORKSPACE, "--chdir", WORKSPACE,
+        "--remount-ro", "/",
         "--clearenv",
     ]
     for key, value in ctx.spec.environment().items():

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from sandbox.backend import WORKSPACE, Backend, ExitStatus, Execution, RunContext, SandboxRun
 from sandbox.image import RUNNER_IMAGE
+from sandbox.seccomp import docker_profile
 
 LABEL = "codeyard.sandbox"
 _STREAMS = {1: "stdout", 2: "stderr"}
@@ -40,7 +41,7 @@ def container_config(ctx: RunContext, image: str) -> dict:
         hostname="sandbox",
         network_mode="none",
         cap_drop=["ALL"],
-        security_opt=["no-new-privileges"],
+        security_opt=["no-new-privileges", f"seccomp={docker_profile()}"],
         read_only=True,
         tmpfs={"/tmp": f"size={limits.disk_bytes},mode=1777,exec,nosuid,nodev"},
         shm_size=min(limits.disk_bytes, 64 << 20),
@@ -58,11 +59,9 @@ def container_config(ctx: RunContext, image: str) -> dict:
         init=True,
         log_config=docker.types.LogConfig(type="none"),
         volumes={str(ctx.workspace): {"bind": WORKSPACE, "mode": "rw"}},
-        stdin_open=True,
-        stdin_once=True,
+        stdin_open=True,  # with detach left False this also sets StdinOnce: closing our end closes theirs
         cgroup_parent=ctx.cgroup.relpath if ctx.cgroup else None,
         labels={LABEL: ctx.run.id},
-        detach=True,
     )
 
 

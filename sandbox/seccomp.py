@@ -1,13 +1,16 @@
-"""A seccomp filter for the bubblewrap backend: refuse the syscalls a student program never needs.
+"""One seccomp policy for both backends: refuse the syscalls a student program never needs.
 
 It is a deny list on top of namespaces, no capabilities and no_new_privs: debugging other
 processes (ptrace), new namespaces or mounts, kernel keyrings, BPF, perf, io_uring and module or
 reboot calls get EPERM. clone3 gets ENOSYS so libc falls back to clone, whose namespace flags are
-checked here (clone3 flags live in memory a filter cannot read).
+checked here (clone3 flags live in memory a filter cannot read). The bubblewrap backend loads it
+as raw BPF; the Docker backend gets the same table as a Docker seccomp profile (Docker's default
+profile allows ptrace, so it is replaced by this one rather than kept).
 """
 
 from __future__ import annotations
 
+import json
 import struct
 
 AUDIT_ARCH_X86_64 = 0xC000003E
@@ -26,7 +29,11 @@ DENIED = {
     "process_vm_writev": 311, "finit_module": 313, "kexec_file_load": 320, "bpf": 321,
     "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
     "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
-    "fspick": 433, "mount_setattr": 442,
+    "fspick": 433, "mount_setattr": 442, "uselib": 134, "ustat": 136, "sysfs": 139, "vhangup": 153,
+    "_sysctl": 156, "adjtimex": 159, "settimeofday": 164, "create_module": 174, "get_kernel_syms": 177,
+    "query_module": 178, "nfsservctl": 180, "lookup_dcookie": 212, "clock_settime": 227, "mbind": 237,
+    "set_mempolicy": 238, "migrate_pages": 256, "move_pages": 279, "fanotify_init": 300,
+    "clock_adjtime": 305, "kcmp": 312, "pidfd_getfd": 438,
 }
 
 
@@ -61,3 +68,15 @@ def filter_program() -> bytes:
         _ins(_RET, _ERRNO | ENOSYS),
     ]
     return b"".join(prog)
+
+
+def docker_profile() -> str:
+    """The same policy as a Docker seccomp profile (JSON), for security_opt `seccomp=...`."""
+    errno = {"action": "SCMP_ACT_ERRNO", "errnoRet": EPERM}
+    rules = [{"names": sorted(DENIED), **errno}, {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS}]
+    for bit in range(32):  # clone is refused when any namespace flag is set: one rule per flag
+        flag = 1 << bit
+        if CLONE_NAMESPACE_FLAGS & flag:
+            rules.append({"names": ["clone"], **errno,
+                          "args": [{"index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}]})
+    return json.dumps({"defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_X86_64"], "syscalls": rules})
