@@ -55,9 +55,10 @@ class HashedStaticFiles(StaticFiles):
         return response
 
 
-def render_page(request: Request, page: str, title: str) -> HTMLResponse:
+def render_page(request: Request, page: str, title: str, param: str = "") -> HTMLResponse:
+    """The shell names the page (and its one parameter) for the front end's router."""
     response = templates.TemplateResponse(
-        request, "page.html", {"page": page, "title": title, "assets": entry_assets()}
+        request, "page.html", {"page": page, "title": title, "param": param, "assets": entry_assets()}
     )
     response.headers["Cache-Control"] = "no-cache"
     return response
@@ -81,6 +82,16 @@ def register_page(request: Request) -> HTMLResponse:
 @router.get("/dashboard")
 def dashboard_page(request: Request) -> HTMLResponse:
     return render_page(request, "dashboard", "Dashboard")
+
+
+@router.get("/projects/{project_id}")
+def project_page(request: Request, project_id: str) -> HTMLResponse:
+    return render_page(request, "project", "Project", project_id)
+
+
+@router.get("/invite/{token}")
+def invite_page(request: Request, token: str) -> HTMLResponse:
+    return render_page(request, "invite", "Invitation", token)
 
 
 def mount_web(app: FastAPI) -> None:

@@ -30,28 +30,32 @@ function describeError(body: unknown, status: number): string {
   return "Something went wrong on the server. Please try again.";
 }
 
-export async function api<T>(method: string, path: string, body?: unknown): Promise<T> {
+/** Sends a request and returns the response, or throws an ApiError with a readable message. */
+export async function send(method: string, path: string, body?: BodyInit, contentType?: string): Promise<Response> {
   const headers: Record<string, string> = { Accept: "application/json" };
-  if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (contentType) headers["Content-Type"] = contentType;
   if (method !== "GET") headers["X-CSRF-Token"] = csrfToken();
   let response: Response;
   try {
-    response = await fetch(path, {
-      method,
-      headers,
-      credentials: "same-origin",
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
+    response = await fetch(path, { method, headers, credentials: "same-origin", body });
   } catch {
     throw new ApiError("Can't reach the Codeyard server. Check your connection.", 0);
   }
-  const text = await response.text();
-  let parsed: unknown = null;
-  try {
-    parsed = text ? JSON.parse(text) : null;
-  } catch {
-    parsed = null;
+  if (!response.ok) {
+    const parsed: unknown = await response.json().catch(() => null);
+    throw new ApiError(describeError(parsed, response.status), response.status);
   }
-  if (!response.ok) throw new ApiError(describeError(parsed, response.status), response.status);
-  return parsed as T;
+  return response;
+}
+
+/** A JSON request: the body is serialised and the answer parsed (null when empty). */
+export async function api<T>(method: string, path: string, body?: unknown): Promise<T> {
+  const response = await send(
+    method,
+    path,
+    body === undefined ? undefined : JSON.stringify(body),
+    body === undefined ? undefined : "application/json",
+  );
+  const text = await response.text();
+  return (text ? JSON.parse(text) : null) as T;
 }

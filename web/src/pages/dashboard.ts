@@ -14,13 +14,10 @@ interface Me {
   username: string;
 }
 
-const TEMPLATES: [string, string][] = [
-  ["python", "Python"],
-  ["node", "Node.js"],
-  ["static", "Static HTML"],
-  ["flask", "Flask web app"],
-  ["fastapi", "FastAPI web app"],
-];
+interface Template {
+  id: string;
+  title: string;
+}
 
 function projectRow(project: Project, refresh: () => void, status: HTMLElement): HTMLElement {
   const fork = h("button", { type: "button", class: "secondary" }, "Fork");
@@ -64,7 +61,7 @@ export async function renderDashboard(root: HTMLElement): Promise<void> {
   const mine = h("ul", { class: "projects", id: "my-projects" });
   const shared = h("ul", { class: "projects", id: "shared-projects" });
   const name = h("input", { name: "name", required: "", placeholder: "my-project", maxlength: "100" });
-  const template = h("select", { name: "template" }, ...TEMPLATES.map(([value, label]) => h("option", { value }, label)));
+  const template = h("select", { name: "template", "aria-label": "Template" });
   const create = h("form", { class: "card create" }, h("h2", {}, "New project"), name, template, h("button", { type: "submit" }, "Create"));
   const logout = h("button", { type: "button", class: "secondary" }, "Sign out");
   const greeting = h("span", {});
@@ -108,5 +105,7 @@ export async function renderDashboard(root: HTMLElement): Promise<void> {
   } catch (error) {
     if (error instanceof ApiError && error.status === 401) return location.assign("/login?next=/dashboard");
   }
+  const templates = await api<Template[]>("GET", "/api/templates").catch(() => []);
+  template.replaceChildren(...templates.map((t) => h("option", { value: t.id }, t.title)));
   await refresh();
 }

@@ -1,0 +1,82 @@
+"""A real `codeyard serve` process and a real Chromium (Debian's, never a downloaded one)."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server_url(tmp_path_factory) -> Iterator[str]:
+    """`codeyard serve` on SQLite in a temporary data dir, as a user would start it."""
+    port = free_port()
+    data_dir = tmp_path_factory.mktemp("serve")
+    env = {**os.environ, "CODEYARD_DATA_DIR": str(data_dir)}
+    env.pop("CODEYARD_DATABASE_URL", None)
+    cli = [sys.executable, "-m", "ide_server.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    log = open(data_dir / "serve.log", "wb")
+    proc = subprocess.Popen(cli, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError((data_dir / "serve.log").read_text())
+            time.sleep(0.2)
+        else:
+            raise RuntimeError("codeyard serve did not become ready in 60 s")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def screenshot():
+    """Saves a screenshot of a page under test-artifacts/ (kept by CI as a record of key states)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+
+    def take(page, name: str) -> None:
+        page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+    return take

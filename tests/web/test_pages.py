@@ -1,0 +1,72 @@
+"""The browser pages: shells load hashed assets, caching is right, and a user can get going."""
+
+import re
+
+import httpx
+from playwright.sync_api import expect
+
+PASSWORD = "correct horse battery"
+
+
+def test_page_shell_loads_hashed_assets_cached_forever(server_url):
+    page = httpx.get(server_url + "/login")
+    assert page.status_code == 200
+    assert page.headers["cache-control"] == "no-cache"
+    script = re.search(r'<script type="module" src="(/static/assets/main-[\w-]+\.js)"', page.text)
+    assert script, page.text
+    asset = httpx.get(server_url + script.group(1))
+    assert asset.status_code == 200
+    assert "immutable" in asset.headers["cache-control"]
+    assert "javascript" in asset.headers["content-type"]
+
+
+def test_root_redirects_to_dashboard(server_url):
+    response = httpx.get(server_url + "/", follow_redirects=False)
+    assert response.status_code == 303
+    assert response.headers["location"] == "/dashboard"
+
+
+def test_register_create_project_edit_and_reload(server_url, browser, screenshot):
+    context = browser.new_context(viewport={"width": 1280, "height": 720})
+    page = context.new_page()
+    page.goto(server_url + "/dashboard")
+    expect(page).to_have_url(re.compile(r"/login\?next=/dashboard"))
+
+    page.goto(server_url + "/register")
+    page.fill("input[name=username]", "ada")
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    expect(page).to_have_url(re.compile(r"/dashboard$"))
+    expect(page.get_by_text("Signed in as ada")).to_be_visible()
+
+    page.fill("input[name=name]", "hello-world")
+    page.select_option("select[name=template]", "python")
+    page.click("form.create button[type=submit]")
+    project = page.locator("#my-projects li.project", has_text="hello-world")
+    expect(project).to_be_visible()
+    screenshot(page, "dashboard-with-project")
+
+    project.get_by_role("link", name="hello-world").click()
+    expect(page).to_have_url(re.compile(r"/projects/[\w-]+$"))
+    editor = page.locator("textarea.editor")
+    expect(editor).not_to_have_value("")
+    editor.fill('print("edited in the browser")\n')
+    page.get_by_role("button", name="Save").click()
+    expect(page.locator(".status")).to_contain_text("Saved")
+    page.reload()
+    expect(page.locator("textarea.editor")).to_have_value('print("edited in the browser")\n')
+    screenshot(page, "project-file-saved")
+    context.close()
+
+
+def test_wrong_password_shows_a_readable_message(server_url, browser):
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(server_url + "/login")
+    page.fill("input[name=username]", "nobody-here")
+    page.fill("input[name=password]", "wrong password")
+    page.click("button[type=submit]")
+    error = page.locator(".status-error")
+    expect(error).to_be_visible()
+    assert "{" not in error.inner_text()
+    context.close()
