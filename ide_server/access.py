@@ -1,7 +1,7 @@
 """Access rules: every `/api` route declares who may call it, through the dependencies it uses.
 
 A rule rides on the dependency that enforces it (`deps.CurrentUser`, `deps.ProjectEditor`,
-`deps.Public`...), so declaration and enforcement cannot drift apart. `route_rule` reads a
+`deps.Public`...), so declaration and enforcement cannot drift apart. `app_routes` reads each
 route's rule back from its dependency tree; `create_app` refuses to start when an `/api`
 route has none, and the access-control test calls every route against its rule.
 """
@@ -9,8 +9,8 @@ route has none, and the access-control test calls every route against its rule.
 from dataclasses import dataclass
 
 from fastapi.dependencies.models import Dependant
-from fastapi.routing import APIRoute, APIWebSocketRoute
-from starlette.routing import BaseRoute
+from fastapi.routing import APIWebSocketRoute, iter_route_contexts
+from starlette.routing import BaseRoute, WebSocketRoute
 
 from ide_server.models import Role
 
@@ -45,11 +45,40 @@ def project_rule(min_role: Role, public_read: bool = False) -> AccessRule:
     return AccessRule(signed_in=not public_read, project_role=min_role, public_read=public_read)
 
 
-def route_rule(route: BaseRoute) -> AccessRule | None:
-    """The combined rule of all access dependencies of an HTTP or WebSocket route, or None."""
-    if not isinstance(route, APIRoute | APIWebSocketRoute):
-        return None
-    rules = list(_rules(route.dependant))
+@dataclass(frozen=True)
+class RouteInfo:
+    """One route as the app serves it (after router inclusion), with its access rule."""
+
+    path: str  # as declared, e.g. /api/projects/{project_id}/files/content/{path:path}
+    path_format: str  # with plain placeholders, for building URLs
+    methods: tuple[str, ...]  # ("WS",) for WebSocket routes
+    params: tuple[str, ...]
+    rule: AccessRule | None
+
+
+def app_routes(routes: list[BaseRoute]) -> list[RouteInfo]:
+    """Every route of an app, flattened out of included routers."""
+    infos = []
+    for ctx in iter_route_contexts(routes):
+        original = ctx.original_route
+        dependant = getattr(ctx, "dependant", None) or getattr(original, "dependant", None)
+        is_ws = isinstance(original, APIWebSocketRoute | WebSocketRoute)
+        methods = ("WS",) if is_ws else tuple(sorted((ctx.methods or set()) - {"HEAD"}))
+        infos.append(
+            RouteInfo(
+                path=ctx.path or "",
+                path_format=ctx.path_format or ctx.path or "",
+                methods=methods,
+                params=tuple(getattr(ctx, "param_convertors", {}) or ()),
+                rule=rule_of(dependant) if dependant is not None else None,
+            )
+        )
+    return infos
+
+
+def rule_of(dependant: Dependant) -> AccessRule | None:
+    """The combined rule of all access dependencies in a dependency tree, or None."""
+    rules = list(_rules(dependant))
     if not rules:
         return None
     rule = rules[0]
@@ -66,12 +95,11 @@ def _rules(dependant: Dependant):
         yield from _rules(dep)
 
 
+def api_routes(routes: list[BaseRoute], exempt: set[str]) -> list[RouteInfo]:
+    """The routes under /api, less `exempt` paths (the OpenAPI document and its docs page)."""
+    return [r for r in app_routes(routes) if r.path.startswith(API_PREFIX) and r.path not in exempt]
+
+
 def unguarded_api_routes(routes: list[BaseRoute], exempt: set[str]) -> list[str]:
-    """Descriptions of `/api` routes that declare no access rule (must be empty).
-    `exempt`: paths FastAPI itself serves (the OpenAPI document and its docs page)."""
-    missing = []
-    for route in routes:
-        path = getattr(route, "path", "")
-        if path.startswith(API_PREFIX) and path not in exempt and route_rule(route) is None:
-            missing.append(f"{','.join(sorted(getattr(route, 'methods', None) or ['WS']))} {path}")
-    return missing
+    """"METHODS path" of every /api route that declares no access rule (must be empty)."""
+    return [f"{','.join(r.methods) or 'ANY'} {r.path}" for r in api_routes(routes, exempt) if r.rule is None]
