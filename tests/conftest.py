@@ -10,10 +10,13 @@ import secrets
 from collections.abc import Iterator
 
 import pytest
+from argon2 import PasswordHasher
+from argon2.profiles import CHEAPEST
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, make_url, text
 
+from ide_server import security
 from ide_server.app import create_app
 from ide_server.settings import Settings
 
@@ -29,6 +32,16 @@ def postgres_base_url() -> str:
             pytrace=False,
         )
     return url
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cheap_password_hashing():
+    """Argon2 with its cheapest parameters: the real algorithm, without ~0.3 s per hash.
+    (tests/ide_server/test_accounts.py checks the production parameters separately.)"""
+    original = security._hasher
+    security._hasher = PasswordHasher.from_parameters(CHEAPEST)
+    yield
+    security._hasher = original
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])

@@ -1,6 +1,9 @@
 """Accounts: registration, sessions, CSRF, API tokens, login throttling."""
 
+from argon2 import PasswordHasher
 from fastapi.testclient import TestClient
+
+from ide_server import security
 
 
 def test_register_login_me_logout(app, anon, new_user):
@@ -119,3 +122,13 @@ def test_login_is_throttled_per_user_and_address(app, new_user, settings):
     # The real user, from another address, still gets in.
     elsewhere = TestClient(app, client=("198.51.100.2", 4000))
     assert elsewhere.post("/api/auth/login", json={"username": alice.username, "password": alice.password}).status_code == 200
+
+
+def test_production_hashes_are_argon2id_with_default_parameters(monkeypatch):
+    monkeypatch.setattr(security, "_hasher", PasswordHasher())
+    hashed = security.hash_password("pass phrase")
+    assert hashed.startswith("$argon2id$") and "m=65536,t=3" in hashed
+    assert security.verify_password(hashed, "pass phrase")
+    assert not security.verify_password(hashed, "wrong")
+    assert not security.verify_password(None, "pass phrase")
+    assert not security.verify_password("not-a-hash", "pass phrase")
