@@ -4,9 +4,6 @@ image built on the spot), and a check after every test that the run left nothing
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,40 +34,22 @@ def _say(line: str) -> None:
 @pytest.fixture(scope="session")
 def docker_engine():
     """A Docker client: the engine that answers, or a dockerd this session starts and stops."""
-    from sandbox.engine import docker_client
+    from sandbox.engine import LocalDockerd, docker_client
+    from sandbox.workspace import SandboxUnavailable
 
     client = docker_client()
     if client is not None:
         yield client
         return
-    if shutil.which("dockerd") is None:
-        pytest.fail("dockerd is not installed (apt-get install docker.io)", pytrace=False)
-    SERVICES.mkdir(parents=True, exist_ok=True)
-    sock = SERVICES / "docker.sock"
-    log = open(SERVICES / "dockerd.log", "ab")
-    proc = subprocess.Popen(
-        ["dockerd", "--data-root", str(SERVICES / "data"), "--exec-root", str(SERVICES / "exec"),
-         "--pidfile", str(SERVICES / "dockerd.pid"), "--host", f"unix://{sock}", "--bridge", "none"],
-        stdout=log, stderr=log, start_new_session=True,
-    )
-    os.environ["DOCKER_HOST"] = f"unix://{sock}"
-    deadline = time.monotonic() + 60
-    while (client := docker_client()) is None:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"dockerd did not start; see {SERVICES / 'dockerd.log'}", pytrace=False)
-        time.sleep(0.3)
-    _say(f"started dockerd (pid {proc.pid}) at {sock}")
+    dockerd = LocalDockerd(SERVICES)
+    try:
+        client = dockerd.start()
+    except SandboxUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    _say(f"started dockerd at {SERVICES}")
     yield client
     client.close()
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    log.close()
-    del os.environ["DOCKER_HOST"]
+    dockerd.stop()
 
 
 @pytest.fixture(scope="session")
