@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 CLOSE_PROTOCOL_ERROR = 4400
 CLOSE_UNSUPPORTED_FILE = 4415
 CLOSE_TOO_SLOW = 1013
+CLOSE_SERVER_ERROR = 1011
 # A client this many messages behind is dropped; it resyncs on reconnect.
 MAX_QUEUED_MESSAGES = 10_000
 
@@ -69,6 +70,10 @@ class CollabConnection:
             return
         except ValueError as exc:
             await self.close(CLOSE_UNSUPPORTED_FILE, str(exc))
+            return
+        except Exception:
+            log.exception("opening room %s failed", self.key.name)
+            await self.close(CLOSE_SERVER_ERROR, "could not open the file")
             return
         sender = asyncio.create_task(self._drain_outbox())
         try:

@@ -4,6 +4,9 @@ Writes are debounced (at most `max_delay_s` after the first unsaved edit) and at
 + os.replace), so runs, deploys and git never see half a file. A change on disk that we did not
 write is handed to the room together with the document state that was last written (the
 base), so the room can rebase the outside edit onto everything typed since.
+
+With several replicas only one, the disk owner, writes and watches a file; otherwise each would
+take the others' writes for outside edits and apply them twice.
 """
 
 from __future__ import annotations
@@ -15,10 +18,30 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
 FileStamp = tuple[int, int, int]  # inode, size, mtime_ns
+OWNER_CHECK_S = 1.0
+
+
+class DiskHost(Protocol):
+    """What the mirror needs from its room."""
+
+    def snapshot(self) -> tuple[str, bytes]:
+        """The current text and the full document state it belongs to."""
+
+    async def merge_outside_change(self, base_text: str, base_state: bytes, new_text: str) -> None: ...
+
+    async def before_write(self, text: str) -> None: ...
+
+    async def after_write(self, text: str) -> None: ...
+
+    async def owns_disk(self) -> bool: ...
+
+    async def reconcile_disk(self) -> None:
+        """Bring document and file together after taking over the file (adopting what is there)."""
 
 
 def read_text(path: Path) -> str:
@@ -59,23 +82,21 @@ class DiskMirror:
     def __init__(
         self,
         path: Path,
-        snapshot: Callable[[], tuple[str, bytes]],
-        on_outside_change: Callable[[str, bytes, str], Awaitable[None]],
-        on_written: Callable[[str], Awaitable[None]],
+        host: DiskHost,
         *,
         debounce_s: float = 0.2,
         max_delay_s: float = 0.8,
         poll_s: float = 0.25,
     ) -> None:
         self.path = path
-        self._snapshot = snapshot
-        self._on_outside_change = on_outside_change
-        self._on_written = on_written
+        self.host = host
         self.debounce_s = debounce_s
         self.max_delay_s = max_delay_s
         self.poll_s = poll_s
         self.written_text: str | None = None
         self.written_state = b""
+        self.owner = False
+        self._owner_checked = 0.0
         self._stamp: FileStamp | None = None
         self._first_dirty: float | None = None
         self._last_dirty = 0.0
@@ -84,10 +105,12 @@ class DiskMirror:
         self._io_lock = asyncio.Lock()
 
     def adopt(self, disk_text: str) -> None:
-        """Record what the file holds at load time; the document state becomes the merge base."""
+        """Record what the file holds now; the current document state becomes the merge base."""
         self.written_text = disk_text
-        self.written_state = self._snapshot()[1]
+        self.written_state = self.host.snapshot()[1]
         self._stamp = file_stamp(self.path)
+        self.owner = True
+        self._owner_checked = time.monotonic()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"disk-mirror:{self.path}")
@@ -97,7 +120,7 @@ class DiskMirror:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        if flush:
+        if flush and self.owner:
             await self.flush()
 
     def mark_dirty(self) -> None:
@@ -111,15 +134,20 @@ class DiskMirror:
         """Write the document now if it changed since the last write."""
         async with self._io_lock:
             self._first_dirty = None
-            text, state = self._snapshot()
+            text, state = self.host.snapshot()
             if text != self.written_text:
+                await self.host.before_write(text)
                 await asyncio.to_thread(write_text_atomic, self.path, text)
                 self._stamp = file_stamp(self.path)
-                await self._on_written(text)
+                await self.host.after_write(text)
             self.written_text, self.written_state = text, state
 
     async def _run(self) -> None:
         while True:
+            if not await self._still_owner():
+                self._first_dirty = None
+                await asyncio.sleep(self.poll_s)
+                continue
             timeout = self.poll_s
             if self._first_dirty is not None:
                 now = time.monotonic()
@@ -133,6 +161,20 @@ class DiskMirror:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except TimeoutError:
                 await self._guarded(self._check_outside_change)
+
+    async def _still_owner(self) -> bool:
+        if time.monotonic() - self._owner_checked < OWNER_CHECK_S:
+            return self.owner
+        was_owner = self.owner
+        try:
+            self.owner = await self.host.owns_disk()
+        except Exception:
+            log.exception("could not check who owns %s", self.path)
+            self.owner = False
+        self._owner_checked = time.monotonic()
+        if self.owner and not was_owner:
+            await self._guarded(self.host.reconcile_disk)
+        return self.owner
 
     async def _guarded(self, step: Callable[[], Awaitable[None]]) -> None:
         try:
@@ -151,4 +193,4 @@ class DiskMirror:
             if text == self.written_text:
                 return
             base_text, base_state = self.written_text or "", self.written_state
-        await self._on_outside_change(base_text, base_state, text)
+        await self.host.merge_outside_change(base_text, base_state, text)

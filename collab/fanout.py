@@ -23,11 +23,32 @@ log = logging.getLogger(__name__)
 
 KIND_UPDATE = b"u"
 KIND_AWARENESS = b"a"
+KIND_QUERY_AWARENESS = b"q"  # "a replica just opened this room: tell it who is here"
 ORIGIN_BYTES = 8
+
+
+DISK_LEASE_MS = 3000
+# Renew our lease, or take it if nobody holds it. Returns 1 when we hold it afterwards.
+CLAIM_SCRIPT = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return 1
+end
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
+RELEASE_SCRIPT = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
 
 
 def channel_name(room: str) -> str:
     return f"codeyard:collab:{room}"
+
+
+def disk_lease_name(room: str) -> str:
+    return f"codeyard:collab-disk:{room}"
 
 
 class Fanout:
@@ -44,6 +65,7 @@ class Fanout:
         await self._pubsub.subscribe(channel)
         if self._listener is None:
             self._listener = asyncio.create_task(self._listen(), name="collab-fanout")
+        await self._publish(room.key.name, KIND_QUERY_AWARENESS, b"")
 
     async def unsubscribe(self, room: Room) -> None:
         channel = channel_name(room.key.name)
@@ -56,6 +78,14 @@ class Fanout:
 
     async def publish_awareness(self, room: str, entries: list[AwarenessEntry]) -> None:
         await self._publish(room, KIND_AWARENESS, encode_awareness_entries(entries))
+
+    async def claim_disk(self, room: str) -> bool:
+        """One replica at a time writes and watches a room's file; the lease expires if it dies."""
+        held = await self.redis.eval(CLAIM_SCRIPT, 1, disk_lease_name(room), self.origin, DISK_LEASE_MS)
+        return held == 1
+
+    async def release_disk(self, room: str) -> None:
+        await self.redis.eval(RELEASE_SCRIPT, 1, disk_lease_name(room), self.origin)
 
     async def close(self) -> None:
         if self._listener:
@@ -93,5 +123,9 @@ class Fanout:
                     room.receive_remote_update(payload)
                 elif kind == KIND_AWARENESS:
                     room.receive_remote_awareness(list(decode_awareness_entries(payload)))
+                elif kind == KIND_QUERY_AWARENESS:
+                    local = room.local_presence()
+                    if local:
+                        await self.publish_awareness(room.key.name, local)
             except ValueError:
                 log.exception("ignoring a malformed fan-out message for %s", room.key.name)

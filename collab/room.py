@@ -31,6 +31,7 @@ from collab.textdiff import apply_text
 log = logging.getLogger(__name__)
 
 TEXT_NAME = "content"
+EMPTY_STATE = b"\x00"  # the state vector of a document nobody has written to
 CLOSE_STORE_FAILED = 1011
 
 
@@ -66,6 +67,11 @@ class Publisher(Protocol):
 
     async def publish_awareness(self, room: str, entries: list[AwarenessEntry]) -> None: ...
 
+    async def claim_disk(self, room: str) -> bool:
+        """Take or renew this replica's turn as the only one writing the room's file."""
+
+    async def release_disk(self, room: str) -> None: ...
+
 
 class Room:
     def __init__(
@@ -87,7 +93,7 @@ class Room:
         self.presence = Presence()
         self.holders = 0
         self.closed = False
-        self.mirror = DiskMirror(path, self._snapshot, self._merge_outside_change, self._record_written)
+        self.mirror = DiskMirror(path, self)
         self._captured: list[bytes] = []
         self._pending: list[tuple[bytes, Peer | None]] = []
         self._queued = 0
@@ -111,7 +117,7 @@ class Room:
         """
         if not self.mirror.path.is_file():
             raise FileNotFoundError(f"file_path: {self.key.file_path} does not exist")
-        disk_text = await asyncio.to_thread(read_text, self.mirror.path)
+        await asyncio.to_thread(read_text, self.mirror.path)  # refuse binary files early
         stored = await asyncio.to_thread(self.store.load, self.key.name)
         self._log_rows = len(stored)
         with self.doc.transaction(origin="store"):
@@ -124,20 +130,26 @@ class Room:
         self._remote_backlog.clear()
         self._loaded = True
         self._flusher = asyncio.create_task(self._flush_loop(), name=f"room-flush:{self.key.name}")
+        if await self.owns_disk():
+            await self.reconcile_disk()
+        self.mirror.start()
+
+    async def reconcile_disk(self) -> None:
+        """Called by the disk owner on load (or takeover): seed, merge or catch up the file."""
+        disk_text = await asyncio.to_thread(read_text, self.mirror.path)
         if str(self.text) != disk_text:
-            written = await asyncio.to_thread(self.store.written_sha256, self.key.name)
-            if not stored or written != sha256_text(disk_text):
+            written = await asyncio.to_thread(self.store.written_hashes, self.key.name)
+            if self.doc.get_state() == EMPTY_STATE or sha256_text(disk_text) not in written:
                 # First open, or someone changed the file while the room was closed.
                 self._edit_text(disk_text)
                 await self.wait_stored()
-            # Otherwise the file is merely behind the stored document (we stopped before
-            # writing it): the document wins and is written below.
+            # Otherwise the file is merely behind the stored document (the writer stopped
+            # before writing it): the document wins and is written by the mirror.
         self.mirror.adopt(disk_text)
         if str(self.text) == disk_text:
-            await self._record_written(disk_text)
+            await self.after_write(disk_text)
         else:
             self.mirror.mark_dirty()
-        self.mirror.start()
 
     async def unload(self, *, keep: bool = True) -> None:
         """Stop the room's tasks after storing everything; with keep, also write disk and compact."""
@@ -150,6 +162,8 @@ class Room:
             await asyncio.gather(self._compacting, return_exceptions=True)
         if keep and self._log_rows > 1:
             await asyncio.to_thread(self.store.compact, self.key.name)
+        if self.publisher and self.mirror.owner:
+            await self.publisher.release_disk(self.key.name)
         self.closed = True
 
     # ---- clients ---------------------------------------------------------------------------
@@ -205,6 +219,11 @@ class Room:
     def presence_message(self) -> bytes:
         return encode_awareness(self.presence.current())
 
+    def local_presence(self) -> list[AwarenessEntry]:
+        """States announced by this replica's own clients (what another replica asks for)."""
+        local_ids = set().union(*(peer.awareness_ids for peer in self.peers))
+        return [entry for entry in self.presence.current() if entry.client_id in local_ids]
+
     # ---- other replicas (already stored by them) -------------------------------------------
 
     def receive_remote_update(self, update: bytes) -> None:
@@ -229,7 +248,7 @@ class Room:
         self._edit_text(new_text)
         await self.wait_stored()
 
-    async def _merge_outside_change(self, base_text: str, base_state: bytes, new_text: str) -> None:
+    async def merge_outside_change(self, base_text: str, base_state: bytes, new_text: str) -> None:
         """Rebase a disk edit made against base_state onto the current document.
 
         The diff base_text -> new_text is applied to a copy of the document as it was when the
@@ -270,11 +289,19 @@ class Room:
         async with self._stored_changed:
             await self._stored_changed.wait_for(lambda: self._stored >= target or self.closed)
 
-    async def _record_written(self, text: str) -> None:
+    # ---- the file on disk (see collab.disk.DiskHost) -----------------------------------------
+
+    def snapshot(self) -> tuple[str, bytes]:
+        return str(self.text), self.doc.get_update()
+
+    async def before_write(self, text: str) -> None:
+        await asyncio.to_thread(self.store.mark_writing, self.key.name, sha256_text(text))
+
+    async def after_write(self, text: str) -> None:
         await asyncio.to_thread(self.store.mark_written, self.key.name, sha256_text(text))
 
-    def _snapshot(self) -> tuple[str, bytes]:
-        return str(self.text), self.doc.get_update()
+    async def owns_disk(self) -> bool:
+        return self.publisher is None or await self.publisher.claim_disk(self.key.name)
 
     async def _flush_loop(self) -> None:
         while True:

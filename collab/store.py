@@ -63,7 +63,9 @@ class WrittenFile(CollabBase):
     __tablename__ = "collab_written_files"
 
     room: Mapped[str] = mapped_column(String(ROOM_KEY_LENGTH), primary_key=True)
-    sha256: Mapped[str] = mapped_column(String(64))
+    sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Set before a write starts: a crash mid-write leaves either the old or this text on disk.
+    pending_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
@@ -137,9 +139,23 @@ class UpdateStore:
                 conn.execute(delete(DocUpdate).where(DocUpdate.id.in_(merged_ids[start : start + 500])))
         return True
 
+    def mark_writing(self, room: str, sha256: str) -> None:
+        self._set_written(room, pending_sha256=sha256)
+
     def mark_written(self, room: str, sha256: str) -> None:
+        self._set_written(room, sha256=sha256, pending_sha256=None)
+
+    def written_hashes(self, room: str) -> set[str]:
+        """Hashes of texts the server wrote (or was writing) to the room's file."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(WrittenFile.sha256, WrittenFile.pending_sha256).where(WrittenFile.room == room)
+            ).one_or_none()
+        return {value for value in (row or ()) if value}
+
+    def _set_written(self, room: str, **values: str | None) -> None:
+        values["updated_at"] = datetime.now(UTC)
         with self.engine.begin() as conn:
-            values = {"sha256": sha256, "updated_at": datetime.now(UTC)}
             if conn.execute(update(WrittenFile).where(WrittenFile.room == room).values(**values)).rowcount:
                 return
             try:
@@ -147,12 +163,6 @@ class UpdateStore:
                     conn.execute(insert(WrittenFile).values(room=room, **values))
             except IntegrityError:
                 conn.execute(update(WrittenFile).where(WrittenFile.room == room).values(**values))
-
-    def written_sha256(self, room: str) -> str | None:
-        with self.engine.connect() as conn:
-            return conn.execute(
-                select(WrittenFile.sha256).where(WrittenFile.room == room)
-            ).scalar_one_or_none()
 
     def delete(self, room: str) -> None:
         """Forget a room's document (its file was deleted)."""

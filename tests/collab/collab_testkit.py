@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import socket
@@ -148,3 +149,56 @@ class JsClients:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+MARKER_LINE = r"\n⟦[^⟧]*⟧"
+
+
+def run_fuzz(urls: list[str], project_id: str, file: str, *, clients: int, seconds: float,
+             meanwhile=None) -> dict:
+    """Run js/fuzz.js (random marker inserts/deletes, reconnects); `meanwhile()` runs during it."""
+    config = {
+        "urls": urls, "project": project_id, "file": file, "clients": clients, "seconds": seconds,
+        "tokens": [token(f"user{i}") for i in range(clients)],
+    }
+    fuzz = subprocess.Popen(
+        ["node", str(JS_DIR / "fuzz.js"), json.dumps(config)],
+        cwd=JS_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        if meanwhile:
+            meanwhile()
+        out, err = fuzz.communicate(timeout=120)
+    finally:
+        if fuzz.poll() is None:
+            fuzz.kill()
+    assert fuzz.returncode == 0, err
+    return json.loads(out)
+
+
+def assert_nothing_duplicated_or_lost(result: dict, seed: str) -> str:
+    """Every marker inserted and not deleted appears exactly once; nothing else besides the seed."""
+    assert result["converged"], result["texts"]
+    text = result["texts"][0]
+    inserted, deleted = result["inserted"], set(result["deleted"])
+    assert deleted and len(set(inserted)) == len(inserted)
+    for marker in inserted:
+        expected = 0 if marker in deleted else 1
+        assert text.count(marker) == expected, f"{marker} appears {text.count(marker)} times, expected {expected}"
+    assert re.sub(MARKER_LINE, "", text) == seed
+    return text
+
+
+def wait_until(check, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
+def wait_for_file(path: Path, text: str, timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while path.read_text(encoding="utf-8") != text and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert path.read_text(encoding="utf-8") == text

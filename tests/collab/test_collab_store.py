@@ -91,9 +91,13 @@ def test_concurrent_appends_and_compactions_lose_nothing(store: UpdateStore, pro
     assert rebuild(store.load(room)) == str(text)
 
 
-def test_written_marker(store: UpdateStore, project_id: str) -> None:
+def test_written_hashes(store: UpdateStore, project_id: str) -> None:
     room = f"{project_id}/f.txt"
-    assert store.written_sha256(room) is None
+    assert store.written_hashes(room) == set()
+    store.mark_writing(room, "a" * 64)
+    assert store.written_hashes(room) == {"a" * 64}
     store.mark_written(room, "a" * 64)
+    store.mark_writing(room, "b" * 64)
+    assert store.written_hashes(room) == {"a" * 64, "b" * 64}
     store.mark_written(room, "b" * 64)
-    assert store.written_sha256(room) == "b" * 64
+    assert store.written_hashes(room) == {"b" * 64}

@@ -1,6 +1,7 @@
 // Many stock Yjs clients edit one file at random, drop and resume their connections, then wait
 // until they all agree. Prints {text, inserted, deleted} as JSON for the test to check.
-// Usage: node fuzz.js '{"url":..., "project":..., "file":..., "clients":8, "seconds":8, "tokens":[...]}'
+// Client i connects to urls[i % urls.length] (several replicas share the room).
+// Usage: node fuzz.js '{"urls":[...], "project":..., "file":..., "clients":8, "seconds":8, "tokens":[...]}'
 const Y = require('yjs')
 const { WebsocketProvider } = require('y-websocket')
 const WebSocket = require('ws')
@@ -16,7 +17,7 @@ const markerPattern = /\n⟦[^⟧]*⟧/g
 
 function makeClient (index) {
   const doc = new Y.Doc()
-  const provider = new WebsocketProvider(`${cfg.url}/ws/collab/${cfg.project}`, cfg.file, doc, {
+  const provider = new WebsocketProvider(`${cfg.urls[index % cfg.urls.length]}/ws/collab/${cfg.project}`, cfg.file, doc, {
     WebSocketPolyfill: WebSocket, params: { token: cfg.tokens[index] }, maxBackoffTime: 300, disableBc: true
   })
   return { index, doc, provider, text: doc.getText('content'), count: 0, offline: false }
