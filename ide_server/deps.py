@@ -27,6 +27,7 @@ from starlette.websockets import WebSocket
 from ide_server import access, security
 from ide_server.errors import NotAuthenticated, PermissionDenied
 from ide_server.models import Project, Role, User
+from ide_server.schemas import RandomId
 from ide_server.services import accounts, projects
 from ide_server.settings import Settings
 
@@ -121,7 +122,7 @@ class _ProjectAccess:
         self.public_read = public_read
         self.access_rule = access.project_rule(min_role, public_read)
 
-    def __call__(self, project_id: str, identity: IdentityDep, db: DbSession) -> projects.ProjectAccess:
+    def __call__(self, project_id: RandomId, identity: IdentityDep, db: DbSession) -> projects.ProjectAccess:
         return projects.authorize(db, project_id, identity.user, self.min_role, self.public_read)
 
 

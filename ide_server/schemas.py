@@ -1,12 +1,23 @@
 """Request and response bodies of the core API (Create/Update/Public, as in the FastAPI template)."""
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import Path
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from ide_server.models import Role, Visibility
 
+
+
+def _no_control_characters(value: str) -> str:
+    """NUL and other control characters are never meaningful in names (and PostgreSQL refuses NUL)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+Line = Annotated[str, AfterValidator(_no_control_characters)]
 Username = Field(min_length=2, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 Password = Field(min_length=1, max_length=1024)
 
@@ -21,7 +32,7 @@ class UserCreate(BaseModel):
 
 
 class LoginRequest(BaseModel):
-    username: str = Field(min_length=1, max_length=100)
+    username: Line = Field(min_length=1, max_length=100)
     password: str = Password
 
 
@@ -37,7 +48,7 @@ class LoginPublic(BaseModel):
 
 
 class TokenCreate(BaseModel):
-    name: str = Field(min_length=1, max_length=100)
+    name: Line = Field(min_length=1, max_length=100)
 
 
 class TokenPublic(Public):
@@ -58,17 +69,17 @@ class TemplatePublic(Public):
 
 
 class ProjectCreate(BaseModel):
-    name: str = Field(min_length=1, max_length=100)
-    template: str = Field(default="python", max_length=32)
+    name: Line = Field(min_length=1, max_length=100)
+    template: Line = Field(default="python", max_length=32)
 
 
 class ProjectUpdate(BaseModel):
-    name: str | None = Field(default=None, min_length=1, max_length=100)
+    name: Line | None = Field(default=None, min_length=1, max_length=100)
     visibility: Visibility | None = None
 
 
 class ProjectFork(BaseModel):
-    name: str | None = Field(default=None, min_length=1, max_length=100)
+    name: Line | None = Field(default=None, min_length=1, max_length=100)
 
 
 class ProjectPublic(Public):
@@ -121,15 +132,21 @@ class FileEntry(Public):
 
 
 class FileCreate(BaseModel):
-    path: str = Field(min_length=1, max_length=1024)
+    path: str = Field(min_length=1, max_length=4096)
     kind: Literal["file", "directory"] = "file"
     content: str = Field(default="", description="UTF-8 text of a new file.")
 
 
 class FileMove(BaseModel):
-    src: str = Field(min_length=1, max_length=1024)
-    dst: str = Field(min_length=1, max_length=1024)
+    src: str = Field(min_length=1, max_length=4096)
+    dst: str = Field(min_length=1, max_length=4096)
 
 
 class UploadResult(BaseModel):
     files_written: int
+
+
+# Path parameters: ids are URL-safe random strings; anything else can't name a row.
+RandomId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,32}$")]
+SecretToken = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,100}$")]
+UsernameParam = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")]

@@ -13,7 +13,16 @@ from ide_server.deps import (
     SettingsDep,
 )
 from ide_server.models import User
-from ide_server.schemas import LoginPublic, LoginRequest, TokenCreate, TokenCreated, TokenPublic, UserCreate, UserPublic
+from ide_server.schemas import (
+    LoginPublic,
+    LoginRequest,
+    RandomId,
+    TokenCreate,
+    TokenCreated,
+    TokenPublic,
+    UserCreate,
+    UserPublic,
+)
 from ide_server.services import accounts
 from ide_server.settings import Settings
 
@@ -74,7 +83,7 @@ def create_token(body: TokenCreate, user: CurrentUser, db: DbSession) -> TokenCr
 
 
 @router.delete("/tokens/{token_id}", status_code=status.HTTP_204_NO_CONTENT)
-def revoke_token(token_id: str, user: CurrentUser, db: DbSession) -> None:
+def revoke_token(token_id: RandomId, user: CurrentUser, db: DbSession) -> None:
     accounts.revoke_api_token(db, user, token_id)
 
 

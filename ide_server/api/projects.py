@@ -17,7 +17,10 @@ from ide_server.schemas import (
     ProjectFork,
     ProjectPublic,
     ProjectUpdate,
+    RandomId,
+    SecretToken,
     TemplatePublic,
+    UsernameParam,
 )
 from ide_server.services import projects, templates
 
@@ -86,13 +89,13 @@ def list_members(ctx: ProjectReader, db: DbSession) -> list[MemberPublic]:
 
 
 @router.patch("/projects/{project_id}/members/{username}")
-def change_member_role(username: str, body: MemberUpdate, ctx: ProjectOwner, db: DbSession) -> MemberPublic:
+def change_member_role(username: UsernameParam, body: MemberUpdate, ctx: ProjectOwner, db: DbSession) -> MemberPublic:
     member = projects.change_role(db, ctx.project, username, body.role)
     return MemberPublic(username=member.user.username, role=member.role)
 
 
 @router.delete("/projects/{project_id}/members/{username}", status_code=status.HTTP_204_NO_CONTENT)
-def remove_member(username: str, ctx: ProjectOwner, db: DbSession) -> None:
+def remove_member(username: UsernameParam, ctx: ProjectOwner, db: DbSession) -> None:
     projects.remove_member(db, ctx.project, username)
 
 
@@ -111,19 +114,19 @@ def create_invite(body: InviteCreate, ctx: ProjectOwner, user: CurrentUser, db: 
 
 
 @router.delete("/projects/{project_id}/invites/{invite_id}", status_code=status.HTTP_204_NO_CONTENT)
-def revoke_invite(invite_id: str, ctx: ProjectOwner, db: DbSession) -> None:
+def revoke_invite(invite_id: RandomId, ctx: ProjectOwner, db: DbSession) -> None:
     projects.revoke_invite(db, ctx.project, invite_id)
 
 
 @router.get("/invites/{token}")
-def preview_invite(token: str, user: CurrentUser, db: DbSession) -> InvitePreview:
+def preview_invite(token: SecretToken, user: CurrentUser, db: DbSession) -> InvitePreview:
     """What accepting this invite would give: the project's name and the role."""
     invite, project = projects.find_invite(db, token)
     return InvitePreview(project_name=project.name, role=invite.role)
 
 
 @router.post("/invites/{token}/accept")
-def accept_invite(token: str, user: CurrentUser, db: DbSession) -> InviteAccepted:
+def accept_invite(token: SecretToken, user: CurrentUser, db: DbSession) -> InviteAccepted:
     project, role = projects.accept_invite(db, token, user)
     return InviteAccepted(project=project_public(project, role))
 

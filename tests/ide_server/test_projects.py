@@ -47,7 +47,7 @@ def test_unknown_template_and_bad_names_are_refused(new_user):
     assert response.status_code == 400
     assert "unknown template 'cobol'" in response.json()["detail"]
     assert alice.post("/api/projects", json={"name": "   "}).status_code == 400
-    assert alice.post("/api/projects", json={"name": "a\x00b"}).status_code == 400
+    assert alice.post("/api/projects", json={"name": "a\x00b"}).status_code == 422
     assert alice.post("/api/projects", json={"name": "x" * 101}).status_code == 422
 
 
