@@ -16,17 +16,22 @@ from pathlib import Path
 _CONTROLLERS = ("memory", "pids", "cpuacct")
 
 
-def _v1_mounts() -> dict[str, tuple[Path, str]]:
-    """controller -> (mount point, root of the hierarchy as mounted)."""
+def _v1_mounts(every: bool = False) -> dict[str, tuple[Path, str]]:
+    """controller -> (mount point, root of the hierarchy as mounted); every=True: all v1 hierarchies."""
     mounts: dict[str, tuple[Path, str]] = {}
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         left, _, right = line.partition(" - ")
         fields, extra = left.split(), right.split()
         if extra and extra[0] == "cgroup":
             for ctl in extra[-1].split(","):
-                if ctl in _CONTROLLERS:
+                if ctl in _CONTROLLERS or (every and ctl not in ("rw", "ro", "relatime", "noatime")):
                     mounts[ctl] = (Path(fields[4]), fields[3])
     return mounts
+
+
+def cgroup_dirs(relpath: str) -> list[Path]:
+    """The folder of relpath in every v1 hierarchy where it exists (Docker creates it in all of them)."""
+    return [d for mnt, root in set(_v1_mounts(every=True).values()) if (d := mnt / os.path.relpath(relpath, root)).is_dir()]
 
 
 def _self_path(controller: str) -> str:
@@ -77,6 +82,12 @@ class RunCgroup:
             return None
         return cls(relpath, dirs)
 
+    @classmethod
+    def existing(cls, relpath: str) -> RunCgroup | None:
+        """An existing cgroup (e.g. one Docker made for a container), for reading its figures."""
+        dirs = {ctl: mnt / os.path.relpath(relpath, root) for ctl, (mnt, root) in _v1_mounts().items()}
+        return cls(relpath, dirs) if len(dirs) == len(_CONTROLLERS) and all(d.is_dir() for d in dirs.values()) else None
+
     def procs_files(self) -> list[str]:
         """Files a child writes its pid into to join this cgroup (before exec)."""
         return [str(d / "cgroup.procs") for d in self.dirs.values()]
@@ -114,8 +125,8 @@ class RunCgroup:
             time.sleep(0.005)
 
     def remove(self) -> None:
-        """Remove the cgroup directories (children first, which Docker may still be deleting)."""
-        for d in self.dirs.values():
+        """Remove the cgroup in every hierarchy (children first, which Docker may still be deleting)."""
+        for d in cgroup_dirs(self.relpath):
             for _ in range(100):
                 try:
                     for child in sorted((p for p in d.iterdir() if p.is_dir()), reverse=True):

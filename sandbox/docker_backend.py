@@ -1,43 +1,54 @@
-"""The Docker backend: one hardened, throwaway container per run.
+"""The Docker backend: hardened, throwaway containers, optionally taken from a warm pool.
 
-No network, every capability dropped, no-new-privileges, read-only root with a size-limited /tmp,
-pids, memory (= memory+swap), CPU, nofile, fsize and cpu-time limits, a non-root per-run uid, an
-init process, no logs kept (output is taken from the attach stream). The container is removed in
-all cases; its cgroup parent is the run's own cgroup, which keeps peak memory and CPU time after
-the container is gone.
+No network, every capability dropped, no-new-privileges, the shared seccomp policy, read-only
+root with a size-limited /tmp, pids, memory (= memory+swap), CPU, nofile, fsize and cpu-time
+limits, a non-root per-run uid, an init process, no logs kept (output comes from the attach
+stream). Each container serves one run and is removed afterwards.
+
+Creating and starting a container costs ~0.4 s, so a warm pool keeps a few started, idle
+containers for the server's default limits: a run then costs one `docker exec` into a fresh
+container, whose /workspace is a propagating bind the run's workspace is mounted onto.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import secrets
 import socket
 import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 
 from sandbox.backend import WORKSPACE, Backend, ExitStatus, Execution, RunContext, SandboxRun
+from sandbox.cgroups import RunCgroup
 from sandbox.image import RUNNER_IMAGE
+from sandbox.limits import Limits
 from sandbox.seccomp import docker_profile
+from sandbox.workspace import bind, kill_uid, make_shared_mountpoint, runs_root, umount
 
 LABEL = "codeyard.sandbox"
+POOL_LABEL = "codeyard.sandbox.pool"
+IDLE_USER = "65534:65534"
 _STREAMS = {1: "stdout", 2: "stderr"}
 # Docker API calls block; they get their own pool so many runs don't starve asyncio's default one.
 _pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="codeyard-docker")
 
 
-def container_config(ctx: RunContext, image: str) -> dict:
+def container_config(limits: Limits, image: str, *, command: list[str], user: str, environment: dict[str, str],
+                     workspace: str, propagation: str, cgroup_parent: str | None, labels: dict[str, str]) -> dict:
     """Keyword arguments for containers.create: the hardening lives here, in one place."""
     import docker.types
 
-    limits = ctx.spec.limits
     cpu = math.ceil(limits.cpu_seconds)
     return dict(
         image=image,
-        command=list(ctx.spec.argv),
-        user=f"{ctx.uid}:{ctx.uid}",
+        command=command,
+        user=user,
         working_dir=WORKSPACE,
-        environment=ctx.spec.environment(),
+        environment=environment,
         hostname="sandbox",
         network_mode="none",
         cap_drop=["ALL"],
@@ -58,22 +69,51 @@ def container_config(ctx: RunContext, image: str) -> dict:
         ],
         init=True,
         log_config=docker.types.LogConfig(type="none"),
-        volumes={str(ctx.workspace): {"bind": WORKSPACE, "mode": "rw"}},
+        volumes={workspace: {"bind": WORKSPACE, "mode": f"rw,{propagation}"}},
         stdin_open=True,  # with detach left False this also sets StdinOnce: closing our end closes theirs
-        cgroup_parent=ctx.cgroup.relpath if ctx.cgroup else None,
-        labels={LABEL: ctx.run.id},
+        cgroup_parent=cgroup_parent,
+        labels=labels,
     )
 
 
-class _DockerExecution(Execution):
-    def __init__(self, client, container, sock: socket.socket, run: SandboxRun, loop: asyncio.AbstractEventLoop) -> None:
-        self.client, self.container, self.sock, self.run, self.loop = client, container, sock, run, loop
+def _pool_key(limits: Limits) -> tuple:
+    """The limits baked into a container at creation; a warm container fits runs with the same ones."""
+    return (limits.memory_bytes, limits.pids, limits.open_files, limits.file_bytes, math.ceil(limits.cpu_seconds), limits.disk_bytes)
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < size:
+        chunk = sock.recv(size - len(buf))
+        if not chunk:
+            return b""
+        buf += chunk
+    return bytes(buf)
+
+
+def _remove(container) -> None:
+    import docker.errors
+
+    try:
+        container.remove(force=True, v=True)
+    except docker.errors.NotFound:
+        pass
+
+
+def _exit_status(code: int) -> ExitStatus:
+    """docker-init and exec report death by signal as 128 + signal."""
+    return ExitStatus(signal=code - 128) if code > 128 else ExitStatus(exit_code=code)
+
+
+class _Attached(Execution):
+    """A process whose stdio is a Docker attach stream (8-byte frame headers, stdin on the same socket)."""
+
+    def __init__(self, sock: socket.socket, run: SandboxRun, loop: asyncio.AbstractEventLoop) -> None:
+        self.sock, self.run, self.loop = sock, run, loop
         self.output_done = loop.create_future()
-        self._killed = False
         threading.Thread(target=self._read, name=f"codeyard-attach-{run.id}", daemon=True).start()
 
     def _read(self) -> None:
-        """Demultiplex the attach stream (8-byte frame headers) into the run's output."""
         try:
             while header := _recv_exact(self.sock, 8):
                 stream, size = header[0], struct.unpack(">I", header[4:])[0]
@@ -97,6 +137,15 @@ class _DockerExecution(Execution):
         except OSError:
             pass
 
+
+class _ContainerExecution(_Attached):
+    """A run that is a container's own command (the cold path)."""
+
+    def __init__(self, container, sock: socket.socket, run: SandboxRun, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(sock, run, loop)
+        self.container = container
+        self._killed = False
+
     def kill(self) -> None:
         if not self._killed:
             self._killed = True
@@ -114,12 +163,8 @@ class _DockerExecution(Execution):
         outcome = await self.loop.run_in_executor(_pool, self.container.wait)
         await self.output_done
         await self.loop.run_in_executor(_pool, self.container.reload)
-        code = int(outcome.get("StatusCode", -1))
-        status = ExitStatus(oom_killed=bool(self.container.attrs["State"].get("OOMKilled")))
-        if code > 128:
-            status.signal = code - 128
-        else:
-            status.exit_code = code
+        status = _exit_status(int(outcome.get("StatusCode", -1)))
+        status.oom_killed = bool(self.container.attrs["State"].get("OOMKilled"))
         return status
 
     async def cleanup(self) -> None:
@@ -127,35 +172,61 @@ class _DockerExecution(Execution):
         await self.loop.run_in_executor(_pool, _remove, self.container)
 
 
-def _remove(container) -> None:
-    import docker.errors
+@dataclass
+class _Warm:
+    """A started container idling (as nobody) with an empty propagating /workspace."""
 
-    try:
-        container.remove(force=True, v=True)
-    except docker.errors.NotFound:
-        pass
+    container: object
+    slot: Path  # host mount point bound at /workspace with rslave propagation
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < size:
-        chunk = sock.recv(size - len(buf))
-        if not chunk:
-            return b""
-        buf += chunk
-    return bytes(buf)
+class _ExecExecution(_Attached):
+    """A run exec'd into a warm container; processes are killed by uid, the container is discarded after."""
+
+    def __init__(self, backend: DockerBackend, warm: _Warm, exec_id: str, sock: socket.socket, ctx: RunContext,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(sock, ctx.run, loop)
+        self.backend, self.warm, self.exec_id, self.uid = backend, warm, exec_id, ctx.uid
+
+    def kill(self) -> None:
+        kill_uid(self.uid, once=True)
+
+    async def wait(self) -> ExitStatus:
+        await self.output_done
+        api = self.backend.client.api
+        while (info := await self.loop.run_in_executor(_pool, api.exec_inspect, self.exec_id))["Running"]:
+            kill_uid(self.uid, once=True)  # output closed but the process lingers: it is ending
+            await asyncio.sleep(0.01)
+        status = _exit_status(int(info["ExitCode"] if info["ExitCode"] is not None else -1))
+        cgroup = RunCgroup.existing(f"{self.backend.pool_cgroup}/{self.warm.container.id}")
+        if cgroup is not None:
+            status.cpu_seconds, status.peak_memory_bytes = cgroup.cpu_seconds(), cgroup.peak_memory()
+            status.oom_killed = cgroup.oom_killed()
+        return status
+
+    async def cleanup(self) -> None:
+        self.sock.close()
+        kill_uid(self.uid)
+        umount(self.warm.slot)  # the run's workspace leaves the container before the run's uid is reused
+        self.backend._discard(self.warm)
 
 
 class DockerBackend(Backend):
     name = "docker"
 
-    def __init__(self, client=None, image: str = RUNNER_IMAGE) -> None:
+    def __init__(self, client=None, image: str = RUNNER_IMAGE, *, pool_limits: Limits | None = None, pool_size: int = 0) -> None:
         from sandbox.engine import docker_client
 
         self.client = client or docker_client()
         if self.client is None:
             raise RuntimeError("no Docker engine answers")
         self.image = image
+        self.pool_limits, self.pool_size = pool_limits or Limits(), pool_size
+        self.pool_cgroup = (RunCgroup.base_relpath() or "/codeyard") + "/pool"
+        self.pool_hits = 0
+        self._ready: list[_Warm] = []
+        self._filling = 0
+        self._tasks: set[asyncio.Task] = set()
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -173,16 +244,97 @@ class DockerBackend(Backend):
         return None
 
     async def launch(self, ctx: RunContext) -> Execution:
+        if self.pool_size and _pool_key(ctx.spec.limits) == _pool_key(self.pool_limits):
+            warm = self._ready.pop(0) if self._ready else None
+            self._refill()
+            if warm is not None:
+                self.pool_hits += 1
+                return await self._exec(warm, ctx)
+        return await self._cold(ctx)
+
+    async def _cold(self, ctx: RunContext) -> Execution:
         loop = asyncio.get_running_loop()
-        container = await loop.run_in_executor(_pool, lambda: self.client.containers.create(**container_config(ctx, self.image)))
+        config = container_config(
+            ctx.spec.limits, self.image, command=list(ctx.spec.argv), user=f"{ctx.uid}:{ctx.uid}",
+            environment=ctx.spec.environment(), workspace=str(ctx.workspace), propagation="rprivate",
+            cgroup_parent=ctx.cgroup.relpath if ctx.cgroup else None, labels={LABEL: ctx.run.id},
+        )
+        container = await loop.run_in_executor(_pool, lambda: self.client.containers.create(**config))
         try:
             params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
             raw = await loop.run_in_executor(_pool, lambda: self.client.api.attach_socket(container.id, params=params))
-            sock = raw._sock
-            sock.settimeout(None)
-            execution = _DockerExecution(self.client, container, sock, ctx.run, loop)
+            execution = _ContainerExecution(container, raw._sock, ctx.run, loop)
             await loop.run_in_executor(_pool, container.start)
         except BaseException:
             await loop.run_in_executor(_pool, _remove, container)
             raise
         return execution
+
+    async def _exec(self, warm: _Warm, ctx: RunContext) -> Execution:
+        loop = asyncio.get_running_loop()
+        bind(ctx.workspace, warm.slot)
+        try:
+            api = self.client.api
+            created = await loop.run_in_executor(_pool, lambda: api.exec_create(
+                warm.container.id, list(ctx.spec.argv), stdin=True, user=f"{ctx.uid}:{ctx.uid}",
+                environment=ctx.spec.environment(), workdir=WORKSPACE))
+            raw = await loop.run_in_executor(_pool, lambda: api.exec_start(created["Id"], socket=True))
+        except BaseException:
+            umount(warm.slot)
+            self._discard(warm)
+            raise
+        return _ExecExecution(self, warm, created["Id"], raw._sock, ctx, loop)
+
+    def _refill(self) -> None:
+        while len(self._ready) + self._filling < self.pool_size:
+            self._filling += 1
+            self._spawn(self._add_warm())
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _add_warm(self) -> None:
+        loop = asyncio.get_running_loop()
+        slot = runs_root() / f"pool-{secrets.token_hex(6)}"
+        slot.mkdir(mode=0o755)
+        try:
+            make_shared_mountpoint(slot)
+            config = container_config(
+                self.pool_limits, self.image, command=["sleep", "infinity"], user=IDLE_USER, environment={},
+                workspace=str(slot), propagation="rslave", cgroup_parent=self.pool_cgroup, labels={POOL_LABEL: "idle"},
+            )
+            container = await loop.run_in_executor(_pool, lambda: self.client.containers.run(detach=True, **config))
+        except BaseException:
+            umount(slot)
+            slot.rmdir()
+            raise
+        finally:
+            self._filling -= 1
+        self._ready.append(_Warm(container, slot))
+
+    def _discard(self, warm: _Warm) -> None:
+        """Remove a used or unwanted warm container in the background."""
+        async def remove() -> None:
+            await asyncio.get_running_loop().run_in_executor(_pool, _remove, warm.container)
+            umount(warm.slot)
+            warm.slot.rmdir()
+        self._spawn(remove())
+
+    async def warm_up(self) -> None:
+        """Fill the pool now (rather than on the first run) and wait until it is full."""
+        self._refill()
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Remove idle containers and wait for pending removals: nothing of the pool is left."""
+        self.pool_size = 0
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        while self._ready:
+            self._discard(self._ready.pop())
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        RunCgroup(self.pool_cgroup, {}).remove()

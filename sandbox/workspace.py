@@ -24,6 +24,8 @@ UID_COUNT = 4096
 MNT_DETACH = 2
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
+MS_BIND = 0x1000
+MS_SHARED = 1 << 20
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _uids_lock = threading.Lock()
@@ -81,9 +83,9 @@ def _state(pid: str) -> str:
         return f.read().rpartition(")")[2].split()[0]
 
 
-def kill_uid(uid: int) -> None:
-    """SIGKILL every process of uid, repeatedly, until none is left."""
-    for _ in range(100):
+def kill_uid(uid: int, *, once: bool = False) -> None:
+    """SIGKILL every process of uid, repeatedly until none is left (or one pass with once=True)."""
+    for _ in range(1 if once else 100):
         pids = processes_of_uid(uid)
         if not pids:
             return
@@ -92,17 +94,32 @@ def kill_uid(uid: int) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        time.sleep(0.01)
+        if not once:
+            time.sleep(0.01)
+
+
+def _mount(source: bytes, target: Path, fstype: bytes | None, flags: int, options: bytes | None = None) -> None:
+    if _libc.mount(source, str(target).encode(), fstype, flags, options) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount on {target}: {os.strerror(err)}")
 
 
 def _mount_tmpfs(path: Path, size: int, inodes: int) -> None:
-    opts = f"size={size},nr_inodes={inodes},mode=0700".encode()
-    if _libc.mount(b"tmpfs", str(path).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount tmpfs on {path}: {os.strerror(err)}")
+    _mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, f"size={size},nr_inodes={inodes},mode=0700".encode())
 
 
-def _umount(path: Path) -> None:
+def bind(source: Path, target: Path) -> None:
+    """Bind-mount source onto target (which may be a shared mount point that propagates it)."""
+    _mount(str(source).encode(), target, None, MS_BIND)
+
+
+def make_shared_mountpoint(path: Path) -> None:
+    """Turn a folder into a mount point whose later mounts propagate to its bind copies (Docker's rslave binds)."""
+    _mount(str(path).encode(), path, None, MS_BIND)
+    _mount(b"none", path, None, MS_SHARED)
+
+
+def umount(path: Path) -> None:
     if _libc.umount2(str(path).encode(), MNT_DETACH) != 0:
         err = ctypes.get_errno()
         if err not in (22,):  # EINVAL: not mounted
@@ -121,6 +138,6 @@ def scratch(size: int, inodes: int, owner: int) -> Iterator[Path]:
             os.chown(path, owner, owner)
             yield path
         finally:
-            _umount(path)
+            umount(path)
     finally:
         shutil.rmtree(path, ignore_errors=True)

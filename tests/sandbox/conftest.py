@@ -21,7 +21,7 @@ os.environ.setdefault("CODEYARD_CACHE_DIR", str(REPO / ".codeyard" / "cache"))
 os.environ["CODEYARD_SECRET_KEY"] = "test-secret-do-not-leak-4f1c"
 
 from sandbox.backend import Backend, RunSpec  # noqa: E402
-from sandbox.cgroups import RunCgroup, _v1_mounts  # noqa: E402
+from sandbox.cgroups import RunCgroup, cgroup_dirs  # noqa: E402
 from sandbox.limits import Limits  # noqa: E402
 from sandbox.workspace import UID_BASE, UID_COUNT, processes_of_uid  # noqa: E402
 
@@ -63,16 +63,28 @@ def runner_image(docker_engine) -> str:
     return RUNNER_IMAGE
 
 
-@pytest.fixture(params=["bwrap", "docker"])
-def backend(request) -> Backend:
+TEST_LIMITS = dict(cpu_seconds=3, wall_seconds=6, memory_bytes=128 << 20, pids=64, output_bytes=256 << 10)
+
+
+@pytest.fixture(params=["bwrap", "docker", "docker-warm"])
+async def backend(request):
+    """Each backend; docker-warm is Docker with a warm pool sized for make_spec's default limits."""
+    if request.param == "bwrap":
+        from sandbox.bwrap import BwrapBackend
+
+        yield BwrapBackend()
+        return
+    from sandbox.docker_backend import DockerBackend
+
+    request.getfixturevalue("runner_image")
+    client = request.getfixturevalue("docker_engine")
     if request.param == "docker":
-        from sandbox.docker_backend import DockerBackend
-
-        request.getfixturevalue("runner_image")
-        return DockerBackend(request.getfixturevalue("docker_engine"))
-    from sandbox.bwrap import BwrapBackend
-
-    return BwrapBackend()
+        yield DockerBackend(client)
+        return
+    backend = DockerBackend(client, pool_limits=Limits(**TEST_LIMITS), pool_size=2)
+    await backend.warm_up()
+    yield backend
+    await backend.close()
 
 
 @pytest.fixture
@@ -84,8 +96,7 @@ def project(tmp_path) -> Path:
 
 def make_spec(project: Path, argv: list[str], **limits) -> RunSpec:
     """A run with small, fast limits unless a test asks for others."""
-    base = dict(cpu_seconds=3, wall_seconds=6, memory_bytes=128 << 20, pids=64, output_bytes=256 << 10)
-    return RunSpec(argv, project, Limits(**{**base, **limits}))
+    return RunSpec(argv, project, Limits(**{**TEST_LIMITS, **limits}))
 
 
 def leftovers(client=None) -> list[str]:
@@ -104,14 +115,13 @@ def leftovers(client=None) -> list[str]:
     found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines() if runs_root in line]
     base = RunCgroup.base_relpath()
     if base:
-        for ctl, (mnt, root) in _v1_mounts().items():
-            d = mnt / os.path.relpath(base, root)
-            if d.is_dir():
-                found += [f"cgroup {p}" for p in d.iterdir() if p.is_dir()]
+        for d in cgroup_dirs(base):
+            found += [f"cgroup {p}" for p in d.iterdir() if p.is_dir()]
     if client is not None:
-        from sandbox.docker_backend import LABEL
+        from sandbox.docker_backend import LABEL, POOL_LABEL
 
-        found += [f"container {c.name}" for c in client.containers.list(all=True, filters={"label": LABEL})]
+        for label in (LABEL, POOL_LABEL):
+            found += [f"container {c.name}" for c in client.containers.list(all=True, filters={"label": label})]
     return found
 
 
@@ -120,7 +130,7 @@ def nothing_left_behind(request):
     """After each test: no process, container, mount, folder or cgroup of any run remains."""
     yield
     client = request.getfixturevalue("docker_engine") if "docker_engine" in request.fixturenames or (
-        "backend" in request.fixturenames and getattr(request.node, "callspec", None) and request.node.callspec.params.get("backend") == "docker"
+        "backend" in request.fixturenames and getattr(request.node, "callspec", None) and request.node.callspec.params.get("backend", "").startswith("docker")
     ) else None
     deadline = time.monotonic() + 1
     while (found := leftovers(client)) and time.monotonic() < deadline:

@@ -83,3 +83,23 @@ async def test_missing_program_is_a_runtime_error(backend, project):
 def test_bad_argv_is_refused(project, argv):
     with pytest.raises(ValueError, match="argv"):
         RunSpec(argv, project)
+
+
+async def test_warm_pool_serves_runs_and_leaves_nothing(docker_engine, runner_image, project):
+    from sandbox.docker_backend import DockerBackend
+    from sandbox.limits import Limits
+
+    from conftest import TEST_LIMITS
+
+    backend = DockerBackend(docker_engine, pool_limits=Limits(**TEST_LIMITS), pool_size=2)
+    await backend.warm_up()
+    try:
+        for i in range(3):
+            result = await backend.run(make_spec(project, ["python3", "-c", f"print({i})"]))
+            assert result.stdout == f"{i}\n".encode()
+            await backend.warm_up()
+        assert backend.pool_hits == 3
+        cold = await backend.run(make_spec(project, ["python3", "-c", "print('cold')"], memory_bytes=200 << 20))
+        assert cold.stdout == b"cold\n" and backend.pool_hits == 3
+    finally:
+        await backend.close()
