@@ -7,7 +7,7 @@ from fastapi import FastAPI
 
 from ide_server import __version__, components, db, log
 from ide_server.access import unguarded_api_routes
-from ide_server.errors import install_error_handlers
+from ide_server.error_handlers import install_error_handlers
 from ide_server.settings import Settings
 
 

@@ -19,9 +19,9 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
-from typer import _click as click  # Typer 0.29 vendors Click; its exceptions live here
+from typer import _click as click  # Typer 0.29 vendors Click: its classes live here
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from ide_server import __version__
 from ide_server.errors import DomainError
@@ -43,7 +43,7 @@ class LazyGroup(TyperGroup):
             return super().get_command(ctx, cmd_name)
         target, help_text = SUBCOMMANDS[cmd_name]
         if self._listing:  # help listing: don't import the module just for a line of help
-            return click.Group(cmd_name, help=help_text)
+            return TyperCommand(cmd_name, help=help_text)
         module_name, _, attr = target.partition(":")
         command = typer.main.get_command(getattr(import_module(module_name), attr))
         command.name = cmd_name
@@ -102,11 +102,11 @@ def serve(
     data_dir: DataDir = None,
 ) -> None:
     """Run the IDE server."""
+    settings = _settings(host=host, port=port, data_dir=data_dir)
     import uvicorn
 
     from ide_server.app import create_app
 
-    settings = _settings(host=host, port=port, data_dir=data_dir)
     server_app = create_app(settings)
     typer.echo(f"Codeyard {__version__} on http://{settings.host}:{settings.port}", err=True)
     uvicorn.run(

@@ -1,12 +1,8 @@
-"""Domain errors raised by services; `install_error_handlers` maps them to HTTP answers.
+"""Domain errors raised by services (and the CLI), independent of HTTP.
 
-Services never import FastAPI: they raise these, and one handler turns each into
-`{"detail": "human message"}` with the status code the class names.
+Services never import FastAPI: they raise these, and one handler (`error_handlers.py`) turns
+each into `{"detail": "human message"}` with the status code the class names.
 """
-
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 
 
 class DomainError(Exception):
@@ -58,31 +54,3 @@ class Throttled(DomainError):
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after)}
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(DomainError, _domain_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-
-
-async def _domain_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, DomainError)
-    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers())
-
-
-async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
-    """422 with one readable sentence per problem, e.g. "body.name: String should have at most 100 characters"."""
-    assert isinstance(exc, RequestValidationError)
-    messages = []
-    for err in exc.errors():
-        where = ".".join(str(part) for part in err.get("loc", ()))
-        messages.append(f"{where}: {err.get('msg', 'invalid value')}" if where else err.get("msg", "invalid"))
-    return JSONResponse(
-        {"detail": "; ".join(messages) or "invalid request", "errors": _plain(exc.errors())},
-        status_code=422,
-    )
-
-
-def _plain(errors) -> list[dict]:
-    """The validator's error list without the raw input/context objects (may not be JSON, may echo secrets)."""
-    return [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in errors]

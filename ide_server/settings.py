@@ -2,6 +2,7 @@
 
 import os
 import secrets
+import tempfile
 from pathlib import Path
 from typing import Literal
 
@@ -59,15 +60,23 @@ class Settings(BaseSettings):
 
 
 def load_or_create_secret(path: Path) -> str:
-    """Read the key file, or create it readable by the owner only (mode 0600) on first start."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        key = path.read_text().strip()
-        if not key:
-            raise ValueError(f"secret key file {path} is empty; delete it to generate a new one")
-        return key
-    key = secrets.token_urlsafe(48)
-    with os.fdopen(fd, "w") as f:
-        f.write(key + "\n")
+    """Read the key file, or create it readable by the owner only (mode 0600) on first start.
+
+    The new key is written to a temporary file and hard-linked into place, so replicas starting
+    together on a shared data dir all end up with the same, complete key.
+    """
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".secret-")  # mkstemp creates it 0600
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(48) + "\n")
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass  # another process won the race: use its key
+        finally:
+            os.unlink(tmp)
+    key = path.read_text().strip()
+    if not key:
+        raise ValueError(f"secret key file {path} is empty; delete it to generate a new one")
     return key
