@@ -84,7 +84,9 @@ class CollabServer:
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE), "collab_harness:create_app",
-             "--factory", "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
+             "--factory", "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
+             # CRDT updates are tiny and binary: compressing each frame costs more than it saves.
+             "--ws-per-message-deflate", "false"],
             env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
         )
         deadline = time.monotonic() + 20
