@@ -8,8 +8,10 @@ loads a room from the database and then hears the channel misses nothing (it sub
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
@@ -24,6 +26,8 @@ log = logging.getLogger(__name__)
 KIND_UPDATE = b"u"
 KIND_AWARENESS = b"a"
 KIND_QUERY_AWARENESS = b"q"  # "a replica just opened this room: tell it who is here"
+KIND_REVOKE = b"r"  # close a user's sockets in a project, on every replica
+CONTROL_CHANNEL = "codeyard:collab-control"
 ORIGIN_BYTES = 8
 
 
@@ -58,13 +62,16 @@ class Fanout:
         self._pubsub = self.redis.pubsub()
         self._rooms: dict[str, Room] = {}
         self._listener: asyncio.Task | None = None
+        # Set by the RoomManager: closes this replica's sockets of (project_id, user_id) with code.
+        self.on_revoke: Callable[[str, str, int], Awaitable[None]] | None = None
 
     async def subscribe(self, room: Room) -> None:
         channel = channel_name(room.key.name)
         self._rooms[channel] = room
-        await self._pubsub.subscribe(channel)
         if self._listener is None:
+            await self._pubsub.subscribe(CONTROL_CHANNEL)
             self._listener = asyncio.create_task(self._listen(), name="collab-fanout")
+        await self._pubsub.subscribe(channel)
         await self._publish(room.key.name, KIND_QUERY_AWARENESS, b"")
 
     async def unsubscribe(self, room: Room) -> None:
@@ -78,6 +85,10 @@ class Fanout:
 
     async def publish_awareness(self, room: str, entries: list[AwarenessEntry]) -> None:
         await self._publish(room, KIND_AWARENESS, encode_awareness_entries(entries))
+
+    async def publish_revoke(self, project_id: str, user_id: str, code: int) -> None:
+        payload = json.dumps({"project_id": project_id, "user_id": user_id, "code": code}).encode()
+        await self.redis.publish(CONTROL_CHANNEL, self.origin + KIND_REVOKE + payload)
 
     async def claim_disk(self, room: str) -> bool:
         """One replica at a time writes and watches a room's file; the lease expires if it dies."""
@@ -93,6 +104,14 @@ class Fanout:
             await asyncio.gather(self._listener, return_exceptions=True)
         await self._pubsub.aclose()
         await self.redis.aclose()
+
+    async def _revoke(self, payload: bytes) -> None:
+        try:
+            order = json.loads(payload)
+            if self.on_revoke:
+                await self.on_revoke(str(order["project_id"]), str(order["user_id"]), int(order["code"]))
+        except (ValueError, KeyError, TypeError):
+            log.exception("ignoring a malformed revoke message")
 
     async def _publish(self, room: str, kind: bytes, payload: bytes) -> None:
         try:
@@ -113,6 +132,9 @@ class Fanout:
                 continue
             data: bytes = message["data"]
             if data[:ORIGIN_BYTES] == self.origin:
+                continue
+            if data[ORIGIN_BYTES : ORIGIN_BYTES + 1] == KIND_REVOKE:
+                await self._revoke(data[ORIGIN_BYTES + 1 :])
                 continue
             room = self._rooms.get(message["channel"].decode())
             if room is None:

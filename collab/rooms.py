@@ -38,6 +38,8 @@ class RoomManager:
         self.rooms: dict[RoomKey, Room] = {}
         self._locks: dict[RoomKey, asyncio.Lock] = {}
         self._unloads: dict[RoomKey, asyncio.Task] = {}
+        if fanout:
+            fanout.on_revoke = self._close_local_user
 
     async def acquire(self, key: RoomKey) -> Room:
         """The loaded room for key, creating it if needed; pair with release()."""
@@ -70,7 +72,15 @@ class RoomManager:
             await room.mirror.flush()
 
     async def close_user(self, project_id: str, user_id: str, code: int = CLOSE_FORBIDDEN) -> None:
-        """Close a user's sockets in a project (access revoked); clients stop retrying on 44xx."""
+        """Close a user's sockets in a project on every replica (access revoked).
+
+        Call it after the membership change is committed, so a reconnect is refused (4403).
+        """
+        await self._close_local_user(project_id, user_id, code)
+        if self.fanout:
+            await self.fanout.publish_revoke(project_id, user_id, code)
+
+    async def _close_local_user(self, project_id: str, user_id: str, code: int) -> None:
         for key, room in list(self.rooms.items()):
             if key.project_id == project_id:
                 for peer in [p for p in room.peers if p.user_id == user_id]:

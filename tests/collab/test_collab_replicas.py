@@ -33,7 +33,7 @@ def replicas(db_url: str, redis_url: str, project_root: Path, project_id: str, t
         srv.stop()
 
 
-def test_clients_on_two_replicas_see_each_others_edits_and_cursors(replicas, project_id: str) -> None:
+def test_clients_on_two_replicas_see_each_others_edits_cursors_and_revocation(replicas, project_id: str) -> None:
     a, b = replicas
     on_a, on_b = JsClients(a.ws_url), JsClients(b.ws_url)
     try:
@@ -47,6 +47,10 @@ def test_clients_on_two_replicas_see_each_others_edits_and_cursors(replicas, pro
         wait_until(lambda: on_a.call("cursor_of", name="alice", user="bob")["index"] == 3)
         on_b.call("close", name="bob")
         on_a.call("wait_users", name="alice", users=[], timeout=2000)
+        # Access revoked through replica A closes mallory's socket on replica B.
+        on_b.call("open", name="mallory", project=project_id, file="app.py", token=token("mallory"), user="mallory")
+        a.post(f"/test/revoke/{project_id}/mallory")
+        assert on_b.call("wait_closed", name="mallory")["closeCodes"][0] == 4403
     finally:
         on_a.close()
         on_b.close()
