@@ -11,7 +11,7 @@ import os
 import resource
 import signal
 import subprocess
-from typing import Callable, Literal
+from typing import Literal
 
 from sandbox.backend import ExitStatus, SandboxRun
 
@@ -42,10 +42,10 @@ class HostProcess:
 
     @classmethod
     async def spawn(cls, argv: list[str], run: SandboxRun, env: dict[str, str], cwd: str,
-                    preexec: Callable[[], None], pass_fds: tuple[int, ...] = ()) -> HostProcess:
+                    pass_fds: tuple[int, ...] = ()) -> HostProcess:
         popen = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-            preexec_fn=preexec, start_new_session=True, close_fds=True, pass_fds=pass_fds,
+            start_new_session=True, close_fds=True, pass_fds=pass_fds,
         )
         proc = cls(popen)
         loop = asyncio.get_running_loop()
@@ -97,7 +97,8 @@ class HostProcess:
 def exit_status(status: int, usage: resource.struct_rusage) -> ExitStatus:
     """Translate a wait status whose exit code follows the 128+signal convention of bwrap and docker-init."""
     code = os.waitstatus_to_exitcode(status)
-    result = ExitStatus(cpu_seconds=usage.ru_utime + usage.ru_stime, peak_memory_bytes=usage.ru_maxrss * 1024)
+    # ru_maxrss is not used: a vfork'ed child starts out sharing (and reporting) the server's own memory
+    result = ExitStatus(cpu_seconds=usage.ru_utime + usage.ru_stime)
     if code < 0:
         result.signal = -code
     elif code > 128 and code - 128 < signal.NSIG:

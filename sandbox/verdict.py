@@ -25,7 +25,7 @@ class RunResult:
     signal: int | None = None
     cpu_seconds: float = 0.0
     wall_seconds: float = 0.0
-    peak_memory_bytes: int = 0
+    peak_memory_bytes: int = 0  # 0 where no cgroup could be made (then unknown)
     stdout: bytes = b""  # kept up to the output limit
     stderr: bytes = b""
     files_written: list[str] = field(default_factory=list)  # workspace-relative paths copied back
