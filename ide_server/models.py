@@ -39,7 +39,7 @@ class Role(enum.StrEnum):
     def rank(self) -> int:
         return list(Role).index(self)
 
-    def __ge__(self, other: "Role") -> bool:  # type: ignore[override]
+    def at_least(self, other: "Role") -> bool:
         return self.rank >= other.rank
 
 

@@ -59,7 +59,8 @@ def authenticate(db: Session, settings: Settings, username: str, password: str, 
 
 
 def start_session(db: Session, settings: Settings, user: User) -> str:
-    """Returns the cookie value; the table keeps only its hash."""
+    """Returns the cookie value; the table keeps only its hash. Expired sessions are swept here."""
+    db.execute(delete(LoginSession).where(LoginSession.expires_at < utcnow()))
     token = security.new_token()
     db.add(
         LoginSession(

@@ -48,7 +48,7 @@ def authorize(db: Session, project_id: str, user: User | None, min_role: Role, p
         if user is None:
             raise NotAuthenticated("sign in to open this project")
         raise NotFound("no such project")
-    if role is not None and role >= min_role:
+    if role is not None and role.at_least(min_role):
         return ProjectAccess(project, user, role)
     if public_read and is_public and min_role == Role.viewer:
         return ProjectAccess(project, user, role)
@@ -219,7 +219,7 @@ def accept_invite(db: Session, token: str, user: User) -> tuple[Project, Role]:
     current = role_of(db, project.id, user)
     if current is None:
         db.add(Membership(project_id=project.id, user_id=user.id, role=role))
-    elif not current >= role:
+    elif not current.at_least(role):
         db.get(Membership, (project.id, user.id)).role = role
     else:
         role = current
