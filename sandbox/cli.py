@@ -39,7 +39,7 @@ def build_image_command(
 def check_command(backend: Annotated[str, typer.Option(help="auto, docker or bwrap")] = "auto") -> None:
     """Say which backend would run code here, or why none can."""
     from sandbox.engine import make_backend
-    from sandbox.workspace import SandboxUnavailable
+    from sandbox.errors import SandboxUnavailable
 
     try:
         typer.echo(make_backend(backend).name)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from sandbox.backend import Backend
-from sandbox.workspace import SandboxUnavailable
+from sandbox.errors import SandboxUnavailable
 
 INSTALL_HINT = (
     "no sandbox is available to run code: install Docker (apt-get install docker.io, then start dockerd) "

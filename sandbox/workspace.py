@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from sandbox.errors import SandboxUnavailable
+
 UID_BASE = 620000
 UID_COUNT = 4096
 MNT_DETACH = 2
@@ -31,10 +33,6 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _uids_lock = threading.Lock()
 _uids_in_use: set[int] = set()
 _next_uid = 0
-
-
-class SandboxUnavailable(RuntimeError):
-    """No backend can run code safely on this host; the message says how to fix that."""
 
 
 def runs_root() -> Path:

@@ -35,7 +35,7 @@ def _say(line: str) -> None:
 def docker_engine():
     """A Docker client: the engine that answers, or a dockerd this session starts and stops."""
     from sandbox.engine import LocalDockerd, docker_client
-    from sandbox.workspace import SandboxUnavailable
+    from sandbox.errors import SandboxUnavailable
 
     client = docker_client()
     if client is not None:

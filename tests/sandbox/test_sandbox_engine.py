@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sandbox.engine import make_backend
-from sandbox.workspace import SandboxUnavailable
+from sandbox.errors import SandboxUnavailable
 
 
 def test_auto_prefers_docker(runner_image):
