@@ -62,7 +62,9 @@ def identify(conn: HTTPConnection, db: Session, settings: Settings) -> Identity:
     """Resolve the caller from a Bearer token or the session cookie.
 
     A Bearer header that is wrong is an error (never a silent fall back to anonymous). Cookie
-    requests with unsafe methods must echo the session's CSRF token in the X-CSRF-Token header.
+    requests with unsafe methods must echo the session's CSRF token in the X-CSRF-Token header;
+    cookie WebSocket handshakes must come from this site (Origin host = Host), which stops
+    cross-site WebSocket hijacking.
     """
     auth = conn.headers.get("authorization")
     if auth is not None:
@@ -77,9 +79,12 @@ def identify(conn: HTTPConnection, db: Session, settings: Settings) -> Identity:
     user = accounts.user_for_session(db, session_token)
     if user is None:
         return Identity(None)
-    secret = settings.secret_key.get_secret_value()
-    method = conn.scope.get("method", "GET")
-    if conn.scope["type"] == "http" and method not in SAFE_METHODS:
+    if conn.scope["type"] == "websocket":
+        origin = conn.headers.get("origin")
+        if origin is not None and urlsplit(origin).netloc != conn.headers.get("host"):
+            raise PermissionDenied("cross-site WebSocket refused")
+    elif conn.scope.get("method", "GET") not in SAFE_METHODS:
+        secret = settings.secret_key.get_secret_value()
         if not security.csrf_ok(secret, session_token, conn.headers.get(CSRF_HEADER)):
             raise PermissionDenied(f"missing or wrong {CSRF_HEADER} header (read it from the {CSRF_COOKIE} cookie)")
     return Identity(user, "cookie")
@@ -143,15 +148,10 @@ ProjectOwner = Annotated[projects.ProjectAccess, Depends(project_access(Role.own
 def authenticate_websocket(websocket: WebSocket, db: Session, settings: Settings) -> User | None:
     """The user behind a WebSocket handshake (Bearer header or session cookie), or None if anonymous.
 
-    Cookie handshakes must come from this site (Origin host = Host), which stops cross-site
-    WebSocket hijacking. Raises NotAuthenticated for a bad token, PermissionDenied for a bad Origin.
+    For WebSocket routes that check access themselves instead of using the dependencies above.
+    Raises NotAuthenticated for a bad token, PermissionDenied for a cross-site cookie handshake.
     """
-    identity = identify(websocket, db, settings)
-    if identity.via == "cookie":
-        origin = websocket.headers.get("origin")
-        if origin is not None and urlsplit(origin).netloc != websocket.headers.get("host"):
-            raise PermissionDenied("cross-site WebSocket refused")
-    return identity.user
+    return identify(websocket, db, settings).user
 
 
 def project_role(db: Session, project: Project | str, user: User | None) -> Role | None:

@@ -31,6 +31,7 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=1, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
+    allow_registration: bool = Field(default=True, description="Let anyone sign up (admins can always add users).")
     session_days: int = Field(default=14, ge=1)
     login_max_failures: int = Field(default=5, ge=1, description="Failed logins per user+IP per window.")
     login_window_seconds: int = Field(default=300, ge=1)

@@ -43,7 +43,7 @@ def _sign_in(response: Response, db: DbSession, settings: Settings, user: User) 
 @router.post("/auth/register", status_code=status.HTTP_201_CREATED, dependencies=[Public])
 def register(body: UserCreate, response: Response, db: DbSession, settings: SettingsDep) -> LoginPublic:
     """Create an account and sign in to it."""
-    user = accounts.create_user(db, settings, body.username, body.password)
+    user = accounts.register(db, settings, body.username, body.password)
     return _sign_in(response, db, settings, user)
 
 

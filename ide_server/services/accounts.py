@@ -8,7 +8,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ide_server import security
-from ide_server.errors import Conflict, InvalidInput, NotAuthenticated, NotFound
+from ide_server.errors import Conflict, InvalidInput, NotAuthenticated, NotFound, PermissionDenied
 from ide_server.models import ApiToken, LoginSession, User, utcnow
 from ide_server.services import login_throttle
 from ide_server.settings import Settings
@@ -41,6 +41,13 @@ def create_user(db: Session, settings: Settings, username: str, password: str, i
         db.rollback()
         raise Conflict(f"username {name!r} is taken") from None
     return user
+
+
+def register(db: Session, settings: Settings, username: str, password: str) -> User:
+    """Self-service sign-up, unless the server's admin closed it."""
+    if not settings.allow_registration:
+        raise PermissionDenied("sign-up is closed on this server; ask an admin for an account")
+    return create_user(db, settings, username, password)
 
 
 def authenticate(db: Session, settings: Settings, username: str, password: str, client_ip: str) -> User:

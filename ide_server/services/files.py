@@ -64,8 +64,9 @@ def tree(root: Path) -> list[Entry]:
             elif item.is_dir(follow_symlinks=False):
                 entries.append(Entry(rel, "directory", 0))
                 walk(Path(item.path), rel + "/")
-            else:
+            elif item.is_file(follow_symlinks=False):
                 entries.append(Entry(rel, "file", item.stat(follow_symlinks=False).st_size))
+            # sockets, FIFOs and devices (which user code could make) are left out
 
     walk(root, "")
     return entries
@@ -75,11 +76,14 @@ def read(root: Path, path: str, max_bytes: int) -> bytes:
     rel = paths.normalise(path)
     target = paths.resolve(root, rel)
     with _os_errors(rel):
-        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
+        # O_NONBLOCK: opening a FIFO planted by user code must not hang the server.
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as f:
             info = os.fstat(f.fileno())
             if stat.S_ISDIR(info.st_mode):
                 raise IsADirectoryError
+            if not stat.S_ISREG(info.st_mode):
+                raise InvalidInput(f"{rel!r} is not a regular file")
             if info.st_size > max_bytes:
                 raise TooLarge(f"{rel!r} is {info.st_size} bytes; files over {max_bytes} bytes can't be opened here")
             return f.read(max_bytes + 1)[:max_bytes]

@@ -132,3 +132,9 @@ def test_production_hashes_are_argon2id_with_default_parameters(monkeypatch):
     assert not security.verify_password(hashed, "wrong")
     assert not security.verify_password(None, "pass phrase")
     assert not security.verify_password("not-a-hash", "pass phrase")
+
+
+def test_registration_can_be_closed(app, anon, settings, monkeypatch):
+    monkeypatch.setattr(settings, "allow_registration", False)
+    response = anon.post("/api/auth/register", json={"username": "latecomer", "password": "long enough pw"})
+    assert response.status_code == 403 and "sign-up is closed" in response.json()["detail"]

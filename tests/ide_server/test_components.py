@@ -80,6 +80,11 @@ def test_project_websockets_use_the_same_access_rules(plugged_app, new_user):
     assert denial_status(TestClient(plugged_app), f"/api/projects/{pid}/echo") == 401
     assert denial_status(TestClient(plugged_app, cookies=dict(stranger.cookies)), f"/api/projects/{pid}/echo") == 404
     assert denial_status(TestClient(plugged_app, cookies=dict(viewer.cookies)), f"/api/projects/{pid}/echo") == 403
+    evil = {"Origin": "https://evil.example"}
+    owner_cookie = TestClient(plugged_app, cookies=dict(owner.cookies))
+    assert denial_status(owner_cookie, f"/api/projects/{pid}/echo", headers=evil) == 403
+    with bearer.websocket_connect(f"/api/projects/{pid}/echo", headers=evil) as ws:  # tokens aren't ambient
+        assert ws.receive_json()["user"] == owner.username
 
 
 def test_authenticate_websocket_and_project_role(plugged_app, new_user):

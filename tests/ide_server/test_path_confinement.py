@@ -162,3 +162,12 @@ def test_zip_upload_through_a_planted_symlink_is_refused(project, tmp_path):
     response = alice.post(f"{files}/zip", content=_zip([("out/evil.txt", b"pwned")]))
     assert response.status_code == 400
     assert not (tmp_path / "evil.txt").exists()
+
+
+def test_special_files_planted_by_user_code_do_not_hang_the_server(project):
+    alice, files, root = project
+    os.mkfifo(root / "pipe")
+    response = alice.get(f"{files}/content/pipe")
+    assert response.status_code == 400 and "not a regular file" in response.json()["detail"]
+    assert "pipe" not in {e["path"] for e in alice.get(files).json()}
+    assert "pipe" not in zipfile.ZipFile(io.BytesIO(alice.get(f"{files}/zip").content)).namelist()
