@@ -42,6 +42,7 @@ class RunSpec:
     project_dir: Path
     limits: Limits = field(default_factory=Limits)
     env: Mapping[str, str] = field(default_factory=dict)
+    tty: bool = False  # run on a terminal (an interactive shell): one output stream, resizable
 
     def __post_init__(self) -> None:
         if isinstance(self.argv, (str, bytes)) or not self.argv:
@@ -61,7 +62,7 @@ class RunSpec:
             raise ValueError(f"project_dir is not a folder: {self.project_dir}")
 
     def environment(self) -> dict[str, str]:
-        return {**BASE_ENV, **self.env}
+        return {**BASE_ENV, **({"TERM": "xterm-256color"} if self.tty else {}), **self.env}
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,9 @@ class Execution(abc.ABC):
     @abc.abstractmethod
     def kill(self) -> None:
         """Kill everything of the run now (idempotent, never blocks for long)."""
+
+    async def resize(self, rows: int, cols: int) -> None:
+        raise ValueError("resize: this run has no terminal")
 
     @abc.abstractmethod
     async def wait(self) -> ExitStatus:
@@ -122,6 +126,7 @@ class SandboxRun:
         self._total = 0
         self._execution: Execution | None = None
         self._pending_stdin: list[bytes | None] = []
+        self._pending_size: tuple[int, int] | None = None
         self._task: asyncio.Task[RunResult] | None = None
         self.cancelled = False
         self.output_exceeded = False
@@ -165,12 +170,23 @@ class SandboxRun:
         for data in self._pending_stdin:
             await (execution.close_stdin() if data is None else execution.write_stdin(data))
         self._pending_stdin.clear()
+        if self._pending_size is not None:
+            await execution.resize(*self._pending_size)
         if self.cancelled or self.output_exceeded:
             execution.kill()
 
     def cancel(self) -> None:
         self.cancelled = True
         self._kill()
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Set the terminal size of a tty run."""
+        if not (0 < rows <= 1000 and 0 < cols <= 1000):
+            raise ValueError("resize: rows and cols must be between 1 and 1000")
+        if self._execution is None:
+            self._pending_size = (rows, cols)
+        else:
+            await self._execution.resize(rows, cols)
 
     async def result(self) -> RunResult:
         assert self._task is not None

@@ -40,7 +40,7 @@ def bwrap_argv(ctx: RunContext, seccomp_fd: int, passwd_fd: int, group_fd: int) 
     limits = ctx.spec.limits
     args = [
         shutil.which("bwrap") or "bwrap",
-        "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        "--unshare-all", "--die-with-parent", *([] if ctx.spec.tty else ["--new-session"]), "--cap-drop", "ALL",
         "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
         *_system_binds(),
         "--ro-bind-data", str(passwd_fd), "/etc/passwd", "--ro-bind-data", str(group_fd), "/etc/group",
@@ -97,6 +97,9 @@ class _BwrapExecution(Execution):
     def kill(self) -> None:
         self.proc.kill()
 
+    async def resize(self, rows: int, cols: int) -> None:
+        self.proc.resize(rows, cols)
+
     async def wait(self) -> ExitStatus:
         return exit_status(*await self.proc.wait())
 
@@ -115,7 +118,8 @@ class BwrapBackend(Backend):
     async def launch(self, ctx: RunContext) -> Execution:
         fds = (_data_fd(filter_program()), _data_fd(PASSWD.encode()), _data_fd(GROUP.encode()))
         try:
-            proc = await HostProcess.spawn(
+            spawn = HostProcess.spawn_terminal if ctx.spec.tty else HostProcess.spawn
+            proc = await spawn(
                 launcher_argv(ctx) + bwrap_argv(ctx, *fds), ctx.run, env={"PATH": "/usr/bin:/bin"},
                 cwd=str(ctx.workspace), pass_fds=fds
             )

@@ -38,7 +38,8 @@ _pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="codeyard-docker")
 
 
 def container_config(limits: Limits, image: str, *, command: list[str], user: str, environment: dict[str, str],
-                     workspace: str, propagation: str, cgroup_parent: str | None, labels: dict[str, str]) -> dict:
+                     workspace: str, propagation: str, cgroup_parent: str | None, labels: dict[str, str],
+                     tty: bool = False) -> dict:
     """Keyword arguments for containers.create: the hardening lives here, in one place."""
     import docker.types
 
@@ -71,6 +72,7 @@ def container_config(limits: Limits, image: str, *, command: list[str], user: st
         log_config=docker.types.LogConfig(type="none"),
         volumes={workspace: {"bind": WORKSPACE, "mode": f"rw,{propagation}"}},
         stdin_open=True,  # with detach left False this also sets StdinOnce: closing our end closes theirs
+        tty=tty,
         cgroup_parent=cgroup_parent,
         labels=labels,
     )
@@ -108,10 +110,24 @@ def _exit_status(code: int) -> ExitStatus:
 class _Attached(Execution):
     """A process whose stdio is a Docker attach stream (8-byte frame headers, stdin on the same socket)."""
 
-    def __init__(self, sock: socket.socket, run: SandboxRun, loop: asyncio.AbstractEventLoop) -> None:
-        self.sock, self.run, self.loop = sock, run, loop
+    def __init__(self, sock: socket.socket, run: SandboxRun, loop: asyncio.AbstractEventLoop, tty: bool = False) -> None:
+        self.sock, self.run, self.loop, self.tty = sock, run, loop, tty
         self.output_done = loop.create_future()
-        threading.Thread(target=self._read, name=f"codeyard-attach-{run.id}", daemon=True).start()
+        reader = self._read_raw if tty else self._read
+        threading.Thread(target=reader, name=f"codeyard-attach-{run.id}", daemon=True).start()
+
+    def _done(self) -> None:
+        self.loop.call_soon_threadsafe(lambda: self.output_done.done() or self.output_done.set_result(None))
+
+    def _read_raw(self) -> None:
+        """A terminal's stream is not multiplexed: everything is the terminal's output."""
+        try:
+            while data := self.sock.recv(65536):
+                self.loop.call_soon_threadsafe(self.run.emit, "stdout", data)
+        except OSError:
+            pass
+        finally:
+            self._done()
 
     def _read(self) -> None:
         try:
@@ -123,7 +139,7 @@ class _Attached(Execution):
         except OSError:
             pass
         finally:
-            self.loop.call_soon_threadsafe(lambda: self.output_done.done() or self.output_done.set_result(None))
+            self._done()
 
     async def write_stdin(self, data: bytes) -> None:
         try:
@@ -141,10 +157,15 @@ class _Attached(Execution):
 class _ContainerExecution(_Attached):
     """A run that is a container's own command (the cold path)."""
 
-    def __init__(self, container, sock: socket.socket, run: SandboxRun, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(sock, run, loop)
+    def __init__(self, container, sock: socket.socket, run: SandboxRun, loop: asyncio.AbstractEventLoop, tty: bool) -> None:
+        super().__init__(sock, run, loop, tty)
         self.container = container
         self._killed = False
+
+    async def resize(self, rows: int, cols: int) -> None:
+        if not self.tty:
+            raise ValueError("resize: this run has no terminal")
+        await self.loop.run_in_executor(_pool, lambda: self.container.resize(height=rows, width=cols))
 
     def kill(self) -> None:
         if not self._killed:
@@ -244,7 +265,7 @@ class DockerBackend(Backend):
         return None
 
     async def launch(self, ctx: RunContext) -> Execution:
-        if self.pool_size and _pool_key(ctx.spec.limits) == _pool_key(self.pool_limits):
+        if self.pool_size and not ctx.spec.tty and _pool_key(ctx.spec.limits) == _pool_key(self.pool_limits):
             warm = self._ready.pop(0) if self._ready else None
             self._refill()
             if warm is not None:
@@ -257,13 +278,13 @@ class DockerBackend(Backend):
         config = container_config(
             ctx.spec.limits, self.image, command=list(ctx.spec.argv), user=f"{ctx.uid}:{ctx.uid}",
             environment=ctx.spec.environment(), workspace=str(ctx.workspace), propagation="rprivate",
-            cgroup_parent=ctx.cgroup.relpath if ctx.cgroup else None, labels={LABEL: ctx.run.id},
+            cgroup_parent=ctx.cgroup.relpath if ctx.cgroup else None, labels={LABEL: ctx.run.id}, tty=ctx.spec.tty,
         )
         container = await loop.run_in_executor(_pool, lambda: self.client.containers.create(**config))
         try:
             params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
             raw = await loop.run_in_executor(_pool, lambda: self.client.api.attach_socket(container.id, params=params))
-            execution = _ContainerExecution(container, raw._sock, ctx.run, loop)
+            execution = _ContainerExecution(container, raw._sock, ctx.run, loop, ctx.spec.tty)
             await loop.run_in_executor(_pool, container.start)
         except BaseException:
             await loop.run_in_executor(_pool, _remove, container)

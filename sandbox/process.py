@@ -7,7 +7,10 @@ the whole reaped tree, needs no thread per run, and works for many concurrent ru
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
+import struct
+import termios
 import resource
 import signal
 import subprocess
@@ -31,10 +34,11 @@ class _Pump(asyncio.Protocol):
 
 
 class HostProcess:
-    """Spawn argv with pipes; `wait` returns after exit and end of output."""
+    """Spawn argv with pipes (or one terminal); `wait` returns after exit and end of output."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], terminal: int | None = None) -> None:
         self.popen = popen
+        self.terminal = terminal  # the PTY master, for resizing
         self.pidfd = os.pidfd_open(popen.pid)
         self._stdin: asyncio.WriteTransport | None = None
         self._eof: list[asyncio.Future[None]] = []
@@ -50,11 +54,39 @@ class HostProcess:
         proc = cls(popen)
         loop = asyncio.get_running_loop()
         for pipe, stream in ((popen.stdout, "stdout"), (popen.stderr, "stderr")):
-            done: asyncio.Future[None] = loop.create_future()
-            await loop.connect_read_pipe(lambda s=stream, d=done: _Pump(run, s, d), pipe)
-            proc._eof.append(done)
+            await proc._pump(loop, run, pipe, stream)
         proc._stdin, _ = await loop.connect_write_pipe(asyncio.BaseProtocol, popen.stdin)
         return proc
+
+    @classmethod
+    async def spawn_terminal(cls, argv: list[str], run: SandboxRun, env: dict[str, str], cwd: str,
+                             pass_fds: tuple[int, ...] = ()) -> HostProcess:
+        """Spawn argv as a session leader whose controlling terminal is a new PTY (output comes as stdout)."""
+        master, slave = os.openpty()
+        try:
+            # setsid --ctty: new session (its pid is the process group killpg uses) owning the PTY
+            popen = subprocess.Popen(["setsid", "--ctty", *argv], stdin=slave, stdout=slave, stderr=slave, env=env,
+                                     cwd=cwd, close_fds=True, pass_fds=pass_fds)
+        except BaseException:
+            os.close(master)
+            raise
+        finally:
+            os.close(slave)
+        proc = cls(popen, terminal=master)
+        loop = asyncio.get_running_loop()
+        await proc._pump(loop, run, open(master, "rb", buffering=0, closefd=False), "stdout")
+        proc._stdin, _ = await loop.connect_write_pipe(asyncio.BaseProtocol, open(os.dup(master), "wb", buffering=0))
+        return proc
+
+    async def _pump(self, loop: asyncio.AbstractEventLoop, run: SandboxRun, pipe, stream: Literal["stdout", "stderr"]) -> None:
+        done: asyncio.Future[None] = loop.create_future()
+        await loop.connect_read_pipe(lambda: _Pump(run, stream, done), pipe)
+        self._eof.append(done)
+
+    def resize(self, rows: int, cols: int) -> None:
+        if self.terminal is None:
+            raise ValueError("resize: this run has no terminal")
+        fcntl.ioctl(self.terminal, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
     async def write_stdin(self, data: bytes) -> None:
         if self._stdin is None or self._stdin.is_closing():
@@ -91,6 +123,9 @@ class HostProcess:
         await asyncio.gather(*self._eof)
         if self._stdin is not None:
             self._stdin.close()
+        if self.terminal is not None:
+            os.close(self.terminal)
+            self.terminal = None
         return status, usage
 
 

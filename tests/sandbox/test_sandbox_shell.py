@@ -1,0 +1,43 @@
+"""An interactive shell on a terminal in the project's sandbox (the terminal pane's primitive)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from conftest import make_spec
+from sandbox.backend import RunSpec
+from sandbox.verdict import Verdict
+
+
+async def read_until(chunks, marker: bytes, seen: bytearray) -> None:
+    while marker not in seen:
+        seen += (await asyncio.wait_for(chunks.__anext__(), 10)).data
+
+
+async def test_shell_on_a_terminal(backend, project):
+    spec = RunSpec(["bash", "--norc", "-i"], project, make_spec(project, ["x"], wall_seconds=30).limits, tty=True)
+    shell = await backend.start(spec)
+    chunks, seen = shell.chunks(), bytearray()
+    await shell.resize(40, 120)
+    await shell.send_stdin(b"echo $((6*7)) > answer.txt; stty size; tty; echo D''ONE\n")
+    await read_until(chunks, b"DONE", seen)
+    await shell.send_stdin(b"exit\n")
+    async for chunk in chunks:
+        seen += chunk.data
+    result = await shell.result()
+    assert result.verdict == Verdict.OK, result
+    assert b"40 120" in seen and b"not a tty" not in seen and b"no job control" not in seen
+    assert (project / "answer.txt").read_text() == "42\n"
+
+
+async def test_resize_needs_a_terminal(backend, project):
+    run = await backend.start(make_spec(project, ["sleep", "5"]))
+    await asyncio.sleep(0.5)
+    with pytest.raises(ValueError, match="no terminal"):
+        await run.resize(40, 120)  # the run has started: the backend itself refuses
+    with pytest.raises(ValueError, match="between 1 and 1000"):
+        await run.resize(0, 5)
+    run.cancel()
+    assert (await run.result()).verdict == Verdict.CANCELLED
