@@ -10,6 +10,29 @@ from ide_server.errors import DomainError
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DomainError, _domain_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    _document_validation_errors(app)
+
+
+def _document_validation_errors(app: FastAPI) -> None:
+    """Make the OpenAPI document describe the 422 body this handler really sends."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        schema = generate()
+        schemas = schema.get("components", {}).get("schemas", {})
+        if "HTTPValidationError" in schemas:
+            schemas["HTTPValidationError"] = {
+                "title": "HTTPValidationError",
+                "type": "object",
+                "required": ["detail"],
+                "properties": {
+                    "detail": {"type": "string", "description": "All problems, as one readable sentence."},
+                    "errors": {"type": "array", "items": {"$ref": "#/components/schemas/ValidationError"}},
+                },
+            }
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 async def _domain_error(_request: Request, exc: Exception) -> JSONResponse:
