@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from llm_engine.config import EngineConfig
@@ -14,12 +16,22 @@ from llm_engine.sequence import Sequence
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def cpu_has_fast_bf16() -> bool:
+    """bfloat16 matmuls beat float32 only with native support (AVX512-BF16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def resolve_dtype(config: EngineConfig, hf_config) -> torch.dtype:
-    """'auto' is float32 on CPU (fastest and exact there) and the checkpoint's dtype elsewhere."""
+    """'auto': on CPU bfloat16 where the CPU has native bf16 (about 2x faster), else float32;
+    on GPUs the checkpoint's 16-bit dtype (bfloat16 by default)."""
     if config.dtype != "auto":
         return _DTYPES[config.dtype]
     if config.device == "cpu":
-        return torch.float32
+        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
     checkpoint = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
     if isinstance(checkpoint, str):
         checkpoint = _DTYPES.get(checkpoint)
