@@ -9,7 +9,7 @@ Use them as annotations:
     def make_thing(ctx: ProjectEditor, db: DbSession) -> ThingPublic: ...
 
 Each access dependency carries an `access_rule` (see `access.py`); a route under /api must use
-at least one of `Public`, `CurrentUser`, `ProjectViewer`, `ProjectReader`, `ProjectEditor`,
+at least one of `Public`, `CurrentUser`, `ProjectViewer`, `ProjectMember`, `ProjectEditor`,
 `ProjectOwner`, or the app refuses to start.
 """
 
@@ -140,7 +140,7 @@ def project_access(min_role: Role, public_read: bool = False) -> _ProjectAccess:
 # Read routes: members, plus anyone (anonymous included) when the project is public.
 ProjectViewer = Annotated[projects.ProjectAccess, Depends(project_access(Role.viewer, public_read=True))]
 # Members only, even on public projects.
-ProjectReader = Annotated[projects.ProjectAccess, Depends(project_access(Role.viewer))]
+ProjectMember = Annotated[projects.ProjectAccess, Depends(project_access(Role.viewer))]
 ProjectEditor = Annotated[projects.ProjectAccess, Depends(project_access(Role.editor))]
 ProjectOwner = Annotated[projects.ProjectAccess, Depends(project_access(Role.owner))]
 

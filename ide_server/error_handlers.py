@@ -4,7 +4,28 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from pydantic import BaseModel
+
 from ide_server.errors import DomainError
+
+
+class ErrorBody(BaseModel):
+    detail: str
+
+
+# Give this to an APIRouter (`responses=ERROR_RESPONSES`) so its OpenAPI lists the error answers.
+ERROR_RESPONSES: dict[int | str, dict] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in {
+        400: "Invalid input",
+        401: "Not signed in, or a bad API token",
+        403: "Signed in, but not allowed (role, CSRF token)",
+        404: "No such thing, or not visible to you",
+        409: "Conflicts with the current state",
+        413: "Too large",
+        429: "Too many attempts; see Retry-After",
+    }.items()
+}
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -4,6 +4,7 @@ from fastapi import APIRouter, Request, Response, status
 
 from ide_server import security
 from ide_server.components import Component
+from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.deps import (
     CSRF_COOKIE,
     SESSION_COOKIE,
@@ -26,7 +27,7 @@ from ide_server.schemas import (
 from ide_server.services import accounts
 from ide_server.settings import Settings
 
-router = APIRouter(prefix="/api", tags=["accounts"])
+router = APIRouter(prefix="/api", tags=["accounts"], responses=ERROR_RESPONSES)
 
 
 def _sign_in(response: Response, db: DbSession, settings: Settings, user: User) -> LoginPublic:
@@ -47,7 +48,7 @@ def register(body: UserCreate, response: Response, db: DbSession, settings: Sett
     return _sign_in(response, db, settings, user)
 
 
-@router.post("/auth/login", dependencies=[Public], responses={401: {}, 429: {}})
+@router.post("/auth/login", dependencies=[Public])
 def login(body: LoginRequest, request: Request, response: Response, db: DbSession, settings: SettingsDep) -> LoginPublic:
     """Sign in with username and password; repeated failures are throttled (429 + Retry-After)."""
     client_ip = request.client.host if request.client else "unknown"

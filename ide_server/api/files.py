@@ -9,6 +9,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from ide_server.components import Component
+from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.deps import ProjectEditor, ProjectViewer, SettingsDep
 from ide_server.errors import TooLarge
 from ide_server.schemas import FileCreate, FileEntry, FileMove, UploadResult
@@ -16,7 +17,7 @@ from ide_server.services import files, projects
 from ide_server.services.projects import ProjectAccess
 from ide_server.settings import Settings
 
-router = APIRouter(prefix="/api/projects/{project_id}/files", tags=["files"])
+router = APIRouter(prefix="/api/projects/{project_id}/files", tags=["files"], responses=ERROR_RESPONSES)
 
 RAW_BODY = {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}
 ZIP_BODY = {"required": True, "content": {"application/zip": {"schema": {"type": "string", "format": "binary"}}}}

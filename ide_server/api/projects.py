@@ -3,7 +3,8 @@
 from fastapi import APIRouter, status
 
 from ide_server.components import Component
-from ide_server.deps import CurrentUser, DbSession, ProjectOwner, ProjectReader, ProjectViewer, Public, SettingsDep
+from ide_server.error_handlers import ERROR_RESPONSES
+from ide_server.deps import CurrentUser, DbSession, ProjectMember, ProjectOwner, ProjectViewer, Public, SettingsDep
 from ide_server.models import Project, Role
 from ide_server.schemas import (
     InviteAccepted,
@@ -24,7 +25,7 @@ from ide_server.schemas import (
 )
 from ide_server.services import projects, templates
 
-router = APIRouter(prefix="/api", tags=["projects"])
+router = APIRouter(prefix="/api", tags=["projects"], responses=ERROR_RESPONSES)
 INVITE_PAGE = "/invite/"
 
 
@@ -84,7 +85,7 @@ def fork_project(
 
 
 @router.get("/projects/{project_id}/members")
-def list_members(ctx: ProjectReader, db: DbSession) -> list[MemberPublic]:
+def list_members(ctx: ProjectMember, db: DbSession) -> list[MemberPublic]:
     return [MemberPublic(username=m.user.username, role=m.role) for m in projects.list_members(db, ctx.project)]
 
 

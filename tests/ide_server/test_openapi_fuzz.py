@@ -1,5 +1,6 @@
 """Property-based run of the OpenAPI schema (schemathesis): no input makes the server answer 5xx,
-invalid inputs are refused with 4xx, and answers match the documented schemas and content types.
+invalid inputs are refused with 4xx, and answers match the documented statuses, schemas and
+content types.
 
 Every operation of /api/openapi.json gets generated valid and invalid inputs (hypothesis,
 bounded examples), sent authenticated as a user who owns a project; `project_id` path
@@ -16,10 +17,12 @@ from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     negative_data_rejection,
     response_schema_conformance,
+    status_code_conformance,
 )
 
 EXAMPLES_PER_OPERATION = 30
-CHECKS = [not_a_server_error, negative_data_rejection, response_schema_conformance, content_type_conformance]
+CHECKS = [not_a_server_error, negative_data_rejection, status_code_conformance, response_schema_conformance,
+          content_type_conformance]
 # Zip uploads are raw bytes, like application/octet-stream.
 schemathesis.serializer.alias("application/zip", "application/octet-stream")
 
