@@ -24,7 +24,8 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    # Sync routes run in a thread pool of 40: let a good share of them hold a connection.
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

@@ -1,7 +1,8 @@
 """Structured logs: one JSON object per line on stderr, and one line per HTTP request.
 
-Request lines carry method, path (never the query string, which may hold secrets), status and
-duration; headers and cookies are never logged.
+Request lines carry method, path, route, status and duration. Never logged: headers, cookies,
+the query string, and path parameters named in SECRET_PATH_PARAMS (invite tokens), which are
+masked in the path.
 """
 
 import logging
@@ -11,6 +12,7 @@ import time
 import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+SECRET_PATH_PARAMS = frozenset({"token"})
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -77,10 +79,20 @@ class RequestLogMiddleware:
             status = 500
             raise
         finally:
+            route = scope.get("route")
             self.log.info(
                 "request",
                 method=scope.get("method", "WS"),
-                path=scope["path"],
+                path=_masked_path(scope),
+                route=getattr(route, "path", None),
                 status=status,
                 duration_ms=round((time.perf_counter() - start) * 1000, 2),
             )
+
+
+def _masked_path(scope: Scope) -> str:
+    path = scope["path"]
+    for name, value in (scope.get("path_params") or {}).items():
+        if name in SECRET_PATH_PARAMS and isinstance(value, str) and value:
+            path = path.replace(value, "***")
+    return path

@@ -64,6 +64,9 @@ def test_health_probes(app):
     ready = client.get("/readyz")
     assert ready.status_code == 200
     assert ready.json()["schema"] == db.head_revision()
+    assert client.get("/api/openapi.json").json()["info"]["title"] == "Codeyard"
+    docs = client.get("/api/docs")
+    assert docs.status_code == 200 and "/api/openapi.json" in docs.text
 
 
 def test_readyz_fails_when_the_schema_is_behind(tmp_path):
@@ -119,6 +122,10 @@ def test_codeyard_serve_answers_and_logs_json_without_secrets(tmp_path):
             login = client.post("/api/auth/register", json={"username": "logged", "password": "very-secret-pw"})
             assert login.status_code == 201
             assert client.get("/api/me?access_token=query-secret").status_code == 200
+            headers = {"X-CSRF-Token": login.json()["csrf_token"]}
+            pid = client.post("/api/projects", json={"name": "p"}, headers=headers).json()["id"]
+            invite = client.post(f"/api/projects/{pid}/invites", json={}, headers=headers).json()["token"]
+            assert client.post(f"/api/invites/{invite}/accept", headers=headers).status_code == 200
         assert httpx.get(f"{base}/api/openapi.json").json()["info"]["title"] == "Codeyard"
     finally:
         server.terminate()
@@ -129,7 +136,9 @@ def test_codeyard_serve_answers_and_logs_json_without_secrets(tmp_path):
         {k: r[k] for k in ("method", "path", "status")} for r in requests
     ]
     assert all(isinstance(r["duration_ms"], float) for r in requests)
+    accept = next(r for r in requests if r["path"].endswith("/accept"))
+    assert accept["path"] == "/api/invites/***/accept" and accept["route"] == "/api/invites/{token}/accept"
     secret = (tmp_path / "secret_key").read_text().strip()
     session = login.cookies["codeyard_session"]
-    for leaked in (secret, session, login.json()["csrf_token"], "very-secret-pw", "query-secret"):
+    for leaked in (secret, session, login.json()["csrf_token"], "very-secret-pw", "query-secret", invite):
         assert leaked not in stderr
