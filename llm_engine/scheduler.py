@@ -29,6 +29,7 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        self.policy = config.scheduling_policy
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.block_manager = block_manager
@@ -107,6 +108,11 @@ class Scheduler:
             out.scheduled.append((seq, num_new))
             out.block_copies.extend(copies)
             budget -= num_new
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free a running sequence's blocks and queue it to be recomputed from its tokens."""
+        self.running.remove(seq)
+        self._preempt(seq)
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
