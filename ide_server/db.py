@@ -1,5 +1,6 @@
 """Database engine, sessions and schema migrations (SQLite in WAL mode or PostgreSQL)."""
 
+from importlib import import_module
 from pathlib import Path
 
 from alembic import command
@@ -14,8 +15,20 @@ MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 PG_MIGRATION_LOCK = 7_202_611
 
 
+# Modules whose tables (subclasses of Base) the migrations cover. A package that adds tables
+# appends its models module here and adds a revision to ide_server/migrations/versions/
+# (`alembic -c ide_server/migrations/alembic.ini revision --autogenerate -m "..."`).
+MODEL_MODULES: list[str] = ["ide_server.models"]
+
+
 class Base(DeclarativeBase):
     """Base class of every table."""
+
+
+def load_models() -> None:
+    """Import every module in MODEL_MODULES so Base.metadata knows all tables."""
+    for name in MODEL_MODULES:
+        import_module(name)
 
 
 def make_engine(url: str) -> Engine:

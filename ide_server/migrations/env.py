@@ -2,10 +2,10 @@
 
 from alembic import context
 
-from ide_server import models  # noqa: F401  (registers the tables on Base.metadata)
-from ide_server.db import Base, make_engine
+from ide_server.db import Base, load_models, make_engine
 
 config = context.config
+load_models()
 
 
 def run() -> None:
@@ -17,7 +17,9 @@ def run() -> None:
     if not url:
         from ide_server.settings import Settings
 
-        url = Settings().effective_database_url
+        settings = Settings()
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        url = settings.effective_database_url
     with make_engine(url).begin() as connection:
         _run_on(connection)
 

@@ -50,6 +50,7 @@ def test_settings_come_from_codeyard_environment_variables(monkeypatch, tmp_path
 
 
 def test_schema_is_migrated_to_head_and_matches_the_models(app):
+    db.load_models()
     engine = app.state.engine
     assert db.current_revision(engine) == db.head_revision()
     with engine.connect() as conn:
