@@ -42,7 +42,7 @@ class RunSpec:
     project_dir: Path
     limits: Limits = field(default_factory=Limits)
     env: Mapping[str, str] = field(default_factory=dict)
-    tty: bool = False  # run on a terminal (an interactive shell): one output stream, resizable
+    terminal: tuple[int, int] | None = None  # (rows, cols): run on a terminal (a shell), one output stream
 
     def __post_init__(self) -> None:
         if isinstance(self.argv, (str, bytes)) or not self.argv:
@@ -58,8 +58,16 @@ class RunSpec:
         for key, value in self.env.items():
             if not _ENV_NAME.match(key) or "\0" in value:
                 raise ValueError(f"env has an invalid variable name or value: {key!r}")
+        if self.terminal is not None and not (
+            len(self.terminal) == 2 and all(isinstance(n, int) and 0 < n <= 1000 for n in self.terminal)
+        ):
+            raise ValueError("terminal must be (rows, cols), each between 1 and 1000")
         if not Path(self.project_dir).is_dir():
             raise ValueError(f"project_dir is not a folder: {self.project_dir}")
+
+    @property
+    def tty(self) -> bool:
+        return self.terminal is not None
 
     def environment(self) -> dict[str, str]:
         return {**BASE_ENV, **({"TERM": "xterm-256color"} if self.tty else {}), **self.env}

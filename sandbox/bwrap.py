@@ -118,11 +118,11 @@ class BwrapBackend(Backend):
     async def launch(self, ctx: RunContext) -> Execution:
         fds = (_data_fd(filter_program()), _data_fd(PASSWD.encode()), _data_fd(GROUP.encode()))
         try:
-            spawn = HostProcess.spawn_terminal if ctx.spec.tty else HostProcess.spawn
-            proc = await spawn(
-                launcher_argv(ctx) + bwrap_argv(ctx, *fds), ctx.run, env={"PATH": "/usr/bin:/bin"},
-                cwd=str(ctx.workspace), pass_fds=fds
-            )
+            argv, env, cwd = launcher_argv(ctx) + bwrap_argv(ctx, *fds), {"PATH": "/usr/bin:/bin"}, str(ctx.workspace)
+            if ctx.spec.terminal:
+                proc = await HostProcess.spawn_terminal(argv, ctx.run, env, cwd, fds, size=ctx.spec.terminal)
+            else:
+                proc = await HostProcess.spawn(argv, ctx.run, env, cwd, fds)
         finally:
             for fd in fds:
                 os.close(fd)

@@ -32,6 +32,7 @@ from sandbox.workspace import bind, kill_uid, make_shared_mountpoint, runs_root,
 LABEL = "codeyard.sandbox"
 POOL_LABEL = "codeyard.sandbox.pool"
 IDLE_USER = "65534:65534"
+SIZE_TERMINAL = 'stty rows "$1" cols "$2"; shift 2; exec "$@"'
 _STREAMS = {1: "stdout", 2: "stderr"}
 # Docker API calls block; they get their own pool so many runs don't starve asyncio's default one.
 _pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="codeyard-docker")
@@ -161,11 +162,23 @@ class _ContainerExecution(_Attached):
         super().__init__(sock, run, loop, tty)
         self.container = container
         self._killed = False
+        self._size: tuple[int, int] | None = None
 
     async def resize(self, rows: int, cols: int) -> None:
         if not self.tty:
             raise ValueError("resize: this run has no terminal")
-        await self.loop.run_in_executor(_pool, lambda: self.container.resize(height=rows, width=cols))
+        self._size = (rows, cols)
+        await self.loop.run_in_executor(_pool, self._apply_size)
+
+    def _apply_size(self) -> None:
+        import docker.errors
+
+        if self._size is not None:
+            try:
+                self.container.resize(height=self._size[0], width=self._size[1])
+            except docker.errors.APIError:
+                pass
+
 
     def kill(self) -> None:
         if not self._killed:
@@ -275,8 +288,11 @@ class DockerBackend(Backend):
 
     async def _cold(self, ctx: RunContext) -> Execution:
         loop = asyncio.get_running_loop()
+        command = list(ctx.spec.argv)
+        if ctx.spec.terminal:  # the engine can drop a resize sent while the container starts: size it first
+            command = ["/bin/sh", "-c", SIZE_TERMINAL, "sh", *map(str, ctx.spec.terminal), *command]
         config = container_config(
-            ctx.spec.limits, self.image, command=list(ctx.spec.argv), user=f"{ctx.uid}:{ctx.uid}",
+            ctx.spec.limits, self.image, command=command, user=f"{ctx.uid}:{ctx.uid}",
             environment=ctx.spec.environment(), workspace=str(ctx.workspace), propagation="rprivate",
             cgroup_parent=ctx.cgroup.relpath if ctx.cgroup else None, labels={LABEL: ctx.run.id}, tty=ctx.spec.tty,
         )

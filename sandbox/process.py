@@ -60,9 +60,10 @@ class HostProcess:
 
     @classmethod
     async def spawn_terminal(cls, argv: list[str], run: SandboxRun, env: dict[str, str], cwd: str,
-                             pass_fds: tuple[int, ...] = ()) -> HostProcess:
+                             pass_fds: tuple[int, ...] = (), *, size: tuple[int, int]) -> HostProcess:
         """Spawn argv as a session leader whose controlling terminal is a new PTY (output comes as stdout)."""
         master, slave = os.openpty()
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", *size, 0, 0))
         try:
             # setsid --ctty: new session (its pid is the process group killpg uses) owning the PTY
             popen = subprocess.Popen(["setsid", "--ctty", *argv], stdin=slave, stdout=slave, stderr=slave, env=env,

@@ -17,18 +17,20 @@ async def read_until(chunks, marker: bytes, seen: bytearray) -> None:
 
 
 async def test_shell_on_a_terminal(backend, project):
-    spec = RunSpec(["bash", "--norc", "-i"], project, make_spec(project, ["x"], wall_seconds=30).limits, tty=True)
+    spec = RunSpec(["bash", "--norc", "-i"], project, make_spec(project, ["x"], wall_seconds=30).limits, terminal=(40, 120))
     shell = await backend.start(spec)
     chunks, seen = shell.chunks(), bytearray()
-    await shell.resize(40, 120)
+    await read_until(chunks, b"$ ", seen)  # type at the prompt, as a person does
     await shell.send_stdin(b"echo $((6*7)) > answer.txt; stty size; tty; echo D''ONE\n")
     await read_until(chunks, b"DONE", seen)
-    await shell.send_stdin(b"exit\n")
+    assert b"40 120" in seen
+    await shell.resize(50, 132)
+    await shell.send_stdin(b"stty size; exit\n")
     async for chunk in chunks:
         seen += chunk.data
     result = await shell.result()
     assert result.verdict == Verdict.OK, result
-    assert b"40 120" in seen and b"not a tty" not in seen and b"no job control" not in seen
+    assert b"50 132" in seen and b"not a tty" not in seen and b"no job control" not in seen
     assert (project / "answer.txt").read_text() == "42\n"
 
 
