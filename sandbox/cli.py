@@ -45,3 +45,15 @@ def check_command(backend: Annotated[str, typer.Option(help="auto, docker or bwr
         typer.echo(make_backend(backend).name)
     except (SandboxUnavailable, ValueError) as exc:
         _fail(str(exc))
+
+
+@app.command("cleanup")
+def cleanup_command() -> None:
+    """Remove what crashed runs left behind (run it while the server is stopped)."""
+    from sandbox.engine import docker_client
+    from sandbox.sweep import sweep
+
+    removed = sweep(docker_client(timeout=10))
+    for line in removed:
+        typer.echo(f"removed {line}")
+    typer.echo(f"{len(removed)} leftovers removed")

@@ -17,8 +17,6 @@ SERVICES = REPO / ".services" / "docker"
 # Every run's workspace mount lives under this session's own folder, so the leftover check is exact.
 os.environ["CODEYARD_SANDBOX_DIR"] = tempfile.mkdtemp(prefix="codeyard-sandbox-test-")
 os.environ.setdefault("CODEYARD_CACHE_DIR", str(REPO / ".codeyard" / "cache"))
-# A server secret in the host environment: the hostile suite checks no run can see it.
-os.environ["CODEYARD_SECRET_KEY"] = "test-secret-do-not-leak-4f1c"
 
 from sandbox.backend import Backend, RunSpec  # noqa: E402
 from sandbox.cgroups import RunCgroup, cgroup_dirs  # noqa: E402

@@ -128,8 +128,8 @@ async def test_host_loopback_services_unreachable(backend, project):
     assert result.stdout == b"done\n", result
 
 
-async def test_no_server_secrets_visible(backend, project):
-    assert os.environ["CODEYARD_SECRET_KEY"]
+async def test_no_server_secrets_visible(backend, project, monkeypatch):
+    monkeypatch.setenv("CODEYARD_SECRET_KEY", "test-secret-do-not-leak-4f1c")  # a server secret in the host env
     code = (
         "import os\nprint(sorted(os.environ))\n"
         "for pid in os.listdir('/proc'):\n"
@@ -227,12 +227,14 @@ async def test_setuid_and_ptrace_refused(backend, project):
         "if child == 0:\n    import time; time.sleep(5); os._exit(0)\n"
         "print('ptrace', libc.ptrace(16, child, 0, 0), ctypes.get_errno())\n"
         "os.kill(child, 9)\n"
+        "print('unshare', libc.unshare(0x10000000), ctypes.get_errno())\n"  # CLONE_NEWUSER
+        "print('mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None), ctypes.get_errno())\n"
     )
     result = await run_py(backend, project, code)
     lines = result.stdout.decode().splitlines()
     assert lines[0] == "setuid refused", result
     assert "CapEff:\\t0000000000000000" in lines[1] and "NoNewPrivs:\\t1" in lines[1]
-    assert lines[2] == "ptrace -1 1", result
+    assert lines[2:] == ["ptrace -1 1", "unshare -1 1", "mount -1 1"], result
 
 
 async def test_ten_thousand_threads(backend, project):

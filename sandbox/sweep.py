@@ -1,0 +1,55 @@
+"""Remove what crashed runs left behind: processes of sandbox uids, containers, mounts, folders, cgroups.
+
+A run cleans up after itself; this is for the server's start (after a crash or a kill -9) and for
+`codeyard sandbox cleanup`. It assumes no other server on this host is running code right now.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from sandbox.cgroups import RunCgroup, cgroup_dirs
+from sandbox.workspace import UID_BASE, UID_COUNT, kill_uid, processes_of_uid, runs_root, umount
+
+
+def sweep(docker=None) -> list[str]:
+    """Remove every leftover; returns one line per thing removed."""
+    removed: list[str] = []
+    uids = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                uid = entry.stat().st_uid
+            except OSError:
+                continue
+            if UID_BASE <= uid < UID_BASE + UID_COUNT:
+                uids.add(uid)
+    for uid in sorted(uids):
+        if processes_of_uid(uid):
+            kill_uid(uid)
+            removed.append(f"processes of sandbox uid {uid}")
+    if docker is not None:
+        from sandbox.docker_backend import LABEL, POOL_LABEL
+
+        for label in (LABEL, POOL_LABEL):
+            for container in docker.containers.list(all=True, filters={"label": label}):
+                container.remove(force=True, v=True)
+                removed.append(f"container {container.name}")
+    root = runs_root()
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    for mount in sorted((m for m in mounts if m.startswith(f"{root}/")), key=len, reverse=True):
+        umount(Path(mount))
+        removed.append(f"mount {mount}")
+    for child in root.iterdir():
+        shutil.rmtree(child, ignore_errors=True)
+        removed.append(f"folder {child}")
+    base = RunCgroup.base_relpath()
+    if base:
+        for parent in cgroup_dirs(base):
+            for child in parent.iterdir():
+                if child.is_dir():
+                    RunCgroup(f"{base}/{child.name}", {}).remove()
+                    removed.append(f"cgroup {child}")
+    return removed
