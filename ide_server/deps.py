@@ -90,8 +90,17 @@ def identify(conn: HTTPConnection, db: Session, settings: Settings) -> Identity:
     return Identity(user, "cookie")
 
 
+def _release_if_websocket(conn: HTTPConnection, db: Session) -> None:
+    """A WebSocket keeps its dependencies (and DB session) open as long as it lives: end the
+    handshake's read transaction so the socket doesn't hold a pooled connection meanwhile."""
+    if conn.scope["type"] == "websocket":
+        db.commit()
+
+
 def _identity(conn: HTTPConnection, db: DbSession, settings: SettingsDep) -> Identity:
-    return identify(conn, db, settings)
+    identity = identify(conn, db, settings)
+    _release_if_websocket(conn, db)
+    return identity
 
 
 IdentityDep = Annotated[Identity, Depends(_identity)]
@@ -127,8 +136,12 @@ class _ProjectAccess:
         self.public_read = public_read
         self.access_rule = access.project_rule(min_role, public_read)
 
-    def __call__(self, project_id: RandomId, identity: IdentityDep, db: DbSession) -> projects.ProjectAccess:
-        return projects.authorize(db, project_id, identity.user, self.min_role, self.public_read)
+    def __call__(
+        self, project_id: RandomId, conn: HTTPConnection, identity: IdentityDep, db: DbSession
+    ) -> projects.ProjectAccess:
+        access = projects.authorize(db, project_id, identity.user, self.min_role, self.public_read)
+        _release_if_websocket(conn, db)
+        return access
 
 
 @cache

@@ -18,10 +18,10 @@ events: list[str] = []
 
 
 @router.websocket("/projects/{project_id}/echo")
-async def echo(websocket: WebSocket, ctx: ProjectEditor) -> None:
+async def echo(websocket: WebSocket, ctx: ProjectEditor, db: DbSession) -> None:
     """A project WebSocket guarded by the same dependency as the HTTP routes."""
     await websocket.accept()
-    await websocket.send_json({"user": ctx.user.username, "role": ctx.role})
+    await websocket.send_json({"user": ctx.user.username, "role": ctx.role, "holds_db": db.in_transaction()})
     await websocket.close()
 
 
@@ -71,7 +71,8 @@ def test_project_websockets_use_the_same_access_rules(plugged_app, new_user):
     viewer.post(f"/api/invites/{link}/accept")
 
     with TestClient(plugged_app, cookies=dict(owner.cookies)).websocket_connect(f"/api/projects/{pid}/echo") as ws:
-        assert ws.receive_json() == {"user": owner.username, "role": "owner"}
+        # The socket doesn't keep the handshake's database transaction (and connection) open.
+        assert ws.receive_json() == {"user": owner.username, "role": "owner", "holds_db": False}
     token = owner.post("/api/tokens", json={"name": "ws"}).json()["token"]
     bearer = TestClient(plugged_app, headers={"Authorization": f"Bearer {token}"})
     with bearer.websocket_connect(f"/api/projects/{pid}/echo") as ws:
