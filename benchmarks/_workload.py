@@ -151,39 +151,41 @@ def summarize(system: str, timings: list[RequestTiming], elapsed_s: float) -> Ru
 class KvWasteMeter:
     """Accumulates KV-cache occupancy snapshots taken during a run.
 
-    Each snapshot gives, for every running sequence, how many tokens its cache
-    holds, plus the number of slots the paged cache has allocated for them.
-    Waste is summed over snapshots (slot-steps), so a long-lived half-empty
-    block counts for as long as it exists. The contiguous figure is what the
-    same sequences would waste if each had `max_len` slots reserved up front,
-    as a max-length preallocated cache does.
+    Each snapshot gives the slots the paged cache has allocated, how many of
+    them hold a computed token (a block shared by several sequences counts
+    once), and each running sequence's length. Waste is summed over snapshots
+    (slot-steps), so a long-lived half-empty block counts for as long as it
+    exists. The contiguous figure is what the same sequences would waste if
+    each had `max_len` slots reserved up front, as a max-length preallocated
+    cache does.
     """
 
     max_len: int
     allocated_slots: int = 0
-    held_tokens: int = 0
+    held_slots: int = 0
     contiguous_slots: int = 0
+    contiguous_held: int = 0
     snapshots: int = 0
     peak_paged_waste: float = 0.0
 
-    def record(self, allocated_slots: int, tokens_per_seq: list[int]) -> None:
-        held = sum(tokens_per_seq)
-        if held > allocated_slots:
-            raise ValueError("a snapshot cannot hold more tokens than it has slots")
-        if any(n > self.max_len for n in tokens_per_seq):
+    def record(self, allocated_slots: int, held_slots: int, seq_lengths: list[int]) -> None:
+        if held_slots > allocated_slots:
+            raise ValueError("held_slots cannot exceed allocated_slots")
+        if any(n > self.max_len for n in seq_lengths):
             raise ValueError("a sequence is longer than max_len")
         if allocated_slots == 0:
             return
         self.allocated_slots += allocated_slots
-        self.held_tokens += held
-        self.contiguous_slots += self.max_len * len(tokens_per_seq)
+        self.held_slots += held_slots
+        self.contiguous_slots += self.max_len * len(seq_lengths)
+        self.contiguous_held += sum(seq_lengths)
         self.snapshots += 1
-        self.peak_paged_waste = max(self.peak_paged_waste, 1 - held / allocated_slots)
+        self.peak_paged_waste = max(self.peak_paged_waste, 1 - held_slots / allocated_slots)
 
     @property
     def paged_waste(self) -> float:
-        return 1 - self.held_tokens / self.allocated_slots if self.allocated_slots else 0.0
+        return 1 - self.held_slots / self.allocated_slots if self.allocated_slots else 0.0
 
     @property
     def contiguous_waste(self) -> float:
-        return 1 - self.held_tokens / self.contiguous_slots if self.contiguous_slots else 0.0
+        return 1 - self.contiguous_held / self.contiguous_slots if self.contiguous_slots else 0.0

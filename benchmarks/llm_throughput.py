@@ -42,6 +42,7 @@ from benchmarks._workload import (
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SYSTEMS = ("engine", "hf-single", "hf-batch", "llamacpp")
+SEQUENTIAL = ("hf-single", "llamacpp")
 # Our engine's output tokens/s must be at least this many times each baseline's (issue 8).
 THROUGHPUT_GOALS = {"hf-single": 10.0, "hf-batch": 2.0, "llamacpp": 3.0}
 PREFIX_TTFT_GOAL = 3.0
@@ -81,13 +82,14 @@ class EngineBench:
 
         return LLM(
             model=str(self.gguf),
-            dtype=self.args.dtype,
+            dtype=self.args.engine_dtype,
             device="cpu",
             block_size=self.args.block_size,
             max_num_seqs=self.args.max_num_seqs,
             max_num_batched_tokens=self.args.max_num_batched_tokens,
             kv_cache_memory=self.args.kv_cache_memory,
             enable_prefix_caching=enable_prefix_caching,
+            num_threads=self.args.threads,
         )
 
     @staticmethod
@@ -127,18 +129,26 @@ class EngineBench:
 
 
 def watch_kv_cache(llm, meter: KvWasteMeter) -> None:
-    """Record the block manager's occupancy after every engine step."""
-    engine = llm.llm_engine
+    """Record the block manager's occupancy after every engine step.
+
+    Allocated slots are the blocks with a reference; a slot is held when a
+    running sequence's computed tokens reach it (shared blocks count once).
+    """
+    engine = llm.engine
     step = engine.step
-    manager = engine.scheduler.block_manager
+    manager = engine.block_manager
     block_size = manager.block_size
 
     def step_and_record():
         outputs = step()
+        filled: dict[int, int] = {}
         running = engine.scheduler.running
-        held = [s.num_computed_tokens for s in running]
-        blocks = {b for s in running for b in s.block_table}
-        meter.record(len(blocks) * block_size, held)
+        for seq in running:
+            for i, block_id in enumerate(seq.block_table):
+                used = min(block_size, max(seq.num_computed_tokens - i * block_size, 0))
+                filled[block_id] = max(filled.get(block_id, 0), used)
+        allocated = (manager.num_blocks - manager.num_free_blocks) * block_size
+        meter.record(allocated, sum(filled.values()), [s.num_computed_tokens for s in running])
         return outputs
 
     engine.step = step_and_record
@@ -195,9 +205,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prefix-requests", type=int, default=64)
     p.add_argument("--skip-prefix", action="store_true", help="leave out the shared-prefix TTFT comparison")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="compute dtype of Transformers and (unless --engine-dtype) of the engine")
+    p.add_argument("--engine-dtype", choices=("auto", "float32", "bfloat16"),
+                   help="the engine's dtype if different ('auto': bfloat16 on CPUs with native bf16)")
     p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="CPU threads for every system")
     p.add_argument("--hf-batch-size", type=int, default=16)
+    p.add_argument("--sequential-prompts", type=int,
+                   help="run the one-at-a-time baselines (hf-single, llamacpp) on only the first N prompts "
+                        "of the workload; their rates are then measured on that subset (default: all)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -208,10 +224,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.systems) - set(SYSTEMS))
     if unknown or not args.systems:
         p.error(f"--systems: unknown {unknown}; choose from {','.join(SYSTEMS)}")
+    args.engine_dtype = args.engine_dtype or args.dtype
     if args.quick:
         args.num_prompts, args.prefix_requests = 16, 16
-    for name in ("num_prompts", "prefix_requests", "threads", "hf_batch_size"):
-        if getattr(args, name) < 1:
+    for name in ("num_prompts", "prefix_requests", "threads", "hf_batch_size", "sequential_prompts"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}: must be at least 1")
     return args
 
@@ -222,9 +239,11 @@ def main(argv: list[str] | None = None) -> dict:
     gguf = find_smollm2_gguf()
     workload = random_workload(args.num_prompts, VOCAB_LOW, VOCAB_HIGH, seed=args.seed)
     max_len = max(len(r.prompt_token_ids) + r.max_tokens for r in workload)
-    print(f"model {gguf.name}, {args.threads} threads, dtype {args.dtype}; workload: {len(workload)} prompts, "
-          f"{sum(len(r.prompt_token_ids) for r in workload)} prompt tokens, "
-          f"{sum(r.max_tokens for r in workload)} output tokens, seed {args.seed}")
+    prompt_tokens = sum(len(r.prompt_token_ids) for r in workload)
+    output_tokens = sum(r.max_tokens for r in workload)
+    print(f"model {gguf.name}, {args.threads} threads, dtype {args.dtype} (engine {args.engine_dtype}); "
+          f"workload: {len(workload)} prompts, {prompt_tokens} prompt tokens, {output_tokens} output tokens, "
+          f"seed {args.seed}")
 
     hf_model = None
     if {"hf-single", "hf-batch"} & set(args.systems):
@@ -238,11 +257,14 @@ def main(argv: list[str] | None = None) -> dict:
         if system == "engine":
             timings, elapsed = engine_bench.throughput(workload, meter)
         else:
-            timings, elapsed = run_baseline(system, gguf, workload, args, hf_model)
+            subset = workload[: args.sequential_prompts] if system in SEQUENTIAL else workload
+            timings, elapsed = run_baseline(system, gguf, subset, args, hf_model)
         summaries[system] = summarize(system, timings, elapsed)
 
     print()
     print_table(list(summaries.values()))
+    if args.sequential_prompts and args.sequential_prompts < len(workload):
+        print(f"(hf-single and llamacpp ran the first {args.sequential_prompts} of the {len(workload)} prompts)")
     ratios = throughput_ratios(summaries)
     for name, r in ratios.items():
         print(f"engine / {name:<9} output tok/s: {r['ratio']:6.2f}x  (goal >= {r['goal']:g}x: {mark(r['met'])})")
@@ -251,6 +273,7 @@ def main(argv: list[str] | None = None) -> dict:
         "model": gguf.name,
         "threads": args.threads,
         "dtype": args.dtype,
+        "engine_dtype": args.engine_dtype,
         "seed": args.seed,
         "num_prompts": len(workload),
         "systems": {k: dataclasses.asdict(v) for k, v in summaries.items()},

@@ -81,16 +81,18 @@ def test_summarize_throughput_ttft_and_tpot():
 def test_kv_waste_paged_vs_contiguous():
     meter = KvWasteMeter(max_len=64)
     # two sequences of 17 and 32 tokens in blocks of 16: 3 + 2 blocks = 80 slots, 49 held
-    meter.record(allocated_slots=80, tokens_per_seq=[17, 32])
-    # one sequence of 16 tokens exactly filling its block
-    meter.record(allocated_slots=16, tokens_per_seq=[16])
-    meter.record(allocated_slots=0, tokens_per_seq=[])  # an idle step is not a snapshot
+    meter.record(allocated_slots=80, held_slots=49, seq_lengths=[17, 32])
+    # two sequences sharing one full 16-token block, each with 4 more tokens in a block of its own
+    meter.record(allocated_slots=48, held_slots=24, seq_lengths=[20, 20])
+    meter.record(allocated_slots=0, held_slots=0, seq_lengths=[])  # an idle step is not a snapshot
     assert meter.snapshots == 2
-    assert meter.paged_waste == pytest.approx(1 - 65 / 96)
-    assert meter.peak_paged_waste == pytest.approx(1 - 49 / 80)
-    assert meter.contiguous_waste == pytest.approx(1 - 65 / (64 * 3))
+    assert meter.paged_waste == pytest.approx(1 - 73 / 128)
+    assert meter.peak_paged_waste == pytest.approx(0.5)
+    assert meter.contiguous_waste == pytest.approx(1 - 89 / (64 * 4))
     with pytest.raises(ValueError):
-        meter.record(allocated_slots=16, tokens_per_seq=[17])
+        meter.record(allocated_slots=16, held_slots=17, seq_lengths=[17])
+    with pytest.raises(ValueError):
+        meter.record(allocated_slots=80, held_slots=65, seq_lengths=[65])
 
 
 def test_ratios_against_each_baseline_and_goals():
