@@ -1,0 +1,83 @@
+"""Incremental detokenization and stop strings, with SmolLM2's real tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+from llm_engine import LLM, SamplingParams
+from llm_engine.detokenizer import IncrementalDetokenizer, find_stop_string
+
+from conftest import smollm_gguf_path
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    path = smollm_gguf_path()
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def test_incremental_text_equals_full_decode(tokenizer):
+    text = "Café déjà vu — naïve 🙂 emoji, 中文字符 and code: def f(x):\n    return x**2"
+    prompt = tokenizer("Say:").input_ids
+    ids = tokenizer(text).input_ids
+    detok = IncrementalDetokenizer(tokenizer, prompt, SamplingParams())
+    tokens, pieces = list(prompt), []
+    for token in ids:
+        tokens.append(token)
+        pieces.append(detok.decode_new(tokens))
+    assert "".join(pieces) == tokenizer.decode(ids)
+    assert "" in pieces  # the emoji / CJK bytes were held back until complete
+
+
+def test_find_stop_string_across_boundaries():
+    assert find_stop_string("hello wor", 3, ["world"], False) is None
+    assert find_stop_string("hello world!", 3, ["world"], False) == ("hello ", "world")
+    assert find_stop_string("hello world!", 3, ["world"], True) == ("hello world", "world")
+    assert find_stop_string("ab STOP cd END", 4, ["END", "STOP"], False) == ("ab STOP cd ", "END")
+    assert find_stop_string("x STOP y END", 12, ["END", "STOP"], False) == ("x ", "STOP")
+
+
+@pytest.fixture(scope="module")
+def model_with_tokenizer(tmp_path_factory, tokenizer):
+    """A tiny random Llama using SmolLM2's vocabulary, saved with its tokenizer."""
+    folder = tmp_path_factory.mktemp("tiny-with-tokenizer")
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, initializer_range=0.1)
+    config.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(3)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return LLM(model=str(folder), dtype="float32")
+
+
+def test_stop_string_spanning_tokens_is_trimmed(model_with_tokenizer):
+    llm = model_with_tokenizer
+    tokenizer = llm.get_tokenizer()
+    prompt = "Once upon a time"
+    full = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), use_tqdm=False)[0]
+    ids = full.outputs[0].token_ids
+    assert full.outputs[0].text == tokenizer.decode(ids, skip_special_tokens=True)
+    # A stop string made of the end of token 5 and the start of token 6.
+    before = tokenizer.decode(ids[:5], skip_special_tokens=True)
+    upto6 = tokenizer.decode(ids[:6], skip_special_tokens=True)
+    upto7 = tokenizer.decode(ids[:7], skip_special_tokens=True)
+    assert len(upto6) > len(before) and len(upto7) > len(upto6)
+    stop = upto7[len(upto6) - 1:len(upto6) + 1]
+    start = full.outputs[0].text.find(stop)
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=30, stop=[stop], ignore_eos=True),
+                       use_tqdm=False)[0].outputs[0]
+    assert (out.finish_reason, out.stop_reason) == ("stop", stop)
+    assert out.text == full.outputs[0].text[:start]
+    kept = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=30, stop=stop,
+                                               include_stop_str_in_output=True, ignore_eos=True),
+                        use_tqdm=False)[0].outputs[0]
+    assert kept.text == full.outputs[0].text[:start + len(stop)]
+
+
+def test_string_prompts_are_tokenized_with_the_models_tokenizer(model_with_tokenizer):
+    out = model_with_tokenizer.generate(["Hello there"], SamplingParams(max_tokens=2), use_tqdm=False)[0]
+    assert out.prompt == "Hello there"
+    assert out.prompt_token_ids == model_with_tokenizer.get_tokenizer()("Hello there").input_ids
