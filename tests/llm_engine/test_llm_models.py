@@ -1,0 +1,77 @@
+"""Model registry (incl. entry-point plugins), checkpoint loading, the attention backend's paths."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from llm_engine import LLM, SamplingParams
+from llm_engine.layers.attention import _decode_attention
+from llm_engine.models.registry import resolve_model_class, supported_architectures
+
+
+def test_registry_knows_the_four_architectures():
+    assert {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+            "Qwen3ForCausalLM"} <= set(supported_architectures())
+    with pytest.raises(ValueError, match="^model: architectures"):
+        resolve_model_class(["GPT2LMHeadModel"])
+
+
+def test_entry_point_plugin_adds_an_architecture(tiny_llama, tmp_path, monkeypatch):
+    plugin = tmp_path / "plugin"
+    (plugin / "my_models").mkdir(parents=True)
+    (plugin / "my_models" / "__init__.py").write_text(
+        "from llm_engine.models.llama import LlamaForCausalLM\n\n"
+        "class MyLlama(LlamaForCausalLM):\n    pass\n")
+    dist = plugin / "my_models-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-models\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[llm_engine.models]\nMyLlamaForCausalLM = my_models:MyLlama\n")
+    monkeypatch.syspath_prepend(str(plugin))
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    for file in tiny_llama.iterdir():
+        (model_dir / file.name).write_bytes(file.read_bytes())
+    config = json.loads((model_dir / "config.json").read_text())
+    config["architectures"] = ["MyLlamaForCausalLM"]
+    (model_dir / "config.json").write_text(json.dumps(config))
+    llm = LLM(model=str(model_dir), dtype="float32")
+    assert type(llm.engine.model_runner.model).__name__ == "MyLlama"
+    reference = LLM(model=str(tiny_llama), dtype="float32")
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    assert (llm.generate([3, 4, 5], params, use_tqdm=False)[0].outputs[0].token_ids
+            == reference.generate([3, 4, 5], params, use_tqdm=False)[0].outputs[0].token_ids)
+    sys.modules.pop("my_models", None)
+
+
+def test_sharded_checkpoint_has_an_index(tiny_llama):
+    assert (tiny_llama / "model.safetensors.index.json").is_file()
+    assert len(list(tiny_llama.glob("*.safetensors"))) > 1
+
+
+def test_missing_weight_is_a_clear_error(tiny_llama, tmp_path):
+    for file in tiny_llama.glob("*.json"):
+        (tmp_path / file.name).write_bytes(file.read_bytes())
+    index = json.loads((tiny_llama / "model.safetensors.index.json").read_text())
+    for shard in set(index["weight_map"].values()):
+        tensors = {k: v for k, v in load_file(tiny_llama / shard).items() if "down_proj" not in k}
+        save_file(tensors, tmp_path / shard, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="^model: checkpoint lacks weights"):
+        LLM(model=str(tmp_path), dtype="float32")
+
+
+def test_bf16_decode_path_matches_sdpa():
+    torch.manual_seed(0)
+    q = torch.randn(3, 8, 16)
+    keys, values = torch.randn(3, 2, 20, 16), torch.randn(3, 2, 20, 16)
+    mask = (torch.arange(20).unsqueeze(0) < torch.tensor([[5], [20], [11]])).view(3, 1, 1, 20)
+    expected = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=mask,
+                                              enable_gqa=True).squeeze(2)
+    assert torch.allclose(_decode_attention(q, keys, values, mask, 16 ** -0.5), expected, atol=1e-5)
+    got = _decode_attention(q.bfloat16(), keys.bfloat16(), values.bfloat16(), mask, 16 ** -0.5)
+    assert torch.allclose(got.float(), expected, atol=3e-2)
