@@ -63,7 +63,8 @@ class CollabServer:
     """The test harness app under uvicorn, in its own process so it can be killed and restarted."""
 
     def __init__(self, db_url: str, root: Path, log_path: Path, *, redis_url: str | None = None,
-                 port: int | None = None, extra_env: dict[str, str] | None = None) -> None:
+                 port: int | None = None, extra_env: dict[str, str] | None = None,
+                 app: str = "collab_harness:create_app") -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
@@ -78,12 +79,13 @@ class CollabServer:
         }
         if redis_url:
             self.env["COLLAB_REDIS_URL"] = redis_url
+        self.app = app
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE), "collab_harness:create_app",
+            [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE), self.app,
              "--factory", "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
              # CRDT updates are tiny and binary: compressing each frame costs more than it saves.
              "--ws-per-message-deflate", "false"],
@@ -94,7 +96,7 @@ class CollabServer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited: {self.log_path.read_text()[-2000:]}")
             try:
-                httpx.get(f"{self.url}/test/rooms", timeout=1)
+                httpx.get(f"{self.url}/", timeout=1)
                 return
             except httpx.HTTPError:
                 time.sleep(0.1)
