@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -250,6 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
         hf_model = _baselines.load_hf_model(gguf.parent, gguf.name, getattr(torch, args.dtype))
 
     summaries: dict[str, RunSummary] = {}
+    load_averages: dict[str, float] = {}  # 1-minute load when each system finished: other work skews figures
     meter = KvWasteMeter(max_len=max_len)
     engine_bench = EngineBench(gguf, args)
     for system in args.systems:
@@ -260,9 +262,12 @@ def main(argv: list[str] | None = None) -> dict:
             subset = workload[: args.sequential_prompts] if system in SEQUENTIAL else workload
             timings, elapsed = run_baseline(system, gguf, subset, args, hf_model)
         summaries[system] = summarize(system, timings, elapsed)
+        load_averages[system] = os.getloadavg()[0]
 
     print()
     print_table(list(summaries.values()))
+    print("1-min load average after each system (should stay near the thread count): "
+          + ", ".join(f"{k} {v:.1f}" for k, v in load_averages.items()))
     if args.sequential_prompts and args.sequential_prompts < len(workload):
         print(f"(hf-single and llamacpp ran the first {args.sequential_prompts} of the {len(workload)} prompts)")
     ratios = throughput_ratios(summaries)
@@ -278,6 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
         "num_prompts": len(workload),
         "systems": {k: dataclasses.asdict(v) for k, v in summaries.items()},
         "ratios": ratios,
+        "load_average_after": load_averages,
     }
     if "engine" in summaries:
         waste = {"paged": meter.paged_waste, "paged_peak": meter.peak_paged_waste,
