@@ -27,7 +27,9 @@ from ide_server import __version__
 from ide_server.errors import DomainError
 
 # name -> ("module:typer_app", one-line help). Imported lazily.
-SUBCOMMANDS: dict[str, tuple[str, str]] = {}
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "llm": ("llm_engine.cli:app", "Serve the LLM over an OpenAI-compatible API."),
+}
 
 
 class LazyGroup(TyperGroup):

@@ -1,0 +1,42 @@
+"""`codeyard llm ...`: run the standalone OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Serve the LLM engine over an OpenAI-compatible HTTP API.", no_args_is_help=True)
+
+
+@app.command()
+def serve(
+    model: Annotated[str | None, typer.Option(help="Local HF folder or .gguf file (default: $CODEYARD_LLM_MODEL, "
+                                                   "else the built-in SmolLM2-135M-Instruct).")] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8001,
+    served_model_name: Annotated[str | None, typer.Option(help="Model name clients send (default: from the path).")] = None,
+    api_key: Annotated[list[str] | None, typer.Option(help="Required Bearer key (repeatable; default: "
+                                                          "$CODEYARD_LLM_API_KEY, else no key).")] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda[:N].")] = "cpu",
+    max_num_seqs: Annotated[int, typer.Option(min=1)] = 64,
+    max_waiting: Annotated[int, typer.Option(min=0, help="Waiting requests before answering 429.")] = 64,
+    kv_cache_memory: Annotated[str, typer.Option(help="KV pool size, e.g. 1GiB.")] = "1GiB",
+    request_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds before a request is aborted.")] = 600.0,
+) -> None:
+    """Serve MODEL on HOST:PORT; it loads in the background (503 until ready)."""
+    import uvicorn
+
+    from llm_engine.config import EngineConfig
+    from llm_engine.entrypoints.app import create_app
+    from llm_engine.entrypoints.models import resolve_model
+    from llm_engine.entrypoints.service import ServerOptions
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    path, name = resolve_model(model or os.environ.get("CODEYARD_LLM_MODEL"))
+    keys = api_key or [k for k in [os.environ.get("CODEYARD_LLM_API_KEY")] if k]
+    config = EngineConfig(model=path, device=device, max_num_seqs=max_num_seqs, kv_cache_memory=kv_cache_memory)
+    options = ServerOptions(max_waiting=max_waiting, request_timeout=request_timeout, api_keys=frozenset(keys))
+    uvicorn.run(create_app(config, served_model_name or name, options), host=host, port=port, log_level="info")

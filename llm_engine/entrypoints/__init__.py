@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server over AsyncLLMEngine (standalone app and IDE component)."""

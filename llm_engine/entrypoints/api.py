@@ -1,0 +1,111 @@
+"""The /v1 router (models, completions, chat completions) and /metrics, over one LLMService.
+
+`build_router(get_service, auth)` is shared by the standalone server and the IDE component: they
+differ only in how callers are authenticated (API keys vs. IDE users) and where the service lives.
+Bodies are parsed here rather than by FastAPI, so that bad input answers OpenAI's 400 error
+object instead of FastAPI's 422.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from llm_engine.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError,
+                                             parse_request)
+from llm_engine.entrypoints.serving import ServingChat, ServingCompletion
+from llm_engine.entrypoints.service import LLMService
+from llm_engine.metrics import CONTENT_TYPE
+
+ServiceGetter = Callable[[Request], LLMService]
+_DISCONNECT_POLL_S = 0.25
+
+
+def _body_schema(model) -> dict:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
+async def _json_body(request: Request) -> Any:
+    try:
+        return json.loads(await request.body())
+    except ValueError:
+        raise OpenAIError(400, "the request body is not valid JSON") from None
+
+
+async def _unless_disconnected(request: Request, work) -> Any:
+    """Await `work`, cancelling it (which aborts its engine requests) if the client goes away."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return Response(status_code=499)
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+def _answer(result: dict | AsyncIterator[bytes]) -> Response:
+    if isinstance(result, dict):
+        return JSONResponse(result)
+    return StreamingResponse(result, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def build_router(get_service: ServiceGetter, auth: Any, metrics_auth: Any | None = None) -> APIRouter:
+    """`auth`: a dependency (Depends(...)) every route runs; `metrics_auth` guards /metrics (default: auth)."""
+    router = APIRouter()
+    metrics_guard = [metrics_auth if metrics_auth is not None else auth]
+
+    @router.get("/v1/models", dependencies=[auth], tags=["llm"])
+    def list_models(request: Request) -> dict:
+        service = get_service(request)
+        return {"object": "list", "data": [{
+            "id": service.served_name, "object": "model", "created": int(service.started_at),
+            "owned_by": "codeyard", "root": service.model_path, "max_model_len": service.max_model_len(),
+            "ready": service.engine.is_ready}]}
+
+    @router.post("/v1/completions", dependencies=[auth], tags=["llm"],
+                 openapi_extra=_body_schema(CompletionRequest))
+    async def completions(request: Request) -> Response:
+        req = parse_request(CompletionRequest, await _json_body(request))
+        service = get_service(request)
+        return _answer(await _unless_disconnected(request, ServingCompletion(service).create(req)))
+
+    @router.post("/v1/chat/completions", dependencies=[auth], tags=["llm"],
+                 openapi_extra=_body_schema(ChatCompletionRequest))
+    async def chat_completions(request: Request) -> Response:
+        req = parse_request(ChatCompletionRequest, await _json_body(request))
+        service = get_service(request)
+        return _answer(await _unless_disconnected(request, ServingChat(service).create(req)))
+
+    @router.get("/metrics", dependencies=metrics_guard, tags=["llm"])
+    def metrics(request: Request) -> Response:
+        return Response(get_service(request).metrics.render(), media_type=CONTENT_TYPE)
+
+    return router
+
+
+async def openai_error_handler(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, OpenAIError)
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    """Answer OpenAIError with its error object (the one handler /v1 needs)."""
+    app.add_exception_handler(OpenAIError, openai_error_handler)
+
+
+def service_from_state(request: Request) -> LLMService:
+    return request.app.state.llm
+

@@ -1,0 +1,51 @@
+"""The standalone OpenAI-compatible server (`codeyard llm serve`): /v1, /metrics, /health."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI, Request
+
+from llm_engine.config import EngineConfig
+from llm_engine.entrypoints import api
+from llm_engine.entrypoints.protocol import OpenAIError
+from llm_engine.entrypoints.service import LLMService, ServerOptions
+
+
+def _api_key_guard(request: Request) -> None:
+    """With API keys configured, every call needs `Authorization: Bearer <one of them>`."""
+    keys: frozenset[str] = request.app.state.llm.options.api_keys
+    if not keys:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not any(hmac.compare_digest(token.strip(), k) for k in keys):
+        raise OpenAIError(401, "missing or invalid API key (send Authorization: Bearer <key>)",
+                          code="invalid_api_key")
+
+
+def create_app(config: EngineConfig, served_name: str, options: ServerOptions | None = None) -> FastAPI:
+    """The app loads the model in the background when it starts; /v1 answers 503 until then."""
+    service = LLMService(config, served_name, options)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        try:
+            yield
+        finally:
+            service.stop()
+
+    app = FastAPI(title="Codeyard LLM server", lifespan=lifespan)
+    app.state.llm = service
+    api.install(app)
+    app.include_router(api.build_router(api.service_from_state, Depends(_api_key_guard)))
+
+    @app.get("/health")
+    def health() -> dict:
+        """200 once the model is loaded (503 before), for load balancers and compose health checks."""
+        service.require_ready()
+        return {"status": "ok"}
+
+    return app

@@ -1,0 +1,130 @@
+"""Request schemas of the OpenAI API (plus vLLM's extra sampling fields) and its error object."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class OpenAIError(Exception):
+    """An error answer in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+             429: "rate_limit_error", 503: "service_unavailable", 500: "server_error"}
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "server_error"),
+                          "param": self.param, "code": self.code}}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _SamplingFields(BaseModel):
+    """Fields shared by completions and chat; unknown fields are ignored, as OpenAI clients send many."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    n: Annotated[int, Field(ge=1, le=16)] = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
+    user: str | None = None
+    # vLLM extras
+    top_k: int = 0
+    min_p: Annotated[float, Field(ge=0, le=1)] = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0)] = 1.0
+    priority: int = 0
+    ignore_eos: bool = False
+    min_tokens: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream=true")
+        return self
+
+
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: Prompt
+    max_tokens: Annotated[int, Field(ge=1)] | None = 16
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    echo: bool = False
+    suffix: str | None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt as a list of single prompts (text or token ids)."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise OpenAIError(400, "prompt must not be empty", param="prompt")
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]
+        return list(p)
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs=true")
+        return self
+
+
+def parse_request(model: type[BaseModel], body: object) -> BaseModel:
+    """Validate a JSON body; any problem becomes a 400 naming the first bad field."""
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "the request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        message = f"{param}: {first['msg']}" if param else first["msg"]
+        raise OpenAIError(400, message, param=param) from None

@@ -1,0 +1,66 @@
+"""LLMService: one served model — its AsyncLLMEngine, its metrics, and the names it answers to."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from llm_engine.async_engine import AsyncLLMEngine, EngineNotReady, EngineOverloaded
+from llm_engine.config import EngineConfig
+from llm_engine.entrypoints.protocol import OpenAIError
+from llm_engine.metrics import EngineMetrics
+
+
+@dataclass
+class ServerOptions:
+    """How the HTTP layer serves: queue bound, per-request timeout, optional API keys."""
+
+    max_waiting: int = 64
+    request_timeout: float | None = 600.0
+    api_keys: frozenset[str] = field(default_factory=frozenset)
+
+
+class LLMService:
+    def __init__(self, config: EngineConfig, served_name: str, options: ServerOptions | None = None) -> None:
+        self.options = options or ServerOptions()
+        self.served_name = served_name
+        self.model_path = config.model
+        self.metrics = EngineMetrics(served_name)
+        self.engine = AsyncLLMEngine(config, self.options.max_waiting, on_step=self.metrics.on_step)
+        self.started_at = time.time()
+
+    def max_model_len(self) -> int | None:
+        return self.engine.engine.max_model_len if self.engine.engine is not None else None
+
+    def start(self) -> None:
+        self.engine.start()
+
+    def stop(self) -> None:
+        self.engine.stop()
+
+    def check_model(self, name: str) -> None:
+        """404 for a model this server does not serve (its name and its path are accepted)."""
+        if name not in (self.served_name, self.model_path):
+            raise OpenAIError(404, f"The model `{name}` does not exist; this server serves "
+                                   f"`{self.served_name}`", param="model", code="model_not_found")
+
+    def require_ready(self) -> None:
+        try:
+            self.engine.require_engine()
+        except EngineNotReady as exc:
+            raise as_openai_error(exc) from None
+
+
+def as_openai_error(exc: Exception) -> OpenAIError:
+    """Map engine errors to OpenAI error answers (bad input 400, full 429, loading 503)."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, EngineOverloaded):
+        return OpenAIError(429, str(exc), code="queue_full", retry_after=1)
+    if isinstance(exc, EngineNotReady):
+        return OpenAIError(503, str(exc), code="model_not_ready", retry_after=5)
+    if isinstance(exc, ValueError):
+        message = str(exc)
+        param = message.split(":", 1)[0] if ":" in message and " " not in message.split(":", 1)[0] else None
+        return OpenAIError(400, message, param=param)
+    return OpenAIError(500, f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,362 @@
+"""Completions and chat completions over the LLMService: prompts in, OpenAI JSON or SSE chunks out.
+
+Both endpoints turn a request into prompts (token ids, tokenized here so usage is exact and bad
+input fails before any byte is streamed) and SamplingParams, run the prompts concurrently, and
+format the cumulative engine outputs as per-choice deltas. Leaving a stream early cancels the
+prompt tasks, whose generators abort their requests in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from llm_engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
+from llm_engine.entrypoints.service import LLMService, as_openai_error
+from llm_engine.outputs import CompletionOutput, Logprob, RequestOutput
+from llm_engine.sampling_params import SamplingParams
+
+
+@dataclass
+class _Choice:
+    """How much of one choice the client has already been sent."""
+
+    index: int
+    text_sent: int = 0
+    tokens_sent: int = 0
+    finish_reason: str | None = None
+    done: bool = False
+
+
+@dataclass
+class _Run:
+    """A request in flight: its prompts and the merged stream of (prompt index, output)."""
+
+    prompt_ids: list[list[int]]
+    n: int
+    updates: AsyncIterator[tuple[int, RequestOutput]]
+    choices: list[_Choice] = field(default_factory=list)
+    completion_tokens: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompt_ids)
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+
+def sse(data: dict | str) -> bytes:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+class _Serving:
+    """Shared request plumbing for both endpoints."""
+
+    def __init__(self, service: LLMService) -> None:
+        self.service = service
+
+    @property
+    def engine(self):
+        return self.service.engine
+
+    def sampling_params(self, req: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
+                        logprobs: int | None) -> SamplingParams:
+        try:
+            return SamplingParams(
+                n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
+                repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty, seed=req.seed, stop=req.stop, max_tokens=max_tokens,
+                min_tokens=req.min_tokens, logprobs=logprobs, ignore_eos=req.ignore_eos,
+                timeout=self.service.options.request_timeout)
+        except ValueError as exc:
+            raise as_openai_error(exc) from None
+
+    def check_length(self, prompt_ids: list[int], max_tokens: int | None) -> int:
+        """The max_tokens to use: checked against the context window (None: fill the window)."""
+        limit = self.engine.max_model_len
+        if not prompt_ids:
+            raise OpenAIError(400, "prompt must not be empty", param="prompt")
+        room = limit - len(prompt_ids)
+        if room < 1:
+            raise OpenAIError(400, f"This model's maximum context length is {limit} tokens; the prompt "
+                                   f"has {len(prompt_ids)} tokens", param="prompt", code="context_length_exceeded")
+        if max_tokens is not None and max_tokens > room:
+            raise OpenAIError(400, f"This model's maximum context length is {limit} tokens; you requested "
+                                   f"{len(prompt_ids)} prompt + {max_tokens} completion tokens",
+                              param="max_tokens", code="context_length_exceeded")
+        return max_tokens if max_tokens is not None else room
+
+    async def start(self, prompt_ids: list[list[int]], params: list[SamplingParams], priority: int,
+                    request_id: str) -> _Run:
+        """Admit every prompt (raising 429/503/400 before any answer is sent), then merge their outputs."""
+        generators = [self.engine.generate(ids, p, f"{request_id}-{i}", priority=priority)
+                      for i, (ids, p) in enumerate(zip(prompt_ids, params))]
+        firsts: list[RequestOutput] = []
+        try:
+            for gen in generators:
+                firsts.append(await anext(gen))
+        except BaseException as exc:
+            for gen in generators:
+                await gen.aclose()
+            if isinstance(exc, Exception):
+                raise as_openai_error(exc) from None
+            raise
+        run = _Run(prompt_ids, params[0].n, _merge(generators, firsts))
+        run.choices = [_Choice(i) for i in range(len(prompt_ids) * run.n)]
+        return run
+
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        try:
+            return self.engine.engine.tokenize(prompt)[1]
+        except ValueError as exc:
+            raise as_openai_error(exc) from None
+
+    def token_text(self, token_id: int) -> str:
+        return self.engine.tokenizer.decode([token_id])
+
+    def new_part(self, run: _Run, prompt_index: int, out: CompletionOutput) -> tuple[_Choice, str, slice] | None:
+        """The choice, its new text and the slice of its new tokens since the last call, or None
+        when there is nothing new to send (no text, no tokens, not just finished)."""
+        choice = run.choices[prompt_index * run.n + out.index]
+        if choice.done or (len(out.text) == choice.text_sent and len(out.token_ids) == choice.tokens_sent
+                           and out.finish_reason is None):
+            return None
+        text = out.text[choice.text_sent:]
+        tokens = slice(choice.tokens_sent, len(out.token_ids))
+        run.completion_tokens += len(out.token_ids) - choice.tokens_sent
+        choice.text_sent, choice.tokens_sent = len(out.text), len(out.token_ids)
+        if out.finish_reason is not None:
+            choice.finish_reason = _finish_reason(out)
+            choice.done = True
+        return choice, text, tokens
+
+    def created(self) -> int:
+        return int(time.time())
+
+
+async def _merge(generators, firsts: list[RequestOutput]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave several request streams; closing this closes (and so aborts) all of them."""
+    merged: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, gen) -> None:
+        try:
+            async for out in gen:
+                await merged.put((index, out))
+        except Exception as exc:
+            await merged.put((index, exc))
+        finally:
+            await merged.put((index, None))
+
+    for index, first in enumerate(firsts):
+        await merged.put((index, first))
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(generators)
+             if not firsts[i].finished]
+    open_streams = len(tasks)
+    try:
+        while open_streams or not merged.empty():
+            index, item = await merged.get()
+            if item is None:
+                open_streams -= 1
+            elif isinstance(item, BaseException):
+                raise as_openai_error(item)
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for gen in generators:
+            await gen.aclose()
+
+
+def _finish_reason(out: CompletionOutput) -> str:
+    return out.finish_reason if out.finish_reason in ("stop", "length") else "length"
+
+
+def _check_output(output: RequestOutput) -> None:
+    if output.error:
+        status = 500 if any(o.finish_reason == "error" for o in output.outputs) else 400
+        raise OpenAIError(status, output.error)
+
+
+def _top(logprobs: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
+    return sorted(((t, lp) for t, lp in logprobs.items() if lp.rank <= k), key=lambda item: item[1].rank)
+
+
+class ServingCompletion(_Serving):
+    async def create(self, req: CompletionRequest) -> dict | AsyncIterator[bytes]:
+        self.service.check_model(req.model)
+        self.service.require_ready()
+        if req.suffix is not None:
+            raise OpenAIError(400, "suffix is not supported", param="suffix")
+        if req.echo and req.logprobs is not None:
+            raise OpenAIError(400, "echo with logprobs is not supported (no prompt logprobs)", param="echo")
+        prompt_ids = [self.tokenize(p) for p in req.prompts()]
+        params = [self.sampling_params(req, self.check_length(ids, req.max_tokens), req.logprobs)
+                  for ids in prompt_ids]
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        run = await self.start(prompt_ids, params, req.priority, request_id)
+        if req.stream:
+            return self._stream(req, run, request_id)
+        return await self._full(req, run, request_id)
+
+    def _echo(self, req: CompletionRequest, run: _Run, prompt_index: int) -> str:
+        prompt = req.prompts()[prompt_index]
+        return prompt if isinstance(prompt, str) else self.engine.tokenizer.decode(run.prompt_ids[prompt_index])
+
+    def _logprobs(self, out: CompletionOutput, tokens: slice, k: int, offset: int) -> dict:
+        result = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token_id, top in zip(out.token_ids[tokens], (out.logprobs or [])[tokens]):
+            text = self.token_text(token_id)
+            result["tokens"].append(text)
+            result["token_logprobs"].append(top[token_id].logprob)
+            result["top_logprobs"].append({self.token_text(t): lp.logprob
+                                           for t, lp in [(token_id, top[token_id])] + _top(top, k)})
+            result["text_offset"].append(offset)
+            offset += len(text)
+        return result
+
+    async def _full(self, req: CompletionRequest, run: _Run, request_id: str) -> dict:
+        finals: dict[int, RequestOutput] = {}
+        async for index, output in run.updates:
+            _check_output(output)
+            for out in output.outputs:
+                self.new_part(run, index, out)
+            if output.finished:
+                finals[index] = output
+        choices = []
+        for index in range(len(run.prompt_ids)):
+            for out in finals[index].outputs:
+                choice = run.choices[index * run.n + out.index]
+                prefix = self._echo(req, run, index) if req.echo else ""
+                logprobs = (self._logprobs(out, slice(0, None), req.logprobs, len(prefix))
+                            if req.logprobs is not None else None)
+                choices.append({"index": choice.index, "text": prefix + out.text, "logprobs": logprobs,
+                                "finish_reason": choice.finish_reason})
+        return {"id": request_id, "object": "text_completion", "created": self.created(), "model": req.model,
+                "choices": choices, "usage": run.usage()}
+
+    async def _stream(self, req: CompletionRequest, run: _Run, request_id: str) -> AsyncIterator[bytes]:
+        created = self.created()
+
+        def chunk(choices: list[dict], usage: dict | None = None) -> bytes:
+            body = {"id": request_id, "object": "text_completion", "created": created, "model": req.model,
+                    "choices": choices}
+            if usage is not None:
+                body["usage"] = usage
+            return sse(body)
+
+        try:
+            if req.echo:
+                for index in range(len(run.prompt_ids)):
+                    for c in run.choices[index * run.n:(index + 1) * run.n]:
+                        yield chunk([{"index": c.index, "text": self._echo(req, run, index), "logprobs": None,
+                                      "finish_reason": None}])
+            async for index, output in run.updates:
+                _check_output(output)
+                for out in output.outputs:
+                    offset = run.choices[index * run.n + out.index].text_sent
+                    part = self.new_part(run, index, out)
+                    if part is None:
+                        continue
+                    choice, text, tokens = part
+                    logprobs = (self._logprobs(out, tokens, req.logprobs, offset)
+                                if req.logprobs is not None else None)
+                    yield chunk([{"index": choice.index, "text": text, "logprobs": logprobs,
+                                  "finish_reason": choice.finish_reason}])
+            if req.stream_options and req.stream_options.include_usage:
+                yield chunk([], run.usage())
+        except OpenAIError as exc:
+            yield sse(exc.body())
+        finally:
+            await run.updates.aclose()
+        yield sse("[DONE]")
+
+
+class ServingChat(_Serving):
+    async def create(self, req: ChatCompletionRequest) -> dict | AsyncIterator[bytes]:
+        self.service.check_model(req.model)
+        self.service.require_ready()
+        prompt_ids = [self.tokenize(self._render(req))]
+        max_tokens = self.check_length(prompt_ids[0], req.max_completion_tokens or req.max_tokens)
+        top = req.top_logprobs or 0
+        params = [self.sampling_params(req, max_tokens, top if req.logprobs else None)]
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        run = await self.start(prompt_ids, params, req.priority, request_id)
+        if req.stream:
+            return self._stream(req, run, request_id)
+        return await self._full(req, run, request_id)
+
+    def _render(self, req: ChatCompletionRequest) -> list[int]:
+        """Token ids of the conversation through the tokenizer's chat template."""
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise OpenAIError(400, "this model has no chat template; use /v1/completions", param="messages")
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                    for m in req.messages]
+        try:
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # templates raise their own errors on unsupported conversations
+            raise OpenAIError(400, f"messages: the chat template rejected them: {exc}", param="messages") from None
+        return tokenizer(text, add_special_tokens=False).input_ids
+
+    def _logprobs(self, out: CompletionOutput, tokens: slice, k: int) -> dict:
+        content = []
+        for token_id, top in zip(out.token_ids[tokens], (out.logprobs or [])[tokens]):
+            text = self.token_text(token_id)
+            content.append({"token": text, "logprob": top[token_id].logprob, "bytes": list(text.encode()),
+                            "top_logprobs": [{"token": (t_text := self.token_text(t)), "logprob": lp.logprob,
+                                              "bytes": list(t_text.encode())} for t, lp in _top(top, k)]})
+        return {"content": content}
+
+    async def _full(self, req: ChatCompletionRequest, run: _Run, request_id: str) -> dict:
+        final: RequestOutput | None = None
+        async for _, output in run.updates:
+            _check_output(output)
+            for out in output.outputs:
+                self.new_part(run, 0, out)
+            final = output
+        assert final is not None and final.finished
+        choices = [{"index": out.index, "message": {"role": "assistant", "content": out.text},
+                    "logprobs": self._logprobs(out, slice(0, None), req.top_logprobs or 0) if req.logprobs else None,
+                    "finish_reason": run.choices[out.index].finish_reason} for out in final.outputs]
+        return {"id": request_id, "object": "chat.completion", "created": self.created(), "model": req.model,
+                "choices": choices, "usage": run.usage()}
+
+    async def _stream(self, req: ChatCompletionRequest, run: _Run, request_id: str) -> AsyncIterator[bytes]:
+        created = self.created()
+
+        def chunk(choices: list[dict], usage: dict | None = None) -> bytes:
+            body = {"id": request_id, "object": "chat.completion.chunk", "created": created,
+                    "model": req.model, "choices": choices}
+            if usage is not None:
+                body["usage"] = usage
+            return sse(body)
+
+        try:
+            for c in run.choices:
+                yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None}])
+            async for _, output in run.updates:
+                _check_output(output)
+                for out in output.outputs:
+                    part = self.new_part(run, 0, out)
+                    if part is None:
+                        continue
+                    choice, text, tokens = part
+                    logprobs = self._logprobs(out, tokens, req.top_logprobs or 0) if req.logprobs else None
+                    yield chunk([{"index": choice.index, "delta": {"content": text} if text else {},
+                                  "logprobs": logprobs, "finish_reason": choice.finish_reason}])
+            if req.stream_options and req.stream_options.include_usage:
+                yield chunk([], run.usage())
+        except OpenAIError as exc:
+            yield sse(exc.body())
+        finally:
+            await run.updates.aclose()
+        yield sse("[DONE]")

@@ -1,0 +1,93 @@
+"""Prometheus metrics with the names vLLM users already chart (`vllm:*`), per app registry.
+
+`EngineMetrics.on_step` is the AsyncLLMEngine step callback: gauges come from the engine's stats
+snapshot, counters advance by the snapshot's change since the previous step, and finished
+requests feed the latency histograms. Each server app owns a CollectorRegistry, so several apps
+in one process (tests) don't clash.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from llm_engine.llm_engine import EngineStats
+from llm_engine.outputs import RequestOutput
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                    10.0, 20.0, 40.0, 80.0)
+_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+_COUNTED = {  # EngineStats field -> counter attribute
+    "prefix_cache_queries": "prefix_queries",
+    "prefix_cache_hits": "prefix_hits",
+    "num_preemptions": "preemptions",
+    "prompt_tokens_total": "prompt_tokens",
+    "generation_tokens_total": "generation_tokens",
+}
+
+
+class EngineMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        r = self.registry
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=r)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, registry=r)
+
+        def histogram(name: str, doc: str, buckets=_LATENCY_BUCKETS) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r)
+
+        self.running = gauge("vllm:num_requests_running", "Requests in the running batch.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).")
+        self.prefix_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.preemptions = counter("vllm:num_preemptions", "Sequences preempted for lack of KV blocks.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens prefilled.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
+        self.success = Counter("vllm:request_success", "Finished requests by finish reason.",
+                               labels + ["finished_reason"], registry=r)
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Arrival to first token.")
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Time between two tokens of a request.")
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.")
+        self.queue_time = histogram("vllm:request_queue_time_seconds", "Arrival to first scheduled.")
+        self.iteration_tokens = histogram("vllm:iteration_tokens_total", "Tokens processed per engine step.",
+                                          buckets=_TOKEN_BUCKETS)
+        self.model_name = model_name
+        self._previous: dict[str, int] = {field: 0 for field in _COUNTED}
+
+    def on_step(self, stats: EngineStats, outputs: list[RequestOutput]) -> None:
+        name = self.model_name
+        self.running.labels(name).set(stats.num_running)
+        self.waiting.labels(name).set(stats.num_waiting)
+        self.kv_usage.labels(name).set(stats.kv_cache_usage)
+        for field, attr in _COUNTED.items():
+            value = getattr(stats, field)
+            if value > self._previous[field]:
+                getattr(self, attr).labels(name).inc(value - self._previous[field])
+            self._previous[field] = value
+        if stats.last_iteration_tokens:
+            self.iteration_tokens.labels(name).observe(stats.last_iteration_tokens)
+        for output in outputs:
+            if output.finished:
+                self._observe_finished(output)
+
+    def _observe_finished(self, output: RequestOutput) -> None:
+        name, m = self.model_name, output.metrics
+        for completion in output.outputs:
+            self.success.labels(name, completion.finish_reason or "abort").inc()
+        if m.ttft is not None:
+            self.ttft.labels(name).observe(m.ttft)
+        if m.time_in_queue is not None:
+            self.queue_time.labels(name).observe(m.time_in_queue)
+        if m.finished_time is not None:
+            self.e2e.labels(name).observe(m.finished_time - m.arrival_time)
+        for gap in m.inter_token_latencies:
+            self.itl.labels(name).observe(gap)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
