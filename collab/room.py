@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -82,8 +83,10 @@ class Room:
         publisher: Publisher | None = None,
         *,
         compact_every: int = 500,
+        on_edit: Callable[[RoomKey, str], None] | None = None,
     ) -> None:
         self.key = key
+        self.on_edit = on_edit
         self.store = store
         self.publisher = publisher
         self.compact_every = compact_every
@@ -323,6 +326,9 @@ class Room:
             else:
                 self._send_all(encode_sync_update(merged))
             self.mirror.mark_dirty()
+            if self.on_edit:
+                for user_id in {peer.user_id for _, peer in batch if peer is not None}:
+                    self.on_edit(self.key, user_id)
             self._log_rows += len(updates)
             async with self._stored_changed:
                 self._stored += len(batch)

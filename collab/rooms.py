@@ -29,12 +29,14 @@ class RoomManager:
         fanout: Fanout | None = None,
         idle_unload_s: float = 30.0,
         compact_every: int = 500,
+        on_edit: Callable[[RoomKey, str], None] | None = None,
     ) -> None:
         self.store = store
         self.resolve_path = resolve_path
         self.fanout = fanout
         self.idle_unload_s = idle_unload_s
         self.compact_every = compact_every
+        self.on_edit = on_edit
         self.rooms: dict[RoomKey, Room] = {}
         self._locks: dict[RoomKey, asyncio.Lock] = {}
         self._unloads: dict[RoomKey, asyncio.Task] = {}
@@ -71,6 +73,12 @@ class RoomManager:
             await room.set_text(text)
             await room.mirror.flush()
 
+    async def flush_project(self, project_id: str) -> None:
+        """Write every open file of a project to disk now (before a run, deploy or checkpoint)."""
+        for key, room in list(self.rooms.items()):
+            if key.project_id == project_id and room.mirror.owner:
+                await room.mirror.flush()
+
     async def close_user(self, project_id: str, user_id: str, code: int = CLOSE_FORBIDDEN) -> None:
         """Close a user's sockets in a project on every replica (access revoked).
 
@@ -106,7 +114,9 @@ class RoomManager:
                     await self._close(room)
 
     async def _open(self, key: RoomKey) -> Room:
-        room = Room(key, self.resolve_path(key), self.store, self.fanout, compact_every=self.compact_every)
+        room = Room(
+            key, self.resolve_path(key), self.store, self.fanout, compact_every=self.compact_every, on_edit=self.on_edit
+        )
         if self.fanout:
             # Subscribe before loading so no update stored by another replica falls in between.
             await self.fanout.subscribe(room)

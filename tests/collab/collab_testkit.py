@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import os
@@ -16,6 +17,21 @@ import httpx
 from pycrdt import Doc, Text
 from sqlalchemy import create_engine
 
+from collab.connection import CollabConnection
+from collab.protocol import (
+    AwarenessEntry,
+    AwarenessUpdate,
+    SyncStep1,
+    SyncStep2,
+    SyncUpdate,
+    decode_message,
+    encode_awareness,
+    encode_sync_step1,
+    encode_sync_step2,
+    encode_sync_update,
+)
+from collab.room import RoomKey
+from collab.rooms import RoomManager
 from collab.store import UpdateStore
 
 HERE = Path(__file__).resolve().parent
@@ -201,8 +217,76 @@ def wait_until(check, timeout: float = 5.0) -> None:
         time.sleep(0.05)
 
 
+async def eventually(check, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
 def wait_for_file(path: Path, text: str, timeout: float = 2.0) -> None:
     deadline = time.monotonic() + timeout
     while path.read_text(encoding="utf-8") != text and time.monotonic() < deadline:
         time.sleep(0.05)
     assert path.read_text(encoding="utf-8") == text
+
+
+class PyClient:
+    """A y-websocket client built on pycrdt, connected through asyncio queues."""
+
+    def __init__(self, manager: RoomManager, key: RoomKey, user: str, *, can_write: bool = True) -> None:
+        self.doc = Doc()
+        self.text = self.doc.get("content", type=Text)
+        self.user = user
+        self.client_id = abs(hash(user)) % 2**31
+        self.awareness: dict[int, str] = {}
+        self.closed_with: int | None = None
+        self._inbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._local_updates: list[bytes] = []
+        self.doc.observe(self._on_local)
+        self.connection = CollabConnection(
+            manager, key, send=self._deliver, receive=self._inbox.get, close=self._closed,
+            can_write=can_write, user_id=user,
+        )
+        self._applying = False
+
+    def _on_local(self, event) -> None:
+        if not self._applying:
+            self._inbox.put_nowait(encode_sync_update(event.update))
+
+    async def _deliver(self, data: bytes) -> None:
+        message = decode_message(data)
+        self._applying = True
+        try:
+            if isinstance(message, SyncStep1):
+                self._inbox.put_nowait(encode_sync_step2(self.doc.get_update(message.state_vector)))
+            elif isinstance(message, (SyncStep2, SyncUpdate)):
+                self.doc.apply_update(message.update)
+            elif isinstance(message, AwarenessUpdate):
+                for entry in message.entries:
+                    if entry.state_json == "null":
+                        self.awareness.pop(entry.client_id, None)
+                    else:
+                        self.awareness[entry.client_id] = entry.state_json
+        finally:
+            self._applying = False
+
+    async def _closed(self, code: int, reason: str) -> None:
+        self.closed_with = code
+        self._inbox.put_nowait(None)
+
+    async def start(self) -> None:
+        self.task = asyncio.create_task(self.connection.serve())
+        self._inbox.put_nowait(encode_sync_step1(self.doc.get_state()))
+        self.set_presence({"user": {"name": self.user}}, clock=1)
+
+    def set_presence(self, state: dict, clock: int) -> None:
+        self._inbox.put_nowait(encode_awareness([AwarenessEntry(self.client_id, clock, json.dumps(state))]))
+
+    def type(self, index_utf8: int, piece: str) -> None:
+        self.text.insert(index_utf8, piece)
+
+    async def leave(self) -> None:
+        self._inbox.put_nowait(None)
+        await self.task

@@ -1,0 +1,207 @@
+"""Project history in git: checkpoints with the editing users as authors, reads, diffs, restores.
+
+Each project folder is its own git repository. Checkpoints are commits of the whole folder; the
+first editing user is the commit author and the others are `Co-authored-by:` trailers. Restores
+go through the rooms (RoomManager.set_text), so everyone editing sees the old text arrive as an
+ordinary edit and nobody's connection has to reload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import git
+
+from collab.room import RoomKey
+from collab.rooms import RoomManager
+
+SERVER = git.Actor("Codeyard", "codeyard@localhost")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+VERSION_PATTERN = re.compile(r"^[0-9a-f]{4,40}$")
+
+
+@dataclass(frozen=True)
+class Author:
+    name: str
+    email: str
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    version: str
+    message: str
+    authors: tuple[Author, ...]
+    created_at: datetime
+    names: tuple[str, ...]
+
+
+class ProjectHistory:
+    """Git operations on one project folder (blocking; call them from a worker thread)."""
+
+    def __init__(self, project_dir: Path) -> None:
+        self.project_dir = project_dir
+        if (project_dir / ".git").is_dir():
+            self.repo = git.Repo(project_dir)
+        else:
+            self.repo = git.Repo.init(project_dir, initial_branch="main")
+
+    def checkpoint(self, message: str, authors: list[Author], name: str | None = None) -> Checkpoint | None:
+        """Commit every change in the project; None when nothing changed and no name was asked for."""
+        if name is not None:
+            self._check_name(name)
+        self.repo.git.add(A=True)
+        has_head = self.repo.head.is_valid()
+        changed = not has_head or bool(self.repo.index.diff("HEAD"))
+        if not changed and name is None:
+            return None
+        if changed:
+            lead = authors[0] if authors else Author(SERVER.name, SERVER.email)
+            trailers = "".join(f"\nCo-authored-by: {a.name} <{a.email}>" for a in authors[1:])
+            self.repo.index.commit(
+                message + ("\n" + trailers if trailers else ""),
+                author=git.Actor(lead.name, lead.email),
+                committer=SERVER,
+            )
+        if name is not None:
+            self.repo.create_tag(name, ref=self.repo.head.commit)
+        return self._checkpoint(self.repo.head.commit)
+
+    def name(self, version: str, name: str) -> Checkpoint:
+        """Give a checkpoint a name (a git tag) to find it again."""
+        self._check_name(name)
+        commit = self._commit(version)
+        self.repo.create_tag(name, ref=commit)
+        return self._checkpoint(commit)
+
+    def list(self, path: str | None = None, limit: int = 100) -> list[Checkpoint]:
+        """Newest first; with path, only checkpoints that changed that file."""
+        if not self.repo.head.is_valid():
+            return []
+        commits = self.repo.iter_commits("HEAD", paths=path or "", max_count=limit)
+        return [self._checkpoint(commit) for commit in commits]
+
+    def read(self, version: str, path: str) -> bytes:
+        try:
+            blob = self._commit(version).tree / path
+        except KeyError as exc:
+            raise FileNotFoundError(f"path: {path} is not in version {version}") from exc
+        return blob.data_stream.read()
+
+    def files(self, version: str) -> list[str]:
+        return sorted(item.path for item in self._commit(version).tree.traverse() if item.type == "blob")
+
+    def diff(self, old: str, new: str, path: str | None = None) -> str:
+        """Unified diff between two versions (of one file, or the whole project)."""
+        args = [self._commit(old).hexsha, self._commit(new).hexsha]
+        return self.repo.git.diff(*args, "--", *([path] if path else []))
+
+    def _commit(self, version: str) -> git.Commit:
+        if not (VERSION_PATTERN.match(version) or NAME_PATTERN.match(version)):
+            raise ValueError(f"version: {version!r} is not a checkpoint id or name")
+        try:
+            return self.repo.commit(version)
+        except (git.BadName, ValueError) as exc:
+            raise ValueError(f"version: no checkpoint {version!r}") from exc
+
+    def _checkpoint(self, commit: git.Commit) -> Checkpoint:
+        authors = [Author(commit.author.name, commit.author.email)]
+        for line in commit.message.splitlines():
+            if match := re.match(r"^Co-authored-by: (.+) <(.+)>$", line):
+                authors.append(Author(match[1], match[2]))
+        names = tuple(tag.name for tag in self.repo.tags if tag.commit == commit)
+        summary = commit.message.split("\n\nCo-authored-by:")[0].strip()
+        return Checkpoint(
+            commit.hexsha, summary, tuple(authors), datetime.fromtimestamp(commit.committed_date, UTC), names
+        )
+
+    @staticmethod
+    def _check_name(name: str) -> None:
+        if not NAME_PATTERN.match(name):
+            raise ValueError("name: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+
+
+async def restore_file(history: ProjectHistory, rooms: RoomManager, key: RoomKey, version: str) -> None:
+    """Put a file back to its text at version, as a live edit everyone in the room sees."""
+    data = await asyncio.to_thread(history.read, version, key.file_path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"path: {key.file_path} is not a text file") from exc
+    await rooms.set_text(key, text)
+
+
+async def restore_project(history: ProjectHistory, rooms: RoomManager, project_id: str, version: str) -> None:
+    """Every file back to version: text files through their rooms, others written directly."""
+    wanted = await asyncio.to_thread(history.files, version)
+    current = await asyncio.to_thread(history.files, "HEAD") if history.repo.head.is_valid() else []
+    for path in wanted:
+        data = await asyncio.to_thread(history.read, version, path)
+        target = history.project_dir / path
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is not None and target.is_file():
+            await rooms.set_text(RoomKey(project_id, path), text)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(target.write_bytes, data)
+    for path in set(current) - set(wanted):
+        await rooms.forget(RoomKey(project_id, path))
+        (history.project_dir / path).unlink(missing_ok=True)
+
+
+class AutoCheckpointer:
+    """Commits a project once its editing pauses, with the users who edited as authors."""
+
+    def __init__(
+        self,
+        rooms: RoomManager,
+        history_of: Callable[[str], ProjectHistory],
+        author_of: Callable[[str], Awaitable[Author]],
+        *,
+        pause_s: float = 30.0,
+    ) -> None:
+        self.rooms = rooms
+        self.history_of = history_of
+        self.author_of = author_of
+        self.pause_s = pause_s
+        self._editors: dict[str, list[str]] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    def edited(self, key: RoomKey, user_id: str) -> None:
+        """RoomManager's on_edit hook: (re)start the pause timer of the project."""
+        project_id = key.project_id
+        editors = self._editors.setdefault(project_id, [])
+        if user_id not in editors:
+            editors.append(user_id)
+        if timer := self._timers.pop(project_id, None):
+            timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._timers[project_id] = loop.call_later(self.pause_s, self._start_checkpoint, project_id)
+
+    async def checkpoint_now(self, project_id: str, message: str) -> Checkpoint | None:
+        """On run, on deploy, or on demand: commit what changed, crediting who edited it."""
+        if timer := self._timers.pop(project_id, None):
+            timer.cancel()
+        user_ids = self._editors.pop(project_id, [])
+        await self.rooms.flush_project(project_id)
+        authors = [await self.author_of(user_id) for user_id in user_ids]
+        return await asyncio.to_thread(self.history_of(project_id).checkpoint, message, authors)
+
+    async def close(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _start_checkpoint(self, project_id: str) -> None:
+        self._timers.pop(project_id, None)
+        task = asyncio.create_task(self.checkpoint_now(project_id, "Checkpoint after a pause in editing"))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
