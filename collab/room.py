@@ -207,7 +207,9 @@ class Room:
         self._queue_captured(origin)
 
     async def receive_awareness(self, entries: tuple[AwarenessEntry, ...], origin: Peer) -> None:
-        accepted = self.presence.apply(entries)
+        # A client may not change or remove the presence another connection announced.
+        others = set().union(*(peer.awareness_ids for peer in self.peers if peer is not origin))
+        accepted = self.presence.apply([entry for entry in entries if entry.client_id not in others])
         if not accepted:
             return
         for entry in accepted:

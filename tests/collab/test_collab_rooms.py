@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pycrdt import Doc, Text
 
-from collab.protocol import Decoder
+from collab.protocol import AwarenessEntry, Decoder, encode_awareness
 from collab.room import RoomKey, sha256_text
 from collab.rooms import RoomManager
 from collab.store import UpdateStore
@@ -105,6 +105,21 @@ async def test_late_joiner_sees_presence_and_leaver_is_removed_at_once(
     await eventually(lambda: bob.client_id not in carol.awareness and bob.client_id not in alice.awareness, 0.5)
     await alice.leave()
     await carol.leave()
+
+
+async def test_a_client_cannot_remove_someone_elses_presence(
+    manager: RoomManager, key: RoomKey, file_path: Path
+) -> None:
+    alice, mallory, carol = (PyClient(manager, key, name) for name in ("alice", "mallory", "carol"))
+    for client in (alice, mallory, carol):
+        await client.start()
+    await eventually(lambda: alice.client_id in carol.awareness and mallory.client_id in carol.awareness)
+    mallory._inbox.put_nowait(encode_awareness([AwarenessEntry(alice.client_id, 99, "null")]))
+    mallory.set_presence({"user": {"name": "mallory"}, "cursor": 1}, clock=2)
+    await eventually(lambda: "cursor" in carol.awareness[mallory.client_id])
+    assert alice.client_id in carol.awareness
+    for client in (alice, mallory, carol):
+        await client.leave()
 
 
 async def test_idle_room_unloads_and_reloads_exactly(
