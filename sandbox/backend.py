@@ -260,26 +260,26 @@ class Backend(abc.ABC):
         return await started.result()
 
     async def _drive(self, run: SandboxRun, spec: RunSpec) -> RunResult:
+        """The whole life of a run; whatever fails, it ends with one verdict and nothing left behind."""
         began = time.monotonic()
-        status = ExitStatus()
         try:
             with run_uid() as uid:
                 cgroup = RunCgroup.create(f"run-{uid}-{run.id}", spec.limits.memory_bytes, spec.limits.pids)
                 try:
-                    return await self._in_workspace(run, spec, uid, cgroup, status)
+                    return await self._in_workspace(run, spec, uid, cgroup)
                 finally:
                     if cgroup is not None:
                         cgroup.kill_all()
                         cgroup.remove()
         except WorkspaceTooLarge as exc:
-            return run._result(Verdict.INTERNAL_ERROR, status, time.monotonic() - began, str(exc))
-        except Exception as exc:  # the run must end with a verdict whatever failed
+            return run._result(Verdict.INTERNAL_ERROR, ExitStatus(), time.monotonic() - began, str(exc))
+        except Exception as exc:
             log.exception("sandbox run %s failed", run.id)
-            return run._result(Verdict.INTERNAL_ERROR, status, time.monotonic() - began, f"sandbox error: {exc}")
+            return run._result(Verdict.INTERNAL_ERROR, ExitStatus(), time.monotonic() - began, f"sandbox error: {exc}")
         finally:
             run._queue.put_nowait(None)
 
-    async def _in_workspace(self, run: SandboxRun, spec: RunSpec, uid: int, cgroup: RunCgroup | None, status: ExitStatus) -> RunResult:
+    async def _in_workspace(self, run: SandboxRun, spec: RunSpec, uid: int, cgroup: RunCgroup | None) -> RunResult:
         limits = spec.limits
         with scratch(limits.disk_bytes, limits.files_count * 2 + 64, uid) as ws:
             snapshot = await asyncio.to_thread(

@@ -296,7 +296,11 @@ class DockerBackend(Backend):
             environment=ctx.spec.environment(), workspace=str(ctx.workspace), propagation="rprivate",
             cgroup_parent=ctx.cgroup.relpath if ctx.cgroup else None, labels={LABEL: ctx.run.id}, tty=ctx.spec.tty,
         )
-        container = await loop.run_in_executor(_pool, lambda: self.client.containers.create(**config))
+        try:
+            container = await loop.run_in_executor(_pool, lambda: self.client.containers.create(**config))
+        except BaseException:  # the engine may have made it even though the call failed
+            await loop.run_in_executor(_pool, self._remove_run_containers, ctx.run.id)
+            raise
         try:
             params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
             raw = await loop.run_in_executor(_pool, lambda: self.client.api.attach_socket(container.id, params=params))
@@ -306,6 +310,10 @@ class DockerBackend(Backend):
             await loop.run_in_executor(_pool, _remove, container)
             raise
         return execution
+
+    def _remove_run_containers(self, run_id: str) -> None:
+        for container in self.client.containers.list(all=True, filters={"label": f"{LABEL}={run_id}"}):
+            _remove(container)
 
     async def _exec(self, warm: _Warm, ctx: RunContext) -> Execution:
         loop = asyncio.get_running_loop()

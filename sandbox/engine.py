@@ -24,7 +24,8 @@ def docker_client(timeout: int = 60):
     import docker.errors
 
     try:
-        client = docker.from_env(timeout=timeout)
+        # one HTTP connection per concurrent API call (the Docker backend's thread pool has 64)
+        client = docker.from_env(timeout=timeout, max_pool_size=64)
         client.ping()
         return client
     except (docker.errors.DockerException, OSError):
@@ -53,7 +54,7 @@ class LocalDockerd:
     """A dockerd of our own (own socket, data-root, pidfile under state_dir), for tests and benchmarks."""
 
     def __init__(self, state_dir: Path) -> None:
-        self.state_dir = state_dir
+        self.state_dir = state_dir.resolve()  # dockerd needs absolute socket paths
         self.proc: subprocess.Popen[bytes] | None = None
         self._previous_host = os.environ.get("DOCKER_HOST")
 
