@@ -13,6 +13,7 @@ Errors (domain errors, ValueError, bad options) print one line on stderr and exi
 
 import getpass
 import sys
+from contextlib import contextmanager
 from importlib import import_module
 from pathlib import Path
 from typing import Annotated
@@ -121,34 +122,64 @@ def serve(
     )
 
 
-@admin_app.command("create-user")
-def create_user(
-    username: Annotated[str, typer.Argument(help="2-32 characters: a-z, 0-9, '-' or '_'.")],
-    password_stdin: Annotated[
-        bool, typer.Option("--password-stdin", help="Read the password from standard input (for scripts).")
-    ] = False,
-    admin: Annotated[bool, typer.Option("--admin", help="Make the user an administrator.")] = False,
-    data_dir: DataDir = None,
-) -> None:
-    """Create a user account (asks for the password unless --password-stdin)."""
-    from ide_server import db
-    from ide_server.services import accounts
+PasswordStdin = Annotated[
+    bool, typer.Option("--password-stdin", help="Read the password from standard input (for scripts).")
+]
 
-    if password_stdin:
-        password = sys.stdin.readline().rstrip("\n")
-    else:
-        password = getpass.getpass("Password: ")
-        if getpass.getpass("Repeat password: ") != password:
-            raise ValueError("the passwords do not match")
+
+def _read_password(from_stdin: bool) -> str:
+    if from_stdin:
+        return sys.stdin.readline().rstrip("\n")
+    password = getpass.getpass("Password: ")
+    if getpass.getpass("Repeat password: ") != password:
+        raise ValueError("the passwords do not match")
+    return password
+
+
+@contextmanager
+def _database(data_dir: Path | None):
+    """(settings, DB session) for admin commands, on a migrated database."""
+    from ide_server import db
+
     settings = _settings(data_dir=data_dir).prepare()
     engine = db.make_engine(settings.effective_database_url)
     try:
         db.migrate(engine)
         with db.make_sessionmaker(engine)() as session:
-            user = accounts.create_user(session, settings, username, password, is_admin=admin)
-            typer.echo(f"created user {user.username!r}{' (admin)' if admin else ''}")
+            yield settings, session
     finally:
         engine.dispose()
+
+
+@admin_app.command("create-user")
+def create_user(
+    username: Annotated[str, typer.Argument(help="2-32 characters: a-z, 0-9, '-' or '_'.")],
+    password_stdin: PasswordStdin = False,
+    admin: Annotated[bool, typer.Option("--admin", help="Make the user an administrator.")] = False,
+    data_dir: DataDir = None,
+) -> None:
+    """Create a user account (asks for the password unless --password-stdin)."""
+    from ide_server.services import accounts
+
+    password = _read_password(password_stdin)
+    with _database(data_dir) as (settings, session):
+        user = accounts.create_user(session, settings, username, password, is_admin=admin)
+        typer.echo(f"created user {user.username!r}{' (admin)' if admin else ''}")
+
+
+@admin_app.command("set-password")
+def set_password(
+    username: Annotated[str, typer.Argument(help="The user whose password to replace.")],
+    password_stdin: PasswordStdin = False,
+    data_dir: DataDir = None,
+) -> None:
+    """Replace a user's password and sign them out everywhere (API tokens stay valid)."""
+    from ide_server.services import accounts
+
+    password = _read_password(password_stdin)
+    with _database(data_dir) as (settings, session):
+        user = accounts.set_password(session, settings, username, password)
+        typer.echo(f"new password set for {user.username!r}; their browser sessions were ended")
 
 
 def _one_line(exc: BaseException) -> str:

@@ -29,8 +29,7 @@ def normalise_username(username: str) -> str:
 
 def create_user(db: Session, settings: Settings, username: str, password: str, is_admin: bool = False) -> User:
     name = normalise_username(username)
-    if len(password) < settings.password_min_length:
-        raise InvalidInput(f"password must have at least {settings.password_min_length} characters")
+    _check_password(settings, password)
     if db.scalar(select(User.id).where(User.username == name)) is not None:
         raise Conflict(f"username {name!r} is taken")
     user = User(username=name, password_hash=security.hash_password(password), is_admin=is_admin)
@@ -40,6 +39,23 @@ def create_user(db: Session, settings: Settings, username: str, password: str, i
     except IntegrityError:  # a concurrent registration won the race
         db.rollback()
         raise Conflict(f"username {name!r} is taken") from None
+    return user
+
+
+def _check_password(settings: Settings, password: str) -> None:
+    if len(password) < settings.password_min_length:
+        raise InvalidInput(f"password must have at least {settings.password_min_length} characters")
+
+
+def set_password(db: Session, settings: Settings, username: str, password: str) -> User:
+    """Replace a password and end the user's browser sessions."""
+    _check_password(settings, password)
+    user = db.scalar(select(User).where(User.username == username.strip().lower()))
+    if user is None:
+        raise NotFound(f"no user named {username!r}")
+    user.password_hash = security.hash_password(password)
+    db.execute(delete(LoginSession).where(LoginSession.user_id == user.id))
+    db.commit()
     return user
 
 

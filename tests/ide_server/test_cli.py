@@ -28,7 +28,7 @@ def test_version():
     assert result.stdout.strip() == f"codeyard {__version__}"
 
 
-@pytest.mark.parametrize("command", [[], ["serve"], ["admin"], ["admin", "create-user"]])
+@pytest.mark.parametrize("command", [[], ["serve"], ["admin"], ["admin", "create-user"], ["admin", "set-password"]])
 def test_help_everywhere(command):
     result = run(*command, "--help")
     assert result.returncode == 0, result.stderr
@@ -49,6 +49,21 @@ def test_create_user_then_sign_in(anon, settings):
                 stdin="another-password\n", env=env)
     assert again.returncode == 2
     assert again.stderr == "codeyard: error: username 'carol' is taken\n"
+
+
+def test_set_password_replaces_it_and_ends_sessions(app, anon, new_user, settings):
+    dave = new_user()
+    env = {"CODEYARD_DATABASE_URL": settings.database_url}
+    result = run("admin", "set-password", dave.username, "--password-stdin", "--data-dir", str(settings.data_dir),
+                 stdin="brand-new-password\n", env=env)
+    assert result.returncode == 0, result.stderr
+    assert dave.get("/api/me").status_code == 401  # signed out everywhere
+    assert anon.post("/api/auth/login", json={"username": dave.username, "password": dave.password}).status_code == 401
+    assert anon.post("/api/auth/login", json={"username": dave.username, "password": "brand-new-password"}).status_code == 200
+
+    missing = run("admin", "set-password", "nobody-here", "--password-stdin", "--data-dir", str(settings.data_dir),
+                  stdin="whatever-password\n", env=env)
+    assert (missing.returncode, missing.stderr) == (2, "codeyard: error: no user named 'nobody-here'\n")
 
 
 @pytest.mark.parametrize(
