@@ -11,7 +11,15 @@ from starlette.testclient import WebSocketDenialResponse
 
 from ide_server.app import create_app
 from ide_server.components import COMPONENTS, Component
-from ide_server.deps import DbSession, ProjectEditor, Public, SettingsDep, authenticate_websocket, project_role
+from ide_server.deps import (
+    DbSession,
+    OptionalUser,
+    ProjectEditor,
+    Public,
+    SettingsDep,
+    authenticate_websocket,
+    project_role,
+)
 
 router = APIRouter(prefix="/api")
 events: list[str] = []
@@ -32,6 +40,11 @@ async def whoami(websocket: WebSocket, db: DbSession, settings: SettingsDep) -> 
     role = project_role(db, websocket.query_params.get("project", ""), user)
     await websocket.send_json({"user": user.username if user else None, "role": role})
     await websocket.close()
+
+
+@router.get("/hello", dependencies=[Public])
+def hello(user: OptionalUser) -> dict:
+    return {"user": user.username if user else None}
 
 
 @asynccontextmanager
@@ -109,3 +122,9 @@ def test_websocket_routes_are_in_the_access_sweep(plugged_app):
     assert routes["/api/projects/{project_id}/echo"].methods == ("WS",)
     assert routes["/api/projects/{project_id}/echo"].rule.project_role == "editor"
     assert routes["/api/whoami"].rule.signed_in is False
+
+
+def test_optional_user_on_a_public_route(plugged_app, new_user):
+    alice = new_user()
+    assert TestClient(plugged_app).get("/api/hello").json() == {"user": None}
+    assert TestClient(plugged_app, cookies=dict(alice.cookies)).get("/api/hello").json() == {"user": alice.username}
