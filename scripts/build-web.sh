@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../web"
 stamp=../ide_server/webassets/.source-hash
-hash=$(find src index.html package.json package-lock.json vite.config.ts tsconfig.json -type f 2>/dev/null | sort | xargs sha256sum | sha256sum | cut -d' ' -f1)
+hash=$(find src package.json package-lock.json vite.config.ts tsconfig.json -type f | sort | xargs sha256sum | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$hash" ]; then
   echo "web assets up to date"
   exit 0
