@@ -126,9 +126,9 @@ class RunContext:
 class SandboxRun:
     """A started run: stream its output, send it input, cancel it, await its one result."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, tty: bool = False) -> None:
         self.id = secrets.token_hex(8)
-        self.limits = limits
+        self.limits, self.tty = limits, tty
         self._queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
         self._out = {"stdout": bytearray(), "stderr": bytearray()}
         self._total = 0
@@ -189,6 +189,8 @@ class SandboxRun:
 
     async def resize(self, rows: int, cols: int) -> None:
         """Set the terminal size of a tty run."""
+        if not self.tty:
+            raise ValueError("resize: this run has no terminal")
         if not (0 < rows <= 1000 and 0 < cols <= 1000):
             raise ValueError("resize: rows and cols must be between 1 and 1000")
         if self._execution is None:
@@ -247,7 +249,7 @@ class Backend(abc.ABC):
 
     async def start(self, spec: RunSpec) -> SandboxRun:
         """Start a run in the background and return its handle at once."""
-        run = SandboxRun(spec.limits)
+        run = SandboxRun(spec.limits, spec.tty)
         run._task = asyncio.create_task(self._drive(run, spec))
         return run
 

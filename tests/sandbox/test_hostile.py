@@ -35,14 +35,14 @@ async def test_memory_bomb(backend, project):
 
 
 async def test_cpu_loop(backend, project):
-    result = await run_py(backend, project, "while True:\n    pass\n", cpu_seconds=1, wall_seconds=5)
+    result = await run_py(backend, project, "while True:\n    pass\n", cpu_seconds=1, wall_seconds=30)
     assert result.verdict == Verdict.TIME_LIMIT, result
     assert result.cpu_seconds >= 0.5
 
 
 async def test_sleep_forever(backend, project):
     result = await run_py(backend, project, "import time\ntime.sleep(10**6)\n", wall_seconds=1)
-    assert result.verdict == Verdict.TIME_LIMIT and result.wall_seconds < 4, result
+    assert result.verdict == Verdict.TIME_LIMIT and result.wall_seconds < 10, result
 
 
 async def test_sigstop_itself(backend, project):

@@ -24,6 +24,8 @@ async def test_shell_on_a_terminal(backend, project):
     await shell.send_stdin(b"echo $((6*7)) > answer.txt; stty size; tty; echo D''ONE\n")
     await read_until(chunks, b"DONE", seen)
     assert b"40 120" in seen
+    with pytest.raises(ValueError, match="between 1 and 1000"):
+        await shell.resize(0, 5)
     await shell.resize(50, 132)
     await shell.send_stdin(b"stty size; exit\n")
     async for chunk in chunks:
@@ -35,11 +37,8 @@ async def test_shell_on_a_terminal(backend, project):
 
 
 async def test_resize_needs_a_terminal(backend, project):
-    run = await backend.start(make_spec(project, ["sleep", "5"]))
-    await asyncio.sleep(0.5)
+    run = await backend.start(make_spec(project, ["sh", "-c", "echo up; sleep 5"]))
     with pytest.raises(ValueError, match="no terminal"):
-        await run.resize(40, 120)  # the run has started: the backend itself refuses
-    with pytest.raises(ValueError, match="between 1 and 1000"):
-        await run.resize(0, 5)
+        await run.resize(40, 120)
     run.cancel()
     assert (await run.result()).verdict == Verdict.CANCELLED
