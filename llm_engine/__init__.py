@@ -1,11 +1,21 @@
-"""Codeyard's LLM engine: paged KV cache, prefix caching, continuous batching, vLLM-shaped API."""
+"""Codeyard's LLM engine: paged KV cache, prefix caching, continuous batching, vLLM-shaped API.
 
-from llm_engine.config import EngineConfig
-from llm_engine.llm import LLM
-from llm_engine.llm_engine import EngineStats, LLMEngine
-from llm_engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from llm_engine.sampling_params import SamplingParams
-from llm_engine.sequence import SequenceStatus
+The names below are imported on first use, so that importing a light submodule (the IDE's /v1
+component, configs, sampling params) does not pull in torch.
+"""
 
-__all__ = ["LLM", "LLMEngine", "EngineConfig", "EngineStats", "SamplingParams", "RequestOutput",
-           "CompletionOutput", "RequestMetrics", "Logprob", "SequenceStatus"]
+from importlib import import_module
+
+_EXPORTS = {
+    "LLM": "llm_engine.llm", "LLMEngine": "llm_engine.llm_engine", "EngineConfig": "llm_engine.config",
+    "EngineStats": "llm_engine.llm_engine", "SamplingParams": "llm_engine.sampling_params",
+    "RequestOutput": "llm_engine.outputs", "CompletionOutput": "llm_engine.outputs",
+    "RequestMetrics": "llm_engine.outputs", "Logprob": "llm_engine.outputs", "SequenceStatus": "llm_engine.sequence",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'llm_engine' has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)

@@ -16,11 +16,14 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from llm_engine.config import EngineConfig
-from llm_engine.llm_engine import EngineStats, LLMEngine
 from llm_engine.outputs import RequestOutput
 from llm_engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # the engine (and torch) is imported by the loop thread, not by importers
+    from llm_engine.llm_engine import EngineStats, LLMEngine
 
 log = logging.getLogger("codeyard.llm")
 
@@ -59,7 +62,7 @@ class _Stream:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
-StepCallback = Callable[[EngineStats, list[RequestOutput]], None]
+StepCallback = Callable[["EngineStats", list[RequestOutput]], None]
 
 
 class AsyncLLMEngine:
@@ -186,6 +189,8 @@ class AsyncLLMEngine:
     def _load(self) -> None:
         started = time.monotonic()
         log.info("LLM: loading %s: 0%%", self.config.model)
+        from llm_engine.llm_engine import LLMEngine
+
         self.load_progress = 10
         engine = LLMEngine(self.config)
         self.load_progress = 100

@@ -8,10 +8,14 @@ in one process (tests) don't clash.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from llm_engine.llm_engine import EngineStats
 from llm_engine.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from llm_engine.llm_engine import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -58,9 +62,13 @@ class EngineMetrics:
         self.iteration_tokens = histogram("vllm:iteration_tokens_total", "Tokens processed per engine step.",
                                           buckets=_TOKEN_BUCKETS)
         self.model_name = model_name
+        for metric in (self.running, self.waiting, self.kv_usage, self.prefix_queries, self.prefix_hits,
+                       self.preemptions, self.prompt_tokens, self.generation_tokens, self.ttft, self.itl,
+                       self.e2e, self.queue_time, self.iteration_tokens):
+            metric.labels(model_name)  # export zeros from the start, so every name exists
         self._previous: dict[str, int] = {field: 0 for field in _COUNTED}
 
-    def on_step(self, stats: EngineStats, outputs: list[RequestOutput]) -> None:
+    def on_step(self, stats: "EngineStats", outputs: list[RequestOutput]) -> None:
         name = self.model_name
         self.running.labels(name).set(stats.num_running)
         self.waiting.labels(name).set(stats.num_waiting)

@@ -59,15 +59,14 @@ class ModelRunner:
     def _allocate_kv_cache(self, config: EngineConfig) -> int:
         layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         first = layers[0]
-        slot_shape = (first.num_kv_heads, first.head_dim)
         bytes_per_block = (2 * len(layers) * self.block_size * first.num_kv_heads * first.head_dim
                            * torch.tensor([], dtype=self.dtype).element_size())
         num_blocks = config.num_kv_blocks or config.kv_cache_memory // bytes_per_block
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory: {config.kv_cache_memory} bytes is less than one block "
                              f"({bytes_per_block} bytes)")
-        self.kv_cache = torch.zeros(2, len(layers), num_blocks * self.block_size, *slot_shape,
-                                    dtype=self.dtype, device=self.device)
+        self.kv_cache = torch.zeros(2, len(layers), num_blocks, first.num_kv_heads, self.block_size,
+                                    first.head_dim, dtype=self.dtype, device=self.device)
         for i, layer in enumerate(layers):
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
         return num_blocks
@@ -76,9 +75,8 @@ class ModelRunner:
     def execute(self, scheduled: list[tuple[Sequence, int]], block_copies: list[tuple[int, int]]
                 ) -> torch.Tensor:
         """Run one forward pass; return logits for each sequence whose last token was computed."""
-        bs = self.block_size
         for src, dst in block_copies:
-            self.kv_cache[:, :, dst * bs:(dst + 1) * bs] = self.kv_cache[:, :, src * bs:(src + 1) * bs]
+            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
         input_ids: list[int] = []
         positions: list[int] = []
         slices: list[SeqSlice] = []
@@ -90,7 +88,7 @@ class ModelRunner:
             slices.append(SeqSlice(start, num_new, seq.block_table))
             if start + num_new == seq.num_tokens:
                 logit_rows.append(len(input_ids) - 1)
-        metadata = self.backend.build_metadata(slices, bs, self.device)
+        metadata = self.backend.build_metadata(slices, self.block_size, self.device)
         hidden = self.model(torch.tensor(input_ids, device=self.device),
                             torch.tensor(positions, device=self.device), metadata)
         return self.model.compute_logits(hidden[torch.tensor(logit_rows, device=self.device)])

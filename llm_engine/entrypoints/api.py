@@ -61,10 +61,9 @@ def _answer(result: dict | AsyncIterator[bytes]) -> Response:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def build_router(get_service: ServiceGetter, auth: Any, metrics_auth: Any | None = None) -> APIRouter:
-    """`auth`: a dependency (Depends(...)) every route runs; `metrics_auth` guards /metrics (default: auth)."""
+def build_router(get_service: ServiceGetter, auth: Any, metrics_path: str = "/metrics") -> APIRouter:
+    """`auth`: a dependency (Depends(...)) that every route, metrics included, runs first."""
     router = APIRouter()
-    metrics_guard = [metrics_auth if metrics_auth is not None else auth]
 
     @router.get("/v1/models", dependencies=[auth], tags=["llm"])
     def list_models(request: Request) -> dict:
@@ -88,7 +87,7 @@ def build_router(get_service: ServiceGetter, auth: Any, metrics_auth: Any | None
         service = get_service(request)
         return _answer(await _unless_disconnected(request, ServingChat(service).create(req)))
 
-    @router.get("/metrics", dependencies=metrics_guard, tags=["llm"])
+    @router.get(metrics_path, dependencies=[auth], tags=["llm"])
     def metrics(request: Request) -> Response:
         return Response(get_service(request).metrics.render(), media_type=CONTENT_TYPE)
 

@@ -2,9 +2,12 @@
 
 The model runner asks the backend to build its metadata once per step; each attention layer then
 calls `backend.forward` with that metadata. `TorchPagedAttention` is the reference backend: it
-writes the new keys/values into their slots, gathers each sequence's context from the block pool
-through its block table and runs torch SDPA — decodes batched in one call, prefill chunks one
-call each with a causal mask offset by the tokens already in the cache.
+writes the new keys/values into their slots, gathers each sequence's blocks from the pool through
+its block table (index_select on whole blocks, the cheapest gather on CPU), and computes decodes
+for the whole batch with grouped matmuls over the blocks, and prefill chunks with torch SDPA (one
+call each, causal mask offset by the tokens already in the cache).
+
+Cache layout per layer: [num_blocks, kv_heads, block_size, head_dim].
 """
 
 from __future__ import annotations
@@ -37,11 +40,11 @@ class PrefillChunk:
 
 @dataclass
 class TorchAttentionMetadata:
-    slot_mapping: torch.Tensor  # [num_tokens] where each new token's K/V is written
-    block_size: int = 16
+    slot_blocks: torch.Tensor  # [num_tokens] block where each new token's K/V is written
+    slot_offsets: torch.Tensor  # [num_tokens] position inside that block
     decode_rows: torch.Tensor | None = None  # [num_decodes] token rows that are single-token decodes
-    decode_blocks: torch.Tensor | None = None  # [num_decodes, max_blocks] block tables (padded)
-    decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, max_blocks * block_size] True = attend
+    decode_blocks: torch.Tensor | None = None  # [num_decodes * max_blocks] block tables, padded, flat
+    decode_mask: torch.Tensor | None = None  # [num_decodes, max_blocks * block_size] True = attend
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
@@ -53,34 +56,33 @@ class AttentionBackend(ABC):
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, metadata: object, scale: float) -> torch.Tensor:
-        """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim]; caches: [slots, kv_heads, dim].
+        """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim];
+        caches: [num_blocks, kv_heads, block_size, dim]. Returns [tokens, heads * dim]."""
 
-        Returns [tokens, heads * dim].
-        """
+
+def _decode_attention(q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor,
+                      mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query token per sequence, straight from gathered blocks (no per-sequence copy).
+
+    q: [B, heads, dim]; key/value_blocks: [B, blocks, kv_heads, block_size, dim];
+    mask: [B, blocks * block_size] True where a key is part of the sequence.
+    """
+    batch, heads, dim = q.shape
+    _, num_blocks, kv_heads, block_size, _ = key_blocks.shape
+    group = heads // kv_heads
+    grouped = q.view(batch, 1, kv_heads, group, dim)
+    scores = torch.matmul(grouped, key_blocks.transpose(-1, -2)).float() * scale  # [B, n, kvh, g, bs]
+    scores = scores.permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group, num_blocks * block_size)
+    probs = scores.masked_fill(~mask.view(batch, 1, 1, -1), float("-inf")).softmax(dim=-1).to(q.dtype)
+    probs = probs.view(batch, kv_heads, group, num_blocks, block_size).permute(0, 3, 1, 2, 4)
+    return torch.matmul(probs, value_blocks).sum(dim=1).view(batch, heads, dim)
 
 
 def _slots(block_table: list[int], start: int, end: int, block_size: int) -> torch.Tensor:
+    """Flat slot ids (block * block_size + offset) of positions [start, end)."""
     positions = torch.arange(start, end)
     table = torch.tensor(block_table, dtype=torch.long)
     return table[positions // block_size] * block_size + positions % block_size
-
-
-def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                      scale: float) -> torch.Tensor:
-    """One query token per sequence. q: [B, heads, dim]; keys/values: [B, kv_heads, ctx, dim].
-
-    torch's CPU SDPA is fast in float32 but several times slower in bfloat16 for this shape, so
-    16-bit models use grouped matmuls with a float32 softmax instead.
-    """
-    if q.dtype == torch.float32:
-        return F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=mask, scale=scale,
-                                              enable_gqa=True).squeeze(2)
-    batch, heads, dim = q.shape
-    kv_heads = keys.shape[1]
-    grouped = q.view(batch, kv_heads, heads // kv_heads, dim)
-    scores = torch.matmul(grouped, keys.transpose(-1, -2)).float() * scale
-    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(q.dtype)
-    return torch.matmul(probs, values).view(batch, heads, dim)
 
 
 class TorchPagedAttention(AttentionBackend):
@@ -105,44 +107,40 @@ class TorchPagedAttention(AttentionBackend):
                 blocks = torch.tensor(s.block_table[:num_blocks], device=device)
                 prefills.append(PrefillChunk(row, s.num_new, end, blocks, mask))
             row += s.num_new
-        meta = TorchAttentionMetadata(slot_mapping=torch.cat(slot_parts).to(device), block_size=block_size,
-                                      prefills=prefills)
+        slots = torch.cat(slot_parts)
+        meta = TorchAttentionMetadata(slot_blocks=(slots // block_size).to(device),
+                                      slot_offsets=(slots % block_size).to(device), prefills=prefills)
         if decode_rows:
             max_blocks = max(len(t) for t in decode_tables)
             tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in decode_tables])
             lens = torch.tensor(decode_lens)
-            mask = torch.arange(max_blocks * block_size).unsqueeze(0) < lens.unsqueeze(1)
             meta.decode_rows = torch.tensor(decode_rows, device=device)
-            meta.decode_blocks = tables.to(device)
-            meta.decode_mask = mask.view(len(decode_rows), 1, 1, -1).to(device)
+            meta.decode_blocks = tables.flatten().to(device)
+            meta.decode_mask = (torch.arange(max_blocks * block_size).unsqueeze(0) < lens.unsqueeze(1)).to(device)
         return meta
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, metadata: TorchAttentionMetadata, scale: float) -> torch.Tensor:
-        k_cache.index_copy_(0, metadata.slot_mapping, k)
-        v_cache.index_copy_(0, metadata.slot_mapping, v)
+        k_cache[metadata.slot_blocks, :, metadata.slot_offsets] = k
+        v_cache[metadata.slot_blocks, :, metadata.slot_offsets] = v
         out = torch.empty_like(q)
-        kv_shape = k_cache.shape[1:]
         if metadata.decode_rows is not None:
-            rows, blocks = metadata.decode_rows, metadata.decode_blocks
-            k_blocks = k_cache.view(-1, metadata.block_size, *kv_shape)
-            v_blocks = v_cache.view(-1, metadata.block_size, *kv_shape)
-            keys = k_blocks[blocks].flatten(1, 2).transpose(1, 2)  # [B, kv_heads, ctx, dim]
-            values = v_blocks[blocks].flatten(1, 2).transpose(1, 2)
-            out[rows] = _decode_attention(q[rows], keys, values, metadata.decode_mask, scale)
+            rows = metadata.decode_rows
+            shape = (rows.numel(), -1, *k_cache.shape[1:])
+            key_blocks = k_cache.index_select(0, metadata.decode_blocks).view(shape)
+            value_blocks = v_cache.index_select(0, metadata.decode_blocks).view(shape)
+            out[rows] = _decode_attention(q[rows], key_blocks, value_blocks, metadata.decode_mask, scale)
         for chunk in metadata.prefills:
             rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
-            if chunk.block_ids is None:  # whole context is in this chunk: no need to read the cache
-                keys, values = k[rows], v[rows]
-            else:
-                keys = k_cache.view(-1, metadata.block_size, *kv_shape)[chunk.block_ids].flatten(0, 1)
-                values = v_cache.view(-1, metadata.block_size, *kv_shape)[chunk.block_ids].flatten(0, 1)
-                keys, values = keys[:chunk.context_len], values[:chunk.context_len]
-            attn = F.scaled_dot_product_attention(q[rows].transpose(0, 1).contiguous(),
-                                                  keys.transpose(0, 1).contiguous(),
-                                                  values.transpose(0, 1).contiguous(), attn_mask=chunk.mask,
-                                                  is_causal=chunk.mask is None, scale=scale,
-                                                  enable_gqa=True)
+            if chunk.block_ids is None:  # the whole context is in this chunk: no need to read the cache
+                keys, values = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
+            else:  # [blocks, kv_heads, block_size, dim] -> [kv_heads, context, dim]
+                keys = k_cache.index_select(0, chunk.block_ids).transpose(0, 1).flatten(1, 2)
+                values = v_cache.index_select(0, chunk.block_ids).transpose(0, 1).flatten(1, 2)
+                keys, values = keys[:, :chunk.context_len], values[:, :chunk.context_len]
+            attn = F.scaled_dot_product_attention(q[rows].transpose(0, 1).contiguous(), keys.contiguous(),
+                                                  values.contiguous(), attn_mask=chunk.mask,
+                                                  is_causal=chunk.mask is None, scale=scale, enable_gqa=True)
             out[rows] = attn.transpose(0, 1)
         return out.flatten(1)
 

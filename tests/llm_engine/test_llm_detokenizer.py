@@ -60,13 +60,17 @@ def test_stop_string_spanning_tokens_is_trimmed(model_with_tokenizer):
     full = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), use_tqdm=False)[0]
     ids = full.outputs[0].token_ids
     assert full.outputs[0].text == tokenizer.decode(ids, skip_special_tokens=True)
-    # A stop string made of the end of token 5 and the start of token 6.
-    before = tokenizer.decode(ids[:5], skip_special_tokens=True)
-    upto6 = tokenizer.decode(ids[:6], skip_special_tokens=True)
-    upto7 = tokenizer.decode(ids[:7], skip_special_tokens=True)
-    assert len(upto6) > len(before) and len(upto7) > len(upto6)
-    stop = upto7[len(upto6) - 1:len(upto6) + 1]
-    start = full.outputs[0].text.find(stop)
+    # A stop string made of the last character of one token and the first of the next.
+    text = full.outputs[0].text
+    stop, start = None, -1
+    for i in range(2, len(ids) - 1):
+        upto = len(tokenizer.decode(ids[:i], skip_special_tokens=True))
+        after = len(tokenizer.decode(ids[:i + 1], skip_special_tokens=True))
+        candidate = text[upto - 1:upto + 1]
+        if after > upto > 0 and len(candidate) == 2 and text.find(candidate) == upto - 1:
+            stop, start = candidate, upto - 1
+            break
+    assert stop is not None, text
     out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=30, stop=[stop], ignore_eos=True),
                        use_tqdm=False)[0].outputs[0]
     assert (out.finish_reason, out.stop_reason) == ("stop", stop)

@@ -65,13 +65,19 @@ def test_missing_weight_is_a_clear_error(tiny_llama, tmp_path):
         LLM(model=str(tmp_path), dtype="float32")
 
 
-def test_bf16_decode_path_matches_sdpa():
+def test_blockwise_decode_attention_matches_sdpa():
     torch.manual_seed(0)
-    q = torch.randn(3, 8, 16)
-    keys, values = torch.randn(3, 2, 20, 16), torch.randn(3, 2, 20, 16)
-    mask = (torch.arange(20).unsqueeze(0) < torch.tensor([[5], [20], [11]])).view(3, 1, 1, 20)
-    expected = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=mask,
+    batch, heads, kv_heads, blocks, block_size, dim = 3, 8, 2, 5, 4, 16
+    q = torch.randn(batch, heads, dim)
+    key_blocks = torch.randn(batch, blocks, kv_heads, block_size, dim)
+    value_blocks = torch.randn(batch, blocks, kv_heads, block_size, dim)
+    lengths = torch.tensor([[5], [20], [11]])
+    mask = torch.arange(blocks * block_size).unsqueeze(0) < lengths
+    keys = key_blocks.permute(0, 2, 1, 3, 4).flatten(2, 3)  # [B, kv_heads, context, dim]
+    values = value_blocks.permute(0, 2, 1, 3, 4).flatten(2, 3)
+    expected = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=mask.view(batch, 1, 1, -1),
                                               enable_gqa=True).squeeze(2)
-    assert torch.allclose(_decode_attention(q, keys, values, mask, 16 ** -0.5), expected, atol=1e-5)
-    got = _decode_attention(q.bfloat16(), keys.bfloat16(), values.bfloat16(), mask, 16 ** -0.5)
-    assert torch.allclose(got.float(), expected, atol=3e-2)
+    got = _decode_attention(q, key_blocks, value_blocks, mask, dim ** -0.5)
+    assert torch.allclose(got, expected, atol=1e-5)
+    got16 = _decode_attention(q.bfloat16(), key_blocks.bfloat16(), value_blocks.bfloat16(), mask, dim ** -0.5)
+    assert torch.allclose(got16.float(), expected, atol=3e-2)
