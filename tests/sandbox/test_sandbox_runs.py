@@ -68,6 +68,15 @@ async def test_files_flow_both_ways(backend, project):
     assert sorted(result.files_written) == ["data/in.txt", "out/answer.txt"]
 
 
+async def test_git_folder_stays_out_both_ways(backend, project):
+    (project / ".git").mkdir()
+    (project / ".git" / "config").write_text("[core]")
+    code = "import os\nprint(os.listdir('.'))\nos.makedirs('.git', exist_ok=True)\nopen('.git/hook', 'w').write('x')\n"
+    result = await backend.run(make_spec(project, ["python3", "-c", code]))
+    assert result.stdout == b"[]\n" and result.verdict == Verdict.OK, result
+    assert sorted(p.name for p in (project / ".git").iterdir()) == ["config"]
+
+
 async def test_unchanged_files_are_not_written_back(backend, project):
     (project / "main.py").write_text("print(open('main.py').read()[:5])\n")
     result = await backend.run(make_spec(project, ["python3", "main.py"]))
