@@ -12,13 +12,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI, WebSocket
-from sqlalchemy import create_engine, event
 
 from collab.fanout import Fanout
 from collab.room import RoomKey
 from collab.rooms import RoomManager
 from collab.store import CollabBase, UpdateStore
 from collab.websocket import serve_websocket
+from ide_server.db import make_engine
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -31,16 +31,6 @@ def resolve_under(root: Path, key: RoomKey) -> Path:
     if not path.is_relative_to(project) or path == project:
         raise ValueError(f"file_path: {key.file_path!r} is outside the project")
     return path
-
-
-def make_engine(url: str):
-    engine = create_engine(url, pool_size=5, max_overflow=5) if url.startswith("postgresql") else create_engine(url)
-    if url.startswith("sqlite"):
-        @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record) -> None:
-            dbapi_conn.execute("PRAGMA journal_mode=WAL")
-            dbapi_conn.execute("PRAGMA busy_timeout=10000")
-    return engine
 
 
 def create_app() -> FastAPI:

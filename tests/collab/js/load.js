@@ -1,9 +1,15 @@
-// Load for benchmarks/collab_bench.py: N human typists + one fast typist on one document, and a
-// few observers (stock WebsocketProvider clients) that time how long each keystroke takes to reach
-// them. Humans are plain `ws` sockets with their own Y.Doc (they ignore what they receive, so the
-// load generator stays cheap and does not skew the timings). Prints one JSON line of results.
-// Usage: node load.js '{"urlPrefix":..., "room":..., "query":"token=...", "humans":N,
-//                       "seconds":10, "humanMs":400, "fastMs":30, "observers":4}'
+// Load for benchmarks/collab_bench.py, run as two processes so that reading the crowd's traffic
+// cannot delay the timings:
+//  - mode "crowd": human typists on plain `ws` sockets, each with its own Y.Doc (they send
+//    keystrokes and read, but do not apply, what they receive);
+//  - mode "timed": a few observers (stock WebsocketProvider clients) that also type at human speed,
+//    plus the fast typist; they time how long every keystroke of theirs takes to reach the others.
+// Prints one JSON line of results.
+// Usage: node load.js '{"mode":"crowd"|"timed", "urlPrefix":..., "room":..., "query":"token=...",
+//                       "humans":N, "seconds":10, "humanMs":400, "fastMs":30, "observers":4,
+//                       "warmupMs":1000}'
+// Both print "ready" once connected; the timed clients start on a line on stdin, the crowd types
+// until its stdin is closed.
 const Y = require('yjs')
 const { WebsocketProvider } = require('y-websocket')
 const WebSocket = require('ws')
@@ -63,61 +69,72 @@ function observe (o) {
   })
 }
 
+let stopping = false
+
 async function typeLoop (doc, text, char, meanMs, until) {
-  while (performance.now() < until) {
+  while (performance.now() < until && !stopping) {
     await sleep(meanMs * (0.5 + Math.random()))
     keystroke(doc, text, char)
   }
 }
 
-async function main () {
-  const observers = Array.from({ length: cfg.observers }, provider)
-  const fast = provider()
-  const all = [...observers, fast]
-  const deadline = Date.now() + 20000
-  while (!all.every((o) => o.provider.synced)) {
-    if (Date.now() > deadline) throw new Error('observers did not sync')
-    await sleep(20)
-  }
-  observers.forEach(observe)
+async function crowd () {
   const humans = []
   for (let i = 0; i < cfg.humans; i++) {
     humans.push(human())
     if (i % 20 === 19) await sleep(50) // do not open hundreds of sockets in one burst
   }
   await Promise.all(humans.map((h) => h.opened))
-  await sleep(1000)
+  process.stdout.write('ready\n')
+  // Type until the benchmark closes our stdin (after the timed clients are done).
+  process.stdin.on('end', () => { stopping = true })
+  process.stdin.resume()
+  const start = performance.now()
+  await Promise.all(humans.map((h) => typeLoop(h.doc, h.text, 'h', cfg.humanMs, Infinity)))
+  const elapsed = (performance.now() - start) / 1000
+  process.stdout.write(JSON.stringify({ keystrokes: sentAt.size, messagesPerSec: received / elapsed }) + '\n')
+  for (const h of humans) h.ws.close()
+  process.exit(0)
+}
+
+async function timed () {
+  const observers = Array.from({ length: cfg.observers }, provider)
+  const fast = provider()
+  const all = [...observers, fast]
+  const deadline = Date.now() + 30000
+  while (!all.every((o) => o.provider.synced)) {
+    if (Date.now() > deadline) throw new Error('observers did not sync')
+    await sleep(20)
+  }
+  all.forEach(observe)
+  // Connected before the crowd arrives; start once the benchmark says "go" on stdin.
+  process.stdout.write('ready\n')
+  await new Promise((resolve) => process.stdin.once('data', resolve))
+  await sleep(cfg.warmupMs)
   const lags = []
   let tick = performance.now()
   const lagTimer = setInterval(() => { const now = performance.now(); lags.push(now - tick - 10); tick = now }, 10)
-  const start = performance.now()
-  const until = start + cfg.seconds * 1000
+  const until = performance.now() + cfg.seconds * 1000
   await Promise.all([
     typeLoop(fast.doc, fast.text, 'f', cfg.fastMs, until),
-    ...humans.map((h) => typeLoop(h.doc, h.text, 'h', cfg.humanMs, until))
+    ...observers.map((o) => typeLoop(o.doc, o.text, 'o', cfg.humanMs, until))
   ])
-  await sleep(1500) // let the last keystrokes arrive
+  await sleep(2000) // let the last keystrokes arrive
   clearInterval(lagTimer)
   lags.sort((a, b) => a - b)
-  const elapsed = (performance.now() - start) / 1000
   latencies.sort((a, b) => a - b)
   const q = (p) => latencies.length ? latencies[Math.min(latencies.length - 1, Math.floor(p * latencies.length))] : null
-  const expected = sentAt.size * cfg.observers
-  const texts = observers.map((o) => o.text.length)
   process.stdout.write(JSON.stringify({
     keystrokes: sentAt.size,
     samples: latencies.length,
-    expectedSamples: expected,
+    expectedSamples: sentAt.size * (all.length - 1),
     p50: q(0.5),
     p99: q(0.99),
     max: latencies.length ? latencies[latencies.length - 1] : null,
-    humanMessagesPerSec: received / elapsed,
-    loadLoopLagP99: lags[Math.floor(0.99 * lags.length)],
-    observersAgree: texts.every((t) => t === texts[0])
+    loopLagP99: lags[Math.floor(0.99 * lags.length)]
   }) + '\n')
-  for (const h of humans) h.ws.close()
   for (const o of all) o.provider.destroy()
   process.exit(0)
 }
 
-main().catch((err) => { console.error(err); process.exit(1) })
+(cfg.mode === 'crowd' ? crowd : timed)().catch((err) => { console.error(err); process.exit(1) })
