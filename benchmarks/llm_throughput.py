@@ -263,6 +263,8 @@ def main(argv: list[str] | None = None) -> dict:
             timings, elapsed = run_baseline(system, gguf, subset, args, hf_model)
         summaries[system] = summarize(system, timings, elapsed)
         load_averages[system] = os.getloadavg()[0]
+        print(f"  {system}: {summaries[system].output_tok_per_s:.1f} output tok/s over {elapsed:.0f} s",
+              file=sys.stderr, flush=True)
 
     print()
     print_table(list(summaries.values()))
