@@ -1,9 +1,10 @@
-"""Access rules: every `/api` route declares who may call it, through the dependencies it uses.
+"""Access rules: every API route declares who may call it, through the dependencies it uses.
 
 A rule rides on the dependency that enforces it (`deps.CurrentUser`, `deps.ProjectEditor`,
 `deps.Public`...), so declaration and enforcement cannot drift apart. `app_routes` reads each
-route's rule back from its dependency tree; `create_app` refuses to start when an `/api`
-route has none, and the access-control test calls every route against its rule.
+route's rule back from its dependency tree; `create_app` refuses to start when a guarded route
+(anything under /api, and every route in the OpenAPI document, e.g. /v1) has none, and the
+access-control test calls every route against its rule.
 """
 
 from dataclasses import dataclass
@@ -53,7 +54,13 @@ class RouteInfo:
     path_format: str  # with plain placeholders, for building URLs
     methods: tuple[str, ...]  # ("WS",) for WebSocket routes
     params: tuple[str, ...]
+    in_schema: bool  # listed in the OpenAPI document
     rule: AccessRule | None
+
+    @property
+    def guarded(self) -> bool:
+        """Must declare an access rule: /api routes and every documented route."""
+        return self.path.startswith(API_PREFIX) or self.in_schema
 
 
 def app_routes(routes: list[BaseRoute]) -> list[RouteInfo]:
@@ -70,6 +77,7 @@ def app_routes(routes: list[BaseRoute]) -> list[RouteInfo]:
                 path_format=ctx.path_format or ctx.path or "",
                 methods=methods,
                 params=tuple(getattr(ctx, "param_convertors", {}) or ()),
+                in_schema=not is_ws and bool(getattr(ctx, "include_in_schema", False)),
                 rule=rule_of(dependant) if dependant is not None else None,
             )
         )
@@ -95,11 +103,11 @@ def _rules(dependant: Dependant):
         yield from _rules(dep)
 
 
-def api_routes(routes: list[BaseRoute], exempt: set[str]) -> list[RouteInfo]:
-    """The routes under /api, less `exempt` paths (the OpenAPI document and its docs page)."""
-    return [r for r in app_routes(routes) if r.path.startswith(API_PREFIX) and r.path not in exempt]
+def guarded_routes(routes: list[BaseRoute], exempt: set[str]) -> list[RouteInfo]:
+    """The routes that must declare a rule, less `exempt` paths (the OpenAPI document and docs page)."""
+    return [r for r in app_routes(routes) if r.guarded and r.path not in exempt]
 
 
-def unguarded_api_routes(routes: list[BaseRoute], exempt: set[str]) -> list[str]:
-    """"METHODS path" of every /api route that declares no access rule (must be empty)."""
-    return [f"{','.join(r.methods) or 'ANY'} {r.path}" for r in api_routes(routes, exempt) if r.rule is None]
+def unguarded_routes(routes: list[BaseRoute], exempt: set[str]) -> list[str]:
+    """"METHODS path" of every guarded route that declares no access rule (must be empty)."""
+    return [f"{','.join(r.methods) or 'ANY'} {r.path}" for r in guarded_routes(routes, exempt) if r.rule is None]

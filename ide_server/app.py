@@ -6,7 +6,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from fastapi import FastAPI
 
 from ide_server import __version__, components, db, log
-from ide_server.access import unguarded_api_routes
+from ide_server.access import unguarded_routes
 from ide_server.error_handlers import install_error_handlers
 from ide_server.settings import Settings
 
@@ -15,7 +15,7 @@ def create_app(settings: Settings | None = None, component_specs: list[str] | No
     """Build the app: prepare the data dir and secret key, migrate the database, plug in components.
 
     component_specs: "module:attribute" names of Components; default `components.COMPONENTS`.
-    Raises RuntimeError if a component adds an /api route without an access rule.
+    Raises RuntimeError if a component adds an /api or documented route without an access rule.
     """
     settings = (settings or Settings()).prepare()
     log.configure(settings.log_level)
@@ -51,9 +51,9 @@ def create_app(settings: Settings | None = None, component_specs: list[str] | No
             app.include_router(component.router)
         if component.setup is not None:
             component.setup(app)
-    missing = unguarded_api_routes(app.routes, exempt={app.openapi_url, app.docs_url})
+    missing = unguarded_routes(app.routes, exempt={app.openapi_url, app.docs_url})
     if missing:
-        raise RuntimeError(f"/api routes without an access rule (see ide_server/deps.py): {', '.join(missing)}")
+        raise RuntimeError(f"routes without an access rule (see ide_server/deps.py): {', '.join(missing)}")
     log.get_logger("codeyard").info(
         "app created", database=engine.dialect.name, data_dir=str(settings.data_dir), components=[c.name for c in loaded]
     )

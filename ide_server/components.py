@@ -15,9 +15,9 @@ sandbox runs, deploys, tutorials, the LLM's /v1 API) plug in the same way:
 
 2. Append "collab.component:component" to `COMPONENTS` below.
 
-Every `/api` route must declare an access rule through the dependencies of `ide_server.deps`
-(`Public`, `CurrentUser`, `ProjectViewer`/`ProjectMember`/`ProjectEditor`/`ProjectOwner`), or
-`create_app` refuses to start. Components are imported when the app is created, not when the
+Every route under /api, and every route in the OpenAPI document, must declare an access rule
+through the dependencies of `ide_server.deps` (`Public`, `CurrentUser`, `ProjectViewer`,
+`ProjectMember`, `ProjectEditor`, `ProjectOwner`), or `create_app` refuses to start. Components are imported when the app is created, not when the
 CLI starts, so heavy imports in them don't slow down `codeyard --help`.
 """
 

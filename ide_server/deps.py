@@ -8,9 +8,9 @@ Use them as annotations:
     @router.post("/projects/{project_id}/thing")
     def make_thing(ctx: ProjectEditor, db: DbSession) -> ThingPublic: ...
 
-Each access dependency carries an `access_rule` (see `access.py`); a route under /api must use
-at least one of `Public`, `CurrentUser`, `ProjectViewer`, `ProjectMember`, `ProjectEditor`,
-`ProjectOwner`, or the app refuses to start.
+Each access dependency carries an `access_rule` (see `access.py`); a route under /api (or in the
+OpenAPI document) must use at least one of `Public`, `CurrentUser`, `ProjectViewer`,
+`ProjectMember`, `ProjectEditor`, `ProjectOwner`, or the app refuses to start.
 """
 
 from collections.abc import Iterator

@@ -6,8 +6,9 @@ from sqlalchemy import text
 
 from ide_server import db
 from ide_server.components import Component
+from ide_server.deps import Public
 
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], dependencies=[Public])
 
 
 @router.get("/healthz")

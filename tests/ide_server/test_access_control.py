@@ -1,7 +1,8 @@
-"""Every /api route, enumerated from the app itself, answers per its declared access rule.
+"""Every API route, enumerated from the app itself, answers per its declared access rule.
 
-Each route is called as an anonymous caller, a signed-in non-member and a viewer, against a
-private and a public project of another user. Denials must be 401 (anonymous), 404 (a private
+Each /api route is called as an anonymous caller, a signed-in non-member and a viewer, against a
+private and a public project of another user (other documented routes, such as the LLM's /v1,
+as an anonymous caller). Denials must be 401 (anonymous), 404 (a private
 project you are not in) or 403 (a project you can see but not change), and no answer to an
 outsider may contain the owner's data. A route without an access rule fails the first test.
 """
@@ -16,7 +17,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.testclient import TestClient
 from starlette.testclient import WebSocketDenialResponse
 
-from ide_server.access import AccessRule, RouteInfo, api_routes, unguarded_api_routes
+from ide_server.access import API_PREFIX, AccessRule, RouteInfo, guarded_routes, unguarded_routes
 from ide_server.app import create_app
 from ide_server.components import Component
 from ide_server.models import Role
@@ -112,9 +113,9 @@ def expected(rule: AccessRule, who: str, project_public: bool) -> set[int] | Non
 
 
 def test_every_api_route_declares_an_access_rule(app):
-    routes = api_routes(app.routes, exempt=DOCS)
-    assert len(routes) >= 25
-    assert unguarded_api_routes(app.routes, exempt=DOCS) == []
+    routes = guarded_routes(app.routes, exempt=DOCS)
+    assert len([r for r in routes if r.path.startswith(API_PREFIX)]) >= 25
+    assert unguarded_routes(app.routes, exempt=DOCS) == []
     for route in routes:
         assert route.rule is not None, f"{route.path} has no access rule"
         if "project_id" in route.params:
@@ -129,7 +130,7 @@ ANONYMOUS_WRITES = {("POST", "/api/auth/register"), ("POST", "/api/auth/login")}
 
 def test_rules_follow_the_policy_writes_need_editors(app):
     """A route can't declare itself weaker than the policy: project writes need an editor."""
-    for route in api_routes(app.routes, exempt=DOCS):
+    for route in guarded_routes(app.routes, exempt=DOCS):
         for method in route.methods:
             if method in ("GET", "WS"):
                 continue
@@ -152,7 +153,9 @@ def test_every_api_route_answers_outsiders_per_its_rule(app, world, who, visibil
     project_id = world.private_id if visibility == "private" else world.public_id
     failures = []
     checked = 0
-    for route in api_routes(app.routes, exempt=DOCS):
+    for route in guarded_routes(app.routes, exempt=DOCS):
+        if who != "anon" and not route.path.startswith(API_PREFIX):
+            continue  # other components' routes (e.g. /v1, which loads a model) get the anonymous check
         rule = route.rule
         url = url_for(route, project_id, world.fillers)
         for method in route.methods:
@@ -212,4 +215,13 @@ def test_a_route_added_after_startup_without_a_rule_is_reported(app):
     def sneaky(project_id: str) -> dict:
         return {}
 
-    assert unguarded_api_routes(extra.routes, exempt=DOCS) == ["POST /api/projects/{project_id}/sneaky"]
+    @extra.get("/v2/documented")
+    def documented() -> dict:
+        return {}
+
+    @extra.get("/page", include_in_schema=False)
+    def page() -> dict:
+        return {}
+
+    assert unguarded_routes(extra.routes, exempt=DOCS) == [
+        "POST /api/projects/{project_id}/sneaky", "GET /v2/documented"]

@@ -116,9 +116,9 @@ def test_authenticate_websocket_and_project_role(plugged_app, new_user):
 
 
 def test_websocket_routes_are_in_the_access_sweep(plugged_app):
-    from ide_server.access import api_routes
+    from ide_server.access import guarded_routes
 
-    routes = {r.path: r for r in api_routes(plugged_app.routes, exempt=set())}
+    routes = {r.path: r for r in guarded_routes(plugged_app.routes, exempt=set())}
     assert routes["/api/projects/{project_id}/echo"].methods == ("WS",)
     assert routes["/api/projects/{project_id}/echo"].rule.project_role == "editor"
     assert routes["/api/whoami"].rule.signed_in is False
