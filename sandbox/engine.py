@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from sandbox.backend import Backend
+from sandbox.limits import Limits
 from sandbox.errors import SandboxUnavailable
 
 INSTALL_HINT = (
@@ -32,8 +33,10 @@ def docker_client(timeout: int = 60):
         return None
 
 
-def make_backend(name: str = "auto") -> Backend:
-    """The backend called `name` ("auto", "docker" or "bwrap"), or SandboxUnavailable saying how to get one."""
+def make_backend(name: str = "auto", *, pool_size: int = 0, pool_limits: Limits | None = None) -> Backend:
+    """The backend called `name` ("auto", "docker" or "bwrap"), or SandboxUnavailable saying how to get one.
+
+    pool_size/pool_limits: Docker's warm pool (idle started containers for runs with these limits)."""
     from sandbox.bwrap import BwrapBackend
     from sandbox.docker_backend import DockerBackend
 
@@ -45,7 +48,7 @@ def make_backend(name: str = "auto") -> Backend:
             continue
         reason = cls.unavailable_reason()
         if reason is None:
-            return cls()
+            return DockerBackend(pool_size=pool_size, pool_limits=pool_limits) if cls is DockerBackend else cls()
         reasons.append(f"{cls.name}: {reason}")
     raise SandboxUnavailable(f"{INSTALL_HINT} ({'; '.join(reasons)})")
 

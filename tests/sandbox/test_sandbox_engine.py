@@ -8,8 +8,10 @@ from sandbox.engine import make_backend
 from sandbox.errors import SandboxUnavailable
 
 
-def test_auto_prefers_docker(runner_image):
-    assert make_backend("auto").name == "docker"
+async def test_auto_prefers_docker(runner_image):
+    backend = make_backend("auto", pool_size=1)
+    assert backend.name == "docker" and backend.pool_size == 1
+    await backend.close()
 
 
 def test_auto_falls_back_to_bwrap_without_an_engine(monkeypatch, tmp_path):
