@@ -3,6 +3,7 @@
 import mimetypes
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 from fastapi import APIRouter, Request, status
 from fastapi.responses import Response, StreamingResponse
@@ -29,7 +30,7 @@ def _root(settings: Settings, ctx: ProjectAccess) -> Path:
     return projects.project_dir(settings.projects_dir, ctx.project.id)
 
 
-async def _body_to_file(request: Request, limit: int):
+async def _body_to_file(request: Request, limit: int) -> BinaryIO:
     """Stream the request body into a temporary file, refusing it as soon as it passes `limit`."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
