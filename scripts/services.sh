@@ -30,6 +30,7 @@ start_postgres() {
   mkdir -p "$run"
   [ ${#as[@]} -gt 0 ] && chown postgres "$run" "$SERVICES_DIR"
   if ! "${as[@]}" "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+    STARTED_POSTGRES=1
     "${as[@]}" "$bin/pg_ctl" -D "$data" -l "$SERVICES_DIR/pg.log" -w \
       -o "-p $PG_PORT -k $run -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" start >/dev/null
   fi
@@ -41,6 +42,7 @@ start_postgres() {
 
 start_redis() {
   if ! redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+    STARTED_REDIS=1
     redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize yes \
       --logfile "$SERVICES_DIR/redis.log" --dir "$SERVICES_DIR" >/dev/null
     for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
@@ -48,10 +50,15 @@ start_redis() {
   export CODEYARD_TEST_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 }
 
+# Stops only the servers this shell started, so concurrent test runs don't pull them from each other.
 stop_services() {
   local bin as=()
   bin=$(pg_bin)
   [ "$(id -u)" -eq 0 ] && as=(runuser -u postgres --)
-  "${as[@]}" "$bin/pg_ctl" -D "$SERVICES_DIR/pg" -m fast stop >/dev/null 2>&1 || true
-  redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+  if [ -n "${STARTED_POSTGRES:-}" ]; then
+    "${as[@]}" "$bin/pg_ctl" -D "$SERVICES_DIR/pg" -m fast stop >/dev/null 2>&1 || true
+  fi
+  if [ -n "${STARTED_REDIS:-}" ]; then
+    redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+  fi
 }
