@@ -30,6 +30,7 @@ from ide_server.errors import DomainError
 # name -> ("module:typer_app", one-line help). Imported lazily.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "llm": ("llm_engine.cli:app", "Serve the LLM over an OpenAI-compatible API."),
+    "sandbox": ("sandbox.cli:app", "Build the runner image, check the sandbox, clean up after crashes."),
 }
 
 

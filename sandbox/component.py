@@ -1,0 +1,199 @@
+"""Runs as an ide_server component: the runs API, the run and shell WebSockets, and their lifespan.
+
+Handlers are thin; `ProjectRuns` holds the rules. The WebSockets accept first and then check
+access, closing with 4401 (not signed in), 4404 (no such run or project for this caller) or 4403
+(a viewer trying to steer), so a browser can tell the cases apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, Query, WebSocket, status
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import HTTPConnection
+from starlette.websockets import WebSocketDisconnect
+
+from ide_server.components import Component
+from ide_server.deps import CurrentUser, DbSession, ProjectEditor, ProjectMember, authenticate_websocket
+from ide_server.error_handlers import ERROR_RESPONSES
+from ide_server.errors import DomainError, NotAuthenticated, PermissionDenied
+from ide_server.models import Role, User
+from ide_server.schemas import RandomId
+from ide_server.services import projects
+from sandbox.engine import docker_client, make_backend
+from sandbox.errors import SandboxUnavailable
+from sandbox.frames import (CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, CLOSE_UNAVAILABLE, receive_frame,
+                            send_chunks)
+from sandbox.runs import FilesBack, ProjectRuns, public_of_record
+from sandbox.schemas import RunCreate, RunPublic
+from sandbox.service import RunService
+from sandbox.shell import serve_shell
+from sandbox.sweep import sweep
+
+log = logging.getLogger(__name__)
+router = APIRouter(tags=["runs"], responses={**ERROR_RESPONSES, 503: {"description": "No sandbox on this server"}})
+
+
+def _runs(conn: HTTPConnection) -> ProjectRuns:
+    return conn.app.state.sandbox_runs
+
+
+Runs = Annotated[ProjectRuns, Depends(_runs)]
+
+
+@router.post("/api/projects/{project_id}/runs", status_code=status.HTTP_202_ACCEPTED)
+async def start_run(body: RunCreate, ctx: ProjectEditor, runs: Runs) -> RunPublic:
+    """Queue a run of the project (its entry file, or codeyard.toml's [run]); follow it on /ws/runs/{id}."""
+    return await runs.start(ctx.user, ctx.project.id, body)
+
+
+@router.get("/api/projects/{project_id}/runs")
+def list_runs(ctx: ProjectMember, db: DbSession, runs: Runs) -> list[RunPublic]:
+    """The project's latest 50 runs, newest first."""
+    return runs.list(db, ctx.project.id)
+
+
+@router.get("/api/runs/{run_id}")
+def get_run(run_id: RandomId, user: CurrentUser, db: DbSession, runs: Runs) -> RunPublic:
+    """Status, verdict, output and usage of a run of a project you are a member of."""
+    return runs.get(db, run_id, user)
+
+
+@router.post("/api/runs/{run_id}/cancel")
+def cancel_run(run_id: RandomId, user: CurrentUser, db: DbSession, runs: Runs) -> RunPublic:
+    """Stop a queued or running run (editors of its project); a finished run is returned as it is."""
+    return runs.cancel(db, run_id, user)
+
+
+def _caller(websocket: WebSocket) -> User:
+    with websocket.app.state.sessionmaker() as db:
+        user = authenticate_websocket(websocket, db, websocket.app.state.settings)
+    if user is None:
+        raise NotAuthenticated("sign in first")
+    return user
+
+
+async def _close_denied(websocket: WebSocket, exc: DomainError) -> None:
+    code = {401: CLOSE_UNAUTHENTICATED, 403: CLOSE_FORBIDDEN, 503: CLOSE_UNAVAILABLE}.get(exc.status_code, CLOSE_NOT_FOUND)
+    await websocket.close(code, exc.detail[:120])
+
+
+@router.websocket("/ws/runs/{run_id}")
+async def run_socket(websocket: WebSocket, run_id: str) -> None:
+    """Output frames {"type": "stdout"|"stderr", "data"} then {"type": "exit", ...the run...};
+    editors may send {"type": "stdin", "data"} and {"type": "stdin_eof"}."""
+    await websocket.accept()
+    runs = _runs(websocket)
+    try:
+        user = await run_in_threadpool(_caller, websocket)
+
+        def allowed() -> bool:
+            with websocket.app.state.sessionmaker() as db:
+                runs.check(db, run_id, user)
+                try:
+                    runs.check(db, run_id, user, Role.editor)
+                    return True
+                except PermissionDenied:
+                    return False
+
+        can_write = await run_in_threadpool(allowed)
+    except DomainError as exc:
+        await _close_denied(websocket, exc)
+        return
+    await _stream_run(websocket, runs.service, run_id, can_write)
+
+
+async def _read_stdin(websocket: WebSocket, service: RunService, run_id: str, can_write: bool) -> None:
+    while True:
+        try:
+            frame = await receive_frame(websocket)
+            if not can_write:
+                raise ValueError("only editors of the project can type into a run")
+            if frame["type"] == "stdin" and isinstance(frame.get("data"), str):
+                await service.send_stdin(run_id, frame["data"].encode())
+            elif frame["type"] == "stdin_eof":
+                await service.close_stdin(run_id)
+            else:
+                raise ValueError('frames are {"type": "stdin", "data": ...} or {"type": "stdin_eof"}')
+        except ValueError as exc:
+            await websocket.send_json({"type": "error", "message": str(exc)})
+
+
+async def _stream_run(websocket: WebSocket, service: RunService, run_id: str, can_write: bool) -> None:
+    """Replay and follow the run's output, pass input on, and end with its exit frame."""
+    output = asyncio.create_task(send_chunks(websocket, service.follow(run_id)))
+    reader = asyncio.create_task(_read_stdin(websocket, service, run_id, can_write))
+    try:
+        await asyncio.wait({output, reader}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        reader.cancel()
+        if not output.done():
+            output.cancel()
+        await asyncio.gather(output, reader, return_exceptions=True)
+    if output.cancelled() or output.exception() is not None:
+        return  # the client left (or the socket broke): the run goes on
+    record = await service.wait(run_id)
+    exit_frame = public_of_record(record).model_dump(mode="json", exclude={"stdout", "stderr"})
+    try:
+        await websocket.send_json({**exit_frame, "type": "exit"})
+        await websocket.close(1000)
+    except (WebSocketDisconnect, RuntimeError):
+        pass
+
+
+@router.websocket("/ws/projects/{project_id}/shell")
+async def shell_socket(websocket: WebSocket, project_id: str, rows: int = Query(24, ge=1, le=1000),
+                       cols: int = Query(80, ge=1, le=1000)) -> None:
+    """A bash shell on a terminal in the project's sandbox (editors): frames {"type": "input"|"resize"}."""
+    await websocket.accept()
+    runs = _runs(websocket)
+    try:
+        user = await run_in_threadpool(_caller, websocket)
+
+        def authorize() -> None:
+            with websocket.app.state.sessionmaker() as db:
+                projects.authorize(db, project_id, user, Role.editor, public_read=False)
+
+        await run_in_threadpool(authorize)
+        backend = runs.require_backend()
+    except DomainError as exc:
+        await _close_denied(websocket, exc)
+        return
+    await runs.files_back.before_run(project_id)
+    written = await serve_shell(websocket, backend, runs.project_dir(project_id), rows, cols)
+    await runs.files_back.after_run(project_id, runs.project_dir(project_id), written)
+
+
+@asynccontextmanager
+async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Pick the backend (or remember why there is none), clear what a crash left, start the queue."""
+    settings = app.state.settings
+    try:
+        backend, unavailable = make_backend(settings.sandbox_backend), ""
+    except SandboxUnavailable as exc:
+        backend, unavailable = None, exc.detail
+        log.warning("code runs are off: %s", exc.detail)
+    if backend is not None:
+        client = docker_client(timeout=10) if backend.name == "docker" else None
+        removed = await run_in_threadpool(sweep, client)
+        if removed:
+            log.warning("removed %d leftovers of earlier runs", len(removed))
+    runs = ProjectRuns(backend, unavailable, sessions=app.state.sessionmaker, projects_dir=settings.projects_dir,
+                       files_back=FilesBack(lambda: getattr(app.state, "collab_rooms", None)))
+    await run_in_threadpool(runs.close_interrupted)
+    app.state.sandbox_runs = runs
+    try:
+        yield
+    finally:
+        await runs.shutdown()
+        close = getattr(backend, "close", None)
+        if close is not None:
+            await close()
+
+
+component = Component(name="sandbox", router=router, lifespan=sandbox_lifespan)

@@ -1,0 +1,48 @@
+"""JSON frames of the run and shell WebSockets: reading client frames, sending output as text."""
+
+from __future__ import annotations
+
+import codecs
+import json
+from collections.abc import AsyncIterator
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from sandbox.backend import OutputChunk
+
+MAX_FRAME = 64 * 1024
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+CLOSE_NOT_FOUND = 4404
+CLOSE_UNAVAILABLE = 4503
+CLOSE_BUSY = 4429
+
+
+async def receive_frame(websocket: WebSocket) -> dict:
+    """The next client frame; ValueError (with the reason) for one that is not a JSON object with a type.
+
+    Raises WebSocketDisconnect when the client has gone."""
+    message = await websocket.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    text = message.get("text")
+    if text is None:
+        raise ValueError("frames must be JSON text, not binary")
+    if len(text) > MAX_FRAME:
+        raise ValueError(f"frame larger than {MAX_FRAME} characters")
+    try:
+        frame = json.loads(text)
+    except json.JSONDecodeError:
+        raise ValueError("frames must be JSON objects") from None
+    if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+        raise ValueError('frames must be JSON objects with a "type"')
+    return frame
+
+
+async def send_chunks(websocket: WebSocket, chunks: AsyncIterator[OutputChunk], frame_type: str | None = None) -> None:
+    """Send output as {"type": stream (or frame_type), "data": text}; UTF-8 split across chunks stays whole."""
+    decoders = {}
+    async for chunk in chunks:
+        decoder = decoders.setdefault(chunk.stream, codecs.getincrementaldecoder("utf-8")("replace"))
+        if text := decoder.decode(chunk.data):
+            await websocket.send_json({"type": frame_type or chunk.stream, "data": text})

@@ -1,0 +1,215 @@
+"""ProjectRuns: the service behind the runs API and the shell.
+
+It joins the sandbox library (RunService, plan_run) to the app: who may see or steer a run (the
+run's project decides), the run record kept in the database once it ends, and files the program
+wrote going back into open editors through the collab rooms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from ide_server.errors import InvalidInput, PermissionDenied
+from ide_server.models import Role, User
+from ide_server.services import projects
+from sandbox.backend import Backend, RunSpec
+from sandbox.errors import RunNotFound, SandboxUnavailable
+from sandbox.languages import plan_run
+from sandbox.limits import SERVER_MAXIMA
+from sandbox.models import RunRow
+from sandbox.schemas import RunCreate, RunPublic
+from sandbox.service import RunRecord, RunService
+
+log = logging.getLogger(__name__)
+
+STORED_OUTPUT_CHARS = 64 * 1024  # per stream, in the database and in API answers
+LIST_LIMIT = 50
+
+
+def _time(ts: float | None) -> datetime | None:
+    return datetime.fromtimestamp(ts, UTC) if ts is not None else None
+
+
+def _bounded(text: str) -> tuple[str, bool]:
+    return text[:STORED_OUTPUT_CHARS], len(text) > STORED_OUTPUT_CHARS
+
+
+def public_of_record(record: RunRecord) -> RunPublic:
+    data = record.public()
+    stdout, cut_out = _bounded(data["stdout"])
+    stderr, cut_err = _bounded(data["stderr"])
+    return RunPublic(**{
+        **data, "stdout": stdout, "stderr": stderr, "output_truncated": cut_out or cut_err,
+        "created_at": _time(record.created_at), "started_at": _time(record.started_at),
+        "finished_at": _time(record.finished_at),
+    })
+
+
+def public_of_row(row: RunRow) -> RunPublic:
+    return RunPublic.model_validate(row, from_attributes=True)
+
+
+class FilesBack:
+    """Puts files a sandbox wrote into the editors that have them open (as CRDT edits)."""
+
+    def __init__(self, rooms_of: Callable[[], object | None]) -> None:
+        self._rooms_of = rooms_of
+
+    async def before_run(self, project_id: str) -> None:
+        """Write every open editor's text to disk, so the run sees what the user sees."""
+        if (rooms := self._rooms_of()) is not None:
+            await rooms.flush_project(project_id)
+
+    async def after_run(self, project_id: str, project_dir: Path, written: list[str]) -> None:
+        rooms = self._rooms_of()
+        if rooms is None or not written:
+            return
+        from collab.room import RoomKey
+
+        open_keys = {key for key in rooms.rooms if key.project_id == project_id}
+        for path in written:
+            key = RoomKey(project_id, path)
+            if key not in open_keys:
+                continue  # no editor has it open: the file on disk is all there is
+            try:
+                text = await asyncio.to_thread((project_dir / path).read_text, encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+            await rooms.set_text(key, text)
+
+
+class ProjectRuns:
+    """Runs of projects' code for signed-in users, on one backend (or none, with the reason)."""
+
+    def __init__(self, backend: Backend | None, unavailable: str, *, sessions: sessionmaker, projects_dir: Path,
+                 files_back: FilesBack, max_running: int = 4, max_queued: int = 64, max_per_user: int = 4) -> None:
+        self.backend, self.unavailable = backend, unavailable
+        self.sessions, self.projects_dir, self.files_back = sessions, projects_dir, files_back
+        self.service = RunService(backend, max_running=max_running, max_queued=max_queued,
+                                  max_per_user=max_per_user) if backend else None
+        self._finishers: set[asyncio.Task] = set()
+
+    def require_backend(self) -> Backend:
+        if self.backend is None:
+            raise SandboxUnavailable(self.unavailable)
+        return self.backend
+
+    def project_dir(self, project_id: str) -> Path:
+        return projects.project_dir(self.projects_dir, project_id)
+
+    async def start(self, user: User, project_id: str, body: RunCreate) -> RunPublic:
+        """Plan and queue a run of the project; QueueFull (429) when too many are waiting."""
+        self.require_backend()
+        assert self.service is not None
+        await self.files_back.before_run(project_id)
+        project_dir = self.project_dir(project_id)
+        try:
+            plan = await asyncio.to_thread(plan_run, project_dir, body.entry)
+            limits = plan.limits.with_overrides(body.limits, SERVER_MAXIMA)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        record = await self.service.submit(str(user.id), project_id, RunSpec(plan.argv, project_dir, limits))
+        with self.sessions() as db, db.begin():
+            db.add(RunRow(id=record.id, project_id=project_id, user_id=user.id, argv=record.argv, status="queued",
+                          created_at=_time(record.created_at)))
+        if body.stdin is not None:
+            await self.service.send_stdin(record.id, body.stdin.encode())
+            await self.service.close_stdin(record.id)
+        task = asyncio.create_task(self._finish(record))
+        self._finishers.add(task)
+        task.add_done_callback(self._finishers.discard)
+        return public_of_record(record)
+
+    async def _finish(self, record: RunRecord) -> None:
+        """When the run ends: store its outcome, then hand written files to open editors."""
+        assert self.service is not None
+        await self.service.wait(record.id)
+        try:
+            await asyncio.to_thread(self._store, record)
+            if record.result is not None:
+                await self.files_back.after_run(record.project_id, self.project_dir(record.project_id),
+                                                record.result.files_written)
+        except Exception:
+            log.exception("could not finish run %s", record.id)
+
+    def _store(self, record: RunRecord) -> None:
+        public = public_of_record(record)
+        with self.sessions() as db, db.begin():
+            row = db.get(RunRow, record.id)
+            if row is None:
+                return  # the project was deleted meanwhile
+            for name in ("status", "verdict", "exit_code", "signal", "cpu_seconds", "wall_seconds", "peak_memory_bytes",
+                         "stdout", "stderr", "output_truncated", "files_written", "message", "started_at", "finished_at"):
+                setattr(row, name, getattr(public, name))
+
+    def _visible(self, db: Session, run_id: str, user: User, min_role: Role) -> tuple[str, RunRecord | None, RunRow | None]:
+        """The run's project id, live record and row, if `user` has `min_role` on that project.
+
+        Runs of projects the caller is not a member of answer 404, as if they didn't exist."""
+        record = None
+        if self.service is not None:
+            try:
+                record = self.service.get(run_id)
+            except RunNotFound:
+                pass
+        row = db.get(RunRow, run_id) if record is None else None
+        project_id = record.project_id if record else row.project_id if row else None
+        if project_id is None:
+            raise RunNotFound(f"run {run_id} not found")
+        role = projects.role_of(db, project_id, user)
+        if role is None:
+            raise RunNotFound(f"run {run_id} not found")
+        if not role.at_least(min_role):
+            raise PermissionDenied(f"this needs the {min_role.value} role on the run's project")
+        return project_id, record, row
+
+    def get(self, db: Session, run_id: str, user: User) -> RunPublic:
+        _, record, row = self._visible(db, run_id, user, Role.viewer)
+        return public_of_record(record) if record else public_of_row(row)
+
+    def check(self, db: Session, run_id: str, user: User, min_role: Role = Role.viewer) -> None:
+        """Raise RunNotFound/PermissionDenied unless `user` may see (or steer) the live run."""
+        _, record, _ = self._visible(db, run_id, user, min_role)
+        if record is None:
+            raise RunNotFound(f"run {run_id} is over; read it with GET /api/runs/{run_id}")
+
+    def cancel(self, db: Session, run_id: str, user: User) -> RunPublic:
+        _, record, row = self._visible(db, run_id, user, Role.editor)
+        if record is None:
+            return public_of_row(row)  # already over: nothing to cancel
+        assert self.service is not None
+        return public_of_record(self.service.cancel(run_id))
+
+    def list(self, db: Session, project_id: str) -> list[RunPublic]:
+        """The project's latest runs, newest first (live ones with their current state)."""
+        rows = db.scalars(select(RunRow).where(RunRow.project_id == project_id)
+                          .order_by(RunRow.created_at.desc()).limit(LIST_LIMIT)).all()
+        answer = []
+        for row in rows:
+            try:
+                record = self.service.get(row.id) if self.service else None
+            except RunNotFound:
+                record = None
+            answer.append(public_of_record(record) if record else public_of_row(row))
+        return answer
+
+    def close_interrupted(self) -> int:
+        """At start-up: runs a previous server left unfinished end as internal_error."""
+        with self.sessions() as db, db.begin():
+            rows = db.scalars(select(RunRow).where(RunRow.status != "finished")).all()
+            for row in rows:
+                row.status, row.verdict = "finished", "internal_error"
+                row.message, row.finished_at = "the server stopped during this run", datetime.now(UTC)
+            return len(rows)
+
+    async def shutdown(self) -> None:
+        if self.service is not None:
+            await self.service.shutdown()
+        await asyncio.gather(*self._finishers, return_exceptions=True)

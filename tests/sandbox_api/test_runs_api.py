@@ -1,0 +1,73 @@
+"""Running a project's code over the API: start, read, list, cancel, queue limits, files coming back."""
+
+from __future__ import annotations
+
+from conftest import new_project, wait_finished
+
+
+def test_run_a_python_file_and_read_its_outcome(owner):
+    pid = new_project(owner, {"main.py": "import sys\nprint(input().upper())\nprint('oops', file=sys.stderr)\n"})
+    started = owner.post(f"/api/projects/{pid}/runs", json={"stdin": "hello\n"})
+    assert started.status_code == 202, started.text
+    assert started.json()["argv"] == ["python3", "./main.py"]
+    run = wait_finished(owner, started.json()["id"])
+    assert run["verdict"] == "ok", run
+    assert run["stdout"] == "HELLO\n" and run["stderr"] == "oops\n"
+    assert run["cpu_seconds"] >= 0 and run["wall_seconds"] > 0 and run["exit_code"] == 0
+    assert [r["id"] for r in owner.get(f"/api/projects/{pid}/runs").json()] == [run["id"]]
+
+
+def test_runtime_error_and_limits_from_the_request(owner):
+    pid = new_project(owner, {"main.py": "while True: pass\n", "bad.py": "raise SystemExit(3)\n"})
+    run = wait_finished(owner, owner.post(f"/api/projects/{pid}/runs", json={"entry": "bad.py"}).json()["id"])
+    assert (run["verdict"], run["exit_code"]) == ("runtime_error", 3)
+    started = owner.post(f"/api/projects/{pid}/runs", json={"limits": {"cpu_seconds": 0.5}})
+    run = wait_finished(owner, started.json()["id"])
+    assert run["verdict"] == "time_limit" and run["cpu_seconds"] < 2
+
+
+def test_bad_requests_are_clear_400s(owner):
+    pid = new_project(owner, {"notes.txt": "hi"})
+    answer = owner.post(f"/api/projects/{pid}/runs", json={"entry": "notes.txt"})
+    assert answer.status_code == 400 and "cannot tell how to run 'notes.txt'" in answer.json()["detail"]
+    answer = owner.post(f"/api/projects/{pid}/runs", json={"entry": "../../etc/passwd"})
+    assert answer.status_code == 400 and "inside the project" in answer.json()["detail"]
+    answer = owner.post(f"/api/projects/{pid}/runs", json={"entry": "notes.txt", "limits": {"nope": 1}})
+    assert answer.status_code == 422
+
+
+def test_files_the_program_writes_come_back(owner):
+    pid = new_project(owner, {"main.py": "import os\nos.makedirs('out', exist_ok=True)\nopen('out/result.txt','w').write('42')\n"})
+    run = wait_finished(owner, owner.post(f"/api/projects/{pid}/runs", json={}).json()["id"])
+    assert run["files_written"] == ["out/result.txt"]
+    assert owner.get(f"/api/projects/{pid}/files/content/out/result.txt").content == b"42"
+
+
+def test_cancel_a_running_program(owner):
+    pid = new_project(owner, {"main.py": "import time\nprint('up', flush=True)\ntime.sleep(30)\n"})
+    run_id = owner.post(f"/api/projects/{pid}/runs", json={"stdin": ""}).json()["id"]
+    wait_until_output(owner, run_id, "up")
+    assert owner.post(f"/api/runs/{run_id}/cancel").status_code == 200
+    run = wait_finished(owner, run_id)
+    assert run["verdict"] == "cancelled" and run["wall_seconds"] < 10
+
+
+def wait_until_output(client, run_id: str, text: str) -> None:
+    import time
+
+    deadline = time.monotonic() + 10
+    while text not in client.get(f"/api/runs/{run_id}").json()["stdout"]:
+        assert time.monotonic() < deadline, "the program never printed"
+        time.sleep(0.05)
+
+
+def test_queue_full_answers_429_with_a_message(owner, app):
+    pid = new_project(owner, {"main.py": "import time\ntime.sleep(30)\n"})
+    service = app.state.sandbox_runs.service
+    ids = [owner.post(f"/api/projects/{pid}/runs", json={"stdin": ""}).json()["id"] for _ in range(service.max_per_user)]
+    refused = owner.post(f"/api/projects/{pid}/runs", json={})
+    assert refused.status_code == 429 and "runs waiting or running" in refused.json()["detail"]
+    assert refused.headers["Retry-After"]
+    for run_id in ids:
+        owner.post(f"/api/runs/{run_id}/cancel")
+    assert {wait_finished(owner, run_id)["verdict"] for run_id in ids} == {"cancelled"}
