@@ -45,6 +45,10 @@ class LLMEngine:
         num_blocks = self.model_runner.num_blocks
         self.max_model_len = min(config.max_model_len or self.hf_config.max_position_embeddings,
                                  self.hf_config.max_position_embeddings, num_blocks * config.block_size)
+        window = getattr(self.hf_config, "sliding_window", None)
+        if window and getattr(self.hf_config, "use_sliding_window", True):
+            # The reference attention is full attention: stay where the two agree.
+            self.max_model_len = min(self.max_model_len, window)
         self.vocab_size = self.hf_config.vocab_size
         self.eos_token_ids = self._eos_token_ids()
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
@@ -271,6 +275,20 @@ class LLMEngine:
                 finish_reason=seq.status.finish_reason, stop_reason=seq.stop_reason))
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, completions,
                              request.is_finished, request.metrics, request.error)
+
+    def kv_cache_occupancy(self) -> tuple[int, int]:
+        """(slots in blocks held by live sequences, of those the slots holding a computed token).
+
+        A block shared by several sequences counts once. Their ratio is the paged cache's waste.
+        """
+        bm = self.block_manager
+        bs = bm.block_size
+        filled: dict[int, int] = {}
+        for seq in self.scheduler.running:
+            for i, block_id in enumerate(seq.block_table):
+                used = min(bs, max(seq.num_computed_tokens - i * bs, 0))
+                filled[block_id] = max(filled.get(block_id, 0), used)
+        return (bm.num_blocks - bm.num_free_blocks) * bs, sum(filled.values())
 
     def get_stats(self) -> EngineStats:
         bm = self.block_manager

@@ -80,8 +80,10 @@ def test_abort_by_id_frees_blocks_immediately(engine):
     engine.step()
     assert engine.get_stats().num_free_blocks < engine.get_stats().num_total_blocks
     engine.abort_request("a")
-    held_by_b = len(engine.requests["b"].seqs[0].block_table)
-    assert engine.get_stats().num_free_blocks == engine.get_stats().num_total_blocks - held_by_b
+    b = engine.requests["b"].seqs[0]
+    stats = engine.get_stats()
+    assert stats.num_free_blocks == stats.num_total_blocks - len(b.block_table)
+    assert engine.kv_cache_occupancy() == (16 * len(b.block_table), b.num_computed_tokens)
     done = run_to_end(engine)
     assert done["a"].outputs[0].finish_reason == "abort"
     assert 0 < len(done["a"].outputs[0].token_ids) < 50

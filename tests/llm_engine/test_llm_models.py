@@ -81,3 +81,17 @@ def test_blockwise_decode_attention_matches_sdpa():
     assert torch.allclose(got, expected, atol=1e-5)
     got16 = _decode_attention(q.bfloat16(), key_blocks.bfloat16(), value_blocks.bfloat16(), mask, dim ** -0.5)
     assert torch.allclose(got16.float(), expected, atol=3e-2)
+
+
+def test_sliding_window_caps_the_context(tmp_path):
+    import transformers
+
+    config = transformers.MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1, sliding_window=48,
+                                        max_position_embeddings=256)
+    config.architectures = ["MistralForCausalLM"]
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    llm = LLM(model=str(tmp_path), dtype="float32")
+    assert llm.engine.max_model_len == 48
+    out = llm.generate([5] * 40, SamplingParams(max_tokens=20, ignore_eos=True), use_tqdm=False)[0]
+    assert (len(out.outputs[0].token_ids), out.outputs[0].finish_reason) == (8, "length")
