@@ -9,7 +9,9 @@ ordinary edit and nobody's connection has to reload.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -40,16 +42,33 @@ class Checkpoint:
     names: tuple[str, ...]
 
 
+def _serialised(method):
+    """GitPython keeps long-lived `git cat-file` pipes per Repo: one caller at a time."""
+
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
 class ProjectHistory:
-    """Git operations on one project folder (blocking; call them from a worker thread)."""
+    """Git operations on one project folder (blocking; call them from a worker thread).
+
+    Keep one instance per project: its methods are serialised, so an automatic checkpoint and
+    an API read never talk to the same git pipes at once.
+    """
 
     def __init__(self, project_dir: Path) -> None:
         self.project_dir = project_dir
+        self._lock = threading.RLock()
         if (project_dir / ".git").is_dir():
             self.repo = git.Repo(project_dir)
         else:
             self.repo = git.Repo.init(project_dir, initial_branch="main")
 
+    @_serialised
     def checkpoint(self, message: str, authors: list[Author], name: str | None = None) -> Checkpoint | None:
         """Commit every change in the project; None when nothing changed and no name was asked for."""
         if name is not None:
@@ -71,6 +90,7 @@ class ProjectHistory:
             self.repo.create_tag(name, ref=self.repo.head.commit)
         return self._checkpoint(self.repo.head.commit)
 
+    @_serialised
     def name(self, version: str, name: str) -> Checkpoint:
         """Give a checkpoint a name (a git tag) to find it again."""
         self._check_name(name)
@@ -78,6 +98,7 @@ class ProjectHistory:
         self.repo.create_tag(name, ref=commit)
         return self._checkpoint(commit)
 
+    @_serialised
     def list(self, path: str | None = None, limit: int = 100) -> list[Checkpoint]:
         """Newest first; with path, only checkpoints that changed that file."""
         if not self.repo.head.is_valid():
@@ -85,6 +106,11 @@ class ProjectHistory:
         commits = self.repo.iter_commits("HEAD", paths=path or "", max_count=limit)
         return [self._checkpoint(commit) for commit in commits]
 
+    @_serialised
+    def has_checkpoints(self) -> bool:
+        return self.repo.head.is_valid()
+
+    @_serialised
     def read(self, version: str, path: str) -> bytes:
         try:
             blob = self._commit(version).tree / path
@@ -92,9 +118,11 @@ class ProjectHistory:
             raise FileNotFoundError(f"path: {path} is not in version {version}") from exc
         return blob.data_stream.read()
 
+    @_serialised
     def files(self, version: str) -> list[str]:
         return sorted(item.path for item in self._commit(version).tree.traverse() if item.type == "blob")
 
+    @_serialised
     def diff(self, old: str, new: str, path: str | None = None) -> str:
         """Unified diff between two versions (of one file, or the whole project)."""
         args = [self._commit(old).hexsha, self._commit(new).hexsha]
@@ -138,7 +166,7 @@ async def restore_file(history: ProjectHistory, rooms: RoomManager, key: RoomKey
 async def restore_project(history: ProjectHistory, rooms: RoomManager, project_id: str, version: str) -> None:
     """Every file back to version: text files through their rooms, others written directly."""
     wanted = await asyncio.to_thread(history.files, version)
-    current = await asyncio.to_thread(history.files, "HEAD") if history.repo.head.is_valid() else []
+    current = await asyncio.to_thread(history.files, "HEAD") if history.has_checkpoints() else []
     for path in wanted:
         data = await asyncio.to_thread(history.read, version, path)
         target = history.project_dir / path
