@@ -8,6 +8,8 @@ export default defineConfig({
     outDir: "../ide_server/webassets",
     emptyOutDir: true,
     manifest: "manifest.json",
+    // The workspace chunk (CodeMirror, Yjs, xterm) is loaded only on project pages.
+    chunkSizeWarningLimit: 1500,
     rollupOptions: { input: "src/main.ts" },
   },
 });

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request, status
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from ide_server.api.events import EventsDep, ProjectEvents
 from ide_server.components import Component
 from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.deps import ProjectEditor, ProjectViewer, SettingsDep
@@ -28,6 +29,12 @@ RAW_HEADERS = {"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "
 
 def _root(settings: Settings, ctx: ProjectAccess) -> Path:
     return projects.project_dir(settings.projects_dir, ctx.project.id)
+
+
+def _publish(events: ProjectEvents | None, ctx: ProjectAccess, action: str, path: str, to: str | None = None) -> None:
+    """Tell open workspaces the tree changed (no-op when the events component is not loaded)."""
+    if events is not None:
+        events.files_changed(ctx.project.id, action, path, to)
 
 
 async def _body_to_file(request: Request, limit: int) -> BinaryIO:
@@ -54,12 +61,14 @@ def file_tree(ctx: ProjectViewer, settings: SettingsDep) -> list[FileEntry]:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
-def create_entry(body: FileCreate, ctx: ProjectEditor, settings: SettingsDep) -> FileEntry:
+def create_entry(body: FileCreate, ctx: ProjectEditor, settings: SettingsDep, events: EventsDep) -> FileEntry:
     """Create a new file (with optional text) or folder; 409 if the path exists."""
     root = _root(settings, ctx)
     if body.kind == "directory":
-        return FileEntry.model_validate(files.make_dir(root, body.path))
-    entry = files.write(root, body.path, body.content.encode(), settings.max_file_bytes, create_only=True)
+        entry = files.make_dir(root, body.path)
+    else:
+        entry = files.write(root, body.path, body.content.encode(), settings.max_file_bytes, create_only=True)
+    _publish(events, ctx, "create", body.path)
     return FileEntry.model_validate(entry)
 
 
@@ -76,25 +85,31 @@ def read_file(path: str, ctx: ProjectViewer, settings: SettingsDep) -> Response:
 
 
 @router.put("/content/{path:path}", openapi_extra={"requestBody": RAW_BODY})
-async def write_file(path: str, request: Request, ctx: ProjectEditor, settings: SettingsDep) -> FileEntry:
+async def write_file(
+    path: str, request: Request, ctx: ProjectEditor, settings: SettingsDep, events: EventsDep
+) -> FileEntry:
     """Create or replace a file with the request body's bytes (parent folders are created)."""
     body = await _body_to_file(request, settings.max_file_bytes)
     with body:
         data = body.read()
     entry = await run_in_threadpool(files.write, _root(settings, ctx), path, data, settings.max_file_bytes)
+    _publish(events, ctx, "write", path)
     return FileEntry.model_validate(entry)
 
 
 @router.delete("/content/{path:path}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_entry(path: str, ctx: ProjectEditor, settings: SettingsDep) -> None:
+def delete_entry(path: str, ctx: ProjectEditor, settings: SettingsDep, events: EventsDep) -> None:
     """Delete a file or a folder with everything in it."""
     files.delete(_root(settings, ctx), path)
+    _publish(events, ctx, "delete", path)
 
 
 @router.post("/move")
-def move_entry(body: FileMove, ctx: ProjectEditor, settings: SettingsDep) -> FileEntry:
+def move_entry(body: FileMove, ctx: ProjectEditor, settings: SettingsDep, events: EventsDep) -> FileEntry:
     """Rename or move a file or folder; 409 if the destination exists."""
-    return FileEntry.model_validate(files.move(_root(settings, ctx), body.src, body.dst))
+    entry = files.move(_root(settings, ctx), body.src, body.dst)
+    _publish(events, ctx, "move", body.src, body.dst)
+    return FileEntry.model_validate(entry)
 
 
 @router.get(
@@ -113,7 +128,7 @@ def download_zip(ctx: ProjectViewer, settings: SettingsDep) -> StreamingResponse
 
 
 @router.post("/zip", openapi_extra={"requestBody": ZIP_BODY})
-async def upload_zip(request: Request, ctx: ProjectEditor, settings: SettingsDep) -> UploadResult:
+async def upload_zip(request: Request, ctx: ProjectEditor, settings: SettingsDep, events: EventsDep) -> UploadResult:
     """Extract a zip (the request body) into the project, overwriting files with the same path."""
     archive = await _body_to_file(request, settings.max_upload_bytes)
     with archive:
@@ -125,6 +140,7 @@ async def upload_zip(request: Request, ctx: ProjectEditor, settings: SettingsDep
             max_files=settings.max_upload_files,
             max_file=settings.max_file_bytes,
         )
+    _publish(events, ctx, "upload", "")
     return UploadResult(files_written=count)
 
 

@@ -1,0 +1,151 @@
+"""Project events: WebSocket /ws/projects/{project_id}/events (file tree changes and presence).
+
+Why a separate channel: the collab rooms are per file, but the file tree and "who is in this
+project, in which file" are per project. Every open workspace keeps one socket here; the files API
+publishes a `files` event after each mutation and the workspace re-reads the tree. Presence is
+the list of connected users with the file each one has open; clients announce their file with
+{"type": "presence", "file": path | null}. The hub lives in this process (one replica); with
+several replicas, events would need the Redis fan-out the collab rooms use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, WebSocket, WebSocketDisconnect
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import HTTPConnection
+
+from ide_server.components import Component
+from ide_server.deps import authenticate_websocket
+from ide_server.errors import DomainError, NotAuthenticated
+from ide_server.models import Role
+from ide_server.services import projects
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+MAX_MESSAGE = 4096
+
+router = APIRouter()
+
+
+@dataclass(eq=False)
+class Listener:
+    """One open workspace: who it is, which file it shows, and where to send events."""
+
+    websocket: WebSocket
+    username: str
+    role: str
+    file: str | None = None
+    id: int = field(default_factory=itertools.count(1).__next__)
+
+
+class ProjectEvents:
+    """The listeners of each project, and broadcasting to them (safe to call from worker threads)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._listeners: dict[str, set[Listener]] = {}
+
+    def files_changed(self, project_id: str, action: str, path: str, to: str | None = None) -> None:
+        """Tell the project's open workspaces that its files changed (called by the files API)."""
+        event = {"type": "files", "action": action, "path": path, "to": to}
+        self._loop.call_soon_threadsafe(self._schedule, project_id, event)
+
+    def _schedule(self, project_id: str, event: dict) -> None:
+        self._loop.create_task(self._broadcast(project_id, event))
+
+    async def join(self, project_id: str, listener: Listener) -> None:
+        self._listeners.setdefault(project_id, set()).add(listener)
+        await self._broadcast_presence(project_id)
+
+    async def leave(self, project_id: str, listener: Listener) -> None:
+        listeners = self._listeners.get(project_id, set())
+        listeners.discard(listener)
+        if not listeners:
+            self._listeners.pop(project_id, None)
+        await self._broadcast_presence(project_id)
+
+    async def moved_to(self, project_id: str, listener: Listener, file: str | None) -> None:
+        listener.file = file
+        await self._broadcast_presence(project_id)
+
+    async def _broadcast_presence(self, project_id: str) -> None:
+        users = [
+            {"id": other.id, "username": other.username, "role": other.role, "file": other.file}
+            for other in sorted(self._listeners.get(project_id, ()), key=lambda item: item.id)
+        ]
+        await self._broadcast(project_id, {"type": "presence", "users": users})
+
+    async def _broadcast(self, project_id: str, event: dict) -> None:
+        text = json.dumps(event)
+        for listener in list(self._listeners.get(project_id, ())):
+            try:
+                await listener.websocket.send_text(text)
+            except Exception:  # a socket closing meanwhile; its handler removes it
+                pass
+
+
+def events_of(conn: HTTPConnection) -> ProjectEvents | None:
+    """The app's event hub, or None when the events component is not loaded (nothing listens then)."""
+    return getattr(conn.app.state, "project_events", None)
+
+
+EventsDep = Annotated[ProjectEvents | None, Depends(events_of)]
+
+
+def _authorise(websocket: WebSocket, project_id: str) -> tuple[str, str]:
+    """(username, role) of a caller allowed to read the project; raises a DomainError otherwise."""
+    app = websocket.app
+    with app.state.sessionmaker() as db:
+        user = authenticate_websocket(websocket, db, app.state.settings)
+        access = projects.authorize(db, project_id, user, Role.viewer, public_read=True)
+        username = user.username if user is not None else "guest"
+        return username, access.role.value if access.role is not None else "viewer"
+
+
+@router.websocket("/ws/projects/{project_id}/events")
+async def project_events_socket(websocket: WebSocket, project_id: str) -> None:
+    await websocket.accept()
+    try:
+        username, role = await run_in_threadpool(_authorise, websocket, project_id)
+    except NotAuthenticated as exc:
+        await websocket.close(CLOSE_UNAUTHENTICATED, exc.detail[:120])
+        return
+    except DomainError as exc:
+        await websocket.close(CLOSE_FORBIDDEN, exc.detail[:120])
+        return
+    hub: ProjectEvents = websocket.app.state.project_events
+    listener = Listener(websocket, username, role)
+    await hub.join(project_id, listener)
+    try:
+        while True:
+            text = await websocket.receive_text()
+            if len(text) > MAX_MESSAGE:
+                continue
+            try:
+                message = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(message, dict) and message.get("type") == "presence":
+                file = message.get("file")
+                await hub.moved_to(project_id, listener, file if isinstance(file, str) else None)
+    except WebSocketDisconnect:
+        pass
+    finally:
+        await hub.leave(project_id, listener)
+
+
+@asynccontextmanager
+async def events_lifespan(app: FastAPI) -> AsyncIterator[None]:
+    app.state.project_events = ProjectEvents(asyncio.get_running_loop())
+    yield
+
+
+component = Component(name="events", router=router, lifespan=events_lifespan)

@@ -1,0 +1,167 @@
+"""The workspace in real browsers: two people editing one file, the live tree, runs, roles, reload."""
+
+import re
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+PASSWORD = "correct horse battery"
+OWNER, EDITOR, VIEWER = "wsowner", "wseditor", "wsviewer"
+PROMPT_ANSWERS: dict = {}
+
+
+def _client(server_url: str, username: str) -> httpx.Client:
+    client = httpx.Client(base_url=server_url, timeout=30)
+    client.post("/api/auth/register", json={"username": username, "password": PASSWORD}).raise_for_status()
+    client.post("/api/auth/login", json={"username": username, "password": PASSWORD}).raise_for_status()
+    client.headers["X-CSRF-Token"] = client.cookies["codeyard_csrf"]
+    return client
+
+
+@pytest.fixture(scope="module")
+def project_id(server_url) -> str:
+    """A Python project owned by OWNER, with EDITOR as editor and VIEWER as viewer (joined by invite links)."""
+    owner = _client(server_url, OWNER)
+    project = owner.post("/api/projects", json={"name": "pair", "template": "python"}).json()
+    for username, role in ((EDITOR, "editor"), (VIEWER, "viewer")):
+        invite = owner.post(f"/api/projects/{project['id']}/invites", json={"role": role}).json()
+        _client(server_url, username).post(f"/api/invites/{invite['token']}/accept").raise_for_status()
+    owner.put(f"/api/projects/{project['id']}/files/content/main.py", content=b'print("hello")\n').raise_for_status()
+    return project["id"]
+
+
+@pytest.fixture
+def open_as(server_url, browser, project_id):
+    """open_as(username) -> a page showing the project's workspace, signed in as that user."""
+    contexts = []
+
+    def open_page(username: str, width: int = 1280, height: int = 720):
+        context = browser.new_context(viewport={"width": width, "height": height})
+        contexts.append(context)
+        context.request.post(server_url + "/api/auth/login", data={"username": username, "password": PASSWORD})
+        page = context.new_page()
+        page.on("dialog", lambda dialog: dialog.accept(PROMPT_ANSWERS.get(page, "")))
+        page.goto(f"{server_url}/projects/{project_id}")
+        expect(page.locator("#connection")).to_have_text("Synced")
+        return page
+
+    yield open_page
+    for context in contexts:
+        context.close()
+
+
+def editor_text(page) -> str:
+    """The open file's text as shown (without the other people's cursor labels)."""
+    return page.evaluate("""() => {
+        const host = [...document.querySelectorAll('.editor-host')].find((el) => !el.hidden);
+        return [...host.querySelectorAll('.cm-line')].map((line) => {
+            const copy = line.cloneNode(true);
+            copy.querySelectorAll('.cm-ySelectionCaret').forEach((caret) => caret.remove());
+            return copy.textContent.replaceAll('\\u2060', '');
+        }).join('\\n');
+    }""")
+
+
+def answer_next_prompt(page, text: str) -> None:
+    """What the page's next prompt() gets typed into it (confirm() dialogs are accepted)."""
+    PROMPT_ANSWERS[page] = text
+
+
+def test_two_people_edit_one_file_at_once(open_as, screenshot):
+    ada, bob = open_as(OWNER), open_as(EDITOR)
+    for page in (ada, bob):
+        expect(page.locator(".editor-host:not([hidden]) .cm-content")).to_contain_text('print("hello")')
+    ada.locator(".cm-content").click()
+    bob.locator(".cm-content").click()
+    ada.keyboard.press("Control+End")
+    bob.keyboard.press("Control+Home")
+    ada.keyboard.type("print('from ada')\n")
+    bob.keyboard.type("# from bob\n")
+    for page in (ada, bob):
+        expect(page.locator(".cm-content")).to_contain_text("from ada")
+        expect(page.locator(".cm-content")).to_contain_text("from bob")
+    assert editor_text(ada) == editor_text(bob)
+    assert editor_text(ada).startswith("# from bob\n")
+    # Each sees the other's cursor, labelled with the other's name, and the other's avatar.
+    expect(ada.locator(".cm-ySelectionInfo", has_text=EDITOR)).to_have_count(1)
+    expect(bob.locator(".cm-ySelectionInfo", has_text=OWNER)).to_have_count(1)
+    expect(ada.locator(f'#presence .avatar[data-user="{EDITOR}"][data-file="main.py"]')).to_be_visible()
+    screenshot(ada, "workspace-two-editors")
+
+    # Undo is per user: Bob's undo removes his line, not Ada's.
+    bob.keyboard.press("Control+z")
+    expect(ada.locator(".cm-content")).not_to_contain_text("from bob")
+    expect(ada.locator(".cm-content")).to_contain_text("from ada")
+
+    # A reload finds the text as it was, and the same tab open.
+    ada.reload()
+    expect(ada.locator(".tab.active")).to_have_attribute("data-path", "main.py")
+    expect(ada.locator(".cm-content")).to_contain_text("from ada")
+    assert editor_text(ada) == editor_text(bob)
+
+
+def test_file_tree_updates_live_for_everyone(open_as, screenshot):
+    ada, bob = open_as(OWNER), open_as(EDITOR)
+    answer_next_prompt(ada, "notes/todo.md")
+    ada.click("#new-file")
+    expect(bob.locator('#file-tree li[data-path="notes/todo.md"]')).to_be_visible()
+    expect(ada.locator(".tab.active")).to_have_attribute("data-path", "notes/todo.md")
+
+    answer_next_prompt(ada, "notes/done.md")
+    ada.locator('#file-tree li[data-path="notes/todo.md"]').hover()
+    ada.locator('#file-tree li[data-path="notes/todo.md"] .rename').click()
+    expect(bob.locator('#file-tree li[data-path="notes/done.md"]')).to_be_visible()
+    expect(bob.locator('#file-tree li[data-path="notes/todo.md"]')).to_have_count(0)
+    expect(ada.locator(".tab.active")).to_have_attribute("data-path", "notes/done.md")
+    screenshot(bob, "workspace-tree-live")
+
+    bob.locator('#file-tree li[data-path="notes"]').hover()
+    bob.locator('#file-tree li[data-path="notes"] .delete').click()
+    expect(ada.locator('#file-tree li[data-path="notes/done.md"]')).to_have_count(0)
+    expect(ada.locator('.tab[data-path="notes/done.md"]')).to_have_count(0)
+    expect(ada.locator("#message")).to_contain_text("was deleted")
+
+
+def test_viewer_watches_but_cannot_edit(open_as, screenshot):
+    ada, viv = open_as(OWNER), open_as(VIEWER)
+    expect(viv.locator("#role")).to_have_text("viewer")
+    for hidden in ("#new-file", "#upload", "#file-tree .delete", "#file-tree .rename"):
+        expect(viv.locator(hidden)).to_have_count(0)
+    expect(viv.locator("#run")).to_be_hidden()
+    before = editor_text(viv)
+    viv.locator(".cm-content").click()
+    viv.keyboard.type("vandalism")
+    assert editor_text(viv) == before
+    ada.locator(".cm-content").click()
+    ada.keyboard.press("Control+End")
+    ada.keyboard.type("# seen by the viewer\n")
+    expect(viv.locator(".cm-content")).to_contain_text("seen by the viewer")
+    assert "vandalism" not in editor_text(ada)
+    screenshot(viv, "workspace-viewer")
+
+
+def test_run_a_program_that_reads_input(open_as, screenshot):
+    ada = open_as(OWNER)
+    ada.locator(".cm-content").click()
+    ada.keyboard.press("Control+a")
+    ada.keyboard.type('name = input("Your name? ")\nprint("Hello, " + name + "!")\n')
+    ada.keyboard.press("Control+Enter")
+    console = ada.locator("#console")
+    expect(console).to_contain_text("Your name?", timeout=20000)
+    ada.locator("#console .xterm-helper-textarea").focus()
+    ada.keyboard.type("Grace\n")
+    expect(console).to_contain_text("Hello, Grace!", timeout=20000)
+    expect(ada.locator("#run-summary")).to_contain_text("Finished")
+    expect(ada.locator("#run-summary")).to_contain_text(" s")
+    screenshot(ada, "workspace-run-console")
+
+
+def test_narrow_screen_stacks_panes(open_as, screenshot):
+    page = open_as(OWNER, width=400, height=800)
+    tree = page.locator("#file-tree").bounding_box()
+    editor = page.locator("#editor").bounding_box()
+    assert editor["y"] > tree["y"] and editor["width"] > 300
+    page.click("#theme")
+    expect(page.locator("html")).to_have_attribute("data-theme", re.compile("dark|light"))
+    screenshot(page, "workspace-narrow")

@@ -1,0 +1,134 @@
+/** The run console: starts a run, streams its output, passes typed lines to its stdin, shows the verdict. */
+import { api, ApiError } from "../api";
+import { FittedTerminal, socketUrl } from "./terminal";
+
+interface Run {
+  id: string;
+}
+
+interface ExitFrame {
+  verdict: string | null;
+  exit_code: number | null;
+  cpu_seconds: number | null;
+  wall_seconds: number | null;
+  peak_memory_bytes: number | null;
+  message: string;
+}
+
+const VERDICTS: Record<string, string> = {
+  ok: "Finished",
+  runtime_error: "Runtime error",
+  time_limit: "Time limit exceeded",
+  memory_limit: "Memory limit exceeded",
+  output_limit: "Too much output",
+  cancelled: "Stopped",
+};
+
+function describeExit(frame: ExitFrame): string {
+  const verdict = VERDICTS[frame.verdict ?? ""] ?? frame.verdict ?? "Finished";
+  const parts = [verdict];
+  if (frame.exit_code !== null && frame.exit_code !== 0) parts.push(`exit code ${frame.exit_code}`);
+  if (frame.wall_seconds !== null) parts.push(`${frame.wall_seconds.toFixed(2)} s`);
+  if (frame.cpu_seconds !== null) parts.push(`CPU ${frame.cpu_seconds.toFixed(2)} s`);
+  if (frame.peak_memory_bytes) parts.push(`${(frame.peak_memory_bytes / 1048576).toFixed(1)} MB`);
+  return parts.join(" · ");
+}
+
+export class RunConsole {
+  readonly term: FittedTerminal;
+  private socket: WebSocket | null = null;
+  private runId: string | null = null;
+  private line = "";
+
+  constructor(parent: HTMLElement, dark: boolean, private readonly projectId: string, private readonly onState: (running: boolean, summary: string) => void) {
+    this.term = new FittedTerminal(parent, dark);
+    this.term.terminal.writeln("Press Run (Ctrl+Enter) to run your program. Type here when it asks for input.");
+    this.term.terminal.onData((data) => this.typed(data));
+  }
+
+  get running(): boolean {
+    return this.socket !== null;
+  }
+
+  async start(entry: string | null): Promise<void> {
+    if (this.running) return;
+    const terminal = this.term.terminal;
+    terminal.reset();
+    terminal.writeln(`\x1b[2m▶ Running ${entry ?? "the project"}…\x1b[0m`);
+    this.onState(true, "Running…");
+    let run: Run;
+    try {
+      run = await api<Run>("POST", `/api/projects/${encodeURIComponent(this.projectId)}/runs`, entry ? { entry } : {});
+    } catch (error) {
+      const message = error instanceof ApiError ? error.message : String(error);
+      terminal.writeln(`\x1b[31mCould not start the program: ${message}\x1b[0m`);
+      this.onState(false, "Could not start");
+      return;
+    }
+    this.runId = run.id;
+    this.follow(run.id);
+  }
+
+  async stop(): Promise<void> {
+    if (this.runId) await api("POST", `/api/runs/${encodeURIComponent(this.runId)}/cancel`).catch(() => undefined);
+  }
+
+  private follow(runId: string): void {
+    const terminal = this.term.terminal;
+    const socket = new WebSocket(socketUrl(`/ws/runs/${encodeURIComponent(runId)}`));
+    this.socket = socket;
+    this.line = "";
+    let finished = false;
+    socket.onmessage = (event) => {
+      const frame = JSON.parse(String(event.data)) as { type: string; data?: string; message?: string } & ExitFrame;
+      if (frame.type === "stdout") terminal.write(frame.data ?? "");
+      else if (frame.type === "stderr") terminal.write(`\x1b[31m${frame.data ?? ""}\x1b[0m`);
+      else if (frame.type === "install") terminal.write(`\x1b[36m${frame.data ?? ""}\x1b[0m`);
+      else if (frame.type === "error") terminal.writeln(`\x1b[33m${frame.message ?? ""}\x1b[0m`);
+      else if (frame.type === "exit") {
+        finished = true;
+        const summary = describeExit(frame);
+        terminal.writeln("");
+        terminal.writeln(`\x1b[1m■ ${summary}\x1b[0m${frame.message ? ` — ${frame.message}` : ""}`);
+        this.onState(false, summary);
+      }
+    };
+    socket.onclose = (event) => {
+      this.socket = null;
+      this.runId = null;
+      if (!finished) {
+        const reason = event.code === 4401 ? "your session has ended; sign in again" : event.reason || "the connection to the server was lost";
+        terminal.writeln(`\x1b[33mThe run's output stopped: ${reason}.\x1b[0m`);
+        this.onState(false, "Disconnected");
+      }
+    };
+  }
+
+  /** Line editing with local echo: the program reads whole lines, as in a terminal in cooked mode. */
+  private typed(data: string): void {
+    const socket = this.socket;
+    if (!socket || socket.readyState !== WebSocket.OPEN) return;
+    const terminal = this.term.terminal;
+    for (const char of data) {
+      if (char === "\r" || char === "\n") {
+        terminal.write("\r\n");
+        socket.send(JSON.stringify({ type: "stdin", data: `${this.line}\n` }));
+        this.line = "";
+      } else if (char === "\x7f" || char === "\b") {
+        if (this.line) {
+          this.line = this.line.slice(0, -1);
+          terminal.write("\b \b");
+        }
+      } else if (char === "\x04") {
+        if (this.line) socket.send(JSON.stringify({ type: "stdin", data: this.line }));
+        this.line = "";
+        socket.send(JSON.stringify({ type: "stdin_eof" }));
+      } else if (char === "\x03") {
+        void this.stop();
+      } else if (char >= " ") {
+        this.line += char;
+        terminal.write(char);
+      }
+    }
+  }
+}

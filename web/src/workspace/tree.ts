@@ -1,0 +1,76 @@
+/** The file tree: folders and files with open, rename/move and delete; a toolbar to create and upload. */
+import { h } from "../dom";
+import type { FileEntry } from "./files";
+
+export interface TreeActions {
+  open: (path: string) => void;
+  create: (kind: "file" | "directory") => void;
+  rename: (path: string) => void;
+  remove: (path: string) => void;
+  upload: (files: FileList) => void;
+}
+
+export class FileTree {
+  readonly element: HTMLElement;
+  private readonly list = h("ul", { class: "tree", id: "file-tree", role: "tree", "aria-label": "Files" });
+  private activePath: string | null = null;
+  private entries: FileEntry[] = [];
+
+  constructor(private readonly actions: TreeActions, private readonly canWrite: boolean) {
+    const toolbar = h("div", { class: "tree-toolbar" });
+    if (canWrite) {
+      const newFile = h("button", { type: "button", class: "small", id: "new-file", title: "New file" }, "+ File");
+      const newFolder = h("button", { type: "button", class: "small secondary", id: "new-folder", title: "New folder" }, "+ Folder");
+      const picker = h("input", { type: "file", multiple: "", hidden: "", id: "upload-input" });
+      const upload = h("button", { type: "button", class: "small secondary", id: "upload", title: "Upload files" }, "Upload");
+      newFile.addEventListener("click", () => actions.create("file"));
+      newFolder.addEventListener("click", () => actions.create("directory"));
+      upload.addEventListener("click", () => picker.click());
+      picker.addEventListener("change", () => {
+        if (picker.files?.length) actions.upload(picker.files);
+        picker.value = "";
+      });
+      toolbar.append(newFile, newFolder, upload, picker);
+    }
+    this.element = h("nav", { class: "tree-pane" }, h("h2", { class: "pane-title" }, "Files"), toolbar, this.list);
+  }
+
+  paths(): string[] {
+    return this.entries.map((entry) => entry.path);
+  }
+
+  setActive(path: string | null): void {
+    this.activePath = path;
+    for (const item of this.list.querySelectorAll<HTMLElement>("li[data-path]")) {
+      item.classList.toggle("active", item.dataset.path === path);
+    }
+  }
+
+  render(entries: FileEntry[]): void {
+    this.entries = entries;
+    this.list.replaceChildren(...entries.map((entry) => this.item(entry)));
+    if (entries.length === 0) this.list.append(h("li", { class: "empty" }, "No files yet."));
+    this.setActive(this.activePath);
+  }
+
+  private item(entry: FileEntry): HTMLElement {
+    const depth = entry.path.split("/").length - 1;
+    const label = entry.path.split("/").pop() ?? entry.path;
+    const item = h("li", { "data-path": entry.path, "data-kind": entry.kind, role: "treeitem", style: `padding-left:${depth * 0.9}rem` });
+    if (entry.kind === "file") {
+      const open = h("button", { type: "button", class: "link file", title: entry.path }, label);
+      open.addEventListener("click", () => this.actions.open(entry.path));
+      item.append(open);
+    } else {
+      item.append(h("span", { class: "folder" }, `${label}/`));
+    }
+    if (this.canWrite) {
+      const rename = h("button", { type: "button", class: "icon rename", title: `Rename or move ${entry.path}`, "aria-label": `Rename ${entry.path}` }, "✎");
+      const remove = h("button", { type: "button", class: "icon delete", title: `Delete ${entry.path}`, "aria-label": `Delete ${entry.path}` }, "🗑");
+      rename.addEventListener("click", () => this.actions.rename(entry.path));
+      remove.addEventListener("click", () => this.actions.remove(entry.path));
+      item.append(h("span", { class: "item-actions" }, rename, remove));
+    }
+    return item;
+  }
+}

@@ -1,0 +1,415 @@
+/** The workspace: file tree, tabs of collaborative editors, presence, run console, shell, themes. */
+import { keymap } from "@codemirror/view";
+import { api, ApiError } from "../api";
+import { h, showStatus } from "../dom";
+import { colorFor } from "./colors";
+import { FileEditor, type Connection } from "./editor";
+import { ProjectFiles } from "./files";
+import { FileTree } from "./tree";
+import { RunConsole } from "./runconsole";
+import { ShellPane } from "./shell";
+import { socketUrl } from "./terminal";
+
+interface Project {
+  id: string;
+  name: string;
+  visibility: "private" | "public";
+  role: "owner" | "editor" | "viewer" | null;
+}
+
+interface PresenceUser {
+  id: number;
+  username: string;
+  role: string;
+  file: string | null;
+}
+
+type ProjectEvent =
+  | { type: "files"; action: string; path: string; to: string | null }
+  | { type: "presence"; users: PresenceUser[] };
+
+const CONNECTION_TEXT: Record<Connection, string> = {
+  connecting: "Connecting…",
+  synced: "Synced",
+  offline: "Offline: your edits are kept and will merge when you reconnect",
+  denied: "No access",
+};
+
+function preferredDark(): boolean {
+  const saved = localStorage.getItem("codeyard-theme");
+  return saved ? saved === "dark" : matchMedia("(prefers-color-scheme: dark)").matches;
+}
+
+export class Workspace {
+  private readonly files: ProjectFiles;
+  private readonly tree: FileTree;
+  private readonly editors = new Map<string, { editor: FileEditor; tab: HTMLElement; host: HTMLElement }>();
+  private active: string | null = null;
+  private dark = preferredDark();
+  private events: WebSocket | null = null;
+  private readonly message = h("p", { class: "status", id: "message" });
+  private readonly connection = h("span", { class: "connection", id: "connection", role: "status" }, "Connecting…");
+  private readonly presence = h("div", { class: "presence", id: "presence", "aria-label": "People in this project" });
+  private readonly tabs = h("div", { class: "tabs", id: "tabs", role: "tablist" });
+  private readonly editorArea = h("div", { class: "editor-area", id: "editor" });
+  private readonly runButton = h("button", { type: "button", id: "run", title: "Run (Ctrl+Enter)" }, "▶ Run");
+  private readonly runSummary = h("span", { class: "run-summary", id: "run-summary" });
+  private runConsole: RunConsole | null = null;
+  private shell: ShellPane | null = null;
+
+  constructor(private readonly root: HTMLElement, private readonly project: Project, private readonly username: string) {
+    this.files = new ProjectFiles(project.id);
+    this.tree = new FileTree(
+      {
+        open: (path) => this.open(path),
+        create: (kind) => void this.createEntry(kind),
+        rename: (path) => void this.renameEntry(path),
+        remove: (path) => void this.removeEntry(path),
+        upload: (list) => void this.upload(list),
+      },
+      this.canWrite,
+    );
+  }
+
+  get canWrite(): boolean {
+    return this.project.role === "owner" || this.project.role === "editor";
+  }
+
+  private get storageKey(): string {
+    return `codeyard-tabs:${this.project.id}`;
+  }
+
+  async start(): Promise<void> {
+    this.applyTheme();
+    this.layout();
+    this.connectEvents();
+    document.addEventListener("keydown", (event) => this.shortcut(event));
+    await this.refreshTree();
+    const saved = JSON.parse(localStorage.getItem(this.storageKey) ?? "null") as { open: string[]; active: string | null } | null;
+    const existing = new Set(this.tree.paths());
+    const toOpen = (saved?.open ?? []).filter((path) => existing.has(path));
+    if (toOpen.length === 0) {
+      const first = this.tree.paths().find((path) => /^main\.|\.py$/.test(path)) ?? this.tree.paths()[0];
+      if (first) toOpen.push(first);
+    }
+    for (const path of toOpen) this.open(path);
+    if (saved?.active && this.editors.has(saved.active)) this.activate(saved.active);
+  }
+
+  private layout(): void {
+    const themeButton = h("button", { type: "button", class: "secondary", id: "theme", title: "Switch light/dark theme" }, "◐");
+    themeButton.addEventListener("click", () => {
+      this.dark = !this.dark;
+      localStorage.setItem("codeyard-theme", this.dark ? "dark" : "light");
+      this.applyTheme();
+    });
+    this.runButton.hidden = !this.canWrite;
+    this.runButton.addEventListener("click", () => void this.run());
+    const roleBadge = h("span", { class: "badge", id: "role" }, this.project.role ?? "visitor");
+    const consoleHost = h("div", { class: "terminal-host", id: "console" });
+    const shellHost = h("div", { class: "terminal-host", id: "shell", hidden: "" });
+    const consoleTab = h("button", { type: "button", class: "pane-tab active", id: "console-tab" }, "Console");
+    const shellTab = h("button", { type: "button", class: "pane-tab", id: "shell-tab" }, "Shell");
+    shellTab.hidden = !this.canWrite;
+    const showPane = (shell: boolean) => {
+      consoleHost.hidden = shell;
+      shellHost.hidden = !shell;
+      consoleTab.classList.toggle("active", !shell);
+      shellTab.classList.toggle("active", shell);
+      if (shell) {
+        this.shell ??= new ShellPane(shellHost, this.dark, this.project.id);
+        this.shell.connect();
+        this.shell.term.refit();
+      } else {
+        this.runConsole?.term.refit();
+      }
+    };
+    consoleTab.addEventListener("click", () => showPane(false));
+    shellTab.addEventListener("click", () => showPane(true));
+    const readOnlyNote = this.canWrite ? "" : "Read-only: you can watch this project live but not change it.";
+    this.root.replaceChildren(
+      h(
+        "header",
+        { class: "topbar workspace-bar" },
+        h("a", { href: "/dashboard" }, "← Projects"),
+        h("strong", { id: "project-name" }, this.project.name),
+        roleBadge,
+        this.presence,
+        this.connection,
+        this.runButton,
+        themeButton,
+      ),
+      h(
+        "main",
+        { class: "workspace" },
+        this.tree.element,
+        h("section", { class: "editor-pane" }, this.tabs, this.editorArea, h("p", { class: "status status-info", id: "readonly-note" }, readOnlyNote), this.message),
+        h("section", { class: "run-pane" }, h("div", { class: "pane-tabs" }, consoleTab, shellTab, this.runSummary), consoleHost, shellHost),
+      ),
+    );
+    this.runConsole = new RunConsole(consoleHost, this.dark, this.project.id, (running, summary) => {
+      this.runButton.disabled = running;
+      this.runSummary.textContent = summary;
+    });
+  }
+
+  private applyTheme(): void {
+    document.documentElement.dataset.theme = this.dark ? "dark" : "light";
+    for (const { editor } of this.editors.values()) editor.setDark(this.dark);
+    this.runConsole?.term.setDark(this.dark);
+    this.shell?.term.setDark(this.dark);
+  }
+
+  private say(text: string, kind: "error" | "info" = "info"): void {
+    showStatus(this.message, text, kind);
+  }
+
+  private fail(error: unknown): void {
+    this.say(error instanceof ApiError ? error.message : String(error), "error");
+  }
+
+  // ----- files -----
+
+  private async refreshTree(): Promise<void> {
+    try {
+      this.tree.render(await this.files.list());
+    } catch (error) {
+      this.fail(error);
+    }
+  }
+
+  private async createEntry(kind: "file" | "directory"): Promise<void> {
+    const path = prompt(kind === "file" ? "New file name (e.g. utils.py or src/app.js):" : "New folder name:")?.trim();
+    if (!path) return;
+    try {
+      await this.files.create(path, kind);
+      await this.refreshTree();
+      if (kind === "file") this.open(path);
+      this.say(`Created ${path}.`);
+    } catch (error) {
+      this.fail(error);
+    }
+  }
+
+  private async renameEntry(path: string): Promise<void> {
+    const target = prompt(`Rename or move “${path}” to:`, path)?.trim();
+    if (!target || target === path) return;
+    try {
+      await this.files.move(path, target);
+      this.say(`Renamed ${path} to ${target}.`);
+      await this.refreshTree();
+      this.followMove(path, target);
+    } catch (error) {
+      this.fail(error);
+    }
+  }
+
+  private async removeEntry(path: string): Promise<void> {
+    if (!confirm(`Delete “${path}”? This cannot be undone (history keeps checkpoints).`)) return;
+    try {
+      await this.files.remove(path);
+      this.say(`Deleted ${path}.`);
+      await this.refreshTree();
+      this.closeMissing();
+    } catch (error) {
+      this.fail(error);
+    }
+  }
+
+  private async upload(list: FileList): Promise<void> {
+    try {
+      for (const file of Array.from(list)) {
+        this.say(`Uploading ${file.name}…`);
+        await this.files.upload(file.name, file);
+      }
+      this.say(`Uploaded ${list.length} file${list.length === 1 ? "" : "s"}.`);
+      await this.refreshTree();
+    } catch (error) {
+      this.fail(error);
+    }
+  }
+
+  /** Tabs of files that were renamed reopen under the new name. */
+  private followMove(src: string, dst: string): void {
+    for (const path of [...this.editors.keys()]) {
+      if (path === src || path.startsWith(`${src}/`)) {
+        const wasActive = path === this.active;
+        this.close(path);
+        this.open(dst + path.slice(src.length), wasActive);
+      }
+    }
+  }
+
+  private closeMissing(): void {
+    const existing = new Set(this.tree.paths());
+    for (const path of [...this.editors.keys()]) {
+      if (!existing.has(path)) {
+        this.close(path);
+        this.say(`${path} was deleted, so its tab was closed.`);
+      }
+    }
+  }
+
+  // ----- tabs and editors -----
+
+  open(path: string, focus = true): void {
+    if (!this.editors.has(path)) {
+      const host = h("div", { class: "editor-host", "data-path": path });
+      this.editorArea.append(host);
+      const editor = new FileEditor(
+        {
+          projectId: this.project.id,
+          path,
+          username: this.username,
+          readOnly: !this.canWrite,
+          dark: this.dark,
+          extensions: [keymap.of([{ key: "Mod-Enter", run: () => (void this.run(), true) }])],
+          onConnection: (state, detail) => {
+            if (path !== this.active) return;
+            this.showConnection(state);
+            if (detail) this.say(detail, "error");
+          },
+        },
+        host,
+      );
+      const label = h("button", { type: "button", class: "tab-label", role: "tab" }, path.split("/").pop() ?? path);
+      const closeButton = h("button", { type: "button", class: "tab-close", "aria-label": `Close ${path}`, title: "Close" }, "×");
+      const tab = h("div", { class: "tab", "data-path": path, title: path }, label, closeButton);
+      label.addEventListener("click", () => this.activate(path));
+      closeButton.addEventListener("click", () => this.close(path));
+      this.tabs.append(tab);
+      this.editors.set(path, { editor, tab, host });
+    }
+    if (focus || this.active === null) this.activate(path);
+    this.saveTabs();
+  }
+
+  private activate(path: string): void {
+    this.active = path;
+    for (const [other, { tab, host }] of this.editors) {
+      tab.classList.toggle("active", other === path);
+      tab.setAttribute("aria-selected", String(other === path));
+      host.hidden = other !== path;
+    }
+    this.tree.setActive(path);
+    const current = this.editors.get(path);
+    if (current) {
+      const provider = current.editor.provider;
+      this.showConnection(provider.wsconnected ? (provider.synced ? "synced" : "connecting") : provider.shouldConnect ? "offline" : "denied");
+      current.editor.view.focus();
+    }
+    this.sendPresence();
+    this.saveTabs();
+  }
+
+  private close(path: string): void {
+    const entry = this.editors.get(path);
+    if (!entry) return;
+    entry.editor.destroy();
+    entry.tab.remove();
+    entry.host.remove();
+    this.editors.delete(path);
+    if (this.active === path) {
+      this.active = null;
+      const next = [...this.editors.keys()].pop();
+      if (next) this.activate(next);
+      else {
+        this.tree.setActive(null);
+        this.sendPresence();
+      }
+    }
+    this.saveTabs();
+  }
+
+  private saveTabs(): void {
+    localStorage.setItem(this.storageKey, JSON.stringify({ open: [...this.editors.keys()], active: this.active }));
+  }
+
+  private showConnection(state: Connection): void {
+    this.connection.textContent = CONNECTION_TEXT[state];
+    this.connection.dataset.state = state;
+  }
+
+  // ----- project events and presence -----
+
+  private connectEvents(attempt = 0): void {
+    const socket = new WebSocket(socketUrl(`/ws/projects/${encodeURIComponent(this.project.id)}/events`));
+    this.events = socket;
+    socket.onopen = () => {
+      attempt = 0;
+      this.sendPresence();
+      void this.refreshTree().then(() => this.closeMissing());
+    };
+    socket.onmessage = (message) => this.onEvent(JSON.parse(String(message.data)) as ProjectEvent);
+    socket.onclose = (event) => {
+      this.events = null;
+      if (event.code === 4401) return this.say("Your session has ended. Please sign in again to keep working.", "error");
+      if (event.code === 4403) return this.say(event.reason || "You no longer have access to this project.", "error");
+      setTimeout(() => this.connectEvents(attempt + 1), Math.min(5000, 500 * 2 ** attempt));
+    };
+  }
+
+  private sendPresence(): void {
+    if (this.events?.readyState === WebSocket.OPEN) this.events.send(JSON.stringify({ type: "presence", file: this.active }));
+  }
+
+  private onEvent(event: ProjectEvent): void {
+    if (event.type === "presence") this.renderPresence(event.users);
+    else if (event.type === "files") {
+      void this.refreshTree().then(() => {
+        if (event.action === "move" && event.to) this.followMove(event.path, event.to);
+        else this.closeMissing();
+      });
+    }
+  }
+
+  private renderPresence(users: PresenceUser[]): void {
+    const byName = new Map<string, PresenceUser>();
+    for (const user of users) if (!byName.has(user.username) || user.file) byName.set(user.username, user);
+    this.presence.replaceChildren(
+      ...[...byName.values()].map((user) => {
+        const where = user.file ? `in ${user.file}` : "in the project";
+        const self = user.username === this.username ? " (you)" : "";
+        return h(
+          "span",
+          { class: "avatar", style: `background:${colorFor(user.username)}`, title: `${user.username}${self} — ${where}`, "data-user": user.username, "data-file": user.file ?? "" },
+          user.username.slice(0, 2).toUpperCase(),
+        );
+      }),
+    );
+  }
+
+  // ----- run and shortcuts -----
+
+  private async run(): Promise<void> {
+    if (!this.canWrite) return this.say("Only editors can run this project.", "error");
+    const entry = this.active && /\.(py|js|mjs|ts|c|cc|cpp|sh|rb|go|rs|java)$/.test(this.active) ? this.active : null;
+    await this.runConsole?.start(entry);
+  }
+
+  private shortcut(event: KeyboardEvent): void {
+    const mod = event.ctrlKey || event.metaKey;
+    if (mod && event.key === "Enter") {
+      event.preventDefault();
+      void this.run();
+    } else if (mod && event.key.toLowerCase() === "s") {
+      event.preventDefault();
+      this.say("Your changes are saved automatically as you type.");
+    }
+  }
+}
+
+export async function renderWorkspace(root: HTMLElement, projectId: string): Promise<void> {
+  const status = h("p", { class: "status" });
+  root.replaceChildren(h("main", { class: "loading" }, h("p", {}, "Opening the project…"), status));
+  try {
+    const project = await api<Project>("GET", `/api/projects/${encodeURIComponent(projectId)}`);
+    const me = await api<{ username: string }>("GET", "/api/me").catch(() => ({ username: "guest" }));
+    await new Workspace(root, project, me.username).start();
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 401) return location.assign(`/login?next=${encodeURIComponent(location.pathname)}`);
+    showStatus(status, error instanceof ApiError && error.status === 404 ? "This project does not exist, or you don't have access to it." : (error as Error).message, "error");
+  }
+}
+
+
