@@ -91,7 +91,8 @@ class ModelRunner:
         metadata = self.backend.build_metadata(slices, self.block_size, self.device)
         hidden = self.model(torch.tensor(input_ids, device=self.device),
                             torch.tensor(positions, device=self.device), metadata)
-        return self.model.compute_logits(hidden[torch.tensor(logit_rows, device=self.device)])
+        rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)  # may be empty
+        return self.model.compute_logits(hidden[rows])
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: set[int]) -> list[SampleResult]:

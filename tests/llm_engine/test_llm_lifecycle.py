@@ -155,3 +155,13 @@ def test_metrics_are_recorded(tiny_llama):
     stats = llm.engine.get_stats()
     assert stats.prompt_tokens_total == 4 and stats.generation_tokens_total == 5
     assert stats.finished_by_reason == {"length": 1}
+
+
+def test_prompt_prefilled_over_many_steps_without_logits(tiny_llama):
+    prompt = list(range(3, 33))
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    whole = LLM(model=str(tiny_llama), dtype="float32").generate(prompt, params, use_tqdm=False)[0]
+    chunked = LLM(model=str(tiny_llama), dtype="float32", max_num_batched_tokens=4)
+    out = chunked.generate(prompt, params, use_tqdm=False)[0]
+    assert out.error is None
+    assert out.outputs[0].token_ids == whole.outputs[0].token_ids
