@@ -46,8 +46,7 @@ COMPONENTS: list[str] = [
     "ide_server.api.accounts:component",
     "ide_server.api.projects:component",
     "ide_server.api.files:component",
-    "collab.component:component",
-    "ide_server.api.events:component",
+    "llm_engine.entrypoints.component:component",
     "sandbox.component:component",
     "ide_server.api.pages:component",  # browser pages last: they own "/" and "/static"
 ]

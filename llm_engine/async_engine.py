@@ -119,6 +119,10 @@ class AsyncLLMEngine:
     def max_model_len(self) -> int:
         return self.require_engine().max_model_len
 
+    def num_waiting(self) -> int:
+        """Requests not yet scheduled: waiting in the engine, or queued for the loop to add."""
+        return (self._stats.num_waiting if self._stats else 0) + self._pending_adds
+
     def stats(self) -> EngineStats | None:
         """The snapshot taken after the loop's latest step (None before the model is loaded)."""
         return self._stats
@@ -144,7 +148,7 @@ class AsyncLLMEngine:
         with self._lock:
             if request_id in self._streams:
                 raise ValueError(f"request_id: {request_id!r} is already in use")
-            waiting = (self._stats.num_waiting if self._stats else 0) + self._pending_adds
+            waiting = self.num_waiting()
             if waiting >= self.max_waiting:
                 raise EngineOverloaded(f"the server is busy: {waiting} requests are waiting "
                                        f"(limit {self.max_waiting}); retry later")

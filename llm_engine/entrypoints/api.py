@@ -38,7 +38,11 @@ async def _json_body(request: Request) -> Any:
 
 
 async def _unless_disconnected(request: Request, work) -> Any:
-    """Await `work`, cancelling it (which aborts its engine requests) if the client goes away."""
+    """Await `work`, cancelling it (which aborts its engine requests) if the client goes away.
+
+    A stream is watched here until its first output (while it waits in the queue), then by
+    Starlette's StreamingResponse, which cancels the stream when the client disconnects.
+    """
     task = asyncio.ensure_future(work)
     try:
         while True:

@@ -37,7 +37,7 @@ def tiny_chat_model(tmp_path_factory, smollm_tokenizer) -> Path:
     folder = tmp_path_factory.mktemp(TINY_NAME)
     config = LlamaConfig(vocab_size=len(smollm_tokenizer), hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, initializer_range=0.2, tie_word_embeddings=True,
+                         max_position_embeddings=4096, initializer_range=0.2, tie_word_embeddings=True,
                          bos_token_id=smollm_tokenizer.bos_token_id, eos_token_id=smollm_tokenizer.eos_token_id)
     config.architectures = ["LlamaForCausalLM"]
     torch.manual_seed(7)
