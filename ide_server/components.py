@@ -47,6 +47,8 @@ COMPONENTS: list[str] = [
     "ide_server.api.projects:component",
     "ide_server.api.files:component",
     "llm_engine.entrypoints.component:component",
+    "collab.component:component",
+    "ide_server.api.events:component",
     "sandbox.component:component",
     "ide_server.api.pages:component",  # browser pages last: they own "/" and "/static"
 ]
