@@ -1,78 +1,20 @@
 """A real `codeyard serve` process and a real Chromium (Debian's, never a downloaded one)."""
 
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from browser_kit import CHROMIUM, CHROMIUM_ARGS, codeyard_serve
+
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _create_collab_tables(database: Path) -> None:
-    """The collab tables are not in the Alembic migrations yet (the collab tests create them the
-    same way); without them no editor can open a room. Remove once a migration adds them."""
-    from sqlalchemy import create_engine
-
-    from collab.store import CollabBase
-
-    engine = create_engine(f"sqlite:///{database}")
-    CollabBase.metadata.create_all(engine)
-    engine.dispose()
 
 
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory) -> Iterator[str]:
     """`codeyard serve` on SQLite in a temporary data dir, as a user would start it."""
-    port = free_port()
-    data_dir = tmp_path_factory.mktemp("serve")
-    # bwrap: runs start in well under a second and need no Docker daemon.
-    env = {**os.environ, "CODEYARD_DATA_DIR": str(data_dir), "CODEYARD_SANDBOX_BACKEND": "bwrap"}
-    env.pop("CODEYARD_DATABASE_URL", None)
-    cli = [sys.executable, "-m", "ide_server.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    log = open(data_dir / "serve.log", "wb")
-    proc = subprocess.Popen(cli, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None:
-                raise RuntimeError((data_dir / "serve.log").read_text())
-            time.sleep(0.2)
-        else:
-            raise RuntimeError("codeyard serve did not become ready in 60 s")
-        _create_collab_tables(data_dir / "codeyard.db")
+    with codeyard_serve(tmp_path_factory.mktemp("serve")) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        log.close()
 
 
 @pytest.fixture(scope="module")
