@@ -165,3 +165,34 @@ def test_narrow_screen_stacks_panes(open_as, screenshot):
     page.click("#theme")
     expect(page.locator("html")).to_have_attribute("data-theme", re.compile("dark|light"))
     screenshot(page, "workspace-narrow")
+
+
+def test_share_dialog_invites_and_changes_roles(open_as, server_url, browser, screenshot):
+    ada = open_as(OWNER)
+    ada.click("#share")
+    dialog = ada.locator("#share-dialog")
+    expect(dialog.locator(f'li[data-username="{EDITOR}"] select')).to_have_value("editor")
+    dialog.locator("select[aria-label='Role for the invite link']").select_option("viewer")
+    dialog.locator("#create-invite").click()
+    expect(dialog.locator("#invite-link")).to_have_value(re.compile(r"/invite/"))
+    screenshot(ada, "workspace-share-dialog")
+    link = dialog.locator("#invite-link").input_value()
+
+    # Someone new follows the link and joins as a viewer.
+    _client(server_url, "wsnewcomer")
+    guest = browser.new_context()
+    guest.request.post(server_url + "/api/auth/login", data={"username": "wsnewcomer", "password": PASSWORD})
+    page = guest.new_page()
+    page.goto(link)
+    page.get_by_role("button", name="Join project").click()
+    expect(page.locator("#role")).to_have_text("viewer")
+
+    # The owner makes them an editor; after a reload they can edit.
+    ada.click("#share-close")
+    ada.click("#share")
+    dialog.locator('li[data-username="wsnewcomer"] select').select_option("editor")
+    expect(dialog.locator(".status")).to_contain_text("wsnewcomer is now editor")
+    page.reload()
+    expect(page.locator("#role")).to_have_text("editor")
+    expect(page.locator("#new-file")).to_be_visible()
+    guest.close()

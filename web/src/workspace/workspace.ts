@@ -7,6 +7,7 @@ import { FileEditor, type Connection } from "./editor";
 import { ProjectFiles } from "./files";
 import { FileTree } from "./tree";
 import { RunConsole } from "./runconsole";
+import { ShareDialog } from "./share";
 import { ShellPane } from "./shell";
 import { socketUrl } from "./terminal";
 
@@ -103,6 +104,10 @@ export class Workspace {
       localStorage.setItem("codeyard-theme", this.dark ? "dark" : "light");
       this.applyTheme();
     });
+    const share = new ShareDialog(this.project, this.username);
+    const shareButton = h("button", { type: "button", class: "secondary", id: "share" }, "Share");
+    shareButton.hidden = this.project.role === null;
+    shareButton.addEventListener("click", () => void share.open());
     this.runButton.hidden = !this.canWrite;
     this.runButton.addEventListener("click", () => void this.run());
     const roleBadge = h("span", { class: "badge", id: "role" }, this.project.role ?? "visitor");
@@ -137,8 +142,10 @@ export class Workspace {
         this.presence,
         this.connection,
         this.runButton,
+        shareButton,
         themeButton,
       ),
+      share.element,
       h(
         "main",
         { class: "workspace" },
