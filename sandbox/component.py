@@ -7,16 +7,15 @@ access, closing with 4401 (not signed in), 4404 (no such run or project for this
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, Depends, FastAPI, Query, WebSocket, status
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
-from starlette.websockets import WebSocketDisconnect
 
 from ide_server.components import Component
 from ide_server.deps import CurrentUser, DbSession, ProjectEditor, ProjectMember, authenticate_websocket
@@ -27,8 +26,8 @@ from ide_server.schemas import RandomId
 from ide_server.services import projects
 from sandbox.engine import docker_client, make_backend
 from sandbox.errors import SandboxUnavailable
-from sandbox.frames import (CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, CLOSE_UNAVAILABLE, receive_frame,
-                            send_chunks)
+from sandbox.frames import (CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, CLOSE_UNAVAILABLE, SOCKET_GONE,
+                            receive_frame, send_chunks)
 from sandbox.runs import FilesBack, ProjectRuns, public_of_record
 from sandbox.schemas import RunCreate, RunPublic
 from sandbox.service import RunService
@@ -126,24 +125,30 @@ async def _read_stdin(websocket: WebSocket, service: RunService, run_id: str, ca
 
 async def _stream_run(websocket: WebSocket, service: RunService, run_id: str, can_write: bool) -> None:
     """Replay and follow the run's output, pass input on, and end with its exit frame."""
-    output = asyncio.create_task(send_chunks(websocket, service.follow(run_id)))
-    reader = asyncio.create_task(_read_stdin(websocket, service, run_id, can_write))
-    try:
-        await asyncio.wait({output, reader}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        reader.cancel()
-        if not output.done():
-            output.cancel()
-        await asyncio.gather(output, reader, return_exceptions=True)
-    if output.cancelled() or output.exception() is not None:
-        return  # the client left (or the socket broke): the run goes on
+    followed = False
+
+    async with anyio.create_task_group() as tasks:
+        async def pump() -> None:
+            nonlocal followed
+            with suppress(*SOCKET_GONE):
+                await send_chunks(websocket, service.follow(run_id))
+                followed = True
+            tasks.cancel_scope.cancel()
+
+        async def read() -> None:
+            with suppress(*SOCKET_GONE):
+                await _read_stdin(websocket, service, run_id, can_write)
+            tasks.cancel_scope.cancel()  # the client left; the run goes on
+
+        tasks.start_soon(pump)
+        tasks.start_soon(read)
+    if not followed:
+        return
     record = await service.wait(run_id)
     exit_frame = public_of_record(record).model_dump(mode="json", exclude={"stdout", "stderr"})
-    try:
+    with suppress(*SOCKET_GONE):
         await websocket.send_json({**exit_frame, "type": "exit"})
         await websocket.close(1000)
-    except (WebSocketDisconnect, RuntimeError):
-        pass
 
 
 @router.websocket("/ws/projects/{project_id}/shell")
@@ -166,7 +171,8 @@ async def shell_socket(websocket: WebSocket, project_id: str, rows: int = Query(
         return
     await runs.files_back.before_run(project_id)
     written = await serve_shell(websocket, backend, runs.project_dir(project_id), rows, cols)
-    await runs.files_back.after_run(project_id, runs.project_dir(project_id), written)
+    with anyio.CancelScope(shield=True):
+        await runs.files_back.after_run(project_id, runs.project_dir(project_id), written)
 
 
 @asynccontextmanager

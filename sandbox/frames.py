@@ -15,7 +15,8 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 CLOSE_UNAVAILABLE = 4503
-CLOSE_BUSY = 4429
+# What sending or receiving raises once the client has gone (or the socket broke).
+SOCKET_GONE = (WebSocketDisconnect, RuntimeError, OSError)
 
 
 async def receive_frame(websocket: WebSocket) -> dict:

@@ -7,13 +7,15 @@ socket ends the shell (and everything it started); files it wrote come back to t
 
 from __future__ import annotations
 
-import asyncio
+from contextlib import suppress
 from pathlib import Path
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+import anyio
+
+from starlette.websockets import WebSocket
 
 from sandbox.backend import Backend, RunSpec, SandboxRun
-from sandbox.frames import receive_frame, send_chunks
+from sandbox.frames import SOCKET_GONE, receive_frame, send_chunks
 from sandbox.limits import MIB, Limits
 
 SHELL_ARGV = ["bash", "-i"]
@@ -43,20 +45,29 @@ async def _read_input(websocket: WebSocket, run: SandboxRun) -> None:
 async def serve_shell(websocket: WebSocket, backend: Backend, project_dir: Path, rows: int, cols: int) -> list[str]:
     """Run a shell for this socket until it exits or the client leaves; returns the files it wrote."""
     run = await backend.start(RunSpec(SHELL_ARGV, project_dir, SHELL_LIMITS, terminal=(rows, cols)))
-    output = asyncio.create_task(send_chunks(websocket, run.chunks(), "output"))
-    reader = asyncio.create_task(_read_input(websocket, run))
+    exited = False
     try:
-        await asyncio.wait({output, reader}, return_when=asyncio.FIRST_COMPLETED)
+        async with anyio.create_task_group() as tasks:
+            async def pump() -> None:
+                nonlocal exited
+                with suppress(*SOCKET_GONE):
+                    await send_chunks(websocket, run.chunks(), "output")
+                    exited = True
+                tasks.cancel_scope.cancel()
+
+            async def read() -> None:
+                with suppress(*SOCKET_GONE):
+                    await _read_input(websocket, run)
+                tasks.cancel_scope.cancel()
+
+            tasks.start_soon(pump)
+            tasks.start_soon(read)
     finally:
-        client_left = reader.done()
-        run.cancel()  # no-op once the shell has exited
-        reader.cancel()
-        result = await run.result()
-        await asyncio.gather(output, reader, return_exceptions=True)
-    if not client_left:
-        try:
+        run.cancel()  # no-op once the shell has exited; else it ends the shell and all it started
+        with anyio.CancelScope(shield=True):
+            result = await run.result()
+    if exited:
+        with suppress(*SOCKET_GONE):
             await websocket.send_json({"type": "exit", "verdict": result.verdict.value, "exit_code": result.exit_code})
             await websocket.close(1000)
-        except (WebSocketDisconnect, RuntimeError):
-            pass
     return result.files_written

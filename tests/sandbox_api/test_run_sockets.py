@@ -1,0 +1,87 @@
+"""The run WebSocket (output frames, stdin for input() programs, the exit frame) and the shell PTY."""
+
+from __future__ import annotations
+
+from conftest import add_member, new_project, wait_finished
+
+
+def frames_until_exit(ws) -> list[dict]:
+    frames = []
+    while (frame := ws.receive_json())["type"] != "exit":
+        frames.append(frame)
+    return frames + [frame]
+
+
+def test_input_program_over_the_websocket(owner):
+    pid = new_project(owner, {"main.py": "name = input('name? ')\nprint(f'hi {name}')\nprint(input().upper())\n"})
+    run_id = owner.post(f"/api/projects/{pid}/runs", json={}).json()["id"]
+    with owner.websocket_connect(f"/ws/runs/{run_id}") as ws:
+        seen = ""
+        while "name? " not in seen:
+            seen += ws.receive_json()["data"]
+        ws.send_json({"type": "stdin", "data": "Ada\n"})
+        ws.send_json({"type": "stdin", "data": "bye\n"})
+        ws.send_json({"type": "stdin_eof"})
+        frames = frames_until_exit(ws)
+    assert seen + "".join(f["data"] for f in frames if f["type"] == "stdout") == "name? hi Ada\nBYE\n"
+    assert frames[-1]["verdict"] == "ok" and frames[-1]["id"] == run_id and "stdout" not in frames[-1]
+
+
+def test_watchers_replay_output_and_viewers_cannot_type(owner, person):
+    pid = new_project(owner, {"main.py": "import sys\nprint('out')\nprint('err', file=sys.stderr)\n"})
+    viewer = person()
+    add_member(owner, pid, viewer, "viewer")
+    run_id = owner.post(f"/api/projects/{pid}/runs", json={"stdin": ""}).json()["id"]
+    wait_finished(owner, run_id)
+    with viewer.websocket_connect(f"/ws/runs/{run_id}") as ws:
+        frames = frames_until_exit(ws)
+    for stream, text in (("stdout", "out\n"), ("stderr", "err\n")):
+        assert "".join(f["data"] for f in frames[:-1] if f["type"] == stream) == text
+
+
+def test_viewer_stdin_is_refused(owner, person):
+    pid = new_project(owner, {"main.py": "print(input())\n"})
+    viewer = person()
+    add_member(owner, pid, viewer, "viewer")
+    run_id = owner.post(f"/api/projects/{pid}/runs", json={}).json()["id"]
+    with viewer.websocket_connect(f"/ws/runs/{run_id}") as ws:
+        ws.send_json({"type": "stdin", "data": "sneaky\n"})
+        assert ws.receive_json() == {"type": "error", "message": "only editors of the project can type into a run"}
+    owner.post(f"/api/runs/{run_id}/cancel")
+    assert wait_finished(owner, run_id)["stdout"] == ""
+
+
+def test_shell_echo_resize_and_files_back(owner, app):
+    pid = new_project(owner, {})
+    with owner.websocket_connect(f"/ws/projects/{pid}/shell?rows=30&cols=100") as ws:
+        def read_until(marker: str) -> str:
+            seen = ""
+            while marker not in seen:
+                frame = ws.receive_json()
+                assert frame["type"] == "output", frame
+                seen += frame["data"]
+            return seen
+
+        read_until("$ ")
+        ws.send_json({"type": "input", "data": "stty size; echo $((6*7)) > answer.txt; echo D''ONE\n"})
+        assert "30 100" in read_until("DONE")
+        ws.send_json({"type": "resize", "rows": 50, "cols": 132})
+        ws.send_json({"type": "resize", "rows": "x", "cols": 1})
+        ws.send_json({"type": "input", "data": "stty size; exit\n"})
+        seen, errors = "", []
+        while (frame := ws.receive_json())["type"] != "exit":
+            seen += frame.get("data", "")
+            errors += [frame["message"]] if frame["type"] == "error" else []
+        assert errors == ["resize: rows and cols must be integers"]
+        assert "50 132" in seen and frame == {"type": "exit", "verdict": "ok", "exit_code": 0}
+    assert owner.get(f"/api/projects/{pid}/files/content/answer.txt").text == "42\n"
+
+
+def test_closing_the_shell_socket_ends_the_shell(owner):
+    pid = new_project(owner, {})
+    with owner.websocket_connect(f"/ws/projects/{pid}/shell") as ws:
+        seen = ""
+        while "$ " not in seen:
+            seen += ws.receive_json()["data"]
+        ws.send_json({"type": "input", "data": "sleep 1000 &\n"})
+    # leaving the block closes the socket; nothing_left_behind checks no process or mount survives
