@@ -11,6 +11,11 @@ import typer
 app = typer.Typer(help="Serve the LLM engine over an OpenAI-compatible HTTP API.", no_args_is_help=True)
 
 
+@app.callback()
+def llm() -> None:
+    """Serve the LLM engine over an OpenAI-compatible HTTP API."""
+
+
 @app.command()
 def serve(
     model: Annotated[str | None, typer.Option(help="Local HF folder or .gguf file (default: $CODEYARD_LLM_MODEL, "

@@ -1,0 +1,47 @@
+"""`codeyard llm serve` as users run it: a subprocess serving a model on a port."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+from .conftest import free_port
+
+CODEYARD = [str(Path(sys.executable).parent / "codeyard")]  # the venv's console script
+
+
+def test_bad_model_is_one_line_and_exit_2():
+    result = subprocess.run([*CODEYARD, "llm", "serve", "--model", "/no/such/model"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "does not exist" in result.stderr
+
+
+def test_serve_answers_openai_requests(tiny_chat_model):
+    port = free_port()
+    proc = subprocess.Popen([*CODEYARD, "llm", "serve", "--model", str(tiny_chat_model), "--port", str(port),
+                             "--served-model-name", "tiny", "--max-num-seqs", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "server not ready"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        out = client.completions.create(model="tiny", prompt="hello", max_tokens=3, extra_body={"ignore_eos": True})
+        assert out.usage.completion_tokens == 3
+    finally:
+        proc.terminate()
+        output = proc.communicate(timeout=60)[0]
+    assert "loading" in output and "100%" in output  # load progress is logged
