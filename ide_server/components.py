@@ -49,6 +49,7 @@ COMPONENTS: list[str] = [
     "llm_engine.entrypoints.component:component",
     "collab.component:component",
     "ide_server.api.events:component",
+    "collab.history_api:component",
     "sandbox.component:component",
     "ide_server.api.pages:component",  # browser pages last: they own "/" and "/static"
 ]

@@ -196,3 +196,47 @@ def test_share_dialog_invites_and_changes_roles(open_as, server_url, browser, sc
     expect(page.locator("#role")).to_have_text("editor")
     expect(page.locator("#new-file")).to_be_visible()
     guest.close()
+
+
+def test_restore_from_history_is_seen_by_both(open_as, screenshot):
+    ada, bob = open_as(OWNER), open_as(EDITOR)
+    ada.locator(".cm-content").click()
+    ada.keyboard.press("Control+a")
+    ada.keyboard.type("print('version one')\n")
+    expect(bob.locator(".cm-content")).to_contain_text("version one")
+    ada.keyboard.press("Control+s")
+    expect(ada.locator("#message")).to_contain_text("Checkpoint saved")
+    ada.keyboard.press("Control+a")
+    ada.keyboard.type("print('version two')\n")
+    expect(bob.locator(".cm-content")).to_contain_text("version two")
+    ada.keyboard.press("Control+s")
+    expect(ada.locator("#message")).to_contain_text("Checkpoint saved")
+
+    ada.click("#history")
+    checkpoints = ada.locator("#checkpoints li[data-version]")
+    expect(checkpoints.nth(1)).to_be_visible()
+    newest, older = checkpoints.nth(0), checkpoints.nth(1)
+    newest.locator(".show-diff").click()
+    expect(ada.locator("#diff .diff-add")).to_contain_text("version two")
+    expect(ada.locator("#diff .diff-del")).to_contain_text("version one")
+    screenshot(ada, "workspace-history-diff")
+    older.locator(".restore").click()
+    expect(ada.locator("#history-dialog .status")).to_contain_text("Restored main.py")
+    for page in (ada, bob):
+        expect(page.locator(".cm-content")).to_contain_text("version one")
+        expect(page.locator(".cm-content")).not_to_contain_text("version two")
+    assert editor_text(ada) == editor_text(bob)
+
+
+def test_history_api_refuses_viewers_and_bad_versions(server_url, project_id):
+    viewer = httpx.Client(base_url=server_url, timeout=30)
+    viewer.post("/api/auth/login", json={"username": VIEWER, "password": PASSWORD}).raise_for_status()
+    viewer.headers["X-CSRF-Token"] = viewer.cookies["codeyard_csrf"]
+    assert viewer.get(f"/api/projects/{project_id}/history").status_code == 200
+    refused = viewer.post(f"/api/projects/{project_id}/history", json={})
+    assert refused.status_code == 403 and "editor" in refused.json()["detail"]
+    assert viewer.post(f"/api/projects/{project_id}/history/restore", json={"version": "abcd"}).status_code == 403
+    bad = viewer.get(f"/api/projects/{project_id}/history/diff", params={"old": "no such", "new": "HEAD"})
+    assert bad.status_code == 400 and "version" in bad.json()["detail"]
+    anonymous = httpx.get(f"{server_url}/api/projects/{project_id}/history")
+    assert anonymous.status_code == 401

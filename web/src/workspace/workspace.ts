@@ -7,6 +7,7 @@ import { FileEditor, type Connection } from "./editor";
 import { ProjectFiles } from "./files";
 import { FileTree } from "./tree";
 import { RunConsole } from "./runconsole";
+import { HistoryPanel } from "./history";
 import { ShareDialog } from "./share";
 import { ShellPane } from "./shell";
 import { socketUrl } from "./terminal";
@@ -56,6 +57,7 @@ export class Workspace {
   private readonly runButton = h("button", { type: "button", id: "run", title: "Run (Ctrl+Enter)" }, "▶ Run");
   private readonly runSummary = h("span", { class: "run-summary", id: "run-summary" });
   private runConsole: RunConsole | null = null;
+  private history: HistoryPanel | null = null;
   private shell: ShellPane | null = null;
 
   constructor(private readonly root: HTMLElement, private readonly project: Project, private readonly username: string) {
@@ -108,6 +110,10 @@ export class Workspace {
     const shareButton = h("button", { type: "button", class: "secondary", id: "share" }, "Share");
     shareButton.hidden = this.project.role === null;
     shareButton.addEventListener("click", () => void share.open());
+    const history = new HistoryPanel(this.project.id, this.canWrite);
+    this.history = history;
+    const historyButton = h("button", { type: "button", class: "secondary", id: "history" }, "History");
+    historyButton.addEventListener("click", () => void history.open(this.active));
     this.runButton.hidden = !this.canWrite;
     this.runButton.addEventListener("click", () => void this.run());
     const roleBadge = h("span", { class: "badge", id: "role" }, this.project.role ?? "visitor");
@@ -142,10 +148,12 @@ export class Workspace {
         this.presence,
         this.connection,
         this.runButton,
+        historyButton,
         shareButton,
         themeButton,
       ),
       share.element,
+      history.element,
       h(
         "main",
         { class: "workspace" },
@@ -401,7 +409,8 @@ export class Workspace {
       void this.run();
     } else if (mod && event.key.toLowerCase() === "s") {
       event.preventDefault();
-      this.say("Your changes are saved automatically as you type.");
+      if (!this.canWrite || !this.history) this.say("Viewers can't save checkpoints.");
+      else void this.history.checkpoint().then((text) => this.say(text));
     }
   }
 }
