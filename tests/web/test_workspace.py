@@ -1,5 +1,6 @@
 """The workspace in real browsers: two people editing one file, the live tree, runs, roles, reload."""
 
+import json
 import re
 
 import httpx
@@ -115,6 +116,9 @@ def test_file_tree_updates_live_for_everyone(open_as, screenshot):
     expect(bob.locator('#file-tree li[data-path="notes/todo.md"]')).to_have_count(0)
     expect(ada.locator(".tab.active")).to_have_attribute("data-path", "notes/done.md")
     screenshot(bob, "workspace-tree-live")
+
+    ada.locator("#upload-input").set_input_files([{"name": "data.txt", "mimeType": "text/plain", "buffer": b"1 2 3\n"}])
+    expect(bob.locator('#file-tree li[data-path="data.txt"]')).to_be_visible()
 
     bob.locator('#file-tree li[data-path="notes"]').hover()
     bob.locator('#file-tree li[data-path="notes"] .delete').click()
@@ -240,3 +244,28 @@ def test_history_api_refuses_viewers_and_bad_versions(server_url, project_id):
     assert bad.status_code == 400 and "version" in bad.json()["detail"]
     anonymous = httpx.get(f"{server_url}/api/projects/{project_id}/history")
     assert anonymous.status_code == 401
+
+
+def test_events_socket_checks_access(server_url, project_id):
+    """Anonymous callers and non-members are turned away; a member hears presence and file changes."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    ws_url = server_url.replace("http", "ws") + f"/ws/projects/{project_id}/events"
+    stranger = _client(server_url, "wsstranger")
+    for headers, code in (({}, 4401), ({"Cookie": f"codeyard_session={stranger.cookies['codeyard_session']}"}, 4403)):
+        with connect(ws_url, additional_headers={**headers, "Origin": server_url}) as socket:
+            with pytest.raises(ConnectionClosed) as closed:
+                socket.recv(timeout=10)
+            assert closed.value.rcvd.code == code
+
+    owner = httpx.Client(base_url=server_url, timeout=30)
+    owner.post("/api/auth/login", json={"username": OWNER, "password": PASSWORD}).raise_for_status()
+    owner.headers["X-CSRF-Token"] = owner.cookies["codeyard_csrf"]
+    cookie = {"Cookie": f"codeyard_session={owner.cookies['codeyard_session']}", "Origin": server_url}
+    with connect(ws_url, additional_headers=cookie) as socket:
+        presence = json.loads(socket.recv(timeout=10))
+        assert presence["type"] == "presence" and OWNER in [user["username"] for user in presence["users"]]
+        owner.post(f"/api/projects/{project_id}/files", json={"path": "live.txt", "kind": "file"}).raise_for_status()
+        event = json.loads(socket.recv(timeout=10))
+        assert event == {"type": "files", "action": "create", "path": "live.txt", "to": None}
