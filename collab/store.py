@@ -2,7 +2,8 @@
 
 A room's document is the merge of its snapshot and every logged update, so restarts restore the
 exact CRDT items clients already hold (which is what prevents duplicated text on reconnect).
-Blocking SQLAlchemy calls; the async side runs them in a worker thread.
+Blocking SQLAlchemy calls; the async side runs them in a worker thread. The tables belong to
+the app's metadata (ide_server.db.MODEL_MODULES) and are created by the Alembic migrations.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from sqlalchemy import (
     Index,
     Integer,
     LargeBinary,
-    MetaData,
     String,
     delete,
     func,
@@ -26,18 +26,16 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column
+
+from ide_server.db import Base
 
 ROOM_KEY_LENGTH = 1024
 # Integer primary keys autoincrement on SQLite only when declared INTEGER.
 LogId = BigInteger().with_variant(Integer, "sqlite")
 
 
-class CollabBase(DeclarativeBase):
-    metadata = MetaData()
-
-
-class DocUpdate(CollabBase):
+class DocUpdate(Base):
     __tablename__ = "collab_doc_updates"
     __table_args__ = (Index("ix_collab_doc_updates_room_id", "room", "id"),)
 
@@ -47,7 +45,7 @@ class DocUpdate(CollabBase):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
-class DocSnapshot(CollabBase):
+class DocSnapshot(Base):
     __tablename__ = "collab_doc_snapshots"
 
     room: Mapped[str] = mapped_column(String(ROOM_KEY_LENGTH), primary_key=True)
@@ -57,7 +55,7 @@ class DocSnapshot(CollabBase):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
-class WrittenFile(CollabBase):
+class WrittenFile(Base):
     """What the server last wrote to a room's file, to tell a stale file from an edited one."""
 
     __tablename__ = "collab_written_files"

@@ -16,9 +16,9 @@ from fastapi import FastAPI, WebSocket
 from collab.fanout import Fanout
 from collab.room import RoomKey
 from collab.rooms import RoomManager
-from collab.store import CollabBase, UpdateStore
+from collab.store import UpdateStore
 from collab.websocket import serve_websocket
-from ide_server.db import make_engine
+from ide_server.db import make_engine, migrate
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -37,7 +37,7 @@ def create_app() -> FastAPI:
     root = Path(os.environ["COLLAB_ROOT"])
     secret = os.environ.get("COLLAB_SECRET", "test-secret")
     engine = make_engine(os.environ["COLLAB_DB_URL"])
-    CollabBase.metadata.create_all(engine)
+    migrate(engine)  # no-op when the tests' database is already at head
     fanout = Fanout(os.environ["COLLAB_REDIS_URL"]) if os.environ.get("COLLAB_REDIS_URL") else None
     manager = RoomManager(
         UpdateStore(engine),

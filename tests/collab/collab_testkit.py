@@ -107,7 +107,7 @@ class CollabServer:
              "--ws-per-message-deflate", "false"],
             env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
         )
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # a loaded machine can take a while to import the app
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited: {self.log_path.read_text()[-2000:]}")

@@ -1,32 +1,60 @@
-"""Fixtures for the collab tests: database URLs (SQLite and the suite's PostgreSQL), servers, clients."""
+"""Fixtures for the collab tests: migrated databases (SQLite, and PostgreSQL from the suite's server), servers, clients."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, make_url, text
 
-from collab.store import CollabBase, UpdateStore
+from collab.store import UpdateStore
 from collab_testkit import CollabServer, JsClients, ensure_node_modules
+from ide_server.db import make_engine, migrate
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this session's collab tests, migrated to head once."""
+    base = os.environ.get("CODEYARD_TEST_POSTGRES_URL")
+    if not base:
+        pytest.fail("CODEYARD_TEST_POSTGRES_URL is not set: run the tests through scripts/run-tests.sh")
+    name = f"codeyard_collab_{secrets.token_hex(5)}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(base).set(database=name).render_as_string(hide_password=False)
+    _migrate(url)
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'collab.db'}"
-    url = os.environ.get("CODEYARD_TEST_POSTGRES_URL")
-    if not url:
-        pytest.fail("CODEYARD_TEST_POSTGRES_URL is not set: run the tests through scripts/run-tests.sh")
+    """A database at the app's schema head (the same migrations as production)."""
+    if request.param == "postgres":
+        return request.getfixturevalue("postgres_url")
+    url = f"sqlite:///{tmp_path / 'collab.db'}"
+    _migrate(url)
     return url
+
+
+def _migrate(url: str) -> None:
+    engine = make_engine(url)
+    migrate(engine)
+    engine.dispose()
 
 
 @pytest.fixture
 def store(db_url: str):
     engine = create_engine(db_url)
-    CollabBase.metadata.create_all(engine)
     yield UpdateStore(engine)
     engine.dispose()
 

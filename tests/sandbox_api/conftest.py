@@ -14,7 +14,6 @@ from fastapi.testclient import TestClient
 from sandbox_fixtures import *  # noqa: F401,F403
 from sandbox_fixtures import TEST_LIMITS, leftovers, make_spec  # noqa: F401
 
-from collab.store import CollabBase
 from ide_server.app import create_app
 from ide_server.settings import Settings
 
@@ -29,10 +28,8 @@ COMPONENTS = [
 
 
 def make_app(data_dir, backend: str = "bwrap") -> FastAPI:
-    app = create_app(Settings(data_dir=data_dir, database_url=f"sqlite:///{data_dir / 'codeyard.db'}",
-                              sandbox_backend=backend, log_level="warning"), component_specs=COMPONENTS)
-    CollabBase.metadata.create_all(app.state.engine)  # as tests/collab does, until collab has migrations
-    return app
+    return create_app(Settings(data_dir=data_dir, database_url=f"sqlite:///{data_dir / 'codeyard.db'}",
+                               sandbox_backend=backend, log_level="warning"), component_specs=COMPONENTS)
 
 
 @pytest.fixture(scope="module")
