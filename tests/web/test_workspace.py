@@ -269,3 +269,25 @@ def test_events_socket_checks_access(server_url, project_id):
         owner.post(f"/api/projects/{project_id}/files", json={"path": "live.txt", "kind": "file"}).raise_for_status()
         event = json.loads(socket.recv(timeout=10))
         assert event == {"type": "files", "action": "create", "path": "live.txt", "to": None}
+
+
+def test_anyone_can_read_a_public_project(server_url, browser, screenshot):
+    owner = httpx.Client(base_url=server_url, timeout=30)
+    owner.post("/api/auth/login", json={"username": OWNER, "password": PASSWORD}).raise_for_status()
+    owner.headers["X-CSRF-Token"] = owner.cookies["codeyard_csrf"]
+    project = owner.post("/api/projects", json={"name": "open-day", "template": "python"}).json()
+    owner.put(f"/api/projects/{project['id']}/files/content/main.py", content=b'print("open to all")\n').raise_for_status()
+    owner.patch(f"/api/projects/{project['id']}", json={"visibility": "public"}).raise_for_status()
+
+    visitor = browser.new_context(viewport={"width": 1280, "height": 720})
+    page = visitor.new_page()
+    page.goto(f"{server_url}/projects/{project['id']}")
+    expect(page.locator(".cm-content")).to_contain_text("open to all")
+    expect(page.locator("#connection")).to_contain_text("Saved version")
+    expect(page.locator("#run")).to_be_hidden()
+    expect(page.locator("#new-file")).to_have_count(0)
+    page.locator(".cm-content").click()
+    page.keyboard.type("graffiti")
+    expect(page.locator(".cm-content")).not_to_contain_text("graffiti")
+    screenshot(page, "workspace-public-visitor")
+    visitor.close()

@@ -17,17 +17,22 @@ import { bracketMatching, foldGutter, foldKeymap, indentOnInput, syntaxHighlight
 import { oneDark } from "@codemirror/theme-one-dark";
 import * as Y from "yjs";
 import { WebsocketProvider } from "y-websocket";
+import { Awareness } from "y-protocols/awareness";
+import { send } from "../api";
+import { encodePath } from "./files";
 import { yCollab, yUndoManagerKeymap } from "y-codemirror.next";
 import { languageFor } from "./languages";
 import { colorFor } from "./colors";
 
-export type Connection = "connecting" | "synced" | "offline" | "denied";
+export type Connection = "connecting" | "synced" | "offline" | "denied" | "snapshot";
 
 export interface EditorOptions {
   projectId: string;
   path: string;
   username: string;
   readOnly: boolean;
+  /** false for visitors of a public project: they see the saved file, not the live room. */
+  live: boolean;
   dark: boolean;
   /** Extra editor extensions (keyboard shortcuts of the workspace; later the assistant's ghost text). */
   extensions: Extension[];
@@ -45,17 +50,23 @@ function collabUrl(projectId: string): string {
 export class FileEditor {
   readonly view: EditorView;
   readonly doc = new Y.Doc();
-  readonly provider: WebsocketProvider;
+  readonly provider: WebsocketProvider | null = null;
   readonly undoManager: Y.UndoManager;
 
   constructor(readonly options: EditorOptions, parent: HTMLElement) {
-    const room = options.path.split("/").map(encodeURIComponent).join("/");
-    this.provider = new WebsocketProvider(collabUrl(options.projectId), room, this.doc, { maxBackoffTime: 2500 });
     const ytext = this.doc.getText("content");
     this.undoManager = new Y.UndoManager(ytext);
-    const color = colorFor(options.username);
-    this.provider.awareness.setLocalStateField("user", { name: options.username, color, colorLight: `${color}33` });
-    this.watchConnection();
+    let awareness: Awareness;
+    if (options.live) {
+      this.provider = new WebsocketProvider(collabUrl(options.projectId), encodePath(options.path), this.doc, { maxBackoffTime: 2500 });
+      awareness = this.provider.awareness;
+      const color = colorFor(options.username);
+      awareness.setLocalStateField("user", { name: options.username, color, colorLight: `${color}33` });
+      this.watchConnection(this.provider);
+    } else {
+      awareness = new Awareness(this.doc);
+      void this.loadSnapshot(ytext);
+    }
     this.view = new EditorView({
       parent,
       state: EditorState.create({
@@ -80,7 +91,7 @@ export class FileEditor {
           keymap.of([...yUndoManagerKeymap, ...defaultKeymap, ...foldKeymap, indentWithTab]),
           languageFor(options.path),
           themeCompartment.of(options.dark ? oneDark : []),
-          yCollab(ytext, this.provider.awareness, { undoManager: this.undoManager }),
+          yCollab(ytext, awareness, { undoManager: this.undoManager }),
         ],
       }),
     });
@@ -90,22 +101,40 @@ export class FileEditor {
     this.view.dispatch({ effects: themeCompartment.reconfigure(dark ? oneDark : []) });
   }
 
-  private watchConnection(): void {
+  /** The connection state as the status line shows it. */
+  connection(): Connection {
+    const provider = this.provider;
+    if (!provider) return "snapshot";
+    if (provider.wsconnected) return provider.synced ? "synced" : "connecting";
+    return provider.shouldConnect ? "offline" : "denied";
+  }
+
+  private async loadSnapshot(ytext: Y.Text): Promise<void> {
+    try {
+      const response = await send("GET", `/api/projects/${encodeURIComponent(this.options.projectId)}/files/content/${encodePath(this.options.path)}`);
+      ytext.insert(0, await response.text());
+      this.options.onConnection("snapshot", "");
+    } catch (error) {
+      this.options.onConnection("denied", (error as Error).message);
+    }
+  }
+
+  private watchConnection(provider: WebsocketProvider): void {
     const report = this.options.onConnection;
     let denied = false;
-    this.provider.on("status", ({ status }: { status: string }) => {
+    provider.on("status", ({ status }: { status: string }) => {
       if (denied) return;
-      if (status === "connected") report(this.provider.synced ? "synced" : "connecting", "");
+      if (status === "connected") report(provider.synced ? "synced" : "connecting", "");
       else if (status === "connecting") report("connecting", "");
       else report("offline", "");
     });
-    this.provider.on("sync", (synced: boolean) => {
+    provider.on("sync", (synced: boolean) => {
       if (synced && !denied) report("synced", "");
     });
-    this.provider.on("connection-close", (event: CloseEvent | null) => {
+    provider.on("connection-close", (event: CloseEvent | null) => {
       if (event?.code === 4401 || event?.code === 4403) {
         denied = true;
-        this.provider.shouldConnect = false;
+        provider.shouldConnect = false;
         report("denied", event.code === 4401 ? "Your session has ended. Please sign in again." : event.reason || "You don't have access to this file.");
       } else if (!denied) {
         report("offline", "");
@@ -115,7 +144,7 @@ export class FileEditor {
 
   destroy(): void {
     this.view.destroy();
-    this.provider.destroy();
+    this.provider?.destroy();
     this.undoManager.destroy();
     this.doc.destroy();
   }

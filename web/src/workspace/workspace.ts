@@ -35,6 +35,7 @@ const CONNECTION_TEXT: Record<Connection, string> = {
   synced: "Synced",
   offline: "Offline: your edits are kept and will merge when you reconnect",
   denied: "No access",
+  snapshot: "Saved version (sign in and join to see live edits)",
 };
 
 function preferredDark(): boolean {
@@ -277,6 +278,7 @@ export class Workspace {
           path,
           username: this.username,
           readOnly: !this.canWrite,
+          live: this.project.role !== null,
           dark: this.dark,
           extensions: [keymap.of([{ key: "Mod-Enter", run: () => (void this.run(), true) }])],
           onConnection: (state, detail) => {
@@ -309,8 +311,7 @@ export class Workspace {
     this.tree.setActive(path);
     const current = this.editors.get(path);
     if (current) {
-      const provider = current.editor.provider;
-      this.showConnection(provider.wsconnected ? (provider.synced ? "synced" : "connecting") : provider.shouldConnect ? "offline" : "denied");
+      this.showConnection(current.editor.connection());
       current.editor.view.focus();
     }
     this.sendPresence();
