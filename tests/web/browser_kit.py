@@ -29,18 +29,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _create_collab_tables(database: Path) -> None:
-    """The collab tables are not in the Alembic migrations yet (the collab tests create them the
-    same way); without them no editor can open a room. Remove once a migration adds them."""
-    from sqlalchemy import create_engine
-
-    from collab.store import CollabBase
-
-    engine = create_engine(f"sqlite:///{database}")
-    CollabBase.metadata.create_all(engine)
-    engine.dispose()
-
-
 @contextmanager
 def codeyard_serve(data_dir: Path) -> Iterator[str]:
     """`codeyard serve` on SQLite in `data_dir` with the bwrap sandbox; yields its base URL."""
@@ -65,7 +53,6 @@ def codeyard_serve(data_dir: Path) -> Iterator[str]:
             time.sleep(0.2)
         else:
             raise RuntimeError("codeyard serve did not become ready in 60 s")
-        _create_collab_tables(data_dir / "codeyard.db")
         yield url
     finally:
         proc.terminate()
