@@ -26,7 +26,8 @@ from ide_server.schemas import RandomId
 from ide_server.services import projects
 from sandbox.engine import docker_client, make_backend
 from sandbox.errors import SandboxUnavailable
-from sandbox.frames import (CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, CLOSE_UNAVAILABLE, SOCKET_GONE,
+from sandbox.host_lease import HostLease
+from sandbox.frames import (CLOSE_BUSY, CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, CLOSE_UNAVAILABLE, SOCKET_GONE,
                             receive_frame, send_chunks)
 from sandbox.runs import FilesBack, ProjectRuns, public_of_record
 from sandbox.schemas import RunCreate, RunPublic
@@ -78,7 +79,7 @@ def _caller(websocket: WebSocket) -> User:
 
 
 async def _close_denied(websocket: WebSocket, exc: DomainError) -> None:
-    code = {401: CLOSE_UNAUTHENTICATED, 403: CLOSE_FORBIDDEN, 503: CLOSE_UNAVAILABLE}.get(exc.status_code, CLOSE_NOT_FOUND)
+    code = {401: CLOSE_UNAUTHENTICATED, 403: CLOSE_FORBIDDEN, 429: CLOSE_BUSY, 503: CLOSE_UNAVAILABLE}.get(exc.status_code, CLOSE_NOT_FOUND)
     await websocket.close(code, exc.detail[:120])
 
 
@@ -166,13 +167,17 @@ async def shell_socket(websocket: WebSocket, project_id: str, rows: int = Query(
 
         await run_in_threadpool(authorize)
         backend = runs.require_backend()
+        runs.claim_shell(user)
     except DomainError as exc:
         await _close_denied(websocket, exc)
         return
-    await runs.files_back.before_run(project_id)
-    written = await serve_shell(websocket, backend, runs.project_dir(project_id), rows, cols)
-    with anyio.CancelScope(shield=True):
-        await runs.files_back.after_run(project_id, runs.project_dir(project_id), written)
+    try:
+        await runs.files_back.before_run(project_id)
+        written = await serve_shell(websocket, backend, runs.project_dir(project_id), rows, cols)
+        with anyio.CancelScope(shield=True):
+            await runs.files_back.after_run(project_id, runs.project_dir(project_id), written)
+    finally:
+        runs.release_shell(user)
 
 
 @asynccontextmanager
@@ -184,7 +189,8 @@ async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
     except SandboxUnavailable as exc:
         backend, unavailable = None, exc.detail
         log.warning("code runs are off: %s", exc.detail)
-    if backend is not None:
+    lease = HostLease()
+    if backend is not None and lease.alone():  # leftovers of a crash, not another live server's runs
         client = docker_client(timeout=10) if backend.name == "docker" else None
         removed = await run_in_threadpool(sweep, client)
         if removed:
@@ -200,6 +206,7 @@ async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
         close = getattr(backend, "close", None)
         if close is not None:
             await close()
+        lease.close()
 
 
 component = Component(name="sandbox", router=router, lifespan=sandbox_lifespan)

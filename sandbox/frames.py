@@ -14,6 +14,7 @@ MAX_FRAME = 64 * 1024
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
+CLOSE_BUSY = 4429
 CLOSE_UNAVAILABLE = 4503
 # What sending or receiving raises once the client has gone (or the socket broke).
 SOCKET_GONE = (WebSocketDisconnect, RuntimeError, OSError)

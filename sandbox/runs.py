@@ -20,7 +20,7 @@ from ide_server.errors import InvalidInput, PermissionDenied
 from ide_server.models import Role, User
 from ide_server.services import projects
 from sandbox.backend import Backend, RunSpec
-from sandbox.errors import RunNotFound, SandboxUnavailable
+from sandbox.errors import QueueFull, RunNotFound, SandboxUnavailable
 from sandbox.languages import plan_run
 from sandbox.limits import SERVER_MAXIMA
 from sandbox.models import RunRow
@@ -89,12 +89,26 @@ class ProjectRuns:
     """Runs of projects' code for signed-in users, on one backend (or none, with the reason)."""
 
     def __init__(self, backend: Backend | None, unavailable: str, *, sessions: sessionmaker, projects_dir: Path,
-                 files_back: FilesBack, max_running: int = 4, max_queued: int = 64, max_per_user: int = 4) -> None:
+                 files_back: FilesBack, max_running: int = 4, max_queued: int = 64, max_per_user: int = 4,
+                 max_shells: int = 16, max_shells_per_user: int = 2) -> None:
         self.backend, self.unavailable = backend, unavailable
         self.sessions, self.projects_dir, self.files_back = sessions, projects_dir, files_back
         self.service = RunService(backend, max_running=max_running, max_queued=max_queued,
                                   max_per_user=max_per_user) if backend else None
         self._finishers: set[asyncio.Task] = set()
+        self.max_shells, self.max_shells_per_user = max_shells, max_shells_per_user
+        self._shells: list[int] = []  # user id of each open shell
+
+    def claim_shell(self, user: User) -> None:
+        """Take one of the open-shell places (give it back with release_shell); QueueFull when none is free."""
+        if self._shells.count(user.id) >= self.max_shells_per_user:
+            raise QueueFull(f"you already have {self.max_shells_per_user} shells open; close one first")
+        if len(self._shells) >= self.max_shells:
+            raise QueueFull(f"the server has {self.max_shells} shells open; try again later")
+        self._shells.append(user.id)
+
+    def release_shell(self, user: User) -> None:
+        self._shells.remove(user.id)
 
     def require_backend(self) -> Backend:
         if self.backend is None:

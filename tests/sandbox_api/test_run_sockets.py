@@ -85,3 +85,16 @@ def test_closing_the_shell_socket_ends_the_shell(owner):
             seen += ws.receive_json()["data"]
         ws.send_json({"type": "input", "data": "sleep 1000 &\n"})
     # leaving the block closes the socket; nothing_left_behind checks no process or mount survives
+
+
+def test_open_shells_are_capped_per_user(owner):
+    pid = new_project(owner, {})
+    url = f"/ws/projects/{pid}/shell"
+    with owner.websocket_connect(url) as first, owner.websocket_connect(url) as second:
+        for ws in (first, second):
+            assert ws.receive_json()["type"] == "output"  # both shells are up
+        with owner.websocket_connect(url) as third:
+            closed = third.receive()
+        assert closed["code"] == 4429 and "2 shells open" in closed["reason"]
+    with owner.websocket_connect(url) as again:  # places are given back when shells close
+        assert again.receive_json()["type"] == "output"

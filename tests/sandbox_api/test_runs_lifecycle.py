@@ -59,3 +59,19 @@ def test_written_files_reach_an_open_editor(owner, served):
             time.sleep(0.05)
     finally:
         served.portal.call(rooms.release, room)
+
+
+def test_a_second_server_on_the_host_does_not_sweep_live_runs(owner, app, tmp_path):
+    pid = new_project(owner, {"main.py": "import time\nprint('up', flush=True)\ntime.sleep(30)\n"})
+    run_id = owner.post(f"/api/projects/{pid}/runs", json={"stdin": ""}).json()["id"]
+    deadline = time.monotonic() + 10
+    while "up" not in owner.get(f"/api/runs/{run_id}").json()["stdout"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    other = make_app(tmp_path)
+    with TestClient(other):  # its start-up would sweep a crashed server's leftovers, but this one is alive
+        pass
+    other.state.engine.dispose()
+    assert owner.get(f"/api/runs/{run_id}").json()["status"] == "running"
+    owner.post(f"/api/runs/{run_id}/cancel")
+    assert wait_finished(owner, run_id)["verdict"] == "cancelled"
