@@ -4,6 +4,8 @@ import { FittedTerminal, socketUrl } from "./terminal";
 export class ShellPane {
   readonly term: FittedTerminal;
   private socket: WebSocket | null = null;
+  /** Keys typed before the socket opened, sent once it does. */
+  private pending: string[] = [];
 
   constructor(parent: HTMLElement, dark: boolean, private readonly projectId: string) {
     this.term = new FittedTerminal(parent, dark);
@@ -18,6 +20,10 @@ export class ShellPane {
     terminal.writeln("\x1b[2mStarting a shell in the sandbox…\x1b[0m");
     const socket = new WebSocket(socketUrl(`/ws/projects/${encodeURIComponent(this.projectId)}/shell?rows=${rows}&cols=${cols}`));
     this.socket = socket;
+    socket.onopen = () => {
+      for (const frame of this.pending) socket.send(frame);
+      this.pending = [];
+    };
     socket.onmessage = (event) => {
       const frame = JSON.parse(String(event.data)) as { type: string; data?: string; message?: string };
       if (frame.type === "output") terminal.write(frame.data ?? "");
@@ -33,5 +39,6 @@ export class ShellPane {
 
   private send(frame: object): void {
     if (this.socket?.readyState === WebSocket.OPEN) this.socket.send(JSON.stringify(frame));
+    else if (this.socket?.readyState === WebSocket.CONNECTING) this.pending.push(JSON.stringify(frame));
   }
 }
