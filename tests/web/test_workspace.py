@@ -156,6 +156,7 @@ def test_run_a_program_that_reads_input(open_as, screenshot):
     ada.locator("#console .xterm-helper-textarea").focus()
     ada.keyboard.type("Grace\n")
     expect(console).to_contain_text("Hello, Grace!", timeout=20000)
+    assert console.locator(".xterm-rows").inner_text().count("Your name?") == 1, "Ctrl+Enter started one run"
     expect(ada.locator("#run-summary")).to_contain_text("Finished")
     expect(ada.locator("#run-summary")).to_contain_text(" s")
     screenshot(ada, "workspace-run-console")
@@ -291,3 +292,4 @@ def test_anyone_can_read_a_public_project(server_url, browser, screenshot):
     expect(page.locator(".cm-content")).not_to_contain_text("graffiti")
     screenshot(page, "workspace-public-visitor")
     visitor.close()
+

@@ -39,6 +39,7 @@ export class RunConsole {
   private socket: WebSocket | null = null;
   private runId: string | null = null;
   private line = "";
+  private starting = false;
 
   constructor(parent: HTMLElement, dark: boolean, private readonly projectId: string, private readonly onState: (running: boolean, summary: string) => void) {
     this.term = new FittedTerminal(parent, dark);
@@ -47,7 +48,7 @@ export class RunConsole {
   }
 
   get running(): boolean {
-    return this.socket !== null;
+    return this.starting || this.socket !== null;
   }
 
   async start(entry: string | null): Promise<void> {
@@ -57,6 +58,7 @@ export class RunConsole {
     terminal.writeln(`\x1b[2m▶ Running ${entry ?? "the project"}…\x1b[0m`);
     this.onState(true, "Running…");
     let run: Run;
+    this.starting = true;
     try {
       run = await api<Run>("POST", `/api/projects/${encodeURIComponent(this.projectId)}/runs`, entry ? { entry } : {});
     } catch (error) {
@@ -64,6 +66,8 @@ export class RunConsole {
       terminal.writeln(`\x1b[31mCould not start the program: ${message}\x1b[0m`);
       this.onState(false, "Could not start");
       return;
+    } finally {
+      this.starting = false;
     }
     this.runId = run.id;
     this.follow(run.id);

@@ -404,6 +404,7 @@ export class Workspace {
   }
 
   private shortcut(event: KeyboardEvent): void {
+    if (event.defaultPrevented) return; // the editor already handled it (its keymap runs Ctrl+Enter too)
     const mod = event.ctrlKey || event.metaKey;
     if (mod && event.key === "Enter") {
       event.preventDefault();
