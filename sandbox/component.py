@@ -29,7 +29,7 @@ from sandbox.errors import SandboxUnavailable
 from sandbox.host_lease import HostLease
 from sandbox.frames import (CLOSE_BUSY, CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, CLOSE_UNAVAILABLE, SOCKET_GONE,
                             receive_frame, send_chunks)
-from sandbox.runs import FilesBack, ProjectRuns, public_of_record
+from sandbox.runs import OpenEditors, ProjectRuns, public_of_record
 from sandbox.schemas import RunCreate, RunPublic
 from sandbox.service import RunService
 from sandbox.shell import serve_shell
@@ -126,13 +126,14 @@ async def _read_stdin(websocket: WebSocket, service: RunService, run_id: str, ca
 
 async def _stream_run(websocket: WebSocket, service: RunService, run_id: str, can_write: bool) -> None:
     """Replay and follow the run's output, pass input on, and end with its exit frame."""
+    record = service.get(run_id)
     followed = False
 
     async with anyio.create_task_group() as tasks:
         async def pump() -> None:
             nonlocal followed
             with suppress(*SOCKET_GONE):
-                await send_chunks(websocket, service.follow(run_id))
+                await send_chunks(websocket, service.follow(record.id))
                 followed = True
             tasks.cancel_scope.cancel()
 
@@ -145,7 +146,6 @@ async def _stream_run(websocket: WebSocket, service: RunService, run_id: str, ca
         tasks.start_soon(read)
     if not followed:
         return
-    record = await service.wait(run_id)
     exit_frame = public_of_record(record).model_dump(mode="json", exclude={"stdout", "stderr"})
     with suppress(*SOCKET_GONE):
         await websocket.send_json({**exit_frame, "type": "exit"})
@@ -172,10 +172,8 @@ async def shell_socket(websocket: WebSocket, project_id: str, rows: int = Query(
         await _close_denied(websocket, exc)
         return
     try:
-        await runs.files_back.before_run(project_id)
-        written = await serve_shell(websocket, backend, runs.project_dir(project_id), rows, cols)
-        with anyio.CancelScope(shield=True):
-            await runs.files_back.after_run(project_id, runs.project_dir(project_id), written)
+        await runs.editors.flush(project_id)
+        await serve_shell(websocket, backend, runs.project_dir(project_id), rows, cols)
     finally:
         runs.release_shell(user)
 
@@ -196,7 +194,7 @@ async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
         if removed:
             log.warning("removed %d leftovers of earlier runs", len(removed))
     runs = ProjectRuns(backend, unavailable, sessions=app.state.sessionmaker, projects_dir=settings.projects_dir,
-                       files_back=FilesBack(lambda: getattr(app.state, "collab_rooms", None)))
+                       editors=OpenEditors(lambda: getattr(app.state, "collab_rooms", None)))
     await run_in_threadpool(runs.close_interrupted)
     app.state.sandbox_runs = runs
     try:

@@ -56,43 +56,29 @@ def public_of_row(row: RunRow) -> RunPublic:
     return RunPublic.model_validate(row, from_attributes=True)
 
 
-class FilesBack:
-    """Puts files a sandbox wrote into the editors that have them open (as CRDT edits)."""
+class OpenEditors:
+    """The collab rooms' side of a run: open editors' text is on disk before the run copies it in.
+
+    Files the program writes come back through copy_out; a room that has one of them open notices
+    the change on disk itself (its DiskMirror merges it in as a CRDT edit, keeping what was typed
+    meanwhile), so pushing the text into the room here as well would apply it twice."""
 
     def __init__(self, rooms_of: Callable[[], object | None]) -> None:
         self._rooms_of = rooms_of
 
-    async def before_run(self, project_id: str) -> None:
-        """Write every open editor's text to disk, so the run sees what the user sees."""
+    async def flush(self, project_id: str) -> None:
         if (rooms := self._rooms_of()) is not None:
             await rooms.flush_project(project_id)
-
-    async def after_run(self, project_id: str, project_dir: Path, written: list[str]) -> None:
-        rooms = self._rooms_of()
-        if rooms is None or not written:
-            return
-        from collab.room import RoomKey
-
-        open_keys = {key for key in rooms.rooms if key.project_id == project_id}
-        for path in written:
-            key = RoomKey(project_id, path)
-            if key not in open_keys:
-                continue  # no editor has it open: the file on disk is all there is
-            try:
-                text = await asyncio.to_thread((project_dir / path).read_text, encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                continue
-            await rooms.set_text(key, text)
 
 
 class ProjectRuns:
     """Runs of projects' code for signed-in users, on one backend (or none, with the reason)."""
 
     def __init__(self, backend: Backend | None, unavailable: str, *, sessions: sessionmaker, projects_dir: Path,
-                 files_back: FilesBack, max_running: int = 4, max_queued: int = 64, max_per_user: int = 4,
+                 editors: OpenEditors, max_running: int = 4, max_queued: int = 64, max_per_user: int = 4,
                  max_shells: int = 16, max_shells_per_user: int = 2) -> None:
         self.backend, self.unavailable = backend, unavailable
-        self.sessions, self.projects_dir, self.files_back = sessions, projects_dir, files_back
+        self.sessions, self.projects_dir, self.editors = sessions, projects_dir, editors
         self.service = RunService(backend, max_running=max_running, max_queued=max_queued,
                                   max_per_user=max_per_user) if backend else None
         self._finishers: set[asyncio.Task] = set()
@@ -122,7 +108,7 @@ class ProjectRuns:
         """Plan and queue a run of the project; QueueFull (429) when too many are waiting."""
         self.require_backend()
         assert self.service is not None
-        await self.files_back.before_run(project_id)
+        await self.editors.flush(project_id)
         project_dir = self.project_dir(project_id)
         try:
             plan = await asyncio.to_thread(plan_run, project_dir, body.entry)
@@ -142,14 +128,11 @@ class ProjectRuns:
         return public_of_record(record)
 
     async def _finish(self, record: RunRecord) -> None:
-        """When the run ends: store its outcome, then hand written files to open editors."""
+        """When the run ends, store its outcome."""
         assert self.service is not None
         await self.service.wait(record.id)
         try:
             await asyncio.to_thread(self._store, record)
-            if record.result is not None:
-                await self.files_back.after_run(record.project_id, self.project_dir(record.project_id),
-                                                record.result.files_written)
         except Exception:
             log.exception("could not finish run %s", record.id)
 

@@ -42,8 +42,8 @@ async def _read_input(websocket: WebSocket, run: SandboxRun) -> None:
             await websocket.send_json({"type": "error", "message": str(exc)})
 
 
-async def serve_shell(websocket: WebSocket, backend: Backend, project_dir: Path, rows: int, cols: int) -> list[str]:
-    """Run a shell for this socket until it exits or the client leaves; returns the files it wrote."""
+async def serve_shell(websocket: WebSocket, backend: Backend, project_dir: Path, rows: int, cols: int) -> None:
+    """Run a shell for this socket until it exits or the client leaves (its files are copied back as it ends)."""
     run = await backend.start(RunSpec(SHELL_ARGV, project_dir, SHELL_LIMITS, terminal=(rows, cols)))
     exited = False
     try:
@@ -70,4 +70,3 @@ async def serve_shell(websocket: WebSocket, backend: Backend, project_dir: Path,
         with suppress(*SOCKET_GONE):
             await websocket.send_json({"type": "exit", "verdict": result.verdict.value, "exit_code": result.exit_code})
             await websocket.close(1000)
-    return result.files_written

@@ -108,7 +108,7 @@ def add_member(owner: Person, project_id: str, member: Person, role: str) -> Non
     assert member.post(f"/api/invites/{link['token']}/accept").status_code == 200
 
 
-def wait_finished(client: Person, run_id: str, timeout: float = 20) -> dict:
+def wait_finished(client: Person, run_id: str, timeout: float = 60) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         run = client.get(f"/api/runs/{run_id}").json()

@@ -57,6 +57,8 @@ def test_written_files_reach_an_open_editor(owner, served):
         while str(room.text) != "draft\nfrom the program\n":
             assert time.monotonic() < deadline, str(room.text)
             time.sleep(0.05)
+        time.sleep(1)  # several disk-mirror polls later, the change is still there once
+        assert str(room.text) == "draft\nfrom the program\n"
     finally:
         served.portal.call(rooms.release, room)
 
