@@ -66,7 +66,7 @@ export class FileTree {
     }
     if (this.canWrite) {
       const rename = h("button", { type: "button", class: "icon rename", title: `Rename or move ${entry.path}`, "aria-label": `Rename ${entry.path}` }, "✎");
-      const remove = h("button", { type: "button", class: "icon delete", title: `Delete ${entry.path}`, "aria-label": `Delete ${entry.path}` }, "🗑");
+      const remove = h("button", { type: "button", class: "icon delete", title: `Delete ${entry.path}`, "aria-label": `Delete ${entry.path}` }, "✕");
       rename.addEventListener("click", () => this.actions.rename(entry.path));
       remove.addEventListener("click", () => this.actions.remove(entry.path));
       item.append(h("span", { class: "item-actions" }, rename, remove));
