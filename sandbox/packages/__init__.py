@@ -1,0 +1,1 @@
+"""Packages for runs: which distributions a project needs, and installing them in a sandbox."""
