@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Query, status
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel, Field
 from starlette.requests import HTTPConnection, Request
 
@@ -151,7 +151,11 @@ async def diff(
     return DiffPublic(old=old, new=new, path=clean, diff=text)
 
 
-@router.get("/{version}/files/{path:path}", response_class=PlainTextResponse)
+@router.get(
+    "/{version}/files/{path:path}",
+    response_class=Response,
+    responses={200: {"description": "The file's text at that checkpoint", "content": {"text/plain": {}}}},
+)
 async def read_at_version(version: str, path: str, ctx: ProjectViewer, histories: HistoriesDep) -> PlainTextResponse:
     """A file's text as it was at a checkpoint."""
     data = await _call(histories.of(ctx.project.id).read, version, paths.normalise(path))
