@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -17,6 +18,7 @@ PROMPTS = [
 MAX_NEW = 32
 
 
+@pytest.mark.timeout(1800)  # two 135M-parameter loads; ~2 min on an idle 2-core machine
 def test_smollm2_gguf_greedy_matches_transformers():
     path = smollm_gguf_path()
     llm = LLM(model=str(path), dtype="float32", kv_cache_memory="64MiB", max_num_batched_tokens=64)
