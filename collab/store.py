@@ -37,7 +37,9 @@ LogId = BigInteger().with_variant(Integer, "sqlite")
 
 class DocUpdate(Base):
     __tablename__ = "collab_doc_updates"
-    __table_args__ = (Index("ix_collab_doc_updates_room_id", "room", "id"),)
+    # AUTOINCREMENT: SQLite would otherwise reuse the id of a deleted last row, and a compaction
+    # deleting the ids it merged could then delete a newer update that took one of them.
+    __table_args__ = (Index("ix_collab_doc_updates_room_id", "room", "id"), {"sqlite_autoincrement": True})
 
     id: Mapped[int] = mapped_column(LogId, primary_key=True, autoincrement=True)
     room: Mapped[str] = mapped_column(String(ROOM_KEY_LENGTH))

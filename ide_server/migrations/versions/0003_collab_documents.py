@@ -27,6 +27,7 @@ def upgrade() -> None:
         sa.Column("room", ROOM, nullable=False),
         sa.Column("data", sa.LargeBinary(), nullable=False),
         sa.Column("created_at", TS, nullable=False),
+        sqlite_autoincrement=True,  # never reuse the id of a deleted row (see collab.store.DocUpdate)
     )
     op.create_index("ix_collab_doc_updates_room_id", "collab_doc_updates", ["room", "id"])
     op.create_table(
