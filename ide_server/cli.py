@@ -120,6 +120,8 @@ def serve(
         log_config=None,
         access_log=False,
         proxy_headers=True,
+        # Collab updates are small binary frames: compressing each one was the largest server CPU cost.
+        ws_per_message_deflate=False,
     )
 
 
