@@ -35,6 +35,21 @@ BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.U
 
 
 @dataclass(frozen=True)
+class Mount:
+    """A host folder the run sees at `target`: read-only, or writable for a package install's download cache."""
+
+    source: Path
+    target: str
+    writable: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.target.startswith("/") or ".." in self.target.split("/") or self.target.rstrip("/") in ("", WORKSPACE):
+            raise ValueError(f"mount target must be an absolute path other than / and {WORKSPACE}: {self.target!r}")
+        if not Path(self.source).is_dir() or Path(self.source).is_symlink():
+            raise ValueError(f"mount source is not a folder: {self.source}")
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """What to run: an argument vector (never a shell string), over a copy of project_dir."""
 
@@ -43,6 +58,7 @@ class RunSpec:
     limits: Limits = field(default_factory=Limits)
     env: Mapping[str, str] = field(default_factory=dict)
     terminal: tuple[int, int] | None = None  # (rows, cols): run on a terminal (a shell), one output stream
+    mounts: tuple[Mount, ...] = ()  # extra host folders (a package env, an install's cache); bwrap only
 
     def __post_init__(self) -> None:
         if isinstance(self.argv, (str, bytes)) or not self.argv:

@@ -48,6 +48,7 @@ def bwrap_argv(ctx: RunContext, seccomp_fd: int, passwd_fd: int, group_fd: int) 
         "--size", str(limits.disk_bytes), "--tmpfs", "/tmp",
         "--size", str(limits.disk_bytes), "--tmpfs", "/dev/shm",
         "--bind", str(ctx.workspace), WORKSPACE, "--chdir", WORKSPACE,
+        *[arg for m in ctx.spec.mounts for arg in ("--bind" if m.writable else "--ro-bind", str(m.source), m.target)],
         "--remount-ro", "/",
         "--clearenv",
     ]

