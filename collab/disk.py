@@ -131,8 +131,15 @@ class DiskMirror:
         self._wake.set()
 
     async def flush(self) -> None:
-        """Write the document now if it changed since the last write."""
+        """Write the document now if it changed since the last write.
+
+        A change made on disk since the last look is merged first, so a write never overwrites it.
+        """
         async with self._io_lock:
+            try:
+                await self._merge_outside_change()
+            except ValueError:
+                log.warning("%s is no longer UTF-8 text: the document replaces it", self.path)
             self._first_dirty = None
             text, state = self.host.snapshot()
             if text != self.written_text:
@@ -160,7 +167,7 @@ class DiskMirror:
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except TimeoutError:
-                await self._guarded(self._check_outside_change)
+                await self._guarded(self.check_now)
 
     async def _still_owner(self) -> bool:
         if time.monotonic() - self._owner_checked < OWNER_CHECK_S:
@@ -183,14 +190,18 @@ class DiskMirror:
             log.exception("disk mirror of %s failed; retrying", self.path)
             await asyncio.sleep(self.poll_s)
 
-    async def _check_outside_change(self) -> None:
+    async def check_now(self) -> None:
+        """Merge a change made on disk now instead of at the next poll (the files API wrote it)."""
         async with self._io_lock:
-            stamp = file_stamp(self.path)
-            if stamp is None or stamp == self._stamp:
-                return
-            text = await asyncio.to_thread(read_text, self.path)
-            self._stamp = stamp
-            if text == self.written_text:
-                return
-            base_text, base_state = self.written_text or "", self.written_state
-        await self.host.merge_outside_change(base_text, base_state, text)
+            await self._merge_outside_change()
+
+    async def _merge_outside_change(self) -> None:
+        """Hand a change on disk that we did not write to the room (call with the io lock held)."""
+        stamp = file_stamp(self.path)
+        if stamp is None or stamp == self._stamp:
+            return
+        text = await asyncio.to_thread(read_text, self.path)
+        self._stamp = stamp
+        if text == self.written_text:
+            return
+        await self.host.merge_outside_change(self.written_text or "", self.written_state, text)

@@ -156,11 +156,11 @@ class Room:
 
     async def unload(self, *, keep: bool = True) -> None:
         """Stop the room's tasks after storing everything; with keep, also write disk and compact."""
+        await self.mirror.stop(flush=keep)  # its last write may first merge a change made on disk
         await self.wait_stored()
         if self._flusher:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)
-        await self.mirror.stop(flush=keep)
         if self._compacting:
             await asyncio.gather(self._compacting, return_exceptions=True)
         if keep and self._log_rows > 1:

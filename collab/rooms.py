@@ -73,6 +73,29 @@ class RoomManager:
             await room.set_text(text)
             await room.mirror.flush()
 
+    def open_keys(self, project_id: str, path: str = "") -> list[RoomKey]:
+        """Keys of the project's rooms open in this process, for path and everything under it."""
+        return [
+            key for key in self.rooms
+            if key.project_id == project_id and (not path or key.file_path == path or key.file_path.startswith(path + "/"))
+        ]
+
+    async def file_changed(self, key: RoomKey) -> None:
+        """The file was written outside the editor (files API): merge it now, not at the next poll.
+
+        Merged against the text last written, so what clients typed meanwhile stays. Only the
+        replica that owns the file merges; a file that is no longer text loses its room.
+        """
+        room = self.rooms.get(key)
+        if room is None or room.closed or not room.mirror.owner:
+            return
+        try:
+            await room.mirror.check_now()
+        except ValueError:
+            await self.forget(key)
+        except FileNotFoundError:
+            pass  # deleted meanwhile: the delete forgets the room
+
     async def flush_project(self, project_id: str) -> None:
         """Write every open file of a project to disk now (before a run, deploy or checkpoint)."""
         for key, room in list(self.rooms.items()):

@@ -162,6 +162,31 @@ async def test_outside_change_merges_with_unsaved_concurrent_typing(
     await alice.leave()
 
 
+async def test_a_write_never_overwrites_a_change_on_disk_it_has_not_seen(
+    manager: RoomManager, key: RoomKey, file_path: Path
+) -> None:
+    alice = PyClient(manager, key, "alice")
+    await alice.start()
+    await eventually(lambda: key in manager.rooms and manager.rooms[key].mirror.written_text == "hello 😀\n")
+    room = manager.rooms[key]
+    room.mirror.debounce_s = room.mirror.max_delay_s = 5.0
+    alice.type(0, "typed ")
+    await eventually(lambda: "typed" in str(room.text))
+    # A run or the files API writes the file; a write (before a run, on unload) comes before the poll.
+    file_path.write_text("hello 😀\nfrom a program\n", encoding="utf-8")
+    await manager.flush_project(key.project_id)
+    assert file_path.read_text(encoding="utf-8") == "typed hello 😀\nfrom a program\n"
+    await eventually(lambda: str(alice.text) == "typed hello 😀\nfrom a program\n")
+    # The files API says so at once: merged without waiting for the poll.
+    room.mirror.poll_s = 60.0
+    await asyncio.sleep(0.3)  # the mirror's loop is now waiting out the long poll
+    file_path.write_text("typed hello 😀\nfrom a program\nand the API\n", encoding="utf-8")
+    await manager.file_changed(key)
+    assert str(room.text) == "typed hello 😀\nfrom a program\nand the API\n"
+    await eventually(lambda: str(alice.text) == str(room.text))
+    await alice.leave()
+
+
 async def test_set_text_reaches_clients_as_an_edit(manager: RoomManager, key: RoomKey, file_path: Path) -> None:
     alice = PyClient(manager, key, "alice")
     await alice.start()
