@@ -3,12 +3,16 @@
 The handler is thin: accept, authenticate (session cookie or Bearer token), look up the role,
 then hand the socket to collab.websocket.serve_websocket. Failures close with 4401 (not signed
 in) or 4403 (no access, bad path) after accepting, so y-websocket clients can tell them apart.
-Other parts of the app reach the rooms through `rooms_of(app)` (files API, history restore,
-membership changes).
+Other parts of the app reach the rooms through `rooms_of(app)` (history restore, runs). The
+files API and membership changes reach them through the project events hub (one notification
+mechanism for the whole app): a written file is merged into its open room at once, a deleted or
+moved one loses its room, and a member who was removed or whose role changed is disconnected.
+The lifespan also starts the automatic checkpoints (a git commit after a pause in editing).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,26 +21,33 @@ from fastapi import APIRouter, FastAPI, WebSocket
 from starlette.concurrency import run_in_threadpool
 
 from collab.fanout import Fanout
+from collab.history import AutoCheckpointer, Author, Histories, user_author
 from collab.room import RoomKey
-from collab.rooms import RoomManager
+from collab.rooms import CLOSE_FORBIDDEN, RoomManager
 from collab.store import UpdateStore
 from collab.websocket import serve_websocket
 from ide_server import paths
 from ide_server.components import Component
 from ide_server.deps import authenticate_websocket, project_role
 from ide_server.errors import InvalidInput, NotAuthenticated, PermissionDenied
-from ide_server.models import Role
+from ide_server.models import Role, User
 from ide_server.services.projects import project_dir
 from ide_server.settings import Settings
 
 CLOSE_UNAUTHENTICATED = 4401
-CLOSE_FORBIDDEN = 4403
+# The user's role changed: reconnect (and get the new role). Clients stop only on 4401/4403.
+CLOSE_ROLE_CHANGED = 4000
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 
 
 def rooms_of(app: FastAPI) -> RoomManager:
     return app.state.collab_rooms
+
+
+def histories_of(app: FastAPI) -> Histories:
+    return app.state.collab_histories
 
 
 def file_on_disk(settings: Settings, key: RoomKey) -> Path:
@@ -75,18 +86,69 @@ async def collab_socket(websocket: WebSocket, project_id: str, file_path: str) -
     )
 
 
+class AppEvents:
+    """What the rooms do when the app reports a change (subscribed to the project events hub)."""
+
+    def __init__(self, app: FastAPI, rooms: RoomManager) -> None:
+        self.app = app
+        self.rooms = rooms
+
+    async def files_changed(self, project_id: str, action: str, path: str, to: str | None) -> None:
+        try:
+            if action in ("delete", "move"):
+                for key in self.rooms.open_keys(project_id, path):
+                    await self.rooms.forget(key)
+                await self.rooms.forget(RoomKey(project_id, path))  # also drop a closed room's document
+            else:
+                for key in self.rooms.open_keys(project_id, path):
+                    await self.rooms.file_changed(key)
+        except Exception:  # the disk poller still catches a written file
+            log.exception("applying %s of %s/%s to the rooms failed", action, project_id, path)
+
+    async def access_changed(self, project_id: str, user_id: int) -> None:
+        role = await run_in_threadpool(self._role, project_id, user_id)
+        code = CLOSE_FORBIDDEN if role is None else CLOSE_ROLE_CHANGED
+        await self.rooms.close_user(project_id, str(user_id), code)
+
+    async def author(self, user_id: str) -> Author:
+        """The git author of a user's edits (for automatic checkpoints)."""
+        user = await run_in_threadpool(self._user, int(user_id))
+        return user_author(user.username if user is not None else f"user{user_id}")
+
+    def _role(self, project_id: str, user_id: int) -> Role | None:
+        with self.app.state.sessionmaker() as db:
+            return project_role(db, project_id, db.get(User, user_id))
+
+    def _user(self, user_id: int) -> User | None:
+        with self.app.state.sessionmaker() as db:
+            return db.get(User, user_id)
+
+
+def _setup(app: FastAPI) -> None:
+    settings: Settings = app.state.settings
+    app.state.collab_histories = Histories(lambda project_id: project_dir(settings.projects_dir, project_id))
+
+
 @asynccontextmanager
 async def collab_lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     fanout = Fanout(settings.redis_url) if settings.redis_url else None
     rooms = RoomManager(UpdateStore(app.state.engine), lambda key: file_on_disk(settings, key), fanout=fanout)
+    events = AppEvents(app, rooms)
+    checkpoints = AutoCheckpointer(rooms, histories_of(app).of, events.author)
+    rooms.on_edit = checkpoints.edited  # before any room opens
+    if (hub := getattr(app.state, "project_events", None)) is not None:
+        hub.on_files_changed(events.files_changed)
+        hub.on_access_changed(events.access_changed)
     app.state.collab_rooms = rooms
+    app.state.collab_checkpoints = checkpoints
     try:
         yield
     finally:
+        await checkpoints.close()
         await rooms.shutdown()
         if fanout:
             await fanout.close()
 
 
-component = Component(name="collab", router=router, lifespan=collab_lifespan)
+component = Component(name="collab", router=router, setup=_setup, lifespan=collab_lifespan)

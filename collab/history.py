@@ -33,6 +33,11 @@ class Author:
     email: str
 
 
+def user_author(username: str) -> Author:
+    """How a Codeyard user appears in a project's git history."""
+    return Author(username, f"{username}@users.codeyard")
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     version: str
@@ -151,6 +156,21 @@ class ProjectHistory:
     def _check_name(name: str) -> None:
         if not NAME_PATTERN.match(name):
             raise ValueError("name: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+
+
+class Histories:
+    """The ProjectHistory of each project, created on first use (one per project, see above)."""
+
+    def __init__(self, project_dir_of: Callable[[str], Path]) -> None:
+        self._project_dir_of = project_dir_of
+        self._by_project: dict[str, ProjectHistory] = {}
+        self._lock = threading.Lock()
+
+    def of(self, project_id: str) -> ProjectHistory:
+        with self._lock:
+            if project_id not in self._by_project:
+                self._by_project[project_id] = ProjectHistory(self._project_dir_of(project_id))
+            return self._by_project[project_id]
 
 
 async def restore_file(history: ProjectHistory, rooms: RoomManager, key: RoomKey, version: str) -> None:

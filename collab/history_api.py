@@ -1,33 +1,32 @@
 """History over HTTP: /api/projects/{project_id}/history (list, read, diff, checkpoint, name, restore).
 
-Thin handlers over collab.history. One ProjectHistory per project is kept on the app (its git
-operations are serialised per instance). Restores go through the rooms, so everyone with the file
-open sees the old text arrive live; the project events channel is told so file trees refresh.
+Thin handlers over collab.history. The collab component keeps one ProjectHistory per project on
+the app (its git operations are serialised per instance). Restores go through the rooms, so
+everyone with the file open sees the old text arrive live; the project events channel is told so
+file trees refresh.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, Query, status
+from fastapi import APIRouter, Depends, Query, status
 from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel, Field
 from starlette.requests import HTTPConnection, Request
 
-from collab.component import rooms_of
-from collab.history import Author, Checkpoint, ProjectHistory, restore_file, restore_project
+from collab.component import histories_of, rooms_of
+from collab.history import Author, Checkpoint, Histories, restore_file, restore_project, user_author
 from collab.room import RoomKey
 from ide_server import paths
 from ide_server.api.events import EventsDep
 from ide_server.components import Component
-from ide_server.deps import ProjectEditor, ProjectViewer, SettingsDep
+from ide_server.deps import ProjectEditor, ProjectViewer
 from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.errors import InvalidInput, NotFound
-from ide_server.services.projects import ProjectAccess, project_dir
-from ide_server.settings import Settings
+from ide_server.services.projects import ProjectAccess
 
 router = APIRouter(prefix="/api/projects/{project_id}/history", tags=["history"], responses=ERROR_RESPONSES)
 
@@ -70,23 +69,8 @@ class DiffPublic(BaseModel):
     diff: str
 
 
-class Histories:
-    """The ProjectHistory of each project, created on first use."""
-
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        self._by_project: dict[str, ProjectHistory] = {}
-        self._lock = threading.Lock()
-
-    def of(self, project_id: str) -> ProjectHistory:
-        with self._lock:
-            if project_id not in self._by_project:
-                self._by_project[project_id] = ProjectHistory(project_dir(self._settings.projects_dir, project_id))
-            return self._by_project[project_id]
-
-
 def _histories(conn: HTTPConnection) -> Histories:
-    return conn.app.state.collab_histories
+    return histories_of(conn.app)
 
 
 HistoriesDep = Annotated[Histories, Depends(_histories)]
@@ -113,8 +97,7 @@ async def _call(function, *args):
 
 
 def _author(ctx: ProjectAccess) -> Author:
-    name = ctx.user.username if ctx.user is not None else "guest"
-    return Author(name, f"{name}@users.codeyard")
+    return user_author(ctx.user.username if ctx.user is not None else "guest")
 
 
 @router.get("")
@@ -188,8 +171,4 @@ async def restore(
         events.files_changed(ctx.project.id, "restore", body.path or "", None)
 
 
-def _setup(app: FastAPI) -> None:
-    app.state.collab_histories = Histories(app.state.settings)
-
-
-component = Component(name="history", router=router, setup=_setup)
+component = Component(name="history", router=router)

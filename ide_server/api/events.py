@@ -4,8 +4,11 @@ Why a separate channel: the collab rooms are per file, but the file tree and "wh
 project, in which file" are per project. Every open workspace keeps one socket here; the files API
 publishes a `files` event after each mutation and the workspace re-reads the tree. Presence is
 the list of connected users with the file each one has open; clients announce their file with
-{"type": "presence", "file": path | null}. The hub lives in this process (one replica); with
-several replicas, events would need the Redis fan-out the collab rooms use.
+{"type": "presence", "file": path | null}. Parts of the app subscribe in-process to the same
+notifications (`on_files_changed`, `on_access_changed`): the collab rooms merge a file written
+through the API at once, and close the sockets of a member who was removed or downgraded.
+The hub lives in this process (one replica); with several replicas, events would need the Redis
+fan-out the collab rooms use (the rooms already share access revocations that way).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated
@@ -34,6 +37,10 @@ MAX_MESSAGE = 4096
 
 router = APIRouter()
 
+# (project_id, action, path, to) and (project_id, user_id): the in-process subscribers' signatures.
+FilesSubscriber = Callable[[str, str, str, str | None], Awaitable[None]]
+AccessSubscriber = Callable[[str, int], Awaitable[None]]
+
 
 @dataclass(eq=False)
 class Listener:
@@ -47,19 +54,47 @@ class Listener:
 
 
 class ProjectEvents:
-    """The listeners of each project, and broadcasting to them (safe to call from worker threads)."""
+    """The listeners of each project, and broadcasting to them (safe to call from worker threads).
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    Created with the app (so other components can subscribe in their setup or lifespan, in any
+    order); events are delivered once `start` has given it the serving event loop.
+    """
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._listeners: dict[str, set[Listener]] = {}
+        self._files_subscribers: list[FilesSubscriber] = []
+        self._access_subscribers: list[AccessSubscriber] = []
+        self._tasks: set[asyncio.Task] = set()
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def on_files_changed(self, subscriber: FilesSubscriber) -> None:
+        self._files_subscribers.append(subscriber)
+
+    def on_access_changed(self, subscriber: AccessSubscriber) -> None:
+        self._access_subscribers.append(subscriber)
 
     def files_changed(self, project_id: str, action: str, path: str, to: str | None = None) -> None:
-        """Tell the project's open workspaces that its files changed (called by the files API)."""
+        """Tell the project's open workspaces and the subscribers that its files changed (files API)."""
         event = {"type": "files", "action": action, "path": path, "to": to}
-        self._loop.call_soon_threadsafe(self._schedule, project_id, event)
+        self._submit(lambda: [self._broadcast(project_id, event)]
+                     + [subscriber(project_id, action, path, to) for subscriber in self._files_subscribers])
 
-    def _schedule(self, project_id: str, event: dict) -> None:
-        self._loop.create_task(self._broadcast(project_id, event))
+    def access_changed(self, project_id: str, user_id: int) -> None:
+        """A member was removed or their role changed (called after the change is committed)."""
+        self._submit(lambda: [subscriber(project_id, user_id) for subscriber in self._access_subscribers])
+
+    def _submit(self, make: Callable[[], list[Coroutine]]) -> None:
+        if self._loop is not None and not self._loop.is_closed():  # else the app is not serving
+            self._loop.call_soon_threadsafe(self._spawn, make)
+
+    def _spawn(self, make: Callable[[], list[Coroutine]]) -> None:
+        for coroutine in make():
+            task = asyncio.create_task(coroutine)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def join(self, project_id: str, listener: Listener) -> None:
         self._listeners.setdefault(project_id, set()).add(listener)
@@ -142,10 +177,14 @@ async def project_events_socket(websocket: WebSocket, project_id: str) -> None:
         await hub.leave(project_id, listener)
 
 
+def _setup(app: FastAPI) -> None:
+    app.state.project_events = ProjectEvents()
+
+
 @asynccontextmanager
 async def events_lifespan(app: FastAPI) -> AsyncIterator[None]:
-    app.state.project_events = ProjectEvents(asyncio.get_running_loop())
+    app.state.project_events.start(asyncio.get_running_loop())
     yield
 
 
-component = Component(name="events", router=router, lifespan=events_lifespan)
+component = Component(name="events", router=router, setup=_setup, lifespan=events_lifespan)

@@ -2,6 +2,7 @@
 
 from fastapi import APIRouter, status
 
+from ide_server.api.events import EventsDep
 from ide_server.components import Component
 from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.deps import CurrentUser, DbSession, ProjectMember, ProjectOwner, ProjectViewer, Public, SettingsDep
@@ -90,14 +91,22 @@ def list_members(ctx: ProjectMember, db: DbSession) -> list[MemberPublic]:
 
 
 @router.patch("/projects/{project_id}/members/{username}")
-def change_member_role(username: UsernameParam, body: MemberUpdate, ctx: ProjectOwner, db: DbSession) -> MemberPublic:
+def change_member_role(
+    username: UsernameParam, body: MemberUpdate, ctx: ProjectOwner, db: DbSession, events: EventsDep
+) -> MemberPublic:
+    """Change a member's role; their open editors reconnect with the new role."""
     member = projects.change_role(db, ctx.project, username, body.role)
+    if events is not None:
+        events.access_changed(ctx.project.id, member.user_id)
     return MemberPublic(username=member.user.username, role=member.role)
 
 
 @router.delete("/projects/{project_id}/members/{username}", status_code=status.HTTP_204_NO_CONTENT)
-def remove_member(username: UsernameParam, ctx: ProjectOwner, db: DbSession) -> None:
-    projects.remove_member(db, ctx.project, username)
+def remove_member(username: UsernameParam, ctx: ProjectOwner, db: DbSession, events: EventsDep) -> None:
+    """Remove a member; their open editors are closed at once."""
+    member = projects.remove_member(db, ctx.project, username)
+    if events is not None:
+        events.access_changed(ctx.project.id, member.user_id)
 
 
 @router.get("/projects/{project_id}/invites")

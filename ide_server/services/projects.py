@@ -171,11 +171,13 @@ def change_role(db: Session, project: Project, username: str, role: Role) -> Mem
     return member
 
 
-def remove_member(db: Session, project: Project, username: str) -> None:
+def remove_member(db: Session, project: Project, username: str) -> Membership:
+    """Remove a member; returns the removed membership (to close the user's open sockets)."""
     member = _membership(db, project, username)
     _check_not_last_owner(db, member)
     db.delete(member)
     db.commit()
+    return member
 
 
 def create_invite(db: Session, project: Project, creator: User, role: Role) -> tuple[Invite, str]:
