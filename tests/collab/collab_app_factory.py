@@ -18,4 +18,6 @@ def create() -> FastAPI:
         "ide_server.api.projects:component",
         "ide_server.api.files:component",
         "collab.component:component",
+        "ide_server.api.events:component",
+        "collab.history_api:component",
     ])

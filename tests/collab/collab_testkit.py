@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import os
+import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -38,10 +39,24 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 JS_DIR = HERE / "js"
 SECRET = "test-secret"
+PASSWORD = "correct horse battery"
 
 
 def token(user: str, role: str = "editor") -> str:
     return f"{SECRET}:{user}:{role}"
+
+
+def signed_in(server: CollabServer) -> httpx.Client:
+    """A newly registered user of the real app (collab_app_factory), signed in with a session cookie."""
+    client = httpx.Client(base_url=server.url)
+    response = client.post("/api/auth/register", json={"username": f"u{secrets.token_hex(4)}", "password": PASSWORD})
+    assert response.status_code == 201, response.text
+    client.headers["X-CSRF-Token"] = response.json()["csrf_token"]
+    return client
+
+
+def cookie_header(client: httpx.Client) -> dict[str, str]:
+    return {"Cookie": "; ".join(f"{name}={value}" for name, value in client.cookies.items())}
 
 
 def free_port() -> int:

@@ -94,6 +94,18 @@ def server(db_url: str, project_root: Path, tmp_path: Path):
 
 
 @pytest.fixture
+def app_server(db_url: str, tmp_path: Path):
+    """The real ide_server app (accounts, projects, files, events, collab, history) under uvicorn."""
+    srv = CollabServer(
+        db_url, tmp_path, tmp_path / "app.log", app="collab_app_factory:create",
+        extra_env={"CODEYARD_DATA_DIR": str(tmp_path / "data"), "CODEYARD_DATABASE_URL": db_url},
+    )
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
 def js(server: CollabServer, node_modules: None):
     clients = JsClients(server.ws_url)
     yield clients

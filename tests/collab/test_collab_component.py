@@ -3,42 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import secrets
 from pathlib import Path
 
-import httpx
 import pytest
 from pycrdt import Doc, Text
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from collab.protocol import SyncStep2, SyncUpdate, decode_message, encode_sync_step1, encode_sync_update
-from collab_testkit import CollabServer, wait_until
-
-PASSWORD = "correct horse battery"
-
-
-@pytest.fixture
-def app_server(db_url: str, tmp_path: Path):
-    srv = CollabServer(
-        db_url, tmp_path, tmp_path / "app.log", app="collab_app_factory:create",
-        extra_env={"CODEYARD_DATA_DIR": str(tmp_path / "data"), "CODEYARD_DATABASE_URL": db_url},
-    )
-    srv.start()
-    yield srv
-    srv.stop()
-
-
-def signed_in(server: CollabServer) -> httpx.Client:
-    client = httpx.Client(base_url=server.url)
-    response = client.post("/api/auth/register", json={"username": f"u{secrets.token_hex(4)}", "password": PASSWORD})
-    assert response.status_code == 201, response.text
-    client.headers["X-CSRF-Token"] = response.json()["csrf_token"]
-    return client
-
-
-def cookie_header(client: httpx.Client) -> dict[str, str]:
-    return {"Cookie": "; ".join(f"{name}={value}" for name, value in client.cookies.items())}
+from collab_testkit import CollabServer, cookie_header, signed_in, wait_until
 
 
 class PyEditor:

@@ -34,10 +34,12 @@ function awarenessStates (c) {
 }
 
 const commands = {
-  async open ({ name, project, file, token, user, timeout = 10000 }) {
+  async open ({ name, project, file, token, headers, user, timeout = 10000 }) {
+    // token: the test harness's query parameter; headers: the real app's session cookie.
+    const Socket = headers ? class extends WebSocket { constructor (url, protocols) { super(url, protocols, { headers }) } } : WebSocket
     const doc = new Y.Doc()
     const provider = new WebsocketProvider(`${serverUrl}/ws/collab/${project}`, file, doc, {
-      WebSocketPolyfill: WebSocket, params: { token }, maxBackoffTime: 300, disableBc: true
+      WebSocketPolyfill: Socket, params: token ? { token } : {}, maxBackoffTime: 300, disableBc: true
     })
     const c = { doc, provider, text: doc.getText('content'), closeCodes: [], synced: false }
     provider.on('connection-close', (event) => { c.closeCodes.push(event.code) })
