@@ -25,6 +25,10 @@ class Settings(BaseSettings):
         default=None, description="Signs sessions and CSRF tokens; generated into the data dir if unset."
     )
     sandbox_backend: Literal["auto", "docker", "bwrap"] = "auto"
+    packages_dir: Path | None = Field(
+        default=None, description="Installed package environments and pip's download cache; default <data_dir>/packages. "
+        "Sandbox uids must be able to reach it (every parent folder searchable by others)."
+    )
     redis_url: str | None = None
     llm_model: str | None = None
     host: str = "127.0.0.1"
@@ -44,6 +48,10 @@ class Settings(BaseSettings):
     @property
     def projects_dir(self) -> Path:
         return self.data_dir / "projects"
+
+    @property
+    def effective_packages_dir(self) -> Path:
+        return self.packages_dir or self.data_dir / "packages"
 
     @property
     def effective_database_url(self) -> str:

@@ -91,7 +91,7 @@ class RunSpec:
 
 @dataclass(frozen=True)
 class OutputChunk:
-    stream: Literal["stdout", "stderr"]
+    stream: Literal["stdout", "stderr", "install"]  # install: package installs before the program starts
     data: bytes
 
 

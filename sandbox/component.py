@@ -30,7 +30,8 @@ from sandbox.host_lease import HostLease
 from sandbox.frames import (CLOSE_BUSY, CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, CLOSE_UNAVAILABLE, SOCKET_GONE,
                             receive_frame, send_chunks)
 from sandbox.runs import OpenEditors, ProjectRuns, public_of_record
-from sandbox.schemas import RunCreate, RunPublic
+from sandbox.packages.install import Installer
+from sandbox.schemas import PackagesAdd, PackagesPublic, RunCreate, RunPublic
 from sandbox.service import RunService
 from sandbox.shell import serve_shell
 from sandbox.sweep import sweep
@@ -50,6 +51,12 @@ Runs = Annotated[ProjectRuns, Depends(_runs)]
 async def start_run(body: RunCreate, ctx: ProjectEditor, runs: Runs) -> RunPublic:
     """Queue a run of the project (its entry file, or codeyard.toml's [run]); follow it on /ws/runs/{id}."""
     return await runs.start(ctx.user, ctx.project.id, body)
+
+
+@router.post("/api/projects/{project_id}/packages")
+async def add_packages(body: PackagesAdd, ctx: ProjectEditor, runs: Runs) -> PackagesPublic:
+    """Install PyPI packages (names only) for the project, sandboxed, and pin them in requirements.txt."""
+    return await runs.add_packages(ctx.project.id, body.names)
 
 
 @router.get("/api/projects/{project_id}/runs")
@@ -85,7 +92,7 @@ async def _close_denied(websocket: WebSocket, exc: DomainError) -> None:
 
 @router.websocket("/ws/runs/{run_id}")
 async def run_socket(websocket: WebSocket, run_id: str) -> None:
-    """Output frames {"type": "stdout"|"stderr", "data"} then {"type": "exit", ...the run...};
+    """Output frames {"type": "stdout"|"stderr"|"install" (package installs before it starts), "data"} then {"type": "exit", ...the run...};
     editors may send {"type": "stdin", "data"} and {"type": "stdin_eof"}."""
     await websocket.accept()
     runs = _runs(websocket)
@@ -193,8 +200,14 @@ async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
         removed = await run_in_threadpool(sweep, client)
         if removed:
             log.warning("removed %d leftovers of earlier runs", len(removed))
+    installer = None
+    if backend is not None and backend.name == "bwrap":
+        try:
+            installer = Installer(backend, settings.effective_packages_dir)
+        except ValueError as exc:
+            log.warning("package installs are off: %s", exc)
     runs = ProjectRuns(backend, unavailable, sessions=app.state.sessionmaker, projects_dir=settings.projects_dir,
-                       editors=OpenEditors(lambda: getattr(app.state, "collab_rooms", None)))
+                       editors=OpenEditors(lambda: getattr(app.state, "collab_rooms", None)), installer=installer)
     await run_in_threadpool(runs.close_interrupted)
     app.state.sandbox_runs = runs
     try:

@@ -24,7 +24,10 @@ from sandbox.errors import QueueFull, RunNotFound, SandboxUnavailable
 from sandbox.languages import plan_run
 from sandbox.limits import SERVER_MAXIMA
 from sandbox.models import RunRow
-from sandbox.schemas import RunCreate, RunPublic
+from sandbox.packages.first import PackagesFirst
+from sandbox.packages.install import Installer, InstallFailed
+from sandbox.packages.project import REQUIREMENTS, add_packages
+from sandbox.schemas import PackagesPublic, RunCreate, RunPublic
 from sandbox.service import RunRecord, RunService
 
 log = logging.getLogger(__name__)
@@ -75,11 +78,13 @@ class ProjectRuns:
     """Runs of projects' code for signed-in users, on one backend (or none, with the reason)."""
 
     def __init__(self, backend: Backend | None, unavailable: str, *, sessions: sessionmaker, projects_dir: Path,
-                 editors: OpenEditors, max_running: int = 4, max_queued: int = 64, max_per_user: int = 4,
-                 max_shells: int = 16, max_shells_per_user: int = 2) -> None:
+                 editors: OpenEditors, installer: Installer | None = None, max_running: int = 4, max_queued: int = 64,
+                 max_per_user: int = 4, max_shells: int = 16, max_shells_per_user: int = 2) -> None:
         self.backend, self.unavailable = backend, unavailable
         self.sessions, self.projects_dir, self.editors = sessions, projects_dir, editors
-        self.service = RunService(backend, max_running=max_running, max_queued=max_queued,
+        self.installer = installer
+        runner = PackagesFirst(backend, installer) if backend and installer else backend
+        self.service = RunService(runner, max_running=max_running, max_queued=max_queued,
                                   max_per_user=max_per_user) if backend else None
         self._finishers: set[asyncio.Task] = set()
         self.max_shells, self.max_shells_per_user = max_shells, max_shells_per_user
@@ -126,6 +131,19 @@ class ProjectRuns:
         self._finishers.add(task)
         task.add_done_callback(self._finishers.discard)
         return public_of_record(record)
+
+    async def add_packages(self, project_id: str, names: list[str]) -> PackagesPublic:
+        """Install PyPI packages into the project's environment and list them in its requirements.txt."""
+        if self.installer is None:
+            raise SandboxUnavailable(self.unavailable or "package installs are off on this server (see its log)")
+        await self.editors.flush(project_id)
+        project_dir = self.project_dir(project_id)
+        try:
+            env = await add_packages(self.installer, project_dir, names)
+        except (ValueError, InstallFailed) as exc:
+            raise InvalidInput(str(exc)) from None
+        lines = (project_dir / REQUIREMENTS).read_text().splitlines()
+        return PackagesPublic(requirements=lines, installed=env.pins)
 
     async def _finish(self, record: RunRecord) -> None:
         """When the run ends, store its outcome."""

@@ -39,3 +39,14 @@ class RunPublic(BaseModel):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+
+
+class PackagesAdd(BaseModel):
+    """Install packages from PyPI into the project and list them in requirements.txt."""
+
+    names: list[str] = Field(min_length=1, max_length=20, description="Distribution names only, e.g. ['requests']")
+
+
+class PackagesPublic(BaseModel):
+    requirements: list[str] = Field(description="requirements.txt as it is now")
+    installed: dict[str, str] = Field(description="Every installed distribution and its version")

@@ -13,7 +13,7 @@ from packaging.utils import canonicalize_name
 
 from sandbox.backend import Mount
 from sandbox.packages.install import ENV_TARGET, Environment, Installer
-from sandbox.packages.resolve import Resolution, declared_python, resolve_python
+from sandbox.packages.resolve import Resolution, declared_python, is_package_name, resolve_python
 
 REQUIREMENTS = "requirements.txt"
 
@@ -78,3 +78,23 @@ async def prepare_python(installer: Installer, project_dir: Path, progress: Call
     env = await installer.install(resolution.requirements, progress)
     installer.alias(pin_requirements(project_dir, resolution, env), env)
     return PreparedPackages((env.mount(),), {"PYTHONPATH": ENV_TARGET}, resolution.unknown)
+
+
+async def add_packages(installer: Installer, project_dir: Path, names: list[str],
+                       progress: Callable[[str], None] = lambda _: None) -> Environment:
+    """Install `names` beside what the project already needs, then list them, pinned, in requirements.txt.
+
+    requirements.txt is written only once the install worked, so a failed one changes nothing."""
+    if not names or not all(isinstance(n, str) and is_package_name(n) for n in names):
+        raise ValueError("names: give package names only (like 'requests' or 'python-dateutil'), "
+                         "not versions, URLs, paths or pip options")
+    current = resolve_python(project_dir)
+    path = project_dir / REQUIREMENTS
+    lines = path.read_text().splitlines() if current.declared and path.is_file() and not path.is_symlink() else list(current.requirements)
+    have = {canonicalize_name(Requirement(r).name) for r in current.requirements}
+    lines += [n for n in dict.fromkeys(names) if canonicalize_name(n) not in have]
+    requirements = tuple(line for line in (l.split("#", 1)[0].strip() for l in lines) if line)
+    env = await installer.install(requirements, progress)
+    _write_atomically(path, "".join(f"{line}\n" for line in lines))
+    installer.alias(pin_requirements(project_dir, Resolution(requirements, (), True), env), env)
+    return env

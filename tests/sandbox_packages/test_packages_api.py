@@ -1,0 +1,100 @@
+"""Packages through the API: a run installs what it imports first (install frames on its socket),
+unknown imports get a clear message, and POST /api/projects/{id}/packages installs named packages."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from ide_server.app import create_app
+from ide_server.settings import Settings
+
+COMPONENTS = ["ide_server.api.health:component", "ide_server.api.accounts:component", "ide_server.api.projects:component",
+              "ide_server.api.files:component", "sandbox.component:component"]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory, packages_root) -> TestClient:
+    data = tmp_path_factory.mktemp("data")
+    app = create_app(Settings(data_dir=data, database_url=f"sqlite:///{data / 'codeyard.db'}", sandbox_backend="bwrap",
+                              packages_dir=packages_root, log_level="warning"), component_specs=COMPONENTS)
+    with TestClient(app) as served:
+        yield served
+    app.state.engine.dispose()
+
+
+def sign_in(client: TestClient) -> dict[str, str]:
+    csrf = client.post("/api/auth/register", json={"username": f"u{secrets.token_hex(4)}",
+                                                    "password": "pass-word-1"}).json()["csrf_token"]
+    token = client.post("/api/tokens", json={"name": "t"}, headers={"X-CSRF-Token": csrf}).json()["token"]
+    client.cookies.clear()
+    return {"Authorization": f"Bearer {token}"}
+
+
+def new_project(client: TestClient, auth: dict, files: dict[str, str]) -> str:
+    project_id = client.post("/api/projects", json={"name": f"p{secrets.token_hex(3)}"}, headers=auth).json()["id"]
+    for path, text in files.items():
+        client.put(f"/api/projects/{project_id}/files/content/{path}", content=text.encode(), headers=auth).raise_for_status()
+    return project_id
+
+
+def run_and_follow(client: TestClient, auth: dict, project_id: str) -> tuple[list[dict], dict]:
+    """Start a run and read its socket to the end: (frames before exit, the exit frame)."""
+    run = client.post(f"/api/projects/{project_id}/runs", json={}, headers=auth)
+    assert run.status_code == 202, run.text
+    frames = []
+    with client.websocket_connect(f"/ws/runs/{run.json()['id']}", headers=auth) as socket:
+        while (frame := socket.receive_json())["type"] != "exit":
+            frames.append(frame)
+    return frames, frame
+
+
+def text(frames: list[dict], kind: str) -> str:
+    return "".join(f["data"] for f in frames if f["type"] == kind)
+
+
+def test_a_run_installs_its_imports_first_then_uses_the_cache(client):
+    auth = sign_in(client)
+    project_id = new_project(client, auth, {"main.py": "import six\nprint('six', six.__version__)\n"})
+    frames, end = run_and_follow(client, auth, project_id)
+    assert "Successfully installed six-" in text(frames, "install")
+    pinned = client.get(f"/api/projects/{project_id}/files/content/requirements.txt", headers=auth).text
+    assert end["verdict"] == "ok" and text(frames, "stdout") == f"six {pinned.strip().removeprefix('six==')}\n", end
+
+    frames, end = run_and_follow(client, auth, project_id)
+    assert end["verdict"] == "ok" and [f for f in frames if f["type"] == "install"] == []
+
+
+def test_unknown_import_gets_a_clear_message(client):
+    auth = sign_in(client)
+    project_id = new_project(client, auth, {"main.py": "import codeyard_nonesuch\n"})
+    frames, end = run_and_follow(client, auth, project_id)
+    assert end["verdict"] == "runtime_error"
+    assert "No package is known for import 'codeyard_nonesuch'" in end["message"]
+    assert f"POST /api/projects/{project_id}/packages" in end["message"]
+    assert [f for f in frames if f["type"] == "install"] == []
+
+
+@pytest.mark.parametrize("names", [["--index-url=https://evil.example/simple"], ["git+https://evil.example/x.git"],
+                                   ["../../etc"], ["six==1.0"], ["six; rm -rf /"], []])
+def test_bad_package_names_are_refused(client, names):
+    auth = sign_in(client)
+    project_id = new_project(client, auth, {"main.py": "print(1)\n"})
+    answer = client.post(f"/api/projects/{project_id}/packages", json={"names": names}, headers=auth)
+    assert answer.status_code in (400, 422) and ("names" in answer.text), answer.text
+    assert client.get(f"/api/projects/{project_id}/files/content/requirements.txt", headers=auth).status_code == 404
+
+
+def test_one_click_install_adds_pinned_names(client):
+    auth = sign_in(client)
+    project_id = new_project(client, auth, {"main.py": "import six\n"})
+    answer = client.post(f"/api/projects/{project_id}/packages", json={"names": ["six"]}, headers=auth)
+    assert answer.status_code == 200, answer.text
+    version = answer.json()["installed"]["six"]
+    assert answer.json()["requirements"] == [f"six=={version}"]
+    viewer_less = sign_in(client)
+    assert client.post(f"/api/projects/{project_id}/packages", json={"names": ["six"]}, headers=viewer_less).status_code == 404
