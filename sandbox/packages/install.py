@@ -174,6 +174,10 @@ class Installer:
                 progress(chunk.data.decode("utf-8", "replace"))
                 tail = (tail + chunk.data)[-4000:]
             result = await run.result()
+        if result.verdict == Verdict.OK and result.files_skipped:
+            raise InstallFailed(f"installing {', '.join(requirements)} left files the environment cannot keep (links, "
+                                f"or past the quota of {self.limits.files_count} files / {self.limits.disk_bytes // MIB} MiB): "
+                                f"{', '.join(result.files_skipped[:5])}")
         if result.verdict != Verdict.OK or not (staging / SITE).is_dir():
             said = tail.decode("utf-8", "replace").strip()
             raise InstallFailed(f"installing {', '.join(requirements)} failed ({result.verdict.value}"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from sandbox.bwrap import BwrapBackend
-from sandbox.packages.install import Installer, InstallFailed
+from sandbox.packages.install import INSTALL_LIMITS, Installer, InstallFailed
 from sandbox.packages.project import prepare_python
 from sandbox_fixtures import make_spec
 
@@ -61,3 +62,10 @@ async def test_a_failed_install_says_why(installer, project):
     with pytest.raises(InstallFailed, match="codeyard-no-such-package-4f1e2"):
         await prepare_python(installer, project, lambda _: None)
     assert list(installer.envs.glob(".staging-*")) == []
+
+
+async def test_an_environment_past_the_quota_is_refused_whole(packages_root, project):
+    small = Installer(BwrapBackend(), packages_root / "small", limits=dataclasses.replace(INSTALL_LIMITS, files_count=3))
+    with pytest.raises(InstallFailed, match="past the quota of 3 files"):
+        await small.install(["six"])
+    assert small.cached(["six"]) is None and list(small.envs.glob(".staging-*")) == []
