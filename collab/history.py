@@ -27,6 +27,10 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 VERSION_PATTERN = re.compile(r"^[0-9a-f]{4,40}$")
 
 
+class NameTaken(ValueError):
+    """Another checkpoint already has this name."""
+
+
 @dataclass(frozen=True)
 class Author:
     name: str
@@ -152,10 +156,11 @@ class ProjectHistory:
             commit.hexsha, summary, tuple(authors), datetime.fromtimestamp(commit.committed_date, UTC), names
         )
 
-    @staticmethod
-    def _check_name(name: str) -> None:
+    def _check_name(self, name: str) -> None:
         if not NAME_PATTERN.match(name):
             raise ValueError("name: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        if name in self.repo.tags:
+            raise NameTaken(f"name: another checkpoint is already called {name!r}")
 
 
 class Histories:

@@ -18,14 +18,14 @@ from pydantic import BaseModel, Field
 from starlette.requests import HTTPConnection, Request
 
 from collab.component import histories_of, rooms_of
-from collab.history import Author, Checkpoint, Histories, restore_file, restore_project, user_author
+from collab.history import Author, Checkpoint, Histories, NameTaken, restore_file, restore_project, user_author
 from collab.room import RoomKey
 from ide_server import paths
 from ide_server.api.events import EventsDep
 from ide_server.components import Component
 from ide_server.deps import ProjectEditor, ProjectViewer
 from ide_server.error_handlers import ERROR_RESPONSES
-from ide_server.errors import InvalidInput, NotFound
+from ide_server.errors import Conflict, InvalidInput, NotFound
 from ide_server.services.projects import ProjectAccess
 
 router = APIRouter(prefix="/api/projects/{project_id}/history", tags=["history"], responses=ERROR_RESPONSES)
@@ -90,6 +90,8 @@ async def _call(function, *args):
     """Run a blocking history call in a thread; its ValueError (a bad version or name) becomes a 400."""
     try:
         return await asyncio.to_thread(function, *args)
+    except NameTaken as exc:
+        raise Conflict(str(exc)) from exc
     except ValueError as exc:
         raise InvalidInput(str(exc)) from exc
     except FileNotFoundError as exc:

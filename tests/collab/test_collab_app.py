@@ -109,6 +109,8 @@ def test_a_history_restore_arrives_live_in_every_editor(
     wait_for_file(on_disk(tmp_path, pid, "story.txt"), "once upon a time\n", 3)
     listed = owner.get(f"/api/projects/{pid}/history", params={"path": "story.txt"}).json()
     assert [c["message"] for c in listed] == ["second", "first draft"] and listed[1]["names"] == ["draft-1"]
+    again = owner.post(f"/api/projects/{pid}/history/{version}/name", json={"name": "draft-1"})
+    assert again.status_code == 409 and "already called 'draft-1'" in again.json()["detail"]
 
 
 def test_clients_converge_without_duplicates_after_an_app_restart(
