@@ -126,7 +126,10 @@ class AppEvents:
 
 def _setup(app: FastAPI) -> None:
     settings: Settings = app.state.settings
-    app.state.collab_histories = Histories(lambda project_id: project_dir(settings.projects_dir, project_id))
+    app.state.collab_histories = Histories(
+        lambda project_id: project_dir(settings.projects_dir, project_id),
+        lambda project_id: settings.data_dir / "history" / f"{project_id}.git",  # never inside the project
+    )
 
 
 @asynccontextmanager

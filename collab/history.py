@@ -1,6 +1,9 @@
 """Project history in git: checkpoints with the editing users as authors, reads, diffs, restores.
 
-Each project folder is its own git repository. Checkpoints are commits of the whole folder; the
+Each project folder is the work tree of its own git repository, whose git folder lives outside
+the project (in the server's data folder): users can write any file of their project, and a
+`.git/config` or hook they wrote must never run on the server when it commits (core.fsmonitor,
+hooks...). Checkpoints are commits of the whole folder; the
 first editing user is the commit author and the others are `Co-authored-by:` trailers. Restores
 go through the rooms (RoomManager.set_text), so everyone editing sees the old text arrive as an
 ordinary edit and nobody's connection has to reload.
@@ -69,13 +72,17 @@ class ProjectHistory:
     an API read never talk to the same git pipes at once.
     """
 
-    def __init__(self, project_dir: Path) -> None:
+    def __init__(self, project_dir: Path, git_dir: Path) -> None:
         self.project_dir = project_dir
         self._lock = threading.RLock()
-        if (project_dir / ".git").is_dir():
-            self.repo = git.Repo(project_dir)
-        else:
-            self.repo = git.Repo.init(project_dir, initial_branch="main")
+        if not (git_dir / "HEAD").is_file():
+            repo = git.Repo.init(git_dir, mkdir=True, bare=True, initial_branch="main")
+            with repo.config_writer() as config:
+                config.set_value("core", "bare", "false")
+                config.set_value("core", "worktree", str(project_dir.resolve()))
+        self.repo = git.Repo(git_dir)
+        # Every git command names both folders, so nothing is looked up from the project folder.
+        self.repo.git.update_environment(GIT_DIR=str(git_dir.resolve()), GIT_WORK_TREE=str(project_dir.resolve()))
 
     @_serialised
     def checkpoint(self, message: str, authors: list[Author], name: str | None = None) -> Checkpoint | None:
@@ -166,15 +173,18 @@ class ProjectHistory:
 class Histories:
     """The ProjectHistory of each project, created on first use (one per project, see above)."""
 
-    def __init__(self, project_dir_of: Callable[[str], Path]) -> None:
+    def __init__(self, project_dir_of: Callable[[str], Path], git_dir_of: Callable[[str], Path]) -> None:
         self._project_dir_of = project_dir_of
+        self._git_dir_of = git_dir_of
         self._by_project: dict[str, ProjectHistory] = {}
         self._lock = threading.Lock()
 
     def of(self, project_id: str) -> ProjectHistory:
         with self._lock:
             if project_id not in self._by_project:
-                self._by_project[project_id] = ProjectHistory(self._project_dir_of(project_id))
+                self._by_project[project_id] = ProjectHistory(
+                    self._project_dir_of(project_id), self._git_dir_of(project_id)
+                )
             return self._by_project[project_id]
 
 

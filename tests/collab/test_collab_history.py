@@ -26,14 +26,19 @@ def project(project_root: Path, project_id: str) -> Path:
 
 
 @pytest.fixture
+def git_dir(tmp_path: Path) -> Path:
+    return tmp_path / "history" / "project.git"
+
+
+@pytest.fixture
 async def rooms(store: UpdateStore, project_root: Path):
     manager = RoomManager(store, lambda k: project_root / k.project_id / k.file_path, idle_unload_s=0.2)
     yield manager
     await manager.shutdown()
 
 
-def test_checkpoints_list_read_diff_and_names(project: Path) -> None:
-    history = ProjectHistory(project)
+def test_checkpoints_list_read_diff_and_names(project: Path, git_dir: Path) -> None:
+    history = ProjectHistory(project, git_dir)
     first = history.checkpoint("Start", [ALICE, BOB], name="v1")
     assert first and first.authors == (ALICE, BOB) and first.message == "Start" and first.names == ("v1",)
     assert history.checkpoint("Nothing changed", [ALICE]) is None
@@ -60,10 +65,30 @@ def test_checkpoints_list_read_diff_and_names(project: Path) -> None:
         history.read("v1", "missing.txt")
 
 
-async def test_restoring_a_file_reaches_connected_clients_live(
-    project: Path, project_id: str, rooms: RoomManager
+def test_files_users_write_into_the_project_never_configure_the_servers_git(
+    project: Path, git_dir: Path, tmp_path: Path
 ) -> None:
-    history = ProjectHistory(project)
+    """The git folder is outside the project: a planted .git/config (core.fsmonitor runs a
+    command on `git add`) or hook is just another project file to the server's git."""
+    proof = tmp_path / "ran"
+    (project / ".git" / "hooks").mkdir(parents=True)
+    (project / ".git" / "config").write_text(f"[core]\n\tfsmonitor = touch {proof}\n", encoding="utf-8")
+    hook = project / ".git" / "hooks" / "pre-commit"
+    hook.write_text(f"#!/bin/sh\ntouch {proof}\n", encoding="utf-8")
+    hook.chmod(0o755)
+    history = ProjectHistory(project, git_dir)
+    first = history.checkpoint("v1", [ALICE])
+    (project / "README.md").write_text("# changed\n", encoding="utf-8")
+    assert history.checkpoint("v2", [ALICE]) is not None
+    assert not proof.exists()
+    assert (git_dir / "HEAD").is_file() and "README.md" in history.files(first.version)
+    assert not any(path.startswith(".git") for path in history.files("HEAD"))
+
+
+async def test_restoring_a_file_reaches_connected_clients_live(
+    project: Path, project_id: str, rooms: RoomManager, git_dir: Path
+) -> None:
+    history = ProjectHistory(project, git_dir)
     v1 = history.checkpoint("v1", [ALICE])
     key = RoomKey(project_id, "src/main.py")
     alice = PyClient(rooms, key, "alice")
@@ -79,9 +104,9 @@ async def test_restoring_a_file_reaches_connected_clients_live(
 
 
 async def test_restoring_the_project_brings_back_files_and_removes_new_ones(
-    project: Path, project_id: str, rooms: RoomManager
+    project: Path, project_id: str, rooms: RoomManager, git_dir: Path
 ) -> None:
-    history = ProjectHistory(project)
+    history = ProjectHistory(project, git_dir)
     v1 = history.checkpoint("v1", [ALICE])
     (project / "README.md").unlink()
     (project / "new.txt").write_text("new\n", encoding="utf-8")
@@ -95,9 +120,9 @@ async def test_restoring_the_project_brings_back_files_and_removes_new_ones(
 
 
 async def test_pause_in_editing_commits_with_the_editors_as_authors(
-    project: Path, project_id: str, rooms: RoomManager
+    project: Path, project_id: str, rooms: RoomManager, git_dir: Path
 ) -> None:
-    history = ProjectHistory(project)
+    history = ProjectHistory(project, git_dir)
     history.checkpoint("v1", [])
     authors = {"alice": ALICE, "bob": BOB}
 
