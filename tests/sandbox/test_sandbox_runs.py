@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from conftest import make_spec
+from conftest import TEST_LIMITS, make_spec
 from sandbox.backend import RunSpec
 from sandbox.verdict import Verdict
 
@@ -97,8 +97,6 @@ def test_bad_argv_is_refused(project, argv):
 async def test_warm_pool_serves_runs_and_leaves_nothing(docker_engine, runner_image, project):
     from sandbox.docker_backend import DockerBackend
     from sandbox.limits import Limits
-
-    from conftest import TEST_LIMITS
 
     backend = DockerBackend(docker_engine, pool_limits=Limits(**TEST_LIMITS), pool_size=2)
     await backend.warm_up()
