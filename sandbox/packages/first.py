@@ -1,4 +1,4 @@
-"""Runs of Python code get their packages first: installed (pip's output on the run's console as
+"""Runs of Python and Node code get their packages first: installed (pip's output on the run's console as
 "install" output) and mounted read-only, on the same run handle the queue already gave out."""
 
 from __future__ import annotations
@@ -10,22 +10,22 @@ import time
 
 from sandbox.backend import Backend, ExitStatus, OutputChunk, RunSpec, SandboxRun
 from sandbox.packages.install import Installer, InstallFailed
-from sandbox.packages.project import PreparedPackages, prepare_python, unknown_message
+from sandbox.packages.project import PreparedPackages, prepare_node, prepare_python, unknown_message
 from sandbox.verdict import RunResult, Verdict
 
 log = logging.getLogger(__name__)
-PYTHON_COMMANDS = ("python3", "python")
+PREPARE = {"python3": prepare_python, "python": prepare_python, "node": prepare_node}
 
 
 class PackagesFirst:
-    """What RunService starts runs on: `backend`, with a Python run's packages prepared before it starts."""
+    """What RunService starts runs on: `backend`, with a Python or Node run's packages prepared before it starts."""
 
     def __init__(self, backend: Backend, installer: Installer) -> None:
         self.backend, self.installer = backend, installer
         self.name = backend.name
 
     async def start(self, spec: RunSpec) -> SandboxRun:
-        if spec.argv[0] not in PYTHON_COMMANDS or spec.tty:
+        if spec.argv[0] not in PREPARE or spec.tty:
             return await self.backend.start(spec)
         run = SandboxRun(spec.limits, spec.tty)
         run._task = asyncio.create_task(self._prepare_then_run(run, spec))
@@ -43,7 +43,7 @@ class PackagesFirst:
             return run._result(verdict, ExitStatus(), time.monotonic() - began, message)
 
         try:
-            prepared = await prepare_python(self.installer, spec.project_dir, say)
+            prepared = await PREPARE[spec.argv[0]](self.installer, spec.project_dir, say)
         except (ValueError, InstallFailed) as exc:  # a bad declaration, or pip could not install it
             return ended(Verdict.RUNTIME_ERROR, str(exc))
         except Exception as exc:

@@ -1,4 +1,4 @@
-"""A project's packages before a run: resolve, install what is missing, pin, and mount it read-only."""
+"""A project's packages before a run: resolve, install what is missing, pin (Python), and mount it read-only."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from sandbox.backend import Mount
-from sandbox.packages.install import ENV_TARGET, Environment, Installer
-from sandbox.packages.resolve import Resolution, declared_python, is_package_name, resolve_python
+from sandbox.packages.install import Environment, Installer
+from sandbox.packages.resolve import Resolution, declared_python, is_package_name, resolve_node, resolve_python
 
 REQUIREMENTS = "requirements.txt"
 
@@ -77,7 +77,16 @@ async def prepare_python(installer: Installer, project_dir: Path, progress: Call
         return PreparedPackages(unknown=resolution.unknown)
     env = await installer.install(resolution.requirements, progress)
     installer.alias(pin_requirements(project_dir, resolution, env), env)
-    return PreparedPackages((env.mount(),), {"PYTHONPATH": ENV_TARGET}, resolution.unknown)
+    return PreparedPackages((env.mount(),), env.env(), resolution.unknown)
+
+
+async def prepare_node(installer: Installer, project_dir: Path, progress: Callable[[str], None]) -> PreparedPackages:
+    """Install (or find cached) the project's Node packages (npm, install scripts off); package.json is not rewritten."""
+    resolution = resolve_node(project_dir)
+    if not resolution.requirements:
+        return PreparedPackages(unknown=resolution.unknown)
+    env = await installer.install(resolution.requirements, progress, ecosystem="node")
+    return PreparedPackages((env.mount(),), env.env(), resolution.unknown)
 
 
 async def add_packages(installer: Installer, project_dir: Path, names: list[str],

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 PYPI_HOSTS = frozenset({"pypi.org", "files.pythonhosted.org"})
+NPM_HOSTS = frozenset({"registry.npmjs.org"})
 SOCKET_NAME = "proxy.sock"
 MAX_HEAD = 8192
 

@@ -14,5 +14,5 @@ PYTHON: dict[str, str] = {
 }
 
 NODE: frozenset[str] = frozenset({
-    "axios", "chalk", "commander", "dayjs", "express", "lodash", "moment", "react", "react-dom", "uuid", "ws",
+    "axios", "chalk", "commander", "dayjs", "express", "lodash", "moment", "ms", "react", "react-dom", "uuid", "ws",
 })

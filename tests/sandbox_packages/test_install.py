@@ -9,7 +9,7 @@ import pytest
 
 from sandbox.bwrap import BwrapBackend
 from sandbox.packages.install import INSTALL_LIMITS, Installer, InstallFailed
-from sandbox.packages.project import prepare_python
+from sandbox.packages.project import prepare_node, prepare_python
 from sandbox_fixtures import make_spec
 
 
@@ -69,3 +69,15 @@ async def test_an_environment_past_the_quota_is_refused_whole(packages_root, pro
     with pytest.raises(InstallFailed, match="past the quota of 3 files"):
         await small.install(["six"])
     assert small.cached(["six"]) is None and list(small.envs.glob(".staging-*")) == []
+
+
+async def test_node_require_installs_with_npm_and_is_cached(installer, project):
+    (project / "index.js").write_text("const ms = require('ms');\nconsole.log(ms('2h'));\n")
+    said: list[str] = []
+    prepared = await prepare_node(installer, project, said.append)
+    assert "added 1 package" in "".join(said), said
+    spec = make_spec(project, ["node", "./index.js"])
+    result = await BwrapBackend().run(dataclasses.replace(spec, mounts=prepared.mounts))
+    assert (result.verdict.value, result.stdout) == ("ok", b"7200000\n"), result.stderr
+    again: list[str] = []
+    assert await prepare_node(installer, project, again.append) == prepared and again == []

@@ -42,9 +42,9 @@ def new_project(client: TestClient, auth: dict, files: dict[str, str]) -> str:
     return project_id
 
 
-def run_and_follow(client: TestClient, auth: dict, project_id: str) -> tuple[list[dict], dict]:
+def run_and_follow(client: TestClient, auth: dict, project_id: str, **body) -> tuple[list[dict], dict]:
     """Start a run and read its socket to the end: (frames before exit, the exit frame)."""
-    run = client.post(f"/api/projects/{project_id}/runs", json={}, headers=auth)
+    run = client.post(f"/api/projects/{project_id}/runs", json=body, headers=auth)
     assert run.status_code == 202, run.text
     frames = []
     with client.websocket_connect(f"/ws/runs/{run.json()['id']}", headers=auth) as socket:
@@ -98,3 +98,11 @@ def test_one_click_install_adds_pinned_names(client):
     assert answer.json()["requirements"] == [f"six=={version}"]
     viewer_less = sign_in(client)
     assert client.post(f"/api/projects/{project_id}/packages", json={"names": ["six"]}, headers=viewer_less).status_code == 404
+
+
+def test_a_node_run_installs_its_requires_first(client):
+    auth = sign_in(client)
+    project_id = new_project(client, auth, {"index.js": "const ms = require('ms');\nconsole.log(ms('1m'));\n"})
+    frames, end = run_and_follow(client, auth, project_id, entry="index.js")
+    assert "added 1 package" in text(frames, "install")
+    assert end["verdict"] == "ok" and text(frames, "stdout") == "60000\n", end
