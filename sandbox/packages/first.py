@@ -14,6 +14,7 @@ from sandbox.packages.project import PreparedPackages, prepare_node, prepare_pyt
 from sandbox.verdict import RunResult, Verdict
 
 log = logging.getLogger(__name__)
+CANCEL_POLL_SECONDS = 0.2
 PREPARE = {"python3": prepare_python, "python": prepare_python, "node": prepare_node}
 
 
@@ -42,15 +43,20 @@ class PackagesFirst:
             run._queue.put_nowait(None)
             return run._result(verdict, ExitStatus(), time.monotonic() - began, message)
 
+        preparing = asyncio.create_task(PREPARE[spec.argv[0]](self.installer, spec.project_dir, say))
+        while not preparing.done():  # a cancel of the run stops its install
+            await asyncio.wait({preparing}, timeout=CANCEL_POLL_SECONDS)
+            if run.cancelled:
+                preparing.cancel()
+        if preparing.cancelled():
+            return ended(Verdict.CANCELLED, "cancelled while installing packages")
         try:
-            prepared = await PREPARE[spec.argv[0]](self.installer, spec.project_dir, say)
+            prepared = preparing.result()
         except (ValueError, InstallFailed) as exc:  # a bad declaration, or pip could not install it
             return ended(Verdict.RUNTIME_ERROR, str(exc))
         except Exception as exc:
             log.exception("preparing the packages of run %s failed", run.id)
             return ended(Verdict.INTERNAL_ERROR, f"package install error: {exc}")
-        if run.cancelled:
-            return ended(Verdict.CANCELLED, "cancelled while installing packages")
         result = await self.backend._drive(run, _with_packages(spec, prepared))
         if prepared.unknown:
             notice = unknown_message(prepared.unknown, spec.project_dir.name)

@@ -213,10 +213,15 @@ class Installer:
                                                   mounts=tuple(mounts)))
             await run.close_stdin()
             tail = bytearray()
-            async for chunk in run.chunks():
-                progress(chunk.data.decode("utf-8", "replace"))
-                tail = (tail + chunk.data)[-4000:]
-            result = await run.result()
+            try:
+                async for chunk in run.chunks():
+                    progress(chunk.data.decode("utf-8", "replace"))
+                    tail = (tail + chunk.data)[-4000:]
+                result = await run.result()
+            except asyncio.CancelledError:  # stop the install too, and wait until it has cleaned up
+                run.cancel()
+                await run.result()
+                raise
         if result.verdict == Verdict.OK and result.files_skipped:
             raise InstallFailed(f"installing {', '.join(requirements)} left files the environment cannot keep (links, "
                                 f"or past the quota of {self.limits.files_count} files / {self.limits.disk_bytes // MIB} MiB): "

@@ -53,14 +53,14 @@ raise SystemExit("evil-attack-ran: " + "; ".join(found))
 '''
 
 
-def sdist(folder: Path, settings: str) -> None:
-    """evil-0.1.tar.gz whose build backend is its setup.py."""
+def sdist(folder: Path, name: str, setup_py: str) -> None:
+    """NAME-0.1.tar.gz whose build backend is its setup.py."""
     files = {
-        "evil-0.1/PKG-INFO": "Metadata-Version: 2.1\nName: evil\nVersion: 0.1\n",
-        "evil-0.1/pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "setup"\nbackend-path = ["."]\n',
-        "evil-0.1/setup.py": settings + ATTACK,
+        f"{name}-0.1/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
+        f"{name}-0.1/pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "setup"\nbackend-path = ["."]\n',
+        f"{name}-0.1/setup.py": setup_py,
     }
-    with tarfile.open(folder / "evil-0.1.tar.gz", "w:gz") as tar:
+    with tarfile.open(folder / f"{name}-0.1.tar.gz", "w:gz") as tar:
         for name, text in files.items():
             info = tarfile.TarInfo(name)
             info.size = len(text.encode())
@@ -114,7 +114,7 @@ async def test_malicious_setup_py_escapes_nothing(packages_root, host, listener,
     wheelhouse = Path(tempfile.mkdtemp(prefix="codeyard-wheelhouse-"))
     os.chmod(wheelhouse, 0o755)
     try:
-        sdist(wheelhouse, settings)
+        sdist(wheelhouse, "evil", settings + ATTACK)
         installer = Installer(BwrapBackend(), packages_root, index_url=None, find_links=wheelhouse)
         said: list[str] = []
         with pytest.raises(InstallFailed) as failure:
