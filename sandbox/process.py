@@ -33,6 +33,49 @@ class _Pump(asyncio.Protocol):
             self.done.set_result(None)
 
 
+class _TerminalWriter:
+    """Buffered, non-blocking writes to a PTY master through loop.add_writer.
+
+    A pipe transport is wrong for a PTY: the master is readable too, and uvloop's write-pipe
+    transport reads from it (hitting output meant for the reader and failing).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self._loop, self._fd, self._buffer, self._closed = loop, fd, bytearray(), False
+
+    def is_closing(self) -> bool:
+        return self._closed
+
+    def get_write_buffer_size(self) -> int:
+        return len(self._buffer)
+
+    def write(self, data: bytes) -> None:
+        if self._closed:
+            return
+        if not self._buffer:
+            self._loop.add_writer(self._fd, self._flush)
+        self._buffer += data
+
+    def _flush(self) -> None:
+        try:
+            written = os.write(self._fd, self._buffer)
+        except BlockingIOError:
+            return
+        except OSError:  # the terminal is gone: nothing more can be delivered
+            written = len(self._buffer)
+        del self._buffer[:written]
+        if not self._buffer:
+            self._loop.remove_writer(self._fd)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._buffer:
+                self._loop.remove_writer(self._fd)
+            os.close(self._fd)
+
+
 class HostProcess:
     """Spawn argv with pipes (or one terminal); `wait` returns after exit and end of output."""
 
@@ -40,7 +83,7 @@ class HostProcess:
         self.popen = popen
         self.terminal = terminal  # the PTY master, for resizing
         self.pidfd = os.pidfd_open(popen.pid)
-        self._stdin: asyncio.WriteTransport | None = None
+        self._stdin: asyncio.WriteTransport | _TerminalWriter | None = None
         self._eof: list[asyncio.Future[None]] = []
         self._exited = False
 
@@ -75,8 +118,9 @@ class HostProcess:
             os.close(slave)
         proc = cls(popen, terminal=master)
         loop = asyncio.get_running_loop()
-        await proc._pump(loop, run, open(master, "rb", buffering=0, closefd=False), "stdout")
-        proc._stdin, _ = await loop.connect_write_pipe(asyncio.BaseProtocol, open(os.dup(master), "wb", buffering=0))
+        # Reader and writer each own a duplicate: transports close their fd, and `terminal` stays for resizing.
+        await proc._pump(loop, run, open(os.dup(master), "rb", buffering=0), "stdout")
+        proc._stdin = _TerminalWriter(loop, os.dup(master))
         return proc
 
     async def _pump(self, loop: asyncio.AbstractEventLoop, run: SandboxRun, pipe, stream: Literal["stdout", "stderr"]) -> None:

@@ -42,3 +42,28 @@ async def test_resize_needs_a_terminal(backend, project):
         await run.resize(40, 120)
     run.cancel()
     assert (await run.result()).verdict == Verdict.CANCELLED
+
+
+def test_terminal_input_and_output_under_uvloop():
+    """`codeyard serve` runs on uvloop, whose write-pipe transport reads from a PTY master and failed."""
+    import uvloop
+
+    from sandbox.process import HostProcess
+
+    class Collect:
+        def __init__(self) -> None:
+            self.data = b""
+
+        def emit(self, stream: str, data: bytes) -> None:
+            self.data += data
+
+    async def session() -> bytes:
+        out = Collect()
+        proc = await HostProcess.spawn_terminal(["bash", "--norc", "-i"], out, {"PATH": "/usr/bin:/bin", "TERM": "dumb"},
+                                                "/tmp", size=(24, 80))
+        await proc.write_stdin(b"echo $((6*7))-answer\rexit\r")
+        status, _ = await asyncio.wait_for(proc.wait(), 20)
+        assert status == 0
+        return out.data
+
+    assert b"42-answer" in uvloop.run(session())
