@@ -162,6 +162,18 @@ def test_run_a_program_that_reads_input(open_as, screenshot):
     screenshot(ada, "workspace-run-console")
 
 
+def test_shell_pane_runs_commands_in_the_sandbox(open_as, screenshot):
+    ada = open_as(OWNER)
+    ada.locator("#shell-tab").click()
+    shell = ada.locator("#shell")
+    expect(shell.locator(".xterm-rows")).to_contain_text("$", timeout=20000)
+    shell.locator(".xterm-helper-textarea").focus()
+    ada.keyboard.type("echo $((6*7))-from-the-shell; whoami\n")
+    expect(shell.locator(".xterm-rows")).to_contain_text("42-from-the-shell", timeout=20000)
+    assert "root" not in shell.locator(".xterm-rows").inner_text().split("42-from-the-shell", 1)[1]
+    screenshot(ada, "workspace-shell")
+
+
 def test_narrow_screen_stacks_panes(open_as, screenshot):
     page = open_as(OWNER, width=400, height=800)
     tree = page.locator("#file-tree").bounding_box()
