@@ -12,7 +12,7 @@ from sandbox.bwrap import BwrapBackend
 from sandbox.packages.first import PackagesFirst
 from sandbox.packages.install import Installer
 from sandbox_fixtures import make_spec
-from tests.sandbox_packages.test_hostile_install import sdist
+from .test_hostile_install import sdist
 
 
 async def test_cancel_during_install(packages_root, project):
