@@ -80,12 +80,12 @@ def test_unknown_import_gets_a_clear_message(client):
 
 
 @pytest.mark.parametrize("names", [["--index-url=https://evil.example/simple"], ["git+https://evil.example/x.git"],
-                                   ["../../etc"], ["six==1.0"], ["six; rm -rf /"], []])
+                                   ["../../etc"], ["six==1.0"], ["six", "six; rm -rf /"]])
 def test_bad_package_names_are_refused(client, names):
     auth = sign_in(client)
     project_id = new_project(client, auth, {"main.py": "print(1)\n"})
     answer = client.post(f"/api/projects/{project_id}/packages", json={"names": names}, headers=auth)
-    assert answer.status_code in (400, 422) and ("names" in answer.text), answer.text
+    assert answer.status_code == 400 and "names: give package names only" in answer.json()["detail"], answer.text
     assert client.get(f"/api/projects/{project_id}/files/content/requirements.txt", headers=auth).status_code == 404
 
 
