@@ -187,8 +187,8 @@ class Installer:
         source = ["--index-url", self.index_url] if self.index_url else ["--no-index"]
         if self.find_links is not None:
             source += ["--find-links", SOURCES_TARGET]
-        return ["python3", "-m", "pip", "--proxy", "{proxy}", "install", "--isolated", "--no-input", "--disable-pip-version-check", "--progress-bar", "off",
-                "--no-warn-script-location", "--cert", CA_FILE, "--cache-dir", f"{CACHE_TARGET}/pip",
+        return ["python3", "-m", "pip", "--proxy", "{proxy}", "install", "--isolated", "--no-input",
+                "--disable-pip-version-check", "--progress-bar", "off", "--no-warn-script-location", "--cert", CA_FILE, "--cache-dir", f"{CACHE_TARGET}/pip",
                 "--target", f"/workspace/{SITE}", *source, "--", *requirements]
 
     @staticmethod
