@@ -207,7 +207,9 @@ async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
         except ValueError as exc:
             log.warning("package installs are off: %s", exc)
     runs = ProjectRuns(backend, unavailable, sessions=app.state.sessionmaker, projects_dir=settings.projects_dir,
-                       editors=OpenEditors(lambda: getattr(app.state, "collab_rooms", None)), installer=installer)
+                       editors=OpenEditors(lambda: getattr(app.state, "collab_rooms", None),
+                                           lambda: getattr(app.state, "collab_checkpoints", None)),
+                       installer=installer)
     await run_in_threadpool(runs.close_interrupted)
     app.state.sandbox_runs = runs
     try:

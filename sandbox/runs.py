@@ -66,12 +66,19 @@ class OpenEditors:
     the change on disk itself (its DiskMirror merges it in as a CRDT edit, keeping what was typed
     meanwhile), so pushing the text into the room here as well would apply it twice."""
 
-    def __init__(self, rooms_of: Callable[[], object | None]) -> None:
-        self._rooms_of = rooms_of
+    def __init__(self, rooms_of: Callable[[], object | None], checkpoints_of: Callable[[], object | None] = lambda: None) -> None:
+        self._rooms_of, self._checkpoints_of = rooms_of, checkpoints_of
 
     async def flush(self, project_id: str) -> None:
         if (rooms := self._rooms_of()) is not None:
             await rooms.flush_project(project_id)
+
+    async def checkpoint(self, project_id: str, message: str) -> None:
+        """Flush, then commit a history checkpoint crediting who edited (when history is on)."""
+        if (checkpoints := self._checkpoints_of()) is not None:
+            await checkpoints.checkpoint_now(project_id, message)
+        else:
+            await self.flush(project_id)
 
 
 class ProjectRuns:
@@ -113,7 +120,7 @@ class ProjectRuns:
         """Plan and queue a run of the project; QueueFull (429) when too many are waiting."""
         self.require_backend()
         assert self.service is not None
-        await self.editors.flush(project_id)
+        await self.editors.checkpoint(project_id, "Checkpoint before a run")
         project_dir = self.project_dir(project_id)
         try:
             plan = await asyncio.to_thread(plan_run, project_dir, body.entry)

@@ -23,6 +23,7 @@ COMPONENTS = [
     "ide_server.api.projects:component",
     "ide_server.api.files:component",
     "collab.component:component",
+    "collab.history_api:component",
     "sandbox.component:component",
 ]
 

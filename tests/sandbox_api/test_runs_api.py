@@ -43,6 +43,17 @@ def test_files_the_program_writes_come_back(owner):
     assert owner.get(f"/api/projects/{pid}/files/content/out/result.txt").content == b"42"
 
 
+def test_a_run_checkpoints_the_project_first(owner):
+    pid = new_project(owner, {"main.py": "print('checkpointed')\n"})
+    wait_finished(owner, owner.post(f"/api/projects/{pid}/runs", json={}).json()["id"])
+    history = owner.get(f"/api/projects/{pid}/history")
+    assert history.status_code == 200, history.text
+    assert "Checkpoint before a run" in [c["message"] for c in history.json()]
+    checkpoint = next(c for c in history.json() if c["message"] == "Checkpoint before a run")
+    main_at_checkpoint = owner.get(f"/api/projects/{pid}/history/{checkpoint['version']}/files/main.py")
+    assert main_at_checkpoint.text == "print('checkpointed')\n"
+
+
 def test_cancel_a_running_program(owner):
     pid = new_project(owner, {"main.py": "import time\nprint('up', flush=True)\ntime.sleep(30)\n"})
     run_id = owner.post(f"/api/projects/{pid}/runs", json={"stdin": ""}).json()["id"]
