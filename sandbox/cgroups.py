@@ -8,10 +8,11 @@ were never waited for), and a way to kill every process of the run.
 from __future__ import annotations
 
 import os
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from sandbox.killing import kill_until_gone
 
 _CONTROLLERS = ("memory", "pids", "cpuacct")
 
@@ -113,16 +114,7 @@ class RunCgroup:
 
     def kill_all(self) -> None:
         """SIGKILL every process in the cgroup until none is left (the pids limit bounds forking)."""
-        for _ in range(200):
-            pids = self.pids()
-            if not pids:
-                return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.005)
+        kill_until_gone(self.pids, rounds=200, pause=0.005)
 
     def remove(self) -> None:
         """Remove the cgroup in every hierarchy (children first, which Docker may still be deleting)."""

@@ -11,15 +11,14 @@ import ctypes
 import ctypes.util
 import os
 import shutil
-import signal
 import tempfile
 import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 from sandbox.errors import SandboxUnavailable
+from sandbox.killing import kill_until_gone
 
 UID_BASE = 620000
 UID_COUNT = 4096
@@ -83,17 +82,7 @@ def _state(pid: str) -> str:
 
 def kill_uid(uid: int, *, once: bool = False) -> None:
     """SIGKILL every process of uid, repeatedly until none is left (or one pass with once=True)."""
-    for _ in range(1 if once else 100):
-        pids = processes_of_uid(uid)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if not once:
-            time.sleep(0.01)
+    kill_until_gone(lambda: processes_of_uid(uid), rounds=1 if once else 100, pause=0.01)
 
 
 def _mount(source: bytes, target: Path, fstype: bytes | None, flags: int, options: bytes | None = None) -> None:
