@@ -12,7 +12,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from llm_engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
@@ -53,6 +53,9 @@ class _Run:
 
 def sse(data: dict | str) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+ChunkFn = Callable[..., bytes]  # chunk(choices, usage=None) -> one SSE event
 
 
 class _Serving:
@@ -135,6 +138,29 @@ class _Serving:
             choice.finish_reason = _finish_reason(out)
             choice.done = True
         return choice, text, tokens
+
+    async def _sse(self, req: CompletionRequest | ChatCompletionRequest, run: _Run, request_id: str, object_name: str,
+                   events: Callable[[ChunkFn], AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
+        """The stream framing both APIs share: their chunks, usage when asked, errors in-stream, then [DONE]."""
+        created = self.created()
+
+        def chunk(choices: list[dict], usage: dict | None = None) -> bytes:
+            body = {"id": request_id, "object": object_name, "created": created, "model": req.model,
+                    "choices": choices}
+            if usage is not None:
+                body["usage"] = usage
+            return sse(body)
+
+        try:
+            async for event in events(chunk):
+                yield event
+            if req.stream_options and req.stream_options.include_usage:
+                yield chunk([], run.usage())
+        except OpenAIError as exc:
+            yield sse(exc.body())
+        finally:
+            await run.updates.aclose()
+        yield sse("[DONE]")
 
     def created(self) -> int:
         return int(time.time())
@@ -242,17 +268,8 @@ class ServingCompletion(_Serving):
         return {"id": request_id, "object": "text_completion", "created": self.created(), "model": req.model,
                 "choices": choices, "usage": run.usage()}
 
-    async def _stream(self, req: CompletionRequest, run: _Run, request_id: str) -> AsyncIterator[bytes]:
-        created = self.created()
-
-        def chunk(choices: list[dict], usage: dict | None = None) -> bytes:
-            body = {"id": request_id, "object": "text_completion", "created": created, "model": req.model,
-                    "choices": choices}
-            if usage is not None:
-                body["usage"] = usage
-            return sse(body)
-
-        try:
+    def _stream(self, req: CompletionRequest, run: _Run, request_id: str) -> AsyncIterator[bytes]:
+        async def events(chunk: ChunkFn) -> AsyncIterator[bytes]:
             if req.echo:
                 for index in range(len(run.prompt_ids)):
                     for c in run.choices[index * run.n:(index + 1) * run.n]:
@@ -270,13 +287,7 @@ class ServingCompletion(_Serving):
                                 if req.logprobs is not None else None)
                     yield chunk([{"index": choice.index, "text": text, "logprobs": logprobs,
                                   "finish_reason": choice.finish_reason}])
-            if req.stream_options and req.stream_options.include_usage:
-                yield chunk([], run.usage())
-        except OpenAIError as exc:
-            yield sse(exc.body())
-        finally:
-            await run.updates.aclose()
-        yield sse("[DONE]")
+        return self._sse(req, run, request_id, "text_completion", events)
 
 
 class ServingChat(_Serving):
@@ -329,17 +340,8 @@ class ServingChat(_Serving):
         return {"id": request_id, "object": "chat.completion", "created": self.created(), "model": req.model,
                 "choices": choices, "usage": run.usage()}
 
-    async def _stream(self, req: ChatCompletionRequest, run: _Run, request_id: str) -> AsyncIterator[bytes]:
-        created = self.created()
-
-        def chunk(choices: list[dict], usage: dict | None = None) -> bytes:
-            body = {"id": request_id, "object": "chat.completion.chunk", "created": created,
-                    "model": req.model, "choices": choices}
-            if usage is not None:
-                body["usage"] = usage
-            return sse(body)
-
-        try:
+    def _stream(self, req: ChatCompletionRequest, run: _Run, request_id: str) -> AsyncIterator[bytes]:
+        async def events(chunk: ChunkFn) -> AsyncIterator[bytes]:
             for c in run.choices:
                 yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
                               "logprobs": None, "finish_reason": None}])
@@ -353,10 +355,4 @@ class ServingChat(_Serving):
                     logprobs = self._logprobs(out, tokens, req.top_logprobs or 0) if req.logprobs else None
                     yield chunk([{"index": choice.index, "delta": {"content": text} if text else {},
                                   "logprobs": logprobs, "finish_reason": choice.finish_reason}])
-            if req.stream_options and req.stream_options.include_usage:
-                yield chunk([], run.usage())
-        except OpenAIError as exc:
-            yield sse(exc.body())
-        finally:
-            await run.updates.aclose()
-        yield sse("[DONE]")
+        return self._sse(req, run, request_id, "chat.completion.chunk", events)
