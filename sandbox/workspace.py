@@ -2,7 +2,8 @@
 
 The tmpfs size is the workspace disk quota (disk fill ends in ENOSPC, not a full host disk) and
 unmounting it removes everything the run left. The dedicated host uid makes per-user limits
-(RLIMIT_NPROC) per-run and lets cleanup find every process the run owns.
+(RLIMIT_NPROC) per-run and lets cleanup find every process the run owns; it is leased host-wide,
+so no other run, of this server or another one on the host, has it at the same time.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import secrets
 import shutil
 import tempfile
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 from sandbox.errors import SandboxUnavailable
+from sandbox.host_lease import lease_uid
 from sandbox.killing import kill_until_gone
 
 UID_BASE = 620000
@@ -29,9 +31,7 @@ MS_BIND = 0x1000
 MS_SHARED = 1 << 20
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_uids_lock = threading.Lock()
-_uids_in_use: set[int] = set()
-_next_uid = 0
+_next_uid = secrets.randbelow(UID_COUNT)  # servers on one host start their search at different uids
 
 
 def runs_root() -> Path:
@@ -43,23 +43,23 @@ def runs_root() -> Path:
 
 @contextmanager
 def run_uid() -> Iterator[int]:
-    """Reserve a host uid for the duration of one run, then kill anything still running as it."""
+    """Lease a host uid for the duration of one run, then kill anything still running as it.
+
+    A process left over as the uid by a holder that died (its lease went with it) is killed first."""
     global _next_uid
-    with _uids_lock:
-        for _ in range(UID_COUNT):
-            uid = UID_BASE + _next_uid
-            _next_uid = (_next_uid + 1) % UID_COUNT
-            if uid not in _uids_in_use:
-                _uids_in_use.add(uid)
-                break
-        else:
-            raise SandboxUnavailable("too many concurrent runs: no free sandbox uid")
+    for _ in range(UID_COUNT):
+        uid = UID_BASE + _next_uid
+        _next_uid = (_next_uid + 1) % UID_COUNT
+        if (lease := lease_uid(uid)) is not None:
+            break
+    else:
+        raise SandboxUnavailable("too many concurrent runs on this host: no free sandbox uid")
     try:
+        kill_uid(uid)
         yield uid
     finally:
         kill_uid(uid)
-        with _uids_lock:
-            _uids_in_use.discard(uid)
+        os.close(lease)
 
 
 def processes_of_uid(uid: int) -> list[int]:
