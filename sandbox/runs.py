@@ -96,6 +96,9 @@ class ProjectRuns:
         self._finishers: set[asyncio.Task] = set()
         self.max_shells, self.max_shells_per_user = max_shells, max_shells_per_user
         self._shells: list[int] = []  # user id of each open shell
+        # Hook: a project's extra run environment (deploy_service.secrets_api sets it to the secrets
+        # the owner exposes to runs); called in a worker thread.
+        self.environment_of: Callable[[str], dict[str, str]] = lambda project_id: {}
 
     def claim_shell(self, user: User) -> None:
         """Take one of the open-shell places (give it back with release_shell); QueueFull when none is free."""
@@ -127,7 +130,8 @@ class ProjectRuns:
             limits = plan.limits.with_overrides(body.limits, SERVER_MAXIMA)
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
-        record = await self.service.submit(str(user.id), project_id, RunSpec(plan.argv, project_dir, limits))
+        env = await asyncio.to_thread(self.environment_of, project_id)
+        record = await self.service.submit(str(user.id), project_id, RunSpec(plan.argv, project_dir, limits, env))
         with self.sessions() as db, db.begin():
             db.add(RunRow(id=record.id, project_id=project_id, user_id=user.id, argv=record.argv, status="queued",
                           created_at=_time(record.created_at)))
