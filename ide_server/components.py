@@ -52,7 +52,6 @@ COMPONENTS: list[str] = [
     "collab.history_api:component",
     "sandbox.component:component",
     "deploy_service.secrets_api:component",  # after sandbox: its lifespan hooks into the runs
-    "tutorials.component:component",
     "ide_server.api.pages:component",  # browser pages last: they own "/" and "/static"
 ]
 
