@@ -1,0 +1,282 @@
+"""Grade a learner's files against a lesson's tests, in the sandbox, in one run.
+
+The lesson's tests and a small runner of our own (`runners/`) are written next to the learner's
+files in a scratch project; the runner reads every test source into memory and deletes it before
+any learner code runs, executes the unit tests and input/output checks one by one (each with its
+own timeout, output captured), and prints one JSON line after a random marker. The result is
+shaped like Exercism's test-runner results.json v3 (status, message, tests in order, each with
+name, status, message, output, task_id) plus `first_failure`, the one thing a beginner should read
+next, in plain words. `to_public` is the only view meant for learners: hidden tests keep their name
+and verdict but never their source, expected values or output.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal, Mapping
+
+from sandbox.backend import Backend, RunSpec
+from sandbox.limits import MIB, Limits
+from sandbox.service import RunService
+from sandbox.verdict import RunResult, Verdict
+from tutorials.format import Lesson, check_file_name
+from tutorials.friendly import ErrorInfo, explain, error_from_output
+
+Status = Literal["pass", "fail", "error"]
+RUNNERS = Path(__file__).resolve().parent / "runners"
+CHECK_DIR = ".codeyard-check"  # dot folder: no learner file may live there (check_file_name)
+MAX_FILES, MAX_FILE_BYTES = 50, 256 * 1024
+OUTPUT_SHOWN = 2000  # characters of a test's output kept (Exercism keeps 500; beginners print more)
+
+
+@dataclass
+class TestResult:
+    """One test or input/output check, as Exercism's v3 `tests[]` entry plus what the UI needs."""
+
+    name: str
+    status: Status
+    message: str = ""  # what went wrong, in plain words (empty on pass)
+    output: str = ""  # what the learner's code printed during this test
+    task_id: int | None = None
+    test_code: str = ""  # the test's source (visible tests only)
+    hidden: bool = False
+    expected: str | None = None
+    actual: str | None = None
+    error: ErrorInfo | None = None  # the exception, located in the learner's files where possible
+
+
+@dataclass
+class FirstFailure:
+    """The first failing test, explained for a beginner: what was expected, what happened, where."""
+
+    test: str
+    task_id: int | None
+    message: str
+    expected: str | None = None
+    actual: str | None = None
+    explanation: str = ""  # friendly explanation of an error (syntax error, NameError...)
+    file: str | None = None
+    line: int | None = None
+    hidden: bool = False
+
+
+@dataclass
+class GradeResult:
+    version: int = 3
+    status: Status = "pass"
+    message: str = ""  # set when status is "error": the tests could not run at all
+    tests: list[TestResult] = field(default_factory=list)
+    first_failure: FirstFailure | None = None
+    wall_seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+
+async def grade(lesson: Lesson, files: Mapping[str, str], *, sandbox: Backend | RunService,
+                user_id: str = "tutorials", limits: Limits | None = None) -> GradeResult:
+    """Check `files` (learner file name -> text) against every test of `lesson`, in one sandbox run.
+
+    sandbox: a Backend, or the app's RunService (then the run queues like any other of `user_id`
+    and QueueFull may be raised). Bad file names or sizes raise ValueError naming `files`."""
+    _check_files(files)
+    began = time.monotonic()
+    marker = f"codeyard-results-{secrets.token_hex(8)}"
+    with tempfile.TemporaryDirectory(prefix="codeyard-grade-") as scratch:
+        project = Path(scratch)
+        project.chmod(0o755)
+        for name, text in files.items():
+            if name in lesson.test_files:
+                continue  # a learner file can't replace a test
+            (project / name).parent.mkdir(parents=True, exist_ok=True)
+            (project / name).write_text(text, encoding="utf-8")
+        argv = _write_check(project, lesson, marker)
+        run = await _run(sandbox, RunSpec(argv, project, limits or _limits(lesson)), user_id, lesson.slug)
+    result = _result(lesson, run, marker, files)
+    result.wall_seconds = round(time.monotonic() - began, 4)
+    return result
+
+
+def to_public(result: GradeResult) -> dict:
+    """The result as JSON for the learner: hidden tests without source, expected values or output."""
+    tests = []
+    for test in result.tests:
+        item = asdict(test)
+        if test.hidden:
+            item.update(test_code="", output="", expected=None, actual=None, message=_hidden_message(test))
+            if item["error"] is not None and test.error is not None and not test.error.in_learner_file:
+                item["error"] = None
+        tests.append(item)
+    failure = asdict(result.first_failure) if result.first_failure else None
+    if failure and result.first_failure.hidden:
+        hidden = next(t for t in tests if t["name"] == failure["test"] and t["hidden"])
+        failure.update(message=hidden["message"], expected=None, actual=None)
+        if hidden["error"] is None:
+            failure.update(explanation="", file=None, line=None)
+    return {"version": result.version, "status": result.status, "message": result.message, "tests": tests,
+            "first_failure": failure, "wall_seconds": result.wall_seconds}
+
+
+# --- preparing the run ---------------------------------------------------------------------
+
+
+def _check_files(files: Mapping[str, str]) -> None:
+    if not isinstance(files, Mapping) or len(files) > MAX_FILES:
+        raise ValueError(f"files: must be a mapping of at most {MAX_FILES} file names to text")
+    for name, text in files.items():
+        check_file_name(name, "files")
+        if not isinstance(text, str) or len(text.encode()) > MAX_FILE_BYTES:
+            raise ValueError(f"files: {name} must be text of at most {MAX_FILE_BYTES // 1024} KiB")
+
+
+def _limits(lesson: Lesson) -> Limits:
+    checks = sum(1 for _ in _test_entries(lesson)) or 1
+    seconds = min(5 + checks * lesson.timeout_seconds, 30)
+    return Limits(cpu_seconds=seconds, wall_seconds=seconds + 5, memory_bytes=256 * MIB, pids=64, output_bytes=2 * MIB)
+
+
+def _test_entries(lesson: Lesson):
+    """(hidden, kind, item) in grading order: visible unit tests, visible checks, then the hidden ones."""
+    for hidden, tests in ((False, lesson.visible_tests), (True, lesson.hidden_tests)):
+        for name, source in tests.files.items():
+            yield hidden, "file", (name, source)
+        for check in tests.io_checks:
+            yield hidden, "io", check
+
+
+def _write_check(project: Path, lesson: Lesson, marker: str) -> list[str]:
+    """The runner and its spec in CHECK_DIR; returns the command that runs them."""
+    spec = {"marker": marker, "entry": lesson.entry, "timeout": lesson.timeout_seconds,
+            "single_task": 1 if len(lesson.tasks) == 1 else None, "tests": [], "io": []}
+    for hidden, kind, item in _test_entries(lesson):
+        if kind == "file":
+            spec["tests"].append({"file": item[0], "source": item[1], "hidden": hidden})
+        else:
+            spec["io"].append({**asdict(item), "hidden": hidden})
+    folder = project / CHECK_DIR
+    folder.mkdir()
+    (folder / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+    runner = "python_runner.py" if lesson.language == "python" else "node_runner.js"
+    (folder / runner).write_text((RUNNERS / runner).read_text(encoding="utf-8"), encoding="utf-8")
+    interpreter = ["python3", "-I", "-B"] if lesson.language == "python" else ["node"]
+    return [*interpreter, f"{CHECK_DIR}/{runner}", f"{CHECK_DIR}/spec.json"]
+
+
+async def _run(sandbox: Backend | RunService, spec: RunSpec, user_id: str, slug: str) -> RunResult:
+    if isinstance(sandbox, RunService):
+        record = await sandbox.submit(user_id, f"lesson:{slug}", spec)
+        await sandbox.close_stdin(record.id)
+        record = await sandbox.wait(record.id)
+        assert record.result is not None
+        return record.result
+    return await sandbox.run(spec)
+
+
+# --- reading the results ------------------------------------------------------------------
+
+
+def _runner_report(run: RunResult, marker: str) -> dict | None:
+    """The runner's JSON line (the last one after the marker), or None if it never printed one."""
+    text = run.stdout.decode("utf-8", "replace")
+    head, found, tail = text.rpartition(marker + " ")
+    if not found:
+        return None
+    try:
+        return json.loads(tail.split("\n", 1)[0])
+    except json.JSONDecodeError:
+        return None
+
+
+def _result(lesson: Lesson, run: RunResult, marker: str, files: Mapping[str, str]) -> GradeResult:
+    report = _runner_report(run, marker)
+    if report is None:
+        return _run_failed(lesson, run, files)
+    if report.get("load_error"):
+        error = ErrorInfo.from_dict(report["load_error"])
+        explanation = explain(error, lesson.language, files)
+        failure = FirstFailure(test=error.test_file or "", task_id=None, message=explanation, explanation=explanation,
+                               file=error.file if error.in_learner_file else None,
+                               line=error.line if error.in_learner_file else None, hidden=bool(report.get("load_error_hidden")))
+        return GradeResult(status="error", message=explanation, first_failure=failure)
+    tests = [_test_result(lesson, item, files) for item in report["tests"]]
+    failed = next((t for t in tests if t.status != "pass"), None)
+    return GradeResult(status="fail" if failed else "pass", tests=tests, first_failure=_first_failure(failed) if failed else None)
+
+
+def _test_result(lesson: Lesson, item: dict, files: Mapping[str, str]) -> TestResult:
+    error = ErrorInfo.from_dict(item["error"]) if item.get("error") else None
+    if error is None and item.get("stderr"):  # an input/output check whose program crashed
+        error = error_from_output(item["stderr"], lesson.language, files)
+    test = TestResult(name=item["name"], status=item["status"], output=item.get("output", "")[:OUTPUT_SHOWN],
+                      task_id=item.get("task"), test_code="" if item["hidden"] else item.get("test_code", ""),
+                      hidden=item["hidden"], expected=item.get("expected"), actual=item.get("actual"), error=error)
+    test.message = _message(lesson, item, test, files)
+    return test
+
+
+def _message(lesson: Lesson, item: dict, test: TestResult, files: Mapping[str, str]) -> str:
+    kind = item.get("kind")
+    if test.status == "pass":
+        return ""
+    if kind == "timeout":
+        return (f"This test took longer than {lesson.timeout_seconds:g} s and was stopped. "
+                "Is there a loop that never ends, or an input() waiting for typing?")
+    if test.error is not None:
+        return explain(test.error, lesson.language, files)
+    note = f" ({item['note']})" if item.get("note") else ""
+    if kind == "io":
+        given = f"When the input is {item['stdin']!r}, " if item.get("stdin") else ""
+        if item.get("stdout_regex") is not None:
+            return f"{given}your program's output should match the pattern {test.expected}, but it printed:\n{test.actual}"
+        return f"{given}your program should print:\n{test.expected}\nbut it printed:\n{test.actual}"
+    if kind == "compare" and item.get("op") == "==":
+        return f"Expected {item['expression']} to be {test.expected}, but it was {test.actual}.{note}"
+    if kind == "compare":
+        return f"Expected {item['expression']} {item['op_words']} {test.expected}, but it was {test.actual}.{note}"
+    if item.get("note"):
+        return item["note"]
+    return f"This check was not true: {item.get('expression') or 'assert'}"
+
+
+def _first_failure(test: TestResult) -> FirstFailure:
+    error = test.error
+    return FirstFailure(test=test.name, task_id=test.task_id, message=test.message, expected=test.expected, actual=test.actual,
+                        explanation=test.message if error else "",
+                        file=error.file if error and error.in_learner_file else None,
+                        line=error.line if error and error.in_learner_file else None, hidden=test.hidden)
+
+
+def _hidden_message(test: TestResult) -> str:
+    if test.status == "pass":
+        return ""
+    base = f"A hidden test ({test.name}) did not pass: your code works for the visible tests, but not for every case."
+    if test.error is not None and test.error.in_learner_file:
+        return f"{base} It stopped with {test.error.type} at line {test.error.line} of {test.error.file}."
+    return f"{base} Think about other inputs (empty, zero, negative, longer ones)."
+
+
+def _run_failed(lesson: Lesson, run: RunResult, files: Mapping[str, str]) -> GradeResult:
+    """The runner never reported: the whole run hit a limit, or crashed before the tests ran."""
+    reasons = {
+        Verdict.TIME_LIMIT: f"Your code took too long (more than {run.wall_seconds:.0f} s in all) and was stopped. "
+                            "Is there a loop that never ends?",
+        Verdict.MEMORY_LIMIT: "Your code used too much memory and was stopped. Is a list growing forever?",
+        Verdict.OUTPUT_LIMIT: "Your code printed too much and was stopped. Is there a print inside a loop that never ends?",
+        Verdict.CANCELLED: "The check was cancelled.",
+    }
+    message = reasons.get(run.verdict)
+    error = None
+    if message is None:
+        error = error_from_output(run.stderr.decode("utf-8", "replace"), lesson.language, files)
+        message = explain(error, lesson.language, files) if error else (
+            f"The checker could not run your code: {run.message or run.stderr.decode('utf-8', 'replace')[-500:] or run.verdict.value}")
+    failure = FirstFailure(test="", task_id=None, message=message, explanation=message if error else "",
+                           file=error.file if error and error.in_learner_file else None,
+                           line=error.line if error and error.in_learner_file else None)
+    return GradeResult(status="error", message=message, first_failure=failure)
