@@ -58,7 +58,7 @@ class RunSpec:
     limits: Limits = field(default_factory=Limits)
     env: Mapping[str, str] = field(default_factory=dict)
     terminal: tuple[int, int] | None = None  # (rows, cols): run on a terminal (a shell), one output stream
-    mounts: tuple[Mount, ...] = ()  # extra host folders (a package env, an install's cache); bwrap only
+    mounts: tuple[Mount, ...] = ()  # extra host folders (a package env; an install's downloads)
 
     def __post_init__(self) -> None:
         if isinstance(self.argv, (str, bytes)) or not self.argv:

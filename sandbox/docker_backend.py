@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.backend import WORKSPACE, Backend, ExitStatus, Execution, RunContext, SandboxRun
+from sandbox.backend import WORKSPACE, Backend, ExitStatus, Execution, Mount, RunContext, SandboxRun
 from sandbox.cgroups import RunCgroup
 from sandbox.image import RUNNER_IMAGE
 from sandbox.limits import Limits
@@ -40,7 +40,7 @@ _pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="codeyard-docker")
 
 def container_config(limits: Limits, image: str, *, command: list[str], user: str, environment: dict[str, str],
                      workspace: str, propagation: str, cgroup_parent: str | None, labels: dict[str, str],
-                     tty: bool = False) -> dict:
+                     tty: bool = False, mounts: tuple[Mount, ...] = ()) -> dict:
     """Keyword arguments for containers.create: the hardening lives here, in one place."""
     import docker.types
 
@@ -71,7 +71,8 @@ def container_config(limits: Limits, image: str, *, command: list[str], user: st
         ],
         init=True,
         log_config=docker.types.LogConfig(type="none"),
-        volumes={workspace: {"bind": WORKSPACE, "mode": f"rw,{propagation}"}},
+        volumes={workspace: {"bind": WORKSPACE, "mode": f"rw,{propagation}"},
+                 **{str(m.source): {"bind": m.target, "mode": "rw" if m.writable else "ro"} for m in mounts}},
         stdin_open=True,  # with detach left False this also sets StdinOnce: closing our end closes theirs
         tty=tty,
         cgroup_parent=cgroup_parent,
@@ -278,9 +279,8 @@ class DockerBackend(Backend):
         return None
 
     async def launch(self, ctx: RunContext) -> Execution:
-        if ctx.spec.mounts:
-            raise ValueError("installed packages need the bubblewrap backend (set sandbox_backend = \"bwrap\")")
-        if self.pool_size and not ctx.spec.tty and _pool_key(ctx.spec.limits) == _pool_key(self.pool_limits):
+        warm_fits = not ctx.spec.tty and not ctx.spec.mounts and _pool_key(ctx.spec.limits) == _pool_key(self.pool_limits)
+        if self.pool_size and warm_fits:  # a warm container has no extra mounts: runs with packages start cold
             warm = self._ready.pop(0) if self._ready else None
             self._refill()
             if warm is not None:
@@ -297,6 +297,7 @@ class DockerBackend(Backend):
             ctx.spec.limits, self.image, command=command, user=f"{ctx.uid}:{ctx.uid}",
             environment=ctx.spec.environment(), workspace=str(ctx.workspace), propagation="rprivate",
             cgroup_parent=ctx.cgroup.relpath if ctx.cgroup else None, labels={LABEL: ctx.run.id}, tty=ctx.spec.tty,
+            mounts=tuple(ctx.spec.mounts),
         )
         try:
             container = await loop.run_in_executor(_pool, lambda: self.client.containers.create(**config))

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from conftest import TEST_LIMITS, make_spec
-from sandbox.backend import RunSpec
+from sandbox.backend import Mount, RunSpec
 from sandbox.verdict import Verdict
 
 
@@ -110,3 +115,26 @@ async def test_warm_pool_serves_runs_and_leaves_nothing(docker_engine, runner_im
         assert cold.stdout == b"cold\n" and backend.pool_hits == 3
     finally:
         await backend.close()
+
+
+@pytest.fixture
+def shared():
+    """A folder the run uids can reach (pytest's tmp_path is private to root)."""
+    folder = Path(tempfile.mkdtemp(prefix="codeyard-mount-test-"))
+    os.chmod(folder, 0o755)
+    yield folder
+    shutil.rmtree(folder)
+
+
+async def test_a_mounted_folder_is_seen_read_only(backend, project, shared):
+    """How a package environment reaches a run, on every backend (a warm container cannot take mounts: cold)."""
+    (shared / "lib.py").write_text("NAME = 'shared'\n")
+    os.chmod(shared / "lib.py", 0o666)  # only the read-only mount stands in the way
+    code = "import lib\nprint(lib.NAME)\nopen('/packages/lib.py', 'a')\n"
+    (project / "main.py").write_text(code)
+    spec = dataclasses.replace(make_spec(project, ["python3", "main.py"]), env={"PYTHONPATH": "/packages"},
+                               mounts=(Mount(shared, "/packages"),))
+    result = await backend.run(spec)
+    assert result.stdout == b"shared\n" and result.verdict == Verdict.RUNTIME_ERROR
+    assert b"Read-only file system" in result.stderr, result.stderr
+    assert (shared / "lib.py").read_text() == "NAME = 'shared'\n"

@@ -106,3 +106,33 @@ def test_a_node_run_installs_its_requires_first(client):
     frames, end = run_and_follow(client, auth, project_id, entry="index.js")
     assert "added 1 package" in text(frames, "install")
     assert end["verdict"] == "ok" and text(frames, "stdout") == "60000\n", end
+
+
+@pytest.fixture(scope="module")
+def docker_client_app(tmp_path_factory, packages_root, runner_image) -> TestClient:
+    """The same server on the Docker backend (installs still run under bubblewrap; runs mount the environment)."""
+    data = tmp_path_factory.mktemp("docker-data")
+    app = create_app(Settings(data_dir=data, database_url=f"sqlite:///{data / 'codeyard.db'}", sandbox_backend="docker",
+                              packages_dir=packages_root, log_level="warning"), component_specs=COMPONENTS)
+    with TestClient(app) as served:
+        assert app.state.sandbox_runs.backend.name == "docker"
+        yield served
+    app.state.engine.dispose()
+
+
+def test_packages_work_with_the_docker_backend(docker_client_app):
+    client = docker_client_app
+    auth = sign_in(client)
+    code = ("import requests\nprint(requests.__version__, requests.__file__)\n"
+            "print([line.split()[5][:2] for line in open('/proc/self/mountinfo') if line.split()[4] == '/packages'])\n")
+    project_id = new_project(client, auth, {"main.py": code})
+    frames, end = run_and_follow(client, auth, project_id)
+    assert "Successfully installed" in text(frames, "install")
+    pins = client.get(f"/api/projects/{project_id}/files/content/requirements.txt", headers=auth).text
+    version = pins.strip().removeprefix("requests==")
+    assert end["verdict"] == "ok", (end, text(frames, "install"))
+    assert text(frames, "stdout") == f"{version} /packages/requests/__init__.py\n['ro']\n"  # mounted read-only
+
+    node = new_project(client, auth, {"index.js": "const ms = require('ms');\nconsole.log(ms('1m'));\n"})
+    frames, end = run_and_follow(client, auth, node, entry="index.js")
+    assert end["verdict"] == "ok" and text(frames, "stdout") == "60000\n", (end, frames)
