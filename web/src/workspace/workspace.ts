@@ -8,6 +8,7 @@ import { ProjectFiles } from "./files";
 import { FileTree } from "./tree";
 import { RunConsole } from "./runconsole";
 import { HistoryPanel } from "./history";
+import { DeployPanel } from "./deploy";
 import { ShareDialog } from "./share";
 import { ShellPane } from "./shell";
 import { socketUrl } from "./terminal";
@@ -115,6 +116,8 @@ export class Workspace {
     this.history = history;
     const historyButton = h("button", { type: "button", class: "secondary", id: "history" }, "History");
     historyButton.addEventListener("click", () => void history.open(this.active));
+    const deploy = new DeployPanel(this.project.id, this.canWrite, this.project.role === "owner");
+    if (this.project.role !== null) void deploy.refreshBadge();
     this.runButton.hidden = !this.canWrite;
     this.runButton.addEventListener("click", () => void this.run());
     const roleBadge = h("span", { class: "badge", id: "role" }, this.project.role ?? "visitor");
@@ -149,12 +152,15 @@ export class Workspace {
         this.presence,
         this.connection,
         this.runButton,
+        deploy.button,
+        deploy.badge,
         historyButton,
         shareButton,
         themeButton,
       ),
       share.element,
       history.element,
+      deploy.element,
       h(
         "main",
         { class: "workspace" },

@@ -1,0 +1,95 @@
+"""The deployment panel in a real browser: secrets are saved masked and never shown again, and
+viewers see neither the secrets nor the Deploy button."""
+
+import secrets
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+PASSWORD = "correct horse battery"
+OWNER, VIEWER = "dpowner", "dpviewer"
+
+
+def _client(server_url: str, username: str) -> httpx.Client:
+    client = httpx.Client(base_url=server_url, timeout=30)
+    client.post("/api/auth/register", json={"username": username, "password": PASSWORD}).raise_for_status()
+    client.headers["X-CSRF-Token"] = client.cookies["codeyard_csrf"]
+    return client
+
+
+@pytest.fixture(scope="module")
+def owner_api(server_url) -> httpx.Client:
+    return _client(server_url, OWNER)
+
+
+@pytest.fixture(scope="module")
+def project_id(server_url, owner_api) -> str:
+    """A static site owned by OWNER, with VIEWER as viewer."""
+    project = owner_api.post("/api/projects", json={"name": "site", "template": "static"}).json()
+    owner_api.put(f"/api/projects/{project['id']}/files/content/index.html", content=b"<h1>version one</h1>\n").raise_for_status()
+    invite = owner_api.post(f"/api/projects/{project['id']}/invites", json={"role": "viewer"}).json()
+    _client(server_url, VIEWER).post(f"/api/invites/{invite['token']}/accept").raise_for_status()
+    return project["id"]
+
+
+@pytest.fixture
+def open_as(server_url, browser, project_id):
+    """open_as(username) -> a page showing the project's workspace, signed in (confirm() dialogs accepted)."""
+    contexts = []
+
+    def open_page(username: str):
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        contexts.append(context)
+        context.request.post(server_url + "/api/auth/login", data={"username": username, "password": PASSWORD})
+        page = context.new_page()
+        page.on("dialog", lambda dialog: dialog.accept())
+        page.goto(f"{server_url}/projects/{project_id}")
+        expect(page.locator("#deploy-state")).to_be_visible()
+        return page
+
+    yield open_page
+    for context in contexts:
+        context.close()
+
+
+def test_a_secret_is_saved_and_shown_only_masked(open_as, owner_api, project_id, screenshot):
+    value = f"sv-{secrets.token_hex(10)}"
+    page = open_as(OWNER)
+    page.locator("#deploy-state").click()
+    expect(page.locator("#deploy-dialog")).to_be_visible()
+    expect(page.locator("#secret-list")).to_contain_text("No secrets yet.")
+    page.locator("#secret-name").fill("API_KEY")
+    page.locator("#secret-value").fill(value)
+    expect(page.locator("#secret-value")).to_have_attribute("type", "password")
+    page.locator("#secret-save").click()
+    expect(page.locator("#secret-status")).to_have_text("Saved API_KEY. Redeploy for the app to see it.")
+    row = page.locator('#secret-list li[data-name="API_KEY"]')
+    expect(row.locator(".secret-mask")).to_have_text("••••••••")
+    expect(page.locator("#secret-value")).to_have_value("")
+    screenshot(page, "deploy-secrets-masked")
+    page.reload()
+    page.locator("#deploy-state").click()
+    expect(row).to_contain_text(OWNER)
+    assert value not in page.content()
+    bad = page.locator("#secret-name")
+    bad.fill("PATH")
+    page.locator("#secret-value").fill("x")
+    page.locator("#secret-save").click()
+    expect(page.locator("#secret-status")).to_contain_text("PATH is reserved")
+    page.locator("#secret-expose").check()
+    expect(page.locator("#secret-status")).to_have_text("Runs get these variables now.")
+    assert owner_api.get(f"/api/projects/{project_id}/secrets").json()["expose_to_runs"] is True
+    row.get_by_role("button", name="Delete").click()
+    expect(page.locator("#secret-list")).to_contain_text("No secrets yet.")
+
+
+def test_viewers_see_no_deploy_button_and_no_secrets(open_as, owner_api, project_id):
+    owner_api.put(f"/api/projects/{project_id}/secrets/VIEWER_HIDDEN", json={"value": "x"}).raise_for_status()
+    page = open_as(VIEWER)
+    expect(page.locator("#deploy")).to_be_hidden()
+    page.locator("#deploy-state").click()
+    expect(page.locator("#deploy-dialog")).to_be_visible()
+    expect(page.locator("#deploy-now")).to_be_hidden()
+    assert page.locator("#deploy-secrets").count() == 0
+    assert "VIEWER_HIDDEN" not in page.content()
