@@ -183,6 +183,9 @@ _PYTHON = [
         "Your code called input(), but there was nothing (more) to read. The tests call your functions directly: "
         "take values as parameters instead of asking with input().")),
     ("RecursionError", r".*", lambda m: "A function kept calling itself without end. It needs a case that returns without calling itself."),
+    ("ImportError", r"cannot import name '(\w+)' from '([\w.]+)'", lambda m: (
+        f"The tests look for '{m.group(1)}' in {m.group(2).replace('.', '/')}.py, but it isn't there. Check the name "
+        "(spelling and capitals) and that its 'def' line starts at the left edge.")),
     ("ModuleNotFoundError", r"No module named '([\w.]+)'", lambda m: f"There is no module called '{m.group(1)}' here. Check the spelling."),
     ("FileNotFoundError", r"No such file or directory: (.*)", lambda m: f"There is no file {m.group(1)}. Check the name and folder."),
 ]

@@ -104,23 +104,26 @@ async def grade(lesson: Lesson, files: Mapping[str, str], *, sandbox: Backend | 
 
 
 def to_public(result: GradeResult) -> dict:
-    """The result as JSON for the learner: hidden tests without source, expected values or output."""
-    tests = []
-    for test in result.tests:
-        item = asdict(test)
-        if test.hidden:
-            item.update(test_code="", output="", expected=None, actual=None, message=_hidden_message(test))
-            if item["error"] is not None and test.error is not None and not test.error.in_learner_file:
-                item["error"] = None
-        tests.append(item)
+    """The result as JSON for the learner: hidden tests without source, expected values, output or error text."""
+    tests = [_public_test(test) for test in result.tests]
     failure = asdict(result.first_failure) if result.first_failure else None
-    if failure and result.first_failure.hidden:
-        hidden = next(t for t in tests if t["name"] == failure["test"] and t["hidden"])
-        failure.update(message=hidden["message"], expected=None, actual=None)
-        if hidden["error"] is None:
-            failure.update(explanation="", file=None, line=None)
+    if failure and failure["hidden"] and tests:
+        public = next(t for t in tests if t["hidden"] and t["name"] == failure["test"])
+        failure.update(message=public["message"], explanation=public["message"] if public["error"] else "",
+                       expected=None, actual=None)
+        if public["error"] is None:
+            failure.update(file=None, line=None)
     return {"version": result.version, "status": result.status, "message": result.message, "tests": tests,
             "first_failure": failure, "wall_seconds": result.wall_seconds}
+
+
+def _public_test(test: TestResult) -> dict:
+    item = asdict(test)
+    if test.hidden:
+        error = test.error if test.error is not None and test.error.in_learner_file else None
+        item.update(test_code="", output="", expected=None, actual=None, message=_hidden_message(test),
+                    error=None if error is None else {**asdict(error), "message": ""})  # a message may quote hidden inputs
+    return item
 
 
 # --- preparing the run ---------------------------------------------------------------------
@@ -137,8 +140,8 @@ def _check_files(files: Mapping[str, str]) -> None:
 
 def _limits(lesson: Lesson) -> Limits:
     checks = sum(1 for _ in _test_entries(lesson)) or 1
-    seconds = min(5 + checks * lesson.timeout_seconds, 30)
-    return Limits(cpu_seconds=seconds, wall_seconds=seconds + 5, memory_bytes=256 * MIB, pids=64, output_bytes=2 * MIB)
+    seconds = min(2 + checks * lesson.timeout_seconds, 30)
+    return Limits(cpu_seconds=seconds, wall_seconds=seconds + 2, memory_bytes=256 * MIB, pids=64, output_bytes=2 * MIB)
 
 
 def _test_entries(lesson: Lesson):
@@ -199,7 +202,7 @@ def _result(lesson: Lesson, run: RunResult, marker: str, files: Mapping[str, str
         return _run_failed(lesson, run, files)
     if report.get("load_error"):
         error = ErrorInfo.from_dict(report["load_error"])
-        explanation = explain(error, lesson.language, files)
+        explanation = _timeout_message(lesson) if error.type == "Timeout" else explain(error, lesson.language, files)
         failure = FirstFailure(test=error.test_file or "", task_id=None, message=explanation, explanation=explanation,
                                file=error.file if error.in_learner_file else None,
                                line=error.line if error.in_learner_file else None, hidden=bool(report.get("load_error_hidden")))
@@ -225,8 +228,7 @@ def _message(lesson: Lesson, item: dict, test: TestResult, files: Mapping[str, s
     if test.status == "pass":
         return ""
     if kind == "timeout":
-        return (f"This test took longer than {lesson.timeout_seconds:g} s and was stopped. "
-                "Is there a loop that never ends, or an input() waiting for typing?")
+        return _timeout_message(lesson)
     if test.error is not None:
         return explain(test.error, lesson.language, files)
     note = f" ({item['note']})" if item.get("note") else ""
@@ -242,6 +244,11 @@ def _message(lesson: Lesson, item: dict, test: TestResult, files: Mapping[str, s
     if item.get("note"):
         return item["note"]
     return f"This check was not true: {item.get('expression') or 'assert'}"
+
+
+def _timeout_message(lesson: Lesson) -> str:
+    return (f"Your code took longer than {lesson.timeout_seconds:g} s and was stopped. "
+            "Is there a loop that never ends, or an input() waiting for typing?")
 
 
 def _first_failure(test: TestResult) -> FirstFailure:
