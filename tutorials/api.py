@@ -1,0 +1,193 @@
+"""Tutorials API: courses and progress, the lesson inside a project, classrooms. Thin routes over
+`tutorials.service` and `tutorials.classrooms`; the views below only shape their answers."""
+
+from fastapi import APIRouter, status
+from sqlalchemy.orm import Session
+
+from ide_server.deps import CurrentUser, DbSession, ProjectEditor, ProjectMember, SettingsDep
+from ide_server.error_handlers import ERROR_RESPONSES
+from ide_server.models import User
+from ide_server.schemas import RandomId
+from tutorials import classrooms, service
+from tutorials.checking import CheckerDep
+from tutorials.models import Classroom
+from tutorials.schemas import (
+    CheckPublic,
+    ClassroomCreate,
+    ClassroomJoin,
+    ClassroomPublic,
+    CoursePublic,
+    CourseSummary,
+    GridCell,
+    GridColumn,
+    GridPublic,
+    GridRowPublic,
+    HintPublic,
+    LessonPublic,
+    LessonStarted,
+    LessonSummary,
+    Slug,
+    SolutionPublic,
+    TaskPublic,
+)
+
+router = APIRouter(prefix="/api/tutorials", tags=["tutorials"], responses=ERROR_RESPONSES)
+lesson_router = APIRouter(prefix="/api/projects/{project_id}/lesson", tags=["tutorials"], responses=ERROR_RESPONSES)
+
+
+# ----- courses and progress -----
+
+
+@router.get("/courses")
+def list_courses(user: CurrentUser, db: DbSession) -> list[CourseSummary]:
+    """The courses on offer, with how many lessons of each the caller has passed."""
+    passed = service.passed_counts(db, user)
+    return [
+        CourseSummary(slug=c.slug, title=c.title, language=c.language, lessons=len(c.lessons), passed=passed.get(c.slug, 0))
+        for c in service.courses().values()
+    ]
+
+
+@router.get("/courses/{course_slug}")
+def get_course(course_slug: Slug, user: CurrentUser, db: DbSession) -> CoursePublic:
+    """A course's lessons with the caller's progress in each."""
+    course = service.find_course(course_slug)
+    progress = service.progress_by_lesson(db, user, course.slug)
+    lessons = []
+    for lesson in course.lessons:
+        row = progress.get(lesson.slug)
+        lessons.append(
+            LessonSummary(
+                slug=lesson.slug,
+                title=lesson.title,
+                status=service.status_of(row),
+                attempts=row.attempts if row else 0,
+                hints_used=row.hints_used if row else 0,
+                seconds_spent=service.seconds_spent(row) if row else None,
+                project_id=row.project_id if row else None,
+            )
+        )
+    return CoursePublic(slug=course.slug, title=course.title, language=course.language, lessons=lessons)
+
+
+@router.post("/courses/{course_slug}/lessons/{lesson_slug}/start")
+def start_lesson(course_slug: Slug, lesson_slug: Slug, user: CurrentUser, db: DbSession, settings: SettingsDep) -> LessonStarted:
+    """Open the caller's project for this lesson, creating it from the starter files the first time."""
+    course = service.find_course(course_slug)
+    lesson = service.find_lesson(course, lesson_slug)
+    work = service.start_lesson(db, settings, user, course, lesson)
+    return LessonStarted(project_id=work.progress.project_id, url=f"/projects/{work.progress.project_id}")
+
+
+# ----- the lesson of a project -----
+
+
+def lesson_public(work: service.LessonWork) -> LessonPublic:
+    lesson, progress = work.lesson, work.progress
+    following = service.next_lesson(work.course, lesson)
+    return LessonPublic(
+        course_slug=work.course.slug,
+        course_title=work.course.title,
+        lesson_slug=lesson.slug,
+        title=lesson.title,
+        description=lesson.description_md,
+        tasks=[TaskPublic(number=t.number, text=t.text_md, hints_available=len(t.hints)) for t in lesson.tasks],
+        hints=[HintPublic(task=task, text=text) for task, text in service.revealed_hints(lesson, progress.hints_used)],
+        hints_total=service.hints_total(lesson),
+        attempts=progress.attempts,
+        status=service.status_of(progress),
+        solution_available=service.solution_unlocked(work),
+        solution_after_attempts=lesson.solution_after_attempts,
+        next_lesson=following.slug if following else None,
+    )
+
+
+@lesson_router.get("")
+def get_lesson(ctx: ProjectMember, db: DbSession) -> LessonPublic:
+    """The lesson this project was started for: description, tasks, hints revealed, progress."""
+    return lesson_public(service.work_of_project(db, ctx.project))
+
+
+@lesson_router.post("/check")
+async def check_lesson(ctx: ProjectEditor, checker: CheckerDep) -> CheckPublic:
+    """Grade the project's current files (open editors are saved first); counts one attempt."""
+    work, result = await checker.check(ctx.project, ctx.user)
+    return CheckPublic(result=result, lesson=lesson_public(work))
+
+
+@lesson_router.post("/hints")
+def reveal_hint(ctx: ProjectEditor, db: DbSession) -> LessonPublic:
+    """Reveal the next hint (they come one at a time); counts toward hints used."""
+    work = service.work_of_project(db, ctx.project)
+    service.reveal_hint(db, work)
+    return lesson_public(work)
+
+
+@lesson_router.get("/solution")
+def get_solution(ctx: ProjectMember, db: DbSession) -> SolutionPublic:
+    """The model solution, once the lesson is passed or after the lesson's number of checks."""
+    return SolutionPublic(files=service.solution(service.work_of_project(db, ctx.project)))
+
+
+# ----- classrooms -----
+
+
+def classroom_public(db: Session, classroom: Classroom, user: User) -> ClassroomPublic:
+    is_teacher = classroom.teacher_id == user.id
+    return ClassroomPublic(
+        id=classroom.id,
+        name=classroom.name,
+        teacher=classrooms.teacher_name(db, classroom),
+        courses=classrooms.course_slugs(db, classroom),
+        is_teacher=is_teacher,
+        join_code=classroom.join_code if is_teacher else None,
+        created_at=classroom.created_at,
+    )
+
+
+@router.post("/classrooms", status_code=status.HTTP_201_CREATED)
+def create_classroom(body: ClassroomCreate, user: CurrentUser, db: DbSession) -> ClassroomPublic:
+    """Create a classroom from courses; its join code is in the answer (teacher only)."""
+    return classroom_public(db, classrooms.create(db, user, body.name, body.courses), user)
+
+
+@router.get("/classrooms")
+def list_classrooms(user: CurrentUser, db: DbSession) -> list[ClassroomPublic]:
+    """Classrooms the caller teaches or has joined."""
+    return [classroom_public(db, c, user) for c in classrooms.list_for_user(db, user)]
+
+
+@router.post("/classrooms/join")
+def join_classroom(body: ClassroomJoin, user: CurrentUser, db: DbSession) -> ClassroomPublic:
+    """Join with the teacher's code; the teacher may then view your lesson projects of its courses."""
+    return classroom_public(db, classrooms.join(db, user, body.code), user)
+
+
+@router.get("/classrooms/{classroom_id}")
+def get_classroom(classroom_id: RandomId, user: CurrentUser, db: DbSession) -> ClassroomPublic:
+    return classroom_public(db, classrooms.get_for_member(db, classroom_id, user), user)
+
+
+@router.get("/classrooms/{classroom_id}/grid")
+def get_grid(classroom_id: RandomId, user: CurrentUser, db: DbSession) -> GridPublic:
+    """Students by lessons with each one's status (the teacher only)."""
+    columns, rows = classrooms.grid(db, classrooms.get_for_teacher(db, classroom_id, user))
+    keys = [(course.slug, lesson.slug) for course, lesson in columns]
+    return GridPublic(
+        columns=[GridColumn(course_slug=c.slug, lesson_slug=l.slug, title=l.title) for c, l in columns],
+        students=[
+            GridRowPublic(
+                username=row.student.username,
+                cells=[
+                    GridCell(
+                        status=service.status_of(cell := row.cells.get(key)),
+                        attempts=cell.attempts if cell else 0,
+                        hints_used=cell.hints_used if cell else 0,
+                        project_id=cell.project_id if cell else None,
+                    )
+                    for key in keys
+                ],
+            )
+            for row in rows
+        ],
+    )

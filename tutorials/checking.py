@@ -1,0 +1,80 @@
+"""Checking a lesson project: save open editors, grade the files in the sandbox, count the attempt.
+
+The database work runs in threads (the grade itself is async in the sandbox), so a check never
+blocks the event loop. Grading goes through `tutorials.grader`, whose public result leaves hidden
+tests' sources out.
+"""
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends
+from sqlalchemy.orm import sessionmaker
+from starlette.requests import HTTPConnection
+
+from ide_server.errors import InvalidInput
+from ide_server.models import Project, User
+from ide_server.services import files, projects
+from sandbox.errors import SandboxUnavailable
+from sandbox.runs import ProjectRuns
+from tutorials import grader, service
+from tutorials.schemas import GradePublic
+
+def learner_files(folder: Path) -> dict[str, str]:
+    """The project's text files (name -> text), as the grader takes them. Dot files (editor and
+    tool settings) and binary files are not the learner's answer, so they are left out."""
+    found: dict[str, str] = {}
+    for entry in files.tree(folder):
+        if entry.kind != "file" or any(part.startswith(".") for part in entry.path.split("/")):
+            continue
+        if entry.size > grader.MAX_FILE_BYTES:
+            raise InvalidInput(f"{entry.path} is too big to check (files may be {grader.MAX_FILE_BYTES // 1024} KiB)")
+        try:
+            found[entry.path] = files.read(folder, entry.path, grader.MAX_FILE_BYTES).decode()
+        except UnicodeDecodeError:
+            continue
+        if len(found) > grader.MAX_FILES:
+            raise InvalidInput(f"a lesson project may have at most {grader.MAX_FILES} files to check; delete some")
+    return found
+
+
+class Checker:
+    """Checks lesson projects of one app."""
+
+    def __init__(self, sessions: sessionmaker, projects_dir: Path, runs: ProjectRuns | None) -> None:
+        self.sessions, self.projects_dir, self.runs = sessions, projects_dir, runs
+
+    async def check(self, project: Project, user: User) -> tuple[service.LessonWork, GradePublic]:
+        """Grade as one of `user`'s runs (the sandbox's per-user queue limits apply)."""
+        work = await asyncio.to_thread(self._work, project)
+        if self.runs is None or self.runs.service is None:
+            raise SandboxUnavailable(getattr(self.runs, "unavailable", "") or "this server has no sandbox to check lessons in")
+        await self.runs.editors.flush(project.id)
+        folder = projects.project_dir(self.projects_dir, project.id)
+        learner = await asyncio.to_thread(learner_files, folder)
+        try:
+            result = await grader.grade(work.lesson, learner, sandbox=self.runs.service, user_id=str(user.id))
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        public = GradePublic.model_validate(grader.to_public(result))
+        work = await asyncio.to_thread(self._record, project, public.status)
+        return work, public
+
+    def _work(self, project: Project) -> service.LessonWork:
+        with self.sessions() as db:
+            return service.work_of_project(db, project)
+
+    def _record(self, project: Project, status: str) -> service.LessonWork:
+        with self.sessions() as db:
+            work = service.work_of_project(db, project)
+            service.record_check(db, work, status)
+            return work
+
+
+def _checker(conn: HTTPConnection) -> Checker:
+    state = conn.app.state
+    return Checker(state.sessionmaker, state.settings.projects_dir, getattr(state, "sandbox_runs", None))
+
+
+CheckerDep = Annotated[Checker, Depends(_checker)]
