@@ -1,16 +1,24 @@
 """Installing packages (pip, npm) in the sandbox, into shared environments keyed by what they hold.
 
-pip (or npm, with --ignore-scripts) runs in an ordinary bubblewrap run (its own uid, no capabilities, cgroup and rlimits, a
-quota'd workspace, a cleared environment) whose only way out is the IndexProxy; the host's pip
-configuration is not mounted and `--isolated` ignores any other. It installs with --target (--prefix) into
-the run's workspace; the host copies the result out (never following links) into
-packages_dir/envs/<hash of the requirements>, which runs then mount read-only (on PYTHONPATH, or as
-/node_modules). A shared download cache (packages_dir/cache) is the one writable host folder an install sees.
+pip (or npm, with --ignore-scripts) runs in ordinary bubblewrap runs (their own uid, no capabilities, cgroup and
+rlimits, a quota'd workspace, a cleared environment); the host's pip configuration is not mounted and
+`--isolated` ignores any other. A Python install is two runs:
+
+1. fetch: `pip download` (and the build requirements of each sdist) into the run's own folder, with the
+   IndexProxy as the only way out and the shared download cache (packages_dir/cache/pypi) read-only;
+2. build: `pip install --no-index` from those downloads into --target, with no network at all.
+
+Between them the host shares with later installs only the downloads whose sha256 the index publishes
+(verify.py), so a hostile setup.py cannot poison another project's install. npm runs no package code
+(--ignore-scripts), so it keeps its own writable cache (packages_dir/cache/npm).
+The host copies the result out (never following links) into packages_dir/envs/<hash of the
+requirements>, which runs then mount read-only (on PYTHONPATH, or as /node_modules).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -28,6 +36,7 @@ from packaging.utils import canonicalize_name
 from sandbox.backend import Backend, Mount, RunSpec
 from sandbox.limits import MIB, Limits
 from sandbox.packages.proxy import NPM_HOSTS, PYPI_HOSTS, SOCKET_NAME, IndexProxy
+from sandbox.packages.verify import share_verified
 from sandbox.verdict import Verdict
 
 PYPI_INDEX = "https://pypi.org/simple"
@@ -39,12 +48,13 @@ CACHE_TARGET = "/cache"
 PROXY_TARGET = "/run/codeyard-proxy"
 SOURCES_TARGET = "/sources"
 SITE = "site"  # the --target folder inside an environment
+DOWNLOADS = "downloads"  # the fetch run's --dest, inside the staging folder
 PINS_FILE = "pins.txt"
 INSTALL_LIMITS = Limits(cpu_seconds=300, wall_seconds=600, memory_bytes=1024 * MIB, pids=128, output_bytes=4 * MIB,
                         file_bytes=256 * MIB, open_files=1024, disk_bytes=768 * MIB, files_count=50000)
 
 # Runs argv[2:] (with "{proxy}" replaced by the forwarder's URL) behind a loopback forwarder to the
-# host's proxy socket (argv[1]). umask 0: the download cache is shared by installs running as different per-run uids.
+# host's proxy socket (argv[1]). umask 0: npm's cache is shared by installs running as different per-run uids.
 FORWARD_AND_INSTALL = r"""
 import os, socket, subprocess, sys, threading
 def pipe(a, b):
@@ -70,6 +80,45 @@ threading.Thread(target=serve, args=(listener,), daemon=True).start()
 os.umask(0)
 proxy = "http://127.0.0.1:%d" % listener.getsockname()[1]
 sys.exit(subprocess.call([arg.replace("{proxy}", proxy) for arg in sys.argv[2:]]))
+"""
+
+
+# `pip download`s the requirements after "--" into argv[1], then the build requirements of every sdist
+# among the downloads (so the build run can work offline), each time trying the shared cache alone
+# first (options argv[2], JSON) and the index only for what it lacks (options argv[3]).
+FETCH = r"""
+import json, os, subprocess, sys, tarfile, tomllib, zipfile
+dest, offline, online = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+wanted = sys.argv[sys.argv.index("--") + 1:]
+pip = [sys.executable, "-m", "pip", "download", "--isolated", "--no-input", "--disable-pip-version-check",
+       "--progress-bar", "off", "--no-cache-dir", "--dest", dest]
+def fetch(requirements):
+    if subprocess.call(pip + offline + ["--", *requirements], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0:
+        print("Found in the shared download cache: " + ", ".join(requirements), flush=True)
+    elif code := subprocess.call(pip + online + ["--", *requirements]):
+        sys.exit(code)
+def pyproject(path):
+    if path.endswith(".zip"):
+        with zipfile.ZipFile(path) as archive:
+            names = [n for n in archive.namelist() if n.count("/") == 1 and n.endswith("/pyproject.toml")]
+            return archive.read(names[0]) if names else None
+    with tarfile.open(path) as archive:
+        for member in archive:
+            if member.isfile() and member.name.count("/") == 1 and member.name.endswith("/pyproject.toml"):
+                return archive.extractfile(member).read()
+def build_requires(path):
+    default = ["setuptools>=40.8.0", "wheel"]
+    try:
+        text = pyproject(path)
+        return default if text is None else tomllib.loads(text.decode()).get("build-system", {}).get("requires", default)
+    except Exception:
+        return default
+fetch(wanted)
+seen = set()
+while todo := {f for f in os.listdir(dest) if f.endswith((".tar.gz", ".zip"))} - seen:
+    seen |= todo
+    if needs := sorted({r for f in todo for r in build_requires(os.path.join(dest, f))}):
+        fetch(needs)
 """
 
 
@@ -139,11 +188,11 @@ class Installer:
         if blocked := [p for p in (root, *root.parents) if p.exists() and not p.stat().st_mode & 0o001]:
             raise ValueError(f"packages_dir: sandbox uids cannot reach {root}: {blocked[-1]} is not searchable "
                              f"by others (chmod o+x it, or choose another packages_dir)")
-        self.envs, self.cache = root / "envs", root / "cache"
-        self.envs.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.envs, 0o711)
-        self.cache.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.cache, 0o777)  # written by installs under changing per-run uids
+        self.envs, self.shared, self.npm_cache = root / "envs", root / "cache" / "pypi", root / "cache" / "npm"
+        for folder, mode in ((self.envs, 0o711), (self.shared.parent, 0o755), (self.shared, 0o755), (self.npm_cache, 0o777)):
+            folder.mkdir(parents=True, exist_ok=True)
+            os.chmod(folder, mode)  # npm's cache is written by installs under changing per-run uids; pypi by the host only
+        shutil.rmtree(root / "cache" / "pip", ignore_errors=True)  # the writable pip cache of earlier versions: untrusted
         self._locks: dict[str, asyncio.Lock] = {}
 
     def key(self, requirements: Sequence[str], ecosystem: Ecosystem = "python") -> str:
@@ -168,7 +217,13 @@ class Installer:
                 return env
             staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.envs))
             try:
-                await self._sandboxed(staging, requirements, progress, ecosystem)
+                if ecosystem == "node":
+                    await self._sandboxed(staging, self._npm(staging, requirements), requirements, progress,
+                                          (Mount(self.npm_cache, CACHE_TARGET, writable=True),), NPM_HOSTS)
+                else:
+                    await self._pip(staging, requirements, progress)
+                if not (staging / SITE).is_dir():
+                    raise InstallFailed(f"installing {', '.join(requirements)} installed nothing")
                 pins = _installed(staging / SITE, ecosystem)
                 (staging / PINS_FILE).write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
                 os.chmod(staging, 0o755)
@@ -183,13 +238,21 @@ class Installer:
         if not os.path.lexists(link):
             os.symlink(env.path.name, link)
 
-    def _pip(self, requirements: Sequence[str]) -> list[str]:
-        source = ["--index-url", self.index_url] if self.index_url else ["--no-index"]
-        if self.find_links is not None:
-            source += ["--find-links", SOURCES_TARGET]
-        return ["python3", "-m", "pip", "--proxy", "{proxy}", "install", "--isolated", "--no-input",
-                "--disable-pip-version-check", "--progress-bar", "off", "--no-warn-script-location", "--cert", CA_FILE, "--cache-dir", f"{CACHE_TARGET}/pip",
-                "--target", f"/workspace/{SITE}", *source, "--", *requirements]
+    async def _pip(self, staging: Path, requirements: Sequence[str], progress: Callable[[str], None]) -> None:
+        """Fetch (network to the index only), share what the index vouches for, then build offline."""
+        sources = ["--find-links", SOURCES_TARGET] if self.find_links is not None else []
+        offline = ["--no-index", "--find-links", CACHE_TARGET]
+        online = [*(["--index-url", self.index_url] if self.index_url else ["--no-index"]), "--find-links", CACHE_TARGET,
+                  *sources, "--proxy", "{proxy}", "--cert", CA_FILE]
+        fetch = ["python3", "-c", FETCH, f"/workspace/{DOWNLOADS}", json.dumps(offline), json.dumps(online), "--", *requirements]
+        mounts = (Mount(self.shared, CACHE_TARGET), *([Mount(self.find_links, SOURCES_TARGET)] if self.find_links else []))
+        await self._sandboxed(staging, fetch, requirements, progress, mounts, PYPI_HOSTS)
+        await share_verified(staging / DOWNLOADS, self.shared, self.index_url)
+        build = ["python3", "-m", "pip", "install", "--isolated", "--no-input", "--disable-pip-version-check",
+                 "--progress-bar", "off", "--no-warn-script-location", "--no-cache-dir", "--no-index",
+                 "--find-links", f"/workspace/{DOWNLOADS}", "--target", f"/workspace/{SITE}", "--", *requirements]
+        await self._sandboxed(staging, build, requirements, progress)
+        shutil.rmtree(staging / DOWNLOADS)
 
     @staticmethod
     def _npm(staging: Path, requirements: Sequence[str]) -> list[str]:
@@ -197,20 +260,21 @@ class Installer:
             (staging / name).write_text("")
         return ["npm", "install", "--prefix", f"/workspace/{SITE}", "--ignore-scripts", "--no-bin-links", "--no-audit",
                 "--no-fund", "--no-update-notifier", "--userconfig", "/workspace/.npmrc-user", "--globalconfig",
-                "/workspace/.npmrc-global", "--cafile", CA_FILE, "--cache", f"{CACHE_TARGET}/npm", "--registry",
+                "/workspace/.npmrc-global", "--cafile", CA_FILE, "--cache", CACHE_TARGET, "--registry",
                 NPM_REGISTRY, "--proxy", "{proxy}", "--https-proxy", "{proxy}", "--", *requirements]
 
-    async def _sandboxed(self, staging: Path, requirements: Sequence[str], progress: Callable[[str], None],
-                         ecosystem: Ecosystem) -> None:
-        async with IndexProxy(NPM_HOSTS if ecosystem == "node" else PYPI_HOSTS) as proxy:
-            assert proxy.folder is not None
-            mounts = [Mount(self.cache, CACHE_TARGET, writable=True), Mount(proxy.folder, PROXY_TARGET)]
-            if self.find_links is not None and ecosystem == "python":
-                mounts.append(Mount(self.find_links, SOURCES_TARGET))
-            command = self._npm(staging, requirements) if ecosystem == "node" else self._pip(requirements)
-            argv = ["python3", "-c", FORWARD_AND_INSTALL, f"{PROXY_TARGET}/{SOCKET_NAME}", *command]
-            run = await self.backend.start(RunSpec(argv, staging, self.limits, {"PYTHONDONTWRITEBYTECODE": "1"},
-                                                  mounts=tuple(mounts)))
+    async def _sandboxed(self, staging: Path, command: list[str], requirements: Sequence[str],
+                         progress: Callable[[str], None], mounts: tuple[Mount, ...] = (),
+                         hosts: frozenset[str] | None = None) -> None:
+        """Run `command` over staging, with a way out to `hosts` through the index proxy or with no network at all."""
+        async with contextlib.AsyncExitStack() as stack:
+            if hosts is not None:
+                proxy = await stack.enter_async_context(IndexProxy(hosts))
+                assert proxy.folder is not None
+                mounts = (*mounts, Mount(proxy.folder, PROXY_TARGET))
+                command = ["python3", "-c", FORWARD_AND_INSTALL, f"{PROXY_TARGET}/{SOCKET_NAME}", *command]
+            run = await self.backend.start(RunSpec(command, staging, self.limits, {"PYTHONDONTWRITEBYTECODE": "1"},
+                                                  mounts=mounts))
             await run.close_stdin()
             tail = bytearray()
             try:
@@ -226,7 +290,7 @@ class Installer:
             raise InstallFailed(f"installing {', '.join(requirements)} left files the environment cannot keep (links, "
                                 f"or past the quota of {self.limits.files_count} files / {self.limits.disk_bytes // MIB} MiB): "
                                 f"{', '.join(result.files_skipped[:5])}")
-        if result.verdict != Verdict.OK or not (staging / SITE).is_dir():
+        if result.verdict != Verdict.OK:
             said = tail.decode("utf-8", "replace").strip()
             how = result.message or (f"signal {result.signal}" if result.signal else f"exit code {result.exit_code}")
             raise InstallFailed(f"installing {', '.join(requirements)} failed ({result.verdict.value}: {how})"

@@ -8,6 +8,8 @@ the index proxy; then it fails on purpose so pip prints everything it found.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import io
 import os
 import shutil
@@ -17,11 +19,15 @@ import tempfile
 import threading
 from pathlib import Path
 
+import httpx
 import pytest
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from sandbox.bwrap import BwrapBackend
 from sandbox.packages.install import PROXY_TARGET, Installer, InstallFailed
 from sandbox.packages.proxy import SOCKET_NAME
+from sandbox_fixtures import make_spec
 
 FAKE_SECRET = "fake-secret-key-5b0c9e1d7a"
 ATTACK = r'''
@@ -130,3 +136,96 @@ async def test_malicious_setup_py_escapes_nothing(packages_root, host, listener,
     assert "host_tmp=GOT" in output and not marker.exists()  # it wrote to its own /tmp, not the host's
     assert (host / "project" / "main.py").read_text() == "print('mine')\n"
     assert list(installer.envs.iterdir()) == []
+
+
+POISON_NAME = "codeyard-cache-poison-3f7a"
+# An in-tree build backend that works (so its install succeeds), and on every hook tries to poison
+# the shared download cache: write into it directly (in the sandbox and at its host path), and plant
+# a fake `six` in its own downloads, under the genuine file name and as a newer version.
+POISON = r'''
+import io, os, zipfile
+MODULE = NAME.replace("-", "_")
+
+def wheel(files):
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return out.getvalue()
+
+def fake_six(version):
+    info = "six-%s.dist-info/" % version
+    return wheel({"six.py": "print('pwned')\n__version__ = %r\n" % version,
+                  info + "METADATA": "Metadata-Version: 2.1\nName: six\nVersion: %s\n" % version,
+                  info + "WHEEL": "Wheel-Version: 1.0\nGenerator: evil\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+                  info + "RECORD": ""})
+
+def poison():
+    os.makedirs("/workspace/downloads", exist_ok=True)
+    for folder in ("/cache", HOST_SHARED, "/workspace/downloads"):
+        for name, version in ((GENUINE, GENUINE_VERSION), ("six-99.0-py3-none-any.whl", "99.0")):
+            try:
+                with open(os.path.join(folder, name), "wb") as f:
+                    f.write(fake_six(version))
+            except OSError:
+                pass
+
+META = "Metadata-Version: 2.1\nName: %s\nVersion: 0.1\n" % NAME
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    poison()
+    info = os.path.join(metadata_directory, MODULE + "-0.1.dist-info")
+    os.makedirs(info)
+    with open(os.path.join(info, "METADATA"), "w") as f:
+        f.write(META)
+    return os.path.basename(info)
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    poison()
+    name = MODULE + "-0.1-py3-none-any.whl"
+    info = MODULE + "-0.1.dist-info/"
+    with open(os.path.join(wheel_directory, name), "wb") as f:
+        f.write(wheel({MODULE + ".py": "VALUE = 1\n", info + "METADATA": META, info + "RECORD": "",
+                       info + "WHEEL": "Wheel-Version: 1.0\nGenerator: evil\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}))
+    return name
+'''
+
+
+def pypi_wheel_of_six() -> tuple[str, str, str]:
+    """(file name, version, sha256) of six's newest wheel, as PyPI lists it (asked here, not by the code under test)."""
+    answer = httpx.get("https://pypi.org/simple/six/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}, timeout=30)
+    wheels = [f for f in answer.json()["files"] if f["filename"].endswith(".whl") and not f.get("yanked")]
+    newest = max(wheels, key=lambda f: Version(f["filename"].split("-")[1]))
+    return newest["filename"], newest["filename"].split("-")[1], newest["hashes"]["sha256"]
+
+
+async def test_a_malicious_build_cannot_poison_the_shared_download_cache(packages_root, project):
+    genuine, version, sha256 = pypi_wheel_of_six()
+    installer = Installer(BwrapBackend(), packages_root / "poison", find_links=Path(tempfile.mkdtemp(prefix="codeyard-wheelhouse-")))
+    os.chmod(installer.find_links, 0o755)
+    try:
+        settings = (f"NAME = {POISON_NAME!r}\nGENUINE = {genuine!r}\nGENUINE_VERSION = {version!r}\n"
+                    f"HOST_SHARED = {str(installer.shared)!r}\n")
+        sdist(installer.find_links, POISON_NAME, settings + POISON)
+        poisoned = await installer.install([POISON_NAME])  # its build code ran while fetching and while building
+    finally:
+        shutil.rmtree(installer.find_links)
+    assert canonicalize_name(POISON_NAME) in poisoned.pins
+    assert os.listdir(installer.shared) == []  # not written by it, and nothing it downloaded was vouched for
+
+    said: list[str] = []  # another project's install of six: the real one, now shared with later installs
+    clean = await Installer(BwrapBackend(), packages_root / "poison").install(["six"], said.append)
+    assert clean.pins == {"six": version}
+    assert os.listdir(installer.shared) == [genuine]
+    assert hashlib.sha256((installer.shared / genuine).read_bytes()).hexdigest() == sha256
+    (project / "main.py").write_text("import six\nprint(six.__version__)\n")
+    spec = dataclasses.replace(make_spec(project, ["python3", "main.py"]), env=clean.env(), mounts=(clean.mount(),))
+    result = await BwrapBackend().run(spec)
+    assert (result.verdict.value, result.stdout) == ("ok", f"{version}\n".encode()), result.stderr
+
+    said = []  # a third install that needs six again takes it from the shared cache, without the index
+    await Installer(BwrapBackend(), packages_root / "poison").install(["six==" + version], said.append)
+    assert "Found in the shared download cache" in "".join(said), said
