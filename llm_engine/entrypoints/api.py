@@ -37,7 +37,7 @@ async def _json_body(request: Request) -> Any:
         raise OpenAIError(400, "the request body is not valid JSON") from None
 
 
-async def _unless_disconnected(request: Request, work) -> Any:
+async def unless_disconnected(request: Request, work) -> Any:
     """Await `work`, cancelling it (which aborts its engine requests) if the client goes away.
 
     A stream is watched here until its first output (while it waits in the queue), then by
@@ -58,7 +58,7 @@ async def _unless_disconnected(request: Request, work) -> Any:
             task.cancel()
 
 
-def _answer(result: dict | AsyncIterator[bytes]) -> Response:
+def answer(result: dict | AsyncIterator[bytes]) -> Response:
     if isinstance(result, dict):
         return JSONResponse(result)
     return StreamingResponse(result, media_type="text/event-stream",
@@ -82,14 +82,14 @@ def build_router(get_service: ServiceGetter, auth: Any, metrics_path: str = "/me
     async def completions(request: Request) -> Response:
         req = parse_request(CompletionRequest, await _json_body(request))
         service = get_service(request)
-        return _answer(await _unless_disconnected(request, ServingCompletion(service).create(req)))
+        return answer(await unless_disconnected(request, ServingCompletion(service).create(req)))
 
     @router.post("/v1/chat/completions", dependencies=[auth], tags=["llm"],
                  openapi_extra=_body_schema(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         req = parse_request(ChatCompletionRequest, await _json_body(request))
         service = get_service(request)
-        return _answer(await _unless_disconnected(request, ServingChat(service).create(req)))
+        return answer(await unless_disconnected(request, ServingChat(service).create(req)))
 
     @router.get(metrics_path, dependencies=[auth], tags=["llm"])
     def metrics(request: Request) -> Response:

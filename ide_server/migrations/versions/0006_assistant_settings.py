@@ -5,8 +5,8 @@ Revises: 0005_tutorials
 Create Date: 2026-11-30
 """
 
-import sqlalchemy as sa  # noqa: F401
-from alembic import op  # noqa: F401
+import sqlalchemy as sa
+from alembic import op
 
 revision = "0006_assistant_settings"
 down_revision = "0005_tutorials"
@@ -15,8 +15,13 @@ depends_on = None
 
 
 def upgrade() -> None:
-    pass
+    op.create_table(
+        "assistant_settings",
+        sa.Column("project_id", sa.String(16), sa.ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("enabled", sa.Boolean(), nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    )
 
 
 def downgrade() -> None:
-    pass
+    op.drop_table("assistant_settings")

@@ -1,0 +1,97 @@
+"""The assistant API, for members of a project (completions need an editor; the switch, its owner).
+
+    GET/PUT /api/projects/{id}/assistant   the switch and the model's state (reading it never loads the model)
+    POST    .../assistant/complete          ghost text for the cursor (JSON)
+    POST    .../assistant/explain           why a run failed (OpenAI chat chunks over SSE)
+    POST    .../assistant/chat              an answer about the current file (SSE, the same chunks)
+
+The first generating call starts loading the model and answers 503 "model is loading" (so does
+every call until it is ready); a switched-off project answers 403; a user over the rate, 429 with
+Retry-After. Closing the connection aborts the generation.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import HTTPConnection
+
+from ide_server.components import Component
+from ide_server.deps import DbSession, ProjectEditor, ProjectMember, ProjectOwner
+from ide_server.error_handlers import ERROR_RESPONSES
+from ide_server.services.projects import ProjectAccess
+from llm_engine.assistant.schemas import (AssistantPublic, AssistantUpdate, ChatCreate, CompletionCreate,
+                                          CompletionPublic, ExplainCreate)
+from llm_engine.assistant.service import ANSWER_COST, Assistant, AssistantConfig
+from llm_engine.entrypoints.api import answer, unless_disconnected
+from llm_engine.entrypoints.component import llm_of
+from llm_engine.entrypoints.service import LLMService
+
+STREAM_RESPONSES: dict[int | str, dict] = {200: {"description": "OpenAI chat completion chunks, then [DONE]",
+                                                 "content": {"text/event-stream": {}}}}
+router = APIRouter(prefix="/api/projects/{project_id}/assistant", tags=["assistant"],
+                   responses={**ERROR_RESPONSES, 503: {"description": "The model is loading or unavailable"}})
+
+
+def _assistant(conn: HTTPConnection) -> Assistant:
+    return conn.app.state.assistant
+
+
+AssistantDep = Annotated[Assistant, Depends(_assistant)]
+
+
+async def _admit(assistant: Assistant, db: DbSession, ctx: ProjectAccess, cost: float) -> LLMService:
+    """Check the switch, the model and the rate; then give the request's DB connection back to the
+    pool, since generating (and streaming) takes seconds."""
+    try:
+        return await run_in_threadpool(assistant.admit, db, ctx, cost)
+    finally:
+        db.close()
+
+
+@router.get("")
+def get_assistant(ctx: ProjectMember, db: DbSession, assistant: AssistantDep) -> AssistantPublic:
+    """Whether the assistant is on for this project, and whether the model is loaded."""
+    return assistant.describe(db, ctx)
+
+
+@router.put("")
+def update_assistant(body: AssistantUpdate, ctx: ProjectOwner, db: DbSession, assistant: AssistantDep) -> AssistantPublic:
+    """Switch the assistant on or off for everyone in the project (owners)."""
+    assistant.set_enabled(db, ctx.project.id, body.enabled)
+    return assistant.describe(db, ctx)
+
+
+@router.post("/complete")
+async def complete(body: CompletionCreate, ctx: ProjectEditor, db: DbSession, request: Request,
+                   assistant: AssistantDep) -> CompletionPublic:
+    """Ghost text to show at the cursor: the rest of the line (or the next line)."""
+    service = await _admit(assistant, db, ctx, 1)
+    result = await unless_disconnected(request, assistant.complete(service, body))
+    return result if isinstance(result, Response) else CompletionPublic(text=result)
+
+
+@router.post("/explain", responses=STREAM_RESPONSES, response_class=Response)
+async def explain(body: ExplainCreate, ctx: ProjectMember, db: DbSession, request: Request,
+                  assistant: AssistantDep) -> Response:
+    """A streamed explanation of a failed run's output, given the file it ran."""
+    service = await _admit(assistant, db, ctx, ANSWER_COST)
+    return answer(await unless_disconnected(request, assistant.explain(service, body)))
+
+
+@router.post("/chat", responses=STREAM_RESPONSES, response_class=Response)
+async def chat(body: ChatCreate, ctx: ProjectMember, db: DbSession, request: Request,
+               assistant: AssistantDep) -> Response:
+    """A streamed answer to the conversation's last question, about the current file."""
+    service = await _admit(assistant, db, ctx, ANSWER_COST)
+    return answer(await unless_disconnected(request, assistant.chat(service, body)))
+
+
+def _setup(app: FastAPI) -> None:
+    app.state.assistant = Assistant(llm_of(app), AssistantConfig())
+
+
+component = Component(name="assistant", router=router, setup=_setup)

@@ -1,0 +1,78 @@
+"""Prompts for the assistant, built from what the editor sends, and the ghost text cut from a completion.
+
+The built-in SmolLM2 has no fill-in-the-middle tokens, so a completion prompt is plain text: the
+other open files (each under a comment naming it), then the current file up to the cursor. Each
+part is trimmed to a character budget, keeping the text nearest the cursor (or, for a run's
+output, its end, where tracebacks are), so prompts stay short and answers fast on a CPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+PREFIX_CHARS = 2000
+OTHER_FILE_CHARS = 600
+OTHER_FILES = 3
+FILE_CHARS = 3000
+OUTPUT_CHARS = 2000
+
+_HASH_COMMENTS = {".py", ".sh", ".rb", ".toml", ".yaml", ".yml", ".r", ".pl", ""}
+SYSTEM = ("You are a helpful programming assistant inside a code editor. "
+          "Answer briefly and concretely, for a student.")
+
+
+def _comment(path: str) -> str:
+    return "#" if PurePosixPath(path).suffix.lower() in _HASH_COMMENTS else "//"
+
+
+def _head(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "\n…"
+
+
+def _tail(text: str, limit: int) -> str:
+    return text if len(text) <= limit else "…" + text[-limit:]
+
+
+def completion_prompt(path: str, prefix: str, others: list[tuple[str, str]]) -> str:
+    """Other open files first (the nearest context last), then the current file up to the cursor."""
+    parts = [f"{_comment(p)} file: {p}\n{_head(text, OTHER_FILE_CHARS)}\n" for p, text in others[:OTHER_FILES] if p != path]
+    parts.append(f"{_comment(path)} file: {path}\n{_tail(prefix, PREFIX_CHARS)}")
+    return "\n".join(parts)
+
+
+def ghost_text(generated: str, line_after_cursor: str) -> str:
+    """The part of a completion to show: the rest of the current line, or (when the model ends the
+    line first) the next line. Markdown fences end it; text already right of the cursor is dropped."""
+    text = generated.split("```", 1)[0]
+    rest = text.lstrip("\n")
+    newlines = text[: len(text) - len(rest)]
+    line = rest.split("\n", 1)[0].rstrip()
+    if newlines:
+        return newlines + line if line.strip() else ""
+    after = line_after_cursor.strip()
+    if after and line.endswith(after):
+        line = line[: len(line) - len(after)].rstrip()
+    return line
+
+
+def line_is_complete(generated: str) -> bool:
+    """Whether more tokens can no longer change `ghost_text` (so generation can stop)."""
+    return "```" in generated or "\n" in generated.lstrip("\n")
+
+
+def _file_block(path: str, content: str) -> str:
+    return f"File `{path}`:\n```\n{_head(content, FILE_CHARS)}\n```"
+
+
+def explain_messages(path: str, content: str, output: str) -> list[dict]:
+    """Chat messages asking why a run failed, with the program and the end of its output."""
+    question = (f"{_file_block(path, content)}\n\nRunning it printed:\n```\n{_tail(output, OUTPUT_CHARS)}\n```\n\n"
+                "Explain this error in two or three sentences and say how to fix it.")
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+
+
+def chat_messages(path: str, content: str, conversation: list[tuple[str, str]]) -> list[dict]:
+    """The conversation so far, with the current file given to the model up front."""
+    context = f"The student is working on this file.\n\n{_file_block(path, content)}"
+    return ([{"role": "system", "content": f"{SYSTEM}\n\n{context}"}]
+            + [{"role": role, "content": text} for role, text in conversation])

@@ -1,0 +1,63 @@
+"""Request and answer bodies of the assistant API."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field
+
+Path = Annotated[str, Field(min_length=1, max_length=1024)]
+Text = Annotated[str, Field(max_length=200_000)]
+
+
+class OpenFile(BaseModel):
+    path: Path
+    content: Text
+
+
+class CompletionCreate(BaseModel):
+    """The current file split at the cursor, and the other open tabs."""
+
+    path: Path
+    prefix: Text
+    suffix: Text = ""
+    open_files: Annotated[list[OpenFile], Field(max_length=20)] = []
+
+
+class CompletionPublic(BaseModel):
+    text: str = Field(description="Ghost text to insert at the cursor (empty: no suggestion).")
+
+
+class ExplainCreate(BaseModel):
+    """A failed run's output and the file it ran."""
+
+    path: Path
+    content: Text
+    output: Annotated[str, Field(min_length=1, max_length=200_000)]
+
+
+class ChatMessage(BaseModel):
+    role: Literal["user", "assistant"]
+    content: Annotated[str, Field(min_length=1, max_length=20_000)]
+
+
+class ChatCreate(BaseModel):
+    """The conversation so far (ending with the user's question) about the current file."""
+
+    path: Path
+    content: Text
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=40)]
+
+
+ModelState = Literal["ready", "loading", "not_loaded", "unavailable"]
+
+
+class AssistantPublic(BaseModel):
+    enabled: bool = Field(description="The project's switch (owners change it).")
+    can_change: bool = Field(description="Whether the caller may change the switch.")
+    model: ModelState = Field(description="not_loaded: it loads on the first request.")
+    detail: str = Field(description="The model state in words, e.g. 'model is loading (10%)'.")
+
+
+class AssistantUpdate(BaseModel):
+    enabled: bool

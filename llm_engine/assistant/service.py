@@ -1,0 +1,163 @@
+"""Assistant: the rules (project switch, rate limit, model readiness) and the calls to the LLM.
+
+Completions run on the engine directly so generation stops as soon as the ghost text's line is
+complete; explanations and chat reuse the /v1 chat serving, so they stream the same OpenAI
+chunks (`data: {...choices[0].delta.content...}` ... `data: [DONE]`) that /v1 clients parse.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.orm import Session
+
+from ide_server.errors import DomainError, InvalidInput, PermissionDenied, Throttled
+from ide_server.models import Role, utcnow
+from ide_server.services.projects import ProjectAccess
+from llm_engine.assistant import prompts
+from llm_engine.assistant.models import AssistantSetting
+from llm_engine.assistant.ratelimit import RateLimiter
+from llm_engine.assistant.schemas import AssistantPublic, ChatCreate, CompletionCreate, ExplainCreate
+from llm_engine.async_engine import EngineNotReady, EngineOverloaded
+from llm_engine.entrypoints.component import LazyLLM
+from llm_engine.entrypoints.protocol import ChatCompletionRequest, OpenAIError
+from llm_engine.entrypoints.service import LLMService, as_openai_error
+from llm_engine.entrypoints.serving import ServingChat
+from llm_engine.sampling_params import SamplingParams
+
+ANSWER_COST = 5  # an explanation or a chat answer weighs as much as this many completions
+
+
+class AssistantConfig(BaseSettings):
+    """CODEYARD_ASSISTANT_* settings: the per-user rate limit and how long answers may be."""
+
+    model_config = SettingsConfigDict(env_prefix="CODEYARD_ASSISTANT_", extra="ignore")
+
+    rate_per_minute: float = Field(default=60.0, gt=0, description="Completions a minute per user (answers cost 5).")
+    burst: int = Field(default=20, ge=ANSWER_COST, description="Calls a user may make at once before the rate applies.")
+    completion_tokens: int = Field(default=16, ge=1, le=256)
+    answer_tokens: int = Field(default=256, ge=1, le=2048)
+
+
+class AssistantOff(PermissionDenied):
+    """The project's owner switched the assistant off."""
+
+
+class ModelUnavailable(DomainError):
+    """The model is loading (or cannot load); the client retries after a while."""
+
+    status_code = 503
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "5"}
+
+
+def _domain_error(exc: OpenAIError) -> DomainError:
+    if exc.status == 429:
+        return Throttled(exc.message, exc.retry_after or 1)
+    if exc.status == 503:
+        return ModelUnavailable(exc.message)
+    if exc.status == 400:
+        return InvalidInput(exc.message)
+    error = DomainError(exc.message)
+    error.status_code = exc.status
+    return error
+
+
+class Assistant:
+    def __init__(self, llm: LazyLLM, config: AssistantConfig) -> None:
+        self.llm = llm
+        self.config = config
+        self.limiter = RateLimiter(config.rate_per_minute, config.burst)
+
+    # ----- the per-project switch -----
+
+    def is_enabled(self, db: Session, project_id: str) -> bool:
+        row = db.get(AssistantSetting, project_id)
+        return row is None or row.enabled
+
+    def set_enabled(self, db: Session, project_id: str, enabled: bool) -> None:
+        row = db.get(AssistantSetting, project_id) or AssistantSetting(project_id=project_id)
+        row.enabled, row.updated_at = enabled, utcnow()
+        db.add(row)
+        db.commit()
+
+    def describe(self, db: Session, access: ProjectAccess) -> AssistantPublic:
+        state, detail = self.model_state()
+        return AssistantPublic(enabled=self.is_enabled(db, access.project.id), can_change=access.role == Role.owner,
+                               model=state, detail=detail)
+
+    def model_state(self) -> tuple[str, str]:
+        """The model's state without loading it (status checks must not start a load)."""
+        if self.llm.setting == "off":
+            return "unavailable", "the LLM is switched off on this server"
+        service = self.llm.service
+        if service is None:
+            return "not_loaded", "the model loads on the first request"
+        try:
+            service.require_ready()
+        except OpenAIError as exc:
+            return ("unavailable" if service.engine.load_error else "loading"), exc.message
+        return "ready", "ready"
+
+    # ----- admission -----
+
+    def admit(self, db: Session, access: ProjectAccess, cost: float) -> LLMService:
+        """The loaded model for one call, or AssistantOff (403), ModelUnavailable (503, and the load
+        starts), Throttled (429). Loading answers don't use up the caller's rate."""
+        if not self.is_enabled(db, access.project.id):
+            raise AssistantOff("the assistant is switched off for this project by its owner")
+        try:
+            service = self.llm.get()
+            service.require_ready()
+        except OpenAIError as exc:
+            raise _domain_error(exc) from None
+        assert access.user is not None
+        wait = self.limiter.take(access.user.id, cost)
+        if wait:
+            raise Throttled(f"too many assistant requests; try again in {wait} s", wait)
+        return service
+
+    # ----- the calls -----
+
+    async def complete(self, service: LLMService, body: CompletionCreate) -> str:
+        """Ghost text for the cursor: greedy, a few tokens, stopped once its line is complete."""
+        prompt = prompts.completion_prompt(body.path, body.prefix, [(f.path, f.content) for f in body.open_files])
+        max_tokens = self.config.completion_tokens
+        text = ""
+        try:
+            ids = service.engine.require_engine().tokenize(prompt)[1]
+            ids = ids[-(service.engine.max_model_len - max_tokens):]
+            outputs = service.engine.generate(ids, SamplingParams(temperature=0, max_tokens=max_tokens),
+                                              f"assist-{uuid.uuid4().hex}")
+            try:
+                async for output in outputs:
+                    text = output.outputs[0].text
+                    if prompts.line_is_complete(text):
+                        break
+            finally:
+                await outputs.aclose()  # stops (aborts) the request when we broke off early
+        except (ValueError, EngineNotReady, EngineOverloaded) as exc:
+            raise _domain_error(as_openai_error(exc)) from None
+        return prompts.ghost_text(text, body.suffix.split("\n", 1)[0])
+
+    async def explain(self, service: LLMService, body: ExplainCreate) -> AsyncIterator[bytes]:
+        return await self._answer(service, prompts.explain_messages(body.path, body.content, body.output))
+
+    async def chat(self, service: LLMService, body: ChatCreate) -> AsyncIterator[bytes]:
+        conversation = [(m.role, m.content) for m in body.messages]
+        return await self._answer(service, prompts.chat_messages(body.path, body.content, conversation))
+
+    async def _answer(self, service: LLMService, messages: list[dict]) -> AsyncIterator[bytes]:
+        request = ChatCompletionRequest(model=service.served_name, messages=messages, stream=True,
+                                        max_tokens=self.config.answer_tokens, temperature=0.2,
+                                        repetition_penalty=1.1)
+        try:
+            result = await ServingChat(service).create(request)
+        except OpenAIError as exc:
+            raise _domain_error(exc) from None
+        assert not isinstance(result, dict)
+        return result
