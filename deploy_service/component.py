@@ -1,0 +1,172 @@
+"""Deploys as an ide_server component: the deployments API, the logs WebSocket, the apps' proxy, the lifespan.
+
+Handlers are thin; DeployService holds the rules. Editors deploy, roll back, scale and stop;
+the owner deletes; members read status and logs; everyone reaches the app at /apps/{slug}/.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Response, WebSocket, status
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import HTTPConnection
+from starlette.responses import RedirectResponse
+
+from deploy_service.instance import sweep_app_processes
+from deploy_service.proxy import AppHostRouting, proxy_http, proxy_websocket
+from deploy_service.schemas import DeploymentPublic, RollbackCreate, ScaleUpdate
+from deploy_service.service import DeployService
+from ide_server.components import Component
+from ide_server.deps import ProjectEditor, ProjectMember, ProjectOwner, Public, authenticate_websocket
+from ide_server.error_handlers import ERROR_RESPONSES
+from ide_server.errors import DomainError, NotAuthenticated
+from ide_server.models import Role
+from ide_server.services import projects
+from sandbox.engine import make_backend
+from sandbox.errors import SandboxUnavailable
+from sandbox.frames import CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, SOCKET_GONE
+from sandbox.packages.install import Installer
+from sandbox.runs import OpenEditors
+
+log = logging.getLogger(__name__)
+APPS_HOST_VARIABLE = "CODEYARD_DEPLOY_APPS_HOST"  # e.g. "example.org": apps also at http://{slug}.apps.example.org/
+PROXY_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+router = APIRouter(tags=["deployments"], responses={**ERROR_RESPONSES, 503: {"description": "No sandbox on this server"}})
+proxy_router = APIRouter(include_in_schema=False)
+
+
+def _deploys(conn: HTTPConnection) -> DeployService:
+    return conn.app.state.deploys
+
+
+Deploys = Annotated[DeployService, Depends(_deploys)]
+
+
+@router.post("/api/projects/{project_id}/deployments", status_code=status.HTTP_202_ACCEPTED)
+async def deploy(ctx: ProjectEditor, deploys: Deploys) -> DeploymentPublic:
+    """Deploy the project as it is now (a fresh checkpoint); the new release goes live once healthy."""
+    return await deploys.deploy(ctx.user, ctx.project.id)
+
+
+@router.get("/api/projects/{project_id}/deployment")
+def get_deployment(ctx: ProjectMember, deploys: Deploys) -> DeploymentPublic:
+    """Status, URL, instances and releases (newest first) of the project's deployment."""
+    return deploys.status(ctx.project.id)
+
+
+@router.post("/api/projects/{project_id}/deployment/rollback", status_code=status.HTTP_202_ACCEPTED)
+async def rollback(body: RollbackCreate, ctx: ProjectEditor, deploys: Deploys) -> DeploymentPublic:
+    """Serve an earlier successful release again (once its instances are healthy)."""
+    return await deploys.rollback(ctx.project.id, body.release_id)
+
+
+@router.post("/api/projects/{project_id}/deployment/scale")
+async def scale(body: ScaleUpdate, ctx: ProjectEditor, deploys: Deploys) -> DeploymentPublic:
+    """Run this many instances of the current release (requests go round-robin)."""
+    return await deploys.scale(ctx.project.id, body.instances)
+
+
+@router.post("/api/projects/{project_id}/deployment/stop")
+async def stop(ctx: ProjectEditor, deploys: Deploys) -> DeploymentPublic:
+    """Stop serving the app (requests in flight finish); deploy again to start it."""
+    return await deploys.stop(ctx.project.id)
+
+
+@router.delete("/api/projects/{project_id}/deployment", status_code=status.HTTP_204_NO_CONTENT)
+async def delete(ctx: ProjectOwner, deploys: Deploys) -> Response:
+    """Stop the app and delete the deployment with its releases and logs."""
+    await deploys.delete(ctx.project.id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.websocket("/ws/projects/{project_id}/deployment/logs")
+async def logs_socket(websocket: WebSocket, project_id: str) -> None:
+    """Build and runtime log frames {"type": "log", "release", "stream", "data", "time"}: the kept tail, then live."""
+    await websocket.accept()
+    deploys = _deploys(websocket)
+
+    def authorize() -> None:
+        with websocket.app.state.sessionmaker() as db:
+            user = authenticate_websocket(websocket, db, websocket.app.state.settings)
+            if user is None:
+                raise NotAuthenticated("sign in first")
+            projects.authorize(db, project_id, user, Role.viewer, public_read=False)
+
+    try:
+        await run_in_threadpool(authorize)
+        deploy_log = await run_in_threadpool(deploys.log_of, project_id)
+    except DomainError as exc:
+        code = {401: CLOSE_UNAUTHENTICATED, 403: CLOSE_FORBIDDEN}.get(exc.status_code, CLOSE_NOT_FOUND)
+        await websocket.close(code, exc.detail[:120])
+        return
+    with suppress(*SOCKET_GONE):
+        async for entry in deploy_log.follow():
+            await websocket.send_json(entry)
+
+
+@proxy_router.api_route("/apps/{slug}", methods=PROXY_METHODS, dependencies=[Public])
+def app_root(slug: str) -> RedirectResponse:
+    return RedirectResponse(f"/apps/{slug}/", status_code=status.HTTP_308_PERMANENT_REDIRECT)
+
+
+@proxy_router.api_route("/apps/{slug}/{path:path}", methods=PROXY_METHODS, dependencies=[Public])
+async def app_http(request: Request, slug: str, path: str) -> Response:
+    return await proxy_http(request, _deploys(request).routes, slug)
+
+
+@proxy_router.websocket("/apps/{slug}/{path:path}")
+async def app_websocket(websocket: WebSocket, slug: str, path: str) -> None:
+    await proxy_websocket(websocket, _deploys(websocket).routes, slug)
+
+
+router.include_router(proxy_router)
+
+
+def deploy_setup(app: FastAPI) -> None:
+    app.add_middleware(AppHostRouting, apps_host=os.environ.get(APPS_HOST_VARIABLE) or None)
+
+
+@asynccontextmanager
+async def deploy_lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Bubblewrap for the apps (or the reason there is none), then bring back what was deployed."""
+    settings = app.state.settings
+    runs = getattr(app.state, "sandbox_runs", None)
+    try:
+        backend, unavailable = make_backend("bwrap"), ""
+    except SandboxUnavailable as exc:
+        backend, unavailable = None, f"deploys are off: {exc.detail}"
+        log.warning(unavailable)
+    installer = getattr(runs, "installer", None)
+    if installer is None and backend is not None:
+        try:
+            installer = Installer(backend, settings.effective_packages_dir)
+        except ValueError as exc:
+            log.warning("deploys cannot install packages: %s", exc)
+    secrets = getattr(app.state, "project_secrets", None)
+    deploys = DeployService(
+        sessions=app.state.sessionmaker, projects_dir=settings.projects_dir, root=settings.data_dir / "deploy",
+        backend=backend, unavailable=unavailable, installer=installer,
+        editors=OpenEditors(lambda: getattr(app.state, "collab_rooms", None),
+                            lambda: getattr(app.state, "collab_checkpoints", None)),
+        secrets_of=secrets.environment_for if secrets is not None else None,
+        apps_host=os.environ.get(APPS_HOST_VARIABLE) or None, https=settings.secure_cookies)
+    app.state.deploys = deploys
+    if backend is not None:
+        if killed := await run_in_threadpool(sweep_app_processes):
+            log.warning("killed the processes of %d app instances a previous server left", killed)
+        restored = await deploys.restore()
+        if restored:
+            log.info("bringing back %d deployments", restored)
+    try:
+        yield
+    finally:
+        await deploys.shutdown()
+
+
+component = Component(name="deploys", router=router, setup=deploy_setup, lifespan=deploy_lifespan)

@@ -1,0 +1,146 @@
+"""What a deploy runs: the app kind found in the project, or codeyard.toml's `[deploy]` section.
+
+    [deploy]
+    build = "npm run build"        # optional; an argument list, or a string split like a shell (never run by one)
+    run = ["node", "server.js"]    # optional; otherwise detected (below)
+    health = "/healthz"            # optional; the path that must answer (< 500) before traffic switches; "/" by default
+    instances = 2                  # optional; 1..MAX_INSTANCES
+
+Detected, in this order: a Flask or FastAPI object assigned at the top level of app.py or main.py,
+a Node package.json with a "start" script, a static site with index.html. The app listens on
+127.0.0.1:$PORT inside its own network namespace.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import shlex
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandbox.languages import CONFIG_FILE
+
+PORT = 8080
+MAX_INSTANCES = 4
+PYTHON_ENTRIES = ("app.py", "main.py")
+FASTAPI_SERVER = ("uvicorn", "websockets")  # uvicorn serves the app; websockets gives it WebSocket support
+MAX_SOURCE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class AppPlan:
+    """How to build and run one release, and how to tell it is up."""
+
+    kind: str  # flask | fastapi | node | static | custom
+    argv: list[str]
+    build: list[str] | None = None
+    health_path: str = "/"
+    instances: int | None = None  # from codeyard.toml; None keeps the deployment's count
+    extra_requirements: tuple[str, ...] = field(default=())  # Python packages the server itself needs
+
+    @property
+    def ecosystem(self) -> str | None:
+        """Which packages to install before it starts (python, node or none)."""
+        if self.kind == "static":
+            return None
+        if self.kind in ("flask", "fastapi") or self.argv[0].startswith("python"):
+            return "python"
+        if self.kind == "node" or self.argv[0] in ("node", "npm"):
+            return "node"
+        return None
+
+
+def _command(value: object, name: str) -> list[str]:
+    if isinstance(value, str):
+        try:
+            value = shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(f"{CONFIG_FILE}: deploy.{name}: {exc}") from None
+    if not isinstance(value, list) or not value or not all(isinstance(a, str) and a and "\0" not in a for a in value):
+        raise ValueError(f"{CONFIG_FILE}: deploy.{name} must be a non-empty command (a string or a list of strings)")
+    return value
+
+
+def _health(value: object) -> str:
+    if not isinstance(value, str) or not value.startswith("/") or len(value) > 200 or any(ord(c) < 33 for c in value):
+        raise ValueError(f"{CONFIG_FILE}: deploy.health must be a path starting with / (no spaces), like \"/healthz\"")
+    return value
+
+
+def _read_config(project_dir: Path) -> dict:
+    path = project_dir / CONFIG_FILE
+    if not path.is_file() or path.is_symlink():
+        return {}
+    try:
+        config = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{CONFIG_FILE}: {exc}") from None
+    deploy = config.get("deploy", {})
+    if not isinstance(deploy, dict):
+        raise ValueError(f"{CONFIG_FILE}: [deploy] must be a table")
+    unknown = set(deploy) - {"build", "run", "health", "instances"}
+    if unknown:
+        raise ValueError(f"{CONFIG_FILE}: deploy.{sorted(unknown)[0]} is not a deploy setting (known: build, run, health, instances)")
+    return deploy
+
+
+def _app_object(path: Path) -> tuple[str, str] | None:
+    """(kind, variable) of a top-level `x = Flask(...)` / `x = FastAPI(...)` (also flask.Flask, fastapi.FastAPI)."""
+    if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_SOURCE_BYTES:
+        return None
+    try:
+        tree = ast.parse(path.read_text(errors="replace"))
+    except SyntaxError:
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and isinstance(node.value, ast.Call):
+            func = node.value.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if name in ("Flask", "FastAPI"):
+                return name.lower(), node.targets[0].id
+    return None
+
+
+def _start_script(project_dir: Path) -> str | None:
+    path = project_dir / "package.json"
+    if not path.is_file() or path.is_symlink():
+        return None
+    try:
+        scripts = json.loads(path.read_text()).get("scripts", {})
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        raise ValueError("package.json: not valid JSON") from None
+    start = scripts.get("start") if isinstance(scripts, dict) else None
+    return start if isinstance(start, str) and start.strip() else None
+
+
+def detect(project_dir: Path) -> AppPlan:
+    """The plan for deploying the project in project_dir (ValueError naming what is wrong or missing)."""
+    config = _read_config(project_dir)
+    build = _command(config["build"], "build") if "build" in config else None
+    health = _health(config["health"]) if "health" in config else "/"
+    instances = config.get("instances")
+    if instances is not None and (isinstance(instances, bool) or not isinstance(instances, int)
+                                  or not 1 <= instances <= MAX_INSTANCES):
+        raise ValueError(f"{CONFIG_FILE}: deploy.instances must be a whole number from 1 to {MAX_INSTANCES}")
+    if "run" in config:
+        return AppPlan("custom", _command(config["run"], "run"), build, health, instances)
+    for entry in PYTHON_ENTRIES:
+        if found := _app_object(project_dir / entry):
+            kind, variable = found
+            target = f"{Path(entry).stem}:{variable}"
+            if kind == "flask":
+                argv = ["python3", "-m", "flask", "--app", target, "run", "--host", "127.0.0.1", "--port", str(PORT)]
+                return AppPlan("flask", argv, build, health, instances)
+            argv = ["python3", "-m", "uvicorn", target, "--host", "127.0.0.1", "--port", str(PORT), "--no-access-log"]
+            return AppPlan("fastapi", argv, build, health, instances, FASTAPI_SERVER)
+    if start := _start_script(project_dir):
+        return AppPlan("node", ["/bin/sh", "-c", start], build, health, instances)
+    if (project_dir / "index.html").is_file():
+        argv = ["python3", "-m", "http.server", "--bind", "127.0.0.1", str(PORT)]
+        return AppPlan("static", argv, build, health, instances)
+    raise ValueError(
+        "project: nothing to deploy found (a Flask or FastAPI app in app.py or main.py, a package.json with a "
+        f"\"start\" script, or an index.html); or say how to run it in {CONFIG_FILE} under [deploy] run = ...")

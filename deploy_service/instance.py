@@ -1,0 +1,281 @@
+"""One running copy of a release: a long-lived bubblewrap sandbox reached through a unix socket.
+
+The app gets the runs' hardening (sandbox.bwrap: new user/pid/net/ipc/mount namespaces, no
+capabilities, the seccomp policy, read-only system folders, a quota'd tmpfs workspace) plus its
+own cgroup (memory, pids, a CPU quota) and a host uid from a range runs never use. Its network
+namespace is empty: it cannot reach the host, other apps or the internet. A small bridge started
+inside the sandbox listens on a unix socket in a folder only this instance mounts, and connects
+each accepted stream to 127.0.0.1:$PORT, where the app listens; the server's proxy is the only
+thing that opens that socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import shutil
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal
+
+import httpx
+
+from sandbox.backend import Mount, RunContext, RunSpec, SandboxRun
+from sandbox.bwrap import BwrapBackend
+from sandbox.cgroups import RunCgroup
+from sandbox.errors import SandboxUnavailable
+from sandbox.files import copy_in
+from sandbox.limits import MIB, Limits
+from sandbox.workspace import kill_uid, processes_of_uid, runs_root, scratch
+
+from deploy_service.detect import PORT
+
+log = logging.getLogger(__name__)
+
+APP_UID_BASE = 640000  # runs use 620000..624095; apps have a range of their own
+APP_UID_COUNT = 1024
+SOCKET_DIR = "/run/codeyard-app"
+SOCKET_NAME = "app.sock"
+CPU_QUOTA = 1.0  # CPUs one instance may use
+# cpu_seconds/wall_seconds are per-run bounds; an app runs until stopped (its CPU use is bounded by the quota)
+APP_LIMITS = Limits(cpu_seconds=10**9, wall_seconds=10**9, memory_bytes=256 * MIB, pids=192, output_bytes=1,
+                    file_bytes=16 * MIB, open_files=1024, disk_bytes=128 * MIB, files_count=5000)
+
+# Runs inside the sandbox: listen on argv[1] (a unix socket), start the app (argv[4:]) and join each
+# accepted connection to 127.0.0.1:argv[2]; exits with the app's status when the app exits.
+BRIDGE = r"""
+import os, signal, socket, subprocess, sys, threading
+def pipe(a, b):
+    try:
+        while data := a.recv(262144):
+            b.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (a, b):
+            try: s.shutdown(socket.SHUT_RDWR)
+            except OSError: pass
+def join(client, port):
+    try:
+        upstream = socket.create_connection(("127.0.0.1", port))
+    except OSError:
+        client.close(); return
+    upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
+    pipe(client, upstream)
+    client.close(); upstream.close()
+path, port = sys.argv[1], int(sys.argv[2])
+app = subprocess.Popen(sys.argv[4:])
+signal.signal(signal.SIGTERM, lambda *_: app.terminate())
+listener = socket.socket(socket.AF_UNIX)
+listener.bind(path)
+listener.listen(256)
+def serve():
+    while True:
+        client, _ = listener.accept()
+        threading.Thread(target=join, args=(client, port), daemon=True).start()
+threading.Thread(target=serve, daemon=True).start()
+code = app.wait()
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
+class AppCgroup(RunCgroup):
+    """An app's cgroup: beside the runs' (sandbox tests check theirs are all gone), with a CPU quota."""
+
+    @classmethod
+    def base_relpath(cls) -> str | None:
+        base = RunCgroup.base_relpath()
+        return f"{base}-apps" if base else None
+
+    @classmethod
+    def create_for_app(cls, name: str, limits: Limits) -> AppCgroup | None:
+        cgroup = cls.create(name, limits.memory_bytes, limits.pids)
+        if cgroup is None:
+            return None
+        cpu_root = Path("/sys/fs/cgroup/cpu")
+        cpu = cpu_root / cgroup.relpath.lstrip("/")
+        try:
+            cpu.mkdir(parents=True, exist_ok=True)
+            period = int((cpu / "cpu.cfs_period_us").read_text())
+            (cpu / "cpu.cfs_quota_us").write_text(str(int(period * CPU_QUOTA)))
+            cgroup.dirs["cpu"] = cpu
+        except OSError:
+            log.warning("no CPU quota for apps on this host (cgroup v1 cpu controller not writable)")
+        return cgroup  # type: ignore[return-value]
+
+
+class _Uids:
+    """Host uids of live instances, one per instance, so cleanup can find every process of one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._used: set[int] = set()
+
+    def take(self) -> int:
+        with self._lock:
+            for uid in range(APP_UID_BASE, APP_UID_BASE + APP_UID_COUNT):
+                if uid not in self._used and not processes_of_uid(uid):
+                    self._used.add(uid)
+                    return uid
+        raise SandboxUnavailable("too many running apps: no free app uid")
+
+    def give_back(self, uid: int) -> None:
+        kill_uid(uid)
+        with self._lock:
+            self._used.discard(uid)
+
+
+UIDS = _Uids()
+
+
+def sweep_app_processes() -> int:
+    """At start-up: kill what instances of a previous server left (they die with it; this is the backstop)."""
+    found = 0
+    for uid in range(APP_UID_BASE, APP_UID_BASE + APP_UID_COUNT):
+        if processes_of_uid(uid):
+            kill_uid(uid)
+            found += 1
+    return found
+
+
+Stream = Literal["stdout", "stderr"]
+
+
+class _Output(SandboxRun):
+    """The app's output goes to the deployment's log, never bounded by a run's output limit."""
+
+    def __init__(self, limits: Limits, sink: Callable[[Stream, bytes], None]) -> None:
+        super().__init__(limits)
+        self._sink = sink
+
+    def emit(self, stream: Stream, data: bytes) -> None:
+        if data:
+            self._sink(stream, data)
+
+
+@dataclass
+class Launch:
+    """What every instance of a release runs with."""
+
+    release_dir: Path
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    health_path: str = "/"
+    limits: Limits = APP_LIMITS
+
+
+class AppInstance:
+    """Start, health-check, count requests in flight, and stop one instance."""
+
+    def __init__(self, launch: Launch, sink: Callable[[Stream, bytes], None]) -> None:
+        self.launch, self.sink = launch, sink
+        self.id = secrets.token_hex(4)
+        self.socket_dir = runs_root() / f"app-{self.id}"  # beside the workspaces: a folder the app's uid can reach
+        self.socket_path = self.socket_dir / SOCKET_NAME
+        self.in_flight = 0
+        self.started_at = 0.0
+        self.stopping = False
+        self.client: httpx.AsyncClient | None = None
+        self._exit: asyncio.Task | None = None
+        self._stack = ExitStack()
+        self._execution = None
+        self._cgroup: AppCgroup | None = None
+        self._uid: int | None = None
+
+    async def start(self) -> None:
+        """Launch the sandbox (returns once it runs; `wait_healthy` says when the app answers)."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
+        limits = self.launch.limits
+        self._uid = uid = UIDS.take()
+        self._cgroup = AppCgroup.create_for_app(f"app-{uid}-{self.id}", limits)
+        workspace = self._stack.enter_context(scratch(limits.disk_bytes, limits.files_count * 2 + 64, uid))
+        await asyncio.to_thread(copy_in, self.launch.release_dir, workspace, max_bytes=limits.disk_bytes,
+                                max_files=limits.files_count, owner=uid)
+        self.socket_dir.mkdir(parents=True)
+        os.chown(self.socket_dir, uid, uid)
+        os.chmod(self.socket_dir, 0o700)
+        argv = ["python3", "-c", BRIDGE, f"{SOCKET_DIR}/{SOCKET_NAME}", str(PORT), "--", *self.launch.argv]
+        spec = RunSpec(argv, self.launch.release_dir, limits, {**self.launch.env, "PORT": str(PORT)},
+                       mounts=(Mount(self.socket_dir, SOCKET_DIR, writable=True), *self.launch.mounts))
+        output = _Output(limits, self.sink)
+        self._execution = await BwrapBackend().launch(RunContext(spec, workspace, uid, self._cgroup, output))
+        self._exit = asyncio.ensure_future(self._execution.wait())
+        self.started_at = time.monotonic()
+        self.client = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=str(self.socket_path), retries=0),
+            base_url="http://app", timeout=httpx.Timeout(10.0, read=300.0),
+            limits=httpx.Limits(max_connections=48, max_keepalive_connections=48))
+
+    @property
+    def exited(self) -> bool:
+        return self._exit is not None and self._exit.done()
+
+    async def wait_exit(self):
+        """The ExitStatus once the app (and its sandbox) ended."""
+        assert self._exit is not None
+        return await asyncio.shield(self._exit)
+
+    async def wait_healthy(self, timeout: float) -> str | None:
+        """None once the health path answers below 500; else why not (exited, or the timeout)."""
+        assert self.client is not None
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if self.exited:
+                status = self._exit.result()
+                how = f"signal {status.signal}" if status.signal else f"exit code {status.exit_code}"
+                return f"the app exited ({how}) before answering its health check"
+            if self.socket_path.exists():
+                try:
+                    response = await self.client.get(self.launch.health_path, timeout=5.0)
+                    if response.status_code < 500:
+                        return None
+                    last = f"HTTP {response.status_code} from {self.launch.health_path}"
+                except httpx.HTTPError as exc:
+                    last = f"{type(exc).__name__} on {self.launch.health_path}"
+            await asyncio.sleep(0.05)
+        return f"the health check of {self.launch.health_path} did not pass within {timeout:.0f} s (last: {last})"
+
+    async def drain(self, timeout: float) -> None:
+        """Wait until the requests it is serving have ended (new ones no longer come to it)."""
+        deadline = time.monotonic() + timeout
+        while self.in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    async def stop(self) -> None:
+        """Kill everything of the instance and release its uid, cgroup, workspace and socket (idempotent)."""
+        self.stopping = True
+        if self.client is not None:
+            await self.client.aclose()
+        if self._execution is not None:
+            self._execution.kill()
+        if self._cgroup is not None:
+            self._cgroup.kill_all()
+        if self._uid is not None:
+            kill_uid(self._uid)
+        if self._exit is not None:
+            await asyncio.gather(self._exit, return_exceptions=True)
+        if self._execution is not None:
+            await self._execution.cleanup()
+            self._execution = None
+        self._stack.close()
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup = None
+        if self._uid is not None:
+            UIDS.give_back(self._uid)
+            self._uid = None

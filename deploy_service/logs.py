@@ -1,0 +1,80 @@
+"""A deployment's build and runtime log: kept on disk (bounded, rotated) and followed live.
+
+Each entry is one JSON line {"type": "log", "release", "stream", "data", "time"}. The file
+rotates to `<name>.1` past MAX_FILE_BYTES, so a deployment keeps at most twice that. Followers
+(the logs WebSocket) get the kept tail first, then every new entry; a follower too slow to keep
+up loses entries rather than holding the app back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+MAX_FILE_BYTES = 1 << 20
+MAX_ENTRY_CHARS = 8192
+TAIL_ENTRIES = 500
+FOLLOWER_QUEUE = 2000
+
+
+class DeployLog:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._followers: set[asyncio.Queue[dict]] = set()
+
+    def write(self, stream: str, data: str, release: str | None = None) -> None:
+        """Keep and broadcast one entry (the text is cut to MAX_ENTRY_CHARS)."""
+        if not data:
+            return
+        entry = {"type": "log", "release": release, "stream": stream, "data": data[:MAX_ENTRY_CHARS], "time": time.time()}
+        line = json.dumps(entry) + "\n"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists() and self.path.stat().st_size + len(line) > MAX_FILE_BYTES:
+            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+        with open(self.path, "a") as f:
+            f.write(line)
+        for queue in self._followers:
+            if queue.qsize() < FOLLOWER_QUEUE:
+                queue.put_nowait(entry)
+
+    def tail(self, entries: int = TAIL_ENTRIES) -> list[dict]:
+        """The newest kept entries, oldest first."""
+        lines: list[str] = []
+        for path in (self.path.with_name(self.path.name + ".1"), self.path):
+            if path.exists():
+                lines += path.read_text(errors="replace").splitlines()
+        kept = []
+        for line in lines[-entries:]:
+            try:
+                kept.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut short by a crash
+        return kept
+
+    def text(self, release: str | None = None, entries: int = 60) -> str:
+        """The last entries (of one release) as plain text, for failure messages."""
+        return "".join(e["data"] for e in self.tail() if release is None or e["release"] == release)[-entries * 120:]
+
+    async def follow(self) -> AsyncIterator[dict]:
+        """The kept tail, then new entries as they come (until the consumer stops)."""
+        queue: asyncio.Queue[dict] = asyncio.Queue()
+        self._followers.add(queue)
+        try:
+            last = 0.0
+            for entry in self.tail():
+                last = entry["time"]
+                yield entry
+            while True:
+                entry = await queue.get()
+                if entry["time"] > last:  # written while the tail was read: already sent
+                    yield entry
+        finally:
+            self._followers.discard(queue)
+
+    def remove(self) -> None:
+        for path in (self.path, self.path.with_name(self.path.name + ".1")):
+            path.unlink(missing_ok=True)

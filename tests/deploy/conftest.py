@@ -1,0 +1,162 @@
+"""The real app with deploys on bubblewrap (SQLite), users and projects made through the API, a
+shared package cache (Flask, FastAPI and uvicorn install from PyPI once), and a check after every
+module that no app process, mount or cgroup is left behind."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+import sandbox_fixtures  # noqa: F401  (its import gives the session its own CODEYARD_SANDBOX_DIR and the cache dir)
+
+from deploy_service.instance import APP_UID_BASE, APP_UID_COUNT, AppCgroup
+from ide_server.app import create_app
+from ide_server.settings import Settings
+from sandbox.cgroups import cgroup_dirs
+from sandbox.workspace import processes_of_uid
+
+COMPONENTS = [
+    "ide_server.api.health:component",
+    "ide_server.api.accounts:component",
+    "ide_server.api.projects:component",
+    "ide_server.api.files:component",
+    "collab.component:component",
+    "collab.history_api:component",
+    "sandbox.component:component",
+    "deploy_service.component:component",
+]
+
+
+def packages_dir() -> Path:
+    """Kept between test sessions (like pip's cache), so only the first session installs from PyPI."""
+    path = Path(os.environ["CODEYARD_CACHE_DIR"]) / "deploy-packages"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def make_app(data_dir: Path, database_url: str | None = None) -> FastAPI:
+    return create_app(Settings(data_dir=data_dir, database_url=database_url or f"sqlite:///{data_dir / 'codeyard.db'}",
+                               sandbox_backend="bwrap", packages_dir=packages_dir(), log_level="warning"),
+                      component_specs=COMPONENTS)
+
+
+def app_leftovers() -> list[str]:
+    found = [f"process of app uid {uid}" for uid in range(APP_UID_BASE, APP_UID_BASE + APP_UID_COUNT)
+             if processes_of_uid(uid)]
+    base = AppCgroup.base_relpath()
+    if base:
+        for d in cgroup_dirs(base):
+            found += [f"cgroup {p}" for p in d.iterdir() if p.is_dir()]
+    return found
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Iterator[TestClient]:
+    """A client whose event loop runs the app's lifespan (apps, their supervisors and the proxy live there)."""
+    application = make_app(tmp_path_factory.mktemp("data"))
+    with TestClient(application) as client:
+        yield client
+    application.state.engine.dispose()
+    deadline = time.monotonic() + 5
+    while (found := app_leftovers()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not found, f"left behind after the server stopped: {found[:10]}"
+
+
+class Person:
+    """A signed-in user: requests through the served client with the user's Bearer token."""
+
+    def __init__(self, client: TestClient, token: str | None) -> None:
+        self.client, self.token = client, token
+
+    def _headers(self, kwargs: dict) -> dict:
+        return {**kwargs.pop("headers", {}), **({"Authorization": f"Bearer {self.token}"} if self.token else {})}
+
+    def request(self, method: str, url: str, **kwargs):
+        return self.client.request(method, url, headers=self._headers(kwargs), **kwargs)
+
+    def get(self, url: str, **kwargs):
+        return self.request("GET", url, **kwargs)
+
+    def post(self, url: str, **kwargs):
+        return self.request("POST", url, **kwargs)
+
+    def put(self, url: str, **kwargs):
+        return self.request("PUT", url, **kwargs)
+
+    def delete(self, url: str, **kwargs):
+        return self.request("DELETE", url, **kwargs)
+
+    def websocket_connect(self, url: str, **kwargs):
+        return self.client.websocket_connect(url, headers=self._headers(kwargs), **kwargs)
+
+
+def sign_up(client: TestClient) -> Person:
+    csrf = client.post("/api/auth/register", json={"username": f"u{secrets.token_hex(4)}",
+                                                    "password": "pass-word-1"}).json()["csrf_token"]
+    token = client.post("/api/tokens", json={"name": "t"}, headers={"X-CSRF-Token": csrf}).json()["token"]
+    client.cookies.clear()
+    return Person(client, token)
+
+
+@pytest.fixture
+def person(served):
+    return lambda: sign_up(served)
+
+
+@pytest.fixture
+def owner(person) -> Person:
+    return person()
+
+
+def new_project(client: Person, files: dict[str, str]) -> str:
+    project_id = client.post("/api/projects", json={"name": f"app {secrets.token_hex(3)}"}).json()["id"]
+    write_files(client, project_id, files)
+    return project_id
+
+
+def write_files(client: Person, project_id: str, files: dict[str, str]) -> None:
+    for path, text in files.items():
+        response = client.put(f"/api/projects/{project_id}/files/content/{path}", content=text.encode())
+        assert response.status_code in (200, 201), response.text
+
+
+def add_member(owner: Person, project_id: str, member: Person, role: str) -> None:
+    link = owner.post(f"/api/projects/{project_id}/invites", json={"role": role}).json()
+    assert member.post(f"/api/invites/{link['token']}/accept").status_code == 200
+
+
+def wait_release(client: Person, project_id: str, release_id: str, timeout: float = 240) -> dict:
+    """The deployment once release_id has gone live or failed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        deployment = client.get(f"/api/projects/{project_id}/deployment").json()
+        release = next(r for r in deployment["releases"] if r["id"] == release_id)
+        if release["status"] in ("live", "failed") or (release["status"] == "retired" and release["message"]):
+            return deployment
+        assert time.monotonic() < deadline, f"release still {release['status']}: {deployment}"
+        time.sleep(0.1)
+
+
+def deploy(client: Person, project_id: str, timeout: float = 240) -> dict:
+    """POST a deploy and wait for its release to end up live (or failed); returns the deployment."""
+    response = client.post(f"/api/projects/{project_id}/deployments")
+    assert response.status_code == 202, response.text
+    release_id = response.json()["releases"][0]["id"]
+    assert response.json()["releases"][0]["status"] == "building"
+    return wait_release(client, project_id, release_id, timeout)
+
+
+def wait_until(check, timeout: float = 60, pause: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(pause)
+    return value
