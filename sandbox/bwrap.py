@@ -36,7 +36,7 @@ def _system_binds() -> list[str]:
     return args
 
 
-def bwrap_argv(ctx: RunContext, seccomp_fd: int, passwd_fd: int, group_fd: int) -> list[str]:
+def bwrap_argv(ctx: RunContext, seccomp_fd: int, passwd_fd: int, group_fd: int, env_fd: int) -> list[str]:
     limits = ctx.spec.limits
     args = [
         shutil.which("bwrap") or "bwrap",
@@ -51,10 +51,14 @@ def bwrap_argv(ctx: RunContext, seccomp_fd: int, passwd_fd: int, group_fd: int) 
         *[arg for m in ctx.spec.mounts for arg in ("--bind" if m.writable else "--ro-bind", str(m.source), m.target)],
         "--remount-ro", "/",
         "--clearenv",
+        "--args", str(env_fd),  # the variables come from a memfd, so values (secrets) stay off host command lines
     ]
-    for key, value in ctx.spec.environment().items():
-        args += ["--setenv", key, value]
     return [*args, "--seccomp", str(seccomp_fd), "--", *ctx.spec.argv]
+
+
+def environment_args(ctx: RunContext) -> bytes:
+    """`--setenv NAME VALUE` for each variable, NUL-separated, as `bwrap --args FD` reads them."""
+    return b"".join(f"{part}\0".encode() for key, value in ctx.spec.environment().items() for part in ("--setenv", key, value))
 
 
 def _data_fd(data: bytes) -> int:
@@ -117,7 +121,7 @@ class BwrapBackend(Backend):
         return None
 
     async def launch(self, ctx: RunContext) -> Execution:
-        fds = (_data_fd(filter_program()), _data_fd(PASSWD.encode()), _data_fd(GROUP.encode()))
+        fds = (_data_fd(filter_program()), _data_fd(PASSWD.encode()), _data_fd(GROUP.encode()), _data_fd(environment_args(ctx)))
         try:
             argv, env, cwd = launcher_argv(ctx) + bwrap_argv(ctx, *fds), {"PATH": "/usr/bin:/bin"}, str(ctx.workspace)
             if ctx.spec.terminal:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -59,3 +60,37 @@ def test_runs_get_secrets_only_after_the_owner_allows_it(owner):
     assert owner.patch(f"/api/projects/{pid}/secrets", json={"expose_to_runs": True}).status_code == 200
     assert run_output(owner, pid) == f"API_KEY={value}\n"
     assert run_output(owner, other) == "API_KEY=<unset>\n"  # another project of the same owner gets nothing
+
+
+def host_command_lines() -> list[bytes]:
+    lines = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                lines.append((proc / "cmdline").read_bytes())
+            except OSError:
+                pass  # ended meanwhile
+    return lines
+
+
+def test_secret_values_stay_off_host_command_lines(owner):
+    pid = owner.post("/api/projects", json={"name": "cmdline"}).json()["id"]
+    program = "import os, time\nprint('has key:', 'API_KEY' in os.environ, flush=True)\ntime.sleep(30)\n"
+    owner.put(f"/api/projects/{pid}/files/content/main.py", content=program.encode()).raise_for_status()
+    value = f"sv-{secrets.token_hex(8)}"
+    owner.put(f"/api/projects/{pid}/secrets/API_KEY", json={"value": value}).raise_for_status()
+    owner.patch(f"/api/projects/{pid}/secrets", json={"expose_to_runs": True}).raise_for_status()
+    run_id = owner.post(f"/api/projects/{pid}/runs", json={}).json()["id"]
+    try:
+        deadline = time.monotonic() + 30
+        while "has key: True" not in owner.get(f"/api/runs/{run_id}").json()["stdout"]:
+            assert time.monotonic() < deadline, owner.get(f"/api/runs/{run_id}").json()
+            time.sleep(0.05)
+        command_lines = host_command_lines()
+        assert any(b"bwrap" in line for line in command_lines)  # the sandbox is up while we look
+        assert not [line for line in command_lines if value.encode() in line]
+    finally:
+        owner.post(f"/api/runs/{run_id}/cancel")
+        deadline = time.monotonic() + 30
+        while owner.get(f"/api/runs/{run_id}").json()["status"] != "finished" and time.monotonic() < deadline:
+            time.sleep(0.05)
