@@ -53,6 +53,7 @@ COMPONENTS: list[str] = [
     "collab.history_api:component",
     "sandbox.component:component",
     "deploy_service.secrets_api:component",  # after sandbox: its lifespan hooks into the runs
+    "deploy_service.component:component",  # after secrets_api (it injects the secrets) and sandbox (packages)
     "ide_server.api.pages:component",  # browser pages last: they own "/" and "/static"
 ]
 
