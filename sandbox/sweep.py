@@ -1,7 +1,8 @@
 """Remove what crashed runs left behind: processes of sandbox uids, containers, mounts, folders, cgroups.
 
 A run cleans up after itself; this is for the server's start (after a crash or a kill -9) and for
-`codeyard sandbox cleanup`. It assumes no other server on this host is running code right now.
+`codeyard sandbox cleanup`. It assumes no other server on this host is running code right now; even
+so, processes of a uid whose host-wide lease is held (a live run, of whatever process) are spared.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import shutil
 from pathlib import Path
 
 from sandbox.cgroups import RunCgroup, cgroup_dirs
+from sandbox.host_lease import lease_uid
 from sandbox.workspace import UID_BASE, UID_COUNT, kill_uid, processes_of_uid, runs_root, umount
 
 
@@ -27,9 +29,14 @@ def sweep(docker=None) -> list[str]:
             if UID_BASE <= uid < UID_BASE + UID_COUNT:
                 uids.add(uid)
     for uid in sorted(uids):
-        if processes_of_uid(uid):
-            kill_uid(uid)
-            removed.append(f"processes of sandbox uid {uid}")
+        if (lease := lease_uid(uid)) is None:
+            continue
+        try:
+            if processes_of_uid(uid):
+                kill_uid(uid)
+                removed.append(f"processes of sandbox uid {uid}")
+        finally:
+            os.close(lease)
     if docker is not None:
         from sandbox.docker_backend import LABEL, POOL_LABEL
 

@@ -1,5 +1,6 @@
 """Run uids are leased host-wide: two server processes on one host never hand out the same uid at
-once, and a uid held by a process that died is free again (its leftover processes are killed)."""
+once, sweep spares a uid someone holds, and a uid held by a process that died is free again (its
+leftover processes are killed)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 
 from sandbox import workspace
+from sandbox.sweep import sweep
 from sandbox.workspace import UID_BASE, processes_of_uid, run_uid
 from sandbox_fixtures import REPO
 
@@ -50,6 +52,7 @@ def test_a_dead_holders_uid_is_free_again_and_its_leftovers_are_killed(monkeypat
         monkeypatch.setattr(workspace, "_next_uid", 4001)
         with run_uid() as taken:  # still held by the live holder: the next uid
             assert taken == uid + 1
+        assert not any(str(uid) in line for line in sweep()) and orphan.poll() is None  # a live lease is spared
         dead.kill()
         dead.wait()
         monkeypatch.setattr(workspace, "_next_uid", 4001)
