@@ -94,6 +94,26 @@ def invite_page(request: Request, token: str) -> HTMLResponse:
     return render_page(request, "invite", "Invitation", token)
 
 
+@router.get("/courses")
+def courses_page(request: Request) -> HTMLResponse:
+    return render_page(request, "courses", "Courses")
+
+
+@router.get("/courses/{slug}")
+def course_page(request: Request, slug: str) -> HTMLResponse:
+    return render_page(request, "course", "Course", slug)
+
+
+@router.get("/classrooms")
+def classrooms_page(request: Request) -> HTMLResponse:
+    return render_page(request, "classrooms", "Classrooms")
+
+
+@router.get("/classrooms/{classroom_id}")
+def classroom_page(request: Request, classroom_id: str) -> HTMLResponse:
+    return render_page(request, "classroom", "Classroom", classroom_id)
+
+
 def mount_web(app: FastAPI) -> None:
     """Adds the page routes and the static asset mount to the app."""
     app.include_router(router)

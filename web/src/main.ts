@@ -13,4 +13,9 @@ if (root) {
   else if (page === "dashboard") void renderDashboard(root);
   else if (page === "project") void renderProject(root, param);
   else if (page === "invite") void renderInvite(root, param);
+  // Tutorials pages load on demand, like the workspace, so the other pages stay small.
+  else if (page === "courses") void import("./pages/courses").then((m) => m.renderCourses(root));
+  else if (page === "course") void import("./pages/courses").then((m) => m.renderCourse(root, param));
+  else if (page === "classrooms") void import("./pages/classrooms").then((m) => m.renderClassrooms(root));
+  else if (page === "classroom") void import("./pages/classrooms").then((m) => m.renderClassroom(root, param));
 }

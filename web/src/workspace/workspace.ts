@@ -8,6 +8,7 @@ import { ProjectFiles } from "./files";
 import { FileTree } from "./tree";
 import { RunConsole } from "./runconsole";
 import { HistoryPanel } from "./history";
+import { attachLesson } from "./lesson";
 import { DeployPanel } from "./deploy";
 import { ShareDialog } from "./share";
 import { ShellPane } from "./shell";
@@ -87,6 +88,8 @@ export class Workspace {
   async start(): Promise<void> {
     this.applyTheme();
     this.layout();
+    const main = this.root.querySelector<HTMLElement>("main.workspace");
+    if (main) void attachLesson(main, this.project.id, this.canWrite);
     this.connectEvents();
     document.addEventListener("keydown", (event) => this.shortcut(event));
     await this.refreshTree();
