@@ -58,7 +58,8 @@ def error_from_output(text: str, language: str, files: Mapping[str, str]) -> Err
 def _headline(error_type: str) -> str:
     if error_type in ("SyntaxError", "IndentationError", "TabError"):
         return "Your code could not be read"
-    return f"Your code stopped with a {error_type}"
+    article = "an" if error_type[:1] in "AEIOU" else "a"
+    return f"Your code stopped with {article} {error_type}"
 
 
 def _source_line(files: Mapping[str, str], name: str, line: int) -> str | None:
@@ -155,6 +156,9 @@ _PYTHON = [
     ("TypeError", r"(\w+)\(\) takes (\d+) positional arguments? but (\d+) (?:was|were) given", lambda m: (
         f"{m.group(1)}() takes {m.group(2)} value(s) but got {m.group(3)}. Compare the call with the 'def' line "
         "(inside a class, remember 'self').")),
+    ("TypeError", r"(\w+)\(\) takes no arguments", lambda m: (
+        f"{m.group(1)}() was given values but takes none. For a class, the values go to __init__: "
+        "def __init__(self, ...) inside the class.")),
     ("TypeError", r"'NoneType' object", lambda m: (
         "A value is None here. A function without 'return' gives back None: did you print a result instead of returning it?")),
     ("TypeError", r"'(\w+)' object is not callable", lambda m: (
@@ -169,6 +173,9 @@ _PYTHON = [
         f"The dictionary has no key {m.group(1)}. Check the spelling, add the key first, or use .get(key) "
         "to get None instead of an error.")),
     ("ZeroDivisionError", r".*", lambda m: "Something was divided by zero, which has no answer. Check the divisor isn't 0 first."),
+    ("AttributeError", r"module '(\w+)' has no attribute '(\w+)'", lambda m: (
+        f"The tests look for '{m.group(2)}' in {m.group(1)}.py, but it isn't there. Check that you created it, with "
+        "this exact name (capitals matter), at the left edge of the file rather than inside an if or a function.")),
     ("AttributeError", r"'NoneType' object has no attribute '(\w+)'", lambda m: (
         f"You used .{m.group(1)} on None. A function without 'return' gives back None: did you forget a return?")),
     ("AttributeError", r"'(\w+)' object has no attribute '(\w+)'. Did you mean: '(\w+)'", lambda m: (

@@ -13,6 +13,7 @@ and verdict but never their source, expected values or output.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import tempfile
 import time
@@ -208,7 +209,8 @@ def _result(lesson: Lesson, run: RunResult, marker: str, files: Mapping[str, str
                                line=error.line if error.in_learner_file else None, hidden=bool(report.get("load_error_hidden")))
         return GradeResult(status="error", message=explanation, first_failure=failure)
     tests = [_test_result(lesson, item, files) for item in report["tests"]]
-    failed = next((t for t in tests if t.status != "pass"), None)
+    failing = [t for t in tests if t.status != "pass"]  # tests stay in file order; the advice follows the task order
+    failed = min(failing, key=lambda t: t.task_id or len(lesson.tasks) + 1) if failing else None
     return GradeResult(status="fail" if failed else "pass", tests=tests, first_failure=_first_failure(failed) if failed else None)
 
 
@@ -235,7 +237,7 @@ def _message(lesson: Lesson, item: dict, test: TestResult, files: Mapping[str, s
     if kind == "io":
         given = f"When the input is {item['stdin']!r}, " if item.get("stdin") else ""
         if item.get("stdout_regex") is not None:
-            return f"{given}your program's output should match the pattern {test.expected}, but it printed:\n{test.actual}"
+            return f"{given}your program should print {_regex_in_words(test.expected)}, but it printed:\n{test.actual}"
         return f"{given}your program should print:\n{test.expected}\nbut it printed:\n{test.actual}"
     if kind == "compare" and item.get("op") == "==":
         return f"Expected {item['expression']} to be {test.expected}, but it was {test.actual}.{note}"
@@ -244,6 +246,21 @@ def _message(lesson: Lesson, item: dict, test: TestResult, files: Mapping[str, s
     if item.get("note"):
         return item["note"]
     return f"This check was not true: {item.get('expression') or 'assert'}"
+
+
+def _regex_in_words(pattern: str) -> str:
+    """'^Hello, World!$' -> 'a line saying: Hello, World!'; patterns with wildcards are shown as they are."""
+    core = re.sub(r"^(\^|\\A)|(\$|\\Z)$", "", pattern)
+    if re.search(r"(?<!\\)[.*+?\[\](){}|^$]|\\(?!n)\w", core):
+        return f"text matching the pattern {pattern}"
+    text = re.sub(r"\\(.)", r"\1", core.replace("\\n", "\n"))
+    if pattern.startswith("\\A"):
+        return f"output starting with:\n{text}"
+    if pattern.startswith("^") and pattern.endswith("$"):
+        return f"a line saying: {text}"
+    if pattern.startswith("^"):
+        return f"a line starting with: {text}"
+    return f"text containing: {text}"
 
 
 def _timeout_message(lesson: Lesson) -> str:
@@ -282,7 +299,8 @@ def _run_failed(lesson: Lesson, run: RunResult, files: Mapping[str, str]) -> Gra
     if message is None:
         error = error_from_output(run.stderr.decode("utf-8", "replace"), lesson.language, files)
         message = explain(error, lesson.language, files) if error else (
-            f"The checker could not run your code: {run.message or run.stderr.decode('utf-8', 'replace')[-500:] or run.verdict.value}")
+            "The check stopped before it could report "
+            f"({run.message or f'exit code {run.exit_code}, signal {run.signal}'}): {run.stderr.decode('utf-8', 'replace')[-500:]}")
     failure = FirstFailure(test="", task_id=None, message=message, explanation=message if error else "",
                            file=error.file if error and error.in_learner_file else None,
                            line=error.line if error and error.in_learner_file else None)

@@ -201,6 +201,7 @@ def load_test_file(test, test_files, sources, timeout):
     module = types.ModuleType(re.sub(r"\W", "_", name[:-3]))
     module.__file__ = os.path.join(WORKSPACE, name)
     module.__dict__.update(__codeyard_compare__=_compare, __codeyard_truth__=_truth)
+    sys.modules[module.__name__] = module  # a later test file may import helpers from an earlier one
     try:
         tree = _RewriteAsserts().visit(ast.parse(test["source"], module.__file__))
         code = compile(tree, module.__file__, "exec", dont_inherit=True)
