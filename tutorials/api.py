@@ -8,7 +8,7 @@ from ide_server.deps import CurrentUser, DbSession, ProjectEditor, ProjectMember
 from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.models import User
 from ide_server.schemas import RandomId
-from tutorials import classrooms, service
+from tutorials import catalog, classrooms, service
 from tutorials.checking import CheckerDep
 from tutorials.models import Classroom
 from tutorials.schemas import (
@@ -44,14 +44,14 @@ def list_courses(user: CurrentUser, db: DbSession) -> list[CourseSummary]:
     passed = service.passed_counts(db, user)
     return [
         CourseSummary(slug=c.slug, title=c.title, language=c.language, lessons=len(c.lessons), passed=passed.get(c.slug, 0))
-        for c in service.courses().values()
+        for c in catalog.courses().values()
     ]
 
 
 @router.get("/courses/{course_slug}")
 def get_course(course_slug: Slug, user: CurrentUser, db: DbSession) -> CoursePublic:
     """A course's lessons with the caller's progress in each."""
-    course = service.find_course(course_slug)
+    course = catalog.find_course(course_slug)
     progress = service.progress_by_lesson(db, user, course.slug)
     lessons = []
     for lesson in course.lessons:
@@ -73,8 +73,8 @@ def get_course(course_slug: Slug, user: CurrentUser, db: DbSession) -> CoursePub
 @router.post("/courses/{course_slug}/lessons/{lesson_slug}/start")
 def start_lesson(course_slug: Slug, lesson_slug: Slug, user: CurrentUser, db: DbSession, settings: SettingsDep) -> LessonStarted:
     """Open the caller's project for this lesson, creating it from the starter files the first time."""
-    course = service.find_course(course_slug)
-    lesson = service.find_lesson(course, lesson_slug)
+    course = catalog.find_course(course_slug)
+    lesson = catalog.find_lesson(course, lesson_slug)
     work = service.start_lesson(db, settings, user, course, lesson)
     return LessonStarted(project_id=work.progress.project_id, url=f"/projects/{work.progress.project_id}")
 
@@ -84,7 +84,7 @@ def start_lesson(course_slug: Slug, lesson_slug: Slug, user: CurrentUser, db: Db
 
 def lesson_public(work: service.LessonWork) -> LessonPublic:
     lesson, progress = work.lesson, work.progress
-    following = service.next_lesson(work.course, lesson)
+    following = catalog.next_lesson(work.course, lesson)
     return LessonPublic(
         course_slug=work.course.slug,
         course_title=work.course.title,

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from ide_server import security
 from ide_server.errors import Conflict, InvalidInput, NotFound
 from ide_server.models import Membership, Role, User
-from tutorials import service
+from tutorials import catalog
 from tutorials.format import Course, Lesson
 from tutorials.models import Classroom, ClassroomCourse, ClassroomStudent, LessonProgress
 
@@ -40,7 +40,7 @@ def create(db: Session, teacher: User, name: str, course_slugs: list[str]) -> Cl
     if len(set(course_slugs)) != len(course_slugs):
         raise InvalidInput("courses: a course is listed twice")
     for slug in course_slugs:
-        service.find_course(slug)
+        catalog.find_course(slug)
     classroom = Classroom(id=security.new_id(), name=name, teacher_id=teacher.id, join_code=new_join_code())
     db.add(classroom)
     db.flush()
@@ -61,7 +61,7 @@ def course_slugs(db: Session, classroom: Classroom) -> list[str]:
 
 def courses_of(db: Session, classroom: Classroom) -> list[Course]:
     """The classroom's courses this server still offers, in the teacher's order."""
-    offered = service.courses()
+    offered = catalog.courses()
     return [offered[slug] for slug in course_slugs(db, classroom) if slug in offered]
 
 

@@ -10,42 +10,19 @@ from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ide_server.errors import Conflict, NotFound, PermissionDenied
 from ide_server.models import Project, User, utcnow
 from ide_server.services import files, projects
 from ide_server.settings import Settings
-from tutorials.format import Course, Lesson, builtin_courses
+from tutorials import catalog, classrooms
+from tutorials.format import Course, Lesson
 from tutorials.models import LessonProgress
 
 # Language of a course -> the project template whose run settings fit its files.
 TEMPLATE_OF_LANGUAGE = {"python": "python", "javascript": "node"}
-
-
-def courses() -> dict[str, Course]:
-    """The courses this server offers, by slug."""
-    return builtin_courses()
-
-
-def find_course(slug: str) -> Course:
-    course = courses().get(slug)
-    if course is None:
-        raise NotFound(f"no course named {slug!r}")
-    return course
-
-
-def find_lesson(course: Course, slug: str) -> Lesson:
-    try:
-        return course.lesson(slug)
-    except KeyError:
-        raise NotFound(f"course {course.slug!r} has no lesson named {slug!r}") from None
-
-
-def next_lesson(course: Course, lesson: Lesson) -> Lesson | None:
-    slugs = [item.slug for item in course.lessons]
-    index = slugs.index(lesson.slug) + 1
-    return course.lessons[index] if index < len(slugs) else None
 
 
 def status_of(progress: LessonProgress | None) -> str:
@@ -93,8 +70,6 @@ class LessonWork:
 def start_lesson(db: Session, settings: Settings, user: User, course: Course, lesson: Lesson) -> LessonWork:
     """The learner's project for this lesson: made from the starter files the first time, the
     same one afterwards (so work is never lost by starting again)."""
-    from tutorials import classrooms  # classrooms builds on this module
-
     progress = db.scalar(
         select(LessonProgress).where(
             LessonProgress.user_id == user.id,
@@ -114,7 +89,12 @@ def start_lesson(db: Session, settings: Settings, user: User, course: Course, le
     progress.project_id = project.id
     progress.started_at = utcnow()
     classrooms.share_with_teachers(db, user, course.slug, project.id)
-    db.commit()
+    try:
+        db.commit()
+    except IntegrityError:  # a second start of the same lesson won the race: use its project
+        db.rollback()
+        projects.delete(db, settings.projects_dir, project)
+        return start_lesson(db, settings, user, course, lesson)
     return LessonWork(course, lesson, progress)
 
 
@@ -132,8 +112,8 @@ def work_of_project(db: Session, project: Project) -> LessonWork:
     progress = db.scalar(select(LessonProgress).where(LessonProgress.project_id == project.id))
     if progress is None:
         raise NotFound("this project is not a lesson")
-    course = find_course(progress.course_slug)
-    return LessonWork(course, find_lesson(course, progress.lesson_slug), progress)
+    course = catalog.find_course(progress.course_slug)
+    return LessonWork(course, catalog.find_lesson(course, progress.lesson_slug), progress)
 
 
 def record_check(db: Session, work: LessonWork, status: str) -> None:
