@@ -17,7 +17,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 from starlette.responses import RedirectResponse
 
-from deploy_service.instance import sweep_app_processes
 from deploy_service.proxy import AppHostRouting, proxy_http, proxy_websocket
 from deploy_service.schemas import DeploymentPublic, RollbackCreate, ScaleUpdate
 from deploy_service.service import DeployService
@@ -158,8 +157,6 @@ async def deploy_lifespan(app: FastAPI) -> AsyncIterator[None]:
         apps_host=os.environ.get(APPS_HOST_VARIABLE) or None, https=settings.secure_cookies)
     app.state.deploys = deploys
     if backend is not None:
-        if killed := await run_in_threadpool(sweep_app_processes):
-            log.warning("killed the processes of %d app instances a previous server left", killed)
         restored = await deploys.restore()
         if restored:
             log.info("bringing back %d deployments", restored)

@@ -29,9 +29,10 @@ from sandbox.backend import Mount, RunContext, RunSpec, SandboxRun
 from sandbox.bwrap import BwrapBackend
 from sandbox.cgroups import RunCgroup
 from sandbox.errors import SandboxUnavailable
+from sandbox.host_lease import lease_uid
 from sandbox.files import copy_in
 from sandbox.limits import MIB, Limits
-from sandbox.workspace import kill_uid, processes_of_uid, runs_root, scratch
+from sandbox.workspace import kill_uid, runs_root, scratch
 
 from deploy_service.detect import PORT
 
@@ -41,6 +42,7 @@ APP_UID_BASE = 640000  # runs use 620000..624095; apps have a range of their own
 APP_UID_COUNT = 1024
 SOCKET_DIR = "/run/codeyard-app"
 SOCKET_NAME = "app.sock"
+HEALTH_ERRORS = 5  # error answers (5xx) in a row that fail a health check
 CPU_QUOTA = 1.0  # CPUs one instance may use
 # cpu_seconds/wall_seconds are per-run bounds; an app runs until stopped (its CPU use is bounded by the quota)
 APP_LIMITS = Limits(cpu_seconds=10**9, wall_seconds=10**9, memory_bytes=256 * MIB, pids=192, output_bytes=1,
@@ -111,37 +113,30 @@ class AppCgroup(RunCgroup):
 
 
 class _Uids:
-    """Host uids of live instances, one per instance, so cleanup can find every process of one."""
+    """Host uids of live instances, one per instance, leased host-wide (another server on this host,
+    or a test session, never gets the same one), so cleanup can find and kill every process of one."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._used: set[int] = set()
+        self._leases: dict[int, int] = {}  # uid -> lease descriptor
 
     def take(self) -> int:
         with self._lock:
             for uid in range(APP_UID_BASE, APP_UID_BASE + APP_UID_COUNT):
-                if uid not in self._used and not processes_of_uid(uid):
-                    self._used.add(uid)
-                    return uid
+                if uid in self._leases or (fd := lease_uid(uid)) is None:
+                    continue
+                kill_uid(uid)  # nobody holds it: anything still running as it was left by a server that died
+                self._leases[uid] = fd
+                return uid
         raise SandboxUnavailable("too many running apps: no free app uid")
 
     def give_back(self, uid: int) -> None:
         kill_uid(uid)
         with self._lock:
-            self._used.discard(uid)
+            os.close(self._leases.pop(uid))
 
 
 UIDS = _Uids()
-
-
-def sweep_app_processes() -> int:
-    """At start-up: kill what instances of a previous server left (they die with it; this is the backstop)."""
-    found = 0
-    for uid in range(APP_UID_BASE, APP_UID_BASE + APP_UID_COUNT):
-        if processes_of_uid(uid):
-            kill_uid(uid)
-            found += 1
-    return found
 
 
 Stream = Literal["stdout", "stderr"]
@@ -229,11 +224,11 @@ class AppInstance:
         return await asyncio.shield(self._exit)
 
     async def wait_healthy(self, timeout: float) -> str | None:
-        """None once the health path answers below 500; else why not (exited, or the timeout)."""
+        """None once the health path answers below 500; else why not (exited, kept failing, or the timeout)."""
         assert self.client is not None
         deadline = time.monotonic() + timeout
-        last = "no answer"
-        while time.monotonic() < deadline:
+        last, errors = "no answer", 0
+        while time.monotonic() < deadline and errors < HEALTH_ERRORS:
             if self.exited:
                 status = self._exit.result()
                 how = f"signal {status.signal}" if status.signal else f"exit code {status.exit_code}"
@@ -243,10 +238,13 @@ class AppInstance:
                     response = await self.client.get(self.launch.health_path, timeout=5.0)
                     if response.status_code < 500:
                         return None
-                    last = f"HTTP {response.status_code} from {self.launch.health_path}"
+                    last, errors = f"HTTP {response.status_code} from {self.launch.health_path}", errors + 1
+                    await asyncio.sleep(0.2)  # it answers, with an error: a few more tries, then give up
                 except httpx.HTTPError as exc:
                     last = f"{type(exc).__name__} on {self.launch.health_path}"
             await asyncio.sleep(0.05)
+        if errors >= HEALTH_ERRORS:
+            return f"the health check failed: {last} ({errors} times)"
         return f"the health check of {self.launch.health_path} did not pass within {timeout:.0f} s (last: {last})"
 
     async def drain(self, timeout: float) -> None:

@@ -16,11 +16,10 @@ from fastapi.testclient import TestClient
 
 import sandbox_fixtures  # noqa: F401  (its import gives the session its own CODEYARD_SANDBOX_DIR and the cache dir)
 
-from deploy_service.instance import APP_UID_BASE, APP_UID_COUNT, AppCgroup
+from deploy_service.instance import UIDS
 from ide_server.app import create_app
 from ide_server.settings import Settings
-from sandbox.cgroups import cgroup_dirs
-from sandbox.workspace import processes_of_uid
+from sandbox.workspace import processes_of_uid, runs_root
 
 COMPONENTS = [
     "ide_server.api.health:component",
@@ -48,12 +47,13 @@ def make_app(data_dir: Path, database_url: str | None = None) -> FastAPI:
 
 
 def app_leftovers() -> list[str]:
-    found = [f"process of app uid {uid}" for uid in range(APP_UID_BASE, APP_UID_BASE + APP_UID_COUNT)
-             if processes_of_uid(uid)]
-    base = AppCgroup.base_relpath()
-    if base:
-        for d in cgroup_dirs(base):
-            found += [f"cgroup {p}" for p in d.iterdir() if p.is_dir()]
+    """What this session's instances could leave: leased uids (with processes), folders and mounts of
+    their workspaces and sockets (runs_root is this session's own, see sandbox_fixtures)."""
+    found = [f"app uid {uid} still leased" for uid in UIDS._leases]
+    found += [f"process {pid} of app uid {uid}" for uid in UIDS._leases for pid in processes_of_uid(uid)]
+    root = runs_root()
+    found += [f"folder {p}" for p in os.listdir(root)]
+    found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(root) in line]
     return found
 
 

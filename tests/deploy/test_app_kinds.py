@@ -18,3 +18,107 @@ def test_a_static_site_answers_through_the_proxy(owner):
     assert page.status_code == 200 and "Hello from a static site" in page.text
     assert owner.client.get(f"{url}about/").text == "<p>about us</p>\n"
     assert owner.client.get(url.rstrip("/"), follow_redirects=False).status_code == 308
+
+
+FLASK_APP = '''
+from flask import Flask, Response, request
+
+app = Flask(__name__)
+
+
+@app.get("/")
+def home():
+    return "Hello from Flask"
+
+
+@app.post("/echo")
+def echo():
+    return {"got": request.get_data(as_text=True), "prefix": request.headers.get("X-Forwarded-Prefix"),
+            "cookie": request.headers.get("Cookie", "")}
+
+
+@app.get("/stream")
+def stream():
+    return Response((f"line {i}\\n" for i in range(100)), mimetype="text/plain")
+'''
+
+
+def test_a_flask_app_answers_with_streamed_bodies_both_ways(owner):
+    project_id = new_project(owner, {"app.py": FLASK_APP})
+    deployment = deploy(owner, project_id)
+    assert deployment["status"] == "running", deployment["releases"][0]["message"]
+    assert deployment["current_release"]["kind"] == "flask"
+    url, client = deployment["url"], owner.client
+    assert client.get(url).text == "Hello from Flask"
+    body = "x" * 300_000
+    client.cookies.set("codeyard_session", "the-ide-session")
+    client.cookies.set("theme", "dark")
+    try:
+        answer = client.post(f"{url}echo", content=body.encode()).json()
+    finally:
+        client.cookies.clear()
+    assert answer["got"] == body and answer["prefix"] == url.rstrip("/")
+    assert answer["cookie"] == "theme=dark"  # the IDE's own cookies never reach an app
+    with client.stream("GET", f"{url}stream") as response:
+        lines = [line for line in response.iter_lines() if line]
+        assert response.headers["content-security-policy"].startswith("sandbox")
+    assert lines == [f"line {i}" for i in range(100)]
+
+
+FASTAPI_APP = '''
+from fastapi import FastAPI, WebSocket
+
+api = FastAPI()
+
+
+@api.get("/")
+def home():
+    return {"hello": "fastapi"}
+
+
+@api.websocket("/ws")
+async def shout(websocket: WebSocket):
+    await websocket.accept()
+    while True:
+        text = await websocket.receive_text()
+        await websocket.send_text(text.upper())
+'''
+
+
+def test_a_fastapi_app_answers_http_and_websockets(owner):
+    project_id = new_project(owner, {"main.py": FASTAPI_APP})
+    deployment = deploy(owner, project_id)
+    assert deployment["status"] == "running", deployment["releases"][0]["message"]
+    assert deployment["current_release"]["kind"] == "fastapi"
+    url = deployment["url"]
+    assert owner.client.get(url).json() == {"hello": "fastapi"}
+    with owner.client.websocket_connect(f"{url}ws") as websocket:
+        for word in ("hello", "deploys"):
+            websocket.send_text(word)
+            assert websocket.receive_text() == word.upper()
+
+
+NODE_SERVER = '''
+const http = require("http");
+http.createServer((req, res) => {
+  res.setHeader("Content-Type", "text/plain");
+  res.end(`Hello from Node at ${req.url}`);
+}).listen(Number(process.env.PORT), "127.0.0.1");
+'''
+
+
+def test_a_node_app_answers_through_the_proxy(owner):
+    package = '{"name": "hello", "version": "1.0.0", "scripts": {"start": "node server.js"}}'
+    project_id = new_project(owner, {"package.json": package, "server.js": NODE_SERVER})
+    deployment = deploy(owner, project_id)
+    assert deployment["status"] == "running", deployment["releases"][0]["message"]
+    assert deployment["current_release"]["kind"] == "node"
+    assert owner.client.get(f"{deployment['url']}path?q=1").text == "Hello from Node at /path?q=1"
+
+
+def test_a_project_with_nothing_to_deploy_fails_with_the_reason(owner):
+    project_id = new_project(owner, {"notes.txt": "just notes"})
+    deployment = deploy(owner, project_id)
+    assert deployment["status"] == "failed"
+    assert "nothing to deploy found" in deployment["releases"][0]["message"]
+    assert owner.client.get(deployment["url"]).status_code == 404

@@ -1,0 +1,148 @@
+"""Releases under load: redeploy and rollback drop no request, a failing health check never serves,
+a crashed instance restarts, scaling spreads requests round-robin."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from deploy.conftest import deploy, new_project, wait_release, wait_until, write_files
+
+APP = '''
+import os, uuid
+from flask import Flask
+
+app = Flask(__name__)
+INSTANCE = uuid.uuid4().hex
+
+
+@app.get("/")
+def home():
+    return "{version}"
+
+
+@app.get("/instance")
+def instance():
+    return INSTANCE
+
+
+@app.get("/healthz")
+def health():
+    return ("broken", 500) if "{version}" == "broken" else "ok"
+
+
+@app.post("/crash")
+def crash():
+    os._exit(3)
+'''
+
+
+def app_files(version: str, health: str = "/") -> dict[str, str]:
+    return {"app.py": APP.replace("{version}", version), "codeyard.toml": f'[deploy]\nhealth = "{health}"\n'}
+
+
+class LoadLoop:
+    """Requests the app without pause from a thread; records every status and body."""
+
+    def __init__(self, client, url: str) -> None:
+        self.client, self.url = client, url
+        self.seen: list[tuple[int, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            response = self.client.get(self.url)
+            self.seen.append((response.status_code, response.text))
+
+    def __enter__(self) -> LoadLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def failures(self) -> list[tuple[int, str]]:
+        return [s for s in self.seen if s[0] != 200]
+
+
+def test_redeploy_and_rollback_under_load_fail_no_request(owner):
+    project_id = new_project(owner, app_files("v1"))
+    first = deploy(owner, project_id)
+    assert first["status"] == "running", first["releases"][0]["message"]
+    url = first["url"]
+    with LoadLoop(owner.client, url) as load:
+        write_files(owner, project_id, app_files("v2"))
+        second = deploy(owner, project_id)
+        assert second["current_release"]["number"] == 2, second["releases"][0]["message"]
+        wait_until(lambda: load.seen and load.seen[-1][1] == "v2")
+        rollback_to = next(r for r in second["releases"] if r["number"] == 1)
+        assert rollback_to["can_roll_back"]
+        response = owner.post(f"/api/projects/{project_id}/deployment/rollback", json={"release_id": rollback_to["id"]})
+        assert response.status_code == 202, response.text
+        rolled = wait_release(owner, project_id, rollback_to["id"])
+        assert rolled["current_release"]["id"] == rollback_to["id"]
+        wait_until(lambda: load.seen[-1][1] == "v1")
+        time.sleep(0.3)
+    assert len(load.seen) > 50
+    assert load.failures() == []
+    versions = [text for _, text in load.seen]
+    assert set(versions) == {"v1", "v2"}
+    assert versions[-1] == "v1"
+    statuses = {r["number"]: r["status"] for r in rolled["releases"]}
+    assert statuses == {1: "live", 2: "retired"}
+
+
+def test_a_release_failing_its_health_check_never_serves(owner):
+    project_id = new_project(owner, app_files("v1", health="/healthz"))
+    assert deploy(owner, project_id)["status"] == "running"
+    url = owner.get(f"/api/projects/{project_id}/deployment").json()["url"]
+    with LoadLoop(owner.client, url) as load:
+        write_files(owner, project_id, app_files("broken", health="/healthz"))
+        deployment = deploy(owner, project_id)
+        time.sleep(0.2)
+    failed = deployment["releases"][0]
+    assert failed["status"] == "failed" and deployment["status"] == "running"
+    assert "HTTP 500 from /healthz" in failed["message"]
+    assert "GET /healthz HTTP/1.1" in failed["message"]  # the failure comes with the app's log
+    assert deployment["current_release"]["number"] == 1
+    assert load.failures() == [] and {text for _, text in load.seen} == {"v1"}
+
+
+def test_a_crashed_instance_restarts_and_serves_again(owner):
+    project_id = new_project(owner, app_files("v1"))
+    url = deploy(owner, project_id)["url"]
+    before = owner.client.get(f"{url}instance").text
+    owner.client.post(f"{url}crash")
+    wait_until(lambda: owner.get(f"/api/projects/{project_id}/deployment").json()["status"] == "unhealthy", timeout=10,
+               pause=0.02)
+    deployment = wait_until(lambda: (d := owner.get(f"/api/projects/{project_id}/deployment").json())["status"] == "running" and d)
+    assert deployment["healthy_instances"] == 1
+    after = owner.client.get(f"{url}instance")
+    assert after.status_code == 200 and after.text != before  # a new process
+
+
+def test_scaling_spreads_requests_round_robin(owner):
+    project_id = new_project(owner, app_files("v1"))
+    url = deploy(owner, project_id)["url"]
+    response = owner.post(f"/api/projects/{project_id}/deployment/scale", json={"instances": 3})
+    assert response.status_code == 200, response.text
+    assert response.json()["instances"] == 3 and response.json()["healthy_instances"] == 3
+    seen = [owner.client.get(f"{url}instance").text for _ in range(9)]
+    assert len(set(seen)) == 3 and seen[:3] * 3 == seen
+    response = owner.post(f"/api/projects/{project_id}/deployment/scale", json={"instances": 1})
+    assert response.json()["healthy_instances"] == 1
+    assert len({owner.client.get(f"{url}instance").text for _ in range(4)}) == 1
+    assert owner.post(f"/api/projects/{project_id}/deployment/scale", json={"instances": 99}).status_code == 422
+
+
+def test_stop_then_delete(owner):
+    project_id = new_project(owner, app_files("v1"))
+    url = deploy(owner, project_id)["url"]
+    stopped = owner.post(f"/api/projects/{project_id}/deployment/stop")
+    assert stopped.status_code == 200 and stopped.json()["status"] == "stopped"
+    assert owner.client.get(url).status_code == 503
+    assert owner.delete(f"/api/projects/{project_id}/deployment").status_code == 204
+    assert owner.get(f"/api/projects/{project_id}/deployment").status_code == 404
+    assert owner.client.get(url).status_code == 404
