@@ -54,6 +54,7 @@ COMPONENTS: list[str] = [
     "sandbox.component:component",
     "deploy_service.secrets_api:component",  # after sandbox: its lifespan hooks into the runs
     "deploy_service.component:component",  # after secrets_api (it injects the secrets) and sandbox (packages)
+    "tutorials.component:component",
     "ide_server.api.pages:component",  # browser pages last: they own "/" and "/static"
 ]
 
