@@ -8,6 +8,7 @@ uncaught-error report); both become one `ErrorInfo`.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass
 from typing import Mapping
@@ -68,7 +69,8 @@ def _source_line(files: Mapping[str, str], name: str, line: int) -> str | None:
 
 
 def _relative(path: str) -> str:
-    return path[len(WORKSPACE):] if path.startswith(WORKSPACE) else path.removeprefix("./")
+    path = posixpath.normpath(path)
+    return path[len(WORKSPACE):] if path.startswith(WORKSPACE) else path
 
 
 _PY_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')

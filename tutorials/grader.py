@@ -156,13 +156,10 @@ def _test_entries(lesson: Lesson):
 
 def _write_check(project: Path, lesson: Lesson, marker: str) -> list[str]:
     """The runner and its spec in CHECK_DIR; returns the command that runs them."""
+    checks = [{"kind": "file", "file": item[0], "source": item[1], "hidden": hidden} if kind == "file"
+              else {"kind": "io", **asdict(item), "hidden": hidden} for hidden, kind, item in _test_entries(lesson)]
     spec = {"marker": marker, "entry": lesson.entry, "timeout": lesson.timeout_seconds,
-            "single_task": 1 if len(lesson.tasks) == 1 else None, "tests": [], "io": []}
-    for hidden, kind, item in _test_entries(lesson):
-        if kind == "file":
-            spec["tests"].append({"file": item[0], "source": item[1], "hidden": hidden})
-        else:
-            spec["io"].append({**asdict(item), "hidden": hidden})
+            "single_task": 1 if len(lesson.tasks) == 1 else None, "checks": checks}
     folder = project / CHECK_DIR
     folder.mkdir()
     (folder / "spec.json").write_text(json.dumps(spec), encoding="utf-8")

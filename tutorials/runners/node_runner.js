@@ -3,7 +3,7 @@
 //
 //     node .codeyard-check/node_runner.js .codeyard-check/spec.json
 //
-// It reads the spec (test sources, input/output checks), deletes its folder before any learner code
+// It reads the spec (test files and input/output checks, in grading order), deletes its folder before any learner code
 // runs, loads each node:test-style test file (CommonJS) from memory with a small stand-in for
 // `node:test` (test, it, describe), runs the tests one by one with a timeout and captured output,
 // then the input/output checks, and prints one JSON line after the spec's marker.
@@ -21,7 +21,7 @@ const TIMEOUT = Symbol('timeout');
 const specPath = path.resolve(process.argv[2]);
 const spec = JSON.parse(fs.readFileSync(specPath, 'utf8'));
 fs.rmSync(path.dirname(specPath), { recursive: true, force: true }); // gone before any learner code runs
-const sources = Object.fromEntries(spec.tests.map((t) => [t.file, t.source]));
+const sources = Object.fromEntries(spec.checks.filter((c) => c.kind === 'file').map((c) => [c.file, c.source]));
 
 // --- output capture -------------------------------------------------------------------------------
 
@@ -194,16 +194,19 @@ function load(test) {
 
 async function main() {
   const results = [];
-  for (const test of spec.tests) {
+  for (const check of spec.checks) {
+    if (check.kind === 'io') {
+      results.push(runIo(check));
+      continue;
+    }
     registered = [];
-    const error = load(test);
+    const error = load(check);
     if (error) {
-      report({ load_error: error, load_error_hidden: test.hidden });
+      report({ load_error: error, load_error_hidden: check.hidden });
       return;
     }
-    for (const registeredTest of registered) results.push(await runTest(registeredTest, test.file, test.hidden));
+    for (const registeredTest of registered) results.push(await runTest(registeredTest, check.file, check.hidden));
   }
-  for (const check of spec.io) results.push(runIo(check));
   report({ tests: results });
 }
 

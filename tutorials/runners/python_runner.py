@@ -2,7 +2,7 @@
 
     python3 -I -B .codeyard-check/python_runner.py .codeyard-check/spec.json
 
-It reads the spec (test sources, input/output checks), deletes its folder before any learner code
+It reads the spec (test files and input/output checks, in grading order), deletes its folder before any learner code
 runs (so hidden tests can't be read from disk), runs pytest-style test files (plain asserts,
 `pytest.raises`, `pytest.mark.task`, `pytest.mark.parametrize`, through a small stand-in `pytest`
 module) and the input/output checks, each with its own timeout and captured output, and prints one
@@ -314,17 +314,19 @@ def main(spec_path):
     report = sys.stdout
     sys.path.insert(0, WORKSPACE)
     sys.modules["pytest"] = _pytest_module()
-    sources = {t["file"]: t["source"] for t in spec["tests"]}
+    sources = {c["file"]: c["source"] for c in spec["checks"] if c["kind"] == "file"}
     test_files = set(sources)
     results = []
-    for test in spec["tests"]:
-        module, error = load_test_file(test, test_files, sources, spec["timeout"])
+    for check in spec["checks"]:
+        if check["kind"] == "io":
+            results.append(run_io(check, spec))
+            continue
+        module, error = load_test_file(check, test_files, sources, spec["timeout"])
         if error is not None:
-            report.write(f"\n{spec['marker']} {json.dumps({'load_error': error, 'load_error_hidden': test['hidden']})}\n")
+            report.write(f"\n{spec['marker']} {json.dumps({'load_error': error, 'load_error_hidden': check['hidden']})}\n")
             return
-        for name, fn, marks, code in collect(module, test["source"]):
-            results.append(run_test(name, fn, marks, code, test, spec, test_files, sources))
-    results += [run_io(check, spec) for check in spec["io"]]
+        for name, fn, marks, code in collect(module, check["source"]):
+            results.append(run_test(name, fn, marks, code, check, spec, test_files, sources))
     report.write(f"\n{spec['marker']} {json.dumps({'tests': results})}\n")
 
 
