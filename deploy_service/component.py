@@ -128,7 +128,7 @@ router.include_router(proxy_router)
 
 
 def deploy_setup(app: FastAPI) -> None:
-    app.add_middleware(AppHostRouting, apps_host=os.environ.get(APPS_HOST_VARIABLE) or None)
+    app.add_middleware(AppHostRouting)
 
 
 @asynccontextmanager

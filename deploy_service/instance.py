@@ -143,15 +143,30 @@ Stream = Literal["stdout", "stderr"]
 
 
 class _Output(SandboxRun):
-    """The app's output goes to the deployment's log, never bounded by a run's output limit."""
+    """The app's output, as whole lines, goes to the deployment's log, never bounded by a run's output limit."""
 
-    def __init__(self, limits: Limits, sink: Callable[[Stream, bytes], None]) -> None:
+    MAX_LINE = 8192
+
+    def __init__(self, limits: Limits, sink: Callable[[Stream, str], None]) -> None:
         super().__init__(limits)
         self._sink = sink
+        self._partial: dict[Stream, str] = {"stdout": "", "stderr": ""}
 
     def emit(self, stream: Stream, data: bytes) -> None:
-        if data:
-            self._sink(stream, data)
+        text = self._partial[stream] + data.decode("utf-8", "replace")
+        *lines, rest = text.split("\n")
+        for line in lines:
+            self._sink(stream, line + "\n")
+        if len(rest) > self.MAX_LINE:
+            self._sink(stream, rest)
+            rest = ""
+        self._partial[stream] = rest
+
+    def flush(self) -> None:
+        for stream, rest in self._partial.items():
+            if rest:
+                self._sink(stream, rest + "\n")
+            self._partial[stream] = ""
 
 
 @dataclass
@@ -169,7 +184,7 @@ class Launch:
 class AppInstance:
     """Start, health-check, count requests in flight, and stop one instance."""
 
-    def __init__(self, launch: Launch, sink: Callable[[Stream, bytes], None]) -> None:
+    def __init__(self, launch: Launch, sink: Callable[[Stream, str], None]) -> None:
         self.launch, self.sink = launch, sink
         self.id = secrets.token_hex(4)
         self.socket_dir = runs_root() / f"app-{self.id}"  # beside the workspaces: a folder the app's uid can reach
@@ -181,6 +196,7 @@ class AppInstance:
         self._exit: asyncio.Task | None = None
         self._stack = ExitStack()
         self._execution = None
+        self._output: _Output | None = None
         self._cgroup: AppCgroup | None = None
         self._uid: int | None = None
 
@@ -205,8 +221,8 @@ class AppInstance:
         argv = ["python3", "-c", BRIDGE, f"{SOCKET_DIR}/{SOCKET_NAME}", str(PORT), "--", *self.launch.argv]
         spec = RunSpec(argv, self.launch.release_dir, limits, {**self.launch.env, "PORT": str(PORT)},
                        mounts=(Mount(self.socket_dir, SOCKET_DIR, writable=True), *self.launch.mounts))
-        output = _Output(limits, self.sink)
-        self._execution = await BwrapBackend().launch(RunContext(spec, workspace, uid, self._cgroup, output))
+        self._output = _Output(limits, self.sink)
+        self._execution = await BwrapBackend().launch(RunContext(spec, workspace, uid, self._cgroup, self._output))
         self._exit = asyncio.ensure_future(self._execution.wait())
         self.started_at = time.monotonic()
         self.client = httpx.AsyncClient(
@@ -269,6 +285,8 @@ class AppInstance:
         if self._execution is not None:
             await self._execution.cleanup()
             self._execution = None
+        if self._output is not None:
+            self._output.flush()
         self._stack.close()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
         if self._cgroup is not None:

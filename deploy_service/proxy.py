@@ -19,6 +19,7 @@ import logging
 import re
 from contextlib import suppress
 from dataclasses import dataclass
+from functools import lru_cache
 
 import httpx
 from starlette.background import BackgroundTask
@@ -236,17 +237,22 @@ async def _relay(websocket: WebSocket, upstream) -> None:
             await websocket.close()
 
 
-class AppHostRouting:
-    """ASGI middleware: requests for `{slug}.apps.<host>` go to /apps/{slug}/... (when a host is configured)."""
+@lru_cache(maxsize=8)
+def _host_pattern(apps_host: str) -> re.Pattern[str]:
+    return re.compile(rf"^([a-z0-9][a-z0-9-]*)\.apps\.{re.escape(apps_host.lower())}(:\d+)?$")
 
-    def __init__(self, app: ASGIApp, apps_host: str | None) -> None:
+
+class AppHostRouting:
+    """ASGI middleware: requests for `{slug}.apps.<host>` go to /apps/{slug}/... (when the deploys have a host)."""
+
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.pattern = re.compile(rf"^([a-z0-9][a-z0-9-]*)\.apps\.{re.escape(apps_host.lower())}(:\d+)?$") if apps_host else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.pattern is not None and scope["type"] in ("http", "websocket"):
+        deploys = getattr(scope["app"].state, "deploys", None) if "app" in scope else None
+        if deploys is not None and deploys.apps_host and scope["type"] in ("http", "websocket"):
             host = dict(scope["headers"]).get(b"host", b"").decode("latin-1").lower()
-            if match := self.pattern.match(host):
+            if match := _host_pattern(deploys.apps_host).match(host):
                 prefix = f"/apps/{match.group(1)}"
                 raw = scope.get("raw_path") or scope["path"].encode()
                 scope = {**scope, "path": prefix + scope["path"], "raw_path": prefix.encode() + raw, OWN_HOST: True}

@@ -243,6 +243,8 @@ class DeployService:
                     deployment.status = "failed" if deployment.status == "deploying" else deployment.status
                 elif deployment.status in ("running", "unhealthy", "deploying"):
                     wanted.append((deployment.id, deployment.current_release_id))
+                elif deployment.status == "stopped":
+                    self.routes.set(deployment.slug, Route((), "the app is stopped"))
         if wanted and self.backend is None:
             log.warning("%d deployments cannot come back: %s", len(wanted), self.unavailable)
             return 0
@@ -371,8 +373,8 @@ class DeployService:
     async def _start_instances(self, app: LiveApp, launch: Launch, count: int, release_id: str) -> list[AppInstance]:
         """`count` healthy instances, or DeployFailed (and none left running)."""
 
-        def sink(stream: str, data: bytes) -> None:
-            app.log.write(stream, data.decode("utf-8", "replace"), release_id)
+        def sink(stream: str, line: str) -> None:
+            app.log.write(stream, line, release_id)
 
         instances = [AppInstance(launch, sink) for _ in range(count)]
         try:

@@ -1,0 +1,86 @@
+"""Who may do what with a deployment, its logs WebSocket, codeyard.toml builds, and host-name routing."""
+
+from __future__ import annotations
+
+import pytest
+from starlette.websockets import WebSocketDisconnect
+
+from deploy.conftest import add_member, deploy, new_project
+
+SITE = {"index.html": "<p>mine</p>\n"}
+
+
+def test_another_users_app_cannot_be_read_stopped_or_reconfigured(owner, person):
+    project_id = new_project(owner, SITE)
+    first = deploy(owner, project_id)
+    release_id = first["current_release"]["id"]
+    stranger, viewer, editor = person(), person(), person()
+    add_member(owner, project_id, viewer, "viewer")
+    add_member(owner, project_id, editor, "editor")
+    base = f"/api/projects/{project_id}"
+    calls = [("POST", f"{base}/deployments", None), ("POST", f"{base}/deployment/rollback", {"release_id": release_id}),
+             ("POST", f"{base}/deployment/scale", {"instances": 2}), ("POST", f"{base}/deployment/stop", None),
+             ("DELETE", f"{base}/deployment", None)]
+    assert stranger.get(f"{base}/deployment").status_code == 404
+    for method, url, body in calls:
+        assert stranger.request(method, url, json=body).status_code == 404, url
+        assert viewer.request(method, url, json=body).status_code == 403, url
+    assert viewer.get(f"{base}/deployment").json()["slug"] == first["slug"]
+    assert editor.delete(f"{base}/deployment").status_code == 403  # only the owner deletes
+    deployment = owner.get(f"{base}/deployment").json()
+    assert deployment["status"] == "running" and deployment["instances"] == 1
+    assert deployment["current_release"]["id"] == release_id and len(deployment["releases"]) == 1
+    assert owner.client.get(first["url"]).text == "<p>mine</p>\n"
+    with pytest.raises(WebSocketDisconnect) as closed:
+        with stranger.websocket_connect(f"/ws/projects/{project_id}/deployment/logs") as socket:
+            socket.receive_json()
+    assert closed.value.code == 4404
+
+
+def test_logs_stream_build_and_runtime_output(owner):
+    files = {
+        "build.py": "open('built.txt', 'w').write('made by the build')\nprint('building now')\n",
+        "app.py": "import http.server, os\nprint('app starting on', os.environ['PORT'], flush=True)\n"
+                  "http.server.test(http.server.SimpleHTTPRequestHandler, http.server.ThreadingHTTPServer, "
+                  "port=int(os.environ['PORT']), bind='127.0.0.1')\n",
+        "codeyard.toml": '[deploy]\nbuild = "python3 build.py"\nrun = ["python3", "app.py"]\n',
+    }
+    project_id = new_project(owner, files)
+    deployment = deploy(owner, project_id)
+    assert deployment["status"] == "running", deployment["releases"][0]["message"]
+    assert deployment["current_release"]["kind"] == "custom"
+    assert owner.client.get(f"{deployment['url']}built.txt").text == "made by the build"
+    with owner.websocket_connect(f"/ws/projects/{project_id}/deployment/logs") as socket:
+        entries = []
+        while not any("GET /built.txt" in e["data"] for e in entries):
+            entries.append(socket.receive_json())
+    streams = {(e["stream"], e["data"].strip()) for e in entries}
+    assert ("build", "building now") in streams
+    assert ("stdout", "app starting on 8080") in streams
+    assert any(e["stream"] == "system" and "is live" in e["data"] for e in entries)
+    assert all(e["release"] == deployment["current_release"]["id"] for e in entries)
+
+
+def test_bad_deploy_settings_fail_with_the_field_named(owner):
+    project_id = new_project(owner, {**SITE, "codeyard.toml": "[deploy]\ninstances = 50\n"})
+    deployment = deploy(owner, project_id)
+    assert deployment["status"] == "failed"
+    assert "deploy.instances must be a whole number from 1 to 4" in deployment["releases"][0]["message"]
+    assert owner.post(f"/api/projects/{project_id}/deployment/rollback", json={"release_id": "nope"}).status_code == 400
+    assert owner.post(f"/api/projects/{project_id}/deployment/scale", json={"instances": 0}).status_code == 422
+
+
+def test_apps_answer_on_their_own_host_name_when_configured(owner, served):
+    project_id = new_project(owner, SITE)
+    slug = deploy(owner, project_id)["slug"]
+    deploys = served.app.state.deploys
+    deploys.apps_host = "codeyard.test"
+    try:
+        assert owner.get(f"/api/projects/{project_id}/deployment").json()["url"] == f"http://{slug}.apps.codeyard.test/"
+        page = served.get("/", headers={"Host": f"{slug}.apps.codeyard.test"})
+        assert page.text == "<p>mine</p>\n"
+        assert "content-security-policy" not in page.headers  # its own origin: no sandbox needed
+        assert served.get("/", headers={"Host": "other.apps.codeyard.test"}).status_code == 404
+    finally:
+        deploys.apps_host = None
+    assert served.get("/healthz").status_code == 200  # the IDE itself is untouched
