@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox.backend import WORKSPACE, Backend, ExitStatus, Execution, Mount, RunContext, SandboxRun
-from sandbox.cgroups import RunCgroup
+from sandbox.cgroups import RunCgroup, remove_cgroup
 from sandbox.image import RUNNER_IMAGE
 from sandbox.limits import Limits
 from sandbox.seccomp import docker_profile
@@ -385,4 +385,4 @@ class DockerBackend(Backend):
             self._discard(self._ready.pop())
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        RunCgroup(self.pool_cgroup, {}).remove()
+        remove_cgroup(self.pool_cgroup)

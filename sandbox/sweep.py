@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-from sandbox.cgroups import RunCgroup, cgroup_dirs
+from sandbox.cgroups import RunCgroup, cgroup_dirs, remove_cgroup
 from sandbox.host_lease import lease_uid
 from sandbox.workspace import UID_BASE, UID_COUNT, kill_uid, processes_of_uid, runs_root, umount
 
@@ -57,6 +57,6 @@ def sweep(docker=None) -> list[str]:
         for parent in cgroup_dirs(base):
             for child in parent.iterdir():
                 if child.is_dir():
-                    RunCgroup(f"{base}/{child.name}", {}).remove()
+                    remove_cgroup(f"{base}/{child.name}")
                     removed.append(f"cgroup {child}")
     return removed

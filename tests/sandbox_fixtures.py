@@ -21,6 +21,7 @@ os.environ.setdefault("CODEYARD_CACHE_DIR", str(REPO / ".codeyard" / "cache"))
 
 from sandbox.backend import Backend, RunSpec  # noqa: E402
 from sandbox.cgroups import RunCgroup, cgroup_dirs  # noqa: E402
+from sandbox.host_lease import lease_uid  # noqa: E402
 from sandbox.limits import Limits  # noqa: E402
 from sandbox.workspace import UID_BASE, UID_COUNT, processes_of_uid  # noqa: E402
 
@@ -98,6 +99,14 @@ def make_spec(project: Path, argv: list[str], **limits) -> RunSpec:
     return RunSpec(argv, project, Limits(**{**TEST_LIMITS, **limits}))
 
 
+def _leased_elsewhere(uid: int) -> bool:
+    """Whether a live run (another test session's, a server's) holds uid: its processes are not ours."""
+    if (lease := lease_uid(uid)) is None:
+        return True
+    os.close(lease)
+    return False
+
+
 def leftovers(client=None) -> list[str]:
     """Everything a run could leave behind: processes, containers, mounts, folders, cgroups."""
     found = []
@@ -107,7 +116,7 @@ def leftovers(client=None) -> list[str]:
                 uid = entry.stat().st_uid
             except OSError:
                 continue
-            if UID_BASE <= uid < UID_BASE + UID_COUNT and int(entry.name) in processes_of_uid(uid):
+            if UID_BASE <= uid < UID_BASE + UID_COUNT and int(entry.name) in processes_of_uid(uid) and not _leased_elsewhere(uid):
                 found.append(f"process {entry.name} of sandbox uid {uid}")
     runs_root = os.environ["CODEYARD_SANDBOX_DIR"]
     found += [f"folder {p}" for p in os.listdir(runs_root)]
