@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, Depends, FastAPI, Request, Response, WebSocket, status
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
@@ -104,9 +105,23 @@ async def logs_socket(websocket: WebSocket, project_id: str) -> None:
         code = {401: CLOSE_UNAUTHENTICATED, 403: CLOSE_FORBIDDEN}.get(exc.status_code, CLOSE_NOT_FOUND)
         await websocket.close(code, exc.detail[:120])
         return
-    with suppress(*SOCKET_GONE):
-        async for entry in deploy_log.follow():
-            await websocket.send_json(entry)
+    async with anyio.create_task_group() as tasks:
+        async def pump() -> None:
+            with suppress(*SOCKET_GONE):
+                async for entry in deploy_log.follow():
+                    await websocket.send_json(entry)
+            tasks.cancel_scope.cancel()
+
+        async def watch() -> None:
+            """The client sends nothing; receiving is how a closed tab (or a server shutting down) ends the
+            follow, which otherwise waits for the next log entry forever and holds up the server's exit."""
+            with suppress(*SOCKET_GONE):
+                while (await websocket.receive())["type"] != "websocket.disconnect":
+                    pass
+            tasks.cancel_scope.cancel()
+
+        tasks.start_soon(pump)
+        tasks.start_soon(watch)
 
 
 @proxy_router.api_route("/apps/{slug}", methods=PROXY_METHODS, dependencies=[Public])
