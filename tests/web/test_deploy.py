@@ -1,7 +1,9 @@
-"""The deployment panel in a real browser: secrets are saved masked and never shown again, and
-viewers see neither the secrets nor the Deploy button."""
+"""The deployment panel in a real browser: Deploy makes a static site live at its URL, a new
+release replaces it and a rollback brings the old one back; secrets are saved masked and never
+shown again; viewers see neither the secrets nor the Deploy button."""
 
 import secrets
+import time
 
 import httpx
 import pytest
@@ -51,6 +53,45 @@ def open_as(server_url, browser, project_id):
     yield open_page
     for context in contexts:
         context.close()
+
+
+def answer_of(url: str, expected: str, timeout: float = 30) -> str:
+    """The page at url once it contains `expected` (the switch happens just after the status shows live)."""
+    deadline = time.monotonic() + timeout
+    while expected not in (text := httpx.get(url, timeout=10).text) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return text
+
+
+def test_deploy_goes_live_redeploys_and_rolls_back(open_as, owner_api, project_id, screenshot):
+    page = open_as(OWNER)
+    expect(page.locator("#deploy-state")).to_have_text("○ Not deployed")
+    page.locator("#deploy").click()
+    expect(page.locator("#deploy-dialog")).to_be_visible()
+    first = page.locator("#deploy-releases li").first
+    expect(first).to_contain_text("#1")
+    expect(page.locator("#deploy-status")).to_have_text("Live", timeout=90_000)
+    expect(first).to_have_attribute("data-status", "live")
+    expect(page.locator("#deploy-logs")).to_contain_text("release 1")  # streamed over the logs WebSocket
+    expect(page.locator("#deploy-progress")).to_be_hidden()
+    url = page.locator("#deploy-url").get_attribute("href")
+    assert "version one" in answer_of(url, "version one")
+    screenshot(page, "deploy-live")
+
+    owner_api.put(f"/api/projects/{project_id}/files/content/index.html", content=b"<h1>version two</h1>\n").raise_for_status()
+    page.locator("#deploy-now").click()
+    second = page.locator("#deploy-releases li").first
+    expect(second).to_contain_text("#2")
+    expect(second).to_have_attribute("data-status", "live", timeout=90_000)
+    assert "version two" in answer_of(url, "version two")
+
+    release_one = page.locator("#deploy-releases li").filter(has_text="#1")
+    release_one.locator(".rollback").click()
+    expect(release_one).to_contain_text("serving", timeout=90_000)
+    expect(page.locator("#deploy-status")).to_have_text("Live")
+    assert "version one" in answer_of(url, "version one")
+    expect(page.locator("#deploy-state")).to_have_text("● Live")
+    screenshot(page, "deploy-rolled-back")
 
 
 def test_a_secret_is_saved_and_shown_only_masked(open_as, owner_api, project_id, screenshot):

@@ -68,6 +68,7 @@ export class DeployPanel {
   private readonly base: string;
   private deployment: Deployment | null = null;
   private socket: WebSocket | null = null;
+  private logsDenied = false;
   private timer: number | undefined;
 
   constructor(private readonly projectId: string, private readonly canWrite: boolean, isOwner: boolean) {
@@ -107,7 +108,6 @@ export class DeployPanel {
 
   async open(): Promise<void> {
     if (!this.element.open) this.element.showModal();
-    this.connectLogs();
     await Promise.all([this.load(), this.secrets?.load()]);
   }
 
@@ -178,6 +178,7 @@ export class DeployPanel {
     const busy = inProgress(deployment);
     this.progress.hidden = !busy;
     this.stopButton.hidden = !this.canWrite || deployment === null || deployment.status === "stopped";
+    if (deployment !== null && this.element.open) this.connectLogs();
     if (deployment === null) {
       this.statusLine.textContent = "Not deployed yet.";
       this.statusLine.dataset.status = "none";
@@ -219,8 +220,9 @@ export class DeployPanel {
 
   // ----- logs -----
 
+  /** Follows the deployment's log (there is none before the first deploy: 4404, retried on the next show). */
   private connectLogs(attempt = 0): void {
-    if (this.socket) return;
+    if (this.socket || this.logsDenied) return;
     const socket = new WebSocket(socketUrl(`/ws/projects/${encodeURIComponent(this.projectId)}/deployment/logs`));
     this.socket = socket;
     socket.onopen = () => {
@@ -231,7 +233,11 @@ export class DeployPanel {
     socket.onclose = (event) => {
       if (this.socket !== socket) return;
       this.socket = null;
-      if (event.code >= 4400 && event.code < 4500) return showStatus(this.message, event.reason || "No access to the logs.", "error");
+      if (event.code === 4404) return;
+      if (event.code >= 4400 && event.code < 4500) {
+        this.logsDenied = true;
+        return showStatus(this.message, event.reason || "No access to the logs.", "error");
+      }
       if (this.element.open) window.setTimeout(() => this.element.open && this.connectLogs(attempt + 1), Math.min(5000, 500 * 2 ** attempt));
     };
   }
