@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -59,7 +60,9 @@ class _Stream:
         self.finished = False
 
     def put(self, item: RequestOutput | Exception) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        """Hand over an item; a caller whose event loop has closed is gone, so it is dropped."""
+        with suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
 StepCallback = Callable[["EngineStats", list[RequestOutput]], None]

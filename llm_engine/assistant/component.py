@@ -1,4 +1,4 @@
-"""The assistant API, for members of a project (completions need an editor; the switch, its owner).
+"""The assistant API, for editors of a project (its owner changes the switch; every member reads it).
 
     GET/PUT /api/projects/{id}/assistant   the switch and the model's state (reading it never loads the model)
     POST    .../assistant/complete          ghost text for the cursor (JSON)
@@ -7,7 +7,8 @@
 
 The first generating call starts loading the model and answers 503 "model is loading" (so does
 every call until it is ready); a switched-off project answers 403; a user over the rate, 429 with
-Retry-After. Closing the connection aborts the generation.
+Retry-After. Closing the connection aborts the generation. Viewers get none of it: they watch a
+project but don't work in it (they can't run it either), and POSTs on a project need an editor.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ async def complete(body: CompletionCreate, ctx: ProjectEditor, db: DbSession, re
 
 
 @router.post("/explain", responses=STREAM_RESPONSES, response_class=Response)
-async def explain(body: ExplainCreate, ctx: ProjectMember, db: DbSession, request: Request,
+async def explain(body: ExplainCreate, ctx: ProjectEditor, db: DbSession, request: Request,
                   assistant: AssistantDep) -> Response:
     """A streamed explanation of a failed run's output, given the file it ran."""
     service = await _admit(assistant, db, ctx, ANSWER_COST)
@@ -83,7 +84,7 @@ async def explain(body: ExplainCreate, ctx: ProjectMember, db: DbSession, reques
 
 
 @router.post("/chat", responses=STREAM_RESPONSES, response_class=Response)
-async def chat(body: ChatCreate, ctx: ProjectMember, db: DbSession, request: Request,
+async def chat(body: ChatCreate, ctx: ProjectEditor, db: DbSession, request: Request,
                assistant: AssistantDep) -> Response:
     """A streamed answer to the conversation's last question, about the current file."""
     service = await _admit(assistant, db, ctx, ANSWER_COST)

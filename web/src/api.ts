@@ -30,15 +30,17 @@ function describeError(body: unknown, status: number): string {
   return "Something went wrong on the server. Please try again.";
 }
 
-/** Sends a request and returns the response, or throws an ApiError with a readable message. */
-export async function send(method: string, path: string, body?: BodyInit, contentType?: string): Promise<Response> {
+/** Sends a request and returns the response, or throws an ApiError with a readable message.
+ * Aborting `signal` rejects with the fetch's AbortError (the caller moved on; nothing to show). */
+export async function send(method: string, path: string, body?: BodyInit, contentType?: string, signal?: AbortSignal): Promise<Response> {
   const headers: Record<string, string> = { Accept: "application/json" };
   if (contentType) headers["Content-Type"] = contentType;
   if (method !== "GET") headers["X-CSRF-Token"] = csrfToken();
   let response: Response;
   try {
-    response = await fetch(path, { method, headers, credentials: "same-origin", body });
-  } catch {
+    response = await fetch(path, { method, headers, credentials: "same-origin", body, signal });
+  } catch (error) {
+    if (signal?.aborted) throw error;
     throw new ApiError("Can't reach the Codeyard server. Check your connection.", 0);
   }
   if (!response.ok) {

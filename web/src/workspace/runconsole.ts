@@ -15,6 +15,9 @@ interface ExitFrame {
   message: string;
 }
 
+/** How much of a run's output "Explain this error" gets (its end, where the error is). */
+const KEPT_OUTPUT_CHARS = 20000;
+
 const VERDICTS: Record<string, string> = {
   ok: "Finished",
   runtime_error: "Runtime error",
@@ -40,8 +43,15 @@ export class RunConsole {
   private runId: string | null = null;
   private line = "";
   private starting = false;
+  private output = "";
 
-  constructor(parent: HTMLElement, dark: boolean, private readonly projectId: string, private readonly onState: (running: boolean, summary: string) => void) {
+  /** onState's failedOutput: the output of a run that failed (null while running, or after a success). */
+  constructor(
+    parent: HTMLElement,
+    dark: boolean,
+    private readonly projectId: string,
+    private readonly onState: (running: boolean, summary: string, failedOutput: string | null) => void,
+  ) {
     this.term = new FittedTerminal(parent, dark);
     this.term.terminal.writeln("Press Run (Ctrl+Enter) to run your program. Type here when it asks for input.");
     this.term.terminal.onData((data) => this.typed(data));
@@ -56,7 +66,7 @@ export class RunConsole {
     const terminal = this.term.terminal;
     terminal.reset();
     terminal.writeln(`\x1b[2m▶ Running ${entry ?? "the project"}…\x1b[0m`);
-    this.onState(true, "Running…");
+    this.onState(true, "Running…", null);
     let run: Run;
     this.starting = true;
     try {
@@ -64,7 +74,7 @@ export class RunConsole {
     } catch (error) {
       const message = error instanceof ApiError ? error.message : String(error);
       terminal.writeln(`\x1b[31mCould not start the program: ${message}\x1b[0m`);
-      this.onState(false, "Could not start");
+      this.onState(false, "Could not start", null);
       return;
     } finally {
       this.starting = false;
@@ -82,9 +92,11 @@ export class RunConsole {
     const socket = new WebSocket(socketUrl(`/ws/runs/${encodeURIComponent(runId)}`));
     this.socket = socket;
     this.line = "";
+    this.output = "";
     let finished = false;
     socket.onmessage = (event) => {
       const frame = JSON.parse(String(event.data)) as { type: string; data?: string; message?: string } & ExitFrame;
+      if (frame.type === "stdout" || frame.type === "stderr") this.output = (this.output + (frame.data ?? "")).slice(-KEPT_OUTPUT_CHARS);
       if (frame.type === "stdout") terminal.write(frame.data ?? "");
       else if (frame.type === "stderr") terminal.write(`\x1b[31m${frame.data ?? ""}\x1b[0m`);
       else if (frame.type === "install") terminal.write(`\x1b[36m${frame.data ?? ""}\x1b[0m`);
@@ -94,7 +106,8 @@ export class RunConsole {
         const summary = describeExit(frame);
         terminal.writeln("");
         terminal.writeln(`\x1b[1m■ ${summary}\x1b[0m${frame.message ? ` — ${frame.message}` : ""}`);
-        this.onState(false, summary);
+        const failed = frame.verdict !== null && frame.verdict !== "ok" && frame.verdict !== "cancelled";
+        this.onState(false, summary, failed ? `${this.output}${frame.message ? `\n${frame.message}` : ""}` || summary : null);
       }
     };
     socket.onclose = (event) => {
@@ -103,7 +116,7 @@ export class RunConsole {
       if (!finished) {
         const reason = event.code === 4401 ? "your session has ended; sign in again" : event.reason || "the connection to the server was lost";
         terminal.writeln(`\x1b[33mThe run's output stopped: ${reason}.\x1b[0m`);
-        this.onState(false, "Disconnected");
+        this.onState(false, "Disconnected", null);
       }
     };
   }

@@ -8,6 +8,7 @@ import { ProjectFiles } from "./files";
 import { FileTree } from "./tree";
 import { RunConsole } from "./runconsole";
 import { HistoryPanel } from "./history";
+import { AssistantUi } from "./assistant";
 import { attachLesson } from "./lesson";
 import { DeployPanel } from "./deploy";
 import { ShareDialog } from "./share";
@@ -62,9 +63,11 @@ export class Workspace {
   private runConsole: RunConsole | null = null;
   private history: HistoryPanel | null = null;
   private shell: ShellPane | null = null;
+  private readonly assistant: AssistantUi | null;
 
   constructor(private readonly root: HTMLElement, private readonly project: Project, private readonly username: string) {
     this.files = new ProjectFiles(project.id);
+    this.assistant = this.canWrite ? new AssistantUi(project.id, { activePath: () => this.active, openFiles: () => this.openFiles() }) : null;
     this.tree = new FileTree(
       {
         open: (path) => this.open(path),
@@ -88,6 +91,7 @@ export class Workspace {
   async start(): Promise<void> {
     this.applyTheme();
     this.layout();
+    void this.assistant?.start();
     const main = this.root.querySelector<HTMLElement>("main.workspace");
     if (main) void attachLesson(main, this.project.id, this.canWrite);
     this.connectEvents();
@@ -158,23 +162,26 @@ export class Workspace {
         deploy.button,
         deploy.badge,
         historyButton,
+        ...(this.assistant ? [this.assistant.status, this.assistant.button] : []),
         shareButton,
         themeButton,
       ),
       share.element,
       history.element,
       deploy.element,
+      ...(this.assistant ? [this.assistant.panel] : []),
       h(
         "main",
         { class: "workspace" },
         this.tree.element,
         h("section", { class: "editor-pane" }, this.tabs, this.editorArea, h("p", { class: "status status-info", id: "readonly-note" }, readOnlyNote), this.message),
-        h("section", { class: "run-pane" }, h("div", { class: "pane-tabs" }, consoleTab, shellTab, this.runSummary), consoleHost, shellHost),
+        h("section", { class: "run-pane" }, h("div", { class: "pane-tabs" }, consoleTab, shellTab, this.runSummary, ...(this.assistant ? [this.assistant.explainButton] : [])), consoleHost, shellHost),
       ),
     );
-    this.runConsole = new RunConsole(consoleHost, this.dark, this.project.id, (running, summary) => {
+    this.runConsole = new RunConsole(consoleHost, this.dark, this.project.id, (running, summary, failedOutput) => {
       this.runButton.disabled = running;
       this.runSummary.textContent = summary;
+      this.assistant?.runEnded(failedOutput);
     });
   }
 
@@ -289,7 +296,7 @@ export class Workspace {
           readOnly: !this.canWrite,
           live: this.project.role !== null,
           dark: this.dark,
-          extensions: [keymap.of([{ key: "Mod-Enter", run: () => (void this.run(), true) }])],
+          extensions: [keymap.of([{ key: "Mod-Enter", run: () => (void this.run(), true) }]), this.assistant?.extension ?? []],
           onConnection: (state, detail) => {
             if (path !== this.active) return;
             this.showConnection(state);
@@ -344,6 +351,12 @@ export class Workspace {
       }
     }
     this.saveTabs();
+  }
+
+  /** The open files' current text, the active one first (the assistant's context). */
+  private openFiles(): { path: string; content: string }[] {
+    const paths = [...this.editors.keys()].sort((a, b) => Number(b === this.active) - Number(a === this.active));
+    return paths.map((path) => ({ path, content: this.editors.get(path)!.editor.view.state.doc.toString() }));
   }
 
   private saveTabs(): void {

@@ -1,0 +1,95 @@
+"""Real answers from the built-in SmolLM2: ghost text, streamed explanations and chat, the
+per-user rate limit, and generation stopped (its KV blocks freed) once a completion is done."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+
+from fastapi.testclient import TestClient
+
+from tests.conftest import PASSWORD
+
+from .helpers import bodies
+
+
+def signed_in(app) -> TestClient:
+    client = TestClient(app)
+    csrf = client.post("/api/auth/register", json={"username": f"as{secrets.token_hex(4)}",
+                                                   "password": PASSWORD}).json()["csrf_token"]
+    client.headers["X-CSRF-Token"] = csrf
+    return client
+
+
+def new_project(client: TestClient) -> str:
+    return client.post("/api/projects", json={"name": "ai", "template": "python"}).json()["id"]
+
+
+def stream_text(client: TestClient, url: str, body: dict) -> tuple[str, list[dict]]:
+    """The streamed answer's text and its chunks (checking the stream's framing on the way)."""
+    chunks, finished = [], False
+    with client.stream("POST", url, json=body) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if not line:
+                continue
+            assert line.startswith("data: ") and not finished
+            if line == "data: [DONE]":
+                finished = True
+            else:
+                chunks.append(json.loads(line[len("data: "):]))
+    assert finished
+    return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks), chunks
+
+
+def wait_idle(service, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while (stats := service.engine.stats()).num_running or stats.num_waiting:
+        assert time.monotonic() < deadline, "the request is still running"
+        time.sleep(0.05)
+    assert stats.num_free_blocks == stats.num_total_blocks
+
+
+def test_completion_is_the_rest_of_the_line(model_app, smol_service):
+    client = signed_in(model_app)
+    project_id = new_project(client)
+    r = client.post(f"/api/projects/{project_id}/assistant/complete", json=bodies()["complete"])
+    assert r.status_code == 200, r.text
+    text = r.json()["text"]
+    assert "+ b" in text and "\n" not in text
+    wait_idle(smol_service)  # it stopped at the end of the line, before its token budget: aborted, blocks freed
+
+
+def test_completion_uses_the_other_open_files(model_app):
+    client = signed_in(model_app)
+    project_id = new_project(client)
+    body = {"path": "main.py", "prefix": "from shapes import area_of_circle\n\nprint(area_",
+            "open_files": [{"path": "shapes.py", "content": "def area_of_circle(radius):\n    return 3.14 * radius ** 2\n"}]}
+    text = client.post(f"/api/projects/{project_id}/assistant/complete", json=body).json()["text"]
+    assert text.startswith("of_circle"), text
+
+
+def test_explain_streams_an_answer(model_app):
+    client = signed_in(model_app)
+    project_id = new_project(client)
+    text, chunks = stream_text(client, f"/api/projects/{project_id}/assistant/explain", bodies()["explain"])
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert len(chunks) >= 5 and chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert len(text.split()) >= 3
+
+
+def test_chat_about_the_file_streams_and_the_rate_limit_is_per_user(model_app):
+    client, other = signed_in(model_app), signed_in(model_app)
+    project_id = new_project(client)
+    body = bodies()["chat"]
+    text, _ = stream_text(client, f"/api/projects/{project_id}/assistant/chat", body)
+    assert text.strip()
+    # An answer costs 5 of the test's burst of 5, refilled at 1 a minute: the next one must wait.
+    again = client.post(f"/api/projects/{project_id}/assistant/chat", json=body)
+    assert again.status_code == 429
+    assert int(again.headers["Retry-After"]) >= 1 and "too many assistant requests" in again.json()["detail"]
+    # Someone else is not held back by it.
+    theirs = new_project(other)
+    assert other.post(f"/api/projects/{theirs}/assistant/complete", json=bodies()["complete"]).status_code == 200

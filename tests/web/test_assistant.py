@@ -1,0 +1,157 @@
+"""The assistant in a real browser, with the real built-in model (loaded once, by this module's
+server, on the first completion): ghost text accepted with Tab and dismissed with Escape, a
+failed run's streamed explanation, and the owner's switch hiding it all."""
+
+import re
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+from browser_kit import codeyard_serve
+
+PASSWORD = "correct horse battery"
+OWNER, EDITOR = "aiowner", "aieditor"
+MODEL_WAIT_MS = 300_000  # the first completion loads the model on a shared 2-core machine
+
+
+@pytest.fixture(scope="module")
+def server_url(tmp_path_factory):
+    """This module's own server, with short answers (the model is real; the CPU is shared)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("CODEYARD_ASSISTANT_ANSWER_TOKENS", "24")
+        with codeyard_serve(tmp_path_factory.mktemp("assistant-serve")) as url:
+            yield url
+
+
+def _client(server_url: str, username: str, register: bool = True) -> httpx.Client:
+    client = httpx.Client(base_url=server_url, timeout=30)
+    if register:
+        client.post("/api/auth/register", json={"username": username, "password": PASSWORD}).raise_for_status()
+    client.post("/api/auth/login", json={"username": username, "password": PASSWORD}).raise_for_status()
+    client.headers["X-CSRF-Token"] = client.cookies["codeyard_csrf"]
+    return client
+
+
+@pytest.fixture(scope="module")
+def owner_api(server_url) -> httpx.Client:
+    return _client(server_url, OWNER)
+
+
+@pytest.fixture(scope="module")
+def project_id(server_url, owner_api) -> str:
+    project = owner_api.post("/api/projects", json={"name": "ai", "template": "python"}).json()
+    invite = owner_api.post(f"/api/projects/{project['id']}/invites", json={"role": "editor"}).json()
+    _client(server_url, EDITOR).post(f"/api/invites/{invite['token']}/accept").raise_for_status()
+    owner_api.put(f"/api/projects/{project['id']}/files/content/main.py", content=b"# adding numbers\n").raise_for_status()
+    return project["id"]
+
+
+@pytest.fixture
+def open_as(server_url, browser, project_id):
+    contexts = []
+
+    def open_page(username: str):
+        context = browser.new_context(viewport={"width": 1280, "height": 720})
+        contexts.append(context)
+        context.request.post(server_url + "/api/auth/login", data={"username": username, "password": PASSWORD})
+        page = context.new_page()
+        page.goto(f"{server_url}/projects/{project_id}")
+        expect(page.locator("#connection")).to_have_text("Synced")
+        return page
+
+    yield open_page
+    for context in contexts:
+        context.close()
+
+
+def document_text(page) -> str:
+    """The open file's text, without ghost text or other people's cursor labels."""
+    return page.evaluate("""() => {
+        const host = [...document.querySelectorAll('.editor-host')].find((el) => !el.hidden);
+        return [...host.querySelectorAll('.cm-line')].map((line) => {
+            const copy = line.cloneNode(true);
+            copy.querySelectorAll('.cm-ySelectionCaret, .cm-ghost-text').forEach((el) => el.remove());
+            return copy.textContent.replaceAll('\\u2060', '');
+        }).join('\\n');
+    }""")
+
+
+def test_typing_shows_ghost_text_and_tab_accepts_it(open_as, screenshot):
+    ada = open_as(OWNER)
+    ada.locator(".cm-content").click()
+    ada.keyboard.press("Control+End")
+    ada.keyboard.type("def add(a, b):\n    return a")
+    ghost = ada.locator(".cm-ghost-text")
+    expect(ghost).to_be_visible(timeout=MODEL_WAIT_MS)  # after "model is loading" while it loads
+    expect(ada.locator("#assistant-status")).to_have_text("Assistant ready")
+    suggestion = ghost.inner_text()
+    assert suggestion.strip() and "\n" not in suggestion
+    screenshot(ada, "assistant-ghost-text")
+    assert document_text(ada).endswith("return a")  # shown, not inserted
+    ada.keyboard.press("Tab")
+    expect(ghost).to_have_count(0)
+    assert document_text(ada).endswith("return a" + suggestion)
+
+    ada.keyboard.press("Enter")
+    ada.keyboard.press("Enter")
+    ada.keyboard.type("print(add(1, ")
+    expect(ghost).to_be_visible(timeout=60_000)
+    ada.keyboard.press("Escape")
+    expect(ghost).to_have_count(0)
+    assert document_text(ada).endswith("print(add(1, ")
+
+
+def test_a_failed_run_offers_a_streamed_explanation(open_as, owner_api, project_id, screenshot):
+    owner_api.put(f"/api/projects/{project_id}/files/content/main.py",
+                  content=b'total = 0\nfor n in [1, 2, "3"]:\n    total = total + n\nprint(total)\n').raise_for_status()
+    ada = open_as(OWNER)
+    explain = ada.locator("#explain-error")
+    expect(explain).to_be_hidden()
+    ada.locator("#run").click()
+    expect(ada.locator("#run-summary")).to_contain_text("Runtime error", timeout=60_000)
+    expect(explain).to_be_visible()
+    ada.evaluate("""() => {
+        window.answerUpdates = 0;
+        new MutationObserver(() => window.answerUpdates++).observe(
+            document.querySelector('#assistant-messages'), {childList: true, subtree: true, characterData: true});
+    }""")
+    explain.click()
+    panel = ada.locator("#assistant-panel")
+    expect(panel).to_be_visible()
+    answer = panel.locator(".assistant-answer")
+    expect(answer).to_have_count(1)
+    expect(answer).not_to_have_class(re.compile("streaming"), timeout=120_000)
+    expect(answer).not_to_have_class(re.compile("assistant-error"))
+    assert len(answer.inner_text().split()) >= 3
+    assert ada.evaluate("window.answerUpdates") >= 5, "the answer arrived in pieces"
+    screenshot(ada, "assistant-explain-error")
+
+
+def test_the_owner_switching_it_off_hides_it(open_as, server_url, project_id, screenshot):
+    ada = open_as(OWNER)
+    ada.locator("#assistant-button").click()
+    switch = ada.locator("#assistant-enabled")
+    expect(switch).to_be_checked()
+    switch.uncheck()
+    expect(ada.locator("#assistant-off")).to_be_visible()
+    expect(ada.locator("#assistant-status")).to_have_text("")
+    screenshot(ada, "assistant-switched-off")
+
+    eve = open_as(EDITOR)
+    expect(eve.locator("#assistant-button")).to_be_hidden()
+    expect(eve.locator("#assistant-status")).to_have_text("")
+    eve.locator(".cm-content").click()
+    eve.keyboard.press("Control+End")
+    eve.keyboard.type("\nx = ")
+    eve.wait_for_timeout(1500)  # well past the typing pause after which a suggestion is asked for
+    expect(eve.locator(".cm-ghost-text")).to_have_count(0)
+    editor_api = _client(server_url, EDITOR, register=False)
+    denied = editor_api.post(f"/api/projects/{project_id}/assistant/complete", json={"path": "main.py", "prefix": "x = "})
+    assert denied.status_code == 403 and "switched off" in denied.json()["detail"]
+
+    switch.check()
+    expect(ada.locator("#assistant-off")).to_be_hidden()
+    eve.reload()
+    expect(eve.locator("#assistant-button")).to_be_visible()
+

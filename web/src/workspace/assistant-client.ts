@@ -1,0 +1,71 @@
+/** The assistant API: the project's switch, ghost-text completions, and streamed answers. */
+import { api, send } from "../api";
+
+export interface AssistantState {
+  enabled: boolean;
+  can_change: boolean;
+  model: "ready" | "loading" | "not_loaded" | "unavailable";
+  detail: string;
+}
+
+export interface OpenFile {
+  path: string;
+  content: string;
+}
+
+export interface ChatTurn {
+  role: "user" | "assistant";
+  content: string;
+}
+
+export class AssistantClient {
+  private readonly base: string;
+
+  constructor(projectId: string) {
+    this.base = `/api/projects/${encodeURIComponent(projectId)}/assistant`;
+  }
+
+  state(): Promise<AssistantState> {
+    return api<AssistantState>("GET", this.base);
+  }
+
+  setEnabled(enabled: boolean): Promise<AssistantState> {
+    return api<AssistantState>("PUT", this.base, { enabled });
+  }
+
+  async complete(path: string, prefix: string, suffix: string, openFiles: OpenFile[], signal: AbortSignal): Promise<string> {
+    const body = JSON.stringify({ path, prefix, suffix, open_files: openFiles });
+    const response = await send("POST", `${this.base}/complete`, body, "application/json", signal);
+    return ((await response.json()) as { text: string }).text;
+  }
+
+  explain(path: string, content: string, output: string, onText: (text: string) => void, signal: AbortSignal): Promise<void> {
+    return this.stream("explain", { path, content, output }, onText, signal);
+  }
+
+  chat(path: string, content: string, messages: ChatTurn[], onText: (text: string) => void, signal: AbortSignal): Promise<void> {
+    return this.stream("chat", { path, content, messages }, onText, signal);
+  }
+
+  /** Reads the server-sent chat chunks, handing each piece of text to `onText` as it arrives. */
+  private async stream(route: string, body: unknown, onText: (text: string) => void, signal: AbortSignal): Promise<void> {
+    const response = await send("POST", `${this.base}/${route}`, JSON.stringify(body), "application/json", signal);
+    const reader = response.body!.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += value;
+      const events = buffer.split("\n\n");
+      buffer = events.pop() ?? "";
+      for (const event of events) {
+        const data = event.replace(/^data: /, "");
+        if (data === "[DONE]") return;
+        const chunk = JSON.parse(data) as { error?: { message: string }; choices?: { delta: { content?: string } }[] };
+        if (chunk.error) throw new Error(chunk.error.message);
+        const text = chunk.choices?.[0]?.delta.content;
+        if (text) onText(text);
+      }
+    }
+  }
+}

@@ -1,0 +1,224 @@
+/** The assistant in the workspace: ghost text in editors, "Explain this error" after a failed run,
+ * a chat panel about the current file, the owner's on/off switch, and the model's state.
+ *
+ * Everything hides while the project's owner has switched it off (a 403 from any call means the
+ * same); owners keep the panel button, to switch it back on. The first call loads the model:
+ * until then calls answer 503 and the status line says "loading", polling until it is ready. */
+import type { EditorView } from "@codemirror/view";
+import { ApiError } from "../api";
+import { h } from "../dom";
+import { AssistantClient, type AssistantState, type ChatTurn, type OpenFile } from "./assistant-client";
+import { ghostText } from "./assistant-ghost";
+
+const POLL_MS = 2000;
+
+/** What the assistant needs from the workspace. */
+export interface AssistantContext {
+  activePath(): string | null;
+  /** Open files, the active one first. */
+  openFiles(): OpenFile[];
+}
+
+export class AssistantUi {
+  readonly button = h("button", { type: "button", class: "secondary", id: "assistant-button", hidden: "" }, "Assistant");
+  readonly status = h("span", { class: "assistant-status", id: "assistant-status", role: "status" });
+  readonly explainButton = h("button", { type: "button", class: "secondary", id: "explain-error", hidden: "" }, "Explain this error");
+  readonly panel = h("aside", { class: "assistant-panel card", id: "assistant-panel", hidden: "", "aria-label": "Assistant" });
+  private readonly client: AssistantClient;
+  private readonly ghost;
+  private readonly switch = h("input", { type: "checkbox", id: "assistant-enabled" });
+  private readonly switchRow = h("label", { class: "inline", hidden: "" }, this.switch, "Assistant on for this project");
+  private readonly offNote = h("p", { class: "status status-info", id: "assistant-off", hidden: "" }, "The assistant is switched off for this project.");
+  private readonly messages = h("div", { class: "assistant-messages", id: "assistant-messages", "aria-live": "polite" });
+  private readonly input = h("textarea", { id: "assistant-input", rows: "3", placeholder: "Ask about the current file…" });
+  private readonly form = h("form", { class: "assistant-form" });
+  private state: AssistantState | null = null;
+  private conversation: ChatTurn[] = [];
+  private failedOutput: string | null = null;
+  private answering: AbortController | null = null;
+  private polling = false;
+  private waitingEditor: EditorView | null = null;
+
+  constructor(projectId: string, private readonly context: AssistantContext) {
+    this.client = new AssistantClient(projectId);
+    this.ghost = ghostText((view, signal) => this.complete(view, signal));
+    this.button.addEventListener("click", () => this.toggle());
+    this.explainButton.addEventListener("click", () => void this.explain());
+    this.switch.addEventListener("change", () => void this.setEnabled(this.switch.checked));
+    const close = h("button", { type: "button", class: "secondary", id: "assistant-close", "aria-label": "Close the assistant" }, "×");
+    close.addEventListener("click", () => this.toggle(false));
+    this.form.append(this.input, h("button", { type: "submit", id: "assistant-send" }, "Ask"));
+    this.form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      void this.ask();
+    });
+    this.input.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && !event.shiftKey) {
+        event.preventDefault();
+        void this.ask();
+      }
+    });
+    this.panel.append(h("div", { class: "assistant-head" }, h("strong", {}, "Assistant"), close), this.switchRow, this.offNote, this.messages, this.form);
+  }
+
+  /** The editor extension for one file. */
+  get extension() {
+    return this.ghost.extension;
+  }
+
+  async start(): Promise<void> {
+    try {
+      this.apply(await this.client.state());
+    } catch {
+      this.apply(null);
+    }
+  }
+
+  get enabled(): boolean {
+    return this.state?.enabled ?? false;
+  }
+
+  /** Called by the run console: offer "Explain this error" after a failed run. */
+  runEnded(failedOutput: string | null): void {
+    this.failedOutput = failedOutput;
+    this.explainButton.hidden = !this.enabled || failedOutput === null;
+  }
+
+  private apply(state: AssistantState | null): void {
+    this.state = state;
+    const on = state?.enabled ?? false;
+    this.button.hidden = !on && !state?.can_change;
+    this.switchRow.hidden = !state?.can_change;
+    this.switch.checked = on;
+    this.offNote.hidden = on;
+    this.messages.hidden = !on;
+    this.form.hidden = !on;
+    this.explainButton.hidden = !on || this.failedOutput === null;
+    if (this.button.hidden) this.panel.hidden = true;
+    this.showModel(state);
+  }
+
+  private showModel(state: AssistantState | null): void {
+    const text = !state?.enabled ? "" : state.model === "loading" ? "Assistant: model is loading…" : state.model === "unavailable" ? "Assistant unavailable" : state.model === "ready" ? "Assistant ready" : "";
+    this.status.textContent = text;
+    this.status.title = state?.detail ?? "";
+    this.status.dataset.model = state?.model ?? "";
+  }
+
+  private toggle(open = this.panel.hidden): void {
+    this.panel.hidden = !open;
+    if (open && this.enabled) this.input.focus();
+  }
+
+  private async setEnabled(enabled: boolean): Promise<void> {
+    try {
+      this.apply(await this.client.setEnabled(enabled));
+    } catch (error) {
+      this.say(error instanceof ApiError ? error.message : String(error));
+    }
+  }
+
+  /** Handles an error of a call: off (hide everything), loading (wait for it), or a message. */
+  private failed(error: unknown): string | null {
+    if (error instanceof ApiError && error.status === 403 && this.state) {
+      this.apply({ ...this.state, enabled: false });
+      return error.message;
+    }
+    if (error instanceof ApiError && error.status === 503) {
+      if (this.state) this.showModel({ ...this.state, model: "loading", detail: error.message });
+      void this.pollUntilReady();
+      return "The model is loading; try again in a moment.";
+    }
+    return error instanceof Error ? error.message : String(error);
+  }
+
+  private async pollUntilReady(): Promise<void> {
+    if (this.polling) return;
+    this.polling = true;
+    try {
+      for (;;) {
+        await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+        const state = await this.client.state().catch(() => null);
+        if (state) this.apply(state);
+        if (!state || state.model !== "loading") break;
+      }
+    } finally {
+      this.polling = false;
+    }
+    const waiting = this.waitingEditor;
+    this.waitingEditor = null;
+    if (waiting && this.state?.model === "ready") this.ghost.retry(waiting);
+  }
+
+  private async complete(view: EditorView, signal: AbortSignal): Promise<string | null> {
+    const path = this.context.activePath();
+    if (!this.enabled || !path) return null;
+    const head = view.state.selection.main.head;
+    const doc = view.state.doc;
+    const others = this.context.openFiles().filter((file) => file.path !== path);
+    try {
+      const text = await this.client.complete(path, doc.sliceString(0, head), doc.sliceString(head), others, signal);
+      if (this.state?.model !== "ready") void this.start();
+      return text;
+    } catch (error) {
+      if (signal.aborted) throw error;
+      if (error instanceof ApiError && error.status === 503) this.waitingEditor = view;
+      const message = this.failed(error);
+      if (message && !(error instanceof ApiError && error.status === 503)) this.status.textContent = `Assistant: ${message}`;
+      return null;
+    }
+  }
+
+  private async explain(): Promise<void> {
+    const output = this.failedOutput;
+    const file = this.context.openFiles()[0];
+    if (output === null) return;
+    this.toggle(true);
+    await this.answer("Explain this error.", (onText, signal) =>
+      this.client.explain(file?.path ?? "program", file?.content ?? "", output, onText, signal),
+    );
+  }
+
+  private async ask(): Promise<void> {
+    const question = this.input.value.trim();
+    const file = this.context.openFiles()[0];
+    if (!question || this.answering) return;
+    if (!file) return this.say("Open a file to ask about it.");
+    this.input.value = "";
+    const history = [...this.conversation, { role: "user" as const, content: question }];
+    await this.answer(question, (onText, signal) => this.client.chat(file.path, file.content, history, onText, signal), history);
+  }
+
+  /** Shows the question and streams the answer into the panel; a new question stops the old answer. */
+  private async answer(
+    question: string,
+    run: (onText: (text: string) => void, signal: AbortSignal) => Promise<void>,
+    history?: ChatTurn[],
+  ): Promise<void> {
+    this.answering?.abort();
+    const controller = new AbortController();
+    this.answering = controller;
+    this.messages.append(h("p", { class: "assistant-question" }, question));
+    const reply = h("p", { class: "assistant-answer streaming" });
+    this.messages.append(reply);
+    let text = "";
+    try {
+      await run((piece) => {
+        text += piece;
+        reply.textContent = text;
+        this.messages.scrollTop = this.messages.scrollHeight;
+      }, controller.signal);
+      if (history) this.conversation = [...history, { role: "assistant", content: text }];
+    } catch (error) {
+      if (!controller.signal.aborted) reply.textContent = text ? `${text} [stopped: ${this.failed(error)}]` : this.failed(error) ?? "";
+      reply.classList.add("assistant-error");
+    } finally {
+      reply.classList.remove("streaming");
+      if (this.answering === controller) this.answering = null;
+    }
+  }
+
+  private say(text: string): void {
+    this.messages.append(h("p", { class: "status status-info" }, text));
+  }
+}
