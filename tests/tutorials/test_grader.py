@@ -264,6 +264,13 @@ async def test_learner_code_cannot_read_the_tests_from_disk(lesson, bwrap):
     assert result.tests[0].output.strip() == "['main.py']"
 
 
+async def test_async_test_functions_are_awaited(bwrap):
+    lesson = parse_lesson(PYTHON_LESSON.replace("def test_add_small_numbers", "async def test_add_small_numbers"),
+                          slug="adding", language="python")
+    result = await grade(lesson, main_py("return a * b"), sandbox=bwrap)
+    assert result.tests[0].status == "fail" and result.tests[0].actual == "6"
+
+
 async def test_a_learner_file_cannot_replace_a_test(lesson, bwrap):
     files = {**main_py("return 0"), "test_hidden.py": "def test_nothing():\n    pass\n"}
     result = await grade(lesson, files, sandbox=bwrap)

@@ -11,6 +11,7 @@ JSON line after the spec's marker on the original stdout.
 
 import ast
 import contextlib
+import inspect
 import io
 import json
 import os
@@ -265,7 +266,10 @@ def run_test(name, fn, marks, code, test, spec, test_files, sources):
     with captured() as output:
         try:
             with time_limit(spec["timeout"]):
-                fn()
+                returned = fn()
+                if inspect.iscoroutine(returned):  # an `async def` test
+                    import asyncio
+                    asyncio.run(returned)
         except Timeout:
             result.update(status="error", kind="timeout")
         except CheckFailed as exc:
