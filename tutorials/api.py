@@ -23,12 +23,14 @@ from tutorials.schemas import (
     GridPublic,
     GridRowPublic,
     HintPublic,
+    IOCheckPublic,
     LessonPublic,
     LessonStarted,
     LessonSummary,
     Slug,
     SolutionPublic,
     TaskPublic,
+    VisibleTestsPublic,
 )
 
 router = APIRouter(prefix="/api/tutorials", tags=["tutorials"], responses=ERROR_RESPONSES)
@@ -92,6 +94,10 @@ def lesson_public(work: service.LessonWork) -> LessonPublic:
         title=lesson.title,
         description=lesson.description_md,
         tasks=[TaskPublic(number=t.number, text=t.text_md, hints_available=len(t.hints)) for t in lesson.tasks],
+        visible_tests=VisibleTestsPublic(
+            files=lesson.visible_tests.files,
+            io_checks=[IOCheckPublic.model_validate(check, from_attributes=True) for check in lesson.visible_tests.io_checks],
+        ),
         hints=[HintPublic(task=task, text=text) for task, text in service.revealed_hints(lesson, progress.hints_used)],
         hints_total=service.hints_total(lesson),
         attempts=progress.attempts,

@@ -21,15 +21,22 @@ from sandbox.runs import ProjectRuns
 from tutorials import grader, service
 from tutorials.schemas import GradePublic
 
-def learner_files(folder: Path) -> dict[str, str]:
+SKIPPED_FOLDERS = {"__pycache__", "node_modules"}
+
+
+def learner_files(folder: Path, lesson_files: set[str]) -> dict[str, str]:
     """The project's text files (name -> text), as the grader takes them. Dot files (editor and
-    tool settings) and binary files are not the learner's answer, so they are left out."""
+    tool settings), caches, binary files and big files other than the lesson's own are not the
+    learner's answer, so they are left out."""
     found: dict[str, str] = {}
     for entry in files.tree(folder):
-        if entry.kind != "file" or any(part.startswith(".") for part in entry.path.split("/")):
+        parts = entry.path.split("/")
+        if entry.kind != "file" or any(p.startswith(".") or p in SKIPPED_FOLDERS for p in parts):
             continue
         if entry.size > grader.MAX_FILE_BYTES:
-            raise InvalidInput(f"{entry.path} is too big to check (files may be {grader.MAX_FILE_BYTES // 1024} KiB)")
+            if entry.path in lesson_files:
+                raise InvalidInput(f"{entry.path} is too big to check (at most {grader.MAX_FILE_BYTES // 1024} KiB)")
+            continue
         try:
             found[entry.path] = files.read(folder, entry.path, grader.MAX_FILE_BYTES).decode()
         except UnicodeDecodeError:
@@ -52,7 +59,8 @@ class Checker:
             raise SandboxUnavailable(getattr(self.runs, "unavailable", "") or "this server has no sandbox to check lessons in")
         await self.runs.editors.flush(project.id)
         folder = projects.project_dir(self.projects_dir, project.id)
-        learner = await asyncio.to_thread(learner_files, folder)
+        own = set(work.lesson.starter_files) | set(work.lesson.solution_files)
+        learner = await asyncio.to_thread(learner_files, folder, own)
         try:
             result = await grader.grade(work.lesson, learner, sandbox=self.runs.service, user_id=str(user.id))
         except ValueError as exc:

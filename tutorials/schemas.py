@@ -49,6 +49,23 @@ class TaskPublic(BaseModel):
     hints_available: int
 
 
+class IOCheckPublic(BaseModel):
+    """A visible input/output check: run the program with this input, expect this output."""
+
+    name: str
+    task: int | None
+    stdin: str
+    stdout: str | None
+    stdout_regex: str | None
+
+
+class VisibleTestsPublic(BaseModel):
+    """The lesson's visible tests (hidden tests are never sent)."""
+
+    files: dict[str, str]
+    io_checks: list[IOCheckPublic]
+
+
 class HintPublic(BaseModel):
     task: int
     text: str
@@ -99,6 +116,7 @@ class LessonPublic(BaseModel):
     title: str
     description: str
     tasks: list[TaskPublic]
+    visible_tests: VisibleTestsPublic
     hints: list[HintPublic] = Field(description="The hints revealed so far, in order.")
     hints_total: int
     attempts: int

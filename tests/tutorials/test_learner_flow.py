@@ -45,6 +45,8 @@ def test_lesson_one_from_start_to_pass(served):
     lesson = learner.get(base).json()
     assert (lesson["title"], lesson["status"], lesson["attempts"], lesson["hints"]) == (LESSON.title, "started", 0, [])
     assert [t["number"] for t in lesson["tasks"]] == [t.number for t in LESSON.tasks]
+    assert lesson["visible_tests"]["files"] == LESSON.visible_tests.files
+    assert [c["name"] for c in lesson["visible_tests"]["io_checks"]] == [c.name for c in LESSON.visible_tests.io_checks]
     assert lesson["solution_available"] is False
     assert lesson["next_lesson"] == COURSE.lessons[1].slug
     denied = learner.get(f"{base}/solution")

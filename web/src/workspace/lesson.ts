@@ -13,6 +13,7 @@ interface Lesson {
   title: string;
   description: string;
   tasks: { number: number; text: string; hints_available: number }[];
+  visible_tests: { files: Record<string, string>; io_checks: IOCheck[] };
   hints: { task: number; text: string }[];
   hints_total: number;
   attempts: number;
@@ -20,6 +21,14 @@ interface Lesson {
   solution_available: boolean;
   solution_after_attempts: number;
   next_lesson: string | null;
+}
+
+interface IOCheck {
+  name: string;
+  task: number | null;
+  stdin: string;
+  stdout: string | null;
+  stdout_regex: string | null;
 }
 
 interface TestResult {
@@ -45,6 +54,21 @@ interface Grade {
   message: string;
   tests: TestResult[];
   first_failure: FirstFailure | null;
+}
+
+/** The visible tests, folded away: learners may read exactly what is checked (hidden tests never come). */
+function visibleTests(tests: Lesson["visible_tests"]): HTMLElement | string {
+  const count = Object.keys(tests.files).length + tests.io_checks.length;
+  if (!count) return "";
+  const checks = tests.io_checks.map((check) =>
+    h("li", {}, h("strong", {}, check.name), check.task ? ` (task ${check.task})` : "",
+      check.stdin ? h("div", {}, "Input: ", h("pre", {}, check.stdin)) : "",
+      check.stdout !== null ? h("div", {}, "Prints exactly: ", h("pre", {}, check.stdout))
+        : h("div", {}, "Output matches the pattern: ", h("pre", {}, check.stdout_regex ?? ""))));
+  const files = Object.entries(tests.files).flatMap(([name, text]) => [h("p", {}, h("code", {}, name)), h("pre", {}, text)]);
+  return h("details", { class: "lesson-tests", id: "lesson-tests" },
+    h("summary", {}, `What Check tests (${count} visible)`),
+    checks.length ? h("ul", {}, ...checks) : "", ...files);
 }
 
 const STATUS_TEXT: Record<Status, string> = {
@@ -83,6 +107,7 @@ export class LessonPane {
       renderMarkdown(lesson.description),
       h("h3", {}, "Tasks"),
       tasks,
+      visibleTests(lesson.visible_tests),
       h("div", { class: "lesson-actions" }, this.checkButton, this.nextButton, this.attempts),
       this.result,
       this.hints,
