@@ -191,6 +191,9 @@ _PYTHON = [
     ("EOFError", r".*", lambda m: (
         "Your code called input(), but there was nothing (more) to read. The tests call your functions directly: "
         "take values as parameters instead of asking with input().")),
+    ("SystemExit", r".*", lambda m: (
+        "Your code called exit() (or sys.exit()), which stops everything, the tests too. "
+        "Remove it, or use return to leave a function.")),
     ("RecursionError", r".*", lambda m: "A function kept calling itself without end. It needs a case that returns without calling itself."),
     ("ImportError", r"cannot import name '(\w+)' from '([\w.]+)'", lambda m: (
         f"The tests look for '{m.group(1)}' in {m.group(2).replace('.', '/')}.py, but it isn't there. Check the name "
@@ -218,6 +221,8 @@ _JAVASCRIPT = [
     ("SyntaxError", r"Identifier '(\w+)' has already been declared", lambda m: (
         f"'{m.group(1)}' is declared twice. Use let/const once, then just assign: {m.group(1)} = ...")),
     ("SyntaxError", r".*", lambda m: "JavaScript could not understand this line. Look for a missing bracket, brace or quote here or just before."),
+    ("ProcessExit", r".*", lambda m: (
+        "Your code called process.exit(), which would stop the tests too. Remove it, or use return to leave a function.")),
     ("RangeError", r"Maximum call stack size exceeded", lambda m: (
         "A function kept calling itself without end. It needs a case that returns without calling itself.")),
 ]

@@ -185,7 +185,7 @@ async def _run(sandbox: Backend | RunService, spec: RunSpec, user_id: str, slug:
 def _runner_report(run: RunResult, marker: str) -> dict | None:
     """The runner's JSON line (the last one after the marker), or None if it never printed one."""
     text = run.stdout.decode("utf-8", "replace")
-    head, found, tail = text.rpartition(marker + " ")
+    _, found, tail = text.rpartition(marker + " ")
     if not found:
         return None
     try:
@@ -232,14 +232,14 @@ def _message(lesson: Lesson, item: dict, test: TestResult, files: Mapping[str, s
         return explain(test.error, lesson.language, files)
     note = f" ({item['note']})" if item.get("note") else ""
     if kind == "io":
-        given = f"When the input is {item['stdin']!r}, " if item.get("stdin") else ""
+        program = f"When the input is {item['stdin']!r}, your program" if item.get("stdin") else "Your program"
+        printed = f"but it printed:\n{test.actual}" if test.actual else "but it printed nothing."
         if item.get("stdout_regex") is not None:
-            return f"{given}your program should print {_regex_in_words(test.expected)}, but it printed:\n{test.actual}"
-        return f"{given}your program should print:\n{test.expected}\nbut it printed:\n{test.actual}"
-    if kind == "compare" and item.get("op") == "==":
-        return f"Expected {item['expression']} to be {test.expected}, but it was {test.actual}.{note}"
+            return f"{program} should print {_regex_in_words(test.expected)}, {printed}"
+        return f"{program} should print:\n{test.expected}\n{printed}"
     if kind == "compare":
-        return f"Expected {item['expression']} {item['op_words']} {test.expected}, but it was {test.actual}.{note}"
+        words = "to be" if item.get("op") == "==" else item["op_words"]
+        return f"Expected {item.get('expression') or 'the value'} {words} {test.expected}, but it was {test.actual}.{note}"
     if item.get("note"):
         return item["note"]
     return f"This check was not true: {item.get('expression') or 'assert'}"

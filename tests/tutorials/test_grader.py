@@ -323,3 +323,16 @@ async def test_javascript_endless_loop_is_stopped(js_lesson, bwrap):
     result = await grade(js_lesson, files, sandbox=bwrap)
     assert result.status == "error"
     assert "took too long" in result.message
+
+
+async def test_exiting_from_learner_code_fails_that_test_with_a_reason(lesson, js_lesson, bwrap):
+    python = await grade(lesson, main_py("import sys; sys.exit(0)"), sandbox=bwrap)
+    assert python.tests[0].status == "error" and "exit()" in python.tests[0].message
+    javascript = await grade(js_lesson, {"index.js": "module.exports = { double: () => process.exit(0) };\n"}, sandbox=bwrap)
+    assert javascript.tests[0].status == "error" and "process.exit()" in javascript.tests[0].message
+
+
+async def test_a_program_that_prints_nothing_is_told_so(lesson, bwrap):
+    result = await grade(lesson, main_py("return a + b", echo=False), sandbox=bwrap)
+    echo = next(t for t in result.tests if t.name == "echoes hello")
+    assert echo.message == "When the input is 'hello\\n', your program should print:\nYou said: hello\nbut it printed nothing."

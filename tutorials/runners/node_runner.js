@@ -37,6 +37,13 @@ for (const stream of [process.stdout, process.stderr]) {
   };
 }
 
+const exit = process.exit.bind(process);
+process.exit = (code) => { // a learner's process.exit() fails its test instead of ending the check
+  const error = new Error(`process.exit(${code === undefined ? '' : code}) was called`);
+  error.name = 'ProcessExit';
+  throw error;
+};
+
 function report(result) {
   fs.writeSync(1, `\n${spec.marker} ${JSON.stringify(result)}\n`);
 }
@@ -210,4 +217,4 @@ async function main() {
   report({ tests: results });
 }
 
-main().then(() => process.exit(0));
+main().then(() => exit(0));
