@@ -10,6 +10,10 @@ import pytest
 from sandbox_fixtures import nothing_left_behind  # noqa: F401  (autouse: every run cleaned up)
 
 from ide_server.access import app_routes
+from ide_server.errors import InvalidInput
+from tutorials.checking import learner_files
+from tutorials.format import builtin_courses
+from tutorials.grader import MAX_FILE_BYTES
 from learner_kit import TUTORIAL_PREFIXES, first_python_course, hidden_markers, new_person, served_client
 
 COURSE = first_python_course()
@@ -158,3 +162,30 @@ def test_bad_input_answers_4xx_with_a_message(served):
         response = learner.request(method, f"/api/projects/{plain}/lesson{suffix}")
         assert response.status_code == 404 and response.json()["detail"] == "this project is not a lesson"
     assert served.get(f"/api/tutorials/courses/{COURSE.slug}").status_code == 401
+
+
+def test_a_javascript_lesson_is_checked_through_the_same_flow(served):
+    course = next(c for c in builtin_courses().values() if c.language == "javascript")
+    lesson = course.lessons[0]
+    learner = new_person(served)
+    project_id = learner.post(f"/api/tutorials/courses/{course.slug}/lessons/{lesson.slug}/start").json()["project_id"]
+    assert learner.get(f"/api/projects/{project_id}").json()["template"] == "node"
+    base = f"/api/projects/{project_id}/lesson"
+    assert learner.post(f"{base}/check").json()["result"]["status"] in ("fail", "error")
+    put_files(learner, project_id, lesson.solution_files)
+    assert learner.post(f"{base}/check").json()["result"]["status"] == "pass"
+
+
+def test_only_the_learners_own_text_files_are_graded(tmp_path):
+    (tmp_path / "main.py").write_text("print('hi')\n")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("later\n")
+    for skipped in (".editorconfig", "__pycache__/main.cpython-311.pyc", "node_modules/x/index.js", ".git/config"):
+        (tmp_path / skipped).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / skipped).write_text("skip me\n")
+    (tmp_path / "picture.png").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    (tmp_path / "big.csv").write_text("x" * (MAX_FILE_BYTES + 1))
+    assert learner_files(tmp_path, {"main.py"}) == {"main.py": "print('hi')\n", "notes/todo.txt": "later\n"}
+    (tmp_path / "main.py").write_text("x" * (MAX_FILE_BYTES + 1))
+    with pytest.raises(InvalidInput, match="main.py is too big to check"):
+        learner_files(tmp_path, {"main.py"})
