@@ -250,8 +250,10 @@ def _sections(body: str, file: Path | str) -> dict[str, list[str]]:
     fence = None
     for number, line in enumerate(body.split("\n"), start=1):
         match = _FENCE.match(line)
-        if match and (fence is None or (match.group(1)[0] == fence[0] and len(match.group(1)) >= len(fence) and not match.group(2))):
-            fence = match.group(1) if fence is None else None
+        if fence is None and match:
+            fence = match.group(1)
+        elif fence is not None and _closes(line, fence):
+            fence = None
         if fence is None and line.startswith("## "):
             name = line[3:].strip().lower()
             if name not in SECTIONS:
@@ -266,6 +268,12 @@ def _sections(body: str, file: Path | str) -> dict[str, list[str]]:
     if fence is not None:
         raise LessonFormatError(file, "body", "a code fence is never closed")
     return sections
+
+
+def _closes(line: str, fence: str) -> bool:
+    """A closing fence: the opening fence's character, at least as many, nothing after."""
+    text = line.strip()
+    return text.startswith(fence) and set(text) == {fence[0]}
 
 
 def _numbered_items(text: str, file: Path | str) -> list[str]:
@@ -316,7 +324,7 @@ def _code_blocks(lines: list[str], file: Path | str, field: str) -> list[tuple[d
             i += 1
             continue
         fence, info = match.groups()
-        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == fence), None)
+        end = next((j for j in range(i + 1, len(lines)) if _closes(lines[j], fence)), None)
         if end is None:
             raise LessonFormatError(file, field, f"code fence {fence} is never closed")
         words = info.split()

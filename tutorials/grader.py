@@ -189,9 +189,11 @@ def _runner_report(run: RunResult, marker: str) -> dict | None:
     if not found:
         return None
     try:
-        return json.loads(tail.split("\n", 1)[0])
+        report = json.loads(tail.split("\n", 1)[0])
     except json.JSONDecodeError:
         return None
+    valid = isinstance(report, dict) and (isinstance(report.get("load_error"), dict) or isinstance(report.get("tests"), list))
+    return report if valid else None
 
 
 def _result(lesson: Lesson, run: RunResult, marker: str, files: Mapping[str, str]) -> GradeResult:
