@@ -36,19 +36,16 @@ class ErrorInfo:
 
 
 def explain(error: ErrorInfo, language: str, files: Mapping[str, str] | None = None) -> str:
-    """What went wrong, where, and what to try: two or three short paragraphs of plain words."""
+    """What went wrong, where, and what to try, in a few plain lines, ending with the raw error."""
     table = _PYTHON if language == "python" else _JAVASCRIPT
     advice = next((text(match) for kind, pattern, text in table
-                   if kind in (error.type, "*") and (match := re.search(pattern, error.message))), None)
-    if advice is None:
-        advice = f"{error.type}: {error.message}"
-    where = ""
+                   if kind == error.type and (match := re.search(pattern, error.message))), None)
     if error.in_learner_file and error.file and error.line:
         code = error.code or _source_line(files or {}, error.file, error.line)
         where = f"{_headline(error.type)} on line {error.line} of {error.file}" + (f":\n    {code.strip()}" if code else ".")
     else:
         where = f"{_headline(error.type)}."
-    return f"{where}\n{advice}\n({error.type}: {error.message})"
+    return "\n".join(part for part in (where, advice, f"({error.type}: {error.message})") if part)
 
 
 def error_from_output(text: str, language: str, files: Mapping[str, str]) -> ErrorInfo | None:
@@ -117,7 +114,7 @@ def _from_node_report(text: str, files: Mapping[str, str]) -> ErrorInfo | None:
     return error
 
 
-# (exception type or "*", pattern on the message, advice): the first match wins.
+# (exception type, pattern searched in its message, advice): the first match wins.
 _PYTHON = [
     ("IndentationError", r"expected an indented block", lambda m: (
         "Python expected the lines after a ':' (if, for, while, def, class) to be indented. "
