@@ -1,6 +1,6 @@
 """The deployment panel in a real browser: Deploy makes a static site live at its URL, a new
-release replaces it and a rollback brings the old one back; secrets are saved masked and never
-shown again; viewers see neither the secrets nor the Deploy button."""
+release replaces it, a rollback brings the old one back and a failing release never serves;
+secrets are saved masked and never shown again; viewers see neither secrets nor Deploy."""
 
 import secrets
 import time
@@ -74,6 +74,7 @@ def test_deploy_goes_live_redeploys_and_rolls_back(open_as, owner_api, project_i
     expect(first).to_have_attribute("data-status", "live")
     expect(page.locator("#deploy-logs")).to_contain_text("release 1")  # streamed over the logs WebSocket
     expect(page.locator("#deploy-progress")).to_be_hidden()
+    expect(page.locator("#deploy-message")).to_have_text("Release #1 is live.")
     url = page.locator("#deploy-url").get_attribute("href")
     assert "version one" in answer_of(url, "version one")
     screenshot(page, "deploy-live")
@@ -89,9 +90,19 @@ def test_deploy_goes_live_redeploys_and_rolls_back(open_as, owner_api, project_i
     release_one.locator(".rollback").click()
     expect(release_one).to_contain_text("serving", timeout=90_000)
     expect(page.locator("#deploy-status")).to_have_text("Live")
+    expect(page.locator("#deploy-message")).to_have_text("Release #1 is live.")
     assert "version one" in answer_of(url, "version one")
     expect(page.locator("#deploy-state")).to_have_text("● Live")
     screenshot(page, "deploy-rolled-back")
+
+    broken = b'[deploy]\nrun = ["python3", "-c", "raise SystemExit(3)"]\n'
+    owner_api.put(f"/api/projects/{project_id}/files/content/codeyard.toml", content=broken).raise_for_status()
+    page.locator("#deploy-now").click()
+    expect(page.locator("#deploy-message")).to_contain_text("Release #3 failed", timeout=90_000)
+    expect(page.locator("#deploy-message")).to_contain_text("The previous release keeps serving.")
+    expect(page.locator('#deploy-releases li[data-status="failed"]')).to_contain_text("#3")
+    expect(page.locator("#deploy-status")).to_have_text("Live")
+    assert "version one" in httpx.get(url, timeout=10).text
 
 
 def test_a_secret_is_saved_and_shown_only_masked(open_as, owner_api, project_id, screenshot):

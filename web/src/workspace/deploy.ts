@@ -69,6 +69,7 @@ export class DeployPanel {
   private deployment: Deployment | null = null;
   private socket: WebSocket | null = null;
   private logsDenied = false;
+  private awaited: string | null = null; // the release a deploy or rollback is waiting for
   private timer: number | undefined;
 
   constructor(private readonly projectId: string, private readonly canWrite: boolean, isOwner: boolean) {
@@ -117,8 +118,10 @@ export class DeployPanel {
     this.deployButton.disabled = true;
     showStatus(this.message, "Starting a new release…");
     try {
-      this.show(await api<Deployment>("POST", `${this.base}/deployments`));
+      const deployment = await api<Deployment>("POST", `${this.base}/deployments`);
+      this.awaited = deployment.releases[0]?.id ?? null;
       showStatus(this.message, "Building the new release. The current one keeps serving until the new one is healthy.");
+      this.show(deployment);
     } catch (error) {
       showStatus(this.message, (error as ApiError).message, "error");
     } finally {
@@ -139,8 +142,9 @@ export class DeployPanel {
   private async rollBack(release: Release): Promise<void> {
     if (!confirm(`Roll back to release #${release.number}? It replaces the live release once healthy.`)) return;
     try {
-      this.show(await api<Deployment>("POST", `${this.base}/deployment/rollback`, { release_id: release.id }));
+      this.awaited = release.id;
       showStatus(this.message, `Rolling back to release #${release.number}…`);
+      this.show(await api<Deployment>("POST", `${this.base}/deployment/rollback`, { release_id: release.id }));
     } catch (error) {
       showStatus(this.message, (error as ApiError).message, "error");
     }
@@ -198,6 +202,16 @@ export class DeployPanel {
     this.badge.dataset.status = deployment.status;
     this.badge.textContent = `● ${STATUS_TEXT[deployment.status]}`;
     this.releases.replaceChildren(...deployment.releases.map((release) => this.item(release, deployment.current_release?.id === release.id)));
+    this.reportAwaited(deployment);
+  }
+
+  /** Says how the release a deploy or rollback started turned out, once it has. */
+  private reportAwaited(deployment: Deployment): void {
+    const release = deployment.releases.find((r) => r.id === this.awaited);
+    if (!release || (release.status !== "live" && release.status !== "failed" && !(release.status === "retired" && release.message))) return;
+    this.awaited = null;
+    if (release.status === "live") showStatus(this.message, `Release #${release.number} is live.`);
+    else showStatus(this.message, `Release #${release.number} failed: ${release.message || "see the logs"}. The previous release keeps serving.`, "error");
   }
 
   private item(release: Release, current: boolean): HTMLElement {
