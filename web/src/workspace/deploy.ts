@@ -221,7 +221,7 @@ export class DeployPanel {
       { "data-release": release.id, "data-status": release.status },
       h("strong", {}, `#${release.number}`),
       h("span", { class: `badge release-${release.status}` }, current ? `${release.status} · serving` : release.status),
-      h("span", { class: "release-text" }, [release.kind, release.message].filter(Boolean).join(" · ")),
+      h("span", { class: "release-text", title: release.message }, [release.kind, release.message].filter(Boolean).join(" · ")),
       h("small", {}, when),
     );
     if (this.canWrite && release.can_roll_back && !current) {

@@ -70,7 +70,7 @@ export class SecretsEditor {
       this.value.value = "";
       this.value.focus();
     });
-    const remove = h("button", { type: "button", class: "secondary small danger" }, "Delete");
+    const remove = h("button", { type: "button", class: "small danger" }, "Delete");
     remove.addEventListener("click", () => void this.remove(secret.name));
     const when = new Date(secret.updated_at).toLocaleString();
     return h(
