@@ -257,7 +257,8 @@ def _sections(body: str, file: Path | str) -> dict[str, list[str]]:
         if fence is None and line.startswith("## "):
             name = line[3:].strip().lower()
             if name not in SECTIONS:
-                raise LessonFormatError(file, f"## {line[3:].strip()}", f"unknown section (known: {', '.join(s.capitalize() for s in SECTIONS)})")
+                known = ", ".join(s.capitalize() for s in SECTIONS)
+                raise LessonFormatError(file, f"## {line[3:].strip()}", f"unknown section (known: {known})")
             if name in sections:
                 raise LessonFormatError(file, f"## {line[3:].strip()}", "section appears twice")
             current = sections[name] = []

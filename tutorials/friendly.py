@@ -146,7 +146,8 @@ _PYTHON = [
     ("UnboundLocalError", r"'?(\w+)'?", lambda m: (
         f"'{m.group(1)}' is used inside a function before it gets a value there. Give it a value first, or pass it in as a parameter.")),
     ("TypeError", r'can only concatenate str \(not "(\w+)"\) to str', lambda m: (
-        f"You joined text and a {m.group(1)} with '+'. Turn the value into text first, with str(...), or use an f-string: f\"Age: {{age}}\".")),
+        f"You joined text and a {m.group(1)} with '+'. Turn the value into text first, with str(...), "
+        "or use an f-string: f\"Age: {age}\".")),
     ("TypeError", r"unsupported operand type\(s\) for (\S+): '(\w+)' and '(\w+)'", lambda m: (
         f"'{m.group(1)}' can't combine a {m.group(2)} and a {m.group(3)}. Convert one of them first, "
         "for example int(text) to turn digits typed by a user into a number.")),
@@ -210,14 +211,17 @@ _JAVASCRIPT = [
         "or did a function forget to return?")),
     ("TypeError", r"(\S+) is not a function", lambda m: (
         f"{m.group(1)} was called like a function but isn't one. Check the spelling, and that it was exported and imported.")),
-    ("TypeError", r"Assignment to constant variable", lambda m: "A const can't be given a new value. Declare it with let if it must change."),
+    ("TypeError", r"Assignment to constant variable", lambda m: (
+        "A const can't be given a new value. Declare it with let if it must change.")),
     ("TypeError", r".*", lambda m: "A value of the wrong kind was used here. Check what each value is (text, number, array...)."),
     ("SyntaxError", r"missing \) after argument list", lambda m: "A ')' is missing: a function call opened a bracket and never closed it."),
     ("SyntaxError", r"Unexpected end of input", lambda m: "The code ends too early: a '}', ')' or ']' is missing somewhere."),
-    ("SyntaxError", r"Invalid or unexpected token", lambda m: "There is a character JavaScript doesn't expect here, often a text missing its closing quote."),
+    ("SyntaxError", r"Invalid or unexpected token", lambda m: (
+        "There is a character JavaScript doesn't expect here, often a text missing its closing quote.")),
     ("SyntaxError", r"Identifier '(\w+)' has already been declared", lambda m: (
         f"'{m.group(1)}' is declared twice. Use let/const once, then just assign: {m.group(1)} = ...")),
-    ("SyntaxError", r".*", lambda m: "JavaScript could not understand this line. Look for a missing bracket, brace or quote here or just before."),
+    ("SyntaxError", r".*", lambda m: (
+        "JavaScript could not understand this line. Look for a missing bracket, brace or quote here or just before.")),
     ("ProcessExit", r".*", lambda m: (
         "Your code called process.exit(), which would stop the tests too. Remove it, or use return to leave a function.")),
     ("RangeError", r"Maximum call stack size exceeded", lambda m: (

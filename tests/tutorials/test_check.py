@@ -64,7 +64,8 @@ def test_format_errors_are_one_clear_line(tmp_path):
     (folder / "functions.md").write_text("no front matter\n")
     result = check(str(folder))
     assert result.returncode == 2
-    assert result.stderr == f"error: {folder / 'functions.md'}: front matter: a lesson starts with a '---' line, YAML (title: ...), and another '---'\n"
+    assert result.stderr == (f"error: {folder / 'functions.md'}: front matter: "
+                             "a lesson starts with a '---' line, YAML (title: ...), and another '---'\n")
 
 
 def test_a_path_without_courses_is_refused(tmp_path):

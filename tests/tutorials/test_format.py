@@ -119,7 +119,8 @@ def _replace(old: str, new: str) -> str:
     ("  stdout: \"Hello, World!\"", "  stdout: \"Hello, World!\"\n  stdout_regex: \"x\"", "## Hidden tests / io[0]", "exactly one of"),
     ("  stdout_regex: \"World\"", "  stdout_regex: \"(\"", "## Hidden tests / io[1].stdout_regex", "not a valid regular expression"),
     ("  task: 2", "  task: 9", "io check 'prints hello world': task", "no task 9"),
-    ("```python file=main.py\ndef greet(name):\n    pass", "```python file=../main.py\ndef greet(name):\n    pass", "## Starter", "not a valid file name"),
+    ("```python file=main.py\ndef greet(name):\n    pass", "```python file=../main.py\ndef greet(name):\n    pass",
+     "## Starter", "not a valid file name"),
 ])
 def test_format_errors_name_the_file_and_the_field(old, new, field, problem):
     with pytest.raises(LessonFormatError) as caught:

@@ -75,7 +75,8 @@ def test_node_errors_are_explained(tmp_path, source, kind, line, words):
 def test_an_unknown_error_still_says_what_happened():
     error = ErrorInfo("OverflowError", "math range error", "main.py", 3, in_learner_file=True)
     text = explain(error, "python", {"main.py": "a\nb\nx = math.exp(1000)\n"})
-    assert text == "Your code stopped with an OverflowError on line 3 of main.py:\n    x = math.exp(1000)\n(OverflowError: math range error)"
+    assert text == ("Your code stopped with an OverflowError on line 3 of main.py:\n"
+                    "    x = math.exp(1000)\n(OverflowError: math range error)")
 
 
 def test_an_error_outside_the_learners_files_names_no_line():

@@ -91,7 +91,11 @@ function sourceLine(relative, line) {
 }
 
 function errorInfo(error) {
-  const info = { type: error && error.name ? error.name : 'Error', message: error && error.message !== undefined ? String(error.message) : String(error), in_learner_file: false };
+  const info = {
+    type: error && error.name ? error.name : 'Error',
+    message: error && error.message !== undefined ? String(error.message) : String(error),
+    in_learner_file: false,
+  };
   const stack = error && typeof error.stack === 'string' ? error.stack : '';
   const places = [];
   const header = /^(\/[^\s:]+):(\d+)$/m.exec(stack); // a SyntaxError names the file and line first
@@ -104,7 +108,9 @@ function errorInfo(error) {
   const place = learner || inTests;
   if (place) {
     const relative = path.relative(WORKSPACE, place.file);
-    Object.assign(info, { file: relative, line: place.line, column: place.column, code: sourceLine(relative, place.line), in_learner_file: Boolean(learner) });
+    Object.assign(info, {
+      file: relative, line: place.line, column: place.column, code: sourceLine(relative, place.line), in_learner_file: Boolean(learner),
+    });
   }
   return info;
 }
@@ -136,7 +142,10 @@ function failure(error) {
   const operator = OPERATORS[error.operator];
   const note = error.generatedMessage ? null : error.message;
   if (operator) {
-    return { kind: 'compare', op: operator[0], op_words: operator[1], expression: firstArgument(where.code), expected: inspect(error.expected), actual: inspect(error.actual), note };
+    return {
+      kind: 'compare', op: operator[0], op_words: operator[1], expression: firstArgument(where.code),
+      expected: inspect(error.expected), actual: inspect(error.actual), note,
+    };
   }
   return { kind: 'truth', expression: where.code ? where.code.trim() : null, note: error.message };
 }
@@ -167,7 +176,10 @@ function normalise(text) {
 }
 
 function runIo(check) {
-  const result = { name: check.name, hidden: check.hidden, task: check.task || spec.single_task, status: 'pass', kind: 'io', stdin: check.stdin, stdout_regex: check.stdout_regex };
+  const result = {
+    name: check.name, hidden: check.hidden, task: check.task || spec.single_task, status: 'pass', kind: 'io',
+    stdin: check.stdin, stdout_regex: check.stdout_regex,
+  };
   const proc = childProcess.spawnSync(process.execPath, [`./${spec.entry}`], {
     input: check.stdin, cwd: WORKSPACE, encoding: 'utf8', timeout: spec.timeout * 1000, killSignal: 'SIGKILL', maxBuffer: 1 << 20,
   });
@@ -178,7 +190,8 @@ function runIo(check) {
     ? new RegExp(check.stdout_regex, 'm').test(proc.stdout)
     : normalise(proc.stdout) === normalise(check.stdout);
   if (!passed) {
-    Object.assign(result, { status: 'fail', expected: check.stdout_regex !== null ? check.stdout_regex : check.stdout.trimEnd(), actual: proc.stdout.trimEnd().slice(0, TEXT_LIMIT) });
+    const expected = check.stdout_regex !== null ? check.stdout_regex : check.stdout.trimEnd();
+    Object.assign(result, { status: 'fail', expected, actual: proc.stdout.trimEnd().slice(0, TEXT_LIMIT) });
   }
   return result;
 }
