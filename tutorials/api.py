@@ -7,7 +7,8 @@ from sqlalchemy.orm import Session
 from ide_server.deps import CurrentUser, DbSession, ProjectEditor, ProjectMember, SettingsDep
 from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.models import User
-from ide_server.schemas import RandomId
+from ide_server.api.events import EventsDep, ProjectEvents
+from ide_server.schemas import RandomId, UsernameParam
 from tutorials import catalog, classrooms, service
 from tutorials.checking import CheckerDep
 from tutorials.models import Classroom
@@ -172,6 +173,27 @@ def join_classroom(body: ClassroomJoin, user: CurrentUser, db: DbSession) -> Cla
 @router.get("/classrooms/{classroom_id}")
 def get_classroom(classroom_id: RandomId, user: CurrentUser, db: DbSession) -> ClassroomPublic:
     return classroom_public(db, classrooms.get_for_member(db, classroom_id, user), user)
+
+
+@router.delete("/classrooms/{classroom_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_classroom(classroom_id: RandomId, user: CurrentUser, db: DbSession, events: EventsDep) -> None:
+    """Delete a classroom (the teacher); the teacher stops seeing its students' lesson projects."""
+    classroom = classrooms.get_for_teacher(db, classroom_id, user)
+    _access_changed(events, classrooms.delete(db, classroom), classroom.teacher_id)
+
+
+@router.delete("/classrooms/{classroom_id}/students/{username}", status_code=status.HTTP_204_NO_CONTENT)
+def remove_student(classroom_id: RandomId, username: UsernameParam, user: CurrentUser, db: DbSession, events: EventsDep) -> None:
+    """The teacher removes a student, or a student leaves; the teacher stops seeing their lessons."""
+    classroom = classrooms.get_for_member(db, classroom_id, user)
+    _access_changed(events, classrooms.remove_student(db, classroom, username, user), classroom.teacher_id)
+
+
+def _access_changed(events: ProjectEvents | None, project_ids: list[str], teacher_id: int) -> None:
+    """The teacher's open editors of those projects close at once."""
+    if events is not None:
+        for project_id in project_ids:
+            events.access_changed(project_id, teacher_id)
 
 
 @router.get("/classrooms/{classroom_id}/grid")

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ide_server import security
-from ide_server.errors import Conflict, InvalidInput, NotFound
+from ide_server.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from ide_server.models import Membership, Role, User
 from tutorials import catalog
 from tutorials.format import Course, Lesson
@@ -111,6 +111,58 @@ def _grant_viewer(db: Session, project_id: str, user_id: int) -> None:
     if db.get(Membership, (project_id, user_id)) is None:
         db.add(Membership(project_id=project_id, user_id=user_id, role=Role.viewer))
         db.flush()
+
+
+def _revoke_teacher(db: Session, classroom: Classroom, student_id: int) -> list[str]:
+    """Take back the viewer role this classroom gave its teacher on the student's lesson projects,
+    except where another of the teacher's classrooms with this student still covers the course.
+    A stronger role the student gave the teacher themselves stays. Returns the projects changed."""
+    still_covered = select(ClassroomCourse.course_slug).join(
+        ClassroomStudent, ClassroomStudent.classroom_id == ClassroomCourse.classroom_id
+    ).join(Classroom, Classroom.id == ClassroomCourse.classroom_id).where(
+        Classroom.teacher_id == classroom.teacher_id,
+        Classroom.id != classroom.id,
+        ClassroomStudent.user_id == student_id,
+    )
+    courses = set(course_slugs(db, classroom)) - set(db.scalars(still_covered))
+    project_ids = db.scalars(
+        select(LessonProgress.project_id).where(
+            LessonProgress.user_id == student_id,
+            LessonProgress.course_slug.in_(courses),
+            LessonProgress.project_id.is_not(None),
+        )
+    )
+    revoked = []
+    for project_id in project_ids:
+        member = db.get(Membership, (project_id, classroom.teacher_id))
+        if member is not None and member.role == Role.viewer:
+            db.delete(member)
+            revoked.append(project_id)
+    return revoked
+
+
+def remove_student(db: Session, classroom: Classroom, username: str, by: User) -> list[str]:
+    """The teacher removes a student, or a student leaves (`by` is a member: see get_for_member);
+    the teacher stops seeing their lessons. Returns the projects the teacher lost access to."""
+    student = db.scalar(select(User).where(User.username == username.strip().lower()))
+    if by.id != classroom.teacher_id and (student is None or student.id != by.id):
+        raise PermissionDenied("only the teacher can remove other students")
+    row = db.get(ClassroomStudent, (classroom.id, student.id)) if student is not None else None
+    if row is None:
+        raise NotFound(f"{username!r} is not a student of this classroom")
+    revoked = _revoke_teacher(db, classroom, student.id)
+    db.delete(row)
+    db.commit()
+    return revoked
+
+
+def delete(db: Session, classroom: Classroom) -> list[str]:
+    """Delete a classroom; the teacher stops seeing its students' lessons (returns those projects)."""
+    student_ids = db.scalars(select(ClassroomStudent.user_id).where(ClassroomStudent.classroom_id == classroom.id))
+    revoked = [project_id for student_id in list(student_ids) for project_id in _revoke_teacher(db, classroom, student_id)]
+    db.delete(classroom)
+    db.commit()
+    return revoked
 
 
 def list_for_user(db: Session, user: User) -> list[Classroom]:

@@ -98,3 +98,36 @@ def test_classroom_bad_input(new_user):
     wrong = new_user().post("/api/tutorials/classrooms/join", json={"code": "NOPE2345"})
     assert wrong.status_code == 404 and "join code" in wrong.json()["detail"]
     assert new_user().post("/api/tutorials/classrooms/join", json={}).status_code == 422
+
+
+def test_leaving_removing_and_deleting_take_back_the_teachers_view(new_user):
+    teacher, ada, bob, cleo = new_user(), new_user(), new_user(), new_user()
+    room = teacher.post("/api/tutorials/classrooms", json={"name": "A", "courses": [COURSE.slug]}).json()
+    same_course = teacher.post("/api/tutorials/classrooms", json={"name": "B", "courses": [COURSE.slug]}).json()
+    for student in (ada, bob, cleo):
+        assert student.post("/api/tutorials/classrooms/join", json={"code": room["join_code"]}).status_code == 200
+    assert cleo.post("/api/tutorials/classrooms/join", json={"code": same_course["join_code"]}).status_code == 200
+    projects = {student.username: start(student) for student in (ada, bob, cleo)}
+    # Bob gave the teacher the editor role himself: leaving the classroom doesn't take that away.
+    link = bob.post(f"/api/projects/{projects[bob.username]}/invites", json={"role": "editor"}).json()
+    assert teacher.post(f"/api/invites/{link['token']}/accept").status_code == 200
+
+    # Students can't remove each other; a student leaves; the teacher removes another.
+    assert ada.delete(f"/api/tutorials/classrooms/{room['id']}/students/{bob.username}").status_code == 403
+    assert ada.delete(f"/api/tutorials/classrooms/{room['id']}/students/{ada.username}").status_code == 204
+    assert teacher.get(f"/api/projects/{projects[ada.username]}").status_code == 404
+    assert ada.get(f"/api/tutorials/classrooms/{room['id']}").status_code == 404
+    assert teacher.delete(f"/api/tutorials/classrooms/{room['id']}/students/{bob.username}").status_code == 204
+    assert teacher.get(f"/api/projects/{projects[bob.username]}").json()["role"] == "editor"
+    gone = teacher.delete(f"/api/tutorials/classrooms/{room['id']}/students/{bob.username}")
+    assert gone.status_code == 404 and "is not a student" in gone.json()["detail"]
+    assert [r["username"] for r in teacher.get(f"/api/tutorials/classrooms/{room['id']}/grid").json()["students"]] == [cleo.username]
+
+    # Only the teacher deletes; Cleo is still in classroom B with the same course, so the view stays.
+    assert cleo.delete(f"/api/tutorials/classrooms/{room['id']}").status_code == 404
+    assert teacher.delete(f"/api/tutorials/classrooms/{room['id']}").status_code == 204
+    assert teacher.get(f"/api/tutorials/classrooms/{room['id']}").status_code == 404
+    assert teacher.get(f"/api/projects/{projects[cleo.username]}").json()["role"] == "viewer"
+    assert teacher.delete(f"/api/tutorials/classrooms/{same_course['id']}").status_code == 204
+    assert teacher.get(f"/api/projects/{projects[cleo.username]}").status_code == 404
+    assert cleo.get(f"/api/projects/{projects[cleo.username]}").json()["role"] == "owner"

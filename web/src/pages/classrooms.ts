@@ -82,11 +82,19 @@ export async function renderClassrooms(root: HTMLElement): Promise<void> {
   }
 }
 
-function gridTable(grid: Grid): HTMLElement {
+function removeButton(username: string, remove: (username: string) => void): HTMLElement {
+  const button = h("button", { type: "button", class: "icon", title: `Remove ${username} from the classroom`, "aria-label": `Remove ${username}` }, "×");
+  button.addEventListener("click", () => {
+    if (confirm(`Remove ${username} from this classroom? You will no longer see their lessons.`)) remove(username);
+  });
+  return button;
+}
+
+function gridTable(grid: Grid, remove: (username: string) => void): HTMLElement {
   const head = h("tr", {}, h("th", {}, "Student"), ...grid.columns.map((column) => h("th", { title: `${column.course_slug}: ${column.title}` }, column.title)));
   const rows = grid.students.map((student) =>
     h("tr", { "data-student": student.username },
-      h("th", {}, student.username),
+      h("th", {}, student.username, removeButton(student.username, remove)),
       ...student.cells.map((cell, index) => {
         const column = grid.columns[index];
         const label = `${student.username}, ${column.title}: ${cell.status.replace("_", " ")}, ${cell.attempts} checks, ${cell.hints_used} hints`;
@@ -105,26 +113,57 @@ export async function renderClassroom(root: HTMLElement, classroomId: string): P
   const info = h("div", { id: "classroom-info" });
   const gridHost = h("div", { class: "grid-host" });
   root.replaceChildren(topbar(["/classrooms", "← Classrooms"], ["/courses", "Courses"]), h("main", { class: "dashboard wide" }, title, info, status, gridHost));
+  const base = `/api/tutorials/classrooms/${encodeURIComponent(classroomId)}`;
   let room: Classroom;
   try {
-    room = await api<Classroom>("GET", `/api/tutorials/classrooms/${encodeURIComponent(classroomId)}`);
+    room = await api<Classroom>("GET", base);
   } catch (error) {
     return fail(error, status);
   }
   title.textContent = room.name;
   const courseLinks = room.courses.map((slug) => h("a", { href: `/courses/${encodeURIComponent(slug)}` }, slug));
   if (!room.is_teacher) {
-    info.replaceChildren(h("p", {}, `Teacher: ${room.teacher}. Courses: `, ...courseLinks.flatMap((link, i) => (i ? [", ", link] : [link]))));
+    const leave = h("button", { type: "button", class: "secondary", id: "leave-classroom" }, "Leave classroom");
+    leave.addEventListener("click", async () => {
+      if (!confirm(`Leave ${room.name}? Your teacher will no longer see your lessons.`)) return;
+      try {
+        const me = await api<{ username: string }>("GET", "/api/me");
+        await api("DELETE", `${base}/students/${encodeURIComponent(me.username)}`);
+        location.assign("/classrooms");
+      } catch (error) {
+        fail(error, status);
+      }
+    });
+    info.replaceChildren(h("p", {}, `Teacher: ${room.teacher}. Courses: `, ...courseLinks.flatMap((link, i) => (i ? [", ", link] : [link]))), leave);
     return;
   }
+  const remove = h("button", { type: "button", class: "danger", id: "delete-classroom" }, "Delete classroom");
+  remove.addEventListener("click", async () => {
+    if (!confirm(`Delete ${room.name}? Students keep their work; you stop seeing it.`)) return;
+    try {
+      await api("DELETE", base);
+      location.assign("/classrooms");
+    } catch (error) {
+      fail(error, status);
+    }
+  });
   info.replaceChildren(
     h("p", {}, "Students join with this code: ", h("code", { class: "join-code", id: "join-code" }, room.join_code ?? "")),
     h("p", { class: "status-info" }, "✓ passed · ✗ not passing yet · … started · · not started. Click a mark to watch that project live (read-only)."),
+    remove,
   );
+  const removeStudent = async (username: string) => {
+    try {
+      await api("DELETE", `${base}/students/${encodeURIComponent(username)}`);
+      await load();
+    } catch (error) {
+      fail(error, status);
+    }
+  };
   const load = async () => {
     try {
-      const grid = await api<Grid>("GET", `/api/tutorials/classrooms/${encodeURIComponent(classroomId)}/grid`);
-      gridHost.replaceChildren(grid.students.length ? gridTable(grid) : h("p", { class: "empty" }, "No students yet. Share the join code."));
+      const grid = await api<Grid>("GET", `${base}/grid`);
+      gridHost.replaceChildren(grid.students.length ? gridTable(grid, (username) => void removeStudent(username)) : h("p", { class: "empty" }, "No students yet. Share the join code."));
     } catch (error) {
       fail(error, status);
     }
