@@ -70,6 +70,11 @@ from main import add
 @pytest.mark.task(taskno=1)
 def test_add_negative_numbers():
     assert add(-2, -3) == -5, "{SECRET} message"
+
+
+@pytest.mark.parametrize("a", [7919])
+def test_add_zero(a):
+    assert add(a, 0) == a
 ```
 
 ```yaml io
@@ -165,6 +170,7 @@ async def test_correct_code_passes_every_test_in_order(lesson, bwrap):
         ("test_add_small_numbers", "pass", 1, False),
         ("echoes hello", "pass", 2, False),
         ("test_add_negative_numbers", "pass", 1, True),
+        ("test_add_zero[1]", "pass", None, True),
         ("echoes a secret", "pass", 2, True),
     ]
     public = to_public(result)
@@ -178,7 +184,7 @@ async def test_wrong_code_fails_with_expected_and_actual(lesson, bwrap):
     first = result.first_failure
     assert (first.test, first.task_id, first.expected, first.actual) == ("test_add_small_numbers", 1, "5", "-1")
     assert first.message == "Expected add(2, 3) to be 5, but it was -1."
-    assert [t.status for t in result.tests] == ["fail", "pass", "fail", "pass"]
+    assert [t.status for t in result.tests] == ["fail", "pass", "fail", "pass", "pass"]  # a - 0 == a
 
 
 async def test_the_starter_fails_and_the_first_failure_follows_the_task_order(lesson, bwrap):
@@ -241,10 +247,10 @@ async def test_hidden_test_sources_and_values_never_reach_the_public_result(less
     body = {"wrong": "return a * b", "crash": "return [][a]", "correct": "return a + b"}[case]
     result = await grade(lesson, main_py(body), sandbox=bwrap)
     text = public_text(result)
-    for leak in (SECRET, HIDDEN_INPUT, "add(-2, -3)", "-5"):
+    for leak in (SECRET, HIDDEN_INPUT, "add(-2, -3)", "-5", "7919"):
         assert leak not in text
     hidden = [t for t in to_public(result)["tests"] if t["hidden"]]
-    assert [t["name"] for t in hidden] == ["test_add_negative_numbers", "echoes a secret"]
+    assert [t["name"] for t in hidden] == ["test_add_negative_numbers", "test_add_zero[1]", "echoes a secret"]
     if case != "correct":
         assert hidden[0]["status"] != "pass" and "hidden test" in hidden[0]["message"]
 
@@ -274,7 +280,7 @@ async def test_async_test_functions_are_awaited(bwrap):
 async def test_a_learner_file_cannot_replace_a_test(lesson, bwrap):
     files = {**main_py("return 0"), "test_hidden.py": "def test_nothing():\n    pass\n"}
     result = await grade(lesson, files, sandbox=bwrap)
-    assert [t.name for t in result.tests if t.hidden] == ["test_add_negative_numbers", "echoes a secret"]
+    assert [t.name for t in result.tests if t.hidden] == ["test_add_negative_numbers", "test_add_zero[1]", "echoes a secret"]
     assert result.status == "fail"
 
 

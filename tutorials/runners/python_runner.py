@@ -224,30 +224,31 @@ def _test_code(source, name):
     return ""
 
 
-def collect(module, source):
+def collect(module, source, hidden):
     """(name, callable, marks, test code) for each test, in the order the file defines them."""
     tests = []
     for name, value in list(vars(module).items()):
         if name.startswith("test") and isinstance(value, types.FunctionType) and value.__module__ == module.__name__:
-            tests += _expand(name, value, getattr(value, "codeyard_marks", []), _test_code(source, name))
+            tests += _expand(name, value, getattr(value, "codeyard_marks", []), _test_code(source, name), hidden)
         elif name.startswith("Test") and isinstance(value, type):
             code = _test_code(source, name)
             for method_name, method in vars(value).items():
                 if method_name.startswith("test") and callable(method):
                     bound = (lambda cls, m: lambda *a, **k: getattr(cls(), m)(*a, **k))(value, method_name)
                     marks = getattr(value, "codeyard_marks", []) + getattr(method, "codeyard_marks", [])
-                    tests += _expand(f"{name}.{method_name}", bound, marks, code)
+                    tests += _expand(f"{name}.{method_name}", bound, marks, code, hidden)
     return tests
 
 
-def _expand(name, fn, marks, code):
+def _expand(name, fn, marks, code, hidden):
+    """One test per parametrize case, named by its values (by its number in a hidden test: values are secret)."""
     for mark, args, kwargs in marks:
         if mark == "parametrize":
             names = args[0] if isinstance(args[0], (list, tuple)) else [n.strip() for n in args[0].split(",")]
             cases = []
-            for values in args[1]:
+            for number, values in enumerate(args[1], start=1):
                 values = values if len(names) > 1 else (values,)
-                label = "-".join(_repr(v) for v in values)
+                label = str(number) if hidden else "-".join(_repr(v) for v in values)
                 cases.append((f"{name}[{label}]", (lambda v: lambda: fn(**dict(zip(names, v))))(values), marks, code))
             return cases
     return [(name, fn, marks, code)]
@@ -329,7 +330,7 @@ def main(spec_path):
         if error is not None:
             report.write(f"\n{spec['marker']} {json.dumps({'load_error': error, 'load_error_hidden': check['hidden']})}\n")
             return
-        for name, fn, marks, code in collect(module, check["source"]):
+        for name, fn, marks, code in collect(module, check["source"], check["hidden"]):
             results.append(run_test(name, fn, marks, code, check, spec, test_files, sources))
     report.write(f"\n{spec['marker']} {json.dumps({'tests': results})}\n")
 
