@@ -20,7 +20,8 @@ from pathlib import Path
 from sandbox.errors import SandboxUnavailable
 
 LEASE_FILE = Path(tempfile.gettempdir()) / "codeyard-sandbox.lease"
-UID_LEASES_DIR = Path(tempfile.gettempdir()) / "codeyard-sandbox-uids"
+# /run where we may write (a tmpfs that nothing ages out, unlike /tmp, whose cleaners could delete a held lock file)
+UID_LEASES_DIR = Path("/run" if os.access("/run", os.W_OK) else tempfile.gettempdir()) / "codeyard-sandbox-uids"
 
 
 class HostLease:
