@@ -197,7 +197,8 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 def pypi_wheel_of_six() -> tuple[str, str, str]:
     """(file name, version, sha256) of six's newest wheel, as PyPI lists it (asked here, not by the code under test)."""
     answer = httpx.get("https://pypi.org/simple/six/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}, timeout=30)
-    wheels = [f for f in answer.json()["files"] if f["filename"].endswith(".whl") and not f.get("yanked")]
+    wheels = [f for f in answer.json()["files"] if f["filename"].endswith(".whl") and not f.get("yanked")
+              and not Version(f["filename"].split("-")[1]).is_prerelease]  # what pip picks for a bare "six"
     newest = max(wheels, key=lambda f: Version(f["filename"].split("-")[1]))
     return newest["filename"], newest["filename"].split("-")[1], newest["hashes"]["sha256"]
 
