@@ -148,19 +148,19 @@ def deploy_setup(app: FastAPI) -> None:
 
 @asynccontextmanager
 async def deploy_lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Bubblewrap for the apps (or the reason there is none), then bring back what was deployed."""
+    """A sandbox backend for the apps (or the reason there is none), then bring back what was deployed."""
     settings = app.state.settings
     runs = getattr(app.state, "sandbox_runs", None)
-    try:
-        backend, unavailable = make_backend("bwrap"), ""
+    try:  # the runs' choice (auto: Docker where an engine answers with the runner image, else bubblewrap)
+        backend, unavailable = make_backend(settings.sandbox_backend), ""
     except SandboxUnavailable as exc:
         backend, unavailable = None, f"deploys are off: {exc.detail}"
         log.warning(unavailable)
     installer = getattr(runs, "installer", None)
     if installer is None and backend is not None:
-        try:
-            installer = Installer(backend, settings.effective_packages_dir)
-        except ValueError as exc:
+        try:  # installs always run under bubblewrap (see sandbox.packages.install)
+            installer = Installer(make_backend("bwrap"), settings.effective_packages_dir)
+        except (ValueError, SandboxUnavailable) as exc:
             log.warning("deploys cannot install packages: %s", exc)
     secrets = getattr(app.state, "project_secrets", None)
     deploys = DeployService(
@@ -179,6 +179,9 @@ async def deploy_lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         await deploys.shutdown()
+        close = getattr(backend, "close", None)
+        if close is not None:
+            await close()
 
 
 component = Component(name="deploys", router=router, setup=deploy_setup, lifespan=deploy_lifespan)

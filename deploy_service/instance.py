@@ -1,6 +1,7 @@
-"""One running copy of a release: a long-lived bubblewrap sandbox reached through a unix socket.
+"""One running copy of a release: a long-lived sandbox (bubblewrap or Docker) reached through a unix socket.
 
-The app gets the runs' hardening (sandbox.bwrap: new user/pid/net/ipc/mount namespaces, no
+The app is launched by the runs' own backend, so it gets their hardening (bubblewrap: new
+user/pid/net/ipc/mount namespaces; Docker: a container with network "none"; both: no
 capabilities, the seccomp policy, read-only system folders, a quota'd tmpfs workspace) plus its
 own cgroup (memory, pids, a CPU quota) and a host uid from a range runs never use. Its network
 namespace is empty: it cannot reach the host, other apps or the internet. A small bridge started
@@ -25,8 +26,7 @@ from typing import Callable, Literal
 
 import httpx
 
-from sandbox.backend import Mount, RunContext, RunSpec, SandboxRun
-from sandbox.bwrap import BwrapBackend
+from sandbox.backend import Backend, Mount, RunContext, RunSpec, SandboxRun
 from sandbox.cgroups import RunCgroup
 from sandbox.errors import SandboxUnavailable
 from sandbox.host_lease import lease_uid
@@ -184,8 +184,8 @@ class Launch:
 class AppInstance:
     """Start, health-check, count requests in flight, and stop one instance."""
 
-    def __init__(self, launch: Launch, sink: Callable[[Stream, str], None]) -> None:
-        self.launch, self.sink = launch, sink
+    def __init__(self, backend: Backend, launch: Launch, sink: Callable[[Stream, str], None]) -> None:
+        self.backend, self.launch, self.sink = backend, launch, sink
         self.id = secrets.token_hex(4)
         self.socket_dir = runs_root() / f"app-{self.id}"  # beside the workspaces: a folder the app's uid can reach
         self.socket_path = self.socket_dir / SOCKET_NAME
@@ -222,7 +222,7 @@ class AppInstance:
         spec = RunSpec(argv, self.launch.release_dir, limits, {**self.launch.env, "PORT": str(PORT)},
                        mounts=(Mount(self.socket_dir, SOCKET_DIR, writable=True), *self.launch.mounts))
         self._output = _Output(limits, self.sink)
-        self._execution = await BwrapBackend().launch(RunContext(spec, workspace, uid, self._cgroup, self._output))
+        self._execution = await self.backend.launch(RunContext(spec, workspace, uid, self._cgroup, self._output))
         self._exit = asyncio.ensure_future(self._execution.wait())
         self.started_at = time.monotonic()
         self.client = httpx.AsyncClient(

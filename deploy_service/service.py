@@ -376,7 +376,7 @@ class DeployService:
         def sink(stream: str, line: str) -> None:
             app.log.write(stream, line, release_id)
 
-        instances = [AppInstance(launch, sink) for _ in range(count)]
+        instances = [AppInstance(self.backend, launch, sink) for _ in range(count)]
         try:
             await asyncio.gather(*(i.start() for i in instances))
             reasons = await asyncio.gather(*(i.wait_healthy(HEALTH_TIMEOUT) for i in instances))

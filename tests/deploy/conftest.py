@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 import sandbox_fixtures  # noqa: F401  (its import gives the session its own CODEYARD_SANDBOX_DIR and the cache dir)
+from sandbox_fixtures import docker_engine, runner_image  # noqa: F401  (fixtures for the Docker tests)
 
 from deploy_service.instance import UIDS
 from ide_server.app import create_app
@@ -40,9 +41,9 @@ def packages_dir() -> Path:
     return path
 
 
-def make_app(data_dir: Path, database_url: str | None = None) -> FastAPI:
+def make_app(data_dir: Path, database_url: str | None = None, backend: str = "bwrap") -> FastAPI:
     return create_app(Settings(data_dir=data_dir, database_url=database_url or f"sqlite:///{data_dir / 'codeyard.db'}",
-                               sandbox_backend="bwrap", packages_dir=packages_dir(), log_level="warning"),
+                               sandbox_backend=backend, packages_dir=packages_dir(), log_level="warning"),
                       component_specs=COMPONENTS)
 
 
@@ -57,10 +58,8 @@ def app_leftovers() -> list[str]:
     return found
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory) -> Iterator[TestClient]:
-    """A client whose event loop runs the app's lifespan (apps, their supervisors and the proxy live there)."""
-    application = make_app(tmp_path_factory.mktemp("data"))
+def serve(data_dir: Path, backend: str = "bwrap") -> Iterator[TestClient]:
+    application = make_app(data_dir, backend=backend)
     with TestClient(application) as client:
         yield client
     application.state.engine.dispose()
@@ -68,6 +67,12 @@ def served(tmp_path_factory) -> Iterator[TestClient]:
     while (found := app_leftovers()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not found, f"left behind after the server stopped: {found[:10]}"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Iterator[TestClient]:
+    """A client whose event loop runs the app's lifespan (apps, their supervisors and the proxy live there)."""
+    yield from serve(tmp_path_factory.mktemp("data"))
 
 
 class Person:
