@@ -342,3 +342,8 @@ async def test_a_program_that_prints_nothing_is_told_so(lesson, bwrap):
     result = await grade(lesson, main_py("return a + b", echo=False), sandbox=bwrap)
     echo = next(t for t in result.tests if t.name == "echoes hello")
     assert echo.message == "When the input is 'hello\\n', your program should print:\nYou said: hello\nbut it printed nothing."
+
+
+async def test_javascript_visible_tests_show_their_code(js_lesson, bwrap):
+    result = await grade(js_lesson, js_lesson.starter_files, sandbox=bwrap)
+    assert "assert.strictEqual(double(21), 42);" in to_public(result)["tests"][0]["test_code"]

@@ -153,7 +153,7 @@ function failure(error) {
 // --- running ---------------------------------------------------------------------------------------------
 
 async function runTest(test, file, hidden) {
-  const result = { name: test.name, file, hidden, task: test.task || spec.single_task, status: 'pass', test_code: '' };
+  const result = { name: test.name, file, hidden, task: test.task || spec.single_task, status: 'pass', test_code: String(test.fn) };
   captured = [];
   let timer;
   try {
