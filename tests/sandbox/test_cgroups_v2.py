@@ -5,6 +5,7 @@ controller-less) cgroup2 mount."""
 
 from __future__ import annotations
 
+import errno
 import secrets
 import subprocess
 import sys
@@ -84,3 +85,21 @@ def test_a_real_cgroup2_folder_joins_counts_lists_and_kills():
         proc.wait()
         cgroup.remove()
     assert not folder.exists()
+
+
+def test_a_cgroup_holding_processes_moves_them_to_a_leaf_before_delegating(unified, monkeypatch):
+    """v2's "no internal processes" rule: the kernel answers EBUSY while our own cgroup holds processes."""
+    (unified / "cgroup.procs").write_text("4242\n")
+    real_write = Path.write_text
+    refused = []
+
+    def write_text(self, text, *args, **kwargs):
+        if self == unified / "cgroup.subtree_control" and not (unified / "codeyard-server" / "cgroup.procs").exists():
+            refused.append(text)
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        return real_write(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    assert isinstance(RunCgroup.create("run-4", 64 << 20, 16), CgroupV2)
+    assert refused and (unified / "codeyard-server" / "cgroup.procs").read_text() == "4242"
+    assert (unified / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
