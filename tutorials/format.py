@@ -11,8 +11,9 @@ A lesson file is YAML front matter (`title`, optional `entry`, `solution_after_a
     ## Tasks              a numbered list: 1. ..., 2. ...  (continuation lines indented)
     ## Hints              `### Task N` subsections, each a bullet list of hints, revealed one at a time
     ## Starter            fenced code blocks with a file name: ```python file=main.py
-    ## Visible tests      test files the learner sees (```python file=test_main.py), and/or
-    ## Hidden tests       input/output checks (```yaml io) — a list of {name, task, stdin, stdout | stdout_regex}
+    ## Visible tests      test files the learner sees (```python file=test_main.py) and/or input/output
+                          checks (```yaml io: a list of {name, task, stdin, stdout | stdout_regex})
+    ## Hidden tests       the same kinds, never shown to the learner (only their names and verdicts)
     ## Solution           fenced code blocks with a file name
 
 Unit tests are pytest-style files for Python (`test_*.py`, plain asserts, `@pytest.mark.task(taskno=N)`

@@ -278,7 +278,7 @@ def _first_failure(test: TestResult) -> FirstFailure:
 def _hidden_message(test: TestResult) -> str:
     if test.status == "pass":
         return ""
-    base = f"A hidden test ({test.name}) did not pass: your code works for the visible tests, but not for every case."
+    base = f"A hidden test ({test.name}) did not pass: it tries cases the visible tests don't show."
     if test.error is not None and test.error.in_learner_file:
         return f"{base} It stopped with {test.error.type} at line {test.error.line} of {test.error.file}."
     return f"{base} Think about other inputs (empty, zero, negative, longer ones)."
