@@ -103,6 +103,7 @@ def lesson_public(work: service.LessonWork) -> LessonPublic:
         hints_total=service.hints_total(lesson),
         attempts=progress.attempts,
         status=service.status_of(progress),
+        last_result=progress.last_result,
         solution_available=service.solution_unlocked(work),
         solution_after_attempts=lesson.solution_after_attempts,
         next_lesson=following.slug if following else None,

@@ -66,17 +66,17 @@ class Checker:
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
         public = GradePublic.model_validate(grader.to_public(result))
-        work = await asyncio.to_thread(self._record, project, public.status)
+        work = await asyncio.to_thread(self._record, project, public)
         return work, public
 
     def _work(self, project: Project) -> service.LessonWork:
         with self.sessions() as db:
             return service.work_of_project(db, project)
 
-    def _record(self, project: Project, status: str) -> service.LessonWork:
+    def _record(self, project: Project, result: GradePublic) -> service.LessonWork:
         with self.sessions() as db:
             work = service.work_of_project(db, project)
-            service.record_check(db, work, status)
+            service.record_check(db, work, result.status, result.model_dump(mode="json"))
             return work
 
 

@@ -2,7 +2,7 @@
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from ide_server.db import Base
@@ -27,6 +27,8 @@ class LessonProgress(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     hints_used: Mapped[int] = mapped_column(Integer, default=0)
     last_status: Mapped[str | None] = mapped_column(String(16), default=None)  # pass, fail, error
+    # The learner's view of the last check (hidden tests already left out), shown again on reload.
+    last_result: Mapped[dict | None] = mapped_column(JSON, default=None)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_checked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     passed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)

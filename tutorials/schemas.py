@@ -121,6 +121,7 @@ class LessonPublic(BaseModel):
     hints_total: int
     attempts: int
     status: LessonStatus
+    last_result: GradePublic | None = Field(description="The last check's result, as it was shown.")
     solution_available: bool
     solution_after_attempts: int
     next_lesson: str | None = Field(description="Slug of the next lesson of the course, if any.")

@@ -116,10 +116,12 @@ def work_of_project(db: Session, project: Project) -> LessonWork:
     return LessonWork(course, catalog.find_lesson(course, progress.lesson_slug), progress)
 
 
-def record_check(db: Session, work: LessonWork, status: str) -> None:
-    """Count one attempt (in SQL, so concurrent checks each count); passed stays passed."""
+def record_check(db: Session, work: LessonWork, status: str, public_result: dict) -> None:
+    """Count one attempt (in SQL, so concurrent checks each count); passed stays passed.
+    `public_result` is the learner's view of the result (no hidden test in it)."""
     now = utcnow()
-    values = {"attempts": LessonProgress.attempts + 1, "last_status": status, "last_checked_at": now}
+    values = {"attempts": LessonProgress.attempts + 1, "last_status": status, "last_checked_at": now,
+              "last_result": public_result}
     if status == "pass":
         values["passed_at"] = func.coalesce(LessonProgress.passed_at, now)
     db.execute(update(LessonProgress).where(LessonProgress.id == work.progress.id).values(**values))

@@ -63,6 +63,7 @@ def test_lesson_one_from_start_to_pass(served):
     assert result["status"] in ("fail", "error")
     assert result["first_failure"]["message"]
     assert failed.json()["lesson"]["attempts"] == 1 and failed.json()["lesson"]["status"] == "failing"
+    assert learner.get(base).json()["last_result"] == result  # shown again after a reload
 
     # Hints one at a time, in order, until there are none left.
     all_hints = [(t.number, h) for t in LESSON.tasks for h in t.hints]
@@ -122,22 +123,25 @@ def test_no_tutorials_answer_carries_hidden_tests(served):
     classroom = teacher.post("/api/tutorials/classrooms", json={"name": "Leaks", "courses": [COURSE.slug]}).json()
     learner.post("/api/tutorials/classrooms/join", json={"code": classroom["join_code"]})
     project_id = learner.post(f"/api/tutorials/courses/{COURSE.slug}/lessons/{lesson.slug}/start").json()["project_id"]
-    values = {"course_slug": COURSE.slug, "lesson_slug": lesson.slug, "project_id": project_id, "classroom_id": classroom["id"]}
+    assert learner.post(f"/api/projects/{project_id}/lesson/check").json()["result"]["status"] != "pass"
+    values = {"course_slug": COURSE.slug, "lesson_slug": lesson.slug, "project_id": project_id,
+              "classroom_id": classroom["id"], "username": learner.username}
     called: set[tuple[str, str]] = set()
     routes = [r for r in app_routes(served.app.routes) if r.path.startswith(TUTORIAL_PREFIXES)]
     assert len(routes) >= 10
-    for route in routes:
+    # Deletes last (leaving, then deleting the classroom), so every other route sees it all.
+    calls = sorted(((method, route) for route in routes for method in route.methods), key=lambda call: call[0] == "DELETE")
+    for method, route in calls:
         url = route.path_format.format(**{name: values[name] for name in route.params})
-        for method in route.methods:
-            body = {"GET": None, "POST": {}}[method]
-            if route.path.endswith("/classrooms"):
-                body = {"name": "Another", "courses": [COURSE.slug]}
-            if route.path.endswith("/join"):
-                body = {"code": classroom["join_code"]}
-            for person in (learner, teacher):
-                response = person.request(method, url, **({} if body is None else {"json": body}))
-                assert response.status_code < 500, f"{method} {url}: {response.text}"
-            called.add((method, route.path))
+        body = {"POST": {}}.get(method)
+        if route.path.endswith("/classrooms"):
+            body = {"name": "Another", "courses": [COURSE.slug]}
+        if route.path.endswith("/join"):
+            body = {"code": classroom["join_code"]}
+        for person in (learner, teacher):
+            response = person.request(method, url, **({} if body is None else {"json": body}))
+            assert response.status_code < 500, f"{method} {url}: {response.text}"
+        called.add((method, route.path))
     assert called == {(m, r.path) for r in routes for m in r.methods}
     for body in learner.bodies + teacher.bodies:
         leaked = [m for m in markers if m in body]

@@ -71,6 +71,9 @@ def test_learner_passes_lesson_one_and_the_teacher_sees_it(server_url, browser, 
     expect(page.locator("#lesson-message")).not_to_be_empty()
     expect(page.locator("#lesson-status")).to_have_text("Not passing yet")
     screenshot(page, "tutorials-lesson-failed")
+    page.reload()  # the last result is still there after a reload
+    expect(page.locator("#lesson-result")).to_have_attribute("data-status", "fail")
+    expect(page.locator("#connection")).to_have_text("Synced")
 
     # One hint, then the fix typed into the editor.
     page.locator("#lesson-hint").click()

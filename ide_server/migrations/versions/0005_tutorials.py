@@ -27,6 +27,7 @@ def upgrade() -> None:
         sa.Column("attempts", sa.Integer(), nullable=False),
         sa.Column("hints_used", sa.Integer(), nullable=False),
         sa.Column("last_status", sa.String(16), nullable=True),
+        sa.Column("last_result", sa.JSON(), nullable=True),
         sa.Column("started_at", TS, nullable=False),
         sa.Column("last_checked_at", TS, nullable=True),
         sa.Column("passed_at", TS, nullable=True),

@@ -18,6 +18,7 @@ interface Lesson {
   hints_total: number;
   attempts: number;
   status: Status;
+  last_result: Grade | null;
   solution_available: boolean;
   solution_after_attempts: number;
   next_lesson: string | null;
@@ -116,6 +117,7 @@ export class LessonPane {
       this.status,
     );
     this.update(lesson);
+    if (lesson.last_result) this.showResult(lesson.last_result);
   }
 
   private update(lesson: Lesson): void {
