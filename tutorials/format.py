@@ -123,7 +123,7 @@ def load_course(path: Path | str) -> Course:
     meta_file = folder / "course.yaml"
     if not meta_file.is_file():
         raise LessonFormatError(folder, "course.yaml", "missing: a course is a folder with a course.yaml")
-    meta = _yaml_mapping(meta_file.read_text(encoding="utf-8"), meta_file, "course.yaml")
+    meta = _yaml_mapping(_read(meta_file), meta_file, "course.yaml")
     slug = _slug(meta.get("slug"), meta_file, "slug")
     title = _text(meta.get("title"), meta_file, "title")
     language = meta.get("language")
@@ -140,7 +140,7 @@ def load_course(path: Path | str) -> Course:
         lesson_file = folder / f"{lesson_slug}.md"
         if not lesson_file.is_file():
             raise LessonFormatError(meta_file, f"lessons[{index}]", f"no file {lesson_file.name} in {folder}")
-        lessons.append(parse_lesson(lesson_file.read_text(encoding="utf-8"), slug=lesson_slug, language=language, file=lesson_file))
+        lessons.append(parse_lesson(_read(lesson_file), slug=lesson_slug, language=language, file=lesson_file))
     description = meta.get("description", "")
     if not isinstance(description, str):
         raise LessonFormatError(meta_file, "description", "must be text")
@@ -209,6 +209,13 @@ def check_file_name(name: str, field: str = "files") -> str:
 # --- parsing helpers -------------------------------------------------------------------------
 
 _FENCE = re.compile(r"^(`{3,}|~{3,})\s*(.*)$")
+
+
+def _read(file: Path) -> str:
+    try:
+        return file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise LessonFormatError(file, "encoding", "must be UTF-8 text") from None
 
 
 def _yaml_mapping(text: str, file: Path | str, field: str) -> dict:

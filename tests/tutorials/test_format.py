@@ -169,6 +169,13 @@ def test_a_listed_lesson_must_exist(tmp_path):
         load_course(folder)
 
 
+def test_a_lesson_that_is_not_utf8_is_refused(tmp_path):
+    folder = _copy_course(tmp_path)
+    (folder / "arrays.md").write_bytes(b"---\ntitle: \xff\n---\n")
+    with pytest.raises(LessonFormatError, match=r"arrays.md: encoding: must be UTF-8 text"):
+        load_course(folder)
+
+
 def test_a_folder_without_course_yaml_is_refused(tmp_path):
     with pytest.raises(LessonFormatError, match="course.yaml: missing"):
         load_course(tmp_path)
