@@ -88,13 +88,14 @@ def start_lesson(db: Session, settings: Settings, user: User, course: Course, le
         db.add(progress)
     progress.project_id = project.id
     progress.started_at = utcnow()
-    classrooms.share_with_teachers(db, user, course.slug, project.id)
     try:
-        db.commit()
+        db.flush()
     except IntegrityError:  # a second start of the same lesson won the race: use its project
         db.rollback()
         projects.delete(db, settings.projects_dir, project)
         return start_lesson(db, settings, user, course, lesson)
+    classrooms.share_with_teachers(db, user, course.slug, project.id)
+    db.commit()
     return LessonWork(course, lesson, progress)
 
 
