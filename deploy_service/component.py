@@ -13,16 +13,15 @@ from contextlib import asynccontextmanager, suppress
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, Depends, FastAPI, Request, Response, WebSocket, status
+from fastapi import APIRouter, Depends, FastAPI, Response, WebSocket, status
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
-from starlette.responses import RedirectResponse
 
-from deploy_service.proxy import AppHostRouting, proxy_http, proxy_websocket
+from deploy_service.proxy import AppsGateway
 from deploy_service.schemas import DeploymentPublic, RollbackCreate, ScaleUpdate
 from deploy_service.service import DeployService
 from ide_server.components import Component
-from ide_server.deps import ProjectEditor, ProjectMember, ProjectOwner, Public, authenticate_websocket
+from ide_server.deps import ProjectEditor, ProjectMember, ProjectOwner, authenticate_websocket
 from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.errors import DomainError, NotAuthenticated
 from ide_server.models import Role
@@ -35,10 +34,8 @@ from sandbox.runs import OpenEditors
 
 log = logging.getLogger(__name__)
 APPS_HOST_VARIABLE = "CODEYARD_DEPLOY_APPS_HOST"  # e.g. "example.org": apps also at http://{slug}.apps.example.org/
-PROXY_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 router = APIRouter(tags=["deployments"], responses={**ERROR_RESPONSES, 503: {"description": "No sandbox on this server"}})
-proxy_router = APIRouter(include_in_schema=False)
 
 
 def _deploys(conn: HTTPConnection) -> DeployService:
@@ -124,26 +121,8 @@ async def logs_socket(websocket: WebSocket, project_id: str) -> None:
         tasks.start_soon(watch)
 
 
-@proxy_router.api_route("/apps/{slug}", methods=PROXY_METHODS, dependencies=[Public])
-def app_root(slug: str) -> RedirectResponse:
-    return RedirectResponse(f"/apps/{slug}/", status_code=status.HTTP_308_PERMANENT_REDIRECT)
-
-
-@proxy_router.api_route("/apps/{slug}/{path:path}", methods=PROXY_METHODS, dependencies=[Public])
-async def app_http(request: Request, slug: str, path: str) -> Response:
-    return await proxy_http(request, _deploys(request).routes, slug)
-
-
-@proxy_router.websocket("/apps/{slug}/{path:path}")
-async def app_websocket(websocket: WebSocket, slug: str, path: str) -> None:
-    await proxy_websocket(websocket, _deploys(websocket).routes, slug)
-
-
-router.include_router(proxy_router)
-
-
 def deploy_setup(app: FastAPI) -> None:
-    app.add_middleware(AppHostRouting)
+    app.add_middleware(AppsGateway)  # everyone reaches the apps at /apps/{slug}/; the app decides what it serves
 
 
 @asynccontextmanager

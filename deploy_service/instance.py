@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
-import httpx
-
 from sandbox.backend import Backend, Mount, RunContext, RunSpec, SandboxRun
 from sandbox.cgroups import RunCgroup
 from sandbox.errors import SandboxUnavailable
@@ -35,6 +33,7 @@ from sandbox.limits import MIB, Limits
 from sandbox.workspace import kill_uid, runs_root, scratch
 
 from deploy_service.detect import PORT
+from deploy_service.upstream import Upstream, UpstreamError
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +191,7 @@ class AppInstance:
         self.in_flight = 0
         self.started_at = 0.0
         self.stopping = False
-        self.client: httpx.AsyncClient | None = None
+        self.upstream: Upstream | None = None
         self._exit: asyncio.Task | None = None
         self._stack = ExitStack()
         self._execution = None
@@ -225,10 +224,7 @@ class AppInstance:
         self._execution = await self.backend.launch(RunContext(spec, workspace, uid, self._cgroup, self._output))
         self._exit = asyncio.ensure_future(self._execution.wait())
         self.started_at = time.monotonic()
-        self.client = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=str(self.socket_path), retries=0),
-            base_url="http://app", timeout=httpx.Timeout(10.0, read=300.0),
-            limits=httpx.Limits(max_connections=48, max_keepalive_connections=48))
+        self.upstream = Upstream(str(self.socket_path))
 
     @property
     def exited(self) -> bool:
@@ -241,7 +237,7 @@ class AppInstance:
 
     async def wait_healthy(self, timeout: float) -> str | None:
         """None once the health path answers below 500; else why not (exited, kept failing, or the timeout)."""
-        assert self.client is not None
+        assert self.upstream is not None
         deadline = time.monotonic() + timeout
         last, errors = "no answer", 0
         while time.monotonic() < deadline and errors < HEALTH_ERRORS:
@@ -251,17 +247,25 @@ class AppInstance:
                 return f"the app exited ({how}) before answering its health check"
             if self.socket_path.exists():
                 try:
-                    response = await self.client.get(self.launch.health_path, timeout=5.0)
-                    if response.status_code < 500:
+                    response = await asyncio.wait_for(self._get(self.launch.health_path), 5.0)
+                    if response < 500:
                         return None
-                    last, errors = f"HTTP {response.status_code} from {self.launch.health_path}", errors + 1
+                    last, errors = f"HTTP {response} from {self.launch.health_path}", errors + 1
                     await asyncio.sleep(0.2)  # it answers, with an error: a few more tries, then give up
-                except httpx.HTTPError as exc:
+                except (UpstreamError, OSError, asyncio.TimeoutError) as exc:
                     last = f"{type(exc).__name__} on {self.launch.health_path}"
             await asyncio.sleep(0.05)
         if errors >= HEALTH_ERRORS:
             return f"the health check failed: {last} ({errors} times)"
         return f"the health check of {self.launch.health_path} did not pass within {timeout:.0f} s (last: {last})"
+
+    async def _get(self, path: str) -> int:
+        """The status of GET path (its body read and dropped)."""
+        assert self.upstream is not None
+        response = await self.upstream.request("GET", path, [(b"host", b"app"), (b"user-agent", b"codeyard-health")])
+        async for _ in response.body():
+            pass
+        return response.status
 
     async def drain(self, timeout: float) -> None:
         """Wait until the requests it is serving have ended (new ones no longer come to it)."""
@@ -272,8 +276,8 @@ class AppInstance:
     async def stop(self) -> None:
         """Kill everything of the instance and release its uid, cgroup, workspace and socket (idempotent)."""
         self.stopping = True
-        if self.client is not None:
-            await self.client.aclose()
+        if self.upstream is not None:
+            self.upstream.close()
         if self._execution is not None:
             self._execution.kill()
         if self._cgroup is not None:

@@ -1,7 +1,9 @@
 """The apps' reverse proxy: /apps/{slug}/... (and {slug}.apps.<host>) to a live instance, round-robin.
 
-HTTP bodies stream both ways (httpx over the instance's unix socket, keep-alive connections
-pooled per instance); WebSockets are relayed frame by frame. Each request counts as in flight on
+It is a plain ASGI middleware in front of the app (no routing, dependency or request-log work
+per request: the proxy's throughput is bounded by CPU). HTTP bodies stream both ways (deploy_service.upstream over
+the instance's unix socket, keep-alive connections kept per instance); WebSockets are relayed
+frame by frame. Each request counts as in flight on
 the instance that took it, so a switch can drain the old release before stopping it.
 
 The app shares the IDE's origin under /apps/: the proxy never passes Codeyard's own cookies to
@@ -17,30 +19,29 @@ import asyncio
 import itertools
 import logging
 import re
+from collections.abc import AsyncIterator
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache
 
-import httpx
-from starlette.background import BackgroundTask
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from websockets.asyncio.client import unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from deploy_service.instance import AppInstance
+from deploy_service.upstream import UpstreamError
 
 log = logging.getLogger(__name__)
 
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-                        "transfer-encoding", "upgrade", "host", "proxy-connection"})
+HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
+                        b"transfer-encoding", b"upgrade", b"proxy-connection", b"expect"})
 PRIVATE_COOKIE_PREFIX = "codeyard_"
 OWN_HOST = "codeyard.app_host"  # scope key: the request came by the app's own host name
-SANDBOX_CSP = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
-WS_REQUEST_HEADERS_DROPPED = HOP_BY_HOP | {"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
-                                          "sec-websocket-protocol", "cookie", "origin"}
+SANDBOX_CSP = b"sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
+WS_REQUEST_HEADERS_DROPPED = frozenset({"connection", "upgrade", "host", "sec-websocket-key", "sec-websocket-version",
+                                        "sec-websocket-extensions", "sec-websocket-protocol", "cookie", "origin"})
+_APP_PATH = re.compile(rb"^/apps/([a-z0-9][a-z0-9-]*)(/[^?]*)?$")
 
 
 @dataclass(frozen=True)
@@ -81,41 +82,122 @@ def _without_private_cookies(value: str) -> str:
     return ";".join(kept).strip()
 
 
-def _request_headers(request: Request | WebSocket, prefix: str, dropped: frozenset[str]) -> list[tuple[str, str]]:
+def _forwarded(scope: Scope, prefix: str) -> list[tuple[bytes, bytes]]:
+    client = scope.get("client") or ("", 0)
+    host = dict(scope["headers"]).get(b"host", b"")
+    return [(b"x-forwarded-for", client[0].encode()), (b"x-forwarded-proto", scope.get("scheme", "http").encode()),
+            (b"x-forwarded-host", host), (b"x-forwarded-prefix", prefix.encode())]
+
+
+def _request_headers(scope: Scope, prefix: str) -> list[tuple[bytes, bytes]]:
     headers = []
-    for name, value in request.headers.items():
-        if name in dropped:
+    for name, value in scope["headers"]:
+        if name in HOP_BY_HOP or name.startswith(b"x-forwarded-"):
             continue
-        if name == "cookie":
-            value = _without_private_cookies(value)
+        if name == b"cookie":
+            value = _without_private_cookies(value.decode("latin-1")).encode("latin-1")
             if not value:
                 continue
         headers.append((name, value))
-    client = request.client.host if request.client else ""
-    headers += [("x-forwarded-for", client), ("x-forwarded-proto", request.url.scheme),
-                ("x-forwarded-host", request.headers.get("host", "")), ("x-forwarded-prefix", prefix)]
-    return headers
+    return headers + _forwarded(scope, prefix)
 
 
-def _response_headers(response: httpx.Response, own_host: bool) -> list[tuple[bytes, bytes]]:
-    headers = []
-    for name, value in response.headers.raw:
-        lower = name.lower()
-        if lower.decode("latin-1") in HOP_BY_HOP or (lower == b"content-security-policy" and not own_host):
+def _response_headers(headers: list[tuple[bytes, bytes]], own_host: bool) -> list[tuple[bytes, bytes]]:
+    kept = []
+    for name, value in headers:
+        if name in HOP_BY_HOP or (name == b"content-security-policy" and not own_host):
             continue
-        if lower == b"set-cookie" and value.strip().lower().startswith(PRIVATE_COOKIE_PREFIX.encode()):
+        if name == b"set-cookie" and value.strip().lower().startswith(PRIVATE_COOKIE_PREFIX.encode()):
             continue
-        headers.append((lower, value))
+        kept.append((name, value))
     if not own_host:
-        headers.append((b"content-security-policy", SANDBOX_CSP.encode()))
-    return headers
+        kept.append((b"content-security-policy", SANDBOX_CSP))
+    return kept
 
 
-def _unavailable(route: Route | None) -> Response:
-    if route is None:
-        return PlainTextResponse("No app is deployed here.", status_code=404)
-    return PlainTextResponse(f"The app is not available right now: {route.reason or 'no healthy instance'}.",
-                             status_code=503, headers={"Retry-After": "2"})
+async def _plain(send: Send, status: int, text: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    body = text.encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class AppsProxy:
+    """/apps/{slug}/... to a live instance of the slug's app (an ASGI app)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        routes: Routes = scope["app"].state.deploys.routes
+        match = _APP_PATH.match(scope.get("raw_path") or scope["path"].encode())
+        if scope["type"] == "websocket":
+            websocket = WebSocket(scope, receive, send)
+            if match is None or match.group(2) is None:
+                await websocket.close(1008, "no app is serving here")
+                return
+            await proxy_websocket(websocket, routes, match.group(1).decode())
+            return
+        if scope["type"] != "http":
+            return
+        if match is None:
+            await _plain(send, 404, "No app is deployed here.")
+        elif match.group(2) is None:  # /apps/{slug}: relative links need the trailing slash
+            await _plain(send, 308, "", [(b"location", match.group(0) + b"/")])
+        else:
+            await _proxy_http(scope, receive, send, routes, match.group(1).decode())
+
+
+async def _proxy_http(scope: Scope, receive: Receive, send: Send, routes: Routes, slug: str) -> None:
+    route = routes.get(slug)
+    instance = route.pick() if route else None
+    if instance is None or instance.upstream is None:
+        if route is None:
+            await _plain(send, 404, "No app is deployed here.")
+        else:
+            await _plain(send, 503, f"The app is not available right now: {route.reason or 'no healthy instance'}.",
+                         [(b"retry-after", b"2")])
+        return
+    path, prefix = _upstream_path(scope, slug)
+    headers = dict(scope["headers"])
+    chunked = b"content-length" not in headers and b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+    request_headers = _request_headers(scope, prefix) + ([(b"transfer-encoding", b"chunked")] if chunked else [])
+
+    async def body() -> AsyncIterator[bytes]:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone()
+            yield message.get("body", b"")
+            if not message.get("more_body"):
+                return
+
+    has_body = b"content-length" in headers or chunked
+    instance.in_flight += 1
+    response = None
+    try:
+        try:
+            response = await instance.upstream.request(scope["method"], path, request_headers,
+                                                       body() if has_body else None, chunked)
+        except UpstreamError as exc:
+            log.info("app %s: %s", slug, exc)
+            await _plain(send, 502, "The app did not answer.")
+            return
+        await send({"type": "http.response.start", "status": response.status,
+                    "headers": _response_headers(response.headers, OWN_HOST in scope)})
+        try:
+            async for chunk in response.body():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except UpstreamError:
+            pass  # the app broke off mid-body: the client sees the body end
+        await send({"type": "http.response.body", "body": b""})
+    except _ClientGone:
+        pass
+    finally:
+        if response is not None:
+            response.close()
+        instance.in_flight -= 1
 
 
 def _upstream_path(scope: Scope, slug: str) -> tuple[str, str]:
@@ -127,61 +209,6 @@ def _upstream_path(scope: Scope, slug: str) -> tuple[str, str]:
     return path + (f"?{query}" if query else ""), prefix
 
 
-async def proxy_http(request: Request, routes: Routes, slug: str) -> Response:
-    route = routes.get(slug)
-    instance = route.pick() if route else None
-    if instance is None or instance.client is None:
-        return _unavailable(route)
-    path, prefix = _upstream_path(request.scope, slug)
-    instance.in_flight += 1
-    done = False
-
-    def finish() -> None:
-        nonlocal done
-        if not done:
-            done = True
-            instance.in_flight -= 1
-
-    try:
-        has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
-        upstream = instance.client.build_request(
-            request.method, path, headers=_request_headers(request, prefix, HOP_BY_HOP),
-            content=request.stream() if has_body else None)
-        response = await instance.client.send(upstream, stream=True)
-    except httpx.HTTPError as exc:
-        finish()
-        log.info("app %s: upstream error %s", slug, exc)
-        return PlainTextResponse("The app did not answer.", status_code=502)
-    except BaseException:
-        finish()
-        raise
-
-    async def body():
-        try:
-            async for chunk in response.aiter_raw():
-                yield chunk
-        except httpx.HTTPError:
-            pass  # the app went away mid-body: the client sees the body end
-        finally:
-            await response.aclose()
-            finish()
-
-    async def close() -> None:
-        await response.aclose()
-        finish()
-
-    return _Streaming(body(), status_code=response.status_code, headers=_response_headers(response, OWN_HOST in request.scope),
-                      background=BackgroundTask(close))
-
-
-class _Streaming(StreamingResponse):
-    """A StreamingResponse taking raw header pairs (repeated Set-Cookie kept, nothing added)."""
-
-    def __init__(self, content, status_code: int, headers: list[tuple[bytes, bytes]], background: BackgroundTask) -> None:
-        super().__init__(content, status_code=status_code, background=background)
-        self.raw_headers = headers
-
-
 async def proxy_websocket(websocket: WebSocket, routes: Routes, slug: str) -> None:
     route = routes.get(slug)
     instance = route.pick() if route else None
@@ -190,7 +217,9 @@ async def proxy_websocket(websocket: WebSocket, routes: Routes, slug: str) -> No
         return
     path, prefix = _upstream_path(websocket.scope, slug)
     protocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
-    headers = _request_headers(websocket, prefix, WS_REQUEST_HEADERS_DROPPED)
+    headers = [(k, v) for k, v in websocket.headers.items() if k not in WS_REQUEST_HEADERS_DROPPED
+               and not k.startswith("x-forwarded-")]
+    headers += [(k.decode(), v.decode("latin-1")) for k, v in _forwarded(websocket.scope, prefix)]
     instance.in_flight += 1
     try:
         try:
@@ -242,18 +271,25 @@ def _host_pattern(apps_host: str) -> re.Pattern[str]:
     return re.compile(rf"^([a-z0-9][a-z0-9-]*)\.apps\.{re.escape(apps_host.lower())}(:\d+)?$")
 
 
-class AppHostRouting:
-    """ASGI middleware: requests for `{slug}.apps.<host>` go to /apps/{slug}/... (when the deploys have a host)."""
+class AppsGateway:
+    """ASGI middleware in front of the whole app: app traffic (/apps/{slug}/..., or any path on
+    `{slug}.apps.<host>` when the deploys have a host) goes straight to the proxy, skipping the
+    IDE's routing and request log; everything else passes on."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self.proxy = AppsProxy()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        deploys = getattr(scope["app"].state, "deploys", None) if "app" in scope else None
-        if deploys is not None and deploys.apps_host and scope["type"] in ("http", "websocket"):
-            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1").lower()
-            if match := _host_pattern(deploys.apps_host).match(host):
-                prefix = f"/apps/{match.group(1)}"
-                raw = scope.get("raw_path") or scope["path"].encode()
-                scope = {**scope, "path": prefix + scope["path"], "raw_path": prefix.encode() + raw, OWN_HOST: True}
+        if scope["type"] in ("http", "websocket"):
+            deploys = getattr(scope["app"].state, "deploys", None) if "app" in scope else None
+            if deploys is not None and deploys.apps_host:
+                host = dict(scope["headers"]).get(b"host", b"").decode("latin-1").lower()
+                if match := _host_pattern(deploys.apps_host).match(host):
+                    prefix = f"/apps/{match.group(1)}"
+                    raw = scope.get("raw_path") or scope["path"].encode()
+                    scope = {**scope, "path": prefix + scope["path"], "raw_path": prefix.encode() + raw, OWN_HOST: True}
+            if deploys is not None and scope["path"].startswith("/apps/"):
+                await self.proxy(scope, receive, send)
+                return
         await self.app(scope, receive, send)

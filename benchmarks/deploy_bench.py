@@ -1,0 +1,127 @@
+"""Deploys: click-to-live seconds for a cached Flask app, and requests/second through the proxy vs direct.
+
+    .venv/bin/python benchmarks/deploy_bench.py [--deploys 7] [--seconds 5] [--connections 8]
+
+Starts `codeyard serve` (SQLite, temporary data dir, bubblewrap; the package cache of the deploy
+tests, so Flask is installed once and then cached), signs a user up and deploys a Flask app.
+- click-to-live: from POST /deployments until the proxy serves the new release's text, for
+  --deploys redeploys each with a changed app.py (the packages are cached; each is a fresh
+  checkpoint, snapshot, sandbox start and health check, then the switch). Goal: p50 < 3 s.
+- throughput: the same keep-alive HTTP/1.1 client (raw asyncio, --connections connections,
+  --seconds each) against the app directly (its instance's unix socket, the in-sandbox bridge
+  included, since that is the app's only door) and through the server's /apps/{slug}/ proxy.
+  Prints both and the ratio. Goal: proxy >= 70% of direct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "web"))
+
+from browser_kit import codeyard_serve  # noqa: E402
+
+PASSWORD = "correct horse battery"
+APP = 'from flask import Flask\napp = Flask(__name__)\n\n@app.get("/")\ndef home():\n    return "{version}"\n'
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def click_to_live(client: httpx.Client, base: str, project_id: str, version: str) -> float:
+    """Seconds from the deploy click until the app at its URL answers with `version`."""
+    client.put(f"/api/projects/{project_id}/files/content/app.py", content=APP.replace("{version}", version).encode()).raise_for_status()
+    began = time.perf_counter()
+    response = client.post(f"/api/projects/{project_id}/deployments")
+    response.raise_for_status()
+    url, release_id = response.json()["url"], response.json()["releases"][0]["id"]
+    while True:
+        if client.get(base + url).text == version:
+            return time.perf_counter() - began
+        release = next(r for r in client.get(f"/api/projects/{project_id}/deployment").json()["releases"] if r["id"] == release_id)
+        if release["status"] == "failed":
+            raise RuntimeError(f"deploy failed: {release['message']}")
+        time.sleep(0.01)
+
+
+async def _connection(open_connection, request: bytes, until: float, expected: bytes) -> int:
+    """Send requests one after another on one connection (a new one when the server closes it)."""
+    done = 0
+    while time.perf_counter() < until:
+        reader, writer = await asyncio.wait_for(open_connection(), 10)
+        try:
+            while time.perf_counter() < until:
+                writer.write(request)
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+                headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in head.split(b"\r\n")[1:])}
+                body = await reader.readexactly(int(headers[b"content-length"]))
+                if not head.startswith(b"HTTP/1.1 200") or body != expected:
+                    raise RuntimeError(f"unexpected answer: {head[:80]!r} {body[:80]!r}")
+                done += 1
+                if headers.get(b"connection", b"").lower() == b"close":
+                    break  # Flask's server closes after each answer
+        finally:
+            writer.close()
+    return done
+
+
+async def throughput(open_connection, path: str, host: str, connections: int, seconds: float, expected: bytes) -> float:
+    """Requests/second of `connections` keep-alive connections each sending one request at a time."""
+    request = f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: keep-alive\r\n\r\n".encode()
+    await _connection(open_connection, request, time.perf_counter() + 0.5, expected)  # warm-up
+    began = time.perf_counter()
+    counts = await asyncio.gather(*(_connection(open_connection, request, began + seconds, expected) for _ in range(connections)))
+    return sum(counts) / (time.perf_counter() - began)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--deploys", type=int, default=7)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--connections", type=int, default=8)
+    args = parser.parse_args()
+    packages = Path(os.environ.get("CODEYARD_CACHE_DIR", REPO / ".codeyard" / "cache")) / "deploy-packages"
+    packages.mkdir(parents=True, exist_ok=True)
+    runs_dir = Path(tempfile.mkdtemp(prefix="codeyard-bench-runs-"))  # this server's workspaces and app sockets
+    os.environ.update(CODEYARD_PACKAGES_DIR=str(packages), CODEYARD_SANDBOX_DIR=str(runs_dir), CODEYARD_LOG_LEVEL="warning")
+    with tempfile.TemporaryDirectory(prefix="codeyard-deploy-bench-") as data, codeyard_serve(Path(data)) as base:
+        client = httpx.Client(base_url=base, timeout=120)
+        client.post("/api/auth/register", json={"username": "bencher", "password": PASSWORD}).raise_for_status()
+        client.headers["X-CSRF-Token"] = client.cookies["codeyard_csrf"]
+        project_id = client.post("/api/projects", json={"name": "bench app"}).json()["id"]
+        first = click_to_live(client, base, project_id, "v0")
+        print(f"first deploy (installs Flask unless cached): {first:.2f} s")
+        seconds = [click_to_live(client, base, project_id, f"v{i}") for i in range(1, args.deploys + 1)]
+        p50 = statistics.median(seconds)
+        print(f"click-to-live, Flask, packages cached ({args.deploys} deploys): p50 {p50:.2f} s, "
+              f"max {max(seconds):.2f} s  (goal < 3 s: {'met' if p50 < 3 else 'NOT met'})")
+
+        version = f"v{args.deploys}".encode()
+        url = client.get(f"/api/projects/{project_id}/deployment").json()["url"]
+        sockets = list(runs_dir.glob("app-*/app.sock"))
+        assert len(sockets) == 1, f"expected one live instance socket, found {sockets}"
+        host = base.removeprefix("http://")
+        hostname, port = host.split(":")
+        direct = asyncio.run(throughput(lambda: asyncio.open_unix_connection(str(sockets[0])), "/", "app",
+                                        args.connections, args.seconds, version))
+        proxied = asyncio.run(throughput(lambda: asyncio.open_connection(hostname, int(port)), url, host,
+                                         args.connections, args.seconds, version))
+        ratio = proxied / direct
+        print(f"requests/s with {args.connections} keep-alive connections: direct to the app {direct:.0f}, "
+              f"through the proxy {proxied:.0f}, ratio {ratio:.2f}  (goal >= 0.70: {'met' if ratio >= 0.7 else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
