@@ -1,6 +1,7 @@
-"""The deployment panel in a real browser: Deploy makes a static site live at its URL, a new
-release replaces it, a rollback brings the old one back and a failing release never serves;
-secrets are saved masked and never shown again; viewers see neither secrets nor Deploy."""
+"""The deployment panel in a real browser: Deploy makes a static site live at its URL, it scales
+to two instances and back, a new release replaces it, a rollback brings the old one back and a
+failing release never serves; secrets are saved masked and never shown again; viewers see
+neither secrets nor Deploy."""
 
 import secrets
 import time
@@ -78,6 +79,10 @@ def test_deploy_goes_live_redeploys_and_rolls_back(open_as, owner_api, project_i
     url = page.locator("#deploy-url").get_attribute("href")
     assert "version one" in answer_of(url, "version one")
     screenshot(page, "deploy-live")
+    page.locator("#deploy-instances").select_option("2")
+    expect(page.locator("#deploy-status")).to_have_text("Live · 2/2 instances healthy", timeout=60_000)
+    page.locator("#deploy-instances").select_option("1")
+    expect(page.locator("#deploy-status")).to_have_text("Live", timeout=60_000)
 
     owner_api.put(f"/api/projects/{project_id}/files/content/index.html", content=b"<h1>version two</h1>\n").raise_for_status()
     page.locator("#deploy-now").click()

@@ -46,6 +46,7 @@ const STATUS_TEXT: Record<DeploymentStatus, string> = {
   failed: "Failed",
 };
 const MAX_LOG_LINES = 2000;
+const MAX_INSTANCES = 4; // deploy_service.detect.MAX_INSTANCES
 
 function inProgress(deployment: Deployment | null): boolean {
   return deployment !== null && (deployment.status === "deploying" || deployment.releases.some((r) => r.status === "building" || r.status === "starting"));
@@ -64,6 +65,7 @@ export class DeployPanel {
   private readonly message = h("p", { class: "status", id: "deploy-message" });
   private readonly deployButton = h("button", { type: "button", id: "deploy-now" }, "Deploy now");
   private readonly stopButton = h("button", { type: "button", class: "secondary", id: "deploy-stop" }, "Stop");
+  private readonly instances = h("select", { id: "deploy-instances", "aria-label": "Instances", title: "Instances (round-robin)" });
   private readonly secrets: SecretsEditor | null;
   private readonly base: string;
   private deployment: Deployment | null = null;
@@ -77,6 +79,9 @@ export class DeployPanel {
     this.secrets = canWrite ? new SecretsEditor(projectId, isOwner) : null;
     this.button.hidden = this.deployButton.hidden = this.stopButton.hidden = !canWrite;
     this.button.addEventListener("click", () => void this.deploy());
+    this.instances.hidden = !canWrite;
+    for (let n = 1; n <= MAX_INSTANCES; n++) this.instances.append(h("option", { value: String(n) }, `${n} instance${n > 1 ? "s" : ""}`));
+    this.instances.addEventListener("change", () => void this.scale(Number(this.instances.value)));
     this.deployButton.addEventListener("click", () => void this.deploy());
     this.stopButton.addEventListener("click", () => void this.stop());
     this.badge.addEventListener("click", () => void this.open());
@@ -86,7 +91,7 @@ export class DeployPanel {
     this.element.append(
       h("h2", {}, "Deployment"),
       h("div", { class: "row deploy-head" }, this.statusLine, this.link, this.progress),
-      h("div", { class: "row" }, this.deployButton, this.stopButton),
+      h("div", { class: "row" }, this.deployButton, this.stopButton, this.instances),
       this.message,
       h("h3", {}, "Releases"),
       this.releases,
@@ -139,6 +144,16 @@ export class DeployPanel {
     }
   }
 
+  private async scale(instances: number): Promise<void> {
+    try {
+      this.show(await api<Deployment>("POST", `${this.base}/deployment/scale`, { instances }));
+      showStatus(this.message, `Scaling to ${instances} instance${instances > 1 ? "s" : ""}; new ones serve once healthy.`);
+    } catch (error) {
+      showStatus(this.message, (error as ApiError).message, "error");
+    }
+    this.schedule();
+  }
+
   private async rollBack(release: Release): Promise<void> {
     if (!confirm(`Roll back to release #${release.number}? It replaces the live release once healthy.`)) return;
     try {
@@ -182,6 +197,8 @@ export class DeployPanel {
     const busy = inProgress(deployment);
     this.progress.hidden = !busy;
     this.stopButton.hidden = !this.canWrite || deployment === null || deployment.status === "stopped";
+    this.instances.hidden = !this.canWrite || deployment === null;
+    if (deployment !== null && document.activeElement !== this.instances) this.instances.value = String(deployment.instances);
     if (deployment !== null && this.element.open) this.connectLogs();
     if (deployment === null) {
       this.statusLine.textContent = "Not deployed yet.";
