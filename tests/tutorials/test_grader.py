@@ -10,6 +10,7 @@ import pytest
 
 from sandbox_fixtures import nothing_left_behind  # noqa: F401  (autouse: every run cleans up)
 from sandbox.bwrap import BwrapBackend
+from sandbox.limits import Limits
 from sandbox.service import RunService
 from tutorials.format import parse_lesson
 from tutorials.grader import grade, to_public
@@ -324,11 +325,19 @@ async def test_javascript_syntax_error(js_lesson, bwrap):
     assert "SyntaxError" in result.message and "index.js" in result.message
 
 
-async def test_javascript_endless_loop_is_stopped(js_lesson, bwrap):
-    files = {"index.js": "function double(n) { while (true) {} }\nmodule.exports = { double };\n"}
-    result = await grade(js_lesson, files, sandbox=bwrap)
-    assert result.status == "error"
-    assert "took too long" in result.message
+async def test_javascript_endless_loops_are_stopped(js_lesson, bwrap):
+    in_a_test = {"index.js": "function double(n) { while (true) {} }\nmodule.exports = { double };\n"}
+    result = await grade(js_lesson, in_a_test, sandbox=bwrap)
+    assert result.status == "fail" and result.tests[0].status == "error"
+    assert "took longer than 1 s" in result.tests[0].message
+    while_loading = await grade(js_lesson, {"index.js": "while (true) {}\n"}, sandbox=bwrap)
+    assert while_loading.status == "error" and "took longer than 1 s" in while_loading.message
+
+
+async def test_a_run_past_its_limits_is_an_error_that_says_so(lesson, bwrap):
+    slow = main_py("import time; time.sleep(0.4); return a + b")  # each test within its 1 s, all of them past 0.5 s
+    result = await grade(lesson, slow, sandbox=bwrap, limits=Limits(wall_seconds=0.5))
+    assert result.status == "error" and "took too long" in result.message
 
 
 async def test_exiting_from_learner_code_fails_that_test_with_a_reason(lesson, js_lesson, bwrap):

@@ -11,6 +11,7 @@
 const fs = require('node:fs');
 const path = require('node:path');
 const util = require('node:util');
+const vm = require('node:vm');
 const Module = require('node:module');
 const childProcess = require('node:child_process');
 
@@ -152,13 +153,23 @@ function failure(error) {
 
 // --- running ---------------------------------------------------------------------------------------------
 
+function withinTimeout(fn) {
+  // a vm script's timeout also stops endless synchronous loops in whatever it calls (V8 terminates it)
+  globalThis.__codeyardCall = fn;
+  try {
+    return vm.runInThisContext('__codeyardCall()', { timeout: spec.timeout * 1000 });
+  } catch (error) {
+    throw error && error.code === 'ERR_SCRIPT_EXECUTION_TIMEOUT' ? TIMEOUT : error;
+  }
+}
+
 async function runTest(test, file, hidden) {
   const result = { name: test.name, file, hidden, task: test.task || spec.single_task, status: 'pass', test_code: String(test.fn) };
   captured = [];
   let timer;
   try {
-    const ran = Promise.resolve().then(() => test.fn({ name: test.name }));
-    await Promise.race([ran, new Promise((resolve, reject) => { timer = setTimeout(() => reject(TIMEOUT), spec.timeout * 1000); })]);
+    const returned = withinTimeout(() => test.fn({ name: test.name }));
+    await Promise.race([returned, new Promise((resolve, reject) => { timer = setTimeout(() => reject(TIMEOUT), spec.timeout * 1000); })]);
   } catch (error) {
     if (error === TIMEOUT) Object.assign(result, { status: 'error', kind: 'timeout' });
     else if (error && error.code === 'ERR_ASSERTION') Object.assign(result, { status: 'fail' }, failure(error));
@@ -203,9 +214,10 @@ function load(test) {
   module.paths = Module._nodeModulePaths(path.dirname(filename));
   captured = [];
   try {
-    module._compile(test.source, filename);
+    withinTimeout(() => module._compile(test.source, filename));
     return null;
   } catch (error) {
+    if (error === TIMEOUT) return { type: 'Timeout', message: 'loading took too long', in_learner_file: false, test_file: test.file };
     return { ...errorInfo(error), test_file: test.file };
   } finally {
     captured = null;
