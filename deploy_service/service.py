@@ -55,6 +55,7 @@ DRAIN_TIMEOUT = 30.0
 ROLLBACK_RELEASES = 5  # successful releases kept (folders and all) for rollback
 KEPT_RELEASE_ROWS = 30
 BACKOFF_START, BACKOFF_MAX, STABLE_SECONDS = 0.5, 30.0, 60.0
+RECONCILE_SECONDS = 5.0
 
 
 class DeploymentNotFound(NotFound):
@@ -127,7 +128,7 @@ class DeployService:
             deployment_id, release_id = deployment.id, release.id
         app = self._live(deployment_id)
         app.log.write("system", f"release {number}: snapshot of the project taken, building\n", release_id)
-        release_dir = self._release_dir(release_id)
+        release_dir = self._release_dir(deployment_id, release_id)
         try:
             release_dir.mkdir(parents=True)
             await asyncio.to_thread(copy_in, projects.project_dir(self.projects_dir, project_id), release_dir,
@@ -187,22 +188,38 @@ class DeployService:
     async def delete(self, project_id: str) -> None:
         """Stop the app and remove the deployment, its releases and logs."""
         with self.sessions() as db:
-            deployment = self._deployment(db, project_id)
-            deployment_id, release_ids = deployment.id, db.scalars(
-                select(Release.id).where(Release.deployment_id == deployment.id)).all()
+            deployment_id = self._deployment(db, project_id).id
         app = self._live(deployment_id)
+        with self.sessions() as db, db.begin():
+            if (row := db.get(Deployment, deployment_id)) is not None:
+                db.delete(row)
+        await self._remove(app)
+
+    async def _remove(self, app: LiveApp) -> None:
+        """Stop a deployment whose row is gone and remove its files (releases, logs)."""
         async with app.lock:
             app.stopped = True
             await self._retire(app, list(app.instances), "the app was deleted")
-            app.instances = []
+            app.instances, app.launch = [], None
             self.routes.drop(app.slug)
-            with self.sessions() as db, db.begin():
-                if (row := db.get(Deployment, deployment_id)) is not None:
-                    db.delete(row)
-            for release_id in release_ids:
-                shutil.rmtree(self._release_dir(release_id), ignore_errors=True)
+            shutil.rmtree(self.root / "releases" / app.deployment_id, ignore_errors=True)
             app.log.remove()
-        self._apps.pop(deployment_id, None)
+        self._apps.pop(app.deployment_id, None)
+
+    async def reconcile_forever(self, every: float = RECONCILE_SECONDS) -> None:
+        """Deleting a project deletes its deployment rows (cascade): stop such apps and drop their files."""
+        while True:
+            await asyncio.sleep(every)
+            try:
+                with self.sessions() as db:
+                    present = set(db.scalars(select(Deployment.id)))
+                for app in [a for a in self._apps.values() if a.deployment_id not in present]:
+                    await self._remove(app)
+                for folder in (self.root / "releases").iterdir():
+                    if folder.name not in present and folder.name not in self._apps:
+                        shutil.rmtree(folder, ignore_errors=True)
+            except Exception:
+                log.exception("reconciling deployments failed")
 
     def status(self, project_id: str) -> DeploymentPublic:
         with self.sessions() as db:
@@ -232,7 +249,9 @@ class DeployService:
     # ----- start-up and shut-down -----
 
     async def restore(self) -> int:
-        """After a server start: every deployment that was serving comes back with its release."""
+        """After a server start: every deployment that was serving comes back with its release (and
+        from then on, apps of deleted projects are stopped)."""
+        self._spawn(self.reconcile_forever())
         with self.sessions() as db, db.begin():
             for release in db.scalars(select(Release).where(Release.status.in_(("building", "starting")))):
                 release.status, release.finished_at = "failed", _now()
@@ -304,7 +323,7 @@ class DeployService:
 
     async def _prepare(self, app: LiveApp, release_id: str, *, build: bool) -> tuple[AppPlan, Launch]:
         """Detect how to run the release, install its packages, run its build: the Launch of its instances."""
-        release_dir = self._release_dir(release_id)
+        release_dir = self._release_dir(app.deployment_id, release_id)
         if not release_dir.is_dir():
             raise DeployFailed("the release's files are gone (it is older than the releases kept for rollback)")
         try:
@@ -498,8 +517,8 @@ class DeployService:
                           .order_by(Release.number.desc()).limit(ROLLBACK_RELEASES + 1)).all()
         return {r for r in rows if r != deployment.current_release_id}
 
-    def _release_dir(self, release_id: str) -> Path:
-        return self.root / "releases" / release_id
+    def _release_dir(self, deployment_id: str, release_id: str) -> Path:
+        return self.root / "releases" / deployment_id / release_id
 
     def _set_release(self, release_id: str, **values) -> None:
         with self.sessions() as db, db.begin():
@@ -539,7 +558,7 @@ class DeployService:
             if deployment is not None and (deployment.current_release_id in (None, release_id)):
                 deployment.status = "failed"
         if not was_live:
-            shutil.rmtree(self._release_dir(release_id), ignore_errors=True)
+            shutil.rmtree(self._release_dir(app.deployment_id, release_id), ignore_errors=True)
 
     def _prune(self, app: LiveApp) -> None:
         """Keep the folders of the releases one can roll back to (and the current one); old rows go too."""
@@ -552,7 +571,7 @@ class DeployService:
                               .order_by(Release.number.desc())).all()
             for index, row in enumerate(rows):
                 if row.id not in keep and row.status not in ("building", "starting"):
-                    shutil.rmtree(self._release_dir(row.id), ignore_errors=True)
+                    shutil.rmtree(self._release_dir(app.deployment_id, row.id), ignore_errors=True)
                     if index >= KEPT_RELEASE_ROWS:
                         db.delete(row)
 

@@ -146,3 +146,14 @@ def test_stop_then_delete(owner):
     assert owner.delete(f"/api/projects/{project_id}/deployment").status_code == 204
     assert owner.get(f"/api/projects/{project_id}/deployment").status_code == 404
     assert owner.client.get(url).status_code == 404
+
+
+def test_deleting_the_project_stops_its_app(owner, served):
+    project_id = new_project(owner, app_files("v1"))
+    deployment = deploy(owner, project_id)
+    releases = served.app.state.settings.data_dir / "deploy" / "releases"
+    [release_dir] = releases.glob(f"*/{deployment['current_release']['id']}")
+    assert owner.client.get(deployment["url"]).text == "v1"
+    assert owner.delete(f"/api/projects/{project_id}").status_code == 204
+    wait_until(lambda: owner.client.get(deployment["url"]).status_code == 404, timeout=20)
+    assert not release_dir.parent.exists()
