@@ -70,7 +70,8 @@ def get_course(course_slug: Slug, user: CurrentUser, db: DbSession) -> CoursePub
                 project_id=row.project_id if row else None,
             )
         )
-    return CoursePublic(slug=course.slug, title=course.title, language=course.language, lessons=lessons)
+    return CoursePublic(slug=course.slug, title=course.title, language=course.language,
+                        description=course.description_md, lessons=lessons)
 
 
 @router.post("/courses/{course_slug}/lessons/{lesson_slug}/start")

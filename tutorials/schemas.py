@@ -35,6 +35,7 @@ class CoursePublic(BaseModel):
     slug: str
     title: str
     language: str
+    description: str = Field(description="Markdown.")
     lessons: list[LessonSummary]
 
 

@@ -87,6 +87,7 @@ def test_lesson_one_from_start_to_pass(served):
     assert learner.post(f"{base}/check").json()["lesson"]["status"] == "passed"
 
     course = learner.get(f"/api/tutorials/courses/{COURSE.slug}").json()
+    assert course["description"] == COURSE.description_md
     first = course["lessons"][0]
     assert (first["status"], first["attempts"], first["hints_used"], first["project_id"]) == (
         "passed", 3, len(all_hints), project_id)

@@ -1,6 +1,7 @@
 /** Courses: the list with the learner's progress, and a course page whose lessons open in the workspace. */
 import { api, ApiError } from "../api";
 import { h, showStatus } from "../dom";
+import { renderMarkdown } from "../workspace/lesson-markdown";
 
 interface CourseSummary {
   slug: string;
@@ -24,6 +25,7 @@ interface Course {
   slug: string;
   title: string;
   language: string;
+  description: string;
   lessons: LessonSummary[];
 }
 
@@ -83,7 +85,7 @@ export async function renderCourse(root: HTMLElement, slug: string): Promise<voi
   }
   const passed = course.lessons.filter((lesson) => lesson.status === "passed").length;
   title.textContent = course.title;
-  title.after(h("p", { id: "course-progress" }, progressBar(passed, course.lessons.length), ` ${passed} of ${course.lessons.length} lessons passed`));
+  title.after(renderMarkdown(course.description), h("p", { id: "course-progress" }, progressBar(passed, course.lessons.length), ` ${passed} of ${course.lessons.length} lessons passed`));
   list.replaceChildren(
     ...course.lessons.map((lesson, index) => {
       const open = h("button", { type: "button", class: lesson.project_id ? "secondary" : "" }, lesson.project_id ? "Continue" : "Start");
