@@ -30,6 +30,7 @@ COMPONENTS = [
     "collab.component:component",
     "collab.history_api:component",
     "sandbox.component:component",
+    "deploy_service.secrets_api:component",
     "deploy_service.component:component",
 ]
 

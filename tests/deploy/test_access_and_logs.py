@@ -84,3 +84,35 @@ def test_apps_answer_on_their_own_host_name_when_configured(owner, served):
     finally:
         deploys.apps_host = None
     assert served.get("/healthz").status_code == 200  # the IDE itself is untouched
+
+
+SECRET_APP = '''
+import hashlib, http.server, os
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = hashlib.sha256(os.environ.get("API_TOKEN", "").encode()).hexdigest().encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
+'''
+
+
+def test_secrets_reach_the_app_and_never_its_logs_or_the_api(owner):
+    import hashlib
+
+    value = "s3cr3t-deploy-value-42"
+    project_id = new_project(owner, {"server.py": SECRET_APP, "codeyard.toml": '[deploy]\nrun = "python3 server.py"\n'})
+    assert owner.put(f"/api/projects/{project_id}/secrets/API_TOKEN", json={"value": value}).status_code in (200, 201)
+    deployment = deploy(owner, project_id)
+    assert deployment["status"] == "running", deployment["releases"][0]["message"]
+    assert owner.client.get(deployment["url"]).text == hashlib.sha256(value.encode()).hexdigest()
+    assert value not in owner.get(f"/api/projects/{project_id}/deployment").text
+    with owner.websocket_connect(f"/ws/projects/{project_id}/deployment/logs") as socket:
+        entries = []
+        while not any("is live" in e["data"] for e in entries):
+            entries.append(socket.receive_json())
+    assert value not in str(entries)

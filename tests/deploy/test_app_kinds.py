@@ -59,6 +59,10 @@ def test_a_flask_app_answers_with_streamed_bodies_both_ways(owner):
         client.cookies.clear()
     assert answer["got"] == body and answer["prefix"] == url.rstrip("/")
     assert answer["cookie"] == "theme=dark"  # the IDE's own cookies never reach an app
+    chunked = client.post(f"{url}echo", content=iter([b"first,", b"second"]))  # no length: sent chunked
+    assert chunked.json()["got"] == "first,second"
+    head = client.head(url)
+    assert head.status_code == 200 and head.headers["content-length"] == str(len("Hello from Flask")) and not head.content
     with client.stream("GET", f"{url}stream") as response:
         lines = [line for line in response.iter_lines() if line]
         assert response.headers["content-security-policy"].startswith("sandbox")
