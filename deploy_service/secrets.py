@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from deploy_service.secret_box import SecretBox, SecretUnreadable
@@ -79,6 +80,13 @@ class ProjectSecrets:
         """Set (or replace) a secret; returns what may be shown and whether it is new."""
         check_name(name)
         check_value(value)
+        try:
+            return self._put(db, project_id, name, value, user)
+        except IntegrityError:  # someone added the same name at the same moment: replace theirs
+            db.rollback()
+            return self._put(db, project_id, name, value, user)
+
+    def _put(self, db: Session, project_id: str, name: str, value: str, user: User) -> tuple[SecretInfo, bool]:
         row = db.get(ProjectSecret, (project_id, name))
         created = row is None
         if row is None:

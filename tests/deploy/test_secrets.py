@@ -3,6 +3,7 @@ rules, sealed at rest, and values that never come back in an answer or a log rec
 
 import logging
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import select
@@ -126,6 +127,18 @@ def test_bad_values_and_too_many_secrets(new_user, monkeypatch):
     full = owner.put(f"/api/projects/{pid}/secrets/C", json={"value": "v"})
     assert full.status_code == 409 and "at most 2 secrets" in full.json()["detail"]
     assert owner.put(f"/api/projects/{pid}/secrets/A", json={"value": "replacing is fine"}).status_code == 200
+
+
+def test_concurrent_writes_of_one_new_name_all_succeed(new_user):
+    owner = new_user()
+    pid = project_of(owner)
+    editors = [new_user() for _ in range(4)]
+    for editor in editors:
+        add_member(owner, pid, editor, "editor")
+    with ThreadPoolExecutor(len(editors)) as pool:
+        answers = list(pool.map(lambda e: e.put(f"/api/projects/{pid}/secrets/SHARED", json={"value": e.username}), editors))
+    assert sorted(a.status_code for a in answers) == [200, 200, 200, 201], [a.text for a in answers]
+    assert [s["name"] for s in owner.get(f"/api/projects/{pid}/secrets").json()["secrets"]] == ["SHARED"]
 
 
 def test_sealed_at_rest_and_given_only_to_that_projects_deploys(new_user, app):
