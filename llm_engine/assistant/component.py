@@ -26,10 +26,9 @@ from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.services.projects import ProjectAccess
 from llm_engine.assistant.schemas import (AssistantPublic, AssistantUpdate, ChatCreate, CompletionCreate,
                                           CompletionPublic, ExplainCreate)
-from llm_engine.assistant.service import ANSWER_COST, Assistant, AssistantConfig
+from llm_engine.assistant.service import ANSWER_COST, Assistant, AssistantConfig, Model
 from llm_engine.entrypoints.api import answer, unless_disconnected
 from llm_engine.entrypoints.component import llm_of
-from llm_engine.entrypoints.service import LLMService
 
 STREAM_RESPONSES: dict[int | str, dict] = {200: {"description": "OpenAI chat completion chunks, then [DONE]",
                                                  "content": {"text/event-stream": {}}}}
@@ -44,7 +43,7 @@ def _assistant(conn: HTTPConnection) -> Assistant:
 AssistantDep = Annotated[Assistant, Depends(_assistant)]
 
 
-async def _admit(assistant: Assistant, db: DbSession, ctx: ProjectAccess, cost: float) -> LLMService:
+async def _admit(assistant: Assistant, db: DbSession, ctx: ProjectAccess, cost: float) -> Model:
     """Check the switch, the model and the rate; then give the request's DB connection back to the
     pool, since generating (and streaming) takes seconds."""
     try:
@@ -70,8 +69,8 @@ def update_assistant(body: AssistantUpdate, ctx: ProjectOwner, db: DbSession, as
 async def complete(body: CompletionCreate, ctx: ProjectEditor, db: DbSession, request: Request,
                    assistant: AssistantDep) -> CompletionPublic:
     """Ghost text to show at the cursor: the rest of the line (or the next line)."""
-    service = await _admit(assistant, db, ctx, 1)
-    result = await unless_disconnected(request, assistant.complete(service, body))
+    model = await _admit(assistant, db, ctx, 1)
+    result = await unless_disconnected(request, assistant.complete(model, body))
     return result if isinstance(result, Response) else CompletionPublic(text=result)
 
 
@@ -79,16 +78,16 @@ async def complete(body: CompletionCreate, ctx: ProjectEditor, db: DbSession, re
 async def explain(body: ExplainCreate, ctx: ProjectEditor, db: DbSession, request: Request,
                   assistant: AssistantDep) -> Response:
     """A streamed explanation of a failed run's output, given the file it ran."""
-    service = await _admit(assistant, db, ctx, ANSWER_COST)
-    return answer(await unless_disconnected(request, assistant.explain(service, body)))
+    model = await _admit(assistant, db, ctx, ANSWER_COST)
+    return answer(await unless_disconnected(request, assistant.explain(model, body)))
 
 
 @router.post("/chat", responses=STREAM_RESPONSES, response_class=Response)
 async def chat(body: ChatCreate, ctx: ProjectEditor, db: DbSession, request: Request,
                assistant: AssistantDep) -> Response:
     """A streamed answer to the conversation's last question, about the current file."""
-    service = await _admit(assistant, db, ctx, ANSWER_COST)
-    return answer(await unless_disconnected(request, assistant.chat(service, body)))
+    model = await _admit(assistant, db, ctx, ANSWER_COST)
+    return answer(await unless_disconnected(request, assistant.chat(model, body)))
 
 
 def _setup(app: FastAPI) -> None:

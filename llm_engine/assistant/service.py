@@ -1,13 +1,12 @@
 """Assistant: the rules (project switch, rate limit, model readiness) and the calls to the LLM.
 
-Completions run on the engine directly so generation stops as soon as the ghost text's line is
-complete; explanations and chat reuse the /v1 chat serving, so they stream the same OpenAI
-chunks (`data: {...choices[0].delta.content...}` ... `data: [DONE]`) that /v1 clients parse.
+Completions stop as soon as the ghost text's line is complete; explanations and chat stream the
+OpenAI chat chunks (`data: {...choices[0].delta.content...}` ... `data: [DONE]`) that /v1
+clients parse, from the model in this process or from the LLM server (see backends.py).
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 
 from pydantic import Field
@@ -18,16 +17,14 @@ from ide_server.errors import DomainError, InvalidInput, PermissionDenied, Throt
 from ide_server.models import Role, utcnow
 from ide_server.services.projects import ProjectAccess
 from llm_engine.assistant import prompts
+from llm_engine.assistant.backends import LocalModel, RemoteModel
 from llm_engine.assistant.models import AssistantSetting
 from llm_engine.assistant.ratelimit import RateLimiter
 from llm_engine.assistant.schemas import AssistantPublic, ChatCreate, CompletionCreate, ExplainCreate
-from llm_engine.async_engine import EngineNotReady, EngineOverloaded
 from llm_engine.entrypoints.component import LazyLLM
-from llm_engine.entrypoints.protocol import ChatCompletionRequest, OpenAIError
-from llm_engine.entrypoints.service import LLMService, as_openai_error
-from llm_engine.entrypoints.serving import ServingChat
-from llm_engine.sampling_params import SamplingParams
+from llm_engine.entrypoints.protocol import OpenAIError
 
+Model = LocalModel | RemoteModel
 ANSWER_COST = 5  # an explanation or a chat answer weighs as much as this many completions
 
 
@@ -92,6 +89,8 @@ class Assistant:
 
     def model_state(self) -> tuple[str, str]:
         """The model's state without loading it (status checks must not start a load)."""
+        if self.llm.remote is not None:
+            return self.llm.remote.state()
         if self.llm.setting == "off":
             return "unavailable", "the LLM is switched off on this server"
         service = self.llm.service
@@ -105,59 +104,47 @@ class Assistant:
 
     # ----- admission -----
 
-    def admit(self, db: Session, access: ProjectAccess, cost: float) -> LLMService:
-        """The loaded model for one call, or AssistantOff (403), ModelUnavailable (503, and the load
-        starts), Throttled (429). Loading answers don't use up the caller's rate."""
+    def admit(self, db: Session, access: ProjectAccess, cost: float) -> Model:
+        """The model for one call, or AssistantOff (403), ModelUnavailable (503; a local model
+        starts loading), Throttled (429). Loading answers don't use up the caller's rate."""
         if not self.is_enabled(db, access.project.id):
             raise AssistantOff("the assistant is switched off for this project by its owner")
-        try:
-            service = self.llm.get()
-            service.require_ready()
-        except OpenAIError as exc:
-            raise _domain_error(exc) from None
+        model: Model
+        if self.llm.remote is not None:
+            model = RemoteModel(self.llm.remote)
+        else:
+            try:
+                service = self.llm.get()
+                service.require_ready()
+            except OpenAIError as exc:
+                raise _domain_error(exc) from None
+            model = LocalModel(service)
         assert access.user is not None
         wait = self.limiter.take(access.user.id, cost)
         if wait:
             raise Throttled(f"too many assistant requests; try again in {wait} s", wait)
-        return service
+        return model
 
     # ----- the calls -----
 
-    async def complete(self, service: LLMService, body: CompletionCreate) -> str:
+    async def complete(self, model: Model, body: CompletionCreate) -> str:
         """Ghost text for the cursor: greedy, a few tokens, stopped once its line is complete."""
         prompt = prompts.completion_prompt(body.path, body.prefix, [(f.path, f.content) for f in body.open_files])
-        max_tokens = self.config.completion_tokens
-        text = ""
         try:
-            ids = service.engine.require_engine().tokenize(prompt)[1]
-            ids = ids[-(service.engine.max_model_len - max_tokens):]
-            outputs = service.engine.generate(ids, SamplingParams(temperature=0, max_tokens=max_tokens),
-                                              f"assist-{uuid.uuid4().hex}")
-            try:
-                async for output in outputs:
-                    text = output.outputs[0].text
-                    if prompts.line_is_complete(text):
-                        break
-            finally:
-                await outputs.aclose()  # stops (aborts) the request when we broke off early
-        except (ValueError, EngineNotReady, EngineOverloaded) as exc:
-            raise _domain_error(as_openai_error(exc)) from None
-        return prompts.ghost_text(text, body.suffix.split("\n", 1)[0])
-
-    async def explain(self, service: LLMService, body: ExplainCreate) -> AsyncIterator[bytes]:
-        return await self._answer(service, prompts.explain_messages(body.path, body.content, body.output))
-
-    async def chat(self, service: LLMService, body: ChatCreate) -> AsyncIterator[bytes]:
-        conversation = [(m.role, m.content) for m in body.messages]
-        return await self._answer(service, prompts.chat_messages(body.path, body.content, conversation))
-
-    async def _answer(self, service: LLMService, messages: list[dict]) -> AsyncIterator[bytes]:
-        request = ChatCompletionRequest(model=service.served_name, messages=messages, stream=True,
-                                        max_tokens=self.config.answer_tokens, temperature=0.2,
-                                        repetition_penalty=1.1)
-        try:
-            result = await ServingChat(service).create(request)
+            text = await model.complete(prompt, self.config.completion_tokens, prompts.line_is_complete)
         except OpenAIError as exc:
             raise _domain_error(exc) from None
-        assert not isinstance(result, dict)
-        return result
+        return prompts.ghost_text(text, body.suffix.split("\n", 1)[0])
+
+    async def explain(self, model: Model, body: ExplainCreate) -> AsyncIterator[bytes]:
+        return await self._answer(model, prompts.explain_messages(body.path, body.content, body.output))
+
+    async def chat(self, model: Model, body: ChatCreate) -> AsyncIterator[bytes]:
+        conversation = [(m.role, m.content) for m in body.messages]
+        return await self._answer(model, prompts.chat_messages(body.path, body.content, conversation))
+
+    async def _answer(self, model: Model, messages: list[dict]) -> AsyncIterator[bytes]:
+        try:
+            return await model.chat(messages, self.config.answer_tokens)
+        except OpenAIError as exc:
+            raise _domain_error(exc) from None

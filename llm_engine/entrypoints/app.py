@@ -27,15 +27,22 @@ def _api_key_guard(request: Request) -> None:
 
 def create_app(config: EngineConfig, served_name: str, options: ServerOptions | None = None) -> FastAPI:
     """The app loads the model in the background when it starts; /v1 answers 503 until then."""
-    service = LLMService(config, served_name, options)
+    return app_for(LLMService(config, served_name, options))
+
+
+def app_for(service: LLMService, own_service: bool = True) -> FastAPI:
+    """The server over `service`; when it owns the service, it starts and stops it with the app
+    (else it serves one that runs already, e.g. a model loaded once for several servers)."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        service.start()
+        if own_service:
+            service.start()
         try:
             yield
         finally:
-            service.stop()
+            if own_service:
+                service.stop()
 
     app = FastAPI(title="Codeyard LLM server", lifespan=lifespan)
     app.state.llm = service

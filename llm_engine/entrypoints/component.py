@@ -3,7 +3,9 @@
 The model (CODEYARD_LLM_MODEL: a local folder or .gguf; unset means the built-in SmolLM2; "off"
 disables it) loads in the background on first use, so the IDE starts at once and stays usable:
 until the model is ready /v1 answers 503 "model is loading". Callers sign in as for /api: a
-session cookie (with the CSRF header on POST) or a personal API token as Bearer.
+session cookie (with the CSRF header on POST) or a personal API token as Bearer. With
+CODEYARD_LLM_URL set (app replicas in compose), no model loads here: /v1 and /llm/metrics are
+forwarded to that LLM server (see remote.py).
 """
 
 from __future__ import annotations
@@ -11,23 +13,31 @@ from __future__ import annotations
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.responses import Response
 
 from ide_server.components import Component
 from ide_server.deps import require_user
+from ide_server.models import User
 from llm_engine.config import EngineConfig
 from llm_engine.entrypoints import api
 from llm_engine.entrypoints.models import resolve_model
 from llm_engine.entrypoints.protocol import OpenAIError
+from llm_engine.entrypoints.remote import RemoteLLM
 from llm_engine.entrypoints.service import LLMService
+
+METRICS_PATH = "/llm/metrics"
 
 
 class LazyLLM:
-    """Creates and starts the LLMService on first use (a bad model setting answers 503 with why)."""
+    """Creates and starts the LLMService on first use (a bad model setting answers 503 with why);
+    or, with `remote`, stands for the LLM server that serves this app instead."""
 
-    def __init__(self, setting: str | None) -> None:
+    def __init__(self, setting: str | None, remote: RemoteLLM | None = None) -> None:
         self.setting = setting
+        self.remote = remote
         self.service: LLMService | None = None
         self._lock = threading.Lock()
 
@@ -58,9 +68,32 @@ def _service(request: Request) -> LLMService:
     return llm_of(request.app).get()
 
 
+class Forwarded(Exception):
+    """Carries the LLM server's answer out of the dependency that forwarded the request."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__("forwarded")
+        self.response = response
+
+
+async def _signed_in_here_or_forwarded(request: Request, _user: Annotated[User, Depends(require_user)]) -> None:
+    """Signed-in callers only; with a remote LLM server, their request goes there (this route's
+    own handler never runs)."""
+    remote = llm_of(request.app).remote
+    if remote is not None:
+        path = "/metrics" if request.url.path == METRICS_PATH else request.url.path
+        raise Forwarded(await remote.forward(request, path))
+
+
+async def _forwarded_answer(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Forwarded)
+    return exc.response
+
+
 def _setup(app: FastAPI) -> None:
-    app.state.llm_lazy = LazyLLM(app.state.settings.llm_model)
+    app.state.llm_lazy = LazyLLM(app.state.settings.llm_model, RemoteLLM.from_env())
     api.install(app)
+    app.add_exception_handler(Forwarded, _forwarded_answer)
 
 
 @asynccontextmanager
@@ -71,5 +104,5 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         llm_of(app).stop()
 
 
-router = api.build_router(_service, Depends(require_user), metrics_path="/llm/metrics")
+router = api.build_router(_service, Depends(_signed_in_here_or_forwarded), metrics_path=METRICS_PATH)
 component = Component(name="llm", router=router, setup=_setup, lifespan=_lifespan)

@@ -17,16 +17,18 @@ from ide_server.settings import Settings
 from llm_engine.assistant.service import Assistant, AssistantConfig
 from llm_engine.config import EngineConfig
 from llm_engine.entrypoints.models import resolve_model
-from llm_engine.entrypoints.service import LLMService
+from llm_engine.entrypoints.service import LLMService, ServerOptions
 
 # Short answers: the model is real and the test machine's CPU is shared.
 TEST_CONFIG = AssistantConfig(rate_per_minute=1, burst=5, completion_tokens=12, answer_tokens=10)
+REMOTE_KEY = "sk-assistant-test"  # the key the model asks for when served over HTTP (test_remote)
 
 
 @pytest.fixture(scope="session")
 def smol_service() -> Iterator[LLMService]:
     path, name = resolve_model(None)
-    service = LLMService(EngineConfig(model=path, max_num_seqs=8), name)
+    service = LLMService(EngineConfig(model=path, max_num_seqs=8), name,
+                         ServerOptions(api_keys=frozenset({REMOTE_KEY})))
     service.start()
     service.engine.wait_ready(600)
     yield service

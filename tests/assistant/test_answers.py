@@ -3,53 +3,7 @@ per-user rate limit, and generation stopped (its KV blocks freed) once a complet
 
 from __future__ import annotations
 
-import json
-import secrets
-import time
-
-from fastapi.testclient import TestClient
-
-from tests.conftest import PASSWORD
-
-from .helpers import bodies
-
-
-def signed_in(app) -> TestClient:
-    client = TestClient(app)
-    csrf = client.post("/api/auth/register", json={"username": f"as{secrets.token_hex(4)}",
-                                                   "password": PASSWORD}).json()["csrf_token"]
-    client.headers["X-CSRF-Token"] = csrf
-    return client
-
-
-def new_project(client: TestClient) -> str:
-    return client.post("/api/projects", json={"name": "ai", "template": "python"}).json()["id"]
-
-
-def stream_text(client: TestClient, url: str, body: dict) -> tuple[str, list[dict]]:
-    """The streamed answer's text and its chunks (checking the stream's framing on the way)."""
-    chunks, finished = [], False
-    with client.stream("POST", url, json=body) as r:
-        assert r.status_code == 200, r.read()
-        assert r.headers["content-type"].startswith("text/event-stream")
-        for line in r.iter_lines():
-            if not line:
-                continue
-            assert line.startswith("data: ") and not finished
-            if line == "data: [DONE]":
-                finished = True
-            else:
-                chunks.append(json.loads(line[len("data: "):]))
-    assert finished
-    return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks), chunks
-
-
-def wait_idle(service, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while (stats := service.engine.stats()).num_running or stats.num_waiting:
-        assert time.monotonic() < deadline, "the request is still running"
-        time.sleep(0.05)
-    assert stats.num_free_blocks == stats.num_total_blocks
+from .helpers import bodies, new_project, signed_in, stream_text, wait_idle
 
 
 def test_completion_is_the_rest_of_the_line(model_app, smol_service):

@@ -1,4 +1,4 @@
-"""The container files: docker-compose.yml is valid and wires the app to PostgreSQL and Redis;
+"""The container files: docker-compose.yml is valid and wires the app to PostgreSQL, Redis and the LLM server;
 the Dockerfile copies what exists and runs as a non-root user."""
 
 import re
@@ -28,7 +28,10 @@ def test_docker_compose_config_is_valid():
     assert app["environment"]["CODEYARD_REDIS_URL"].startswith("redis://redis:")
     assert app["deploy"]["replicas"] >= 2
     assert {name: cond["condition"] for name, cond in app["depends_on"].items()} == {
-        "postgres": "service_healthy", "redis": "service_healthy"}
+        "postgres": "service_healthy", "redis": "service_healthy", "llm": "service_started"}
+    # Replicas load no model: /v1 and the assistant go to the llm service's port.
+    assert app["environment"]["CODEYARD_LLM_URL"] == "http://llm:8001"
+    assert "--port" in services["llm"]["command"] and "8001" in services["llm"]["command"]
     for name in ("app", "postgres", "redis"):
         assert services[name]["healthcheck"]["test"], name
         assert services[name]["volumes"], name

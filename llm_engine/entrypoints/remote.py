@@ -1,0 +1,139 @@
+"""An OpenAI-compatible LLM server elsewhere (CODEYARD_LLM_URL, e.g. compose's `llm` service).
+
+When it is set, app replicas load no model: /v1 and /llm/metrics are passed through as they are,
+and the assistant sends its completions and chats there. The caller's credentials never leave
+this server; the LLM server's key (CODEYARD_LLM_API_KEY) goes instead. Failures to reach it are
+503 "unreachable" in OpenAI's error shape, never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from llm_engine.entrypoints.protocol import OpenAIError
+
+STATE_TIMEOUT_S = 3.0
+
+
+class RemoteLLMSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CODEYARD_LLM_", extra="ignore")
+
+    url: str | None = None
+    api_key: SecretStr | None = None
+
+
+@dataclass
+class Upstream:
+    """An answer of the LLM server being read, and the connection it comes over."""
+
+    response: httpx.Response
+    client: httpx.AsyncClient
+
+    async def aclose(self) -> None:
+        await self.response.aclose()
+        await self.client.aclose()
+
+
+async def relay(upstream: Upstream) -> AsyncIterator[bytes]:
+    """The upstream body as it arrives; leaving early (the client went away) closes the upstream
+    connection, which makes the LLM server abort the request."""
+    try:
+        async for chunk in upstream.response.aiter_raw():
+            yield chunk
+    finally:
+        await upstream.aclose()
+
+
+class RemoteLLM:
+    """A connection per request: requests stream for seconds to minutes, so pooling saves
+    nothing, and a client is never shared across event loops."""
+
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = 600.0) -> None:
+        self.url = url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.timeout = httpx.Timeout(timeout, connect=5.0)
+        self._model: str | None = None
+
+    @classmethod
+    def from_env(cls) -> RemoteLLM | None:
+        settings = RemoteLLMSettings()
+        if not settings.url:
+            return None
+        return cls(settings.url, settings.api_key.get_secret_value() if settings.api_key else None)
+
+    def _unreachable(self, exc: Exception) -> OpenAIError:
+        return OpenAIError(503, f"the LLM server at {self.url} is unreachable ({type(exc).__name__})",
+                           code="llm_unreachable", retry_after=5)
+
+    async def open(self, method: str, path: str, body: bytes | None = None) -> Upstream:
+        """Send a request; the answer streams. Refusals of our key become 503 (a setup problem)."""
+        client = httpx.AsyncClient(base_url=self.url, headers=self.headers, timeout=self.timeout)
+        try:
+            request = client.build_request(method, path, content=body,
+                                           headers={"Content-Type": "application/json"} if body else None)
+            upstream = Upstream(await client.send(request, stream=True), client)
+        except httpx.HTTPError as exc:
+            await client.aclose()
+            raise self._unreachable(exc) from None
+        if upstream.response.status_code == 401:
+            await upstream.aclose()
+            raise OpenAIError(503, f"the LLM server at {self.url} refused this server's key (CODEYARD_LLM_API_KEY)",
+                              code="llm_key_refused")
+        return upstream
+
+    async def forward(self, request: Request, path: str) -> Response:
+        """The caller's request, sent on as it is (body, method), and its answer streamed back."""
+        upstream = await self.open(request.method, path, await request.body() or None)
+        answer = upstream.response
+        headers = {"Retry-After": answer.headers["retry-after"]} if "retry-after" in answer.headers else None
+        return StreamingResponse(relay(upstream), status_code=answer.status_code, headers=headers,
+                                 media_type=answer.headers.get("content-type"))
+
+    async def post_stream(self, path: str, payload: dict) -> Upstream:
+        """POST a streaming request; an error answer (before any chunk) raises its OpenAIError."""
+        upstream = await self.open("POST", path, json.dumps(payload).encode())
+        answer = upstream.response
+        if answer.status_code != 200:
+            try:
+                message = json.loads(await answer.aread())["error"]["message"]
+            except (ValueError, KeyError, TypeError, httpx.HTTPError):
+                message = f"the LLM server answered {answer.status_code}"
+            finally:
+                await upstream.aclose()
+            if answer.status_code == 404:
+                self._model = None  # the server now serves another model: ask its name again
+            retry = answer.headers.get("retry-after")
+            raise OpenAIError(answer.status_code, message, retry_after=int(retry) if retry and retry.isdigit() else None)
+        return upstream
+
+    async def model_name(self) -> str:
+        """The name the LLM server serves its model under (asked once)."""
+        if self._model is None:
+            upstream = await self.open("GET", "/v1/models")
+            try:
+                self._model = json.loads(await upstream.response.aread())["data"][0]["id"]
+            except (ValueError, KeyError, IndexError, TypeError, httpx.HTTPError) as exc:
+                raise self._unreachable(exc) from None
+            finally:
+                await upstream.aclose()
+        return self._model
+
+    def state(self) -> tuple[str, str]:
+        """("ready" | "loading" | "unavailable", why), asked synchronously with a short timeout."""
+        try:
+            answer = httpx.get(f"{self.url}/v1/models", headers=self.headers, timeout=STATE_TIMEOUT_S)
+            if answer.status_code != 200:
+                return "unavailable", f"the LLM server at {self.url} answered {answer.status_code}"
+            ready = answer.json()["data"][0].get("ready", True)
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            return "unavailable", self._unreachable(exc).message
+        return ("ready", "ready") if ready else ("loading", "model is loading on the LLM server")
+
