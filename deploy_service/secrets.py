@@ -9,8 +9,10 @@ Deploys read every variable with `environment_for(db, project_id)` (the instance
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
@@ -22,6 +24,7 @@ from ide_server.errors import Conflict, InvalidInput, NotFound
 from ide_server.models import User, utcnow
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 # Set by the sandbox, the deploy runner or the dynamic loader; a secret must not replace them.
@@ -61,6 +64,16 @@ def check_value(value: str) -> str:
     return value
 
 
+def _again_if_raced(db: Session, write: Callable[[], T]) -> T:
+    """Run a write that may insert; if a concurrent request inserted the same key first, run it
+    again (it now updates that row) instead of failing with the primary key's error."""
+    try:
+        return write()
+    except IntegrityError:
+        db.rollback()
+        return write()
+
+
 class ProjectSecrets:
     """Reads and writes one server's project secrets through its SecretBox."""
 
@@ -80,11 +93,7 @@ class ProjectSecrets:
         """Set (or replace) a secret; returns what may be shown and whether it is new."""
         check_name(name)
         check_value(value)
-        try:
-            return self._put(db, project_id, name, value, user)
-        except IntegrityError:  # someone added the same name at the same moment: replace theirs
-            db.rollback()
-            return self._put(db, project_id, name, value, user)
+        return _again_if_raced(db, lambda: self._put(db, project_id, name, value, user))
 
     def _put(self, db: Session, project_id: str, name: str, value: str, user: User) -> tuple[SecretInfo, bool]:
         row = db.get(ProjectSecret, (project_id, name))
@@ -113,10 +122,13 @@ class ProjectSecrets:
         return bool(db.scalar(select(ProjectSecretSettings.expose_to_runs).where(ProjectSecretSettings.project_id == project_id)))
 
     def set_exposed_to_runs(self, db: Session, project_id: str, expose: bool) -> None:
-        row = db.get(ProjectSecretSettings, project_id) or ProjectSecretSettings(project_id=project_id)
-        row.expose_to_runs = expose
-        db.add(row)
-        db.commit()
+        def write() -> None:
+            row = db.get(ProjectSecretSettings, project_id) or ProjectSecretSettings(project_id=project_id)
+            row.expose_to_runs = expose
+            db.add(row)
+            db.commit()
+
+        _again_if_raced(db, write)
         log.info("secrets %s runs of project %s", "exposed to" if expose else "hidden from", project_id)
 
     def environment_for(self, db: Session, project_id: str) -> dict[str, str]:
