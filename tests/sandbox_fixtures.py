@@ -128,8 +128,9 @@ def leftovers(client=None) -> list[str]:
     if client is not None:
         from sandbox.docker_backend import LABEL, POOL_LABEL
 
-        for label in (LABEL, POOL_LABEL):
-            found += [f"container {c.name}" for c in client.containers.list(all=True, filters={"label": label})]
+        for label in (LABEL, POOL_LABEL):  # ours: made under our cgroup (another session's engine may be shared)
+            found += [f"container {c.name}" for c in client.containers.list(all=True, filters={"label": label})
+                      if base is None or (c.attrs["HostConfig"].get("CgroupParent") or "").startswith(base)]
     return found
 
 

@@ -17,7 +17,8 @@ def test_sweep_removes_what_a_crash_leaves(docker_engine, runner_image):
     stale = runs_root() / "run-stale"
     stale.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(stale)], check=True)  # never unmounted
-    docker_engine.containers.create(runner_image, ["sleep", "600"], labels={"codeyard.sandbox": "crashed"})
+    docker_engine.containers.create(runner_image, ["sleep", "600"], labels={"codeyard.sandbox": "crashed"},
+                                    cgroup_parent=f"{RunCgroup.base_relpath()}/run-crashed")  # as a run's container
     try:
         found = leftovers(docker_engine)
         assert len(found) >= 5 and any("process" in f for f in found) and any("container" in f for f in found)
