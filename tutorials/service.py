@@ -163,5 +163,5 @@ def solution_unlocked(work: LessonWork) -> bool:
 def solution(work: LessonWork) -> dict[str, str]:
     if not solution_unlocked(work):
         left = work.lesson.solution_after_attempts - work.progress.attempts
-        raise PermissionDenied(f"the solution opens when you pass, or after {left} more checks")
+        raise PermissionDenied(f"the solution opens when you pass, or after {left} more check{'s' if left != 1 else ''}")
     return work.lesson.solution_files

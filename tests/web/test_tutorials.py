@@ -102,6 +102,11 @@ def test_learner_passes_lesson_one_and_the_teacher_sees_it(server_url, browser, 
     expect(watch.locator("#readonly-note")).to_contain_text("Read-only")
     expect(watch.locator("#lesson-check")).to_be_hidden()
     expect(watch.locator(".editor-host:not([hidden]) .cm-content")).to_contain_text("My name is")
+    expect(watch.locator("#lesson-status")).to_have_text("Passed")
+    page.locator(".editor-host:not([hidden]) .cm-content").click()  # live: the teacher sees typing
+    page.keyboard.press("Control+End")
+    page.keyboard.insert_text("# trying more things\n")
+    expect(watch.locator(".editor-host:not([hidden]) .cm-content")).to_contain_text("# trying more things")
 
     # The course page shows the progress.
     page.goto(f"{server_url}/courses/{COURSE.slug}")
