@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TextIO
 
 MAX_FILE_BYTES = 1 << 20
 MAX_ENTRY_CHARS = 8192
@@ -24,6 +25,7 @@ FOLLOWER_QUEUE = 2000
 class DeployLog:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._file: TextIO | None = None
         self._followers: set[asyncio.Queue[dict]] = set()
 
     def write(self, stream: str, data: str, release: str | None = None) -> None:
@@ -32,11 +34,14 @@ class DeployLog:
             return
         entry = {"type": "log", "release": release, "stream": stream, "data": data[:MAX_ENTRY_CHARS], "time": time.time()}
         line = json.dumps(entry) + "\n"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists() and self.path.stat().st_size + len(line) > MAX_FILE_BYTES:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", buffering=1)  # line-buffered: followers of the file see whole entries
+        if self._file.tell() + len(line) > MAX_FILE_BYTES:
+            self._file.close()
             os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-        with open(self.path, "a") as f:
-            f.write(line)
+            self._file = open(self.path, "a", buffering=1)
+        self._file.write(line)
         for queue in self._followers:
             if queue.qsize() < FOLLOWER_QUEUE:
                 queue.put_nowait(entry)
@@ -75,6 +80,12 @@ class DeployLog:
         finally:
             self._followers.discard(queue)
 
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
     def remove(self) -> None:
+        self.close()
         for path in (self.path, self.path.with_name(self.path.name + ".1")):
             path.unlink(missing_ok=True)

@@ -86,6 +86,7 @@ class LiveApp:
     release_id: str | None = None  # the release serving (or meant to)
     launch: Launch | None = None
     instances: list[AppInstance] = field(default_factory=list)
+    draining: list[AppInstance] = field(default_factory=list)  # out of the route, finishing their requests
     desired: int = 1
     stopped: bool = False
     restarts: int = 0
@@ -279,9 +280,10 @@ class DeployService:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for app in self._apps.values():
-            for instance in app.instances:
+            for instance in [*app.instances, *app.draining]:
                 await instance.stop()
-            app.instances = []
+            app.instances, app.draining = [], []
+            app.log.close()
 
     # ----- rolling out a release -----
 
@@ -318,8 +320,8 @@ class DeployService:
             self._went_live(app, release_id, previous, desired)
             app.log.write("system", f"live after {time.monotonic() - began:.1f} s of start-up; "
                                     f"{len(old)} old instance(s) draining\n", release_id)
-            await self._retire(app, old, "")
             self._prune(app)
+        await self._retire(app, old, "")  # outside the lock: a long request or WebSocket holds up nothing else
 
     async def _prepare(self, app: LiveApp, release_id: str, *, build: bool) -> tuple[AppPlan, Launch]:
         """Detect how to run the release, install its packages, run its build: the Launch of its instances."""
@@ -419,8 +421,12 @@ class DeployService:
         if instances:
             kept = [i for i in app.instances if i not in instances]
             self.routes.set(app.slug, Route(tuple(kept), reason))
-        await asyncio.gather(*(i.drain(DRAIN_TIMEOUT) for i in instances))
-        await asyncio.gather(*(i.stop() for i in instances), return_exceptions=True)
+        app.draining += instances
+        try:
+            await asyncio.gather(*(i.drain(DRAIN_TIMEOUT) for i in instances))
+        finally:
+            await asyncio.gather(*(i.stop() for i in instances), return_exceptions=True)
+            app.draining = [i for i in app.draining if i not in instances]
 
     async def _resize(self, app: LiveApp) -> None:
         assert app.launch is not None and app.release_id is not None

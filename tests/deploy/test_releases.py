@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from deploy.conftest import deploy, new_project, wait_release, wait_until, write_files
 
@@ -34,6 +35,13 @@ def health():
 @app.post("/crash")
 def crash():
     os._exit(3)
+
+
+@app.get("/slow")
+def slow():
+    import time
+    time.sleep(6)
+    return "slow {version}"
 '''
 
 
@@ -157,3 +165,17 @@ def test_deleting_the_project_stops_its_app(owner, served):
     assert owner.delete(f"/api/projects/{project_id}").status_code == 204
     wait_until(lambda: owner.client.get(deployment["url"]).status_code == 404, timeout=20)
     assert not release_dir.parent.exists()
+
+
+def test_a_request_in_flight_finishes_on_the_old_release(owner):
+    project_id = new_project(owner, app_files("v1"))
+    url = deploy(owner, project_id)["url"]
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(owner.client.get, f"{url}slow")
+        time.sleep(0.5)  # the slow request is now being served by v1 (for 6 s)
+        write_files(owner, project_id, app_files("v2"))
+        assert deploy(owner, project_id)["current_release"]["number"] == 2
+        assert owner.client.get(url).text == "v2"
+        assert not slow.done()  # v2 serves while v1 still drains
+        answer = slow.result(timeout=30)
+    assert answer.status_code == 200 and answer.text == "slow v1"
