@@ -5,7 +5,7 @@ from fastapi import APIRouter, status
 from sqlalchemy.orm import Session
 
 from ide_server.deps import CurrentUser, DbSession, ProjectEditor, ProjectMember, SettingsDep
-from ide_server.error_handlers import ERROR_RESPONSES
+from ide_server.error_handlers import ERROR_RESPONSES, ErrorBody
 from ide_server.models import User
 from ide_server.api.events import EventsDep, ProjectEvents
 from ide_server.schemas import RandomId, UsernameParam
@@ -117,7 +117,7 @@ def get_lesson(ctx: ProjectMember, db: DbSession) -> LessonPublic:
     return lesson_public(service.work_of_project(db, ctx.project))
 
 
-@lesson_router.post("/check")
+@lesson_router.post("/check", responses={503: {"model": ErrorBody, "description": "No sandbox on this server"}})
 async def check_lesson(ctx: ProjectEditor, checker: CheckerDep) -> CheckPublic:
     """Grade the project's current files (open editors are saved first); counts one attempt."""
     work, result = await checker.check(ctx.project, ctx.user)
