@@ -6,15 +6,18 @@ any tutorials endpoint ever carries the lesson's hidden tests."""
 from __future__ import annotations
 
 import pytest
+from fastapi.testclient import TestClient
 
 from sandbox_fixtures import nothing_left_behind  # noqa: F401  (autouse: every run cleaned up)
 
 from ide_server.access import app_routes
+from ide_server.app import create_app
 from ide_server.errors import InvalidInput
+from ide_server.settings import Settings
 from tutorials.checking import learner_files
 from tutorials.format import builtin_courses
 from tutorials.grader import MAX_FILE_BYTES
-from learner_kit import TUTORIAL_PREFIXES, first_python_course, hidden_markers, new_person, served_client
+from learner_kit import COMPONENTS, TUTORIAL_PREFIXES, first_python_course, hidden_markers, new_person, served_client
 
 COURSE = first_python_course()
 LESSON = COURSE.lessons[0]
@@ -194,3 +197,16 @@ def test_only_the_learners_own_text_files_are_graded(tmp_path):
     (tmp_path / "main.py").write_text("x" * (MAX_FILE_BYTES + 1))
     with pytest.raises(InvalidInput, match="main.py is too big to check"):
         learner_files(tmp_path, {"main.py"})
+
+
+def test_checking_without_a_sandbox_answers_503_in_words(tmp_path):
+    components = [c for c in COMPONENTS if not c.startswith("sandbox.")]
+    settings = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'codeyard.db'}", log_level="warning")
+    application = create_app(settings, component_specs=components)
+    with TestClient(application) as client:
+        learner = new_person(client)
+        project_id = learner.post(f"/api/tutorials/courses/{COURSE.slug}/lessons/{LESSON.slug}/start").json()["project_id"]
+        answer = learner.post(f"/api/projects/{project_id}/lesson/check")
+        assert answer.status_code == 503 and "sandbox" in answer.json()["detail"]
+        assert learner.get(f"/api/projects/{project_id}/lesson").json()["attempts"] == 0
+    application.state.engine.dispose()
