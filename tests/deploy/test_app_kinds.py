@@ -104,20 +104,21 @@ def test_a_fastapi_app_answers_http_and_websockets(owner):
 
 NODE_SERVER = '''
 const http = require("http");
+const ms = require("ms");
 http.createServer((req, res) => {
   res.setHeader("Content-Type", "text/plain");
-  res.end(`Hello from Node at ${req.url}`);
+  res.end(`Hello from Node at ${req.url} after ${ms(60000)}`);
 }).listen(Number(process.env.PORT), "127.0.0.1");
 '''
 
 
-def test_a_node_app_answers_through_the_proxy(owner):
-    package = '{"name": "hello", "version": "1.0.0", "scripts": {"start": "node server.js"}}'
+def test_a_node_app_with_an_npm_dependency_answers_through_the_proxy(owner):
+    package = '{"name": "hello", "version": "1.0.0", "scripts": {"start": "node server.js"}, "dependencies": {"ms": "2.1.3"}}'
     project_id = new_project(owner, {"package.json": package, "server.js": NODE_SERVER})
     deployment = deploy(owner, project_id)
     assert deployment["status"] == "running", deployment["releases"][0]["message"]
     assert deployment["current_release"]["kind"] == "node"
-    assert owner.client.get(f"{deployment['url']}path?q=1").text == "Hello from Node at /path?q=1"
+    assert owner.client.get(f"{deployment['url']}path?q=1").text == "Hello from Node at /path?q=1 after 1m"
 
 
 def test_a_project_with_nothing_to_deploy_fails_with_the_reason(owner):
