@@ -82,8 +82,10 @@ def test_typing_shows_ghost_text_and_tab_accepts_it(open_as, screenshot):
     ada.locator(".cm-content").click()
     ada.keyboard.press("Control+End")
     ada.keyboard.type("def add(a, b):\n    return a")
+    # This module's server has not loaded the model yet: the first suggestion starts the load.
+    expect(ada.locator("#assistant-status")).to_have_text("Assistant: model is loading…", timeout=30_000)
     ghost = ada.locator(".cm-ghost-text")
-    expect(ghost).to_be_visible(timeout=MODEL_WAIT_MS)  # after "model is loading" while it loads
+    expect(ghost).to_be_visible(timeout=MODEL_WAIT_MS)
     expect(ada.locator("#assistant-status")).to_have_text("Assistant ready")
     suggestion = ghost.inner_text()
     assert suggestion.strip() and "\n" not in suggestion
