@@ -1,0 +1,63 @@
+"""The token bucket (with a fake clock) and the ghost text cut from completions."""
+
+from __future__ import annotations
+
+import pytest
+
+from llm_engine.assistant.prompts import completion_prompt, ghost_text, line_is_complete
+from llm_engine.assistant.ratelimit import RateLimiter
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_bucket_allows_a_burst_then_refills_at_the_rate_per_user():
+    clock = FakeClock()
+    limiter = RateLimiter(per_minute=6, burst=3, clock=clock)  # one call every 10 s
+    assert [limiter.take("ada") for _ in range(3)] == [0, 0, 0]
+    assert limiter.take("ada") == 10  # empty: the next call is 10 s away
+    assert limiter.take("bob") == 0  # others have their own bucket
+    clock.now += 10
+    assert limiter.take("ada") == 0
+    assert limiter.take("ada", cost=2) == 20
+    clock.now += 3600
+    assert [limiter.take("ada") for _ in range(4)] == [0, 0, 0, 10]  # refills up to the burst, not beyond
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [({"per_minute": 0, "burst": 1}, "per_minute"),
+                                               ({"per_minute": 1, "burst": 0}, "burst")])
+def test_bad_limits_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        RateLimiter(**kwargs)
+
+
+@pytest.mark.parametrize(("generated", "after_cursor", "ghost"), [
+    (" + b\n\ndef main():", "", " + b"),                # the rest of the line
+    ("\n    return total\nprint()", "", "\n    return total"),  # the line was complete: the next one
+    ("\n\n", "", ""),                                     # nothing but blank lines: no suggestion
+    ('name)\nprint("x")', ")", "name"),                   # what is right of the cursor is not repeated
+    ("1, 2]```\n", "", "1, 2]"),                          # a markdown fence ends it
+])
+def test_ghost_text(generated, after_cursor, ghost):
+    assert ghost_text(generated, after_cursor) == ghost
+
+
+def test_generation_stops_once_the_line_is_complete():
+    assert not line_is_complete(" + b")
+    assert line_is_complete(" + b\n")
+    assert not line_is_complete("\n\n    return")
+    assert line_is_complete("\n    return x\n")
+    assert line_is_complete("x```")
+
+
+def test_completion_prompt_puts_other_files_first_and_keeps_the_text_near_the_cursor():
+    prefix = "x = 1\n" * 1000 + "print(area_"
+    prompt = completion_prompt("main.py", prefix, [("shapes.js", "function area_of() {}"), ("main.py", "stale")])
+    assert prompt.startswith("// file: shapes.js\nfunction area_of() {}\n")
+    assert "stale" not in prompt  # the current file comes from the editor, not from its tab list entry
+    assert prompt.endswith("# file: main.py\n…" + prefix[-2000:])
