@@ -7,6 +7,8 @@ access, closing with 4401 (not signed in), 4404 (no such run or project for this
 
 from __future__ import annotations
 
+import asyncio
+
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
@@ -204,10 +206,12 @@ async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Pick the backend (or remember why there is none), clear what a crash left, start the queue."""
     settings = app.state.settings
     try:
-        backend, unavailable = make_backend(settings.sandbox_backend), ""
+        backend, unavailable = make_backend(settings.sandbox_backend, pool_size=settings.sandbox_warm_containers), ""
     except SandboxUnavailable as exc:
         backend, unavailable = None, exc.detail
         log.warning("code runs are off: %s", exc.detail)
+    warming = getattr(backend, "warm_up", None)
+    warm_up = asyncio.create_task(warming()) if warming is not None and settings.sandbox_warm_containers else None
     lease = HostLease()
     if backend is not None and lease.alone():  # leftovers of a crash, not another live server's runs
         client = docker_client(timeout=10) if backend.name == "docker" else None
@@ -228,6 +232,8 @@ async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
         close = getattr(backend, "close", None)
         if close is not None:
             await close()
+        if warm_up is not None:
+            await asyncio.gather(warm_up, return_exceptions=True)
         lease.close()
 
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
+
 from fastapi.testclient import TestClient
 
-from conftest import Person, make_app, new_project, wait_finished
+from conftest import COMPONENTS, Person, make_app, new_project, wait_finished
+from ide_server.app import create_app
+from ide_server.settings import Settings
 
 
 @pytest.fixture(scope="module")
@@ -27,3 +32,34 @@ def test_a_run_in_docker(docker_served):
     run = wait_finished(owner, owner.post(f"/api/projects/{pid}/runs", json={"stdin": "12\n"}).json()["id"], timeout=60)
     assert (run["verdict"], run["stdout"], run["files_written"]) == ("ok", "144\n", ["square.txt"]), run
     assert owner.get(f"/api/projects/{pid}/files/content/square.txt").text == "144"
+
+
+def test_runs_take_warm_containers_and_the_pool_goes_with_the_server(docker_engine, runner_image, tmp_path):
+    """CODEYARD_SANDBOX_WARM_CONTAINERS: idle containers wait for runs with the default limits; a run
+    takes one (it is not reused), and stopping the server removes the rest."""
+    from sandbox.docker_backend import POOL_LABEL
+
+    def pool() -> set[str]:
+        return {c["Id"] for c in docker_engine.api.containers(all=True, filters={"label": POOL_LABEL})}  # no inspect races
+
+    settings = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'codeyard.db'}", sandbox_backend="docker",
+                        sandbox_warm_containers=2, log_level="warning")
+    application = create_app(settings, component_specs=COMPONENTS)
+    with TestClient(application) as client:
+        deadline = time.monotonic() + 60
+        while len(waiting := pool()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(waiting) == 2
+        csrf = client.post("/api/auth/register", json={"username": "warm-user", "password": "pass-word-1"}).json()["csrf_token"]
+        token = client.post("/api/tokens", json={"name": "t"}, headers={"X-CSRF-Token": csrf}).json()["token"]
+        client.cookies.clear()
+        owner = Person(client, token)
+        pid = new_project(owner, {"main.py": "print(6 * 7)\n"})
+        run = wait_finished(owner, owner.post(f"/api/projects/{pid}/runs", json={}).json()["id"], timeout=60)
+        assert (run["verdict"], run["stdout"]) == ("ok", "42\n"), run
+        deadline = time.monotonic() + 30  # the used container is removed in the background
+        while not (waiting - pool()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert waiting - pool(), "the run did not take a waiting container"
+    application.state.engine.dispose()
+    assert not pool()
