@@ -1,6 +1,6 @@
 """The assistant in a real browser, with the real built-in model (loaded once, by this module's
 server, on the first completion): ghost text accepted with Tab and dismissed with Escape, a
-failed run's streamed explanation, and the owner's switch hiding it all."""
+failed run's streamed explanation, chat about the open file, and the owner's switch hiding it all."""
 
 import re
 
@@ -128,6 +128,22 @@ def test_a_failed_run_offers_a_streamed_explanation(open_as, owner_api, project_
     assert len(answer.inner_text().split()) >= 3
     assert ada.evaluate("window.answerUpdates") >= 5, "the answer arrived in pieces"
     screenshot(ada, "assistant-explain-error")
+
+
+def test_chat_about_the_current_file(open_as):
+    ada = open_as(OWNER)
+    ada.locator("#assistant-button").click()
+    question = ada.locator("#assistant-input")
+    expect(question).to_be_focused()
+    question.fill("What does this program print?")
+    question.press("Enter")
+    panel = ada.locator("#assistant-panel")
+    expect(panel.locator(".assistant-question")).to_have_text("What does this program print?")
+    answer = panel.locator(".assistant-answer")
+    expect(answer).not_to_have_class(re.compile("streaming"), timeout=120_000)
+    expect(answer).not_to_have_class(re.compile("assistant-error"))
+    assert answer.inner_text().strip()
+    expect(question).to_have_value("")
 
 
 def test_the_owner_switching_it_off_hides_it(open_as, server_url, project_id, screenshot):
