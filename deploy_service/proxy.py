@@ -38,6 +38,8 @@ HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"p
                         b"transfer-encoding", b"upgrade", b"proxy-connection", b"expect"})
 PRIVATE_COOKIE_PREFIX = "codeyard_"
 OWN_HOST = "codeyard.app_host"  # scope key: the request came by the app's own host name
+# Headers that act on the whole origin, which under /apps/ is the IDE's: the proxy sets the CSP itself.
+ORIGIN_WIDE = frozenset({b"content-security-policy", b"clear-site-data", b"service-worker-allowed"})
 SANDBOX_CSP = b"sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
 WS_REQUEST_HEADERS_DROPPED = frozenset({"connection", "upgrade", "host", "sec-websocket-key", "sec-websocket-version",
                                         "sec-websocket-extensions", "sec-websocket-protocol", "cookie", "origin"})
@@ -105,7 +107,7 @@ def _request_headers(scope: Scope, prefix: str) -> list[tuple[bytes, bytes]]:
 def _response_headers(headers: list[tuple[bytes, bytes]], own_host: bool) -> list[tuple[bytes, bytes]]:
     kept = []
     for name, value in headers:
-        if name in HOP_BY_HOP or (name == b"content-security-policy" and not own_host):
+        if name in HOP_BY_HOP or (name in ORIGIN_WIDE and not own_host):
             continue
         if name == b"set-cookie" and value.strip().lower().startswith(PRIVATE_COOKIE_PREFIX.encode()):
             continue

@@ -56,6 +56,7 @@ ROLLBACK_RELEASES = 5  # successful releases kept (folders and all) for rollback
 KEPT_RELEASE_ROWS = 30
 BACKOFF_START, BACKOFF_MAX, STABLE_SECONDS = 0.5, 30.0, 60.0
 RECONCILE_SECONDS = 5.0
+MAX_RUNNING_INSTANCES = 32  # on this server, all deployments together (each may use APP_LIMITS' memory)
 
 
 class DeploymentNotFound(NotFound):
@@ -96,11 +97,11 @@ class DeployService:
     def __init__(self, *, sessions: sessionmaker, projects_dir: Path, root: Path, backend: Backend | None,
                  unavailable: str, installer: Installer | None, editors: OpenEditors,
                  secrets_of: Callable[[Session, str], dict[str, str]] | None, apps_host: str | None = None,
-                 https: bool = False) -> None:
+                 https: bool = False, max_instances: int = MAX_RUNNING_INSTANCES) -> None:
         self.sessions, self.projects_dir, self.root = sessions, projects_dir, root
         self.backend, self.unavailable, self.installer = backend, unavailable, installer
         self.editors, self.secrets_of = editors, secrets_of
-        self.apps_host, self.https = apps_host, https
+        self.apps_host, self.https, self.max_instances = apps_host, https, max_instances
         self.routes = Routes()
         self._apps: dict[str, LiveApp] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -162,15 +163,20 @@ class DeployService:
         """Run `instances` copies of the current release, round-robin (new ones serve once healthy)."""
         if not 1 <= instances <= MAX_INSTANCES:
             raise InvalidInput(f"instances: must be from 1 to {MAX_INSTANCES}")
-        with self.sessions() as db, db.begin():
-            deployment = self._deployment(db, project_id)
-            deployment.instances = instances
-            deployment_id = deployment.id
+        with self.sessions() as db:
+            deployment_id = self._deployment(db, project_id).id
         app = self._live(deployment_id)
         async with app.lock:
-            app.desired = instances
-            if app.launch is not None and not app.stopped:
-                await self._resize(app)
+            previous, app.desired = app.desired, instances
+            try:
+                if app.launch is not None and not app.stopped:
+                    await self._resize(app)
+            except Conflict:
+                app.desired = previous
+                raise
+            with self.sessions() as db, db.begin():
+                if (deployment := db.get(Deployment, deployment_id)) is not None:
+                    deployment.instances = instances
         return self.status(project_id)
 
     async def stop(self, project_id: str) -> DeploymentPublic:
@@ -397,6 +403,10 @@ class DeployService:
         def sink(stream: str, line: str) -> None:
             app.log.write(stream, line, release_id)
 
+        running = sum(len(a.instances) + len(a.draining) for a in self._apps.values())
+        if running + count > self.max_instances:
+            raise DeployFailed(f"the server already runs {running} app instances, its maximum is {self.max_instances}: "
+                               "stop an app (or scale one down) first")
         instances = [AppInstance(self.backend, launch, sink) for _ in range(count)]
         try:
             await asyncio.gather(*(i.start() for i in instances))

@@ -131,7 +131,7 @@ def test_a_crashed_instance_restarts_and_serves_again(owner):
     assert after.status_code == 200 and after.text != before  # a new process
 
 
-def test_scaling_spreads_requests_round_robin(owner):
+def test_scaling_spreads_requests_round_robin(owner, served):
     project_id = new_project(owner, app_files("v1"))
     url = deploy(owner, project_id)["url"]
     response = owner.post(f"/api/projects/{project_id}/deployment/scale", json={"instances": 3})
@@ -143,6 +143,15 @@ def test_scaling_spreads_requests_round_robin(owner):
     assert response.json()["healthy_instances"] == 1
     assert len({owner.client.get(f"{url}instance").text for _ in range(4)}) == 1
     assert owner.post(f"/api/projects/{project_id}/deployment/scale", json={"instances": 99}).status_code == 422
+    deploys = served.app.state.deploys
+    deploys.max_instances, cap = 1, deploys.max_instances
+    try:
+        refused = owner.post(f"/api/projects/{project_id}/deployment/scale", json={"instances": 2})
+    finally:
+        deploys.max_instances = cap
+    assert refused.status_code == 409 and "its maximum is 1" in refused.json()["detail"]
+    assert owner.get(f"/api/projects/{project_id}/deployment").json()["instances"] == 1  # unchanged
+    assert owner.client.get(f"{url}instance").status_code == 200
 
 
 def test_stop_then_delete(owner):
