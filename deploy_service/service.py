@@ -321,6 +321,8 @@ class DeployService:
             app.instances, app.launch, app.release_id, app.desired = fresh, launch, release_id, desired
             app.stopped, app.restarts = False, 0
             self._publish(app)  # the switch: one assignment, new requests go to the new release
+            for instance in old:
+                instance.stopping = True  # from now on its exit is no crash
             for instance in fresh:
                 self._watch(app, instance, release_id)
             self._went_live(app, release_id, previous, desired)
@@ -467,15 +469,16 @@ class DeployService:
     async def _supervise(self, app: LiveApp, instance: AppInstance, release_id: str) -> None:
         """When an instance dies on its own: unhealthy, restart it with backoff until one is healthy again."""
         status = await instance.wait_exit()
-        if instance.stopping:
+        if instance.stopping or instance not in app.instances:
             return
         if time.monotonic() - instance.started_at > STABLE_SECONDS:
             app.restarts = 0
         how = f"signal {status.signal}" if status.signal else f"exit code {status.exit_code}"
         async with app.lock:
-            if instance in app.instances:
-                app.instances.remove(instance)
-                self._publish(app, "restarting after a crash")
+            if instance not in app.instances:
+                return  # retired meanwhile
+            app.instances.remove(instance)
+            self._publish(app, "restarting after a crash")
             self._set_status(app, "unhealthy")
         await instance.stop()
         while True:
@@ -484,8 +487,8 @@ class DeployService:
             app.log.write("system", f"an instance exited ({how}); unhealthy, restarting in {delay:.1f} s\n", release_id)
             await asyncio.sleep(delay)
             async with app.lock:
-                if app.stopped or app.release_id != release_id or app.launch is None:
-                    return
+                if app.stopped or app.release_id != release_id or app.launch is None or len(app.instances) >= app.desired:
+                    return  # stopped, replaced or scaled down meanwhile
                 try:
                     fresh = await self._start_instances(app, app.launch, 1, release_id)
                 except DeployFailed as exc:
