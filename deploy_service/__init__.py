@@ -11,7 +11,8 @@ HTTP API (JSON; errors are {"detail": message}; access through ide_server.deps):
     WS     /ws/projects/{id}/deployment/logs         member  frames {"type": "log", "release": str|null,
            "stream": "build"|"stdout"|"stderr"|"system", "data": str, "time": float}; the kept tail first.
     ANY    /apps/{slug}/{path}                       public  the app itself (HTTP, streaming, WebSockets);
-           also http://{slug}.apps.<host>/ when CODEYARD_DEPLOY_APPS_HOST=<host> is set.
+           also http://{slug}.apps.<host>/ when CODEYARD_DEPLOY_APPS_HOST=<host> is set. 404: no such app;
+           503 (Retry-After): stopped, or no healthy instance (restarting); 502: the app did not answer.
 
 DeploymentPublic = {"slug", "url", "status": "deploying"|"running"|"unhealthy"|"stopped"|"failed",
     "instances": int, "healthy_instances": int, "current_release": ReleasePublic|null,
@@ -19,4 +20,9 @@ DeploymentPublic = {"slug", "url", "status": "deploying"|"running"|"unhealthy"|"
 ReleasePublic = {"id", "number", "status": "building"|"starting"|"live"|"retired"|"failed", "kind":
     "flask"|"fastapi"|"node"|"static"|"custom"|null, "message", "can_roll_back": bool,
     "created_at", "finished_at"}
+A failed release's "message" says why, with the tail of its log; "retired" ones served before.
+
+Modules: detect (app kind, codeyard.toml [deploy]), instance (one sandboxed copy behind a unix
+socket), upstream (HTTP/1.1 to an instance), proxy (the /apps gateway), logs (kept and followed),
+service (the rules: roll out, switch, drain, roll back, scale, restart, restore), component (API).
 """
