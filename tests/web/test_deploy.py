@@ -1,7 +1,7 @@
 """The deployment panel in a real browser: Deploy makes a static site live at its URL, it scales
-to two instances and back, a new release replaces it, a rollback brings the old one back and a
-failing release never serves; secrets are saved masked and never shown again; viewers see
-neither secrets nor Deploy."""
+to two instances and back, a new release replaces it, a rollback brings the old one back, a
+failing release never serves, Stop takes it offline; secrets are saved masked and never shown
+again; viewers see neither secrets nor Deploy."""
 
 import secrets
 import time
@@ -97,7 +97,6 @@ def test_deploy_goes_live_redeploys_and_rolls_back(open_as, owner_api, project_i
     expect(page.locator("#deploy-status")).to_have_text("Live")
     expect(page.locator("#deploy-message")).to_have_text("Release #1 is live.")
     assert "version one" in answer_of(url, "version one")
-    expect(page.locator("#deploy-state")).to_have_text("● Live")
     screenshot(page, "deploy-rolled-back")
 
     broken = b'[deploy]\nrun = ["python3", "-c", "raise SystemExit(3)"]\n'
@@ -108,6 +107,11 @@ def test_deploy_goes_live_redeploys_and_rolls_back(open_as, owner_api, project_i
     expect(page.locator('#deploy-releases li[data-status="failed"]')).to_contain_text("#3")
     expect(page.locator("#deploy-status")).to_have_text("Live")
     assert "version one" in httpx.get(url, timeout=10).text
+    page.locator("#deploy-stop").click()
+    expect(page.locator("#deploy-status")).to_have_text("Stopped")
+    assert httpx.get(url, timeout=10).status_code == 503
+    page.locator("#deploy-close").click()
+    expect(page.locator("#deploy-state")).to_have_text("● Stopped")
 
 
 def test_a_secret_is_saved_and_shown_only_masked(open_as, owner_api, project_id, screenshot):

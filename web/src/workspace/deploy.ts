@@ -190,6 +190,7 @@ export class DeployPanel {
     window.clearTimeout(this.timer);
     this.socket?.close(1000);
     this.socket = null;
+    void this.refreshBadge(); // the top bar keeps showing the latest state
   }
 
   private show(deployment: Deployment | null): void {
