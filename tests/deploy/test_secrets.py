@@ -165,6 +165,19 @@ def test_sealed_at_rest_and_given_only_to_that_projects_deploys(new_user, app):
             store.environment_for(db, other)
 
 
+def test_forks_start_without_the_secrets(new_user, app):
+    owner, stranger = new_user(), new_user()
+    pid = project_of(owner)
+    owner.put(f"/api/projects/{pid}/secrets/TOKEN", json={"value": "t"})
+    owner.patch(f"/api/projects/{pid}", json={"visibility": "public"})
+    for who in (owner, stranger):
+        fork = who.post(f"/api/projects/{pid}/fork", json={})
+        assert fork.status_code == 201, fork.text
+        assert who.get(f"/api/projects/{fork.json()['id']}/secrets").json()["secrets"] == []
+        with app.state.sessionmaker() as db:
+            assert app.state.project_secrets.environment_for(db, fork.json()["id"]) == {}
+
+
 def test_deleting_the_project_deletes_its_secrets(new_user, app):
     owner = new_user()
     pid = project_of(owner)
