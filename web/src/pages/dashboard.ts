@@ -66,7 +66,8 @@ export async function renderDashboard(root: HTMLElement): Promise<void> {
   const logout = h("button", { type: "button", class: "secondary" }, "Sign out");
   const greeting = h("span", {});
   root.replaceChildren(
-    h("header", { class: "topbar" }, h("strong", {}, "Codeyard"), greeting, logout),
+    h("header", { class: "topbar" }, h("strong", {}, "Codeyard"), h("a", { href: "/courses" }, "Courses"),
+      h("a", { href: "/classrooms" }, "Classrooms"), greeting, logout),
     h("main", { class: "dashboard" }, create, status, h("h2", {}, "My projects"), mine, h("h2", {}, "Shared with me"), shared),
   );
 
