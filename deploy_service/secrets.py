@@ -142,6 +142,28 @@ class ProjectSecrets:
         except SecretUnreadable as exc:
             raise Conflict(f"{exc}: set it again") from None
 
+    def reseal(self, db: Session, old: SecretBox) -> tuple[int, list[str]]:
+        """Re-seal under this box's key every secret sealed under `old` (the previous server key).
+
+        Returns how many were re-sealed, and "project/NAME" of those that neither key opens."""
+        resealed, unreadable = 0, []
+        for row in db.scalars(select(ProjectSecret).order_by(ProjectSecret.project_id, ProjectSecret.name)).all():
+            try:
+                self.box.open(row.sealed, row.project_id, row.name)
+                continue  # already under the current key
+            except SecretUnreadable:
+                pass
+            try:
+                value = old.open(row.sealed, row.project_id, row.name)
+            except SecretUnreadable:
+                unreadable.append(f"{row.project_id}/{row.name}")
+                continue
+            row.sealed = self.box.seal(value, row.project_id, row.name)
+            resealed += 1
+        db.commit()
+        log.info("re-sealed %d secrets under the current key; %d open with neither key", resealed, len(unreadable))
+        return resealed, unreadable
+
     def run_environment_for(self, db: Session, project_id: str) -> dict[str, str]:
         """The secrets a run of the project gets: all of them if the owner allows it, else none."""
         return self.environment_for(db, project_id) if self.exposed_to_runs(db, project_id) else {}

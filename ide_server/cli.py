@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "llm": ("llm_engine.cli:app", "Serve the LLM over an OpenAI-compatible API."),
     "sandbox": ("sandbox.cli:app", "Build the runner image, check the sandbox, clean up after crashes."),
     "tutorials": ("tutorials.cli:app", "Check tutorial courses: format, and solutions pass / starters fail in the sandbox."),
+    "secrets": ("deploy_service.secrets_cli:app", "Re-seal project secrets after the server's secret key changed."),
 }
 
 
