@@ -9,6 +9,7 @@ _MEMORY_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
                  "kib": 1024, "mib": 1024**2, "gib": 1024**3}
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
 _POLICIES = ("fcfs", "priority")
+_ATTENTION_BACKENDS = ("auto", "torch", "native")
 
 
 def parse_memory(value: int | str, field: str) -> int:
@@ -32,7 +33,9 @@ class EngineConfig:
     """Everything the engine needs to know before it loads a model.
 
     `kv_cache_memory` is the byte budget for the paged KV pool; `num_kv_blocks` overrides it
-    (tests use it to force preemption with a pool of a few blocks).
+    (tests use it to force preemption with a pool of a few blocks). `attention_backend`: "torch"
+    is the reference PyTorch attention, "native" the C++ CPU kernel, "auto" native on the CPU
+    when it builds (a C++ compiler is needed) and torch otherwise.
     """
 
     model: str
@@ -50,6 +53,7 @@ class EngineConfig:
     num_threads: int | None = None
     seed: int = 0
     tensor_parallel_size: int = 1
+    attention_backend: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -70,6 +74,11 @@ class EngineConfig:
             raise ValueError(f"num_threads: must be positive, got {self.num_threads!r}")
         if self.scheduling_policy not in _POLICIES:
             raise ValueError(f"scheduling_policy: must be one of {_POLICIES}, got {self.scheduling_policy!r}")
+        if self.attention_backend not in _ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend: must be one of {_ATTENTION_BACKENDS}, "
+                             f"got {self.attention_backend!r}")
+        if self.attention_backend == "native" and self.device != "cpu":
+            raise ValueError("attention_backend: 'native' is a CPU kernel; use 'torch' or 'auto' on CUDA")
         if self.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size: only 1 is supported so far")
         self.kv_cache_memory = parse_memory(self.kv_cache_memory, "kv_cache_memory")

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import logging
+
 import torch
 
 from llm_engine.config import EngineConfig
-from llm_engine.layers.attention import Attention, SeqSlice, TorchPagedAttention
+from llm_engine.layers.attention import (Attention, AttentionBackend, NativePagedAttention, SeqSlice,
+                                         TorchPagedAttention)
+from llm_engine.layers.native import KernelBuildError
 from llm_engine.loader import ModelSource
 from llm_engine.models.registry import resolve_model_class
 from llm_engine.sampler import SampleResult, Sampler
 from llm_engine.sequence import Sequence
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+logger = logging.getLogger(__name__)
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -38,6 +43,19 @@ def resolve_dtype(config: EngineConfig, hf_config) -> torch.dtype:
     return checkpoint if checkpoint in (torch.float16, torch.bfloat16) else torch.bfloat16
 
 
+def make_attention_backend(config: EngineConfig) -> AttentionBackend:
+    """'auto' takes the native CPU kernel when it builds here and falls back to the reference."""
+    if config.attention_backend == "torch" or (config.attention_backend == "auto" and config.device != "cpu"):
+        return TorchPagedAttention()
+    try:
+        return NativePagedAttention()
+    except KernelBuildError as exc:
+        if config.attention_backend == "native":
+            raise ValueError(f"attention_backend: the native kernel is unavailable: {exc}") from exc
+        logger.warning("native attention kernel unavailable, using the PyTorch reference: %s", exc)
+        return TorchPagedAttention()
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, hf_config, source: ModelSource) -> None:
         if config.device.startswith("cuda") and not torch.cuda.is_available():
@@ -47,7 +65,7 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config, hf_config)
         self.block_size = config.block_size
-        self.backend = TorchPagedAttention()
+        self.backend = make_attention_backend(config)
         model_class = resolve_model_class(getattr(hf_config, "architectures", None))
         with torch.device(self.device):
             self.model = model_class(hf_config, self.backend, self.dtype)

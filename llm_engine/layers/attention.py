@@ -5,7 +5,9 @@ calls `backend.forward` with that metadata. `TorchPagedAttention` is the referen
 writes the new keys/values into their slots, gathers each sequence's blocks from the pool through
 its block table (index_select on whole blocks, the cheapest gather on CPU), and computes decodes
 for the whole batch with grouped matmuls over the blocks, and prefill chunks with torch SDPA (one
-call each, causal mask offset by the tokens already in the cache).
+call each, causal mask offset by the tokens already in the cache). `NativePagedAttention`, the
+CPU default, replaces only the decode part with a C++ kernel that reads the pool in place: the
+per-layer gather of every block of every sequence was most of a decode step's time.
 
 Cache layout per layer: [num_blocks, kv_heads, block_size, head_dim].
 """
@@ -42,8 +44,10 @@ class PrefillChunk:
 class TorchAttentionMetadata:
     slot_blocks: torch.Tensor  # [num_tokens] block where each new token's K/V is written
     slot_offsets: torch.Tensor  # [num_tokens] position inside that block
-    decode_rows: torch.Tensor | None = None  # [num_decodes] token rows that are single-token decodes
-    decode_blocks: torch.Tensor | None = None  # [num_decodes * max_blocks] block tables, padded, flat
+    decode_rows: slice | torch.Tensor | None = None  # token rows that are single-token decodes
+    decode_tables: torch.Tensor | None = None  # [num_decodes, max_blocks] int32 block tables, padded
+    decode_lens: torch.Tensor | None = None  # [num_decodes] int32 context length of each decode
+    decode_blocks: torch.Tensor | None = None  # decode_tables flattened (long), for index_select
     decode_mask: torch.Tensor | None = None  # [num_decodes, max_blocks * block_size] True = attend
     prefills: list[PrefillChunk] = field(default_factory=list)
 
@@ -78,22 +82,17 @@ def _decode_attention(q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: t
     return torch.matmul(probs, value_blocks).sum(dim=1).view(batch, heads, dim)
 
 
-def _slots(block_table: list[int], start: int, end: int, block_size: int) -> torch.Tensor:
-    """Flat slot ids (block * block_size + offset) of positions [start, end)."""
-    positions = torch.arange(start, end)
-    table = torch.tensor(block_table, dtype=torch.long)
-    return table[positions // block_size] * block_size + positions % block_size
-
-
 class TorchPagedAttention(AttentionBackend):
     def build_metadata(self, seqs: list[SeqSlice], block_size: int,
                        device: torch.device) -> TorchAttentionMetadata:
-        slot_parts, decode_rows, decode_tables, decode_lens = [], [], [], []
+        slot_blocks, slot_offsets, decode_rows, decode_tables, decode_lens = [], [], [], [], []
         prefills: list[PrefillChunk] = []
         row = 0
         for s in seqs:
             end = s.num_computed + s.num_new
-            slot_parts.append(_slots(s.block_table, s.num_computed, end, block_size))
+            for position in range(s.num_computed, end):  # where each new token's K/V goes
+                slot_blocks.append(s.block_table[position // block_size])
+                slot_offsets.append(position % block_size)
             num_blocks = -(-end // block_size)
             if s.num_new == 1:
                 decode_rows.append(row)
@@ -107,29 +106,37 @@ class TorchPagedAttention(AttentionBackend):
                 blocks = torch.tensor(s.block_table[:num_blocks], device=device)
                 prefills.append(PrefillChunk(row, s.num_new, end, blocks, mask))
             row += s.num_new
-        slots = torch.cat(slot_parts)
-        meta = TorchAttentionMetadata(slot_blocks=(slots // block_size).to(device),
-                                      slot_offsets=(slots % block_size).to(device), prefills=prefills)
+        meta = TorchAttentionMetadata(slot_blocks=torch.tensor(slot_blocks, device=device),
+                                      slot_offsets=torch.tensor(slot_offsets, device=device), prefills=prefills)
         if decode_rows:
             max_blocks = max(len(t) for t in decode_tables)
-            tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in decode_tables])
-            lens = torch.tensor(decode_lens)
-            meta.decode_rows = torch.tensor(decode_rows, device=device)
-            meta.decode_blocks = tables.flatten().to(device)
-            meta.decode_mask = (torch.arange(max_blocks * block_size).unsqueeze(0) < lens.unsqueeze(1)).to(device)
+            tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in decode_tables], dtype=torch.int32)
+            lens = torch.tensor(decode_lens, dtype=torch.int32)
+            contiguous = decode_rows[-1] - decode_rows[0] + 1 == len(decode_rows)
+            meta.decode_rows = (slice(decode_rows[0], decode_rows[-1] + 1) if contiguous
+                                else torch.tensor(decode_rows, device=device))
+            meta.decode_tables, meta.decode_lens = tables.to(device), lens.to(device)
+            self._add_decode_gather(meta, block_size)
         return meta
+
+    @staticmethod
+    def _add_decode_gather(meta: TorchAttentionMetadata, block_size: int) -> None:
+        """The flat block list and key mask the reference decode gathers with (once per step)."""
+        tables, lens = meta.decode_tables, meta.decode_lens
+        meta.decode_blocks = tables.flatten().long()
+        positions = torch.arange(tables.shape[1] * block_size, device=tables.device)
+        meta.decode_mask = positions.unsqueeze(0) < lens.unsqueeze(1)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, metadata: TorchAttentionMetadata, scale: float) -> torch.Tensor:
         k_cache[metadata.slot_blocks, :, metadata.slot_offsets] = k
         v_cache[metadata.slot_blocks, :, metadata.slot_offsets] = v
+        if isinstance(metadata.decode_rows, slice) and metadata.decode_rows == slice(0, q.shape[0]):
+            return self.decode(q, k_cache, v_cache, metadata, scale).flatten(1)
         out = torch.empty_like(q)
         if metadata.decode_rows is not None:
             rows = metadata.decode_rows
-            shape = (rows.numel(), -1, *k_cache.shape[1:])
-            key_blocks = k_cache.index_select(0, metadata.decode_blocks).view(shape)
-            value_blocks = v_cache.index_select(0, metadata.decode_blocks).view(shape)
-            out[rows] = _decode_attention(q[rows], key_blocks, value_blocks, metadata.decode_mask, scale)
+            out[rows] = self.decode(q[rows], k_cache, v_cache, metadata, scale)
         for chunk in metadata.prefills:
             rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
             if chunk.block_ids is None:  # the whole context is in this chunk: no need to read the cache
@@ -143,6 +150,46 @@ class TorchPagedAttention(AttentionBackend):
                                                   is_causal=chunk.mask is None, scale=scale, enable_gqa=True)
             out[rows] = attn.transpose(0, 1)
         return out.flatten(1)
+
+    def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               metadata: TorchAttentionMetadata, scale: float) -> torch.Tensor:
+        """Attention of one query token per decoding sequence: q [decodes, heads, dim]."""
+        shape = (q.shape[0], -1, *k_cache.shape[1:])
+        key_blocks = k_cache.index_select(0, metadata.decode_blocks).view(shape)
+        value_blocks = v_cache.index_select(0, metadata.decode_blocks).view(shape)
+        return _decode_attention(q, key_blocks, value_blocks, metadata.decode_mask, scale)
+
+
+class NativePagedAttention(TorchPagedAttention):
+    """The CPU fast path: decodes run a C++ kernel that reads keys and values straight from the
+    pool through the block tables (no per-layer gathered copy); prefill chunks and dtypes the
+    kernel lacks (float16) go through the reference code."""
+
+    def __init__(self) -> None:
+        from llm_engine.layers.native import load_kernels
+
+        kernels = load_kernels()
+        self._kernels = {torch.float32: kernels.paged_decode_f32, torch.bfloat16: kernels.paged_decode_bf16}
+
+    @staticmethod
+    def _add_decode_gather(meta: TorchAttentionMetadata, block_size: int) -> None:
+        pass  # the kernel reads the block tables itself; computed lazily if the reference path runs
+
+    def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               metadata: TorchAttentionMetadata, scale: float) -> torch.Tensor:
+        kernel = self._kernels.get(q.dtype)
+        if kernel is None or q.device.type != "cpu":
+            if metadata.decode_blocks is None:
+                TorchPagedAttention._add_decode_gather(metadata, k_cache.shape[2])
+            return super().decode(q, k_cache, v_cache, metadata, scale)
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        tables = metadata.decode_tables
+        num_blocks, kv_heads, block_size, dim = k_cache.shape
+        kernel(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
+               metadata.decode_lens.data_ptr(), out.data_ptr(), q.shape[0], q.shape[1], kv_heads,
+               block_size, dim, tables.shape[1], scale)
+        return out
 
 
 class Attention(nn.Module):

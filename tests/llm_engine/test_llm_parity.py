@@ -2,7 +2,8 @@
 
 Each scenario drives the engine through a different path — one request alone, a mixed batch,
 prefix-cache hits, chunked prefill, forced preemption — and must produce exactly the tokens
-transformers produces (and the same logprobs, within float32 noise).
+transformers produces (and the same logprobs, within float32 noise). The default attention
+backend (the native CPU kernel) runs every scenario; the PyTorch reference runs the batch ones.
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ def test_single_requests(arch_case):
         check_logprobs_close([(out.outputs[0].token_ids, out.outputs[0].logprobs)], [expected])
 
 
-def test_batch_without_prefix_caching(arch_case):
+@pytest.mark.parametrize("backend", ["native", "torch"])
+def test_batch_without_prefix_caching(arch_case, backend):
     folder, prompts, ref = arch_case
-    _, _, ours = run(folder, prompts, enable_prefix_caching=False)
+    _, _, ours = run(folder, prompts, enable_prefix_caching=False, attention_backend=backend)
     check_logprobs_close(ours, ref)
 
 
@@ -72,9 +74,10 @@ def test_chunked_prefill(arch_case):
     check_logprobs_close(ours, ref)
 
 
-def test_forced_preemption(arch_case):
+@pytest.mark.parametrize("backend", ["native", "torch"])
+def test_forced_preemption(arch_case, backend):
     folder, prompts, ref = arch_case
-    llm, outputs, ours = run(folder, prompts, num_kv_blocks=8, block_size=16)
+    llm, outputs, ours = run(folder, prompts, num_kv_blocks=8, block_size=16, attention_backend=backend)
     assert sum(o.metrics.num_preemptions for o in outputs) > 0
     check_logprobs_close(ours, ref)
     stats = llm.engine.get_stats()
