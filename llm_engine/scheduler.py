@@ -4,6 +4,8 @@ Every step first advances running sequences (decodes and unfinished prefill chun
 then admits waiting ones, all under `max_num_batched_tokens` and `max_num_seqs`. When the pool
 runs out of blocks, the last running sequence in order (lowest priority, newest) is preempted:
 its blocks are freed and it is recomputed from its tokens later, reusing cached prefix blocks.
+Under the priority policy a waiting request that does not fit (blocks or `max_num_seqs`)
+preempts running ones of lower priority, as in vLLM.
 """
 
 from __future__ import annotations
@@ -92,13 +94,17 @@ class Scheduler:
         while self.waiting and budget > 0:
             seq = self.waiting[0]
             group = seq.request.params.n if seq.num_output_tokens == 0 else 1
-            if len(self.running) + group > self.max_num_seqs:
-                break
-            cached = bm.find_cached_prefix(seq)
-            num_new = min(seq.num_tokens - len(cached) * bm.block_size, budget)
-            copies = bm.allocate_slots(seq, num_new, cached)
+            copies = None
+            if len(self.running) + group <= self.max_num_seqs:
+                cached = bm.find_cached_prefix(seq)
+                num_new = min(seq.num_tokens - len(cached) * bm.block_size, budget)
+                copies = bm.allocate_slots(seq, num_new, cached)
             if copies is None:
-                break
+                victim = self._priority_victim(seq)
+                if victim is None:
+                    break
+                budget += self._unschedule(victim, out)
+                continue
             bm.record_prefix_lookup(seq.num_tokens, len(cached) * bm.block_size)
             if seq.status is SequenceStatus.WAITING:
                 seq.request.metrics.num_cached_tokens = len(cached) * bm.block_size
@@ -108,6 +114,28 @@ class Scheduler:
             out.scheduled.append((seq, num_new))
             out.block_copies.extend(copies)
             budget -= num_new
+
+    def _priority_victim(self, seq: Sequence) -> Sequence | None:
+        """Under the priority policy: the running sequence that a waiting one of strictly higher
+        priority displaces when it does not fit (lowest priority, newest first)."""
+        if self.policy != "priority" or not self.running:
+            return None
+        victim = max(self.running, key=lambda s: s.sort_key)
+        return victim if victim.request.priority_key > seq.request.priority_key else None
+
+    def _unschedule(self, victim: Sequence, out: SchedulerOutput) -> int:
+        """Preempt victim and drop its work from this step; return the token budget it held."""
+        tokens = 0
+        for i, (seq, num_new) in enumerate(out.scheduled):
+            if seq is victim:
+                del out.scheduled[i]
+                tokens = num_new
+                break
+        private = set(victim.block_table)
+        out.block_copies = [(src, dst) for src, dst in out.block_copies if dst not in private]
+        self.preempt(victim)
+        out.preempted.append(victim)
+        return tokens
 
     def preempt(self, seq: Sequence) -> None:
         """Free a running sequence's blocks and queue it to be recomputed from its tokens."""

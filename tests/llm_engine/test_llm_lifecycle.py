@@ -165,3 +165,26 @@ def test_prompt_prefilled_over_many_steps_without_logits(tiny_llama):
     out = chunked.generate(prompt, params, use_tqdm=False)[0]
     assert out.error is None
     assert out.outputs[0].token_ids == whole.outputs[0].token_ids
+
+
+def test_waiting_high_priority_request_preempts_lower_priority_running_ones(tiny_llama):
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = {"low-a": [5, 6, 7, 8], "low-b": [9, 10, 11], "urgent": [12, 13, 14, 15, 16]}
+    alone = LLM(model=str(tiny_llama), dtype="float32").generate(list(prompts.values()), params, use_tqdm=False)
+    engine = LLMEngine.from_kwargs(model=str(tiny_llama), dtype="float32", max_num_seqs=2,
+                                   scheduling_policy="priority")
+    engine.add_request("low-a", prompts["low-a"], params, priority=5)
+    engine.add_request("low-b", prompts["low-b"], params, priority=5)
+    for _ in range(3):
+        engine.step()
+    engine.add_request("urgent", prompts["urgent"], params, priority=0)
+    engine.step()
+    running = {seq.request.request_id for seq in engine.scheduler.running}
+    assert running == {"low-a", "urgent"}  # low-b, the newest of the lowest priority, made room
+    finished = run_to_end(engine)
+    assert finished["low-b"].metrics.num_preemptions == 1
+    assert finished["urgent"].metrics.num_preemptions == 0
+    assert finished["urgent"].metrics.finished_time < finished["low-b"].metrics.finished_time
+    for rid, expected in zip(prompts, alone):  # recomputed after preemption: the same greedy tokens
+        assert finished[rid].outputs[0].token_ids == expected.outputs[0].token_ids
+    assert_all_blocks_free(engine)

@@ -102,3 +102,37 @@ def test_preempted_sequence_reuses_its_cached_prefix():
     sched.preempt(new)
     out = sched.schedule()
     assert out.scheduled == [(new, 10 - 8)]  # two full blocks came back from the prefix cache
+
+
+def test_priority_policy_preempts_lower_priority_running_for_a_waiting_request():
+    sched = make_scheduler(budget=64, max_seqs=2, policy="priority")
+    low_old = add(sched, 6, priority=5, arrival=1)
+    low_new = add(sched, 6, priority=5, arrival=2)
+    finish_step(sched, sched.schedule())
+    urgent = add(sched, 6, priority=0, arrival=3)
+    out = sched.schedule()
+    assert out.preempted == [low_new]  # the lowest priority, newest one makes room
+    assert low_new.status is SequenceStatus.PREEMPTED and low_new.block_table == []
+    assert [s for s, _ in out.scheduled] == [low_old, urgent]
+    assert sched.waiting == [low_new]
+
+
+def test_priority_preemption_when_blocks_run_out_gives_back_the_victims_budget():
+    sched = make_scheduler(num_blocks=4, budget=64, max_seqs=8, policy="priority")
+    low = add(sched, 12, priority=3, arrival=1)  # 3 of the 4 blocks
+    finish_step(sched, sched.schedule())
+    urgent = add(sched, 8, priority=1, arrival=2)  # needs 2 blocks: only 1 is free
+    out = sched.schedule()
+    assert out.preempted == [low]
+    assert out.scheduled == [(urgent, 8)]
+    assert sched.block_manager.num_free_blocks == 2
+
+
+def test_fcfs_and_equal_priorities_never_preempt_for_waiting_requests():
+    for policy, urgent_priority in (("fcfs", 0), ("priority", 5)):
+        sched = make_scheduler(budget=64, max_seqs=1, policy=policy)
+        running = add(sched, 6, priority=5, arrival=1)
+        finish_step(sched, sched.schedule())
+        add(sched, 6, priority=urgent_priority, arrival=2)
+        out = sched.schedule()
+        assert out.preempted == [] and [s for s, _ in out.scheduled] == [running]
