@@ -23,6 +23,13 @@ class SampleResult:
     top_logprobs: dict[int, Logprob] | None = None
 
 
+def _adjusts_logits(seq: Sequence) -> bool:
+    """Whether penalties or min_tokens change this sequence's logits this step."""
+    p = seq.request.params
+    return (p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
+            or seq.num_output_tokens < p.min_tokens)
+
+
 class Sampler:
     def __init__(self, seed: int) -> None:
         self.generator = torch.Generator().manual_seed(seed)
@@ -33,18 +40,20 @@ class Sampler:
         params = [s.request.params for s in seqs]
         raw_logprobs = (torch.log_softmax(logits, dim=-1)
                         if any(p.logprobs is not None for p in params) else None)
-        logits = logits.clone()
-        self._apply_penalties(logits, seqs)
-        self._suppress_stops_before_min_tokens(logits, seqs, eos_token_ids)
+        if any(_adjusts_logits(seq) for seq in seqs):  # otherwise the logits are used as they are
+            logits = logits.clone()
+            self._apply_penalties(logits, seqs)
+            self._suppress_stops_before_min_tokens(logits, seqs, eos_token_ids)
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
             rows = torch.tensor(random_rows)
             tokens[rows] = self._sample(logits[rows], [seqs[i] for i in random_rows])
+        if raw_logprobs is None:
+            return [SampleResult(token) for token in tokens.tolist()]
         results = []
-        for i, (seq, p) in enumerate(zip(seqs, params)):
-            token = int(tokens[i])
-            if raw_logprobs is None or p.logprobs is None:
+        for i, (token, p) in enumerate(zip(tokens.tolist(), params)):
+            if p.logprobs is None:
                 results.append(SampleResult(token))
                 continue
             row = raw_logprobs[i]
