@@ -140,7 +140,7 @@ class ProjectSecrets:
         try:
             return {row.name: self.box.open(row.sealed, project_id, row.name) for row in rows}
         except SecretUnreadable as exc:
-            raise Conflict(f"{exc}: set it again") from None
+            raise Conflict(f"{exc}: set it again, or have the admin run `codeyard secrets reseal` with the old key") from None
 
     def reseal(self, db: Session, old: SecretBox) -> tuple[int, list[str]]:
         """Re-seal under this box's key every secret sealed under `old` (the previous server key).
