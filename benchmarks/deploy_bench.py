@@ -10,8 +10,11 @@ tests, so Flask is installed once and then cached), signs a user up and deploys 
 - throughput: the same keep-alive HTTP/1.1 client (raw asyncio, --connections connections)
   against the app directly (its instance's unix socket, the in-sandbox bridge included, since
   that is the app's only door) and through the server's /apps/{slug}/ proxy, alternated over
-  --rounds rounds. Prints both (mean req/s) and the ratio. Goal: proxy >= 70% of direct. Flask's
-  own server closes the connection after each answer, so both sides reconnect per request.
+  --rounds rounds. Prints both (mean req/s) and the ratio. Goal: proxy >= 70% of direct.
+  Measured twice: for the Flask deploy as it runs (on waitress: threads, keep-alive), and for the
+  same app on Flask's development server (set in codeyard.toml), which closes the connection after
+  each answer, so both sides reconnect per request. The proxy costs the same CPU per request in
+  both; the ratio says how that compares with what the app itself costs.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "web"))
+sys.path[:0] = [str(REPO), str(REPO / "tests" / "web")]
 
 from browser_kit import codeyard_serve  # noqa: E402
+from deploy_service.detect import PORT  # noqa: E402
 
 PASSWORD = "correct horse battery"
 APP = 'from flask import Flask\napp = Flask(__name__)\n\n@app.get("/")\ndef home():\n    return "{version}"\n'
@@ -41,9 +45,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def click_to_live(client: httpx.Client, base: str, project_id: str, version: str) -> float:
+def click_to_live(client: httpx.Client, base: str, project_id: str, version: str, write: bool = True) -> float:
     """Seconds from the deploy click until the app at its URL answers with `version`."""
-    client.put(f"/api/projects/{project_id}/files/content/app.py", content=APP.replace("{version}", version).encode()).raise_for_status()
+    if write:
+        client.put(f"/api/projects/{project_id}/files/content/app.py", content=APP.replace("{version}", version).encode()).raise_for_status()
     began = time.perf_counter()
     response = client.post(f"/api/projects/{project_id}/deployments")
     response.raise_for_status()
@@ -110,24 +115,37 @@ def main() -> None:
         print(f"click-to-live, Flask, packages cached ({args.deploys} deploys): p50 {p50:.2f} s, "
               f"max {max(seconds):.2f} s  (goal < 3 s: {'met' if p50 < 3 else 'NOT met'})")
 
-        version = f"v{args.deploys}".encode()
-        url = client.get(f"/api/projects/{project_id}/deployment").json()["url"]
-        sockets = list(runs_dir.glob("app-*/app.sock"))
-        assert len(sockets) == 1, f"expected one live instance socket, found {sockets}"
         host = base.removeprefix("http://")
-        hostname, port = host.split(":")
-        rates: dict[str, list[float]] = {"direct": [], "proxy": []}
-        for _ in range(args.rounds):  # alternated, so a change in the machine's load hits both alike
-            rates["direct"].append(asyncio.run(throughput(lambda: asyncio.open_unix_connection(str(sockets[0])), "/", "app",
-                                                          args.connections, args.seconds / args.rounds, version)))
-            rates["proxy"].append(asyncio.run(throughput(lambda: asyncio.open_connection(hostname, int(port)), url, host,
-                                                         args.connections, args.seconds / args.rounds, version)))
-        direct, proxied = statistics.mean(rates["direct"]), statistics.mean(rates["proxy"])
-        ratio = proxied / direct
-        print("per round, proxy/direct: " + ", ".join(f"{p / d:.2f}" for d, p in zip(rates["direct"], rates["proxy"])))
-        print(f"requests/s with {args.connections} keep-alive connections: direct to the app {direct:.0f}, "
-              f"through the proxy {proxied:.0f}, ratio {ratio:.2f}  (goal >= 0.70: {'met' if ratio >= 0.7 else 'NOT met'})")
+        compare(args, runs_dir, host, client.get(f"/api/projects/{project_id}/deployment").json()["url"],
+                f"v{args.deploys}".encode(), "Flask on waitress (what a Flask deploy runs)")
+        dev_server = {"app.py": APP.replace("{version}", "dev"),
+                      "codeyard.toml": f'[deploy]\nrun = "python3 -m flask --app app run --port {PORT}"\n'}
+        before = set(runs_dir.glob("app-*/app.sock"))
+        other = client.post("/api/projects", json={"name": "bench dev server"}).json()["id"]
+        for path, text in dev_server.items():
+            client.put(f"/api/projects/{other}/files/content/{path}", content=text.encode()).raise_for_status()
+        click_to_live(client, base, other, "dev", write=False)
+        [socket] = set(runs_dir.glob("app-*/app.sock")) - before
+        compare(args, runs_dir, host, client.get(f"/api/projects/{other}/deployment").json()["url"], b"dev",
+                "Flask's development server (no keep-alive), for comparison", socket)
 
+
+def compare(args, runs_dir: Path, host: str, url: str, expected: bytes, label: str, socket: Path | None = None) -> None:
+    """req/s direct (the instance's socket) and through the proxy, alternated over rounds; prints the ratio."""
+    if socket is None:
+        [socket] = runs_dir.glob("app-*/app.sock")
+    hostname, port = host.split(":")
+    rates: dict[str, list[float]] = {"direct": [], "proxy": []}
+    for _ in range(args.rounds):  # alternated, so a change in the machine's load hits both alike
+        rates["direct"].append(asyncio.run(throughput(lambda: asyncio.open_unix_connection(str(socket)), "/", "app",
+                                                      args.connections, args.seconds / args.rounds, expected)))
+        rates["proxy"].append(asyncio.run(throughput(lambda: asyncio.open_connection(hostname, int(port)), url, host,
+                                                     args.connections, args.seconds / args.rounds, expected)))
+    direct, proxied = statistics.mean(rates["direct"]), statistics.mean(rates["proxy"])
+    ratio = proxied / direct
+    print(f"{label}: requests/s with {args.connections} connections: direct to the app {direct:.0f}, through the "
+          f"proxy {proxied:.0f}, ratio {ratio:.2f}  (goal >= 0.70: {'met' if ratio >= 0.7 else 'NOT met'}; per round "
+          + ", ".join(f"{p / d:.2f}" for d, p in zip(rates["direct"], rates["proxy"])) + ")")
 
 if __name__ == "__main__":
     main()

@@ -25,6 +25,7 @@ from sandbox.languages import CONFIG_FILE
 PORT = 8080
 MAX_INSTANCES = 4
 PYTHON_ENTRIES = ("app.py", "main.py")
+FLASK_SERVER = ("waitress",)  # a production WSGI server (threads, keep-alive), not Flask's development one
 FASTAPI_SERVER = ("uvicorn", "websockets")  # uvicorn serves the app; websockets gives it WebSocket support
 MAX_SOURCE_BYTES = 1 << 20
 
@@ -132,8 +133,8 @@ def detect(project_dir: Path) -> AppPlan:
             kind, variable = found
             target = f"{Path(entry).stem}:{variable}"
             if kind == "flask":
-                argv = ["python3", "-m", "flask", "--app", target, "run", "--host", "127.0.0.1", "--port", str(PORT)]
-                return AppPlan("flask", argv, build, health, instances)
+                argv = ["python3", "-m", "waitress", "--listen", f"127.0.0.1:{PORT}", target]
+                return AppPlan("flask", argv, build, health, instances, FLASK_SERVER)
             argv = ["python3", "-m", "uvicorn", target, "--host", "127.0.0.1", "--port", str(PORT), "--no-access-log"]
             return AppPlan("fastapi", argv, build, health, instances, FASTAPI_SERVER)
     if start := _start_script(project_dir):

@@ -188,6 +188,9 @@ async def _proxy_http(scope: Scope, receive: Receive, send: Send, routes: Routes
             return
         await send({"type": "http.response.start", "status": response.status,
                     "headers": _response_headers(response.headers, OWN_HOST in scope)})
+        if (whole := response.whole_body()) is not None:  # it came with the head: one write
+            await send({"type": "http.response.body", "body": whole})
+            return
         try:
             async for chunk in response.body():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

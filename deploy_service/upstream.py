@@ -56,6 +56,15 @@ class Response:
         self._reusable = parser.should_keep_alive() and not head_only
         self._finished = head_only or answer.complete
 
+    def whole_body(self) -> bytes | None:
+        """The body, if all of it has arrived already (small answers come with their head), else None."""
+        if not self._finished:
+            return None
+        body = b"".join(self._answer.chunks)
+        self._answer.chunks.clear()
+        self.close()
+        return body
+
     async def body(self) -> AsyncIterator[bytes]:
         reader = self._connection[0]
         try:
@@ -115,11 +124,12 @@ class Upstream:
             await writer.drain()
             answer = _Answer()
             parser = httptools.HttpResponseParser(answer)
-            while not answer.headers_done:
-                data = await asyncio.wait_for(reader.read(READ_CHUNK), HEAD_TIMEOUT)
-                if not data:
-                    raise UpstreamError("the app closed the connection without answering")
-                parser.feed_data(data)
+            async with asyncio.timeout(HEAD_TIMEOUT):  # (not wait_for: that costs a task per read)
+                while not answer.headers_done:
+                    data = await reader.read(READ_CHUNK)
+                    if not data:
+                        raise UpstreamError("the app closed the connection without answering")
+                    parser.feed_data(data)
         except (OSError, asyncio.TimeoutError, UpstreamError, httptools.HttpParserError) as exc:
             writer.close()
             if reused and body is None:  # a kept connection the app had closed meanwhile: once more, fresh
