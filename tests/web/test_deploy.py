@@ -1,7 +1,7 @@
 """The deployment panel in a real browser: Deploy makes a static site live at its URL, it scales
-to two instances and back, a new release replaces it, a rollback brings the old one back, a
-failing release never serves, Stop takes it offline; secrets are saved masked and never shown
-again; viewers see neither secrets nor Deploy."""
+to two instances and back, a new release shows its build's progress and replaces it, a rollback
+brings the old one back, a failing release never serves, Stop takes it offline; secrets are
+saved masked and never shown again; viewers see neither secrets nor Deploy."""
 
 import secrets
 import time
@@ -85,9 +85,14 @@ def test_deploy_goes_live_redeploys_and_rolls_back(open_as, owner_api, project_i
     expect(page.locator("#deploy-status")).to_have_text("Live", timeout=60_000)
 
     owner_api.put(f"/api/projects/{project_id}/files/content/index.html", content=b"<h1>version two</h1>\n").raise_for_status()
+    slow_build = b'[deploy]\nbuild = ["python3", "-c", "import time; print(\'bundling assets\', flush=True); time.sleep(4)"]\n'
+    owner_api.put(f"/api/projects/{project_id}/files/content/codeyard.toml", content=slow_build).raise_for_status()
     page.locator("#deploy-now").click()
     second = page.locator("#deploy-releases li").first
     expect(second).to_contain_text("#2")
+    expect(page.locator("#deploy-logs")).to_contain_text("bundling assets")  # the build streams while it runs
+    expect(page.locator("#deploy-progress")).to_be_visible()
+    expect(second).to_have_attribute("data-status", "building")
     expect(second).to_have_attribute("data-status", "live", timeout=90_000)
     assert "version two" in answer_of(url, "version two")
 
