@@ -154,7 +154,9 @@ class LLMEngine:
                 metrics.first_scheduled_time = now
                 self.prompt_tokens_total += seq.num_prompt_tokens
         try:
-            logits = self.model_runner.execute(out.scheduled, out.block_copies)
+            logits, prompt_logits = self.model_runner.execute(out.scheduled, out.block_copies)
+            for seq, start, chunk_logits in prompt_logits:
+                self._record_prompt_logprobs(seq.request, start, chunk_logits)
             to_sample = self._advance(out)
             results = self.model_runner.sample(logits[[row for row, _ in to_sample]],
                                                [seq for _, seq in to_sample], self.eos_token_ids)
@@ -167,6 +169,14 @@ class LLMEngine:
             return
         for (_, seq), result in zip(to_sample, results):
             self._append_token(seq, result)
+
+    def _record_prompt_logprobs(self, request: Request, start: int, logits) -> None:
+        """Logits of positions start.. predict prompt tokens start+1..; positions already recorded
+        (computed again after a preemption) are skipped."""
+        targets = request.prompt_token_ids[start + 1:start + 1 + logits.shape[0]]
+        entries = self.model_runner.sampler.prompt_logprobs(logits, targets, request.params.prompt_logprobs)
+        have = len(request.prompt_logprobs)
+        request.prompt_logprobs.extend(entries[max(have - start - 1, 0):])
 
     def _advance(self, out: SchedulerOutput) -> list[tuple[int, Sequence]]:
         """Count computed tokens, cache full blocks, fork n>1 samples; return (logit row, seq)."""
@@ -273,8 +283,9 @@ class LLMEngine:
                 cumulative_logprob=seq.cumulative_logprob if request.params.logprobs is not None else None,
                 logprobs=list(seq.logprobs) if request.params.logprobs is not None else None,
                 finish_reason=seq.status.finish_reason, stop_reason=seq.stop_reason))
+        prompt_logprobs = list(request.prompt_logprobs) if request.prompt_logprobs is not None else None
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, completions,
-                             request.is_finished, request.metrics, request.error)
+                             request.is_finished, request.metrics, request.error, prompt_logprobs)
 
     def kv_cache_occupancy(self) -> tuple[int, int]:
         """(slots in blocks held by live sequences, of those the slots holding a computed token).

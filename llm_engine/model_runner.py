@@ -91,16 +91,23 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduled: list[tuple[Sequence, int]], block_copies: list[tuple[int, int]]
-                ) -> torch.Tensor:
-        """Run one forward pass; return logits for each sequence whose last token was computed."""
+                ) -> tuple[torch.Tensor, list[tuple[Sequence, int, torch.Tensor]]]:
+        """Run one forward pass. Returns logits for each sequence whose last token was computed,
+        and for requests that want prompt logprobs (seq, first position, logits of the positions
+        in this chunk whose next token is a prompt token)."""
         for src, dst in block_copies:
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
         input_ids: list[int] = []
         positions: list[int] = []
         slices: list[SeqSlice] = []
         logit_rows: list[int] = []
+        prompt_rows: list[tuple[Sequence, int, int, int]] = []  # (seq, start, first row, rows)
         for seq, num_new in scheduled:
             start = seq.num_computed_tokens
+            if seq.request.needs_prompt_logits:
+                predicting = min(start + num_new, seq.num_prompt_tokens - 1) - start
+                if predicting > 0:
+                    prompt_rows.append((seq, start, len(input_ids), predicting))
             input_ids.extend(seq.token_ids[start:start + num_new])
             positions.extend(range(start, start + num_new))
             slices.append(SeqSlice(start, num_new, seq.block_table))
@@ -110,7 +117,9 @@ class ModelRunner:
         hidden = self.model(torch.tensor(input_ids, device=self.device),
                             torch.tensor(positions, device=self.device), metadata)
         rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)  # may be empty
-        return self.model.compute_logits(hidden[rows])
+        prompt_logits = [(seq, start, self.model.compute_logits(hidden[row:row + count]))
+                         for seq, start, row, count in prompt_rows]
+        return self.model.compute_logits(hidden[rows]), prompt_logits
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: set[int]) -> list[SampleResult]:

@@ -61,3 +61,5 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     error: str | None = None
+    # With SamplingParams.prompt_logprobs: one entry per prompt token, None for the first one.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

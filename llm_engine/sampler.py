@@ -23,6 +23,17 @@ class SampleResult:
     top_logprobs: dict[int, Logprob] | None = None
 
 
+def _top_logprobs(row: torch.Tensor, token: int, top_n: int) -> dict[int, Logprob]:
+    """{token: its logprob and rank} plus the top_n most likely tokens of this distribution."""
+    value = float(row[token])
+    top = {token: Logprob(value, int((row > value).sum()) + 1)}
+    if top_n:
+        values, ids = row.topk(top_n)
+        for rank, (lp, tid) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
+            top.setdefault(tid, Logprob(lp, rank))
+    return top
+
+
 def _adjusts_logits(seq: Sequence) -> bool:
     """Whether penalties or min_tokens change this sequence's logits this step."""
     p = seq.request.params
@@ -56,15 +67,15 @@ class Sampler:
             if p.logprobs is None:
                 results.append(SampleResult(token))
                 continue
-            row = raw_logprobs[i]
-            value = float(row[token])
-            top: dict[int, Logprob] = {token: Logprob(value, int((row > row[token]).sum()) + 1)}
-            if p.logprobs:
-                values, ids = row.topk(p.logprobs)
-                for rank, (lp, tid) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
-                    top.setdefault(tid, Logprob(lp, rank))
-            results.append(SampleResult(token, value, top))
+            top = _top_logprobs(raw_logprobs[i], token, p.logprobs)
+            results.append(SampleResult(token, top[token].logprob, top))
         return results
+
+    @staticmethod
+    def prompt_logprobs(logits: torch.Tensor, targets: list[int], top_n: int) -> list[dict[int, Logprob]]:
+        """Logprob of each next prompt token (row i predicts targets[i]) with the top_n alternatives."""
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        return [_top_logprobs(row, token, top_n) for row, token in zip(logprobs, targets)]
 
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:

@@ -12,7 +12,8 @@ class SamplingParams:
     """What to sample and when to stop, in vLLM's vocabulary.
 
     temperature == 0 means greedy. top_k <= 0 (or -1) disables top-k. `timeout` is seconds from
-    arrival after which the request is aborted.
+    arrival after which the request is aborted. `logprobs` / `prompt_logprobs`: how many top
+    alternatives to return next to each sampled / prompt token's own logprob (0: just its own).
     """
 
     n: int = 1
@@ -31,6 +32,7 @@ class SamplingParams:
     max_tokens: int | None = 16
     min_tokens: int = 0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     timeout: float | None = None
     stop_list: list[str] = field(init=False, repr=False)
@@ -66,6 +68,8 @@ class SamplingParams:
             check(self.min_tokens <= self.max_tokens, "min_tokens", "must not exceed max_tokens")
         check(self.logprobs is None or (is_int(self.logprobs) and self.logprobs >= 0), "logprobs",
               "must be an integer >= 0 or None")
+        check(self.prompt_logprobs is None or (is_int(self.prompt_logprobs) and self.prompt_logprobs >= 0),
+              "prompt_logprobs", "must be an integer >= 0 or None")
         check(self.timeout is None or (is_num(self.timeout) and self.timeout > 0), "timeout",
               "must be a positive number of seconds or None")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -96,7 +96,7 @@ class Scheduler:
             group = seq.request.params.n if seq.num_output_tokens == 0 else 1
             copies = None
             if len(self.running) + group <= self.max_num_seqs:
-                cached = bm.find_cached_prefix(seq)
+                cached = [] if seq.request.needs_prompt_logits else bm.find_cached_prefix(seq)
                 num_new = min(seq.num_tokens - len(cached) * bm.block_size, budget)
                 copies = bm.allocate_slots(seq, num_new, cached)
             if copies is None:

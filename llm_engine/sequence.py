@@ -134,6 +134,13 @@ class Request:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
         self.error: str | None = None
         self.seqs: list[Sequence] = [Sequence(self, 0, self.prompt_token_ids)]
+        # Entry i is prompt token i's logprob (the first token has none); filled as prefill goes.
+        self.prompt_logprobs: list[dict | None] | None = [None] if params.prompt_logprobs is not None else None
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Prompt logprobs still missing: the prompt must be computed, not read from the cache."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
 
     @property
     def deadline(self) -> float | None:

@@ -143,3 +143,27 @@ def test_repetition_presence_frequency_penalties():
     rows = sampler(logits.repeat(2, 1), [sampler_seq([0], [3], temperature=0, presence_penalty=0.2),
                                          sampler_seq([0], [3], temperature=0)], set())
     assert [r.token_id for r in rows] == [1, 0]
+
+
+def test_prompt_logprobs_match_transformers_over_chunks_and_a_warm_prefix_cache(tiny_llama):
+    from transformers import AutoModelForCausalLM
+
+    prompt = [(7 * i) % 300 + 3 for i in range(40)]
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+    with torch.no_grad():
+        expected = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    llm = LLM(model=str(tiny_llama), dtype="float32", max_num_batched_tokens=16)
+    llm.generate(prompt, SamplingParams(max_tokens=1), use_tqdm=False)  # the prompt's blocks are now cached
+    out = llm.generate(prompt, SamplingParams(max_tokens=2, prompt_logprobs=3), use_tqdm=False)[0]
+    entries = out.prompt_logprobs
+    assert len(entries) == len(prompt) and entries[0] is None
+    assert out.metrics.num_cached_tokens == 0  # prompt logprobs need the prompt computed
+    for position, entry in enumerate(entries[1:], start=1):
+        row = expected[position - 1]
+        token = prompt[position]
+        assert abs(entry[token].logprob - float(row[token])) < 1e-4
+        assert entry[token].rank == int((row > row[token]).sum()) + 1
+        assert sorted(t for t, lp in entry.items() if lp.rank <= 3) == sorted(row.topk(3).indices.tolist())
+    assert llm.generate(prompt, SamplingParams(max_tokens=1), use_tqdm=False)[0].prompt_logprobs is None
+    with pytest.raises(ValueError, match="^prompt_logprobs:"):
+        SamplingParams(prompt_logprobs=-1)
