@@ -7,15 +7,7 @@ import hashlib
 import logging
 import secrets
 
-import time
-from collections.abc import Iterator
-
-import pytest
-from fastapi.testclient import TestClient
-
-from deploy.conftest import COMPONENTS, app_leftovers, deploy, new_project, packages_dir
-from ide_server.app import create_app
-from ide_server.settings import Settings
+from deploy.conftest import deploy, new_project
 
 SERVER = """\
 import hashlib, os
@@ -37,22 +29,6 @@ CONFIG = """\
 build = ["python3", "-c", "import os; print('build sees API_KEY:', 'API_KEY' in os.environ)"]
 run = ["python3", "server.py"]
 """
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory) -> Iterator[TestClient]:
-    """The deploys app of conftest, with the secrets component too."""
-    data_dir = tmp_path_factory.mktemp("data")
-    application = create_app(Settings(data_dir=data_dir, database_url=f"sqlite:///{data_dir / 'codeyard.db'}",
-                                      sandbox_backend="bwrap", packages_dir=packages_dir(), log_level="warning"),
-                             component_specs=[*COMPONENTS, "deploy_service.secrets_api:component"])
-    with TestClient(application) as client:
-        yield client
-    application.state.engine.dispose()
-    deadline = time.monotonic() + 5
-    while (found := app_leftovers()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not found, f"left behind after the server stopped: {found[:10]}"
 
 
 def test_deploys_get_secrets_that_never_show_anywhere(owner, served, caplog):
