@@ -112,9 +112,11 @@ http.createServer((req, res) => {
 '''
 
 
+NODE_PACKAGE = '{"name": "hello", "version": "1.0.0", "scripts": {"start": "node server.js"}, "dependencies": {"ms": "2.1.3"}}'
+
+
 def test_a_node_app_with_an_npm_dependency_answers_through_the_proxy(owner):
-    package = '{"name": "hello", "version": "1.0.0", "scripts": {"start": "node server.js"}, "dependencies": {"ms": "2.1.3"}}'
-    project_id = new_project(owner, {"package.json": package, "server.js": NODE_SERVER})
+    project_id = new_project(owner, {"package.json": NODE_PACKAGE, "server.js": NODE_SERVER})
     deployment = deploy(owner, project_id)
     assert deployment["status"] == "running", deployment["releases"][0]["message"]
     assert deployment["current_release"]["kind"] == "node"
