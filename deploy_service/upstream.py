@@ -110,7 +110,10 @@ class Upstream:
         head.append(b"\r\n")
         reused, connection = self._connection()
         if connection is None:
-            connection = await asyncio.open_unix_connection(self.socket_path, limit=READ_CHUNK)
+            try:
+                connection = await asyncio.open_unix_connection(self.socket_path, limit=READ_CHUNK)
+            except OSError as exc:
+                raise UpstreamError(f"cannot reach the app: {exc.strerror or exc}") from None
         reader, writer = connection
         try:
             writer.write(b"".join(head))
