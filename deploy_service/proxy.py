@@ -1,10 +1,10 @@
 """The apps' reverse proxy: /apps/{slug}/... (and {slug}.apps.<host>) to a live instance, round-robin.
 
 It is a plain ASGI middleware in front of the app (no routing, dependency or request-log work
-per request: the proxy's throughput is bounded by CPU). HTTP bodies stream both ways (deploy_service.upstream over
-the instance's unix socket, keep-alive connections kept per instance); WebSockets are relayed
-frame by frame. Each request counts as in flight on
-the instance that took it, so a switch can drain the old release before stopping it.
+per request: the proxy's throughput is bounded by CPU). HTTP bodies stream both ways
+(deploy_service.upstream over the instance's unix socket, keep-alive connections kept per
+instance); WebSockets are relayed frame by frame. Each request counts as in flight on the
+instance that took it, so a switch can drain the old release before stopping it.
 
 The app shares the IDE's origin under /apps/: the proxy never passes Codeyard's own cookies to
 it, drops cookies it tries to set under Codeyard's names, and sends every response with a CSP
