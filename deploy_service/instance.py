@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from sandbox.backend import Backend, Mount, RunContext, RunSpec, SandboxRun
-from sandbox.cgroups import RunCgroup
+from sandbox.cgroups import (V1_CONTROLLERS, CgroupV1, RunCgroup, _in_hierarchy, _self_path, _v1_mounts,
+                             remove_cgroup)
 from sandbox.errors import SandboxUnavailable
 from sandbox.host_lease import lease_uid
 from sandbox.files import copy_in
@@ -43,6 +44,7 @@ SOCKET_DIR = "/run/codeyard-app"
 SOCKET_NAME = "app.sock"
 HEALTH_ERRORS = 5  # error answers (5xx) in a row that fail a health check
 CPU_QUOTA = 1.0  # CPUs one instance may use
+APPS_CGROUP = "codeyard-apps"
 # cpu_seconds/wall_seconds are per-run bounds; an app runs until stopped (its CPU use is bounded by the quota)
 APP_LIMITS = Limits(cpu_seconds=10**9, wall_seconds=10**9, memory_bytes=256 * MIB, pids=192, output_bytes=1,
                     file_bytes=16 * MIB, open_files=1024, disk_bytes=128 * MIB, files_count=5000)
@@ -86,29 +88,37 @@ sys.exit(code if code >= 0 else 128 - code)
 """
 
 
-class AppCgroup(RunCgroup):
-    """An app's cgroup: beside the runs' (sandbox tests check theirs are all gone), with a CPU quota."""
+def app_cgroup(name: str, limits: Limits) -> RunCgroup | None:
+    """An instance's cgroup (memory, pids, and a CPU quota), or None where the host gives none.
 
-    @classmethod
-    def base_relpath(cls) -> str | None:
-        base = RunCgroup.base_relpath()
-        return f"{base}-apps" if base else None
-
-    @classmethod
-    def create_for_app(cls, name: str, limits: Limits) -> AppCgroup | None:
-        cgroup = cls.create(name, limits.memory_bytes, limits.pids)
-        if cgroup is None:
-            return None
-        cpu_root = Path("/sys/fs/cgroup/cpu")
-        cpu = cpu_root / cgroup.relpath.lstrip("/")
+    On cgroup v1 it goes beside the runs' folder, in <our cgroup>/codeyard-apps (sandbox tests
+    check that the runs' folder empties after every run; an app outlives them). On v2 the runs'
+    own helper makes it, in their folder (that is where our cgroup delegates controllers), with
+    its cpu.max of one CPU."""
+    mounts = _v1_mounts(every=True)
+    if not set(V1_CONTROLLERS) <= set(mounts):
+        return RunCgroup.create(name, limits.memory_bytes, limits.pids)
+    relpath = f"{_self_path('memory').rstrip('/')}/{APPS_CGROUP}/{name}"
+    dirs: dict[str, Path] = {}
+    try:
+        for controller in (*V1_CONTROLLERS, "cpu"):
+            if controller in mounts:
+                dirs[controller] = _in_hierarchy(*mounts[controller], relpath)
+                dirs[controller].mkdir(parents=True, exist_ok=True)
+        (dirs["memory"] / "memory.limit_in_bytes").write_text(str(limits.memory_bytes))
+        if (swap := dirs["memory"] / "memory.memsw.limit_in_bytes").exists():
+            swap.write_text(str(limits.memory_bytes))
+        (dirs["pids"] / "pids.max").write_text(str(limits.pids))
+    except OSError:
+        remove_cgroup(relpath)
+        return None
+    if "cpu" in dirs:
         try:
-            cpu.mkdir(parents=True, exist_ok=True)
-            period = int((cpu / "cpu.cfs_period_us").read_text())
-            (cpu / "cpu.cfs_quota_us").write_text(str(int(period * CPU_QUOTA)))
-            cgroup.dirs["cpu"] = cpu
+            period = int((dirs["cpu"] / "cpu.cfs_period_us").read_text())
+            (dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(int(period * CPU_QUOTA)))
         except OSError:
-            log.warning("no CPU quota for apps on this host (cgroup v1 cpu controller not writable)")
-        return cgroup  # type: ignore[return-value]
+            log.warning("apps get no CPU quota on this host (the cgroup v1 cpu controller refused it)")
+    return CgroupV1(relpath, dirs)
 
 
 class _Uids:
@@ -196,7 +206,7 @@ class AppInstance:
         self._stack = ExitStack()
         self._execution = None
         self._output: _Output | None = None
-        self._cgroup: AppCgroup | None = None
+        self._cgroup: RunCgroup | None = None
         self._uid: int | None = None
 
     async def start(self) -> None:
@@ -210,7 +220,7 @@ class AppInstance:
     async def _start(self) -> None:
         limits = self.launch.limits
         self._uid = uid = UIDS.take()
-        self._cgroup = AppCgroup.create_for_app(f"app-{uid}-{self.id}", limits)
+        self._cgroup = app_cgroup(f"app-{uid}-{self.id}", limits)
         workspace = self._stack.enter_context(scratch(limits.disk_bytes, limits.files_count * 2 + 64, uid))
         await asyncio.to_thread(copy_in, self.launch.release_dir, workspace, max_bytes=limits.disk_bytes,
                                 max_files=limits.files_count, owner=uid)
