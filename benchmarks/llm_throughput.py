@@ -1,16 +1,19 @@
 """Offline throughput of our LLM engine against Transformers and llama.cpp on SmolLM2-135M.
 
 One run, one seeded workload for every system (prompts of 16-512 random
-tokens, 16-256 output tokens, greedy, EOS ignored). Prints output tokens/s,
-requests/s, TTFT and time-per-output-token percentiles, and our engine's
-ratio against each baseline next to the issue's goals. When the engine is
-among the systems it also measures prefix caching (64 requests sharing a
-512-token preamble, mean TTFT with caching on vs off) and KV-cache waste
-(paged blocks vs a contiguous max-length reservation) during the main run.
+tokens, 16-256 output tokens, greedy, EOS ignored). Prints, for each compute
+dtype (float32 and bfloat16 by default; the engine and Transformers run in it,
+llama.cpp runs its Q4_1 weights once and appears in every table), output
+tokens/s, requests/s, TTFT and time-per-output-token percentiles, and our
+engine's ratio against each baseline next to the issue's goals. When the
+engine is among the systems it also measures prefix caching (64 requests
+sharing a 512-token preamble, mean TTFT with caching on vs off) and KV-cache
+waste (paged blocks vs a contiguous max-length reservation).
 
     .venv/bin/python benchmarks/llm_throughput.py                 # everything
     .venv/bin/python benchmarks/llm_throughput.py --quick         # 16 prompts
     .venv/bin/python benchmarks/llm_throughput.py --systems engine,hf-batch --json out.json
+    .venv/bin/python benchmarks/llm_throughput.py --dtype bfloat16 --sequential-prompts 16
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from benchmarks._workload import (
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SYSTEMS = ("engine", "hf-single", "hf-batch", "llamacpp")
+DTYPES = ("float32", "bfloat16")
 SEQUENTIAL = ("hf-single", "llamacpp")
 # Our engine's output tokens/s must be at least this many times each baseline's (issue 8).
 THROUGHPUT_GOALS = {"hf-single": 10.0, "hf-batch": 2.0, "llamacpp": 3.0}
@@ -78,12 +82,12 @@ class EngineBench:
         self.gguf = gguf
         self.args = args
 
-    def make_llm(self, enable_prefix_caching: bool):
+    def make_llm(self, dtype: str, enable_prefix_caching: bool):
         from llm_engine import LLM
 
         return LLM(
             model=str(self.gguf),
-            dtype=self.args.engine_dtype,
+            dtype=dtype,
             device="cpu",
             block_size=self.args.block_size,
             max_num_seqs=self.args.max_num_seqs,
@@ -110,17 +114,19 @@ class EngineBench:
             timings.append(RequestTiming(m.arrival_time, m.first_token_time, m.finished_time, n))
         return timings, elapsed
 
-    def throughput(self, workload: list[BenchRequest], meter: KvWasteMeter) -> tuple[list[RequestTiming], float]:
-        llm = self.make_llm(enable_prefix_caching=True)
+    def throughput(self, workload: list[BenchRequest], dtype: str,
+                   meter: KvWasteMeter | None) -> tuple[list[RequestTiming], float]:
+        llm = self.make_llm(dtype, enable_prefix_caching=True)
         self.generate(llm, warmup_workload())
-        watch_kv_cache(llm, meter)
+        if meter is not None:
+            watch_kv_cache(llm, meter)
         return self.generate(llm, workload)
 
-    def prefix_ttft(self, workload: list[BenchRequest]) -> dict[str, float]:
+    def prefix_ttft(self, workload: list[BenchRequest], dtype: str) -> dict[str, float]:
         """Mean TTFT of the shared-prefix workload, each setting on a freshly built engine."""
         result = {}
         for caching in (False, True):
-            llm = self.make_llm(enable_prefix_caching=caching)
+            llm = self.make_llm(dtype, enable_prefix_caching=caching)
             self.generate(llm, warmup_workload())
             timings, _ = self.generate(llm, workload)
             result["on" if caching else "off"] = sum(t.ttft for t in timings) / len(timings)
@@ -206,10 +212,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prefix-requests", type=int, default=64)
     p.add_argument("--skip-prefix", action="store_true", help="leave out the shared-prefix TTFT comparison")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                   help="compute dtype of Transformers and (unless --engine-dtype) of the engine")
-    p.add_argument("--engine-dtype", choices=("auto", "float32", "bfloat16"),
-                   help="the engine's dtype if different ('auto': bfloat16 on CPUs with native bf16)")
+    p.add_argument("--dtype", default=",".join(DTYPES),
+                   help="comma-separated compute dtypes of the engine and Transformers, one table each "
+                        f"(from {','.join(DTYPES)}; default: both); llama.cpp always runs Q4_1")
     p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="CPU threads for every system")
     p.add_argument("--hf-batch-size", type=int, default=16)
     p.add_argument("--sequential-prompts", type=int,
@@ -225,13 +230,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.systems) - set(SYSTEMS))
     if unknown or not args.systems:
         p.error(f"--systems: unknown {unknown}; choose from {','.join(SYSTEMS)}")
-    args.engine_dtype = args.engine_dtype or args.dtype
+    args.dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    bad = sorted(set(args.dtypes) - set(DTYPES))
+    if bad or not args.dtypes:
+        p.error(f"--dtype: unknown {bad}; choose from {','.join(DTYPES)}")
     if args.quick:
         args.num_prompts, args.prefix_requests = 16, 16
     for name in ("num_prompts", "prefix_requests", "threads", "hf_batch_size", "sequential_prompts"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}: must be at least 1")
     return args
+
+
+def print_results(dtype: str, summaries: dict[str, RunSummary], load_averages: dict[str, float],
+                  args: argparse.Namespace, num_prompts: int) -> dict:
+    """One dtype's table and the engine's ratios; returns them for the JSON report."""
+    print(f"\n== {dtype} (engine and Transformers; llama.cpp runs Q4_1) ==")
+    print_table(list(summaries.values()))
+    print("1-min load average after each system (should stay near the thread count): "
+          + ", ".join(f"{k} {v:.1f}" for k, v in load_averages.items()))
+    if args.sequential_prompts and args.sequential_prompts < num_prompts:
+        print(f"(hf-single and llamacpp ran the first {args.sequential_prompts} of the {num_prompts} prompts)")
+    ratios = throughput_ratios(summaries)
+    for name, r in ratios.items():
+        print(f"engine / {name:<9} output tok/s: {r['ratio']:6.2f}x  (goal >= {r['goal']:g}x: {mark(r['met'])})")
+    return {"systems": {k: dataclasses.asdict(v) for k, v in summaries.items()}, "ratios": ratios,
+            "load_average_after": load_averages}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -242,68 +266,58 @@ def main(argv: list[str] | None = None) -> dict:
     max_len = max(len(r.prompt_token_ids) + r.max_tokens for r in workload)
     prompt_tokens = sum(len(r.prompt_token_ids) for r in workload)
     output_tokens = sum(r.max_tokens for r in workload)
-    print(f"model {gguf.name}, {args.threads} threads, dtype {args.dtype} (engine {args.engine_dtype}); "
+    print(f"model {gguf.name}, {args.threads} threads, dtypes {','.join(args.dtypes)} (llama.cpp: Q4_1); "
           f"workload: {len(workload)} prompts, {prompt_tokens} prompt tokens, {output_tokens} output tokens, "
           f"seed {args.seed}")
 
-    hf_model = None
-    if {"hf-single", "hf-batch"} & set(args.systems):
-        hf_model = _baselines.load_hf_model(gguf.parent, gguf.name, getattr(torch, args.dtype))
-
-    summaries: dict[str, RunSummary] = {}
-    load_averages: dict[str, float] = {}  # 1-minute load when each system finished: other work skews figures
     meter = KvWasteMeter(max_len=max_len)
     engine_bench = EngineBench(gguf, args)
-    for system in args.systems:
-        print(f"running {system} ...", file=sys.stderr, flush=True)
-        if system == "engine":
-            timings, elapsed = engine_bench.throughput(workload, meter)
-        else:
-            subset = workload[: args.sequential_prompts] if system in SEQUENTIAL else workload
-            timings, elapsed = run_baseline(system, gguf, subset, args, hf_model)
-        summaries[system] = summarize(system, timings, elapsed)
-        load_averages[system] = os.getloadavg()[0]
-        print(f"  {system}: {summaries[system].output_tok_per_s:.1f} output tok/s over {elapsed:.0f} s",
-              file=sys.stderr, flush=True)
+    # KV waste and prefix caching do not depend on the dtype: measured with the last (fastest) one.
+    measured_dtype = args.dtypes[-1]
+    report: dict = {"model": gguf.name, "threads": args.threads, "seed": args.seed,
+                    "num_prompts": len(workload), "tables": {}}
+    llamacpp: RunSummary | None = None
+    for dtype in args.dtypes:
+        hf_model = None
+        if {"hf-single", "hf-batch"} & set(args.systems):
+            hf_model = _baselines.load_hf_model(gguf.parent, gguf.name, getattr(torch, dtype))
+        summaries: dict[str, RunSummary] = {}
+        load_averages: dict[str, float] = {}  # 1-minute load when each system finished: other work skews figures
+        for system in args.systems:
+            if system == "llamacpp" and llamacpp is not None:  # Q4_1 whatever the dtype: run once
+                summaries[system] = llamacpp
+                continue
+            print(f"running {system} ({dtype}) ...", file=sys.stderr, flush=True)
+            if system == "engine":
+                timings, elapsed = engine_bench.throughput(workload, dtype, meter if dtype == measured_dtype else None)
+            else:
+                subset = workload[: args.sequential_prompts] if system in SEQUENTIAL else workload
+                timings, elapsed = run_baseline(system, gguf, subset, args, hf_model)
+            summaries[system] = summarize(system, timings, elapsed)
+            load_averages[system] = os.getloadavg()[0]
+            llamacpp = summaries[system] if system == "llamacpp" else llamacpp
+            print(f"  {system}: {summaries[system].output_tok_per_s:.1f} output tok/s over {elapsed:.0f} s",
+                  file=sys.stderr, flush=True)
+        del hf_model
+        report["tables"][dtype] = print_results(dtype, summaries, load_averages, args, len(workload))
 
-    print()
-    print_table(list(summaries.values()))
-    print("1-min load average after each system (should stay near the thread count): "
-          + ", ".join(f"{k} {v:.1f}" for k, v in load_averages.items()))
-    if args.sequential_prompts and args.sequential_prompts < len(workload):
-        print(f"(hf-single and llamacpp ran the first {args.sequential_prompts} of the {len(workload)} prompts)")
-    ratios = throughput_ratios(summaries)
-    for name, r in ratios.items():
-        print(f"engine / {name:<9} output tok/s: {r['ratio']:6.2f}x  (goal >= {r['goal']:g}x: {mark(r['met'])})")
-
-    report: dict = {
-        "model": gguf.name,
-        "threads": args.threads,
-        "dtype": args.dtype,
-        "engine_dtype": args.engine_dtype,
-        "seed": args.seed,
-        "num_prompts": len(workload),
-        "systems": {k: dataclasses.asdict(v) for k, v in summaries.items()},
-        "ratios": ratios,
-        "load_average_after": load_averages,
-    }
-    if "engine" in summaries:
+    if "engine" in args.systems:
         waste = {"paged": meter.paged_waste, "paged_peak": meter.peak_paged_waste,
                  "contiguous": meter.contiguous_waste, "contiguous_max_len": max_len,
-                 "snapshots": meter.snapshots, "goal": KV_WASTE_GOAL,
+                 "snapshots": meter.snapshots, "goal": KV_WASTE_GOAL, "dtype": measured_dtype,
                  "met": meter.snapshots > 0 and meter.paged_waste < KV_WASTE_GOAL}
         report["kv_waste"] = waste
-        print(f"\nKV waste over {meter.snapshots} engine steps: paged {waste['paged']:.2%} "
+        print(f"\nKV waste over {meter.snapshots} engine steps ({measured_dtype}): paged {waste['paged']:.2%} "
               f"(peak {waste['paged_peak']:.2%}) vs contiguous {max_len}-slot reservation "
               f"{waste['contiguous']:.2%}  (goal paged < {KV_WASTE_GOAL:.0%}: {mark(waste['met'])})")
         if not args.skip_prefix:
             prefix_workload = shared_prefix_workload(args.prefix_requests, VOCAB_LOW, VOCAB_HIGH, seed=args.seed)
             print("running engine shared-prefix TTFT ...", file=sys.stderr, flush=True)
-            prefix = engine_bench.prefix_ttft(prefix_workload)
+            prefix = engine_bench.prefix_ttft(prefix_workload, measured_dtype)
             prefix.update(goal=PREFIX_TTFT_GOAL, met=prefix["ratio"] >= PREFIX_TTFT_GOAL,
-                          num_requests=len(prefix_workload))
+                          num_requests=len(prefix_workload), dtype=measured_dtype)
             report["prefix_caching"] = prefix
-            print(f"shared 512-token preamble, {len(prefix_workload)} requests: mean TTFT "
+            print(f"shared 512-token preamble, {len(prefix_workload)} requests ({measured_dtype}): mean TTFT "
                   f"{prefix['off'] * 1000:.0f} ms without prefix caching, {prefix['on'] * 1000:.0f} ms with: "
                   f"{prefix['ratio']:.2f}x  (goal >= {PREFIX_TTFT_GOAL:g}x: {mark(prefix['met'])})")
     if args.json:

@@ -115,3 +115,12 @@ def test_cli_rejects_unknown_systems_and_quick_mode_shrinks_the_run(capsys):
     assert "vllm" in capsys.readouterr().err
     args = parse_args(["--quick", "--systems", "engine"])
     assert (args.num_prompts, args.prefix_requests, args.systems) == (16, 16, ["engine"])
+
+
+def test_cli_runs_both_dtypes_by_default_and_rejects_unknown_ones(capsys):
+    assert parse_args([]).dtypes == ["float32", "bfloat16"]
+    assert parse_args(["--dtype", "bfloat16"]).dtypes == ["bfloat16"]
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--dtype", "float32,int8"])
+    assert exc.value.code == 2
+    assert "--dtype: unknown ['int8']" in capsys.readouterr().err
