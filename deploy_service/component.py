@@ -17,6 +17,7 @@ from fastapi import APIRouter, Depends, FastAPI, Response, WebSocket, status
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
+from deploy_service.instance import remove_stale_cgroups
 from deploy_service.proxy import AppsGateway
 from deploy_service.schemas import DeploymentPublic, RollbackCreate, ScaleUpdate
 from deploy_service.service import DeployService
@@ -151,6 +152,8 @@ async def deploy_lifespan(app: FastAPI) -> AsyncIterator[None]:
         apps_host=os.environ.get(APPS_HOST_VARIABLE) or None, https=settings.secure_cookies)
     app.state.deploys = deploys
     if backend is not None:
+        if stale := await run_in_threadpool(remove_stale_cgroups):
+            log.warning("removed %d cgroups of app instances a previous server left", len(stale))
         restored = await deploys.restore()
         if restored:
             log.info("bringing back %d deployments", restored)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from sandbox.backend import Backend, Mount, RunContext, RunSpec, SandboxRun
-from sandbox.cgroups import (V1_CONTROLLERS, CgroupV1, RunCgroup, _in_hierarchy, _self_path, _v1_mounts,
+from sandbox.cgroups import (V1_CONTROLLERS, CgroupV1, RunCgroup, _in_hierarchy, _self_path, _v1_mounts, cgroup_dirs,
                              remove_cgroup)
 from sandbox.errors import SandboxUnavailable
 from sandbox.host_lease import lease_uid
@@ -119,6 +119,24 @@ def app_cgroup(name: str, limits: Limits) -> RunCgroup | None:
         except OSError:
             log.warning("apps get no CPU quota on this host (the cgroup v1 cpu controller refused it)")
     return CgroupV1(relpath, dirs)
+
+
+def remove_stale_cgroups() -> list[str]:
+    """At start-up: remove instance cgroups (v1) a server that died left, those whose uid nobody leases now."""
+    removed = []
+    base = f"{_self_path('memory').rstrip('/')}/{APPS_CGROUP}"
+    names = {child.name for folder in cgroup_dirs(base) for child in folder.iterdir() if child.is_dir()}
+    for name in sorted(names):
+        kind, _, rest = name.partition("-")
+        uid = rest.partition("-")[0]
+        if kind == "app" and uid.isdigit() and (fd := lease_uid(int(uid))) is not None:
+            try:
+                kill_uid(int(uid))
+                remove_cgroup(f"{base}/{name}")
+                removed.append(name)
+            finally:
+                os.close(fd)
+    return removed
 
 
 class _Uids:
