@@ -28,6 +28,21 @@ PYTHON_ENTRIES = ("app.py", "main.py")
 FLASK_SERVER = ("waitress",)  # a production WSGI server (threads, keep-alive), not Flask's development one
 FASTAPI_SERVER = ("uvicorn", "websockets")  # uvicorn serves the app; websockets gives it WebSocket support
 MAX_SOURCE_BYTES = 1 << 20
+# Serves the site's files (keep-alive, threads); never a dotfile (.env, .npmrc) nor a folder listing.
+STATIC_SERVER = r"""
+import http.server, sys
+class Site(http.server.SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def send_head(self):
+        if any(part.startswith(".") for part in self.path.split("?")[0].split("/")):
+            self.send_error(404)
+            return None
+        return super().send_head()
+    def list_directory(self, path):
+        self.send_error(404)
+        return None
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Site).serve_forever()
+"""
 
 
 @dataclass(frozen=True)
@@ -140,8 +155,7 @@ def detect(project_dir: Path) -> AppPlan:
     if start := _start_script(project_dir):
         return AppPlan("node", ["/bin/sh", "-c", start], build, health, instances)
     if (project_dir / "index.html").is_file():
-        argv = ["python3", "-m", "http.server", "--bind", "127.0.0.1", str(PORT)]
-        return AppPlan("static", argv, build, health, instances)
+        return AppPlan("static", ["python3", "-c", STATIC_SERVER, str(PORT)], build, health, instances)
     raise ValueError(
         "project: nothing to deploy found (a Flask or FastAPI app in app.py or main.py, a package.json with a "
         f"\"start\" script, or an index.html); or say how to run it in {CONFIG_FILE} under [deploy] run = ...")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from deploy.conftest import deploy, new_project
 
-STATIC = {"index.html": "<h1>Hello from a static site</h1>\n", "about/index.html": "<p>about us</p>\n"}
+STATIC = {"index.html": "<h1>Hello from a static site</h1>\n", "about/index.html": "<p>about us</p>\n",
+          ".env": "API_KEY=not-for-the-web\n", "notes/todo.txt": "private-ish\n"}
 
 
 def test_a_static_site_answers_through_the_proxy(owner):
@@ -18,6 +19,9 @@ def test_a_static_site_answers_through_the_proxy(owner):
     assert page.status_code == 200 and "Hello from a static site" in page.text
     assert owner.client.get(f"{url}about/").text == "<p>about us</p>\n"
     assert owner.client.get(url.rstrip("/"), follow_redirects=False).status_code == 308
+    assert owner.client.get(f"{url}.env").status_code == 404  # dotfiles are never served
+    assert owner.client.get(f"{url}notes/").status_code == 404  # nor folder listings
+    assert owner.client.get(f"{url}notes/todo.txt").text == "private-ish\n"
 
 
 FLASK_APP = '''
