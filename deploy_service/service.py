@@ -56,6 +56,7 @@ ROLLBACK_RELEASES = 5  # successful releases kept (folders and all) for rollback
 KEPT_RELEASE_ROWS = 30
 BACKOFF_START, BACKOFF_MAX, STABLE_SECONDS = 0.5, 30.0, 60.0
 RECONCILE_SECONDS = 5.0
+MAX_PENDING_RELEASES = 3  # deploys of one project waiting their turn (a double click queues, a script can't pile up)
 MAX_RUNNING_INSTANCES = 32  # on this server, all deployments together (each may use APP_LIMITS' memory)
 
 
@@ -121,6 +122,10 @@ class DeployService:
                                         status="deploying", instances=1)
                 db.add(deployment)
                 db.flush()
+            pending = db.scalar(select(func.count()).select_from(Release).where(
+                Release.deployment_id == deployment.id, Release.status.in_(("building", "starting"))))
+            if pending >= MAX_PENDING_RELEASES:
+                raise Conflict(f"{pending} deploys of this project are already under way; wait for them to finish")
             number = (db.scalar(select(func.max(Release.number)).where(Release.deployment_id == deployment.id)) or 0) + 1
             release = Release(id=secrets.token_hex(8), deployment_id=deployment.id, number=number, status="building",
                               plan={}, message="", user_id=user.id)
@@ -392,9 +397,14 @@ class DeployService:
         app.log.write("system", f"build: {' '.join(argv)}\n", release_id)
         run = await self.backend.start(RunSpec(argv, release_dir, BUILD_LIMITS, env, mounts=mounts))
         await run.close_stdin()
-        async for chunk in run.chunks():
-            app.log.write("build", chunk.data.decode("utf-8", "replace"), release_id)
-        result = await run.result()
+        try:
+            async for chunk in run.chunks():
+                app.log.write("build", chunk.data.decode("utf-8", "replace"), release_id)
+            result = await run.result()
+        except asyncio.CancelledError:  # the server is stopping: the build stops too, and cleans up first
+            run.cancel()
+            await run.result()
+            raise
         if result.verdict != Verdict.OK:
             how = result.message or (f"signal {result.signal}" if result.signal else f"exit code {result.exit_code}")
             raise DeployFailed(f"the build failed ({result.verdict.value}: {how})")

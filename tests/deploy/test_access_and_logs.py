@@ -116,3 +116,11 @@ def test_secrets_reach_the_app_and_never_its_logs_or_the_api(owner):
         while not any("is live" in e["data"] for e in entries):
             entries.append(socket.receive_json())
     assert value not in str(entries)
+
+
+def test_deploys_pile_up_no_further_than_three(owner):
+    project_id = new_project(owner, {"app.py": "print('no server here')\n",
+                                     "codeyard.toml": '[deploy]\nbuild = "sleep 3"\nrun = "python3 app.py"\n'})
+    answers = [owner.post(f"/api/projects/{project_id}/deployments") for _ in range(4)]
+    assert [a.status_code for a in answers] == [202, 202, 202, 409]
+    assert "already under way" in answers[3].json()["detail"]
