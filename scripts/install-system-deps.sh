@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests use (only when run as root; otherwise says what is missing).
 set -euo pipefail
-PKGS=(docker.io docker-compose bubblewrap redis-server postgresql chromium debootstrap)
+# g++: the LLM engine compiles its CPU attention kernel on first use (it falls back to PyTorch without one).
+PKGS=(docker.io docker-compose bubblewrap redis-server postgresql chromium debootstrap g++)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
