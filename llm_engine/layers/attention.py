@@ -186,7 +186,7 @@ class NativePagedAttention(TorchPagedAttention):
         q = q.contiguous()
         out = torch.empty_like(q)
         tables = metadata.decode_tables
-        num_blocks, kv_heads, block_size, dim = k_cache.shape
+        _, kv_heads, block_size, dim = k_cache.shape
         kernel(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
                metadata.decode_lens.data_ptr(), out.data_ptr(), q.shape[0], q.shape[1], kv_heads,
                block_size, dim, tables.shape[1], scale)
