@@ -39,17 +39,18 @@ def test_runs_take_warm_containers_and_the_pool_goes_with_the_server(docker_engi
     takes one (it is not reused), and stopping the server removes the rest."""
     from sandbox.docker_backend import POOL_LABEL
 
-    def pool() -> set[str]:
-        return {c["Id"] for c in docker_engine.api.containers(all=True, filters={"label": POOL_LABEL})}  # no inspect races
+    def pool(**filters) -> set[str]:  # the low-level list: no inspect of a container being removed
+        return {c["Id"] for c in docker_engine.api.containers(all=True, filters={"label": POOL_LABEL, **filters})}
 
     settings = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'codeyard.db'}", sandbox_backend="docker",
                         sandbox_warm_containers=2, log_level="warning")
     application = create_app(settings, component_specs=COMPONENTS)
     with TestClient(application) as client:
         deadline = time.monotonic() + 60
-        while len(waiting := pool()) < 2 and time.monotonic() < deadline:
+        while len(waiting := pool(status="running")) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert len(waiting) == 2
+        time.sleep(0.5)  # a started container joins the pool as its start call returns
         csrf = client.post("/api/auth/register", json={"username": "warm-user", "password": "pass-word-1"}).json()["csrf_token"]
         token = client.post("/api/tokens", json={"name": "t"}, headers={"X-CSRF-Token": csrf}).json()["token"]
         client.cookies.clear()
