@@ -16,11 +16,10 @@ from __future__ import annotations
 import ast
 import json
 import shlex
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox.languages import CONFIG_FILE
+from sandbox.languages import CONFIG_FILE, read_config_table
 
 PORT = 8080
 MAX_INSTANCES = 4
@@ -86,16 +85,7 @@ def _health(value: object) -> str:
 
 
 def _read_config(project_dir: Path) -> dict:
-    path = project_dir / CONFIG_FILE
-    if not path.is_file() or path.is_symlink():
-        return {}
-    try:
-        config = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{CONFIG_FILE}: {exc}") from None
-    deploy = config.get("deploy", {})
-    if not isinstance(deploy, dict):
-        raise ValueError(f"{CONFIG_FILE}: [deploy] must be a table")
+    deploy = read_config_table(project_dir, "deploy")
     unknown = set(deploy) - {"build", "run", "health", "instances"}
     if unknown:
         raise ValueError(f"{CONFIG_FILE}: deploy.{sorted(unknown)[0]} is not a deploy setting (known: build, run, health, instances)")

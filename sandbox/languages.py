@@ -81,7 +81,9 @@ def _check_entry(project_dir: Path, entry: str) -> str:
     return str(path)
 
 
-def _read_config(project_dir: Path) -> dict:
+def read_config_table(project_dir: Path, table: str) -> dict:
+    """The `[table]` section of the project's codeyard.toml ({} without the file; ValueError if malformed).
+    Runs read [run], deploys [deploy]."""
     path = project_dir / CONFIG_FILE
     if not path.is_file() or path.is_symlink():
         return {}
@@ -89,15 +91,15 @@ def _read_config(project_dir: Path) -> dict:
         config = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{CONFIG_FILE}: {exc}") from None
-    run = config.get("run", {})
-    if not isinstance(run, dict):
-        raise ValueError(f"{CONFIG_FILE}: [run] must be a table")
-    return run
+    section = config.get(table, {})
+    if not isinstance(section, dict):
+        raise ValueError(f"{CONFIG_FILE}: [{table}] must be a table")
+    return section
 
 
 def plan_run(project_dir: Path, entry: str | None = None, *, defaults: Limits = Limits(), maxima: Limits = SERVER_MAXIMA) -> RunPlan:
     """The command and limits for running this project (ValueError naming the bad field)."""
-    config = _read_config(project_dir)
+    config = read_config_table(project_dir, "run")
     overrides = config.get("limits", {})
     if not isinstance(overrides, dict):
         raise ValueError(f"{CONFIG_FILE}: [run.limits] must be a table")
