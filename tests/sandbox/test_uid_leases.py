@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 from sandbox import workspace
 from sandbox.sweep import sweep
@@ -49,6 +50,10 @@ def test_a_dead_holders_uid_is_free_again_and_its_leftovers_are_killed(monkeypat
     assert uid == UID_BASE + 4001
     orphan = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "600"])
     try:
+        deadline = time.monotonic() + 5  # setpriv takes the uid a moment after it starts
+        while orphan.pid not in processes_of_uid(uid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert orphan.pid in processes_of_uid(uid)
         monkeypatch.setattr(workspace, "_next_uid", 4001)
         with run_uid() as taken:  # still held by the live holder: the next uid
             assert taken == uid + 1
