@@ -13,22 +13,13 @@ from pathlib import Path
 
 from sandbox.cgroups import RunCgroup, cgroup_dirs, remove_cgroup
 from sandbox.host_lease import lease_uid
-from sandbox.workspace import UID_BASE, UID_COUNT, kill_uid, processes_of_uid, runs_root, umount
+from sandbox.workspace import UID_BASE, UID_COUNT, kill_uid, processes_by_uid, processes_of_uid, runs_root, umount
 
 
 def sweep(docker=None) -> list[str]:
     """Remove every leftover; returns one line per thing removed."""
     removed: list[str] = []
-    uids = set()
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                uid = entry.stat().st_uid
-            except OSError:
-                continue
-            if UID_BASE <= uid < UID_BASE + UID_COUNT:
-                uids.add(uid)
-    for uid in sorted(uids):
+    for uid in sorted(processes_by_uid(range(UID_BASE, UID_BASE + UID_COUNT))):
         if (lease := lease_uid(uid)) is None:
             continue
         try:

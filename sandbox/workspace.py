@@ -62,17 +62,22 @@ def run_uid() -> Iterator[int]:
         os.close(lease)
 
 
-def processes_of_uid(uid: int) -> list[int]:
-    """Live (non-zombie) processes owned by uid."""
-    pids = []
+def processes_by_uid(uids: range) -> dict[int, list[int]]:
+    """Live (non-zombie) processes whose owner is in uids, grouped by owner (one pass over /proc)."""
+    found: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
-                if entry.stat().st_uid == uid and _state(entry.name) != "Z":
-                    pids.append(int(entry.name))
+                if (uid := entry.stat().st_uid) in uids and _state(entry.name) != "Z":
+                    found.setdefault(uid, []).append(int(entry.name))
             except OSError:
                 pass
-    return pids
+    return found
+
+
+def processes_of_uid(uid: int) -> list[int]:
+    """Live (non-zombie) processes owned by uid."""
+    return processes_by_uid(range(uid, uid + 1)).get(uid, [])
 
 
 def _state(pid: str) -> str:

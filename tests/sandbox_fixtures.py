@@ -23,7 +23,7 @@ from sandbox.backend import Backend, RunSpec  # noqa: E402
 from sandbox.cgroups import RunCgroup, cgroup_dirs  # noqa: E402
 from sandbox.host_lease import lease_uid  # noqa: E402
 from sandbox.limits import Limits  # noqa: E402
-from sandbox.workspace import UID_BASE, UID_COUNT, processes_of_uid  # noqa: E402
+from sandbox.workspace import UID_BASE, UID_COUNT, processes_by_uid  # noqa: E402
 
 
 def _say(line: str) -> None:
@@ -110,14 +110,9 @@ def _leased_elsewhere(uid: int) -> bool:
 def leftovers(client=None) -> list[str]:
     """Everything a run could leave behind: processes, containers, mounts, folders, cgroups."""
     found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                uid = entry.stat().st_uid
-            except OSError:
-                continue
-            if UID_BASE <= uid < UID_BASE + UID_COUNT and int(entry.name) in processes_of_uid(uid) and not _leased_elsewhere(uid):
-                found.append(f"process {entry.name} of sandbox uid {uid}")
+    for uid, pids in processes_by_uid(range(UID_BASE, UID_BASE + UID_COUNT)).items():
+        if not _leased_elsewhere(uid):
+            found += [f"process {pid} of sandbox uid {uid}" for pid in pids]
     runs_root = os.environ["CODEYARD_SANDBOX_DIR"]
     found += [f"folder {p}" for p in os.listdir(runs_root)]
     found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines() if runs_root in line]
