@@ -14,6 +14,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from api_people import Person, sign_up
 import sandbox_fixtures  # noqa: F401  (its import gives the session its own CODEYARD_SANDBOX_DIR and the cache dir)
 from sandbox_fixtures import docker_engine, runner_image  # noqa: F401  (fixtures for the Docker tests)
 
@@ -74,42 +75,6 @@ def serve(data_dir: Path, backend: str = "bwrap") -> Iterator[TestClient]:
 def served(tmp_path_factory) -> Iterator[TestClient]:
     """A client whose event loop runs the app's lifespan (apps, their supervisors and the proxy live there)."""
     yield from serve(tmp_path_factory.mktemp("data"))
-
-
-class Person:
-    """A signed-in user: requests through the served client with the user's Bearer token."""
-
-    def __init__(self, client: TestClient, token: str | None) -> None:
-        self.client, self.token = client, token
-
-    def _headers(self, kwargs: dict) -> dict:
-        return {**kwargs.pop("headers", {}), **({"Authorization": f"Bearer {self.token}"} if self.token else {})}
-
-    def request(self, method: str, url: str, **kwargs):
-        return self.client.request(method, url, headers=self._headers(kwargs), **kwargs)
-
-    def get(self, url: str, **kwargs):
-        return self.request("GET", url, **kwargs)
-
-    def post(self, url: str, **kwargs):
-        return self.request("POST", url, **kwargs)
-
-    def put(self, url: str, **kwargs):
-        return self.request("PUT", url, **kwargs)
-
-    def delete(self, url: str, **kwargs):
-        return self.request("DELETE", url, **kwargs)
-
-    def websocket_connect(self, url: str, **kwargs):
-        return self.client.websocket_connect(url, headers=self._headers(kwargs), **kwargs)
-
-
-def sign_up(client: TestClient) -> Person:
-    csrf = client.post("/api/auth/register", json={"username": f"u{secrets.token_hex(4)}",
-                                                    "password": "pass-word-1"}).json()["csrf_token"]
-    token = client.post("/api/tokens", json={"name": "t"}, headers={"X-CSRF-Token": csrf}).json()["token"]
-    client.cookies.clear()
-    return Person(client, token)
 
 
 @pytest.fixture

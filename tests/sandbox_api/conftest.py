@@ -11,6 +11,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from api_people import Person, sign_up
 from sandbox_fixtures import *  # noqa: F401,F403
 from sandbox_fixtures import TEST_LIMITS, leftovers, make_spec  # noqa: F401
 
@@ -48,43 +49,11 @@ def app(served) -> FastAPI:
     return served.app
 
 
-class Person:
-    """A signed-in user: requests through the served client with the user's Bearer token."""
-
-    def __init__(self, client: TestClient, token: str | None) -> None:
-        self.client, self.token = client, token
-
-    def _headers(self, kwargs: dict) -> dict:
-        return {**kwargs.pop("headers", {}), **({"Authorization": f"Bearer {self.token}"} if self.token else {})}
-
-    def request(self, method: str, url: str, **kwargs):
-        return self.client.request(method, url, headers=self._headers(kwargs), **kwargs)
-
-    def get(self, url: str, **kwargs):
-        return self.request("GET", url, **kwargs)
-
-    def post(self, url: str, **kwargs):
-        return self.request("POST", url, **kwargs)
-
-    def put(self, url: str, **kwargs):
-        return self.request("PUT", url, **kwargs)
-
-    def websocket_connect(self, url: str, **kwargs):
-        return self.client.websocket_connect(url, headers=self._headers(kwargs), **kwargs)
-
-
 @pytest.fixture
 def person(served):
     """Factory: a new signed-in user (Bearer token; the shared client keeps no cookies)."""
 
-    def make() -> Person:
-        csrf = served.post("/api/auth/register", json={"username": f"u{secrets.token_hex(4)}",
-                                                        "password": "pass-word-1"}).json()["csrf_token"]
-        token = served.post("/api/tokens", json={"name": "t"}, headers={"X-CSRF-Token": csrf}).json()["token"]
-        served.cookies.clear()
-        return Person(served, token)
-
-    return make
+    return lambda: sign_up(served)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 
 from fastapi.testclient import TestClient
 
-from conftest import COMPONENTS, Person, make_app, new_project, wait_finished
+from conftest import COMPONENTS, make_app, new_project, sign_up, wait_finished
 from ide_server.app import create_app
 from ide_server.settings import Settings
 
@@ -24,10 +24,7 @@ def docker_served(runner_image, tmp_path_factory):
 
 def test_a_run_in_docker(docker_served):
     client = docker_served
-    csrf = client.post("/api/auth/register", json={"username": "docker-user", "password": "pass-word-1"}).json()["csrf_token"]
-    token = client.post("/api/tokens", json={"name": "t"}, headers={"X-CSRF-Token": csrf}).json()["token"]
-    client.cookies.clear()
-    owner = Person(client, token)
+    owner = sign_up(client)
     pid = new_project(owner, {"main.py": "n = int(input())\nopen('square.txt', 'w').write(str(n * n))\nprint(n * n)\n"})
     run = wait_finished(owner, owner.post(f"/api/projects/{pid}/runs", json={"stdin": "12\n"}).json()["id"], timeout=60)
     assert (run["verdict"], run["stdout"], run["files_written"]) == ("ok", "144\n", ["square.txt"]), run
@@ -51,10 +48,7 @@ def test_runs_take_warm_containers_and_the_pool_goes_with_the_server(docker_engi
             time.sleep(0.2)
         assert len(waiting) == 2
         time.sleep(0.5)  # a started container joins the pool as its start call returns
-        csrf = client.post("/api/auth/register", json={"username": "warm-user", "password": "pass-word-1"}).json()["csrf_token"]
-        token = client.post("/api/tokens", json={"name": "t"}, headers={"X-CSRF-Token": csrf}).json()["token"]
-        client.cookies.clear()
-        owner = Person(client, token)
+        owner = sign_up(client)
         pid = new_project(owner, {"main.py": "print(6 * 7)\n"})
         run = wait_finished(owner, owner.post(f"/api/projects/{pid}/runs", json={}).json()["id"], timeout=60)
         assert (run["verdict"], run["stdout"]) == ("ok", "42\n"), run

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from api_people import sign_up
 from ide_server.app import create_app
 from ide_server.settings import Settings
 
@@ -28,11 +29,7 @@ def client(tmp_path_factory, packages_root) -> TestClient:
 
 
 def sign_in(client: TestClient) -> dict[str, str]:
-    csrf = client.post("/api/auth/register", json={"username": f"u{secrets.token_hex(4)}",
-                                                    "password": "pass-word-1"}).json()["csrf_token"]
-    token = client.post("/api/tokens", json={"name": "t"}, headers={"X-CSRF-Token": csrf}).json()["token"]
-    client.cookies.clear()
-    return {"Authorization": f"Bearer {token}"}
+    return {"Authorization": f"Bearer {sign_up(client).token}"}
 
 
 def new_project(client: TestClient, auth: dict, files: dict[str, str]) -> str:

@@ -4,13 +4,13 @@ tutorials component, signed-in people, and the strings of a lesson that must nev
 from __future__ import annotations
 
 import re
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+import api_people
 from ide_server.app import create_app
 from ide_server.settings import Settings
 from tutorials.format import Course, Lesson, builtin_courses
@@ -43,35 +43,21 @@ def served_client(data_dir: Path) -> Iterator[TestClient]:
     application.state.engine.dispose()
 
 
-class Person:
-    """A signed-in user calling through the shared served client with a Bearer token."""
+class Person(api_people.Person):
+    """A signed-in user who keeps every answer it got, for the leak checks."""
 
-    def __init__(self, client: TestClient, username: str, token: str) -> None:
-        self.client, self.username, self.token = client, username, token
-        self.bodies: list[str] = []  # every answer this person got, for the leak checks
+    def __init__(self, client: TestClient, token: str | None, username: str = "") -> None:
+        super().__init__(client, token, username)
+        self.bodies: list[str] = []
 
     def request(self, method: str, url: str, **kwargs):
-        headers = {**kwargs.pop("headers", {}), "Authorization": f"Bearer {self.token}"}
-        response = self.client.request(method, url, headers=headers, **kwargs)
+        response = super().request(method, url, **kwargs)
         self.bodies.append(response.text)
         return response
 
-    def get(self, url: str, **kwargs):
-        return self.request("GET", url, **kwargs)
-
-    def post(self, url: str, **kwargs):
-        return self.request("POST", url, **kwargs)
-
-    def put(self, url: str, **kwargs):
-        return self.request("PUT", url, **kwargs)
-
 
 def new_person(client: TestClient) -> Person:
-    name = f"u{secrets.token_hex(4)}"
-    csrf = client.post("/api/auth/register", json={"username": name, "password": "pass-word-1"}).json()["csrf_token"]
-    token = client.post("/api/tokens", json={"name": "t"}, headers={"X-CSRF-Token": csrf}).json()["token"]
-    client.cookies.clear()
-    return Person(client, name, token)
+    return api_people.sign_up(client, Person)
 
 
 def first_python_course() -> Course:
