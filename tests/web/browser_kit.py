@@ -58,3 +58,28 @@ def codeyard_serve(data_dir: Path) -> Iterator[str]:
         proc.terminate()
         proc.wait(timeout=10)
         log.close()
+
+
+PASSWORD = "correct horse battery"
+
+
+def api_client(server_url: str, username: str, register: bool = True) -> httpx.Client:
+    """An HTTP client signed in as username (registered first unless register=False), with its CSRF header set."""
+    client = httpx.Client(base_url=server_url, timeout=30)
+    if register:
+        client.post("/api/auth/register", json={"username": username, "password": PASSWORD}).raise_for_status()
+    client.post("/api/auth/login", json={"username": username, "password": PASSWORD}).raise_for_status()
+    client.headers["X-CSRF-Token"] = client.cookies["codeyard_csrf"]
+    return client
+
+
+def editor_text(page) -> str:
+    """The open file's text as the document holds it: no cursor labels of other people, no ghost text."""
+    return page.evaluate("""() => {
+        const host = [...document.querySelectorAll('.editor-host')].find((el) => !el.hidden);
+        return [...host.querySelectorAll('.cm-line')].map((line) => {
+            const copy = line.cloneNode(true);
+            copy.querySelectorAll('.cm-ySelectionCaret, .cm-ghost-text').forEach((el) => el.remove());
+            return copy.textContent.replaceAll('\\u2060', '');
+        }).join('\\n');
+    }""")

@@ -8,9 +8,8 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from browser_kit import codeyard_serve
+from browser_kit import PASSWORD, api_client, codeyard_serve, editor_text
 
-PASSWORD = "correct horse battery"
 OWNER, EDITOR = "aiowner", "aieditor"
 MODEL_WAIT_MS = 300_000  # the first completion loads the model on a shared 2-core machine
 
@@ -24,25 +23,16 @@ def server_url(tmp_path_factory):
             yield url
 
 
-def _client(server_url: str, username: str, register: bool = True) -> httpx.Client:
-    client = httpx.Client(base_url=server_url, timeout=30)
-    if register:
-        client.post("/api/auth/register", json={"username": username, "password": PASSWORD}).raise_for_status()
-    client.post("/api/auth/login", json={"username": username, "password": PASSWORD}).raise_for_status()
-    client.headers["X-CSRF-Token"] = client.cookies["codeyard_csrf"]
-    return client
-
-
 @pytest.fixture(scope="module")
 def owner_api(server_url) -> httpx.Client:
-    return _client(server_url, OWNER)
+    return api_client(server_url, OWNER)
 
 
 @pytest.fixture(scope="module")
 def project_id(server_url, owner_api) -> str:
     project = owner_api.post("/api/projects", json={"name": "ai", "template": "python"}).json()
     invite = owner_api.post(f"/api/projects/{project['id']}/invites", json={"role": "editor"}).json()
-    _client(server_url, EDITOR).post(f"/api/invites/{invite['token']}/accept").raise_for_status()
+    api_client(server_url, EDITOR).post(f"/api/invites/{invite['token']}/accept").raise_for_status()
     owner_api.put(f"/api/projects/{project['id']}/files/content/main.py", content=b"# adding numbers\n").raise_for_status()
     return project["id"]
 
@@ -65,18 +55,6 @@ def open_as(server_url, browser, project_id):
         context.close()
 
 
-def document_text(page) -> str:
-    """The open file's text, without ghost text or other people's cursor labels."""
-    return page.evaluate("""() => {
-        const host = [...document.querySelectorAll('.editor-host')].find((el) => !el.hidden);
-        return [...host.querySelectorAll('.cm-line')].map((line) => {
-            const copy = line.cloneNode(true);
-            copy.querySelectorAll('.cm-ySelectionCaret, .cm-ghost-text').forEach((el) => el.remove());
-            return copy.textContent.replaceAll('\\u2060', '');
-        }).join('\\n');
-    }""")
-
-
 def test_typing_shows_ghost_text_and_tab_accepts_it(open_as, screenshot):
     ada = open_as(OWNER)
     ada.locator(".cm-content").click()
@@ -90,10 +68,10 @@ def test_typing_shows_ghost_text_and_tab_accepts_it(open_as, screenshot):
     suggestion = ghost.inner_text()
     assert suggestion.strip() and "\n" not in suggestion
     screenshot(ada, "assistant-ghost-text")
-    assert document_text(ada).endswith("return a")  # shown, not inserted
+    assert editor_text(ada).endswith("return a")  # shown, not inserted
     ada.keyboard.press("Tab")
     expect(ghost).to_have_count(0)
-    assert document_text(ada).endswith("return a" + suggestion)
+    assert editor_text(ada).endswith("return a" + suggestion)
 
     ada.keyboard.press("Enter")
     ada.keyboard.press("Enter")
@@ -101,7 +79,7 @@ def test_typing_shows_ghost_text_and_tab_accepts_it(open_as, screenshot):
     expect(ghost).to_be_visible(timeout=60_000)
     ada.keyboard.press("Escape")
     expect(ghost).to_have_count(0)
-    assert document_text(ada).endswith("print(add(1, ")
+    assert editor_text(ada).endswith("print(add(1, ")
 
 
 def test_a_failed_run_offers_a_streamed_explanation(open_as, owner_api, project_id, screenshot):
@@ -164,7 +142,7 @@ def test_the_owner_switching_it_off_hides_it(open_as, server_url, project_id, sc
     eve.keyboard.type("\nx = ")
     eve.wait_for_timeout(1500)  # well past the typing pause after which a suggestion is asked for
     expect(eve.locator(".cm-ghost-text")).to_have_count(0)
-    editor_api = _client(server_url, EDITOR, register=False)
+    editor_api = api_client(server_url, EDITOR, register=False)
     denied = editor_api.post(f"/api/projects/{project_id}/assistant/complete", json={"path": "main.py", "prefix": "x = "})
     assert denied.status_code == 403 and "switched off" in denied.json()["detail"]
 

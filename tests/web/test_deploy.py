@@ -10,20 +10,14 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-PASSWORD = "correct horse battery"
+from browser_kit import PASSWORD, api_client
+
 OWNER, VIEWER = "dpowner", "dpviewer"
-
-
-def _client(server_url: str, username: str) -> httpx.Client:
-    client = httpx.Client(base_url=server_url, timeout=30)
-    client.post("/api/auth/register", json={"username": username, "password": PASSWORD}).raise_for_status()
-    client.headers["X-CSRF-Token"] = client.cookies["codeyard_csrf"]
-    return client
 
 
 @pytest.fixture(scope="module")
 def owner_api(server_url) -> httpx.Client:
-    return _client(server_url, OWNER)
+    return api_client(server_url, OWNER)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +26,7 @@ def project_id(server_url, owner_api) -> str:
     project = owner_api.post("/api/projects", json={"name": "site", "template": "static"}).json()
     owner_api.put(f"/api/projects/{project['id']}/files/content/index.html", content=b"<h1>version one</h1>\n").raise_for_status()
     invite = owner_api.post(f"/api/projects/{project['id']}/invites", json={"role": "viewer"}).json()
-    _client(server_url, VIEWER).post(f"/api/invites/{invite['token']}/accept").raise_for_status()
+    api_client(server_url, VIEWER).post(f"/api/invites/{invite['token']}/accept").raise_for_status()
     return project["id"]
 
 

@@ -7,27 +7,20 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-PASSWORD = "correct horse battery"
+from browser_kit import PASSWORD, api_client, editor_text
+
 OWNER, EDITOR, VIEWER = "wsowner", "wseditor", "wsviewer"
 PROMPT_ANSWERS: dict = {}
-
-
-def _client(server_url: str, username: str) -> httpx.Client:
-    client = httpx.Client(base_url=server_url, timeout=30)
-    client.post("/api/auth/register", json={"username": username, "password": PASSWORD}).raise_for_status()
-    client.post("/api/auth/login", json={"username": username, "password": PASSWORD}).raise_for_status()
-    client.headers["X-CSRF-Token"] = client.cookies["codeyard_csrf"]
-    return client
 
 
 @pytest.fixture(scope="module")
 def project_id(server_url) -> str:
     """A Python project owned by OWNER, with EDITOR as editor and VIEWER as viewer (joined by invite links)."""
-    owner = _client(server_url, OWNER)
+    owner = api_client(server_url, OWNER)
     project = owner.post("/api/projects", json={"name": "pair", "template": "python"}).json()
     for username, role in ((EDITOR, "editor"), (VIEWER, "viewer")):
         invite = owner.post(f"/api/projects/{project['id']}/invites", json={"role": role}).json()
-        _client(server_url, username).post(f"/api/invites/{invite['token']}/accept").raise_for_status()
+        api_client(server_url, username).post(f"/api/invites/{invite['token']}/accept").raise_for_status()
     owner.put(f"/api/projects/{project['id']}/files/content/main.py", content=b'print("hello")\n').raise_for_status()
     return project["id"]
 
@@ -50,18 +43,6 @@ def open_as(server_url, browser, project_id):
     yield open_page
     for context in contexts:
         context.close()
-
-
-def editor_text(page) -> str:
-    """The open file's text as shown (without the other people's cursor labels)."""
-    return page.evaluate("""() => {
-        const host = [...document.querySelectorAll('.editor-host')].find((el) => !el.hidden);
-        return [...host.querySelectorAll('.cm-line')].map((line) => {
-            const copy = line.cloneNode(true);
-            copy.querySelectorAll('.cm-ySelectionCaret').forEach((caret) => caret.remove());
-            return copy.textContent.replaceAll('\\u2060', '');
-        }).join('\\n');
-    }""")
 
 
 def answer_next_prompt(page, text: str) -> None:
@@ -196,7 +177,7 @@ def test_share_dialog_invites_and_changes_roles(open_as, server_url, browser, sc
     link = dialog.locator("#invite-link").input_value()
 
     # Someone new follows the link and joins as a viewer.
-    _client(server_url, "wsnewcomer")
+    api_client(server_url, "wsnewcomer")
     guest = browser.new_context()
     guest.request.post(server_url + "/api/auth/login", data={"username": "wsnewcomer", "password": PASSWORD})
     page = guest.new_page()
@@ -265,7 +246,7 @@ def test_events_socket_checks_access(server_url, project_id):
     from websockets.sync.client import connect
 
     ws_url = server_url.replace("http", "ws") + f"/ws/projects/{project_id}/events"
-    stranger = _client(server_url, "wsstranger")
+    stranger = api_client(server_url, "wsstranger")
     for headers, code in (({}, 4401), ({"Cookie": f"codeyard_session={stranger.cookies['codeyard_session']}"}, 4403)):
         with connect(ws_url, additional_headers={**headers, "Origin": server_url}) as socket:
             with pytest.raises(ConnectionClosed) as closed:
