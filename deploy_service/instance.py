@@ -31,6 +31,7 @@ from sandbox.errors import SandboxUnavailable
 from sandbox.host_lease import lease_uid
 from sandbox.files import copy_in
 from sandbox.limits import MIB, Limits
+from sandbox.socket_relay import PIPE
 from sandbox.workspace import kill_uid, runs_root, scratch
 
 from deploy_service.detect import PORT
@@ -51,18 +52,8 @@ APP_LIMITS = Limits(cpu_seconds=10**9, wall_seconds=10**9, memory_bytes=256 * MI
 
 # Runs inside the sandbox: listen on argv[1] (a unix socket), start the app (argv[4:]) and join each
 # accepted connection to 127.0.0.1:argv[2]; exits with the app's status when the app exits.
-BRIDGE = r"""
-import os, signal, socket, subprocess, sys, threading
-def pipe(a, b):
-    try:
-        while data := a.recv(262144):
-            b.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (a, b):
-            try: s.shutdown(socket.SHUT_RDWR)
-            except OSError: pass
+BRIDGE = PIPE + r"""
+import signal, subprocess, sys, threading
 def join(client, port):
     try:
         upstream = socket.create_connection(("127.0.0.1", port))

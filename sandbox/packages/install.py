@@ -37,6 +37,7 @@ from sandbox.backend import Backend, Mount, RunSpec
 from sandbox.limits import MIB, Limits
 from sandbox.packages.proxy import NPM_HOSTS, PYPI_HOSTS, SOCKET_NAME, IndexProxy
 from sandbox.packages.verify import share_verified
+from sandbox.socket_relay import PIPE
 from sandbox.verdict import Verdict
 
 PYPI_INDEX = "https://pypi.org/simple"
@@ -55,18 +56,8 @@ INSTALL_LIMITS = Limits(cpu_seconds=300, wall_seconds=600, memory_bytes=1024 * M
 
 # Runs argv[2:] (with "{proxy}" replaced by the forwarder's URL) behind a loopback forwarder to the
 # host's proxy socket (argv[1]). umask 0: npm's cache is shared by installs running as different per-run uids.
-FORWARD_AND_INSTALL = r"""
-import os, socket, subprocess, sys, threading
-def pipe(a, b):
-    try:
-        while data := a.recv(65536):
-            b.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (a, b):
-            try: s.shutdown(socket.SHUT_RDWR)
-            except OSError: pass
+FORWARD_AND_INSTALL = PIPE + r"""
+import os, subprocess, sys, threading
 def serve(listener):
     while True:
         client, _ = listener.accept()
