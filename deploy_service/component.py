@@ -30,7 +30,7 @@ from ide_server.services import projects
 from sandbox.engine import make_backend
 from sandbox.errors import SandboxUnavailable
 from sandbox.frames import CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, SOCKET_GONE
-from sandbox.packages.install import Installer
+from sandbox.packages.install import bubblewrap_installer
 from sandbox.runs import OpenEditors
 
 log = logging.getLogger(__name__)
@@ -138,10 +138,7 @@ async def deploy_lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.warning(unavailable)
     installer = getattr(runs, "installer", None)
     if installer is None and backend is not None:
-        try:  # installs always run under bubblewrap (see sandbox.packages.install)
-            installer = Installer(make_backend("bwrap"), settings.effective_packages_dir)
-        except (ValueError, SandboxUnavailable) as exc:
-            log.warning("deploys cannot install packages: %s", exc)
+        installer = bubblewrap_installer(settings.effective_packages_dir)
     secrets = getattr(app.state, "project_secrets", None)
     deploys = DeployService(
         sessions=app.state.sessionmaker, projects_dir=settings.projects_dir, root=settings.data_dir / "deploy",

@@ -26,14 +26,13 @@ from ide_server.errors import DomainError, NotAuthenticated, PermissionDenied
 from ide_server.models import Role, User
 from ide_server.schemas import RandomId
 from ide_server.services import projects
-from sandbox.bwrap import BwrapBackend
 from sandbox.engine import docker_client, make_backend
 from sandbox.errors import SandboxUnavailable
 from sandbox.host_lease import HostLease
 from sandbox.frames import (CLOSE_BUSY, CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, CLOSE_UNAVAILABLE, SOCKET_GONE,
                             receive_frame, send_chunks)
 from sandbox.runs import OpenEditors, ProjectRuns, public_of_record
-from sandbox.packages.install import Installer
+from sandbox.packages.install import bubblewrap_installer
 from sandbox.schemas import PackagesAdd, PackagesPublic, RunCreate, RunPublic
 from sandbox.service import RunService
 from sandbox.shell import serve_shell
@@ -188,19 +187,6 @@ async def shell_socket(websocket: WebSocket, project_id: str, rows: int = Query(
         runs.release_shell(user)
 
 
-def _installer(packages_dir) -> Installer | None:
-    """Installs run under bubblewrap whichever backend runs programs (Docker mounts the environments too):
-    their only network is the host-side index proxy's Unix socket, which a bwrap run reaches as a bind."""
-    if (reason := BwrapBackend.unavailable_reason()) is not None:
-        log.warning("package installs are off: %s", reason)
-        return None
-    try:
-        return Installer(BwrapBackend(), packages_dir)
-    except ValueError as exc:
-        log.warning("package installs are off: %s", exc)
-        return None
-
-
 @asynccontextmanager
 async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Pick the backend (or remember why there is none), clear what a crash left, start the queue."""
@@ -218,7 +204,7 @@ async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
         removed = await run_in_threadpool(sweep, client)
         if removed:
             log.warning("removed %d leftovers of earlier runs", len(removed))
-    installer = _installer(settings.effective_packages_dir) if backend is not None else None
+    installer = bubblewrap_installer(settings.effective_packages_dir) if backend is not None else None
     runs = ProjectRuns(backend, unavailable, sessions=app.state.sessionmaker, projects_dir=settings.projects_dir,
                        editors=OpenEditors(lambda: getattr(app.state, "collab_rooms", None),
                                            lambda: getattr(app.state, "collab_checkpoints", None)),

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -34,11 +35,14 @@ from typing import Literal
 from packaging.utils import canonicalize_name
 
 from sandbox.backend import Backend, Mount, RunSpec
+from sandbox.bwrap import BwrapBackend
 from sandbox.limits import MIB, Limits
 from sandbox.packages.proxy import NPM_HOSTS, PYPI_HOSTS, SOCKET_NAME, IndexProxy
 from sandbox.packages.verify import share_verified
 from sandbox.socket_relay import PIPE
 from sandbox.verdict import Verdict
+
+log = logging.getLogger(__name__)
 
 PYPI_INDEX = "https://pypi.org/simple"
 NPM_REGISTRY = "https://registry.npmjs.org/"
@@ -286,3 +290,18 @@ class Installer:
             how = result.message or (f"signal {result.signal}" if result.signal else f"exit code {result.exit_code}")
             raise InstallFailed(f"installing {', '.join(requirements)} failed ({result.verdict.value}: {how})"
                                 f"{': ' + said[-1500:] if said else ''}")
+
+
+def bubblewrap_installer(packages_dir: Path) -> Installer | None:
+    """The installer runs and deploys use, or None (logged) where installs cannot run.
+
+    Installs run under bubblewrap whichever backend runs programs (Docker mounts the environments too):
+    their only network is the host-side index proxy's Unix socket, which a bwrap run reaches as a bind."""
+    if (reason := BwrapBackend.unavailable_reason()) is not None:
+        log.warning("package installs are off: %s", reason)
+        return None
+    try:
+        return Installer(BwrapBackend(), packages_dir)
+    except ValueError as exc:
+        log.warning("package installs are off: %s", exc)
+        return None
