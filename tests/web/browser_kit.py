@@ -83,3 +83,14 @@ def editor_text(page) -> str:
             return copy.textContent.replaceAll('\\u2060', '');
         }).join('\\n');
     }""")
+
+
+def signed_in_context(browser, server_url: str, username: str, *, register: bool = False,
+                      width: int = 1280, height: int = 720):
+    """A browser context (its own cookies) signed in as username, registered first if register=True."""
+    context = browser.new_context(viewport={"width": width, "height": height})
+    credentials = {"username": username, "password": PASSWORD}
+    if register:
+        context.request.post(server_url + "/api/auth/register", data=credentials)
+    context.request.post(server_url + "/api/auth/login", data=credentials)
+    return context

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from browser_kit import PASSWORD, api_client, codeyard_serve, editor_text
+from browser_kit import api_client, codeyard_serve, editor_text, signed_in_context
 
 OWNER, EDITOR = "aiowner", "aieditor"
 MODEL_WAIT_MS = 300_000  # the first completion loads the model on a shared 2-core machine
@@ -42,9 +42,8 @@ def open_as(server_url, browser, project_id):
     contexts = []
 
     def open_page(username: str):
-        context = browser.new_context(viewport={"width": 1280, "height": 720})
+        context = signed_in_context(browser, server_url, username)
         contexts.append(context)
-        context.request.post(server_url + "/api/auth/login", data={"username": username, "password": PASSWORD})
         page = context.new_page()
         page.goto(f"{server_url}/projects/{project_id}")
         expect(page.locator("#connection")).to_have_text("Synced")

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from browser_kit import PASSWORD, api_client
+from browser_kit import api_client, signed_in_context
 
 OWNER, VIEWER = "dpowner", "dpviewer"
 
@@ -36,9 +36,8 @@ def open_as(server_url, browser, project_id):
     contexts = []
 
     def open_page(username: str):
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        context = signed_in_context(browser, server_url, username, height=900)
         contexts.append(context)
-        context.request.post(server_url + "/api/auth/login", data={"username": username, "password": PASSWORD})
         page = context.new_page()
         page.on("dialog", lambda dialog: dialog.accept())
         page.goto(f"{server_url}/projects/{project_id}")

@@ -6,21 +6,13 @@ import time
 
 from playwright.sync_api import expect
 
+from browser_kit import signed_in_context
 from tutorials.format import builtin_courses
 
-PASSWORD = "correct horse battery"
 COURSE = builtin_courses()["python-from-zero"]
 LESSON = COURSE.lessons[0]
 ENTRY = LESSON.entry
 JOIN_CODE = re.compile(r"^[A-Z2-9]{8}$")
-
-
-def signed_in(browser, server_url: str, username: str, register: bool = True):
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    if register:
-        context.request.post(server_url + "/api/auth/register", data={"username": username, "password": PASSWORD})
-    context.request.post(server_url + "/api/auth/login", data={"username": username, "password": PASSWORD})
-    return context
 
 
 def wait_for_file(server_url: str, context, project_id: str, text: str) -> None:
@@ -35,8 +27,8 @@ def wait_for_file(server_url: str, context, project_id: str, text: str) -> None:
 
 
 def test_learner_passes_lesson_one_and_the_teacher_sees_it(server_url, browser, screenshot):
-    teacher = signed_in(browser, server_url, "teacher1")
-    learner = signed_in(browser, server_url, "learner1")
+    teacher = signed_in_context(browser, server_url, "teacher1", register=True, width=1400, height=900)
+    learner = signed_in_context(browser, server_url, "learner1", register=True, width=1400, height=900)
 
     # The teacher creates a classroom from the Python course and reads out the join code.
     board = teacher.new_page()

@@ -7,7 +7,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from browser_kit import PASSWORD, api_client, editor_text
+from browser_kit import api_client, editor_text, signed_in_context
 
 OWNER, EDITOR, VIEWER = "wsowner", "wseditor", "wsviewer"
 PROMPT_ANSWERS: dict = {}
@@ -31,9 +31,8 @@ def open_as(server_url, browser, project_id):
     contexts = []
 
     def open_page(username: str, width: int = 1280, height: int = 720):
-        context = browser.new_context(viewport={"width": width, "height": height})
+        context = signed_in_context(browser, server_url, username, width=width, height=height)
         contexts.append(context)
-        context.request.post(server_url + "/api/auth/login", data={"username": username, "password": PASSWORD})
         page = context.new_page()
         page.on("dialog", lambda dialog: dialog.accept(PROMPT_ANSWERS.get(page, "")))
         page.goto(f"{server_url}/projects/{project_id}")
@@ -177,9 +176,7 @@ def test_share_dialog_invites_and_changes_roles(open_as, server_url, browser, sc
     link = dialog.locator("#invite-link").input_value()
 
     # Someone new follows the link and joins as a viewer.
-    api_client(server_url, "wsnewcomer")
-    guest = browser.new_context()
-    guest.request.post(server_url + "/api/auth/login", data={"username": "wsnewcomer", "password": PASSWORD})
+    guest = signed_in_context(browser, server_url, "wsnewcomer", register=True)
     page = guest.new_page()
     page.goto(link)
     page.get_by_role("button", name="Join project").click()
@@ -227,9 +224,7 @@ def test_restore_from_history_is_seen_by_both(open_as, screenshot):
 
 
 def test_history_api_refuses_viewers_and_bad_versions(server_url, project_id):
-    viewer = httpx.Client(base_url=server_url, timeout=30)
-    viewer.post("/api/auth/login", json={"username": VIEWER, "password": PASSWORD}).raise_for_status()
-    viewer.headers["X-CSRF-Token"] = viewer.cookies["codeyard_csrf"]
+    viewer = api_client(server_url, VIEWER, register=False)
     assert viewer.get(f"/api/projects/{project_id}/history").status_code == 200
     refused = viewer.post(f"/api/projects/{project_id}/history", json={})
     assert refused.status_code == 403 and "editor" in refused.json()["detail"]
@@ -253,9 +248,7 @@ def test_events_socket_checks_access(server_url, project_id):
                 socket.recv(timeout=10)
             assert closed.value.rcvd.code == code
 
-    owner = httpx.Client(base_url=server_url, timeout=30)
-    owner.post("/api/auth/login", json={"username": OWNER, "password": PASSWORD}).raise_for_status()
-    owner.headers["X-CSRF-Token"] = owner.cookies["codeyard_csrf"]
+    owner = api_client(server_url, OWNER, register=False)
     cookie = {"Cookie": f"codeyard_session={owner.cookies['codeyard_session']}", "Origin": server_url}
     with connect(ws_url, additional_headers=cookie) as socket:
         presence = json.loads(socket.recv(timeout=10))
@@ -266,9 +259,7 @@ def test_events_socket_checks_access(server_url, project_id):
 
 
 def test_anyone_can_read_a_public_project(server_url, browser, screenshot):
-    owner = httpx.Client(base_url=server_url, timeout=30)
-    owner.post("/api/auth/login", json={"username": OWNER, "password": PASSWORD}).raise_for_status()
-    owner.headers["X-CSRF-Token"] = owner.cookies["codeyard_csrf"]
+    owner = api_client(server_url, OWNER, register=False)
     project = owner.post("/api/projects", json={"name": "open-day", "template": "python"}).json()
     owner.put(f"/api/projects/{project['id']}/files/content/main.py", content=b'print("open to all")\n').raise_for_status()
     owner.patch(f"/api/projects/{project['id']}", json={"visibility": "public"}).raise_for_status()
