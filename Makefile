@@ -19,7 +19,7 @@ web:
 	bash scripts/build-web.sh
 
 serve: venv web
-	$(BIN)/codeyard serve --host 127.0.0.1 --port 8000
+	CODEYARD_DEPLOY_APPS_PORT=8001 CODEYARD_DEPLOY_APPS_HOST=localhost:8001 $(BIN)/codeyard serve --host 127.0.0.1 --port 8000
 
 system-deps:
 	bash scripts/install-system-deps.sh

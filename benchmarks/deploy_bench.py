@@ -9,8 +9,10 @@ tests, so Flask is installed once and then cached), signs a user up and deploys 
   checkpoint, snapshot, sandbox start and health check, then the switch). Goal: p50 < 3 s.
 - throughput: the same keep-alive HTTP/1.1 client (raw asyncio, --connections connections)
   against the app directly (its instance's unix socket, the in-sandbox bridge included, since
-  that is the app's only door) and through the server's /apps/{slug}/ proxy, alternated over
-  --rounds rounds. Prints both (mean req/s) and the ratio. Goal: proxy >= 70% of direct.
+  that is the app's only door), through the apps' own port (the edge: the URL apps get when
+  CODEYARD_DEPLOY_APPS_PORT is set, as `make serve` and compose do) and through /apps/{slug}/ on
+  the IDE's port (the ASGI gateway), alternated over --rounds rounds. Prints each (mean req/s)
+  and the ratios. Goal: the apps' proxy >= 70% of direct.
   Measured twice: for the Flask deploy as it runs (on waitress: threads, keep-alive), and for the
   same app on Flask's development server (set in codeyard.toml), which closes the connection after
   each answer, so both sides reconnect per request. The proxy costs the same CPU per request in
@@ -33,7 +35,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "web")]
 
-from browser_kit import codeyard_serve  # noqa: E402
+from browser_kit import codeyard_serve, free_port  # noqa: E402
 from deploy_service.detect import PORT  # noqa: E402
 
 PASSWORD = "correct horse battery"
@@ -102,7 +104,9 @@ def main() -> None:
     packages = Path(os.environ.get("CODEYARD_CACHE_DIR", REPO / ".codeyard" / "cache")) / "deploy-packages"
     packages.mkdir(parents=True, exist_ok=True)
     runs_dir = Path(tempfile.mkdtemp(prefix="codeyard-bench-runs-"))  # this server's workspaces and app sockets
-    os.environ.update(CODEYARD_PACKAGES_DIR=str(packages), CODEYARD_SANDBOX_DIR=str(runs_dir), CODEYARD_LOG_LEVEL="warning")
+    apps_port = free_port()
+    os.environ.update(CODEYARD_PACKAGES_DIR=str(packages), CODEYARD_SANDBOX_DIR=str(runs_dir), CODEYARD_LOG_LEVEL="warning",
+                      CODEYARD_DEPLOY_APPS_PORT=str(apps_port))
     with tempfile.TemporaryDirectory(prefix="codeyard-deploy-bench-") as data, codeyard_serve(Path(data)) as base:
         client = httpx.Client(base_url=base, timeout=120)
         client.post("/api/auth/register", json={"username": "bencher", "password": PASSWORD}).raise_for_status()
@@ -116,7 +120,7 @@ def main() -> None:
               f"max {max(seconds):.2f} s  (goal < 3 s: {'met' if p50 < 3 else 'NOT met'})")
 
         host = base.removeprefix("http://")
-        compare(args, runs_dir, host, client.get(f"/api/projects/{project_id}/deployment").json()["url"],
+        compare(args, runs_dir, host, apps_port, client.get(f"/api/projects/{project_id}/deployment").json()["url"],
                 f"v{args.deploys}".encode(), "Flask on waitress (what a Flask deploy runs)")
         dev_server = {"app.py": APP.replace("{version}", "dev"),
                       "codeyard.toml": f'[deploy]\nrun = "python3 -m flask --app app run --port {PORT}"\n'}
@@ -126,26 +130,33 @@ def main() -> None:
             client.put(f"/api/projects/{other}/files/content/{path}", content=text.encode()).raise_for_status()
         click_to_live(client, base, other, "dev", write=False)
         [socket] = set(runs_dir.glob("app-*/app.sock")) - before
-        compare(args, runs_dir, host, client.get(f"/api/projects/{other}/deployment").json()["url"], b"dev",
+        compare(args, runs_dir, host, apps_port, client.get(f"/api/projects/{other}/deployment").json()["url"], b"dev",
                 "Flask's development server (no keep-alive), for comparison", socket)
 
 
-def compare(args, runs_dir: Path, host: str, url: str, expected: bytes, label: str, socket: Path | None = None) -> None:
-    """req/s direct (the instance's socket) and through the proxy, alternated over rounds; prints the ratio."""
+def compare(args, runs_dir: Path, host: str, apps_port: int, url: str, expected: bytes, label: str,
+            socket: Path | None = None) -> None:
+    """req/s direct (the instance's socket), through the apps' port and through the IDE's port, alternated
+    over rounds; prints the ratios."""
     if socket is None:
         [socket] = runs_dir.glob("app-*/app.sock")
     hostname, port = host.split(":")
-    rates: dict[str, list[float]] = {"direct": [], "proxy": []}
-    for _ in range(args.rounds):  # alternated, so a change in the machine's load hits both alike
-        rates["direct"].append(asyncio.run(throughput(lambda: asyncio.open_unix_connection(str(socket)), "/", "app",
-                                                      args.connections, args.seconds / args.rounds, expected)))
-        rates["proxy"].append(asyncio.run(throughput(lambda: asyncio.open_connection(hostname, int(port)), url, host,
-                                                     args.connections, args.seconds / args.rounds, expected)))
-    direct, proxied = statistics.mean(rates["direct"]), statistics.mean(rates["proxy"])
-    ratio = proxied / direct
-    print(f"{label}: requests/s with {args.connections} connections: direct to the app {direct:.0f}, through the "
-          f"proxy {proxied:.0f}, ratio {ratio:.2f}  (goal >= 0.70: {'met' if ratio >= 0.7 else 'NOT met'}; per round "
-          + ", ".join(f"{p / d:.2f}" for d, p in zip(rates["direct"], rates["proxy"])) + ")")
+    doors = {"direct": (lambda: asyncio.open_unix_connection(str(socket)), "/", "app"),
+             "apps port": (lambda: asyncio.open_connection(hostname, apps_port), url, f"{hostname}:{apps_port}"),
+             "IDE port": (lambda: asyncio.open_connection(hostname, int(port)), url, host)}
+    rates: dict[str, list[float]] = {name: [] for name in doors}
+    for _ in range(args.rounds):  # alternated, so a change in the machine's load hits all alike
+        for name, (open_connection, path, host_header) in doors.items():
+            rates[name].append(asyncio.run(throughput(open_connection, path, host_header, args.connections,
+                                                      args.seconds / args.rounds, expected)))
+    mean = {name: statistics.mean(values) for name, values in rates.items()}
+    print(f"{label}: requests/s with {args.connections} connections: direct to the app {mean['direct']:.0f}")
+    for name in ("apps port", "IDE port"):
+        ratio = mean[name] / mean["direct"]
+        goal = f"goal >= 0.70: {'met' if ratio >= 0.7 else 'NOT met'}; " if name == "apps port" else ""
+        print(f"  through the {name}: {mean[name]:.0f}, ratio {ratio:.2f}  ({goal}per round "
+              + ", ".join(f"{p / d:.2f}" for d, p in zip(rates["direct"], rates[name])) + ")")
+
 
 if __name__ == "__main__":
     main()

@@ -7,7 +7,6 @@ the owner deletes; members read status and logs; everyone reaches the app at /ap
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Annotated
@@ -17,6 +16,7 @@ from fastapi import APIRouter, Depends, FastAPI, Response, WebSocket, status
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
+from deploy_service.edge import AppsEdge
 from deploy_service.instance import remove_stale_cgroups
 from deploy_service.proxy import AppsGateway
 from deploy_service.schemas import DeploymentPublic, RollbackCreate, ScaleUpdate
@@ -34,7 +34,6 @@ from sandbox.packages.install import bubblewrap_installer
 from sandbox.runs import OpenEditors
 
 log = logging.getLogger(__name__)
-APPS_HOST_VARIABLE = "CODEYARD_DEPLOY_APPS_HOST"  # e.g. "example.org": apps also at http://{slug}.apps.example.org/
 
 router = APIRouter(tags=["deployments"], responses={**ERROR_RESPONSES, 503: {"description": "No sandbox on this server"}})
 
@@ -146,7 +145,7 @@ async def deploy_lifespan(app: FastAPI) -> AsyncIterator[None]:
         editors=OpenEditors(lambda: getattr(app.state, "collab_rooms", None),
                             lambda: getattr(app.state, "collab_checkpoints", None)),
         secrets_of=secrets.environment_for if secrets is not None else None,
-        apps_host=os.environ.get(APPS_HOST_VARIABLE) or None, https=settings.secure_cookies)
+        apps_host=settings.deploy_apps_host, https=settings.secure_cookies)
     app.state.deploys = deploys
     if backend is not None:
         if stale := await run_in_threadpool(remove_stale_cgroups):
@@ -154,9 +153,15 @@ async def deploy_lifespan(app: FastAPI) -> AsyncIterator[None]:
         restored = await deploys.restore()
         if restored:
             log.info("bringing back %d deployments", restored)
+    app.state.apps_edge = edge = AppsEdge(deploys) if settings.deploy_apps_port is not None else None
+    if edge is not None:
+        await edge.start(settings.host, settings.deploy_apps_port)
+        log.info("apps also on port %d", edge.port)
     try:
         yield
     finally:
+        if edge is not None:
+            await edge.close()
         await deploys.shutdown()
         close = getattr(backend, "close", None)
         if close is not None:

@@ -43,7 +43,7 @@ ORIGIN_WIDE = frozenset({b"content-security-policy", b"clear-site-data", b"servi
 SANDBOX_CSP = b"sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
 WS_REQUEST_HEADERS_DROPPED = frozenset({"connection", "upgrade", "host", "sec-websocket-key", "sec-websocket-version",
                                         "sec-websocket-extensions", "sec-websocket-protocol", "cookie", "origin"})
-_APP_PATH = re.compile(rb"^/apps/([a-z0-9][a-z0-9-]*)(/[^?]*)?$")
+APP_PATH = re.compile(rb"^/apps/([a-z0-9][a-z0-9-]*)(/[^?]*)?$")
 
 
 @dataclass(frozen=True)
@@ -84,27 +84,41 @@ def _without_private_cookies(value: str) -> str:
     return ";".join(kept).strip()
 
 
-def _forwarded(scope: Scope, prefix: str) -> list[tuple[bytes, bytes]]:
-    client = scope.get("client") or ("", 0)
-    host = dict(scope["headers"]).get(b"host", b"")
-    return [(b"x-forwarded-for", client[0].encode()), (b"x-forwarded-proto", scope.get("scheme", "http").encode()),
-            (b"x-forwarded-host", host), (b"x-forwarded-prefix", prefix.encode())]
+def forwarded_headers(client_ip: str, scheme: str, host: bytes, prefix: str) -> list[tuple[bytes, bytes]]:
+    """Who asked and how, for the app (the client's own X-Forwarded-* never pass)."""
+    headers = [(b"x-forwarded-for", client_ip.encode()), (b"x-forwarded-proto", scheme.encode()),
+               (b"x-forwarded-host", host)]
+    return headers + ([(b"x-forwarded-prefix", prefix.encode())] if prefix else [])
 
 
-def _request_headers(scope: Scope, prefix: str) -> list[tuple[bytes, bytes]]:
-    headers = []
-    for name, value in scope["headers"]:
+def app_request_headers(headers: list[tuple[bytes, bytes]], forwarded: list[tuple[bytes, bytes]],
+                        upgrade: bool = False) -> list[tuple[bytes, bytes]]:
+    """The request's headers as the app gets them: no hop-by-hop ones (an upgrade keeps its
+    Upgrade header), no client-sent X-Forwarded-*, none of Codeyard's cookies."""
+    kept = []
+    for name, value in headers:
         if name in HOP_BY_HOP or name.startswith(b"x-forwarded-"):
+            if upgrade and name == b"upgrade":
+                kept += [(b"connection", b"upgrade"), (name, value)]
             continue
         if name == b"cookie":
             value = _without_private_cookies(value.decode("latin-1")).encode("latin-1")
             if not value:
                 continue
-        headers.append((name, value))
-    return headers + _forwarded(scope, prefix)
+        kept.append((name, value))
+    return kept + forwarded
 
 
-def _response_headers(headers: list[tuple[bytes, bytes]], own_host: bool) -> list[tuple[bytes, bytes]]:
+def _forwarded(scope: Scope, prefix: str) -> list[tuple[bytes, bytes]]:
+    client = scope.get("client") or ("", 0)
+    return forwarded_headers(client[0], scope.get("scheme", "http"), dict(scope["headers"]).get(b"host", b""), prefix)
+
+
+def _request_headers(scope: Scope, prefix: str) -> list[tuple[bytes, bytes]]:
+    return app_request_headers(scope["headers"], _forwarded(scope, prefix))
+
+
+def app_response_headers(headers: list[tuple[bytes, bytes]], own_host: bool) -> list[tuple[bytes, bytes]]:
     kept = []
     for name, value in headers:
         if name in HOP_BY_HOP or (name in ORIGIN_WIDE and not own_host):
@@ -133,7 +147,7 @@ class AppsProxy:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         routes: Routes = scope["app"].state.deploys.routes
-        match = _APP_PATH.match(scope.get("raw_path") or scope["path"].encode())
+        match = APP_PATH.match(scope.get("raw_path") or scope["path"].encode())
         if scope["type"] == "websocket":
             websocket = WebSocket(scope, receive, send)
             if match is None or match.group(2) is None:
@@ -146,7 +160,8 @@ class AppsProxy:
         if match is None:
             await _plain(send, 404, "No app is deployed here.")
         elif match.group(2) is None:  # /apps/{slug}: relative links need the trailing slash
-            await _plain(send, 308, "", [(b"location", match.group(0) + b"/")])
+            query = scope.get("query_string", b"")
+            await _plain(send, 308, "", [(b"location", match.group(0) + b"/" + (b"?" + query if query else b""))])
         else:
             await _proxy_http(scope, receive, send, routes, match.group(1).decode())
 
@@ -187,7 +202,7 @@ async def _proxy_http(scope: Scope, receive: Receive, send: Send, routes: Routes
             await _plain(send, 502, "The app did not answer.")
             return
         await send({"type": "http.response.start", "status": response.status,
-                    "headers": _response_headers(response.headers, OWN_HOST in scope)})
+                    "headers": app_response_headers(response.headers, OWN_HOST in scope)})
         if (whole := response.whole_body()) is not None:  # it came with the head: one write
             await send({"type": "http.response.body", "body": whole})
             return
@@ -206,12 +221,12 @@ async def _proxy_http(scope: Scope, receive: Receive, send: Send, routes: Routes
 
 
 def _upstream_path(scope: Scope, slug: str) -> tuple[str, str]:
-    """(path with query as the app should see it, the prefix it is served under)."""
+    """(path with query as the app should see it, the prefix it is served under: none on its own host)."""
     prefix = f"/apps/{slug}"
     raw = scope.get("raw_path") or scope["path"].encode()
     path = raw.decode("latin-1")[len(prefix):] or "/"
     query = scope.get("query_string", b"").decode("latin-1")
-    return path + (f"?{query}" if query else ""), prefix
+    return path + (f"?{query}" if query else ""), "" if OWN_HOST in scope else prefix
 
 
 async def proxy_websocket(websocket: WebSocket, routes: Routes, slug: str) -> None:
@@ -272,7 +287,7 @@ async def _relay(websocket: WebSocket, upstream) -> None:
 
 
 @lru_cache(maxsize=8)
-def _host_pattern(apps_host: str) -> re.Pattern[str]:
+def app_host_pattern(apps_host: str) -> re.Pattern[str]:
     return re.compile(rf"^([a-z0-9][a-z0-9-]*)\.apps\.{re.escape(apps_host.lower())}(:\d+)?$")
 
 
@@ -290,7 +305,7 @@ class AppsGateway:
             deploys = getattr(scope["app"].state, "deploys", None) if "app" in scope else None
             if deploys is not None and deploys.apps_host:
                 host = dict(scope["headers"]).get(b"host", b"").decode("latin-1").lower()
-                if match := _host_pattern(deploys.apps_host).match(host):
+                if match := app_host_pattern(deploys.apps_host).match(host):
                     prefix = f"/apps/{match.group(1)}"
                     raw = scope.get("raw_path") or scope["path"].encode()
                     scope = {**scope, "path": prefix + scope["path"], "raw_path": prefix.encode() + raw, OWN_HOST: True}

@@ -115,6 +115,9 @@ def serve(
 
     server_app = create_app(settings)
     typer.echo(f"Codeyard {__version__} on http://{settings.host}:{settings.port}", err=True)
+    if settings.deploy_apps_port:
+        where = f" as http://{{slug}}.apps.{settings.deploy_apps_host}/" if settings.deploy_apps_host else ""
+        typer.echo(f"Deployed apps also on port {settings.deploy_apps_port}{where}", err=True)
     uvicorn.run(
         server_app,
         host=settings.host,

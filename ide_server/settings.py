@@ -48,6 +48,14 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(default=50 * 1024 * 1024, ge=1, description="Zip upload, compressed and expanded.")
     max_upload_files: int = Field(default=5000, ge=1)
     secure_cookies: bool = Field(default=False, description="Mark cookies Secure (serve over HTTPS).")
+    deploy_apps_port: int | None = Field(
+        default=None, ge=0, le=65535, description="Also serve deployed apps on this port (0: any free one), "
+        "straight from the socket: the fast path, and an origin apart from the IDE's. Unset: only /apps/ on the IDE's port."
+    )
+    deploy_apps_host: str | None = Field(
+        default=None, description="Apps answer at {slug}.apps.<this> (e.g. example.org, or localhost:8001 with the apps "
+        "port 8001); their URLs then use it. Point that wildcard name at the apps port."
+    )
 
     @property
     def projects_dir(self) -> Path:

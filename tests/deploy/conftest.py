@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -44,9 +45,10 @@ def packages_dir() -> Path:
 
 
 def make_app(data_dir: Path, database_url: str | None = None, backend: str = "bwrap") -> FastAPI:
+    """With the apps' own listener on a free port (app.state.apps_edge.port) besides /apps/ on the IDE's."""
     return create_app(Settings(data_dir=data_dir, database_url=database_url or f"sqlite:///{data_dir / 'codeyard.db'}",
-                               sandbox_backend=backend, packages_dir=packages_dir(), log_level="warning"),
-                      component_specs=COMPONENTS)
+                               sandbox_backend=backend, packages_dir=packages_dir(), log_level="warning",
+                               deploy_apps_port=0), component_specs=COMPONENTS)
 
 
 def app_leftovers() -> list[str]:
@@ -75,6 +77,13 @@ def serve(data_dir: Path, backend: str = "bwrap") -> Iterator[TestClient]:
 def served(tmp_path_factory) -> Iterator[TestClient]:
     """A client whose event loop runs the app's lifespan (apps, their supervisors and the proxy live there)."""
     yield from serve(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="module")
+def edge(served) -> Iterator[httpx.Client]:
+    """A client of the apps' own port (the other door to the same apps)."""
+    with httpx.Client(base_url=f"http://127.0.0.1:{served.app.state.apps_edge.port}", timeout=60) as client:
+        yield client
 
 
 @pytest.fixture

@@ -1,6 +1,9 @@
-"""Each app kind, detected and deployed for real on bubblewrap, answers through the proxy."""
+"""Each app kind, detected and deployed for real on bubblewrap, answers through the proxy: at /apps/
+on the IDE's port (the ASGI gateway) and on the apps' own port (the edge), alike."""
 
 from __future__ import annotations
+
+from websockets.sync.client import connect
 
 from deploy.conftest import deploy, new_project
 
@@ -8,20 +11,22 @@ STATIC = {"index.html": "<h1>Hello from a static site</h1>\n", "about/index.html
           ".env": "API_KEY=not-for-the-web\n", "notes/todo.txt": "private-ish\n"}
 
 
-def test_a_static_site_answers_through_the_proxy(owner):
+def test_a_static_site_answers_through_the_proxy(owner, edge):
     project_id = new_project(owner, STATIC)
     deployment = deploy(owner, project_id)
     assert deployment["status"] == "running", deployment["releases"][0]["message"]
     assert deployment["current_release"]["kind"] == "static"
     url = deployment["url"]
     assert url.startswith("/apps/")
-    page = owner.client.get(url)
-    assert page.status_code == 200 and "Hello from a static site" in page.text
-    assert owner.client.get(f"{url}about/").text == "<p>about us</p>\n"
-    assert owner.client.get(url.rstrip("/"), follow_redirects=False).status_code == 308
-    assert owner.client.get(f"{url}.env").status_code == 404  # dotfiles are never served
-    assert owner.client.get(f"{url}notes/").status_code == 404  # nor folder listings
-    assert owner.client.get(f"{url}notes/todo.txt").text == "private-ish\n"
+    for door in (owner.client, edge):
+        page = door.get(url)
+        assert page.status_code == 200 and "Hello from a static site" in page.text
+        assert door.get(f"{url}about/").text == "<p>about us</p>\n"
+        moved = door.get(url.rstrip("/") + "?q=1", follow_redirects=False)
+        assert moved.status_code == 308 and moved.headers["location"] == f"{url}?q=1"
+        assert door.get(f"{url}.env").status_code == 404  # dotfiles are never served
+        assert door.get(f"{url}notes/").status_code == 404  # nor folder listings
+        assert door.get(f"{url}notes/todo.txt").text == "private-ish\n"
 
 
 FLASK_APP = '''
@@ -47,12 +52,16 @@ def stream():
 '''
 
 
-def test_a_flask_app_answers_with_streamed_bodies_both_ways(owner):
+def test_a_flask_app_answers_with_streamed_bodies_both_ways(owner, edge):
     project_id = new_project(owner, {"app.py": FLASK_APP})
     deployment = deploy(owner, project_id)
     assert deployment["status"] == "running", deployment["releases"][0]["message"]
     assert deployment["current_release"]["kind"] == "flask"
-    url, client = deployment["url"], owner.client
+    for door in (owner.client, edge):
+        check_flask_app(door, deployment["url"])
+
+
+def check_flask_app(client, url: str) -> None:
     assert client.get(url).text == "Hello from Flask"
     body = "x" * 300_000
     client.cookies.set("codeyard_session", "the-ide-session")
@@ -93,17 +102,21 @@ async def shout(websocket: WebSocket):
 '''
 
 
-def test_a_fastapi_app_answers_http_and_websockets(owner):
+def test_a_fastapi_app_answers_http_and_websockets(owner, edge):
     project_id = new_project(owner, {"main.py": FASTAPI_APP})
     deployment = deploy(owner, project_id)
     assert deployment["status"] == "running", deployment["releases"][0]["message"]
     assert deployment["current_release"]["kind"] == "fastapi"
     url = deployment["url"]
-    assert owner.client.get(url).json() == {"hello": "fastapi"}
+    assert owner.client.get(url).json() == {"hello": "fastapi"} == edge.get(url).json()
     with owner.client.websocket_connect(f"{url}ws") as websocket:
         for word in ("hello", "deploys"):
             websocket.send_text(word)
             assert websocket.receive_text() == word.upper()
+    with connect(f"ws://{edge.base_url.netloc.decode()}{url}ws", open_timeout=30) as websocket:
+        for word in ("through", "the edge", "x" * 200_000):
+            websocket.send(word)
+            assert websocket.recv(timeout=30) == word.upper()
 
 
 NODE_SERVER = '''
@@ -119,12 +132,13 @@ http.createServer((req, res) => {
 NODE_PACKAGE = '{"name": "hello", "version": "1.0.0", "scripts": {"start": "node server.js"}, "dependencies": {"ms": "2.1.3"}}'
 
 
-def test_a_node_app_with_an_npm_dependency_answers_through_the_proxy(owner):
+def test_a_node_app_with_an_npm_dependency_answers_through_the_proxy(owner, edge):
     project_id = new_project(owner, {"package.json": NODE_PACKAGE, "server.js": NODE_SERVER})
     deployment = deploy(owner, project_id)
     assert deployment["status"] == "running", deployment["releases"][0]["message"]
     assert deployment["current_release"]["kind"] == "node"
-    assert owner.client.get(f"{deployment['url']}path?q=1").text == "Hello from Node at /path?q=1 after 1m"
+    for door in (owner.client, edge):
+        assert door.get(f"{deployment['url']}path?q=1").text == "Hello from Node at /path?q=1 after 1m"
 
 
 def test_a_project_with_nothing_to_deploy_fails_with_the_reason(owner):

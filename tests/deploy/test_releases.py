@@ -78,12 +78,12 @@ class LoadLoop:
         return [s for s in self.seen if s[0] != 200]
 
 
-def test_redeploy_and_rollback_under_load_fail_no_request(owner):
+def test_redeploy_and_rollback_under_load_fail_no_request(owner, edge):
     project_id = new_project(owner, app_files("v1"))
     first = deploy(owner, project_id)
     assert first["status"] == "running", first["releases"][0]["message"]
     url = first["url"]
-    with LoadLoop(owner.client, url) as load:
+    with LoadLoop(owner.client, url) as load, LoadLoop(edge, url) as edge_load:  # both doors at once
         write_files(owner, project_id, app_files("v2"))
         second = deploy(owner, project_id)
         assert second["current_release"]["number"] == 2, second["releases"][0]["message"]
@@ -94,13 +94,14 @@ def test_redeploy_and_rollback_under_load_fail_no_request(owner):
         assert response.status_code == 202, response.text
         rolled = wait_release(owner, project_id, rollback_to["id"])
         assert rolled["current_release"]["id"] == rollback_to["id"]
-        wait_until(lambda: load.seen[-1][1] == "v1")
+        wait_until(lambda: load.seen[-1][1] == "v1" and edge_load.seen[-1][1] == "v1")
         time.sleep(0.3)
-    assert len(load.seen) > 50
-    assert load.failures() == []
-    versions = [text for _, text in load.seen]
-    assert set(versions) == {"v1", "v2"}
-    assert versions[-1] == "v1"
+    for loop in (load, edge_load):
+        assert len(loop.seen) > 50
+        assert loop.failures() == []
+        versions = [text for _, text in loop.seen]
+        assert set(versions) == {"v1", "v2"}
+        assert versions[-1] == "v1"
     statuses = {r["number"]: r["status"] for r in rolled["releases"]}
     assert statuses == {1: "live", 2: "retired"}
 
@@ -179,15 +180,15 @@ def test_deleting_the_project_stops_its_app(owner, served):
     assert not release_dir.parent.exists()
 
 
-def test_a_request_in_flight_finishes_on_the_old_release(owner):
+def test_a_request_in_flight_finishes_on_the_old_release(owner, edge):
     project_id = new_project(owner, app_files("v1"))
     url = deploy(owner, project_id)["url"]
-    with ThreadPoolExecutor(1) as pool:
-        slow = pool.submit(owner.client.get, f"{url}slow")
-        time.sleep(0.5)  # the slow request is now being served by v1 (for 6 s)
+    with ThreadPoolExecutor(2) as pool:
+        slow = [pool.submit(door.get, f"{url}slow") for door in (owner.client, edge)]
+        time.sleep(0.5)  # the slow requests are now being served by v1 (for 6 s)
         write_files(owner, project_id, app_files("v2"))
         assert deploy(owner, project_id)["current_release"]["number"] == 2
-        assert owner.client.get(url).text == "v2"
-        assert not slow.done()  # v2 serves while v1 still drains
-        answer = slow.result(timeout=30)
-    assert answer.status_code == 200 and answer.text == "slow v1"
+        assert owner.client.get(url).text == "v2" == edge.get(url).text
+        assert not any(s.done() for s in slow)  # v2 serves while v1 still drains
+        answers = [s.result(timeout=30) for s in slow]
+    assert [(a.status_code, a.text) for a in answers] == [(200, "slow v1")] * 2
