@@ -1,17 +1,25 @@
 // Decode attention straight from the paged KV pool, for the CPU.
 //
-// One query token per sequence. Each (sequence, kv head) pair is one unit of work: it walks the
-// sequence's block table, reads every key and value row once from the pool (no gathered copy),
-// and serves the `group` query heads that share that kv head. Scores, softmax and the weighted
-// sum are accumulated in float32 whatever the storage type (float32 or bfloat16).
+// One query token per sequence. Each (sequence, kv head) pair is one unit of work, spread over
+// torch's OpenMP threads: it walks the sequence's block table, reads every key and value row
+// once from the pool (no gathered copy), and serves the `group` query heads that share that kv
+// head. Scores, softmax and the weighted sum are accumulated in float32 whatever the storage type
+// (float32 or bfloat16). The inner loops (dot products, exp, value accumulation) use AVX-512
+// where the compiler targets it (bf16 dot products with AVX512-BF16: exact products, float32
+// sums); plain loops handle other CPUs and the tails of head sizes that are not multiples of 16.
 //
 // Layouts (all contiguous): q, out [batch, heads, dim]; k_cache, v_cache
 // [num_blocks, kv_heads, block_size, dim]; block_tables [batch, max_blocks]; context_lens [batch].
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -35,6 +43,126 @@ inline void store(uint16_t* dst, float x) {  // float32 -> bfloat16, round to ne
   *dst = static_cast<uint16_t>(bits >> 16);
 }
 
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// e^x for x <= 0 (softmax after subtracting the peak): 2^n * p(r), r = x - n ln2 in
+// [-ln2/2, ln2/2], p a degree-6 Taylor polynomial (relative error ~2e-7, float32's own rounding).
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+// Dot product of a query row and a key row, float32 accumulation.
+template <typename T>
+inline float dot(const T* q, const T* k, int dim) {
+  int d = 0;
+  float sum = 0.0f;
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+#if defined(__AVX512BF16__)
+  if constexpr (sizeof(T) == 2) {  // 32 bf16 pairs per instruction, products exact in float32
+    for (; d + 32 <= dim; d += 32) {
+      __m512bh qv = (__m512bh)_mm512_loadu_si512(q + d);
+      __m512bh kv = (__m512bh)_mm512_loadu_si512(k + d);
+      acc = _mm512_dpbf16_ps(acc, qv, kv);
+    }
+  }
+#endif
+  for (; d + 16 <= dim; d += 16) acc = _mm512_fmadd_ps(load16(q + d), load16(k + d), acc);
+  sum = _mm512_reduce_add_ps(acc);
+#endif
+  for (; d < dim; ++d) sum += load(q[d]) * load(k[d]);
+  return sum;
+}
+
+// acc[0:dim] += sum over i < n of p[i] * rows[i][0:dim] (rows contiguous); accumulators stay in
+// registers across the rows.
+template <typename T>
+inline void weighted_sum(const float* p, const T* rows, int n, int dim, float* acc) {
+  int d = 0;
+#if defined(__AVX512F__)
+  for (; d + 64 <= dim; d += 64) {
+    __m512 a0 = _mm512_loadu_ps(acc + d), a1 = _mm512_loadu_ps(acc + d + 16);
+    __m512 a2 = _mm512_loadu_ps(acc + d + 32), a3 = _mm512_loadu_ps(acc + d + 48);
+    for (int i = 0; i < n; ++i) {
+      const __m512 w = _mm512_set1_ps(p[i]);
+      const T* row = rows + static_cast<int64_t>(i) * dim + d;
+      a0 = _mm512_fmadd_ps(w, load16(row), a0);
+      a1 = _mm512_fmadd_ps(w, load16(row + 16), a1);
+      a2 = _mm512_fmadd_ps(w, load16(row + 32), a2);
+      a3 = _mm512_fmadd_ps(w, load16(row + 48), a3);
+    }
+    _mm512_storeu_ps(acc + d, a0);
+    _mm512_storeu_ps(acc + d + 16, a1);
+    _mm512_storeu_ps(acc + d + 32, a2);
+    _mm512_storeu_ps(acc + d + 48, a3);
+  }
+  for (; d + 16 <= dim; d += 16) {
+    __m512 a = _mm512_loadu_ps(acc + d);
+    for (int i = 0; i < n; ++i)
+      a = _mm512_fmadd_ps(_mm512_set1_ps(p[i]), load16(rows + static_cast<int64_t>(i) * dim + d), a);
+    _mm512_storeu_ps(acc + d, a);
+  }
+#endif
+  for (; d < dim; ++d)
+    for (int i = 0; i < n; ++i) acc[d] += p[i] * load(rows[static_cast<int64_t>(i) * dim + d]);
+}
+
+// s[i] = exp(s[i] - max(s)); returns the sum.
+inline float softmax_numerators(float* s, int n) {
+  float peak = -INFINITY;
+  for (int i = 0; i < n; ++i) peak = s[i] > peak ? s[i] : peak;
+  float total = 0.0f;
+  int i = 0;
+#if defined(__AVX512F__)
+  const __m512 pv = _mm512_set1_ps(peak);
+  __m512 sums = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + i), pv));
+    _mm512_storeu_ps(s + i, e);
+    sums = _mm512_add_ps(sums, e);
+  }
+  total = _mm512_reduce_add_ps(sums);
+#endif
+  for (; i < n; ++i) {
+    s[i] = std::exp(s[i] - peak);
+    total += s[i];
+  }
+  return total;
+}
+
+// One kv head's rows of the i-th block of a sequence; asks for the next block's rows meanwhile
+// (blocks are scattered over the pool, so the hardware prefetcher cannot guess them).
+template <typename T>
+inline const T* block_rows(const T* cache, const int32_t* table, int i, int num_blocks,
+                           int64_t block_stride, int64_t head_offset, int64_t head_stride) {
+#if defined(__AVX512F__)
+  if (i + 1 < num_blocks) {
+    const char* next = reinterpret_cast<const char*>(cache + table[i + 1] * block_stride + head_offset);
+    for (int64_t byte = 0; byte < head_stride * static_cast<int64_t>(sizeof(T)); byte += 64)
+      _mm_prefetch(next + byte, _MM_HINT_T0);
+  }
+#endif
+  return cache + table[i] * block_stride + head_offset;
+}
+
 template <typename T>
 void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* block_tables,
             const int32_t* context_lens, T* out, int batch, int heads, int kv_heads, int block_size,
@@ -42,56 +170,39 @@ void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* block
   const int group = heads / kv_heads;
   const int64_t head_stride = static_cast<int64_t>(block_size) * dim;
   const int64_t block_stride = kv_heads * head_stride;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
-  for (int b = 0; b < batch; ++b) {
-    for (int kvh = 0; kvh < kv_heads; ++kvh) {
-      const int len = context_lens[b];
-      const int32_t* table = block_tables + static_cast<int64_t>(b) * max_blocks;
-      std::vector<float> query(static_cast<size_t>(group) * dim);
-      std::vector<float> scores(static_cast<size_t>(group) * len);
-      std::vector<float> acc(static_cast<size_t>(group) * dim, 0.0f);
-      std::vector<float> row(dim);
-      for (int g = 0; g < group; ++g) {
-        const T* src = q + (static_cast<int64_t>(b) * heads + kvh * group + g) * dim;
-        for (int d = 0; d < dim; ++d) query[g * dim + d] = load(src[d]) * scale;
-      }
-      for (int t = 0; t < len; ++t) {
-        const T* key = k_cache + table[t / block_size] * block_stride + kvh * head_stride +
-                       static_cast<int64_t>(t % block_size) * dim;
-        for (int d = 0; d < dim; ++d) row[d] = load(key[d]);
+#pragma omp parallel
+  {
+    std::vector<float> scores, acc, total;  // per thread, reused across work items
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int b = 0; b < batch; ++b) {
+      for (int kvh = 0; kvh < kv_heads; ++kvh) {
+        const int len = context_lens[b];
+        const int num_blocks = (len + block_size - 1) / block_size;
+        const int32_t* table = block_tables + static_cast<int64_t>(b) * max_blocks;
+        const int64_t head_offset = kvh * head_stride;
+        const T* query = q + (static_cast<int64_t>(b) * heads + kvh * group) * dim;
+        scores.resize(static_cast<size_t>(group) * len);
+        acc.assign(static_cast<size_t>(group) * dim, 0.0f);
+        total.resize(group);
+        for (int i = 0; i < num_blocks; ++i) {
+          const T* keys = block_rows(k_cache, table, i, num_blocks, block_stride, head_offset, head_stride);
+          const int start = i * block_size, rows = std::min(block_size, len - start);
+          for (int r = 0; r < rows; ++r)
+            for (int g = 0; g < group; ++g)
+              scores[static_cast<size_t>(g) * len + start + r] = dot(query + g * dim, keys + r * dim, dim) * scale;
+        }
+        for (int g = 0; g < group; ++g) total[g] = softmax_numerators(scores.data() + static_cast<size_t>(g) * len, len);
+        for (int i = 0; i < num_blocks; ++i) {
+          const T* values = block_rows(v_cache, table, i, num_blocks, block_stride, head_offset, head_stride);
+          const int start = i * block_size, rows = std::min(block_size, len - start);
+          for (int g = 0; g < group; ++g)
+            weighted_sum(scores.data() + static_cast<size_t>(g) * len + start, values, rows, dim, acc.data() + g * dim);
+        }
         for (int g = 0; g < group; ++g) {
-          const float* qg = query.data() + g * dim;
-          float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-          for (int d = 0; d < dim; ++d) dot += qg[d] * row[d];
-          scores[static_cast<size_t>(g) * len + t] = dot;
+          T* dst = out + (static_cast<int64_t>(b) * heads + kvh * group + g) * dim;
+          const float inv = 1.0f / total[g];
+          for (int d = 0; d < dim; ++d) store(dst + d, acc[g * dim + d] * inv);
         }
-      }
-      std::vector<float> total(group, 0.0f);
-      for (int g = 0; g < group; ++g) {
-        float* s = scores.data() + static_cast<size_t>(g) * len;
-        float peak = -INFINITY;
-        for (int t = 0; t < len; ++t) peak = s[t] > peak ? s[t] : peak;
-        for (int t = 0; t < len; ++t) {
-          s[t] = std::exp(s[t] - peak);
-          total[g] += s[t];
-        }
-      }
-      for (int t = 0; t < len; ++t) {
-        const T* value = v_cache + table[t / block_size] * block_stride + kvh * head_stride +
-                         static_cast<int64_t>(t % block_size) * dim;
-        for (int d = 0; d < dim; ++d) row[d] = load(value[d]);
-        for (int g = 0; g < group; ++g) {
-          const float p = scores[static_cast<size_t>(g) * len + t];
-          float* a = acc.data() + g * dim;
-#pragma omp simd
-          for (int d = 0; d < dim; ++d) a[d] += p * row[d];
-        }
-      }
-      for (int g = 0; g < group; ++g) {
-        T* dst = out + (static_cast<int64_t>(b) * heads + kvh * group + g) * dim;
-        const float inv = 1.0f / total[g];
-        for (int d = 0; d < dim; ++d) store(dst + d, acc[g * dim + d] * inv);
       }
     }
   }
