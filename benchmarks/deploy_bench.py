@@ -33,9 +33,9 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests" / "web")]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from browser_kit import codeyard_serve, free_port  # noqa: E402
+from serve_process import codeyard_serve, free_port  # noqa: E402
 from deploy_service.detect import PORT  # noqa: E402
 
 PASSWORD = "correct horse battery"

@@ -25,9 +25,10 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "web"))
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "web")]
 
-from browser_kit import CHROMIUM, CHROMIUM_ARGS, codeyard_serve  # noqa: E402
+from browser_kit import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from serve_process import codeyard_serve  # noqa: E402
 
 ASSETS = REPO / "ide_server" / "webassets"
 PASSWORD = "correct horse battery"

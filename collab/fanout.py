@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import redis.asyncio as aioredis
 
 from collab.protocol import AwarenessEntry, decode_awareness_entries, encode_awareness_entries
+from ide_server import leases
 
 if TYPE_CHECKING:
     from collab.room import Room
@@ -32,19 +33,6 @@ ORIGIN_BYTES = 8
 
 
 DISK_LEASE_MS = 3000
-# Renew our lease, or take it if nobody holds it. Returns 1 when we hold it afterwards.
-CLAIM_SCRIPT = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  return 1
-end
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-return 0
-"""
-RELEASE_SCRIPT = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
 
 
 def channel_name(room: str) -> str:
@@ -92,11 +80,10 @@ class Fanout:
 
     async def claim_disk(self, room: str) -> bool:
         """One replica at a time writes and watches a room's file; the lease expires if it dies."""
-        held = await self.redis.eval(CLAIM_SCRIPT, 1, disk_lease_name(room), self.origin, DISK_LEASE_MS)
-        return held == 1
+        return await leases.claim(self.redis, disk_lease_name(room), self.origin, DISK_LEASE_MS)
 
     async def release_disk(self, room: str) -> None:
-        await self.redis.eval(RELEASE_SCRIPT, 1, disk_lease_name(room), self.origin)
+        await leases.release(self.redis, disk_lease_name(room), self.origin)
 
     async def close(self) -> None:
         if self._listener:

@@ -6,6 +6,7 @@ the owner deletes; members read status and logs; everyone reaches the app at /ap
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
@@ -18,6 +19,7 @@ from starlette.requests import HTTPConnection
 
 from deploy_service.edge import AppsEdge
 from deploy_service.instance import remove_stale_cgroups
+from deploy_service.owner import Ownership, this_replica
 from deploy_service.proxy import AppsGateway
 from deploy_service.schemas import DeploymentPublic, RollbackCreate, ScaleUpdate
 from deploy_service.service import DeployService
@@ -105,7 +107,7 @@ async def logs_socket(websocket: WebSocket, project_id: str) -> None:
     async with anyio.create_task_group() as tasks:
         async def pump() -> None:
             with suppress(*SOCKET_GONE):
-                async for entry in deploy_log.follow():
+                async for entry in deploy_log.follow(from_file=not deploys.ownership.is_owner):
                     await websocket.send_json(entry)
             tasks.cancel_scope.cancel()
 
@@ -147,25 +149,38 @@ async def deploy_lifespan(app: FastAPI) -> AsyncIterator[None]:
         secrets_of=secrets.environment_for if secrets is not None else None,
         apps_host=settings.deploy_apps_host, https=settings.secure_cookies)
     app.state.deploys = deploys
-    if backend is not None:
-        if stale := await run_in_threadpool(remove_stale_cgroups):
-            log.warning("removed %d cgroups of app instances a previous server left", len(stale))
-        restored = await deploys.restore()
-        if restored:
-            log.info("bringing back %d deployments", restored)
+    if backend is not None and (stale := await run_in_threadpool(remove_stale_cgroups)):
+        log.warning("removed %d cgroups of app instances a previous server left", len(stale))
     app.state.apps_edge = edge = AppsEdge(deploys) if settings.deploy_apps_port is not None else None
     if edge is not None:
         await edge.start(settings.host, settings.deploy_apps_port)
         log.info("apps also on port %d", edge.port)
+    deploys.ownership = ownership = Ownership(
+        this_replica(settings.host, settings.port, edge.port if edge else None, settings.replica_host), settings.redis_url,
+        can_own=backend is not None)
+    keeping = None
+    if ownership.redis is not None:  # replicas: the lease holder runs the apps
+        keeping = asyncio.create_task(ownership.keep(gained=lambda: _bring_back(deploys), lost=deploys.shutdown))
+    else:
+        await _bring_back(deploys)
     try:
         yield
     finally:
+        if keeping is not None:
+            keeping.cancel()
+            await asyncio.gather(keeping, return_exceptions=True)
         if edge is not None:
             await edge.close()
         await deploys.shutdown()
+        await ownership.close()
         close = getattr(backend, "close", None)
         if close is not None:
             await close()
+
+
+async def _bring_back(deploys: DeployService) -> None:
+    if deploys.backend is not None and (restored := await deploys.restore()):
+        log.info("bringing back %d deployments", restored)
 
 
 component = Component(name="deploys", router=router, setup=deploy_setup, lifespan=deploy_lifespan)

@@ -145,6 +145,29 @@ class AppsEdge:
             return
         task.result()[1].send(exchange, client)
 
+    def tunnel_to_owner(self, client: ClientConnection) -> None:
+        """This replica does not run the apps: the visitor's connection goes on, bytes as they are, to the one
+        that does (deploy_service.owner)."""
+        owner = self.deploys.ownership.owner
+        if owner is None or owner.apps is None:
+            client.transport.write(_plain_response(503, "The apps are moving to another server; try again in a few "
+                                                        "seconds.", [(b"retry-after", b"5")], close=True))
+            client.transport.close()
+            return
+        host, _, port = owner.apps.rpartition(":")
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(loop.create_connection(lambda: _Pipe(client.transport), host, int(port)))
+
+        def connected(done: asyncio.Task) -> None:
+            if done.cancelled() or done.exception() is not None or client.transport.is_closing():
+                if not done.cancelled() and done.exception() is None:
+                    done.result()[0].close()
+                client.transport.close()
+                return
+            client.open_tunnel(done.result()[0])
+
+        task.add_done_callback(connected)
+
     def keep(self, connection: UpstreamConnection) -> None:
         idle = self._idle.setdefault(connection.path, [])
         if len(idle) < MAX_IDLE_PER_INSTANCE and not connection.transport.is_closing():
@@ -180,6 +203,9 @@ class ClientConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.client_ip = peer[0] if peer else ""
         self._idle_timer = asyncio.get_running_loop().call_later(IDLE_TIMEOUT, transport.close)
+        if not self.edge.deploys.ownership.is_owner:
+            self.upgrading = True  # keep what comes until the tunnel to the replica running the apps is up
+            self.edge.tunnel_to_owner(self)
 
     def data_received(self, data: bytes) -> None:
         if self.tunnel is not None:
@@ -283,6 +309,9 @@ class ClientConnection(asyncio.Protocol):
             self._idle_timer = asyncio.get_running_loop().call_later(IDLE_TIMEOUT, self.transport.close)
 
     def open_tunnel(self, upstream: asyncio.Transport) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         self.tunnel = upstream
         if self.early:
             upstream.write(self.early)
@@ -475,3 +504,25 @@ class UpstreamConnection(asyncio.Protocol):
             client.finish(exchange, reusable=exchange.body_done)
             return
         client.fail(exchange, 502, "The app did not answer.")  # (mid-body: the visitor's connection is cut)
+
+
+class _Pipe(asyncio.Protocol):
+    """The far end of a visitor's connection forwarded whole to another replica."""
+
+    def __init__(self, visitor: asyncio.Transport) -> None:
+        self.visitor = visitor
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.visitor.write(data)
+
+    def pause_writing(self) -> None:
+        self.visitor.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.visitor.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.visitor.close()

@@ -20,6 +20,7 @@ MAX_FILE_BYTES = 1 << 20
 MAX_ENTRY_CHARS = 8192
 TAIL_ENTRIES = 500
 FOLLOWER_QUEUE = 2000
+FILE_POLL_SECONDS = 0.25
 
 
 class DeployLog:
@@ -64,8 +65,13 @@ class DeployLog:
         """The last entries (of one release) as plain text, for failure messages."""
         return "".join(e["data"] for e in self.tail() if release is None or e["release"] == release)[-entries * 120:]
 
-    async def follow(self) -> AsyncIterator[dict]:
-        """The kept tail, then new entries as they come (until the consumer stops)."""
+    async def follow(self, from_file: bool = False) -> AsyncIterator[dict]:
+        """The kept tail, then new entries as they come (until the consumer stops). `from_file`: another
+        replica writes this log (onto the shared data dir), so new entries are read as the file grows."""
+        if from_file:
+            async for entry in self._follow_file():
+                yield entry
+            return
         queue: asyncio.Queue[dict] = asyncio.Queue()
         self._followers.add(queue)
         try:
@@ -79,6 +85,29 @@ class DeployLog:
                     yield entry
         finally:
             self._followers.discard(queue)
+
+    async def _follow_file(self) -> AsyncIterator[dict]:
+        for entry in self.tail():
+            yield entry
+        offset = self.path.stat().st_size if self.path.exists() else 0
+        pending = b""
+        while True:
+            await asyncio.sleep(FILE_POLL_SECONDS)
+            size = self.path.stat().st_size if self.path.exists() else 0
+            if size < offset:  # rotated: the new file starts from nothing
+                offset, pending = 0, b""
+            if size == offset:
+                continue
+            with open(self.path, "rb") as file:
+                file.seek(offset)
+                pending += file.read(size - offset)
+            offset = size
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                try:
+                    yield json.loads(line)
+                except ValueError:
+                    continue
 
     def close(self) -> None:
         if self._file is not None:

@@ -19,18 +19,19 @@ import asyncio
 import itertools
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
-from websockets.asyncio.client import unix_connect
+from websockets.asyncio.client import connect, unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from deploy_service.instance import AppInstance
-from deploy_service.upstream import UpstreamError
+from deploy_service.owner import Replica
+from deploy_service.upstream import Upstream, UpstreamError
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ SANDBOX_CSP = b"sandbox allow-scripts allow-forms allow-popups allow-modals allo
 WS_REQUEST_HEADERS_DROPPED = frozenset({"connection", "upgrade", "host", "sec-websocket-key", "sec-websocket-version",
                                         "sec-websocket-extensions", "sec-websocket-protocol", "cookie", "origin"})
 APP_PATH = re.compile(rb"^/apps/([a-z0-9][a-z0-9-]*)(/[^?]*)?$")
+DEPLOY_API = re.compile(r"^/api/projects/[^/]+/deployments?(/|$)")  # what only the replica running the apps can answer
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,9 @@ class Routes:
 
     def get(self, slug: str) -> Route | None:
         return self._by_slug.get(slug)
+
+    def clear(self) -> None:
+        self._by_slug.clear()
 
 
 def _without_private_cookies(value: str) -> str:
@@ -177,9 +182,22 @@ async def _proxy_http(scope: Scope, receive: Receive, send: Send, routes: Routes
                          [(b"retry-after", b"2")])
         return
     path, prefix = _upstream_path(scope, slug)
+    own_host = OWN_HOST in scope
+    instance.in_flight += 1
+    try:
+        await _relay_http(scope, receive, send, instance.upstream, path, _request_headers(scope, prefix),
+                          lambda headers: app_response_headers(headers, own_host))
+    finally:
+        instance.in_flight -= 1
+
+
+async def _relay_http(scope: Scope, receive: Receive, send: Send, upstream: Upstream, target: str,
+                      request_headers: list[tuple[bytes, bytes]],
+                      response_headers: Callable[[list[tuple[bytes, bytes]]], list[tuple[bytes, bytes]]]) -> None:
+    """Send the request on (its body streamed) and stream the answer back; 502 if none comes."""
     headers = dict(scope["headers"])
     chunked = b"content-length" not in headers and b"chunked" in headers.get(b"transfer-encoding", b"").lower()
-    request_headers = _request_headers(scope, prefix) + ([(b"transfer-encoding", b"chunked")] if chunked else [])
+    request_headers = request_headers + ([(b"transfer-encoding", b"chunked")] if chunked else [])
 
     async def body() -> AsyncIterator[bytes]:
         while True:
@@ -191,18 +209,17 @@ async def _proxy_http(scope: Scope, receive: Receive, send: Send, routes: Routes
                 return
 
     has_body = b"content-length" in headers or chunked
-    instance.in_flight += 1
     response = None
     try:
         try:
-            response = await instance.upstream.request(scope["method"], path, request_headers,
-                                                       body() if has_body else None, chunked)
+            response = await upstream.request(scope["method"], target, request_headers,
+                                              body() if has_body else None, chunked)
         except UpstreamError as exc:
-            log.info("app %s: %s", slug, exc)
+            log.info("%s: %s", upstream.address, exc)
             await _plain(send, 502, "The app did not answer.")
             return
         await send({"type": "http.response.start", "status": response.status,
-                    "headers": app_response_headers(response.headers, OWN_HOST in scope)})
+                    "headers": response_headers(response.headers)})
         if (whole := response.whole_body()) is not None:  # it came with the head: one write
             await send({"type": "http.response.body", "body": whole})
             return
@@ -217,7 +234,6 @@ async def _proxy_http(scope: Scope, receive: Receive, send: Send, routes: Routes
     finally:
         if response is not None:
             response.close()
-        instance.in_flight -= 1
 
 
 def _upstream_path(scope: Scope, slug: str) -> tuple[str, str]:
@@ -229,6 +245,12 @@ def _upstream_path(scope: Scope, slug: str) -> tuple[str, str]:
     return path + (f"?{query}" if query else ""), "" if OWN_HOST in scope else prefix
 
 
+def _target(scope: Scope) -> str:
+    raw = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+    query = scope.get("query_string", b"").decode("latin-1")
+    return raw + (f"?{query}" if query else "")
+
+
 async def proxy_websocket(websocket: WebSocket, routes: Routes, slug: str) -> None:
     route = routes.get(slug)
     instance = route.pick() if route else None
@@ -236,24 +258,30 @@ async def proxy_websocket(websocket: WebSocket, routes: Routes, slug: str) -> No
         await websocket.close(1013 if route else 1008, "no app is serving here")
         return
     path, prefix = _upstream_path(websocket.scope, slug)
+    instance.in_flight += 1
+    try:
+        await _relay_websocket(websocket, prefix, lambda **options: unix_connect(
+            str(instance.socket_path), f"ws://app{path}", **options))
+    finally:
+        instance.in_flight -= 1
+
+
+async def _relay_websocket(websocket: WebSocket, prefix: str, connect_upstream: Callable[..., Awaitable]) -> None:
+    """Open the upstream WebSocket (with the visitor's subprotocols and headers), accept, relay frames."""
     protocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     headers = [(k, v) for k, v in websocket.headers.items() if k not in WS_REQUEST_HEADERS_DROPPED
                and not k.startswith("x-forwarded-")]
     headers += [(k.decode(), v.decode("latin-1")) for k, v in _forwarded(websocket.scope, prefix)]
-    instance.in_flight += 1
     try:
-        try:
-            upstream = await unix_connect(str(instance.socket_path), f"ws://app{path}", subprotocols=protocols or None,
-                                          additional_headers=headers, open_timeout=10, compression=None)
-        except (OSError, InvalidHandshake, InvalidStatus, asyncio.TimeoutError) as exc:
-            log.info("app %s: websocket upstream refused: %s", slug, exc)
-            await websocket.close(1011, "the app refused the connection")
-            return
-        async with upstream:
-            await websocket.accept(subprotocol=upstream.subprotocol)
-            await _relay(websocket, upstream)
-    finally:
-        instance.in_flight -= 1
+        upstream = await connect_upstream(subprotocols=protocols or None, additional_headers=headers,
+                                          open_timeout=10, compression=None)
+    except (OSError, InvalidHandshake, InvalidStatus, asyncio.TimeoutError) as exc:
+        log.info("websocket upstream refused: %s", exc)
+        await websocket.close(1011, "the app refused the connection")
+        return
+    async with upstream:
+        await websocket.accept(subprotocol=upstream.subprotocol)
+        await _relay(websocket, upstream)
 
 
 async def _relay(websocket: WebSocket, upstream) -> None:
@@ -294,22 +322,63 @@ def app_host_pattern(apps_host: str) -> re.Pattern[str]:
 class AppsGateway:
     """ASGI middleware in front of the whole app: app traffic (/apps/{slug}/..., or any path on
     `{slug}.apps.<host>` when the deploys have a host) goes straight to the proxy, skipping the
-    IDE's routing and request log; everything else passes on."""
+    IDE's routing and request log; on a replica that does not run the apps, app traffic and deploy
+    calls go on to the one that does (deploy_service.owner); everything else passes on."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.proxy = AppsProxy()
+        self._owners: dict[str, Upstream] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
             deploys = getattr(scope["app"].state, "deploys", None) if "app" in scope else None
-            if deploys is not None and deploys.apps_host:
-                host = dict(scope["headers"]).get(b"host", b"").decode("latin-1").lower()
-                if match := app_host_pattern(deploys.apps_host).match(host):
-                    prefix = f"/apps/{match.group(1)}"
-                    raw = scope.get("raw_path") or scope["path"].encode()
-                    scope = {**scope, "path": prefix + scope["path"], "raw_path": prefix.encode() + raw, OWN_HOST: True}
-            if deploys is not None and scope["path"].startswith("/apps/"):
-                await self.proxy(scope, receive, send)
+            if deploys is None:
+                await self.app(scope, receive, send)
+                return
+            app_scope = _as_app_request(scope, deploys.apps_host)
+            ownership = deploys.ownership
+            if not ownership.is_owner and (app_scope is not None or (scope["type"] == "http"
+                                                                     and DEPLOY_API.match(scope["path"]))):
+                await self._forward(scope, app_scope, receive, send, ownership.owner)
+                return
+            if app_scope is not None:
+                await self.proxy(app_scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+    async def _forward(self, scope: Scope, app_scope: Scope | None, receive: Receive, send: Send,
+                       owner: Replica | None) -> None:
+        """To the replica that runs the apps, as it came (it is one of us: cookies and all)."""
+        if scope["type"] == "websocket":
+            websocket = WebSocket(scope, receive, send)
+            if owner is None:
+                await websocket.close(1013, "the apps are moving to another replica")
+                return
+            path = _target(app_scope or scope)  # (the owner can't see the Host: a host-mode path in path form)
+            await _relay_websocket(websocket, "", lambda **options: connect(f"ws://{owner.http}{path}", **options))
+            return
+        if owner is None:
+            await _plain(send, 503, "Deploys are moving to another server; try again in a few seconds.",
+                         [(b"retry-after", b"5")])
+            return
+        if (upstream := self._owners.get(owner.http)) is None:
+            for old in self._owners.values():
+                old.close()
+            self._owners = {owner.http: (upstream := Upstream(owner.http))}
+        client = scope.get("client") or ("", 0)
+        headers = [(n, v) for n, v in scope["headers"] if n not in HOP_BY_HOP and n != b"x-forwarded-for"]
+        headers.append((b"x-forwarded-for", client[0].encode()))
+        await _relay_http(scope, receive, send, upstream, _target(scope), headers,
+                          lambda answer: [(n, v) for n, v in answer if n not in HOP_BY_HOP])
+
+
+def _as_app_request(scope: Scope, apps_host: str | None) -> Scope | None:
+    """The scope in /apps/{slug}/ form if it is an app's traffic (by path, or by host name), else None."""
+    if apps_host:
+        host = dict(scope["headers"]).get(b"host", b"").decode("latin-1").lower()
+        if match := app_host_pattern(apps_host).match(host):
+            prefix = f"/apps/{match.group(1)}"
+            raw = scope.get("raw_path") or scope["path"].encode()
+            return {**scope, "path": prefix + scope["path"], "raw_path": prefix.encode() + raw, OWN_HOST: True}
+    return scope if scope["path"].startswith("/apps/") else None

@@ -30,6 +30,7 @@ from deploy_service.detect import MAX_INSTANCES, AppPlan, detect
 from deploy_service.instance import AppInstance, Launch
 from deploy_service.logs import DeployLog
 from deploy_service.models import Deployment, Release
+from deploy_service.owner import Ownership, Replica
 from deploy_service.proxy import Route, Routes
 from deploy_service.schemas import DeploymentPublic, ReleasePublic
 from ide_server.errors import Conflict, DomainError, InvalidInput, NotFound
@@ -104,6 +105,7 @@ class DeployService:
         self.editors, self.secrets_of = editors, secrets_of
         self.apps_host, self.https, self.max_instances = apps_host, https, max_instances
         self.routes = Routes()
+        self.ownership = Ownership(Replica("lone", "", None), redis_url=None)  # a lone server runs the apps
         self._apps: dict[str, LiveApp] = {}
         self._tasks: set[asyncio.Task] = set()
         for name in ("releases", "logs"):
@@ -286,7 +288,8 @@ class DeployService:
         return len(wanted)
 
     async def shutdown(self) -> None:
-        """Stop every instance (the database still says what should run, for the next start)."""
+        """Stop every instance (the database still says what should run, for the next start, or for
+        the replica that runs the apps after this one)."""
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -295,6 +298,8 @@ class DeployService:
                 await instance.stop()
             app.instances, app.draining = [], []
             app.log.close()
+        self._apps.clear()
+        self.routes.clear()
 
     # ----- rolling out a release -----
 

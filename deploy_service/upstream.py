@@ -1,4 +1,5 @@
-"""HTTP/1.1 to one app instance over its unix socket, keeping idle connections for the next request.
+"""HTTP/1.1 to one app instance over its unix socket (or to another replica over TCP), keeping idle
+connections for the next request.
 
 A general client (httpx) costs more CPU per request than the whole rest of the proxy path, and
 the proxy's throughput is bounded by CPU: this one writes the request head itself, parses the
@@ -97,8 +98,9 @@ class Response:
 
 
 class Upstream:
-    def __init__(self, socket_path: str) -> None:
-        self.socket_path = socket_path
+    def __init__(self, address: str) -> None:
+        """`address`: a unix socket's path, or "host:port"."""
+        self.address = address
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self._closed = False
 
@@ -111,7 +113,7 @@ class Upstream:
         reused, connection = self._connection()
         if connection is None:
             try:
-                connection = await asyncio.open_unix_connection(self.socket_path, limit=READ_CHUNK)
+                connection = await self._open()
             except OSError as exc:
                 raise UpstreamError(f"cannot reach the app: {exc.strerror or exc}") from None
         reader, writer = connection
@@ -142,6 +144,12 @@ class Upstream:
             writer.close()
             raise
         return Response(self, connection, parser, answer, head_only=method == "HEAD")
+
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.address.startswith("/"):
+            return await asyncio.open_unix_connection(self.address, limit=READ_CHUNK)
+        host, _, port = self.address.rpartition(":")
+        return await asyncio.open_connection(host, int(port), limit=READ_CHUNK)
 
     def _connection(self) -> tuple[bool, tuple[asyncio.StreamReader, asyncio.StreamWriter] | None]:
         while self._idle:

@@ -33,7 +33,11 @@ class Settings(BaseSettings):
         default=None, description="Installed package environments and pip's download cache; default <data_dir>/packages. "
         "Sandbox uids must be able to reach it (every parent folder searchable by others)."
     )
-    redis_url: str | None = None
+    redis_url: str | None = Field(default=None, description="Several replicas: collab fan-out and who runs the deployed apps.")
+    replica_host: str | None = Field(
+        default=None, description="How the other replicas reach this one (deploy calls and app traffic go to the one "
+        "running the apps); default: the listen address, or this host's own address when listening on all interfaces."
+    )
     llm_model: str | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from browser_kit import CHROMIUM, CHROMIUM_ARGS, codeyard_serve
+from browser_kit import CHROMIUM, CHROMIUM_ARGS
+from serve_process import codeyard_serve
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 

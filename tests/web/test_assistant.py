@@ -8,7 +8,8 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from browser_kit import api_client, codeyard_serve, editor_text, signed_in_context
+from browser_kit import api_client, editor_text, signed_in_context
+from serve_process import codeyard_serve
 
 OWNER, EDITOR = "aiowner", "aieditor"
 MODEL_WAIT_MS = 300_000  # the first completion loads the model on a shared 2-core machine

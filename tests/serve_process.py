@@ -1,0 +1,51 @@
+"""`codeyard serve` as a subprocess on a free port (browser tests, replica tests, benchmarks)."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def codeyard_serve(data_dir: Path, settings: dict[str, str] | None = None, log_name: str = "serve.log") -> Iterator[str]:
+    """`codeyard serve` on SQLite in `data_dir` with the bwrap sandbox (or as `settings`, CODEYARD_*
+    variables, say); yields its base URL."""
+    port = free_port()
+    # bwrap: runs start in well under a second and need no Docker daemon.
+    env = {**os.environ, "CODEYARD_DATA_DIR": str(data_dir), "CODEYARD_SANDBOX_BACKEND": "bwrap"}
+    env.pop("CODEYARD_DATABASE_URL", None)
+    env.update(settings or {})
+    cli = [sys.executable, "-m", "ide_server.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    log = open(data_dir / log_name, "wb")
+    proc = subprocess.Popen(cli, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError((data_dir / log_name).read_text())
+            time.sleep(0.2)
+        else:
+            raise RuntimeError("codeyard serve did not become ready in 60 s")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
