@@ -8,7 +8,7 @@ HTTP API (JSON; errors are {"detail": message}; access through ide_server.deps):
     POST   /api/projects/{id}/deployment/scale       editor  {"instances": int 1..4} -> DeploymentPublic
     POST   /api/projects/{id}/deployment/stop        editor  -> DeploymentPublic (status "stopped")
     DELETE /api/projects/{id}/deployment             owner   -> 204 (app stopped, releases and logs removed)
-    WS     /ws/projects/{id}/deployment/logs         member  frames {"type": "log", "release": str|null,
+    WS     /ws/projects/{id}/deployment/logs         editor  frames {"type": "log", "release": str|null,
            "stream": "build"|"stdout"|"stderr"|"system", "data": str, "time": float}; the kept tail first.
     ANY    /apps/{slug}/{path}                       public  the app itself (HTTP, streaming, WebSockets);
            also http://{slug}.apps.<host>/ when CODEYARD_DEPLOY_APPS_HOST=<host> is set, and both on the apps'

@@ -1,7 +1,8 @@
 """Deploys as an ide_server component: the deployments API, the logs WebSocket, the apps' proxy, the lifespan.
 
-Handlers are thin; DeployService holds the rules. Editors deploy, roll back, scale and stop;
-the owner deletes; members read status and logs; everyone reaches the app at /apps/{slug}/.
+Handlers are thin; DeployService holds the rules. Editors deploy, roll back, scale, stop and read
+the logs (an app may print its secrets); the owner deletes; members read the status; everyone
+reaches the app at /apps/{slug}/.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ async def logs_socket(websocket: WebSocket, project_id: str) -> None:
             user = authenticate_websocket(websocket, db, websocket.app.state.settings)
             if user is None:
                 raise NotAuthenticated("sign in first")
-            projects.authorize(db, project_id, user, Role.viewer, public_read=False)
+            projects.authorize(db, project_id, user, Role.editor, public_read=False)  # an app may print its secrets
 
     try:
         await run_in_threadpool(authorize)

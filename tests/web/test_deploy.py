@@ -150,5 +150,6 @@ def test_viewers_see_no_deploy_button_and_no_secrets(open_as, owner_api, project
     page.locator("#deploy-state").click()
     expect(page.locator("#deploy-dialog")).to_be_visible()
     expect(page.locator("#deploy-now")).to_be_hidden()
-    assert page.locator("#deploy-secrets").count() == 0
+    expect(page.locator("#deploy-logs-hidden")).to_contain_text("for the project's editors")
+    assert page.locator("#deploy-secrets").count() == 0 and page.locator("#deploy-logs").count() == 0
     assert "VIEWER_HIDDEN" not in page.content()

@@ -96,7 +96,7 @@ export class DeployPanel {
       h("h3", {}, "Releases"),
       this.releases,
       h("h3", {}, "Logs"),
-      this.logs,
+      canWrite ? this.logs : h("p", { class: "empty", id: "deploy-logs-hidden" }, "The logs are for the project's editors: an app may print what viewers should not see."),
       ...(this.secrets ? [this.secrets.element] : []),
       close,
     );
@@ -200,7 +200,7 @@ export class DeployPanel {
     this.stopButton.hidden = !this.canWrite || deployment === null || deployment.status === "stopped";
     this.instances.hidden = !this.canWrite || deployment === null;
     if (deployment !== null && document.activeElement !== this.instances) this.instances.value = String(deployment.instances);
-    if (deployment !== null && this.element.open) this.connectLogs();
+    if (deployment !== null && this.element.open && this.canWrite) this.connectLogs();
     if (deployment === null) {
       this.statusLine.textContent = "Not deployed yet.";
       this.statusLine.dataset.status = "none";
