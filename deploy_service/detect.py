@@ -5,6 +5,7 @@
     run = ["node", "server.js"]    # optional; otherwise detected (below)
     health = "/healthz"            # optional; the path that must answer (< 500) before traffic switches; "/" by default
     instances = 2                  # optional; 1..MAX_INSTANCES
+    memory_mb = 512                # optional; each instance's memory, MIN_MEMORY_MB..MAX_MEMORY_MB (256 by default)
 
 Detected, in this order: a Flask or FastAPI object assigned at the top level of app.py or main.py,
 a Node package.json with a "start" script, a static site with index.html. The app listens on
@@ -16,13 +17,14 @@ from __future__ import annotations
 import ast
 import json
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sandbox.languages import CONFIG_FILE, read_config_table
 
 PORT = 8080
 MAX_INSTANCES = 4
+MIN_MEMORY_MB, MAX_MEMORY_MB = 32, 1024
 PYTHON_ENTRIES = ("app.py", "main.py")
 FLASK_SERVER = ("waitress",)  # a production WSGI server (threads, keep-alive), not Flask's development one
 FASTAPI_SERVER = ("uvicorn", "websockets")  # uvicorn serves the app; websockets gives it WebSocket support
@@ -53,6 +55,7 @@ class AppPlan:
     build: list[str] | None = None
     health_path: str = "/"
     instances: int | None = None  # from codeyard.toml; None keeps the deployment's count
+    memory_mb: int | None = None  # from codeyard.toml; None: the server's default for apps
     extra_requirements: tuple[str, ...] = field(default=())  # Python packages the server itself needs
 
     @property
@@ -86,9 +89,9 @@ def _health(value: object) -> str:
 
 def _read_config(project_dir: Path) -> dict:
     deploy = read_config_table(project_dir, "deploy")
-    unknown = set(deploy) - {"build", "run", "health", "instances"}
-    if unknown:
-        raise ValueError(f"{CONFIG_FILE}: deploy.{sorted(unknown)[0]} is not a deploy setting (known: build, run, health, instances)")
+    known = ("build", "run", "health", "instances", "memory_mb")
+    if unknown := set(deploy) - set(known):
+        raise ValueError(f"{CONFIG_FILE}: deploy.{sorted(unknown)[0]} is not a deploy setting (known: {', '.join(known)})")
     return deploy
 
 
@@ -131,6 +134,15 @@ def detect(project_dir: Path) -> AppPlan:
     if instances is not None and (isinstance(instances, bool) or not isinstance(instances, int)
                                   or not 1 <= instances <= MAX_INSTANCES):
         raise ValueError(f"{CONFIG_FILE}: deploy.instances must be a whole number from 1 to {MAX_INSTANCES}")
+    memory = config.get("memory_mb")
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int)
+                               or not MIN_MEMORY_MB <= memory <= MAX_MEMORY_MB):
+        raise ValueError(f"{CONFIG_FILE}: deploy.memory_mb must be a whole number from {MIN_MEMORY_MB} to {MAX_MEMORY_MB}")
+    plan = _plan(project_dir, config, build, health, instances)
+    return replace(plan, memory_mb=memory)
+
+
+def _plan(project_dir: Path, config: dict, build: list[str] | None, health: str, instances: int | None) -> AppPlan:
     if "run" in config:
         return AppPlan("custom", _command(config["run"], "run"), build, health, instances)
     for entry in PYTHON_ENTRIES:

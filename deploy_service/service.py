@@ -17,7 +17,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from deploy_service.detect import MAX_INSTANCES, AppPlan, detect
-from deploy_service.instance import AppInstance, Launch
+from deploy_service.instance import APP_LIMITS, AppInstance, Launch
 from deploy_service.logs import DeployLog
 from deploy_service.models import Deployment, Release
 from deploy_service.owner import Ownership, Replica
@@ -359,7 +359,8 @@ class DeployService:
             env = {**self._secrets(db, app.project_id), **env}
         if plan.build and build:
             await self._build(app, release_id, plan.build, release_dir, env, mounts)
-        return plan, Launch(release_dir, plan.argv, env, mounts, plan.health_path)
+        limits = APP_LIMITS if plan.memory_mb is None else replace(APP_LIMITS, memory_bytes=plan.memory_mb * MIB)
+        return plan, Launch(release_dir, plan.argv, env, mounts, plan.health_path, limits)
 
     def _secrets(self, db: Session, project_id: str) -> dict[str, str]:
         """The project's secrets (deploy_service.secrets), injected into its builds and instances only."""

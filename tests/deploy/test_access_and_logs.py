@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from starlette.websockets import WebSocketDisconnect
 
-from deploy.conftest import add_member, deploy, new_project
+from deploy.conftest import add_member, deploy, new_project, write_files
 
 SITE = {"index.html": "<p>mine</p>\n"}
 
@@ -69,6 +69,8 @@ def test_bad_deploy_settings_fail_with_the_field_named(owner):
     deployment = deploy(owner, project_id)
     assert deployment["status"] == "failed"
     assert "deploy.instances must be a whole number from 1 to 4" in deployment["releases"][0]["message"]
+    write_files(owner, project_id, {"codeyard.toml": "[deploy]\nmemory_mb = 4096\n"})
+    assert "deploy.memory_mb must be a whole number from 32 to 1024" in deploy(owner, project_id)["releases"][0]["message"]
     assert owner.post(f"/api/projects/{project_id}/deployment/rollback", json={"release_id": "nope"}).status_code == 400
     assert owner.post(f"/api/projects/{project_id}/deployment/scale", json={"instances": 0}).status_code == 422
 
@@ -127,3 +129,27 @@ def test_deploys_pile_up_no_further_than_three(owner):
     answers = [owner.post(f"/api/projects/{project_id}/deployments") for _ in range(4)]
     assert [a.status_code for a in answers] == [202, 202, 202, 409]
     assert "already under way" in answers[3].json()["detail"]
+
+
+HUNGRY_APP = """
+import http.server, os
+hoard = bytearray(int(os.environ.get("HOARD_MB", "0")) * 1024 * 1024)  # touched: really resident
+for i in range(0, len(hoard), 4096):
+    hoard[i] = 1
+http.server.test(http.server.SimpleHTTPRequestHandler, http.server.ThreadingHTTPServer,
+                 port=int(os.environ["PORT"]), bind="127.0.0.1")
+"""
+
+
+def test_an_app_gets_the_memory_its_codeyard_toml_asks_for(owner):
+    def deploy_with(memory_mb: int) -> dict:
+        config = f'[deploy]\nrun = ["/bin/sh", "-c", "HOARD_MB=120 exec python3 app.py"]\nmemory_mb = {memory_mb}\n'
+        write_files(owner, project_id, {"app.py": HUNGRY_APP, "codeyard.toml": config})
+        return deploy(owner, project_id)
+
+    project_id = new_project(owner, SITE)
+    starved = deploy_with(64)
+    assert starved["releases"][0]["status"] == "failed"
+    assert "exited (signal 9)" in starved["releases"][0]["message"]  # the kernel's OOM killer, inside its cgroup
+    fed = deploy_with(256)
+    assert fed["status"] == "running", fed["releases"][0]["message"]
