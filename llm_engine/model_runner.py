@@ -11,6 +11,7 @@ import torch
 from llm_engine.config import EngineConfig
 from llm_engine.layers.attention import (Attention, AttentionBackend, NativePagedAttention, SeqSlice,
                                          TorchPagedAttention)
+from llm_engine.layers.linear import LinearBase
 from llm_engine.layers.native import KernelBuildError
 from llm_engine.loader import ModelSource
 from llm_engine.models.registry import resolve_model_class
@@ -70,6 +71,9 @@ class ModelRunner:
         with torch.device(self.device):
             self.model = model_class(hf_config, self.backend, self.dtype)
         self.model.load_weights(source.weights(hf_config))
+        for module in self.model.modules():
+            if isinstance(module, LinearBase):
+                module.quant_method.process_weights_after_loading(module)
         self.model.eval()
         self.num_blocks = self._allocate_kv_cache(config)
         self.sampler = Sampler(config.seed)
