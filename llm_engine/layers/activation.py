@@ -1,4 +1,5 @@
-"""Gated activation for SwiGLU MLPs: silu(gate) * up over a fused gate_up tensor."""
+"""Gated activation for SwiGLU MLPs: silu(gate) * up over a fused gate_up tensor (one native
+pass on the CPU, torch ops elsewhere)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llm_engine.layers.native import cpu_kernels
+
 
 class SiluAndMul(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels = cpu_kernels()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None and self.kernels.supports(x):
+            return self.kernels.silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up

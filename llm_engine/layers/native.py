@@ -1,7 +1,8 @@
-"""Builds and loads the engine's C++ CPU kernels (csrc/) on first use.
+"""Builds and loads the engine's C++ CPU kernels (csrc/) on first use: paged decode attention and
+the decoder layer's fused elementwise steps (RMSNorm with the residual add, rotary, SiLU * up).
 
-The source is compiled once per machine with the system C++ compiler (-march=native, OpenMP) into
-a cache folder keyed by the source, the flags and the CPU's features, then loaded with ctypes. The
+The sources are compiled once per machine with the system C++ compiler (-march=native, OpenMP) into
+a cache folder keyed by the sources, the flags and the CPU's features, then loaded with ctypes. The
 shared library links the same libgomp that torch has already loaded, so kernels and torch share
 one thread pool. Set CODEYARD_KERNEL_CACHE to choose the folder.
 """
@@ -17,8 +18,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+import torch
+
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / "paged_attention.cpp", CSRC / "elementwise.cpp"]
+HEADERS = [CSRC / "simd.h"]
+# -ffp-contract=off: a*b - c*d stays two roundings, as in the PyTorch code the kernels replace.
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 
 
 class KernelBuildError(RuntimeError):
@@ -42,7 +48,7 @@ def _build(compiler: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         partial = Path(tmp) / target.name
-        result = subprocess.run([compiler, *FLAGS, "-o", str(partial), str(SOURCE)],
+        result = subprocess.run([compiler, *FLAGS, "-o", str(partial), *map(str, SOURCES)],
                                 capture_output=True, text=True)
         if result.returncode != 0:
             raise KernelBuildError(f"{compiler} failed: {result.stderr.strip()[-2000:]}")
@@ -55,18 +61,78 @@ def load_kernels() -> ctypes.CDLL:
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         raise KernelBuildError("no C++ compiler found (install g++ or set CXX)")
-    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(FLAGS).encode(), compiler.encode(),
+    sources = [path.read_bytes() for path in SOURCES + HEADERS]
+    key = hashlib.sha256(b"\0".join([*sources, " ".join(FLAGS).encode(), compiler.encode(),
                                       _cpu_flags().encode()])).hexdigest()[:16]
-    target = _cache_dir() / f"paged_attention-{key}.so"
+    target = _cache_dir() / f"kernels-{key}.so"
     if not target.is_file():
         _build(compiler, target)
     try:
         library = ctypes.CDLL(str(target))
     except OSError as exc:
         raise KernelBuildError(f"cannot load {target}: {exc}") from exc
-    pointer, i32 = ctypes.c_void_p, ctypes.c_int
-    for name in ("paged_decode_f32", "paged_decode_bf16"):
-        function = getattr(library, name)
-        function.argtypes = [pointer] * 6 + [i32] * 6 + [ctypes.c_float]
-        function.restype = None
+    pointer, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+    signatures = {"paged_decode": [pointer] * 6 + [i32] * 6 + [f32],
+                  "rms_norm": [pointer] * 4 + [i64, i32, f32],
+                  "rotary": [pointer] * 5 + [i64, i32, i32, i32, i64, i64],
+                  "silu_and_mul": [pointer] * 2 + [i64, i32]}
+    for name, argtypes in signatures.items():
+        for suffix in ("f32", "bf16"):
+            function = getattr(library, f"{name}_{suffix}")
+            function.argtypes = argtypes
+            function.restype = None
     return library
+
+
+class CpuKernels:
+    """The layers' fused CPU steps over torch tensors (float32 or bfloat16, on the CPU)."""
+
+    _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._functions = {(name, dtype): getattr(library, f"{name}_{suffix}")
+                           for name in ("rms_norm", "rotary", "silu_and_mul")
+                           for dtype, suffix in self._SUFFIXES.items()}
+
+    def supports(self, x: torch.Tensor) -> bool:
+        return x.device.type == "cpu" and x.dtype in self._SUFFIXES
+
+    def rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> torch.Tensor:
+        """RMSNorm of x, or of `residual += x` (in place) when a residual is given."""
+        hidden = x.shape[-1]
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        if residual is not None and not residual.is_contiguous():
+            raise ValueError("residual: must be contiguous")
+        self._functions["rms_norm", x.dtype](x.data_ptr(), 0 if residual is None else residual.data_ptr(),
+                                             weight.data_ptr(), out.data_ptr(), x.numel() // hidden, hidden, eps)
+        return out
+
+    def rotary(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor) -> None:
+        """Rotate q [tokens, heads, dim] and k [tokens, kv_heads, dim] in place; each token's
+        heads must be contiguous (a row of a fused qkv output is)."""
+        for t in (q, k):
+            if t.stride(-1) != 1 or t.stride(-2) != t.shape[-1]:
+                raise ValueError("rotary: each token's heads must be contiguous")
+        positions = positions.contiguous()
+        self._functions["rotary", q.dtype](positions.data_ptr(), q.data_ptr(), k.data_ptr(), cos.data_ptr(),
+                                           sin.data_ptr(), q.shape[0], q.shape[1], k.shape[1], q.shape[2],
+                                           q.stride(0), k.stride(0))
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up over x = [..., gate | up]."""
+        x = x.contiguous()
+        width = x.shape[-1] // 2
+        out = torch.empty(*x.shape[:-1], width, dtype=x.dtype, device=x.device)
+        self._functions["silu_and_mul", x.dtype](x.data_ptr(), out.data_ptr(), out.numel() // width, width)
+        return out
+
+
+def cpu_kernels() -> CpuKernels | None:
+    """The fused CPU steps, or None where the kernels cannot be built (layers then run PyTorch)."""
+    try:
+        return CpuKernels(load_kernels())
+    except KernelBuildError:
+        return None

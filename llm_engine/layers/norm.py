@@ -1,9 +1,15 @@
-"""RMSNorm computed in float32 like the reference, with an optional fused residual add."""
+"""RMSNorm computed in float32 like the reference, with an optional fused residual add.
+
+On the CPU the native kernel does the same arithmetic in one pass (torch's version is six ops,
+each a pass over the tensor); elsewhere, or without a compiler, the PyTorch code runs.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from llm_engine.layers.native import cpu_kernels
 
 
 class RMSNorm(nn.Module):
@@ -11,6 +17,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
+        self.kernels = cpu_kernels()
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
@@ -20,6 +27,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Without a residual: norm(x). With one: (norm(x + residual), x + residual); on the
+        native path the residual tensor is updated in place and returned."""
+        if self.kernels is not None and self.kernels.supports(x) and x.dtype == self.weight.dtype:
+            out = self.kernels.rms_norm(x, residual, self.weight, self.eps)
+            return out if residual is None else (out, residual)
         if residual is None:
             return self._norm(x)
         residual = x + residual

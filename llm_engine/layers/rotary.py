@@ -1,4 +1,8 @@
-"""Rotary position embedding (neox / rotate-half layout, as in Hugging Face Llama/Qwen)."""
+"""Rotary position embedding (neox / rotate-half layout, as in Hugging Face Llama/Qwen).
+
+On the CPU the native kernel rotates q and k in place (in the fused qkv output) with the same
+float32 arithmetic; elsewhere, or without a compiler, the PyTorch code runs.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ import math
 
 import torch
 from torch import nn
+
+from llm_engine.layers.native import cpu_kernels
 
 
 def _inv_freq(head_dim: int, rope: dict) -> torch.Tensor:
@@ -34,6 +40,7 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), _inv_freq(head_dim, rope))
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
+        self.kernels = cpu_kernels()
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x1, x2 = x.float().chunk(2, dim=-1)
@@ -42,6 +49,9 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]."""
+        if self.kernels is not None and self.kernels.supports(q):
+            self.kernels.rotary(positions, q, k, self.cos, self.sin)
+            return q, k
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)

@@ -12,62 +12,13 @@
 // [num_blocks, kv_heads, block_size, dim]; block_tables [batch, max_blocks]; context_lens [batch].
 
 #include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 namespace {
 
-inline float load(float x) { return x; }
-inline float load(uint16_t x) {  // bfloat16 -> float32: the bf16 bits are the float's top half
-  uint32_t bits = static_cast<uint32_t>(x) << 16;
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
-
-inline void store(float* dst, float x) { *dst = x; }
-inline void store(uint16_t* dst, float x) {  // float32 -> bfloat16, round to nearest even
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  if (std::isnan(x)) {
-    *dst = 0x7FC0;
-    return;
-  }
-  bits += 0x7FFF + ((bits >> 16) & 1);
-  *dst = static_cast<uint16_t>(bits >> 16);
-}
-
-#if defined(__AVX512F__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {
-  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-// e^x for x <= 0 (softmax after subtracting the peak): 2^n * p(r), r = x - n ln2 in
-// [-ln2/2, ln2/2], p a degree-6 Taylor polynomial (relative error ~2e-7, float32's own rounding).
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-#endif
+using namespace codeyard;
 
 // Dot product of a query row and a key row, float32 accumulation.
 template <typename T>
