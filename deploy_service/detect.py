@@ -55,8 +55,8 @@ class AppPlan:
     build: list[str] | None = None
     health_path: str = "/"
     instances: int | None = None  # from codeyard.toml; None keeps the deployment's count
-    memory_mb: int | None = None  # from codeyard.toml; None: the server's default for apps
     extra_requirements: tuple[str, ...] = field(default=())  # Python packages the server itself needs
+    memory_mb: int | None = None  # from codeyard.toml; None: the server's default for apps
 
     @property
     def ecosystem(self) -> str | None:
