@@ -13,7 +13,6 @@ thing that opens that socket.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import secrets
 import shutil
@@ -25,8 +24,7 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from sandbox.backend import Backend, Mount, RunContext, RunSpec, SandboxRun
-from sandbox.cgroups import (V1_CONTROLLERS, CgroupV1, RunCgroup, _in_hierarchy, _self_path, _v1_mounts, cgroup_dirs,
-                             remove_cgroup)
+from sandbox.cgroups import RunCgroup, cgroup_dirs, remove_cgroup
 from sandbox.errors import SandboxUnavailable
 from sandbox.host_lease import lease_uid
 from sandbox.files import copy_in
@@ -37,14 +35,12 @@ from sandbox.workspace import kill_uid, runs_root, scratch
 from deploy_service.detect import PORT
 from deploy_service.upstream import Upstream, UpstreamError
 
-log = logging.getLogger(__name__)
 
 APP_UID_BASE = 640000  # runs use 620000..624095; apps have a range of their own
 APP_UID_COUNT = 1024
 SOCKET_DIR = "/run/codeyard-app"
 SOCKET_NAME = "app.sock"
 HEALTH_ERRORS = 5  # error answers (5xx) in a row that fail a health check
-CPU_QUOTA = 1.0  # CPUs one instance may use
 APPS_CGROUP = "codeyard-apps"
 # cpu_seconds/wall_seconds are per-run bounds; an app runs until stopped (its CPU use is bounded by the quota)
 APP_LIMITS = Limits(cpu_seconds=10**9, wall_seconds=10**9, memory_bytes=256 * MIB, pids=192, output_bytes=1,
@@ -80,42 +76,18 @@ sys.exit(code if code >= 0 else 128 - code)
 
 
 def app_cgroup(name: str, limits: Limits) -> RunCgroup | None:
-    """An instance's cgroup (memory, pids, and a CPU quota), or None where the host gives none.
-
-    On cgroup v1 it goes beside the runs' folder, in <our cgroup>/codeyard-apps (sandbox tests
-    check that the runs' folder empties after every run; an app outlives them). On v2 the runs'
-    own helper makes it, in their folder (that is where our cgroup delegates controllers), with
-    its cpu.max of one CPU."""
-    mounts = _v1_mounts(every=True)
-    if not set(V1_CONTROLLERS) <= set(mounts):
-        return RunCgroup.create(name, limits.memory_bytes, limits.pids)
-    relpath = f"{_self_path('memory').rstrip('/')}/{APPS_CGROUP}/{name}"
-    dirs: dict[str, Path] = {}
-    try:
-        for controller in (*V1_CONTROLLERS, "cpu"):
-            if controller in mounts:
-                dirs[controller] = _in_hierarchy(*mounts[controller], relpath)
-                dirs[controller].mkdir(parents=True, exist_ok=True)
-        (dirs["memory"] / "memory.limit_in_bytes").write_text(str(limits.memory_bytes))
-        if (swap := dirs["memory"] / "memory.memsw.limit_in_bytes").exists():
-            swap.write_text(str(limits.memory_bytes))
-        (dirs["pids"] / "pids.max").write_text(str(limits.pids))
-    except OSError:
-        remove_cgroup(relpath)
-        return None
-    if "cpu" in dirs:
-        try:
-            period = int((dirs["cpu"] / "cpu.cfs_period_us").read_text())
-            (dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(int(period * CPU_QUOTA)))
-        except OSError:
-            log.warning("apps get no CPU quota on this host (the cgroup v1 cpu controller refused it)")
-    return CgroupV1(relpath, dirs)
+    """An instance's cgroup (memory, pids, one CPU), or None where the host gives none. On cgroup v1
+    it goes beside the runs' folder (sandbox tests check that folder empties after every run; an
+    app outlives them)."""
+    return RunCgroup.create(name, limits.memory_bytes, limits.pids, folder=APPS_CGROUP, one_cpu=True)
 
 
 def remove_stale_cgroups() -> list[str]:
     """At start-up: remove instance cgroups (v1) a server that died left, those whose uid nobody leases now."""
     removed = []
-    base = f"{_self_path('memory').rstrip('/')}/{APPS_CGROUP}"
+    base = RunCgroup.base_relpath(APPS_CGROUP)
+    if base is None:
+        return removed
     names = {child.name for folder in cgroup_dirs(base) for child in folder.iterdir() if child.is_dir()}
     for name in sorted(names):
         kind, _, rest = name.partition("-")

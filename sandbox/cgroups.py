@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import errno
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -20,10 +21,13 @@ from pathlib import Path
 
 from sandbox.killing import kill_until_gone
 
+log = logging.getLogger(__name__)
+
 V1_CONTROLLERS = ("memory", "pids", "cpuacct")
 V2_CONTROLLERS = ("memory", "pids", "cpu")
 V2_SERVER_LEAF = "codeyard-server"  # where our cgroup's own processes move so it may delegate controllers
 CPU_PERIOD_US = 100_000  # cpu.max: one CPU, as Docker's runs get
+RUNS_FOLDER = "codeyard"
 
 
 def _mountinfo() -> list[tuple[Path, str, str, list[str]]]:
@@ -106,21 +110,25 @@ class RunCgroup(abc.ABC):
     relpath: str  # e.g. /process_api/abc/codeyard/run-1, also usable as Docker's cgroup_parent
 
     @staticmethod
-    def base_relpath() -> str | None:
-        """Where runs' cgroups go (<our cgroup>/codeyard), or None where no usable cgroup version is mounted."""
+    def base_relpath(folder: str = RUNS_FOLDER) -> str | None:
+        """Where runs' cgroups go (<our cgroup>/codeyard), or None where no usable cgroup version is mounted.
+        On v1 a long-lived kind (deployed apps) may have a folder of its own beside it."""
         if set(_v1_mounts()) == set(V1_CONTROLLERS):
-            return _self_path("memory").rstrip("/") + "/codeyard"
+            return f"{_self_path('memory').rstrip('/')}/{folder}"
         if _v2_available() is not None:
-            return _self_path("").rstrip("/") + "/codeyard"
+            return f"{_self_path('').rstrip('/')}/{RUNS_FOLDER}"
         return None
 
     @staticmethod
-    def create(name: str, memory_bytes: int, pids: int) -> RunCgroup | None:
-        """Create the cgroup with its limits; None where this host gives us no writable cgroups."""
+    def create(name: str, memory_bytes: int, pids: int, folder: str = RUNS_FOLDER,
+               one_cpu: bool = False) -> RunCgroup | None:
+        """Create the cgroup with its limits; None where this host gives us no writable cgroups.
+        v1: in <our cgroup>/<folder>, with a quota of one CPU if one_cpu (where the cpu controller is
+        mounted). v2: always in the runs' folder (where our cgroup delegates), always with one CPU."""
         if set(_v1_mounts()) == set(V1_CONTROLLERS):
-            return CgroupV1.create(name, memory_bytes, pids)
+            return CgroupV1.create(name, memory_bytes, pids, folder, one_cpu)
         if (v2 := _v2_available()) is not None:
-            relpath = _self_path("").rstrip("/") + "/codeyard"
+            relpath = f"{_self_path('').rstrip('/')}/{RUNS_FOLDER}"
             return CgroupV2.create_in(_in_hierarchy(*v2, relpath), relpath, name, memory_bytes, pids)
         return None
 
@@ -165,14 +173,16 @@ class CgroupV1(RunCgroup):
     dirs: dict[str, Path]
 
     @classmethod
-    def create(cls, name: str, memory_bytes: int, pids: int) -> CgroupV1 | None:
-        relpath = f"{_self_path('memory').rstrip('/')}/codeyard/{name}"
+    def create(cls, name: str, memory_bytes: int, pids: int, folder: str = RUNS_FOLDER,
+               one_cpu: bool = False) -> CgroupV1 | None:
+        relpath = f"{_self_path('memory').rstrip('/')}/{folder}/{name}"
+        mounts = _v1_mounts(every=one_cpu)
         dirs: dict[str, Path] = {}
         try:
-            for ctl, (point, root) in _v1_mounts().items():
-                d = _in_hierarchy(point, root, relpath)
-                d.mkdir(parents=True, exist_ok=True)
-                dirs[ctl] = d
+            for ctl in (*V1_CONTROLLERS, "cpu") if one_cpu else V1_CONTROLLERS:
+                if ctl in mounts:
+                    dirs[ctl] = _in_hierarchy(*mounts[ctl], relpath)
+                    dirs[ctl].mkdir(parents=True, exist_ok=True)
             mem = dirs["memory"]
             (mem / "memory.limit_in_bytes").write_text(str(memory_bytes))
             swap = mem / "memory.memsw.limit_in_bytes"
@@ -182,6 +192,12 @@ class CgroupV1(RunCgroup):
         except OSError:
             remove_cgroup(relpath)
             return None
+        if "cpu" in dirs:
+            try:
+                period = int((dirs["cpu"] / "cpu.cfs_period_us").read_text())
+                (dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(period))
+            except OSError:
+                log.warning("no CPU quota on this host (the cgroup v1 cpu controller refused it)")
         return cls(relpath, dirs)
 
     @classmethod
