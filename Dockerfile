@@ -32,7 +32,7 @@ ENV CODEYARD_DATA_DIR=/data \
     CODEYARD_HOST=0.0.0.0 \
     CODEYARD_PORT=8000
 VOLUME ["/data"]
-EXPOSE 8000
+EXPOSE 8000 8080
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
 CMD ["codeyard", "serve"]
