@@ -28,8 +28,11 @@ log = logging.getLogger(__name__)
 
 HEAD_TIMEOUT = 300.0  # seconds an app may take before its answer starts
 IDLE_TIMEOUT = 75.0  # a client's kept-alive connection with nothing asked
+HEAD_READ_TIMEOUT = 30.0  # a request head must arrive whole within this (no slow-header hold-ups)
+MAX_HEAD_BYTES = 64 * 1024
 MAX_IDLE_PER_INSTANCE = 32
-REASONS = {400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed", 502: b"Bad Gateway",
+REASONS = {400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed", 431: b"Request Header Fields Too Large",
+           502: b"Bad Gateway",
            503: b"Service Unavailable", 504: b"Gateway Timeout", 308: b"Permanent Redirect"}
 
 
@@ -43,15 +46,20 @@ def _plain_response(status: int, text: str, extra: list[tuple[bytes, bytes]] = (
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
+class _HeadTooLarge(Exception):
+    pass
+
+
 class _Exchange:
     """One request from its head to the end of its answer."""
 
-    __slots__ = ("url", "headers", "method", "keep_alive", "upgrade", "http10", "local", "instance", "own_host",
+    __slots__ = ("url", "headers", "head_bytes", "method", "keep_alive", "upgrade", "http10", "local", "instance", "own_host",
                  "target", "prefix", "chunked", "body", "body_done", "upstream", "answered", "finished")
 
     def __init__(self) -> None:
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
+        self.head_bytes = 0
         self.method = b"GET"
         self.keep_alive = self.upgrade = self.http10 = self.own_host = self.chunked = False
         self.local: bytes | None = None  # an answer of our own (404, 503, redirect)
@@ -219,6 +227,10 @@ class ClientConnection(asyncio.Protocol):
         except httptools.HttpParserUpgrade as upgrade:
             self.upgrading = True
             self.early = data[upgrade.args[0]:]
+        except httptools.HttpParserCallbackError as exc:
+            if isinstance(exc.__context__, _HeadTooLarge) and not self.queue:
+                self.transport.write(_plain_response(431, "The request head is too large.", close=True))
+            self.transport.close()
         except httptools.HttpParserError:
             if not self.queue:  # garbage between requests; mid-answer we just stop reading
                 self.transport.write(_plain_response(400, "Malformed HTTP request.", close=True))
@@ -230,15 +242,24 @@ class ClientConnection(asyncio.Protocol):
         self.parsing = _Exchange()
         if self._idle_timer is not None:
             self._idle_timer.cancel()
-            self._idle_timer = None
+        self._idle_timer = asyncio.get_running_loop().call_later(HEAD_READ_TIMEOUT, self.transport.close)
 
     def on_url(self, url: bytes) -> None:
         self.parsing.url += url
+        self._count(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.parsing.headers.append((name.lower(), value))
+        self._count(len(name) + len(value))
+
+    def _count(self, size: int) -> None:
+        self.parsing.head_bytes += size
+        if self.parsing.head_bytes > MAX_HEAD_BYTES:
+            raise _HeadTooLarge()
 
     def on_headers_complete(self) -> None:
+        self._idle_timer.cancel()
+        self._idle_timer = None
         exchange = self.parsing
         exchange.method = self.parser.get_method()
         exchange.keep_alive = self.parser.should_keep_alive()

@@ -7,6 +7,7 @@ import socket
 import time
 
 from deploy.conftest import deploy, new_project, wait_until
+from deploy_service import edge as edge_module
 
 APP = '''
 import time
@@ -45,7 +46,7 @@ def raw(port: int, data: bytes, until_closed: bool = True, timeout: float = 30) 
         try:
             while chunk := sock.recv(65536):
                 received += chunk
-        except TimeoutError:
+        except (TimeoutError, ConnectionResetError):  # (a reset: the server closed with our bytes unread)
             pass
     return received
 
@@ -122,3 +123,16 @@ def test_a_stopped_app_answers_503_then_404_once_deleted(owner, edge):
     assert owner.delete(f"/api/projects/{project_id}/deployment").status_code == 204
     time.sleep(0.1)
     assert edge.get(url).status_code == 404
+
+
+def test_slow_or_huge_request_heads_are_cut_off(owner, edge, monkeypatch):
+    monkeypatch.setattr(edge_module, "HEAD_READ_TIMEOUT", 0.5)
+    port = edge.base_url.port
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /apps/x/ HTTP/1.1\r\nHost: x\r\n")  # ... and the rest never comes
+        began = time.monotonic()
+        assert sock.recv(100) == b""  # closed by the server
+        assert time.monotonic() - began < 5
+    huge = raw(port, b"GET /apps/x/ HTTP/1.1\r\nHost: x\r\n" + b"X-Filler: " + b"a" * 100_000 + b"\r\n\r\n")
+    assert huge.startswith(b"HTTP/1.1 431")
+    assert edge.get("/apps/no-such-app/").status_code == 404  # and it serves on
