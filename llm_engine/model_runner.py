@@ -11,6 +11,7 @@ import torch
 from llm_engine.config import EngineConfig
 from llm_engine.layers.attention import (Attention, AttentionBackend, NativePagedAttention, SeqSlice,
                                          TorchPagedAttention)
+from llm_engine.layers.embedding import ParallelLMHead
 from llm_engine.layers.linear import LinearBase
 from llm_engine.layers.native import KernelBuildError
 from llm_engine.loader import ModelSource
@@ -74,6 +75,8 @@ class ModelRunner:
         for module in self.model.modules():
             if isinstance(module, LinearBase):
                 module.quant_method.process_weights_after_loading(module)
+            elif isinstance(module, ParallelLMHead):
+                module.process_weights_after_loading()
         self.model.eval()
         self.num_blocks = self._allocate_kv_cache(config)
         self.sampler = Sampler(config.seed)

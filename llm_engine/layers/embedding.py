@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llm_engine.distributed import all_gather_last_dim, all_reduce, get_tp_rank, get_tp_size
+from llm_engine.layers.quantization import packed_linear, prepack
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -35,6 +36,14 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to logits; with tied embeddings it shares the embedding weight."""
 
+    packed_weight: torch.Tensor | None = None
+
+    def process_weights_after_loading(self) -> None:
+        """A oneDNN-packed copy for the logits matmul where `prepack` applies (the plain weight
+        stays: tied embeddings look tokens up in it)."""
+        self.packed_weight = prepack(self.weight)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = all_gather_last_dim(F.linear(hidden, self.weight))
-        return logits[..., :self.vocab_size]
+        local = (F.linear(hidden, self.weight) if self.packed_weight is None
+                 else packed_linear(hidden, self.packed_weight, None))
+        return all_gather_last_dim(local)[..., :self.vocab_size]
