@@ -127,10 +127,15 @@ class TorchPagedAttention(AttentionBackend):
         positions = torch.arange(tables.shape[1] * block_size, device=tables.device)
         meta.decode_mask = positions.unsqueeze(0) < lens.unsqueeze(1)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, metadata: TorchAttentionMetadata, scale: float) -> torch.Tensor:
+    def write_cache(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    metadata: TorchAttentionMetadata) -> None:
+        """Store the step's new keys and values in their slots."""
         k_cache[metadata.slot_blocks, :, metadata.slot_offsets] = k
         v_cache[metadata.slot_blocks, :, metadata.slot_offsets] = v
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, metadata: TorchAttentionMetadata, scale: float) -> torch.Tensor:
+        self.write_cache(k, v, k_cache, v_cache, metadata)
         if isinstance(metadata.decode_rows, slice) and metadata.decode_rows == slice(0, q.shape[0]):
             return self.decode(q, k_cache, v_cache, metadata, scale).flatten(1)
         out = torch.empty_like(q)
@@ -163,14 +168,26 @@ class TorchPagedAttention(AttentionBackend):
 
 class NativePagedAttention(TorchPagedAttention):
     """The CPU fast path: decodes run a C++ kernel that reads keys and values straight from the
-    pool through the block tables (no per-layer gathered copy); prefill chunks and dtypes the
-    kernel lacks (float16) go through the reference code."""
+    pool through the block tables (no per-layer gathered copy), and another writes the new keys
+    and values (two index_puts in the reference); prefill chunks and dtypes the kernels lack
+    (float16) go through the reference code."""
 
     def __init__(self) -> None:
         from llm_engine.layers.native import load_kernels
 
         kernels = load_kernels()
         self._kernels = {torch.float32: kernels.paged_decode_f32, torch.bfloat16: kernels.paged_decode_bf16}
+        self._writers = {torch.float32: kernels.write_kv_f32, torch.bfloat16: kernels.write_kv_bf16}
+
+    def write_cache(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    metadata: TorchAttentionMetadata) -> None:
+        writer = self._writers.get(k.dtype)
+        rows_contiguous = all(t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] for t in (k, v))
+        if writer is None or k.device.type != "cpu" or not rows_contiguous:
+            return super().write_cache(k, v, k_cache, v_cache, metadata)
+        _, kv_heads, block_size, dim = k_cache.shape
+        writer(k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), metadata.slot_blocks.data_ptr(),
+               metadata.slot_offsets.data_ptr(), k.shape[0], kv_heads, block_size, dim, k.stride(0), v.stride(0))
 
     @staticmethod
     def _add_decode_gather(meta: TorchAttentionMetadata, block_size: int) -> None:

@@ -75,7 +75,8 @@ def load_kernels() -> ctypes.CDLL:
     signatures = {"paged_decode": [pointer] * 6 + [i32] * 6 + [f32],
                   "rms_norm": [pointer] * 4 + [i64, i32, f32],
                   "rotary": [pointer] * 5 + [i64, i32, i32, i32, i64, i64],
-                  "silu_and_mul": [pointer] * 2 + [i64, i32]}
+                  "silu_and_mul": [pointer] * 2 + [i64, i32],
+                  "write_kv": [pointer] * 6 + [i64, i32, i32, i32, i64, i64]}
     for name, argtypes in signatures.items():
         for suffix in ("f32", "bf16"):
             function = getattr(library, f"{name}_{suffix}")

@@ -1,4 +1,5 @@
-// Decode attention straight from the paged KV pool, for the CPU.
+// Decode attention straight from the paged KV pool, for the CPU, and the write of new keys and
+// values into it.
 //
 // One query token per sequence. Each (sequence, kv head) pair is one unit of work, spread over
 // torch's OpenMP threads: it walks the sequence's block table, reads every key and value row
@@ -79,9 +80,15 @@ inline void weighted_sum(const float* p, const T* rows, int n, int dim, float* a
 // s[i] = exp(s[i] - max(s)); returns the sum.
 inline float softmax_numerators(float* s, int n) {
   float peak = -INFINITY;
-  for (int i = 0; i < n; ++i) peak = s[i] > peak ? s[i] : peak;
-  float total = 0.0f;
   int i = 0;
+#if defined(__AVX512F__)
+  __m512 peaks = _mm512_set1_ps(-INFINITY);
+  for (; i + 16 <= n; i += 16) peaks = _mm512_max_ps(peaks, _mm512_loadu_ps(s + i));
+  peak = _mm512_reduce_max_ps(peaks);
+#endif
+  for (; i < n; ++i) peak = std::max(peak, s[i]);
+  float total = 0.0f;
+  i = 0;
 #if defined(__AVX512F__)
   const __m512 pv = _mm512_set1_ps(peak);
   __m512 sums = _mm512_setzero_ps();
@@ -97,6 +104,19 @@ inline float softmax_numerators(float* s, int n) {
     total += s[i];
   }
   return total;
+}
+
+// n values as float32: the values themselves, or converted once into `buffer` (a block's value
+// rows serve every query head of the group).
+inline const float* as_float(const float* values, int64_t, std::vector<float>&) { return values; }
+inline const float* as_float(const uint16_t* values, int64_t n, std::vector<float>& buffer) {
+  buffer.resize(n);
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(buffer.data() + i, load16(values + i));
+#endif
+  for (; i < n; ++i) buffer[i] = load(values[i]);
+  return buffer.data();
 }
 
 // One kv head's rows of the i-th block of a sequence; asks for the next block's rows meanwhile
@@ -123,7 +143,7 @@ void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* block
   const int64_t block_stride = kv_heads * head_stride;
 #pragma omp parallel
   {
-    std::vector<float> scores, acc, total;  // per thread, reused across work items
+    std::vector<float> scores, acc, total, converted;  // per thread, reused across items
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int b = 0; b < batch; ++b) {
       for (int kvh = 0; kvh < kv_heads; ++kvh) {
@@ -146,8 +166,9 @@ void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* block
         for (int i = 0; i < num_blocks; ++i) {
           const T* values = block_rows(v_cache, table, i, num_blocks, block_stride, head_offset, head_stride);
           const int start = i * block_size, rows = std::min(block_size, len - start);
+          const float* value_rows = as_float(values, static_cast<int64_t>(rows) * dim, converted);
           for (int g = 0; g < group; ++g)
-            weighted_sum(scores.data() + static_cast<size_t>(g) * len + start, values, rows, dim, acc.data() + g * dim);
+            weighted_sum(scores.data() + static_cast<size_t>(g) * len + start, value_rows, rows, dim, acc.data() + g * dim);
         }
         for (int g = 0; g < group; ++g) {
           T* dst = out + (static_cast<int64_t>(b) * heads + kvh * group + g) * dim;
@@ -159,9 +180,36 @@ void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* block
   }
 }
 
+// Each new token's key and value rows (one per kv head) into its slot of the pool.
+template <typename T>
+void write_kv(const T* k, const T* v, T* k_cache, T* v_cache, const int64_t* slot_blocks,
+              const int64_t* slot_offsets, int64_t tokens, int kv_heads, int block_size, int dim,
+              int64_t k_stride, int64_t v_stride) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int h = 0; h < kv_heads; ++h) {
+      const int64_t slot = ((slot_blocks[t] * kv_heads + h) * block_size + slot_offsets[t]) * dim;
+      std::memcpy(k_cache + slot, k + t * k_stride + static_cast<int64_t>(h) * dim, dim * sizeof(T));
+      std::memcpy(v_cache + slot, v + t * v_stride + static_cast<int64_t>(h) * dim, dim * sizeof(T));
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" {
+
+void write_kv_f32(const float* k, const float* v, float* k_cache, float* v_cache, const int64_t* slot_blocks,
+                  const int64_t* slot_offsets, int64_t tokens, int kv_heads, int block_size, int dim,
+                  int64_t k_stride, int64_t v_stride) {
+  write_kv(k, v, k_cache, v_cache, slot_blocks, slot_offsets, tokens, kv_heads, block_size, dim, k_stride, v_stride);
+}
+
+void write_kv_bf16(const uint16_t* k, const uint16_t* v, uint16_t* k_cache, uint16_t* v_cache,
+                   const int64_t* slot_blocks, const int64_t* slot_offsets, int64_t tokens, int kv_heads,
+                   int block_size, int dim, int64_t k_stride, int64_t v_stride) {
+  write_kv(k, v, k_cache, v_cache, slot_blocks, slot_offsets, tokens, kv_heads, block_size, dim, k_stride, v_stride);
+}
 
 void paged_decode_f32(const float* q, const float* k_cache, const float* v_cache,
                       const int32_t* block_tables, const int32_t* context_lens, float* out,
