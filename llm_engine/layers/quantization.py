@@ -31,10 +31,15 @@ def prepack(weight: torch.Tensor) -> torch.Tensor | None:
     """oneDNN's prepacked copy of a bfloat16 CPU weight, or None. Its linear gives the same bits
     as F.linear, faster (up to 2x for the few-row matmuls of decode steps); float32 stays on
     F.linear, whose results it would change."""
-    if (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+    if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and onednn_bf16_available():
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
     return None
+
+
+def onednn_bf16_available() -> bool:
+    """oneDNN's bf16 linear needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT on x86."""
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

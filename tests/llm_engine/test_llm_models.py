@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from llm_engine import LLM, SamplingParams
+from llm_engine.layers import embedding, quantization
 from llm_engine.layers.attention import _decode_attention
+from llm_engine.layers.linear import LinearBase
 from llm_engine.models.registry import resolve_model_class, supported_architectures
 
 
@@ -95,3 +97,23 @@ def test_sliding_window_caps_the_context(tmp_path):
     assert llm.engine.max_model_len == 48
     out = llm.generate([5] * 40, SamplingParams(max_tokens=20, ignore_eos=True), use_tqdm=False)[0]
     assert (len(out.outputs[0].token_ids), out.outputs[0].finish_reason) == (8, "length")
+
+
+@pytest.mark.skipif(not quantization.onednn_bf16_available(), reason="this CPU has no oneDNN bf16 linear")
+def test_bfloat16_weights_are_prepacked_for_onednn_and_change_no_token(tiny_llama, monkeypatch):
+    prompts = [[5, 6, 7, 8, 9], list(range(10, 60))]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
+    llm = LLM(model=str(tiny_llama), dtype="bfloat16")
+    model = llm.engine.model_runner.model
+    linears = [m for m in model.modules() if isinstance(m, LinearBase)]
+    assert linears and all(m.packed_weight.is_mkldnn and not hasattr(m, "weight") for m in linears)
+    assert model.lm_head.packed_weight is not None
+    packed = [(out.outputs[0].token_ids, out.outputs[0].cumulative_logprob)
+              for out in llm.generate(prompts, params, use_tqdm=False)]
+
+    monkeypatch.setattr(quantization, "prepack", lambda weight: None)
+    monkeypatch.setattr(embedding, "prepack", lambda weight: None)
+    plain = LLM(model=str(tiny_llama), dtype="bfloat16")
+    assert not hasattr(plain.engine.model_runner.model.model.layers[0].mlp.down_proj, "packed_weight")
+    plain_outputs = plain.generate(prompts, params, use_tqdm=False)
+    assert [(out.outputs[0].token_ids, out.outputs[0].cumulative_logprob) for out in plain_outputs] == packed
