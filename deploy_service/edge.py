@@ -21,7 +21,8 @@ from collections import deque
 import httptools
 
 from deploy_service.instance import AppInstance
-from deploy_service.proxy import APP_PATH, app_host_pattern, app_request_headers, app_response_headers, forwarded_headers
+from deploy_service.proxy import (APP_PATH, NO_APP, app_host_pattern, app_request_headers, app_response_headers,
+                                  forwarded_headers, unavailable)
 from deploy_service.service import DeployService
 
 log = logging.getLogger(__name__)
@@ -53,12 +54,13 @@ class _HeadTooLarge(Exception):
 class _Exchange:
     """One request from its head to the end of its answer."""
 
-    __slots__ = ("url", "headers", "head_bytes", "method", "keep_alive", "upgrade", "http10", "local", "instance", "own_host",
+    __slots__ = ("url", "headers", "host", "head_bytes", "method", "keep_alive", "upgrade", "http10", "local", "instance", "own_host",
                  "target", "prefix", "chunked", "body", "body_done", "upstream", "answered", "finished")
 
     def __init__(self) -> None:
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
+        self.host = b""
         self.head_bytes = 0
         self.method = b"GET"
         self.keep_alive = self.upgrade = self.http10 = self.own_host = self.chunked = False
@@ -103,9 +105,8 @@ class AppsEdge:
             exchange.local = _plain_response(405, "This server is no forward proxy.")
             return
         path, _, query = exchange.url.partition(b"?")
-        host = next((v for n, v in exchange.headers if n == b"host"), b"").decode("latin-1").lower()
         apps_host = self.deploys.apps_host
-        if apps_host and (match := app_host_pattern(apps_host).match(host)):
+        if apps_host and (match := app_host_pattern(apps_host).match(exchange.host.decode("latin-1").lower())):
             slug, rest, exchange.own_host = match.group(1), path.decode("latin-1"), True
         elif match := APP_PATH.match(path):
             if match.group(2) is None:  # /apps/{slug}: relative links need the trailing slash
@@ -114,7 +115,7 @@ class AppsEdge:
             slug, rest = match.group(1).decode(), match.group(2).decode("latin-1")
             exchange.prefix = f"/apps/{slug}"
         else:
-            exchange.local = _plain_response(404, "No app is deployed here.")
+            exchange.local = _plain_response(404, NO_APP)
             return
         if not rest.startswith("/"):
             exchange.local = _plain_response(400, "The request target must be a path.")
@@ -122,9 +123,7 @@ class AppsEdge:
         route = self.deploys.routes.get(slug)
         instance = route.pick() if route else None
         if instance is None:
-            exchange.local = (_plain_response(404, "No app is deployed here.") if route is None else _plain_response(
-                503, f"The app is not available right now: {route.reason or 'no healthy instance'}.",
-                [(b"retry-after", b"2")]))
+            exchange.local = _plain_response(*unavailable(route))
             return
         exchange.instance = instance
         exchange.target = rest + ("?" + query.decode("latin-1") if query else "")
@@ -249,7 +248,10 @@ class ClientConnection(asyncio.Protocol):
         self._count(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.parsing.headers.append((name.lower(), value))
+        name = name.lower()
+        self.parsing.headers.append((name, value))
+        if name == b"host":
+            self.parsing.host = value
         self._count(len(name) + len(value))
 
     def _count(self, size: int) -> None:
@@ -341,14 +343,16 @@ class ClientConnection(asyncio.Protocol):
     # ----- transport events -----
 
     def pause_writing(self) -> None:  # the visitor reads slower than the app answers
-        peer = self.tunnel or (self.queue[0].upstream.transport if self.queue and self.queue[0].upstream else None)
-        if peer is not None:
+        if (peer := self._peer()) is not None:
             peer.pause_reading()
 
     def resume_writing(self) -> None:
-        peer = self.tunnel or (self.queue[0].upstream.transport if self.queue and self.queue[0].upstream else None)
-        if peer is not None:
+        if (peer := self._peer()) is not None:
             peer.resume_reading()
+
+    def _peer(self) -> asyncio.Transport | None:
+        """Where what the visitor is sent comes from: the tunnel, or the answering app's connection."""
+        return self.tunnel or (self.queue[0].upstream.transport if self.queue and self.queue[0].upstream else None)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.edge.clients.discard(self)
@@ -390,9 +394,9 @@ class UpstreamConnection(asyncio.Protocol):
         exchange.upstream = self
         self.parser = httptools.HttpResponseParser(self)
         self.headers, self.reason = [], b""
-        host = next((v for n, v in exchange.headers if n == b"host"), b"")
         headers = app_request_headers(exchange.headers, forwarded_headers(
-            client.client_ip, "https" if self.edge.deploys.https else "http", host, exchange.prefix), exchange.upgrade)
+            client.client_ip, "https" if self.edge.deploys.https else "http", exchange.host, exchange.prefix),
+            exchange.upgrade)
         if exchange.chunked:
             headers.append((b"transfer-encoding", b"chunked"))
         head = [exchange.method + b" " + exchange.target.encode("latin-1") + b" HTTP/1.1"]

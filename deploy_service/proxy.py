@@ -84,6 +84,16 @@ class Routes:
         self._by_slug.clear()
 
 
+NO_APP = "No app is deployed here."
+
+
+def unavailable(route: Route | None) -> tuple[int, str, list[tuple[bytes, bytes]]]:
+    """The answer (status, text, headers) when no instance can take a request: no such app, or none serving."""
+    if route is None:
+        return 404, NO_APP, []
+    return 503, f"The app is not available right now: {route.reason or 'no healthy instance'}.", [(b"retry-after", b"2")]
+
+
 def _without_private_cookies(value: str) -> str:
     kept = [c for c in value.split(";") if not c.strip().startswith(PRIVATE_COOKIE_PREFIX)]
     return ";".join(kept).strip()
@@ -163,7 +173,7 @@ class AppsProxy:
         if scope["type"] != "http":
             return
         if match is None:
-            await _plain(send, 404, "No app is deployed here.")
+            await _plain(send, 404, NO_APP)
         elif match.group(2) is None:  # /apps/{slug}: relative links need the trailing slash
             query = scope.get("query_string", b"")
             await _plain(send, 308, "", [(b"location", match.group(0) + b"/" + (b"?" + query if query else b""))])
@@ -175,11 +185,7 @@ async def _proxy_http(scope: Scope, receive: Receive, send: Send, routes: Routes
     route = routes.get(slug)
     instance = route.pick() if route else None
     if instance is None or instance.upstream is None:
-        if route is None:
-            await _plain(send, 404, "No app is deployed here.")
-        else:
-            await _plain(send, 503, f"The app is not available right now: {route.reason or 'no healthy instance'}.",
-                         [(b"retry-after", b"2")])
+        await _plain(send, *unavailable(route))
         return
     path, prefix = _upstream_path(scope, slug)
     own_host = OWN_HOST in scope
@@ -239,10 +245,8 @@ async def _relay_http(scope: Scope, receive: Receive, send: Send, upstream: Upst
 def _upstream_path(scope: Scope, slug: str) -> tuple[str, str]:
     """(path with query as the app should see it, the prefix it is served under: none on its own host)."""
     prefix = f"/apps/{slug}"
-    raw = scope.get("raw_path") or scope["path"].encode()
-    path = raw.decode("latin-1")[len(prefix):] or "/"
-    query = scope.get("query_string", b"").decode("latin-1")
-    return path + (f"?{query}" if query else ""), "" if OWN_HOST in scope else prefix
+    path = _target(scope)[len(prefix):]
+    return path if path.startswith("/") else "/" + path, "" if OWN_HOST in scope else prefix
 
 
 def _target(scope: Scope) -> str:
