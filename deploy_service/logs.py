@@ -68,28 +68,25 @@ class DeployLog:
     async def follow(self, from_file: bool = False) -> AsyncIterator[dict]:
         """The kept tail, then new entries as they come (until the consumer stops). `from_file`: another
         replica writes this log (onto the shared data dir), so new entries are read as the file grows."""
-        if from_file:
-            async for entry in self._follow_file():
-                yield entry
-            return
         queue: asyncio.Queue[dict] = asyncio.Queue()
-        self._followers.add(queue)
+        if from_file:  # (the size before the tail is read: nothing written in between is lost)
+            new = self._file_growth(self.path.stat().st_size if self.path.exists() else 0)
+        else:
+            self._followers.add(queue)
+            new = _drained(queue)
         try:
             last = 0.0
             for entry in self.tail():
                 last = entry["time"]
                 yield entry
-            while True:
-                entry = await queue.get()
+            async for entry in new:
                 if entry["time"] > last:  # written while the tail was read: already sent
                     yield entry
         finally:
             self._followers.discard(queue)
 
-    async def _follow_file(self) -> AsyncIterator[dict]:
-        for entry in self.tail():
-            yield entry
-        offset = self.path.stat().st_size if self.path.exists() else 0
+    async def _file_growth(self, offset: int) -> AsyncIterator[dict]:
+        """Entries appended to the file past offset, polled."""
         pending = b""
         while True:
             await asyncio.sleep(FILE_POLL_SECONDS)
@@ -118,3 +115,8 @@ class DeployLog:
         self.close()
         for path in (self.path, self.path.with_name(self.path.name + ".1")):
             path.unlink(missing_ok=True)
+
+
+async def _drained(queue: asyncio.Queue[dict]) -> AsyncIterator[dict]:
+    while True:
+        yield await queue.get()
