@@ -18,6 +18,12 @@ CHROMIUM_ARGS = [
 PASSWORD = "correct horse battery"
 
 
+def join(server_url: str, owner: httpx.Client, project_id: str, username: str, role: str) -> None:
+    """username (registered) joins the owner's project with role, by an invite link as in the UI."""
+    invite = owner.post(f"/api/projects/{project_id}/invites", json={"role": role}).json()
+    api_client(server_url, username).post(f"/api/invites/{invite['token']}/accept").raise_for_status()
+
+
 def api_client(server_url: str, username: str, register: bool = True) -> httpx.Client:
     """An HTTP client signed in as username (registered first unless register=False), with its CSRF header set."""
     client = httpx.Client(base_url=server_url, timeout=30)

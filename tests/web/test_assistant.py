@@ -8,7 +8,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from browser_kit import api_client, editor_text, signed_in_context
+from browser_kit import api_client, editor_text, join, signed_in_context
 from serve_process import codeyard_serve
 
 OWNER, EDITOR = "aiowner", "aieditor"
@@ -32,8 +32,7 @@ def owner_api(server_url) -> httpx.Client:
 @pytest.fixture(scope="module")
 def project_id(server_url, owner_api) -> str:
     project = owner_api.post("/api/projects", json={"name": "ai", "template": "python"}).json()
-    invite = owner_api.post(f"/api/projects/{project['id']}/invites", json={"role": "editor"}).json()
-    api_client(server_url, EDITOR).post(f"/api/invites/{invite['token']}/accept").raise_for_status()
+    join(server_url, owner_api, project["id"], EDITOR, "editor")
     owner_api.put(f"/api/projects/{project['id']}/files/content/main.py", content=b"# adding numbers\n").raise_for_status()
     return project["id"]
 

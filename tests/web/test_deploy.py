@@ -10,7 +10,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from browser_kit import api_client, signed_in_context
+from browser_kit import api_client, join, signed_in_context
 
 OWNER, VIEWER = "dpowner", "dpviewer"
 
@@ -25,8 +25,7 @@ def project_id(server_url, owner_api) -> str:
     """A static site owned by OWNER, with VIEWER as viewer."""
     project = owner_api.post("/api/projects", json={"name": "site", "template": "static"}).json()
     owner_api.put(f"/api/projects/{project['id']}/files/content/index.html", content=b"<h1>version one</h1>\n").raise_for_status()
-    invite = owner_api.post(f"/api/projects/{project['id']}/invites", json={"role": "viewer"}).json()
-    api_client(server_url, VIEWER).post(f"/api/invites/{invite['token']}/accept").raise_for_status()
+    join(server_url, owner_api, project["id"], VIEWER, "viewer")
     return project["id"]
 
 

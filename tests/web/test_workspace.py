@@ -7,7 +7,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from browser_kit import api_client, editor_text, signed_in_context
+from browser_kit import api_client, editor_text, join, signed_in_context
 
 OWNER, EDITOR, VIEWER = "wsowner", "wseditor", "wsviewer"
 PROMPT_ANSWERS: dict = {}
@@ -19,8 +19,7 @@ def project_id(server_url) -> str:
     owner = api_client(server_url, OWNER)
     project = owner.post("/api/projects", json={"name": "pair", "template": "python"}).json()
     for username, role in ((EDITOR, "editor"), (VIEWER, "viewer")):
-        invite = owner.post(f"/api/projects/{project['id']}/invites", json={"role": role}).json()
-        api_client(server_url, username).post(f"/api/invites/{invite['token']}/accept").raise_for_status()
+        join(server_url, owner, project["id"], username, role)
     owner.put(f"/api/projects/{project['id']}/files/content/main.py", content=b'print("hello")\n').raise_for_status()
     return project["id"]
 
