@@ -19,25 +19,44 @@ from typing import Literal
 from sandbox.backend import ExitStatus, SandboxRun
 
 MAX_STDIN_BUFFER = 1 << 20
+READ_CHUNK = 256 * 1024
 
 
-class _Pump(asyncio.Protocol):
-    def __init__(self, run: SandboxRun, stream: Literal["stdout", "stderr"], done: asyncio.Future[None]) -> None:
-        self.run, self.stream, self.done = run, stream, done
+class _FdReader:
+    """Reads one descriptor it owns through loop.add_reader, passing output to the run, closing it at the end.
 
-    def data_received(self, data: bytes) -> None:
-        self.run.emit(self.stream, data)
+    Not a pipe transport: uvloop's connect_read_pipe/connect_write_pipe close the descriptor twice
+    (libuv and the file object each close the same number), and under load the second close hit
+    a descriptor another thread had just opened (a git checkpoint's pipe failed with EBADF).
+    """
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, run: SandboxRun,
+                 stream: Literal["stdout", "stderr"], done: asyncio.Future[None]) -> None:
+        os.set_blocking(fd, False)
+        self._loop, self._fd, self._run, self._stream, self._done = loop, fd, run, stream, done
+        loop.add_reader(fd, self._read)
+
+    def _read(self) -> None:
+        try:
+            data = os.read(self._fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:  # EIO: a terminal whose last holder exited
+            data = b""
+        if data:
+            self._run.emit(self._stream, data)
+            return
+        self._loop.remove_reader(self._fd)
+        os.close(self._fd)
+        if not self._done.done():
+            self._done.set_result(None)
 
 
-class _TerminalWriter:
-    """Buffered, non-blocking writes to a PTY master through loop.add_writer.
+class _FdWriter:
+    """Buffered, non-blocking writes to a descriptor it owns (a pipe or a PTY master) through loop.add_writer.
 
-    A pipe transport is wrong for a PTY: the master is readable too, and uvloop's write-pipe
-    transport reads from it (hitting output meant for the reader and failing).
+    Not a pipe transport (see _FdReader); for a PTY one would also be wrong, since the master is
+    readable too and uvloop's write-pipe transport reads from it.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
@@ -62,18 +81,29 @@ class _TerminalWriter:
             written = os.write(self._fd, self._buffer)
         except BlockingIOError:
             return
-        except OSError:  # the terminal is gone: nothing more can be delivered
+        except OSError:  # the reader is gone: nothing more can be delivered
             written = len(self._buffer)
         del self._buffer[:written]
         if not self._buffer:
             self._loop.remove_writer(self._fd)
+            if self._closed:
+                os.close(self._fd)
 
     def close(self) -> None:
+        """No more writes; the descriptor closes once what is buffered has been delivered."""
         if not self._closed:
             self._closed = True
-            if self._buffer:
-                self._loop.remove_writer(self._fd)
-            os.close(self._fd)
+            if not self._buffer:
+                os.close(self._fd)
+
+    def abort(self) -> None:
+        """Close now, dropping what is buffered (the process has exited: nobody will read it)."""
+        if self._buffer:
+            self._buffer.clear()
+            self._loop.remove_writer(self._fd)
+            if self._closed:  # close() left the closing to the last flush
+                os.close(self._fd)
+        self.close()
 
 
 class HostProcess:
@@ -83,22 +113,31 @@ class HostProcess:
         self.popen = popen
         self.terminal = terminal  # the PTY master, for resizing
         self.pidfd = os.pidfd_open(popen.pid)
-        self._stdin: asyncio.WriteTransport | _TerminalWriter | None = None
+        self._stdin: _FdWriter | None = None
         self._eof: list[asyncio.Future[None]] = []
         self._exited = False
 
     @classmethod
     async def spawn(cls, argv: list[str], run: SandboxRun, env: dict[str, str], cwd: str,
                     pass_fds: tuple[int, ...] = ()) -> HostProcess:
-        popen = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-            start_new_session=True, close_fds=True, pass_fds=pass_fds,
-        )
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        stderr_r, stderr_w = os.pipe()
+        try:
+            popen = subprocess.Popen(argv, stdin=stdin_r, stdout=stdout_w, stderr=stderr_w, env=env, cwd=cwd,
+                                     start_new_session=True, close_fds=True, pass_fds=pass_fds)
+        except BaseException:
+            for fd in (stdin_w, stdout_r, stderr_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (stdin_r, stdout_w, stderr_w):
+                os.close(fd)
         proc = cls(popen)
         loop = asyncio.get_running_loop()
-        for pipe, stream in ((popen.stdout, "stdout"), (popen.stderr, "stderr")):
-            await proc._pump(loop, run, pipe, stream)
-        proc._stdin, _ = await loop.connect_write_pipe(asyncio.BaseProtocol, popen.stdin)
+        proc._read(loop, run, stdout_r, "stdout")
+        proc._read(loop, run, stderr_r, "stderr")
+        proc._stdin = _FdWriter(loop, stdin_w)
         return proc
 
     @classmethod
@@ -118,14 +157,14 @@ class HostProcess:
             os.close(slave)
         proc = cls(popen, terminal=master)
         loop = asyncio.get_running_loop()
-        # Reader and writer each own a duplicate: transports close their fd, and `terminal` stays for resizing.
-        await proc._pump(loop, run, open(os.dup(master), "rb", buffering=0), "stdout")
-        proc._stdin = _TerminalWriter(loop, os.dup(master))
+        # Reader and writer each own a duplicate and close it; `terminal` stays for resizing.
+        proc._read(loop, run, os.dup(master), "stdout")
+        proc._stdin = _FdWriter(loop, os.dup(master))
         return proc
 
-    async def _pump(self, loop: asyncio.AbstractEventLoop, run: SandboxRun, pipe, stream: Literal["stdout", "stderr"]) -> None:
+    def _read(self, loop: asyncio.AbstractEventLoop, run: SandboxRun, fd: int, stream: Literal["stdout", "stderr"]) -> None:
         done: asyncio.Future[None] = loop.create_future()
-        await loop.connect_read_pipe(lambda: _Pump(run, stream, done), pipe)
+        _FdReader(loop, fd, run, stream, done)
         self._eof.append(done)
 
     def resize(self, rows: int, cols: int) -> None:
@@ -167,7 +206,7 @@ class HostProcess:
         self.popen.returncode = os.waitstatus_to_exitcode(status)
         await asyncio.gather(*self._eof)
         if self._stdin is not None:
-            self._stdin.close()
+            self._stdin.abort()
         if self.terminal is not None:
             os.close(self.terminal)
             self.terminal = None
