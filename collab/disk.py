@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 FileStamp = tuple[int, int, int]  # inode, size, mtime_ns
 OWNER_CHECK_S = 1.0
+WRITE_ATTEMPTS = 3
 
 
 class DiskHost(Protocol):
@@ -32,7 +33,8 @@ class DiskHost(Protocol):
     def snapshot(self) -> tuple[str, bytes]:
         """The current text and the full document state it belongs to."""
 
-    async def merge_outside_change(self, base_text: str, base_state: bytes, new_text: str) -> None: ...
+    async def merge_outside_change(self, base_text: str, base_state: bytes, new_text: str) -> bytes:
+        """Merge the edit; returns the document state that the file's text now corresponds to."""
 
     async def before_write(self, text: str) -> None: ...
 
@@ -53,7 +55,13 @@ def read_text(path: Path) -> str:
         raise ValueError(f"file_path: {path.name} is not a UTF-8 text file") from exc
 
 
-def write_text_atomic(path: Path, text: str) -> None:
+class ChangedMeanwhile(Exception):
+    """The file changed after we last looked: merge that change before writing."""
+
+
+def write_text_atomic(path: Path, text: str, expected: FileStamp | None | bool = False) -> None:
+    """Write through a temp file and rename; with `expected` (a stamp, or None for "no file"), only
+    if the file is still as we last saw it, so a save that lands while we write is not overwritten."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".codeyard-tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -62,6 +70,8 @@ def write_text_atomic(path: Path, text: str) -> None:
             os.fsync(handle.fileno())
         if path.exists():
             os.chmod(tmp, path.stat().st_mode & 0o7777)
+        if expected is not False and file_stamp(path) != expected:
+            raise ChangedMeanwhile(str(path))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -133,21 +143,28 @@ class DiskMirror:
     async def flush(self) -> None:
         """Write the document now if it changed since the last write.
 
-        A change made on disk since the last look is merged first, so a write never overwrites it.
+        A change made on disk since the last look is merged first, so a write never overwrites it;
+        one that lands while we write is merged and the write made again.
         """
         async with self._io_lock:
-            try:
-                await self._merge_outside_change()
-            except ValueError:
-                log.warning("%s is no longer UTF-8 text: the document replaces it", self.path)
             self._first_dirty = None
-            text, state = self.host.snapshot()
-            if text != self.written_text:
-                await self.host.before_write(text)
-                await asyncio.to_thread(write_text_atomic, self.path, text)
-                self._stamp = file_stamp(self.path)
-                await self.host.after_write(text)
-            self.written_text, self.written_state = text, state
+            for _ in range(WRITE_ATTEMPTS):
+                try:
+                    await self._merge_outside_change()
+                except ValueError:
+                    log.warning("%s is no longer UTF-8 text: the document replaces it", self.path)
+                text, state = self.host.snapshot()
+                if text != self.written_text:
+                    await self.host.before_write(text)
+                    try:
+                        await asyncio.to_thread(write_text_atomic, self.path, text, self._stamp)
+                    except ChangedMeanwhile:
+                        continue
+                    self._stamp = file_stamp(self.path)
+                    await self.host.after_write(text)
+                self.written_text, self.written_state = text, state
+                return
+            self.mark_dirty()  # outside writes kept racing ours: try again on the next round
 
     async def _run(self) -> None:
         while True:
@@ -200,8 +217,11 @@ class DiskMirror:
         stamp = file_stamp(self.path)
         if stamp is None or stamp == self._stamp:
             return
+        self._stamp = stamp  # even if it is not text: the document then replaces it (see flush)
         text = await asyncio.to_thread(read_text, self.path)
-        self._stamp = stamp
         if text == self.written_text:
             return
-        await self.host.merge_outside_change(self.written_text or "", self.written_state, text)
+        # The file's new text is the base of the next outside edit: keeping the old base made a
+        # second quick edit (two saves, a program writing twice) re-apply the first one.
+        self.written_state = await self.host.merge_outside_change(self.written_text or "", self.written_state, text)
+        self.written_text = text

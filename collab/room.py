@@ -253,23 +253,27 @@ class Room:
         self._edit_text(new_text)
         await self.wait_stored()
 
-    async def merge_outside_change(self, base_text: str, base_state: bytes, new_text: str) -> None:
+    async def merge_outside_change(self, base_text: str, base_state: bytes, new_text: str) -> bytes:
         """Rebase a disk edit made against base_state onto the current document.
 
         The diff base_text -> new_text is applied to a copy of the document as it was when the
         file was last written, and that copy's update is merged in: edits typed meanwhile stay.
+        Returns the state the file's text now belongs to: the merge base of the next outside edit.
         """
         base = Doc()
         base_content = base.get(TEXT_NAME, type=Text)
         base.apply_update(base_state)
         if str(base_content) != base_text:
             self._edit_text(new_text)
+            new_base = self.doc.get_update()
         else:
             before = base.get_state()
             with base.transaction():
                 apply_text(base_content, new_text)
             self.receive_update(base.get_update(before), origin=None)
+            new_base = base.get_update()
         await self.wait_stored()
+        return new_base
 
     def _edit_text(self, new_text: str) -> None:
         with self.doc.transaction(origin="server"):

@@ -187,6 +187,60 @@ async def test_a_write_never_overwrites_a_change_on_disk_it_has_not_seen(
     await alice.leave()
 
 
+async def test_two_quick_outside_changes_apply_once_each(
+    manager: RoomManager, key: RoomKey, file_path: Path
+) -> None:
+    """Two saves through the files API (or a program writing twice) before any write of ours: the
+    second is diffed against the first, not against the text we last wrote (issue 14, item 1)."""
+    alice = PyClient(manager, key, "alice")
+    await alice.start()
+    await eventually(lambda: key in manager.rooms and manager.rooms[key].mirror.written_text == "hello 😀\n")
+    room = manager.rooms[key]
+    room.mirror.poll_s = 60.0  # only the files API's notifications merge
+    await asyncio.sleep(0.3)
+    file_path.write_text("base\nline1\n", encoding="utf-8")
+    await manager.file_changed(key)
+    file_path.write_text("base\nline1\nline2\n", encoding="utf-8")
+    await manager.file_changed(key)
+    assert str(room.text) == "base\nline1\nline2\n"
+    await room.mirror.flush()
+    assert file_path.read_text(encoding="utf-8") == "base\nline1\nline2\n"
+    # Two whole-file saves of different texts: the later one wins, nothing blends.
+    for text in ("print(1)\n# first-AAAA\n", "print(1)\n# second-BBBB\n"):
+        file_path.write_text(text, encoding="utf-8")
+        await manager.file_changed(key)
+    assert str(room.text) == "print(1)\n# second-BBBB\n"
+    await eventually(lambda: str(alice.text) == "print(1)\n# second-BBBB\n")
+    await room.mirror.flush()
+    assert file_path.read_text(encoding="utf-8") == "print(1)\n# second-BBBB\n"
+    await alice.leave()
+
+
+async def test_an_outside_write_landing_during_our_write_is_merged_not_overwritten(
+    manager: RoomManager, key: RoomKey, file_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alice = PyClient(manager, key, "alice")
+    await alice.start()
+    await eventually(lambda: key in manager.rooms and manager.rooms[key].mirror.written_text == "hello 😀\n")
+    room = manager.rooms[key]
+    room.mirror.debounce_s = room.mirror.max_delay_s = room.mirror.poll_s = 60.0
+    await asyncio.sleep(0.3)
+    alice.type(0, "typed ")
+    await eventually(lambda: "typed" in str(room.text))
+    before_write = room.before_write
+
+    async def save_lands_meanwhile(text: str) -> None:
+        monkeypatch.setattr(room, "before_write", before_write)
+        file_path.write_text("hello 😀\nsaved meanwhile\n", encoding="utf-8")
+        await before_write(text)
+
+    monkeypatch.setattr(room, "before_write", save_lands_meanwhile)
+    await room.mirror.flush()
+    assert file_path.read_text(encoding="utf-8") == "typed hello 😀\nsaved meanwhile\n"
+    await eventually(lambda: str(alice.text) == "typed hello 😀\nsaved meanwhile\n")
+    await alice.leave()
+
+
 async def test_set_text_reaches_clients_as_an_edit(manager: RoomManager, key: RoomKey, file_path: Path) -> None:
     alice = PyClient(manager, key, "alice")
     await alice.start()
