@@ -2,7 +2,8 @@
 # Installs the Debian packages the tests use (only when run as root; otherwise says what is missing).
 set -euo pipefail
 # g++: the LLM engine compiles its CPU attention kernel on first use (it falls back to PyTorch without one).
-PKGS=(docker.io docker-compose bubblewrap redis-server postgresql chromium debootstrap g++)
+# strace: a sandbox test checks that no descriptor is closed twice.
+PKGS=(docker.io docker-compose bubblewrap redis-server postgresql chromium debootstrap g++ strace)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
