@@ -31,14 +31,25 @@ def load_models() -> None:
         import_module(name)
 
 
+# Sync routes and dependencies run on anyio's 40 worker threads, other blocking work on the event
+# loop's executor (app.IO_THREADS): each thread holds at most one connection at a time, and only
+# briefly (no session lives across an await), so this many never run dry in practice.
+POOL_SIZE = 20
+POOL_OVERFLOW = 60
+# Past this wait a request answers 503 with Retry-After (error_handlers) instead of hanging.
+POOL_TIMEOUT_S = 10
+# SQLite: how long a writer waits for the single write lock before "database is locked" (503).
+SQLITE_BUSY_TIMEOUT_S = 10
+
+
 def make_engine(url: str) -> Engine:
     """Engine with SQLite tuned for concurrent web use (WAL, busy timeout, foreign keys)."""
+    pool = {"pool_size": POOL_SIZE, "max_overflow": POOL_OVERFLOW, "pool_timeout": POOL_TIMEOUT_S}
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S}, **pool)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    # Sync routes run in a thread pool of 40: let a good share of them hold a connection.
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    return create_engine(url, pool_pre_ping=True, **pool)
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

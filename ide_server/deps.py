@@ -90,16 +90,18 @@ def identify(conn: HTTPConnection, db: Session, settings: Settings) -> Identity:
     return Identity(user, "cookie")
 
 
-def _release_if_websocket(conn: HTTPConnection, db: Session) -> None:
-    """A WebSocket keeps its dependencies (and DB session) open as long as it lives: end the
-    handshake's read transaction so the socket doesn't hold a pooled connection meanwhile."""
-    if conn.scope["type"] == "websocket":
-        db.commit()
+def _release(db: Session) -> None:
+    """End the access check's read transaction, so its pooled connection goes back at once.
+
+    A request keeps its dependencies' session until it ends: across every await of an async route
+    (a run's checkpoint, a file upload) and a WebSocket's whole life. Holding a connection there
+    starved the pool under load; a sync route's own queries simply take one again."""
+    db.commit()
 
 
 def _identity(conn: HTTPConnection, db: DbSession, settings: SettingsDep) -> Identity:
     identity = identify(conn, db, settings)
-    _release_if_websocket(conn, db)
+    _release(db)
     return identity
 
 
@@ -137,10 +139,10 @@ class _ProjectAccess:
         self.access_rule = access.project_rule(min_role, public_read)
 
     def __call__(
-        self, project_id: RandomId, conn: HTTPConnection, identity: IdentityDep, db: DbSession
+        self, project_id: RandomId, identity: IdentityDep, db: DbSession
     ) -> projects.ProjectAccess:
         access = projects.authorize(db, project_id, identity.user, self.min_role, self.public_read)
-        _release_if_websocket(conn, db)
+        _release(db)
         return access
 
 

@@ -5,8 +5,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from pydantic import BaseModel
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from ide_server.errors import DomainError
+
+BUSY_RETRY_AFTER_S = 2
 
 
 class ErrorBody(BaseModel):
@@ -24,6 +28,7 @@ ERROR_RESPONSES: dict[int | str, dict] = {
         409: "Conflicts with the current state",
         413: "Too large",
         429: "Too many attempts; see Retry-After",
+        503: "Busy or not ready; see Retry-After",
     }.items()
 }
 
@@ -31,6 +36,8 @@ ERROR_RESPONSES: dict[int | str, dict] = {
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DomainError, _domain_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(PoolTimeout, _busy)
+    app.add_exception_handler(OperationalError, _busy)
     _document_validation_errors(app)
 
 
@@ -59,6 +66,15 @@ def _document_validation_errors(app: FastAPI) -> None:
 async def _domain_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, DomainError)
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers())
+
+
+async def _busy(_request: Request, exc: Exception) -> JSONResponse:
+    """Back-pressure: no database connection (or SQLite's write lock) within the wait is a 503 the
+    client retries, not a hang or a 500. Other operational errors stay 500s."""
+    if isinstance(exc, OperationalError) and "database is locked" not in str(exc.orig):
+        raise exc
+    return JSONResponse({"detail": "the server is busy; try again in a moment"}, status_code=503,
+                        headers={"Retry-After": str(BUSY_RETRY_AFTER_S)})
 
 
 async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
