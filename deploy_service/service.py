@@ -225,8 +225,7 @@ class DeployService:
         while True:
             await asyncio.sleep(every)
             try:
-                with self.sessions() as db:
-                    present = set(db.scalars(select(Deployment.id)))
+                present = await asyncio.to_thread(self._deployment_ids)
                 for app in [a for a in self._apps.values() if a.deployment_id not in present]:
                     await self._remove(app)
                 for folder in (self.root / "releases").iterdir():
@@ -234,6 +233,10 @@ class DeployService:
                         shutil.rmtree(folder, ignore_errors=True)
             except Exception:
                 log.exception("reconciling deployments failed")
+
+    def _deployment_ids(self) -> set[str]:
+        with self.sessions() as db:
+            return set(db.scalars(select(Deployment.id)))
 
     def status(self, project_id: str) -> DeploymentPublic:
         with self.sessions() as db:

@@ -1,6 +1,8 @@
 """The FastAPI application factory."""
 
+import asyncio
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI
@@ -9,6 +11,11 @@ from ide_server import __version__, components, db, log
 from ide_server.access import unguarded_routes
 from ide_server.error_handlers import install_error_handlers
 from ide_server.settings import Settings
+
+# Threads of the event loop's default executor (asyncio.to_thread): collab's stores and file writes,
+# run planning, git checkpoints. Python's default (CPU count + 4, so 6 here) let a few slow calls
+# queue every room's next store behind them.
+IO_THREADS = 32
 
 
 def create_app(settings: Settings | None = None, component_specs: list[str] | None = None) -> FastAPI:
@@ -25,6 +32,7 @@ def create_app(settings: Settings | None = None, component_specs: list[str] | No
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(IO_THREADS, thread_name_prefix="codeyard-io"))
         async with AsyncExitStack() as stack:
             for component in loaded:
                 if component.lifespan is not None:
