@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Protocol
 
 from pycrdt import Doc, Text, TransactionEvent, merge_updates
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 
 from collab.disk import DiskMirror, read_text
 from collab.presence import Presence
@@ -34,6 +36,8 @@ log = logging.getLogger(__name__)
 TEXT_NAME = "content"
 EMPTY_STATE = b"\x00"  # the state vector of a document nobody has written to
 CLOSE_STORE_FAILED = 1011
+STORE_ATTEMPTS = 5  # waits of 0.2 + 0.4 + 0.6 + 0.8 s between them, after each attempt's own wait
+STORE_RETRY_S = 0.2
 
 
 def sha256_text(text: str) -> str:
@@ -320,10 +324,7 @@ class Room:
             if not batch:
                 continue
             updates = [update for update, _ in batch]
-            try:
-                await asyncio.to_thread(self.store.append, self.key.name, updates)
-            except Exception:
-                log.exception("storing updates of %s failed; closing the room", self.key.name)
+            if not await self._store(updates):
                 await self._fail()
                 return
             merged = updates[0] if len(updates) == 1 else merge_updates(*updates)
@@ -342,6 +343,23 @@ class Room:
             if self.publisher:
                 await self.publisher.publish_update(self.key.name, merged)
             self._maybe_compact()
+
+    async def _store(self, updates: list[bytes]) -> bool:
+        """Append to the update log, retrying a busy database (no pooled connection, SQLite's write
+        lock) for a while: closing the room drops every editor of the file."""
+        for attempt in range(STORE_ATTEMPTS):
+            try:
+                await asyncio.to_thread(self.store.append, self.key.name, updates)
+                return True
+            except (SQLAlchemyTimeoutError, OperationalError):
+                if attempt + 1 == STORE_ATTEMPTS:
+                    break
+                log.warning("storing updates of %s failed (attempt %d); retrying", self.key.name, attempt + 1)
+                await asyncio.sleep(STORE_RETRY_S * (attempt + 1))
+            except Exception:
+                break
+        log.exception("storing updates of %s failed; closing the room", self.key.name)
+        return False
 
     def _maybe_compact(self) -> None:
         if self._log_rows >= self.compact_every and (self._compacting is None or self._compacting.done()):

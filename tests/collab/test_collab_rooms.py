@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from pycrdt import Doc, Text
+from sqlalchemy.exc import OperationalError
 
 from collab.protocol import AwarenessEntry, Decoder, encode_awareness
 from collab.room import RoomKey, sha256_text
@@ -239,6 +240,30 @@ async def test_an_outside_write_landing_during_our_write_is_merged_not_overwritt
     assert file_path.read_text(encoding="utf-8") == "typed hello 😀\nsaved meanwhile\n"
     await eventually(lambda: str(alice.text) == "typed hello 😀\nsaved meanwhile\n")
     await alice.leave()
+
+
+async def test_a_busy_database_delays_storing_but_keeps_the_room_open(
+    manager: RoomManager, key: RoomKey, file_path: Path, store: UpdateStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load the pool or SQLite's write lock can be busy for a moment: that used to close the
+    room and drop every editor of the file (issue 25)."""
+    alice, bob = PyClient(manager, key, "alice"), PyClient(manager, key, "bob")
+    await alice.start()
+    await bob.start()
+    append, failures = store.append, []
+
+    def busy_twice(room: str, updates: list[bytes]) -> None:
+        if len(failures) < 2:
+            failures.append(room)
+            raise OperationalError("INSERT ...", {}, Exception("database is locked"))
+        append(room, updates)
+
+    monkeypatch.setattr(store, "append", busy_twice)
+    alice.type(0, "still here ")
+    await eventually(lambda: str(bob.text) == "still here hello 😀\n", timeout=3.0)
+    assert len(failures) == 2 and not manager.rooms[key].closed
+    await alice.leave()
+    await bob.leave()
 
 
 async def test_set_text_reaches_clients_as_an_edit(manager: RoomManager, key: RoomKey, file_path: Path) -> None:
