@@ -24,6 +24,8 @@ class RunPublic(BaseModel):
     id: str
     project_id: str
     status: Literal["queued", "running", "finished"]
+    queue_position: int | None = Field(default=None, description="While queued: how many runs start before it, plus one "
+                                       "(runs start round-robin between users)")
     argv: list[str]
     verdict: str | None
     exit_code: int | None
