@@ -352,4 +352,5 @@ class Backend(abc.ABC):
             )
             result.files_written = report.written
             result.files_skipped = snapshot.skipped + report.skipped
+            result.message = "\n".join(filter(None, (result.message, report.notice())))
             return result
