@@ -18,6 +18,7 @@ import secrets
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import AsyncIterator, Literal
 
 from sandbox.backend import Backend, OutputChunk, RunSpec, SandboxRun
@@ -90,7 +91,8 @@ class RunService:
         self._records: OrderedDict[str, RecordTask] = OrderedDict()
         self._waiting: dict[str, deque[RunRecord]] = {}  # user -> waiting runs, oldest first
         self._running: Counter[str] = Counter()  # user -> runs holding a slot
-        self._turns: dict[str, None] = {}  # users who were given a slot, the longest ago first
+        self._turns: dict[str, int] = {}  # user -> number of their last turn (1, 2...), the longest ago first
+        self._turns_given = 0
 
     def _active(self, user_id: str | None = None) -> list[RunRecord]:
         return [t.record for t in self._records.values()
@@ -211,8 +213,9 @@ class RunService:
             record = self._waiting[user][0]
             self._unqueue(record)
             self._running[user] += 1
+            self._turns_given += 1
             self._turns.pop(user, None)
-            self._turns[user] = None
+            self._turns[user] = self._turns_given
             record.status, record.started_at, record.queue_position = "running", time.time(), None
             record._admitted.set_result(True)
             record._notify()
@@ -221,8 +224,7 @@ class RunService:
 
     def _turn_order(self) -> list[str]:
         """Users with waiting runs, whose turn comes first first: round-robin, users not yet served ahead."""
-        rank = {user: i for i, user in enumerate(self._turns)}
-        return sorted(self._waiting, key=lambda user: rank.get(user, -1))  # stable: newcomers in order of arrival
+        return sorted(self._waiting, key=lambda user: self._turns.get(user, 0))  # stable: newcomers in order of arrival
 
     def _reposition(self) -> None:
         """Number the waiting runs in the order they would start (one per user per round), telling watchers of changes."""
@@ -252,8 +254,8 @@ class RunService:
     def _forget_turns(self) -> None:
         """Bound the memory of turns: forget idle users served the longest ago (forgotten, a user comes first
         in turn again, where the longest ago served nearly are anyway)."""
-        for user in list(self._turns)[: max(0, len(self._turns) - REMEMBERED_TURNS)]:
-            if user not in self._waiting and user not in self._running:
+        if (excess := len(self._turns) - REMEMBERED_TURNS) > 0:
+            for user in [u for u in islice(self._turns, excess) if u not in self._waiting and u not in self._running]:
                 del self._turns[user]
 
     def _forget_old(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from conftest import make_spec
+from sandbox import service as service_module
 from sandbox.bwrap import BwrapBackend
 from sandbox.service import RunService, RunState
 
@@ -77,5 +78,16 @@ async def test_queue_positions_round_robin_between_users_and_follow_changes(proj
         assert await asyncio.wait_for(anext(updates), 10) == RunState("running", None)
         assert [r.queue_position for r in (a2, a3)] == [1, 2]
         await updates.aclose()
+    finally:
+        await service.shutdown()
+
+
+async def test_turns_of_idle_users_are_forgotten_beyond_a_bound(project, monkeypatch):
+    monkeypatch.setattr(service_module, "REMEMBERED_TURNS", 1)
+    service = RunService(BwrapBackend(), max_running=1)
+    try:
+        for user in ("A", "B"):
+            await service.wait((await service.submit(user, "p", make_spec(project, ["true"]))).id)
+        assert list(service._turns) == ["B"]  # A, idle and served longest ago, is a newcomer again
     finally:
         await service.shutdown()
