@@ -43,16 +43,16 @@ class CopyReport:
 
     written: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-    unnamed: dict[str, str] = field(default_factory=dict)  # path -> why the API cannot take its name
+    bad_names: dict[str, str] = field(default_factory=dict)  # path -> why the API cannot take its name
 
     def notice(self, listed: int = 5) -> str:
         """The line for the run's message naming the files left in the sandbox for their names ("" if none)."""
-        if not self.unnamed:
+        if not self.bad_names:
             return ""
-        shown = [f"'{path}' ({why})" for path, why in list(self.unnamed.items())[:listed]]
-        if len(self.unnamed) > listed:
-            shown.append(f"and {len(self.unnamed) - listed} more")
-        return (f"skipped {len(self.unnamed)} file(s) with a name the IDE cannot show, not copied back to the project "
+        shown = [f"'{path}' ({why})" for path, why in list(self.bad_names.items())[:listed]]
+        if len(self.bad_names) > listed:
+            shown.append(f"and {len(self.bad_names) - listed} more")
+        return (f"skipped {len(self.bad_names)} file(s) with a name the IDE cannot show, not copied back to the project "
                 f"(rename them in the program): {', '.join(shown)}")
 
 
@@ -160,7 +160,7 @@ def copy_out(workspace: Path, project: Path, snapshot: Snapshot, *, max_bytes: i
     """Copy files the run created or changed back into the project, atomically and without following links.
 
     Deleted files are not propagated: a run can add and change files, not remove the user's work.
-    Nor are files whose names the API cannot take (`paths.problem`); `report.unnamed` lists them.
+    Nor are files whose names the API cannot take (`paths.problem`); `report.bad_names` lists them.
     """
     report = CopyReport()
     total = 0
@@ -176,8 +176,9 @@ def copy_out(workspace: Path, project: Path, snapshot: Snapshot, *, max_bytes: i
             if snapshot.files.get(rel) == (st.st_size, st.st_mtime_ns):
                 continue
             if why := paths.problem(rel):
-                report.skipped.append(paths.escape(rel))
-                report.unnamed[paths.escape(rel)] = why
+                shown = paths.escape(rel)
+                report.skipped.append(shown)
+                report.bad_names[shown] = why
                 continue
             total += st.st_size
             if len(report.written) >= max_files or total > max_bytes:

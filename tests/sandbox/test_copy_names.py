@@ -56,7 +56,7 @@ def test_copy_out_brings_back_exactly_the_names_the_api_can_carry(tmp_path_facto
     for raw in carried:
         assert (project / os.fsdecode(raw)).read_bytes() == b"data of " + raw
     refused = {paths.escape(os.fsdecode(raw)): raw for raw in written if raw not in carried}
-    assert set(report.unnamed) == set(refused)
+    assert set(report.bad_names) == set(refused)
     for shown, raw in refused.items():
         assert os.fsencode(paths.existing(shown)) == raw  # the shown name leads back to the file
     json_safe(dataclasses.asdict(report))
