@@ -106,7 +106,8 @@ def existing(path: str) -> str:
             name = os.fsdecode(_ESCAPED_BYTE.sub(lambda m: bytes.fromhex(m[1].decode()), os.fsencode(part)))
         except UnicodeEncodeError:
             raise InvalidInput("path must be valid UTF-8") from None
-        if "\\" in part and (name in (".", "..") or "/" in name or "\x00" in name or _escape_name(name) != part):
+        # one spelling per name, the tree's: no '..', '/' or second spelling of a plain name hides behind it
+        if "\\" in part and ("\x00" in name or not _part_problem(name) or _escape_name(name) != part):
             raise InvalidInput(f"{part!r}: a '\\' appears only in names the file tree shows escaped (as \\xHH); "
                                "use '/' as separator")
         if "\\" not in part and (problem := _part_problem(name)):
