@@ -24,6 +24,7 @@ import git
 
 from collab.room import RoomKey
 from collab.rooms import RoomManager
+from ide_server import paths
 
 SERVER = git.Actor("Codeyard", "codeyard@localhost")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -91,17 +92,18 @@ class ProjectHistory:
             self._check_name(name)
         self.repo.git.add(A=True)
         has_head = self.repo.head.is_valid()
-        changed = not has_head or bool(self.repo.index.diff("HEAD"))
+        # git itself, not GitPython's index reader, which fails on a file name that is not UTF-8
+        changed = not has_head or self.repo.git.diff("--cached", "--quiet", "HEAD", with_exceptions=False,
+                                                     with_extended_output=True)[0] != 0
         if not changed and name is None:
             return None
         if changed:
             lead = authors[0] if authors else Author(SERVER.name, SERVER.email)
             trailers = "".join(f"\nCo-authored-by: {a.name} <{a.email}>" for a in authors[1:])
-            self.repo.index.commit(
-                message + ("\n" + trailers if trailers else ""),
-                author=git.Actor(lead.name, lead.email),
-                committer=SERVER,
-            )
+            self.repo.git.commit("--quiet", "--no-verify", "--allow-empty-message", "--cleanup=verbatim",
+                                 "-m", message + ("\n" + trailers if trailers else ""),
+                                 f"--author={lead.name} <{lead.email}>",
+                                 env={"GIT_COMMITTER_NAME": SERVER.name, "GIT_COMMITTER_EMAIL": SERVER.email})
         if name is not None:
             self.repo.create_tag(name, ref=self.repo.head.commit)
         return self._checkpoint(self.repo.head.commit)
@@ -209,13 +211,15 @@ async def restore_project(history: ProjectHistory, rooms: RoomManager, project_i
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             text = None
-        if text is not None and target.is_file():
+        # a name the API cannot carry (not UTF-8...) has no room: no editor can open it, and the store can't key it
+        if text is not None and target.is_file() and paths.problem(path) is None:
             await rooms.set_text(RoomKey(project_id, path), text)
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(target.write_bytes, data)
     for path in set(current) - set(wanted):
-        await rooms.forget(RoomKey(project_id, path))
+        if paths.problem(path) is None:
+            await rooms.forget(RoomKey(project_id, path))
         (history.project_dir / path).unlink(missing_ok=True)
 
 

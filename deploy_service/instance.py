@@ -79,7 +79,7 @@ def app_cgroup(name: str, limits: Limits) -> RunCgroup | None:
     """An instance's cgroup (memory, pids, one CPU), or None where the host gives none. On cgroup v1
     it goes beside the runs' folder (sandbox tests check that folder empties after every run; an
     app outlives them)."""
-    return RunCgroup.create(name, limits.memory_bytes, limits.pids, folder=APPS_CGROUP, one_cpu=True)
+    return RunCgroup.create(name, limits.memory_bytes, limits.pids, folder=APPS_CGROUP)
 
 
 def remove_stale_cgroups() -> list[str]:

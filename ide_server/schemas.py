@@ -17,7 +17,18 @@ def _no_control_characters(value: str) -> str:
     return value
 
 
+def _unicode(value: str) -> str:
+    """JSON may spell lone surrogates ("\\udcff"), which no UTF-8 file can hold; pydantic lets them into a
+    str field without length limits."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise ValueError("must be valid unicode text (no lone surrogates such as \\udcff)") from None
+    return value
+
+
 Line = Annotated[str, AfterValidator(_no_control_characters)]
+Text = Annotated[str, AfterValidator(_unicode)]
 Username = Field(min_length=2, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 Password = Field(min_length=1, max_length=1024)
 
@@ -126,7 +137,9 @@ class InviteAccepted(BaseModel):
 
 
 class FileEntry(Public):
-    path: str
+    path: str = Field(description="A name on disk the API cannot carry as it is (not UTF-8, control characters, "
+                                  "'\\', '%' encoding '..') is shown with those bytes as \\xHH; such a path has a '\\' "
+                                  "and can be read, renamed (as the source) or deleted, nothing else.")
     kind: Literal["file", "directory", "symlink"]
     size: int
 
@@ -134,7 +147,7 @@ class FileEntry(Public):
 class FileCreate(BaseModel):
     path: str = Field(min_length=1, max_length=4096)
     kind: Literal["file", "directory"] = "file"
-    content: str = Field(default="", description="UTF-8 text of a new file.")
+    content: Text = Field(default="", description="UTF-8 text of a new file.")
 
 
 class FileMove(BaseModel):

@@ -29,6 +29,18 @@ class Settings(BaseSettings):
         default=0, ge=0, le=64, description="Docker only: idle started containers kept ready for runs with the "
         "default limits, so a run starts in tens of milliseconds instead of half a second."
     )
+    sandbox_max_running: int = Field(
+        default_factory=lambda: max(4, 2 * (os.cpu_count() or 1)), ge=1, description="Runs running at once on this "
+        "server (each gets at most one CPU); more wait in a queue served round-robin between users. Default: twice "
+        "the CPUs, at least 4."
+    )
+    sandbox_max_running_per_user: int = Field(
+        default=2, ge=1, description="Runs one user may have running at once: keep it below sandbox_max_running, so "
+        "one user cannot hold every slot."
+    )
+    sandbox_max_runs_per_user: int = Field(
+        default=8, ge=1, description="Runs one user may have waiting or running; more are refused (429)."
+    )
     packages_dir: Path | None = Field(
         default=None, description="Installed package environments and pip's download cache; default <data_dir>/packages. "
         "Sandbox uids must be able to reach it (every parent folder searchable by others)."

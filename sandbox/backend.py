@@ -31,6 +31,7 @@ MAX_ARGV_BYTES = 1 << 20
 MAX_ARGV_ITEMS = 4096  # bubblewrap takes at most 9000 arguments, its own included
 MAX_ARG_BYTES = 128 << 10  # the kernel's limit for one argument (MAX_ARG_STRLEN)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CPU_POLL_SECONDS = 0.1  # how often a run's total CPU time is read: what it may overrun by, at one CPU
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
 
 
@@ -126,6 +127,10 @@ class Execution(abc.ABC):
 
     async def cleanup(self) -> None:
         """Release backend resources (containers); called once, after wait or on failure."""
+
+    def cgroup(self) -> RunCgroup | None:
+        """Where the run's processes are counted when not in the run's own cgroup (a warm container's)."""
+        return None
 
 
 @dataclass
@@ -249,6 +254,20 @@ class SandboxRun:
         )
 
 
+async def _watch(run: SandboxRun, execution: Execution, waiter: asyncio.Future[ExitStatus], limits: Limits,
+                 meter: RunCgroup | None) -> None:
+    """Until the run exits, stop it at its wall-clock limit or once its processes together have used
+    its CPU time (the cgroup's total: RLIMIT_CPU, the backstop, counts each process on its own)."""
+    deadline = time.monotonic() + limits.wall_seconds
+    while not waiter.done():
+        left = deadline - time.monotonic()
+        if left <= 0 or (meter is not None and meter.cpu_seconds() >= limits.cpu_seconds):
+            run.timed_out = True
+            execution.kill()
+            return
+        await asyncio.wait({waiter}, timeout=min(CPU_POLL_SECONDS, left))
+
+
 class Backend(abc.ABC):
     """A way to isolate a run. Subclasses implement `launch`; `start` is the same for all."""
 
@@ -309,10 +328,7 @@ class Backend(abc.ABC):
                 await run._bind(execution)
                 waiter = asyncio.ensure_future(execution.wait())
                 try:
-                    status = await asyncio.wait_for(asyncio.shield(waiter), limits.wall_seconds)
-                except asyncio.TimeoutError:
-                    run.timed_out = True
-                    execution.kill()
+                    await _watch(run, execution, waiter, limits, execution.cgroup() or cgroup)
                     status = await waiter
                 except asyncio.CancelledError:
                     run.cancelled = True
@@ -336,4 +352,5 @@ class Backend(abc.ABC):
             )
             result.files_written = report.written
             result.files_skipped = snapshot.skipped + report.skipped
+            result.message = "\n".join(filter(None, (result.message, report.notice())))
             return result

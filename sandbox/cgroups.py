@@ -120,13 +120,13 @@ class RunCgroup(abc.ABC):
         return None
 
     @staticmethod
-    def create(name: str, memory_bytes: int, pids: int, folder: str = RUNS_FOLDER,
-               one_cpu: bool = False) -> RunCgroup | None:
-        """Create the cgroup with its limits; None where this host gives us no writable cgroups.
-        v1: in <our cgroup>/<folder>, with a quota of one CPU if one_cpu (where the cpu controller is
-        mounted). v2: always in the runs' folder (where our cgroup delegates), always with one CPU."""
+    def create(name: str, memory_bytes: int, pids: int, folder: str = RUNS_FOLDER) -> RunCgroup | None:
+        """Create the cgroup with its limits, one CPU among them (as Docker's --cpus=1), so no run
+        takes the whole host; None where this host gives us no writable cgroups.
+        v1: in <our cgroup>/<folder> (the quota where the cpu controller is mounted). v2: always in
+        the runs' folder (where our cgroup delegates)."""
         if set(_v1_mounts()) == set(V1_CONTROLLERS):
-            return CgroupV1.create(name, memory_bytes, pids, folder, one_cpu)
+            return CgroupV1.create(name, memory_bytes, pids, folder)
         if (v2 := _v2_available()) is not None:
             relpath = f"{_self_path('').rstrip('/')}/{RUNS_FOLDER}"
             return CgroupV2.create_in(_in_hierarchy(*v2, relpath), relpath, name, memory_bytes, pids)
@@ -173,13 +173,12 @@ class CgroupV1(RunCgroup):
     dirs: dict[str, Path]
 
     @classmethod
-    def create(cls, name: str, memory_bytes: int, pids: int, folder: str = RUNS_FOLDER,
-               one_cpu: bool = False) -> CgroupV1 | None:
+    def create(cls, name: str, memory_bytes: int, pids: int, folder: str = RUNS_FOLDER) -> CgroupV1 | None:
         relpath = f"{_self_path('memory').rstrip('/')}/{folder}/{name}"
-        mounts = _v1_mounts(every=one_cpu)
+        mounts = _v1_mounts(every=True)
         dirs: dict[str, Path] = {}
         try:
-            for ctl in (*V1_CONTROLLERS, "cpu") if one_cpu else V1_CONTROLLERS:
+            for ctl in (*V1_CONTROLLERS, "cpu"):
                 if ctl in mounts:
                     dirs[ctl] = _in_hierarchy(*mounts[ctl], relpath)
                     dirs[ctl].mkdir(parents=True, exist_ok=True)

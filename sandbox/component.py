@@ -94,7 +94,8 @@ async def _close_denied(websocket: WebSocket, exc: DomainError) -> None:
 
 @router.websocket("/ws/runs/{run_id}")
 async def run_socket(websocket: WebSocket, run_id: str) -> None:
-    """Output frames {"type": "stdout"|"stderr"|"install" (package installs before it starts), "data"} then {"type": "exit", ...the run...};
+    """Output frames {"type": "stdout"|"stderr"|"install" (package installs before it starts), "data"}, state frames
+    {"type": "status", "status": "queued"|"running", "queue_position"} as it changes, then {"type": "exit", ...the run...};
     editors may send {"type": "stdin", "data"} and {"type": "stdin_eof"}."""
     await websocket.accept()
     runs = _runs(websocket)
@@ -142,7 +143,7 @@ async def _stream_run(websocket: WebSocket, service: RunService, run_id: str, ca
         async def pump() -> None:
             nonlocal followed
             with suppress(*SOCKET_GONE):
-                await send_chunks(websocket, service.follow(record.id))
+                await send_chunks(websocket, service.updates(record.id))
                 followed = True
             tasks.cancel_scope.cancel()
 
@@ -208,7 +209,9 @@ async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
     runs = ProjectRuns(backend, unavailable, sessions=app.state.sessionmaker, projects_dir=settings.projects_dir,
                        editors=OpenEditors(lambda: getattr(app.state, "collab_rooms", None),
                                            lambda: getattr(app.state, "collab_checkpoints", None)),
-                       installer=installer)
+                       installer=installer, max_running=settings.sandbox_max_running,
+                       max_running_per_user=settings.sandbox_max_running_per_user,
+                       max_per_user=settings.sandbox_max_runs_per_user)
     await run_in_threadpool(runs.close_interrupted)
     app.state.sandbox_runs = runs
     try:

@@ -222,6 +222,11 @@ class _ExecExecution(_Attached):
                  loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(sock, ctx.run, loop)
         self.backend, self.warm, self.exec_id, self.uid = backend, warm, exec_id, ctx.uid
+        self._cgroup = RunCgroup.existing(f"{backend.pool_cgroup}/{warm.container.id}")
+
+    def cgroup(self) -> RunCgroup | None:
+        """The container's cgroup: it serves this run only, so its figures are the run's."""
+        return self._cgroup
 
     def kill(self) -> None:
         kill_uid(self.uid, once=True)
@@ -233,10 +238,9 @@ class _ExecExecution(_Attached):
             kill_uid(self.uid, once=True)  # output closed but the process lingers: it is ending
             await asyncio.sleep(0.01)
         status = _exit_status(int(info["ExitCode"] if info["ExitCode"] is not None else -1))
-        cgroup = RunCgroup.existing(f"{self.backend.pool_cgroup}/{self.warm.container.id}")
-        if cgroup is not None:
-            status.cpu_seconds, status.peak_memory_bytes = cgroup.cpu_seconds(), cgroup.peak_memory()
-            status.oom_killed = cgroup.oom_killed()
+        if self._cgroup is not None:
+            status.cpu_seconds, status.peak_memory_bytes = self._cgroup.cpu_seconds(), self._cgroup.peak_memory()
+            status.oom_killed = self._cgroup.oom_killed()
         return status
 
     async def cleanup(self) -> None:

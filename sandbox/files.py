@@ -3,14 +3,21 @@
 The workspace is controlled by untrusted code, so every path is opened relative to a directory
 descriptor with O_NOFOLLOW: a symlink the sandbox leaves behind is skipped, never read through or
 written through (the host-follows-a-symlink class of sandbox escapes).
+
+A file whose path the files API would refuse (not UTF-8, control characters such as a newline, a
+backslash, too long: `paths.problem`) is not copied back either: the IDE could not show, edit or
+delete it, and its name would break every JSON answer that carries it. The run's message names it.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ide_server import paths
 
 EXCLUDED_NAMES = frozenset({".git"})
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -32,8 +39,21 @@ class Snapshot:
 
 @dataclass
 class CopyReport:
+    """What copy_out did. Paths are as the files API shows them (`paths.escape`), so any may go into JSON."""
+
     written: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    bad_names: dict[str, str] = field(default_factory=dict)  # path -> why the API cannot take its name
+
+    def notice(self, listed: int = 5) -> str:
+        """The line for the run's message naming the files left in the sandbox for their names ("" if none)."""
+        if not self.bad_names:
+            return ""
+        shown = [f"'{path}' ({why})" for path, why in list(self.bad_names.items())[:listed]]
+        if len(self.bad_names) > listed:
+            shown.append(f"and {len(self.bad_names) - listed} more")
+        return (f"skipped {len(self.bad_names)} file(s) with a name the IDE cannot show, not copied back to the project "
+                f"(rename them in the program): {', '.join(shown)}")
 
 
 def _walk(root_fd: int, prefix: str = ""):
@@ -105,7 +125,7 @@ def copy_in(project: Path, workspace: Path, *, max_bytes: int, max_files: int, o
                     os.chown(dst_dirs[rel], owner, owner)
                 continue
             if not stat.S_ISREG(st.st_mode):
-                snap.skipped.append(rel)
+                snap.skipped.append(paths.escape(rel))
                 continue
             if len(snap.files) >= max_files:
                 raise WorkspaceTooLarge(f"the project has more than {max_files} files")
@@ -140,6 +160,7 @@ def copy_out(workspace: Path, project: Path, snapshot: Snapshot, *, max_bytes: i
     """Copy files the run created or changed back into the project, atomically and without following links.
 
     Deleted files are not propagated: a run can add and change files, not remove the user's work.
+    Nor are files whose names the API cannot take (`paths.problem`); `report.bad_names` lists them.
     """
     report = CopyReport()
     total = 0
@@ -150,9 +171,14 @@ def copy_out(workspace: Path, project: Path, snapshot: Snapshot, *, max_bytes: i
             if stat.S_ISDIR(st.st_mode):
                 continue
             if not stat.S_ISREG(st.st_mode):
-                report.skipped.append(rel)
+                report.skipped.append(paths.escape(rel))
                 continue
             if snapshot.files.get(rel) == (st.st_size, st.st_mtime_ns):
+                continue
+            if why := paths.problem(rel):
+                shown = paths.escape(rel)
+                report.skipped.append(shown)
+                report.bad_names[shown] = why
                 continue
             total += st.st_size
             if len(report.written) >= max_files or total > max_bytes:
@@ -178,14 +204,19 @@ def _copy_back(src_dir_fd: int, name: str, dst_root: int, rel: str, max_bytes: i
             raise OSError("not a regular file")
         dfd = _open_dirs(dst_root, parts, create=True)
         try:
-            tmp = f".{name}.codeyard-tmp"
-            dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+            # a short name of its own: ".{name}..." would pass 255 bytes for a long name and never come back
+            tmp = f".codeyard-{secrets.token_hex(8)}.tmp"
+            dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
             try:
-                _copy_fd(src, dst, max_bytes)
-            finally:
-                os.close(dst)
-            # rename replaces a symlink at the destination itself; it never writes through it
-            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                try:
+                    _copy_fd(src, dst, max_bytes)
+                finally:
+                    os.close(dst)
+                # rename replaces a symlink at the destination itself; it never writes through it
+                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                os.unlink(tmp, dir_fd=dfd)
+                raise
         finally:
             os.close(dfd)
     finally:

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from sandbox.backend import OutputChunk
+from sandbox.service import RunState
 
 MAX_FRAME = 64 * 1024
 CLOSE_UNAUTHENTICATED = 4401
@@ -41,10 +42,14 @@ async def receive_frame(websocket: WebSocket) -> dict:
     return frame
 
 
-async def send_chunks(websocket: WebSocket, chunks: AsyncIterator[OutputChunk], frame_type: str | None = None) -> None:
-    """Send output as {"type": stream (or frame_type), "data": text}; UTF-8 split across chunks stays whole."""
+async def send_chunks(websocket: WebSocket, chunks: AsyncIterator[OutputChunk | RunState], frame_type: str | None = None) -> None:
+    """Send output as {"type": stream (or frame_type), "data": text}; UTF-8 split across chunks stays whole.
+    A run's state changes go as {"type": "status", "status", "queue_position"}."""
     decoders = {}
     async for chunk in chunks:
+        if isinstance(chunk, RunState):
+            await websocket.send_json({"type": "status", "status": chunk.status, "queue_position": chunk.queue_position})
+            continue
         decoder = decoders.setdefault(chunk.stream, codecs.getincrementaldecoder("utf-8")("replace"))
         if text := decoder.decode(chunk.data):
             await websocket.send_json({"type": frame_type or chunk.stream, "data": text})

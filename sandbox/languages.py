@@ -4,7 +4,7 @@
     entry = "src/app.py"            # optional; otherwise main.py, index.js, main.sh, main.c, ...
     command = ["python3", "src/app.py", "--fast"]   # optional; an argument list (a string is split like a shell would, never run by one)
     [run.limits]
-    cpu_seconds = 2                 # any Limits field; clamped to the server maxima
+    cpu_seconds = 2                 # any Limits field: a finite number > 0, clamped to the server maxima (sandbox.limits)
 
 C and C++ are compiled into /tmp and run in the same sandbox; the entry path is passed to the
 compile script as an argument, never pasted into it.
@@ -18,6 +18,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from ide_server import paths
 from sandbox.limits import Limits, SERVER_MAXIMA
 
 CONFIG_FILE = "codeyard.toml"
@@ -72,6 +73,8 @@ def _check_entry(project_dir: Path, entry: str) -> str:
     path = PurePosixPath(entry)
     if not entry or path.is_absolute() or ".." in path.parts or "\0" in entry:
         raise ValueError(f"entry: {entry!r} must be a relative path inside the project")
+    if why := paths.problem(entry):  # its name would reach the run's argv, and every answer that shows it
+        raise ValueError(f"entry: {entry!r}: {why}")
     try:
         mode = (project_dir / path).lstat().st_mode
     except OSError:
@@ -103,7 +106,10 @@ def plan_run(project_dir: Path, entry: str | None = None, *, defaults: Limits = 
     overrides = config.get("limits", {})
     if not isinstance(overrides, dict):
         raise ValueError(f"{CONFIG_FILE}: [run.limits] must be a table")
-    limits = defaults.with_overrides(overrides, maxima)
+    try:
+        limits = defaults.with_overrides(overrides, maxima)
+    except ValueError as exc:
+        raise ValueError(f"{CONFIG_FILE}: run.{exc}") from None
     command = config.get("command")
     if command is not None and entry is None:
         if isinstance(command, str):

@@ -85,14 +85,14 @@ class ProjectRuns:
     """Runs of projects' code for signed-in users, on one backend (or none, with the reason)."""
 
     def __init__(self, backend: Backend | None, unavailable: str, *, sessions: sessionmaker, projects_dir: Path,
-                 editors: OpenEditors, installer: Installer | None = None, max_running: int = 4, max_queued: int = 64,
-                 max_per_user: int = 4, max_shells: int = 16, max_shells_per_user: int = 2) -> None:
+                 editors: OpenEditors, installer: Installer | None = None, max_running: int, max_running_per_user: int,
+                 max_per_user: int, max_queued: int = 64, max_shells: int = 16, max_shells_per_user: int = 2) -> None:
         self.backend, self.unavailable = backend, unavailable
         self.sessions, self.projects_dir, self.editors = sessions, projects_dir, editors
         self.installer = installer
         runner = PackagesFirst(backend, installer) if backend and installer else backend
-        self.service = RunService(runner, max_running=max_running, max_queued=max_queued,
-                                  max_per_user=max_per_user) if backend else None
+        self.service = RunService(runner, max_running=max_running, max_running_per_user=max_running_per_user,
+                                  max_queued=max_queued, max_per_user=max_per_user) if backend else None
         self._finishers: set[asyncio.Task] = set()
         self.max_shells, self.max_shells_per_user = max_shells, max_shells_per_user
         self._shells: list[int] = []  # user id of each open shell

@@ -1,13 +1,25 @@
 """Request and response bodies of the runs API (Create/Public, as in the rest of the app)."""
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field, field_validator
 
-from sandbox.limits import Limits
+from ide_server import paths
+from sandbox.limits import Limits, asked_limit
 
 LimitName = Literal[tuple(Limits.__dataclass_fields__)]  # type: ignore[valid-type]
+
+
+def _shown(text: str) -> str:
+    """Text read back from a run record: one stored by an older server may hold raw bytes of a file name
+    (lone surrogates), which no JSON answer can carry; they are shown as backslash escapes instead."""
+    return text.encode("utf-8", "backslashreplace").decode()
+
+
+ShownText = Annotated[str, AfterValidator(_shown)]
+# files_written as the file tree shows them; old records may hold names copy_out now refuses
+ShownPath = Annotated[str, AfterValidator(paths.escape)]
 
 
 class RunCreate(BaseModel):
@@ -17,14 +29,24 @@ class RunCreate(BaseModel):
 
     entry: str | None = Field(default=None, max_length=1000)
     stdin: str | None = Field(default=None, max_length=1 << 20)
-    limits: dict[LimitName, float] = Field(default_factory=dict)
+    limits: dict[LimitName, float] = Field(default_factory=dict, description=(
+        "Each a finite number above 0 (at least 1 for counts and bytes) and at most 2**53; "
+        "above the server maximum it is lowered to it."))
+
+    @field_validator("limits")
+    @classmethod
+    def _finite_limits(cls, limits: dict[str, float]) -> dict[str, float]:
+        """NaN and infinities pass as floats; refuse them here, naming the limit (see sandbox.limits)."""
+        return {name: asked_limit(name, value) for name, value in limits.items()}
 
 
 class RunPublic(BaseModel):
     id: str
     project_id: str
     status: Literal["queued", "running", "finished"]
-    argv: list[str]
+    queue_position: int | None = Field(default=None, description="While queued: how many runs start before it, plus one "
+                                       "(runs start round-robin between users)")
+    argv: list[ShownText]
     verdict: str | None
     exit_code: int | None
     signal: int | None
@@ -34,8 +56,8 @@ class RunPublic(BaseModel):
     stdout: str
     stderr: str
     output_truncated: bool = Field(description="stdout/stderr here are cut to the first part; the run's own output limit is separate")
-    files_written: list[str]
-    message: str
+    files_written: list[ShownPath]
+    message: ShownText
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

@@ -1,8 +1,14 @@
 """RunService: the API layer's one entry point for running code.
 
 It owns a bounded queue (globally and per user, with a clear "queue full" answer), starts runs as
-slots free up, keeps a record of each run (status, verdict, output) for `GET /api/runs/{id}`, and
-lets any number of watchers (websockets) replay and follow a run's output while it feeds stdin.
+slots free up, keeps a record of each run (status, queue position, verdict, output) for
+`GET /api/runs/{id}`, and lets any number of watchers (websockets) replay and follow a run's state
+and output while it feeds stdin.
+
+Slots are shared fairly: one user runs at most `max_running_per_user` at once (fewer than the
+server's `max_running`), and a freed slot goes to the oldest waiting run of the user whose last turn
+is the longest ago (users not yet served first). So a user who keeps resubmitting can hold neither
+every slot nor the head of the queue: someone else's run starts within one slot's turnover.
 """
 
 from __future__ import annotations
@@ -10,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import AsyncIterator, Literal
 
 from sandbox.backend import Backend, OutputChunk, RunSpec, SandboxRun
@@ -19,9 +26,18 @@ from sandbox.errors import QueueFull, RunNotFound
 from sandbox.verdict import RunResult, Verdict
 
 Status = Literal["queued", "running", "finished"]
+REMEMBERED_TURNS = 10_000  # users whose last turn is remembered; beyond, the idle ones longest ago are forgotten
 
 
-@dataclass
+@dataclass(frozen=True)
+class RunState:
+    """What watchers are told when it changes: the status and, while queued, the place in the queue (1: next)."""
+
+    status: Status
+    queue_position: int | None
+
+
+@dataclass(eq=False)
 class RunRecord:
     """What the API shows about one run."""
 
@@ -35,6 +51,8 @@ class RunRecord:
     finished_at: float | None = None
     result: RunResult | None = None
     output: list[OutputChunk] = field(default_factory=list)
+    queue_position: int | None = None
+    _admitted: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     _run: SandboxRun | None = None
     _pending_stdin: list[bytes | None] = field(default_factory=list)
     _cancelled: bool = False
@@ -43,7 +61,8 @@ class RunRecord:
     def public(self) -> dict:
         result = self.result
         return {
-            "id": self.id, "project_id": self.project_id, "status": self.status, "argv": self.argv,
+            "id": self.id, "project_id": self.project_id, "status": self.status, "queue_position": self.queue_position,
+            "argv": self.argv,
             "created_at": self.created_at, "started_at": self.started_at, "finished_at": self.finished_at,
             "verdict": result.verdict.value if result else None,
             "exit_code": result.exit_code if result else None, "signal": result.signal if result else None,
@@ -62,13 +81,18 @@ class RunRecord:
 class RunService:
     """Queue, start, record and stream runs on one backend."""
 
-    def __init__(self, backend: Backend, *, max_running: int = 4, max_queued: int = 64, max_per_user: int = 4,
-                 keep_finished: int = 200) -> None:
+    def __init__(self, backend: Backend, *, max_running: int = 4, max_running_per_user: int = 2, max_queued: int = 64,
+                 max_per_user: int = 8, keep_finished: int = 200) -> None:
+        """max_running: runs at once, max_running_per_user of them one user's; max_per_user: runs one
+        user may have waiting or running; max_queued: runs waiting beyond the running ones."""
         self.backend = backend
-        self.max_running, self.max_queued = max_running, max_queued
+        self.max_running, self.max_running_per_user, self.max_queued = max_running, max_running_per_user, max_queued
         self.max_per_user, self.keep_finished = max_per_user, keep_finished
-        self._slots = asyncio.Semaphore(max_running)
         self._records: OrderedDict[str, RecordTask] = OrderedDict()
+        self._waiting: dict[str, deque[RunRecord]] = {}  # user -> waiting runs, oldest first
+        self._running: Counter[str] = Counter()  # user -> runs holding a slot
+        self._turns: dict[str, int] = {}  # user -> number of their last turn (1, 2...), the longest ago first
+        self._turns_given = 0
 
     def _active(self, user_id: str | None = None) -> list[RunRecord]:
         return [t.record for t in self._records.values()
@@ -81,9 +105,11 @@ class RunService:
         if len(self._active()) >= self.max_running + self.max_queued:  # every slot busy and the queue full
             raise QueueFull(f"the run queue is full ({self.max_queued} runs waiting); try again in a few seconds")
         record = RunRecord(secrets.token_hex(8), user_id, project_id, list(spec.argv))
+        self._waiting.setdefault(user_id, deque()).append(record)
         task = asyncio.create_task(self._execute(record, spec))
         self._records[record.id] = RecordTask(record, task)
         self._forget_old()
+        self._dispatch()
         return record
 
     def get(self, run_id: str) -> RunRecord:
@@ -92,18 +118,28 @@ class RunService:
         except KeyError:
             raise RunNotFound(f"run {run_id} not found") from None
 
-    async def follow(self, run_id: str) -> AsyncIterator[OutputChunk]:
-        """All output so far, then new output as it comes, until the run finishes (many watchers at once)."""
+    async def updates(self, run_id: str) -> AsyncIterator[OutputChunk | RunState]:
+        """The run's state whenever it changes (while queued or running) and all its output so far, then
+        as it comes, until it finishes (many watchers at once)."""
         record = self.get(run_id)
-        sent = 0
+        sent, told = 0, None
         while True:
             changed = record._changed
+            if record.status != "finished" and (state := RunState(record.status, record.queue_position)) != told:
+                told = state
+                yield state
             while sent < len(record.output):
                 yield record.output[sent]
                 sent += 1
             if record.status == "finished":
                 return
             await changed.wait()
+
+    async def follow(self, run_id: str) -> AsyncIterator[OutputChunk]:
+        """The run's output only (see updates)."""
+        async for update in self.updates(run_id):
+            if isinstance(update, OutputChunk):
+                yield update
 
     async def send_stdin(self, run_id: str, data: bytes) -> None:
         record = self.get(run_id)
@@ -124,6 +160,9 @@ class RunService:
         record._cancelled = True
         if record._run is not None:
             record._run.cancel()
+        if self._unqueue(record):
+            record._admitted.set_result(False)
+            self._reposition()
         record._notify()
         return record
 
@@ -138,12 +177,12 @@ class RunService:
         await asyncio.gather(*(t.task for t in self._records.values()), return_exceptions=True)
 
     async def _execute(self, record: RunRecord, spec: RunSpec) -> None:
-        async with self._slots:
-            if record._cancelled:
+        admitted = False
+        try:
+            admitted = await record._admitted
+            if not admitted or record._cancelled:
                 record.result = RunResult(Verdict.CANCELLED, message="cancelled before it started")
             else:
-                record.status, record.started_at = "running", time.time()
-                record._notify()
                 run = await self.backend.start(spec)
                 record._run = run
                 for data in record._pending_stdin:
@@ -154,8 +193,70 @@ class RunService:
                     record.output.append(chunk)
                     record._notify()
                 record.result = await run.result()
-        record.status, record.finished_at, record._run = "finished", time.time(), None
-        record._notify()
+        finally:
+            if admitted:
+                self._running[record.user_id] -= 1
+                if not self._running[record.user_id]:
+                    del self._running[record.user_id]
+            else:
+                self._unqueue(record)
+            record.status, record.finished_at, record._run = "finished", time.time(), None
+            record._notify()
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Give free slots to waiting runs, each to the next user in turn who is under their own limit."""
+        while self._running.total() < self.max_running:
+            user = next((u for u in self._turn_order() if self._running[u] < self.max_running_per_user), None)
+            if user is None:
+                break
+            record = self._waiting[user][0]
+            self._unqueue(record)
+            self._running[user] += 1
+            self._turns_given += 1
+            self._turns.pop(user, None)
+            self._turns[user] = self._turns_given
+            record.status, record.started_at, record.queue_position = "running", time.time(), None
+            record._admitted.set_result(True)
+            record._notify()
+        self._forget_turns()
+        self._reposition()
+
+    def _turn_order(self) -> list[str]:
+        """Users with waiting runs, whose turn comes first first: round-robin, users not yet served ahead."""
+        return sorted(self._waiting, key=lambda user: self._turns.get(user, 0))  # stable: newcomers in order of arrival
+
+    def _reposition(self) -> None:
+        """Number the waiting runs in the order they would start (one per user per round), telling watchers of changes."""
+        queues = [iter(self._waiting[user]) for user in self._turn_order()]
+        position = 0
+        while queues:
+            still = []
+            for queue in queues:
+                if (record := next(queue, None)) is not None:
+                    position += 1
+                    if record.queue_position != position:
+                        record.queue_position = position
+                        record._notify()
+                    still.append(queue)
+            queues = still
+
+    def _unqueue(self, record: RunRecord) -> bool:
+        """Take a run out of its user's waiting queue; False where it was not waiting."""
+        queue = self._waiting.get(record.user_id)
+        if queue is None or record not in queue:
+            return False
+        queue.remove(record)
+        if not queue:
+            del self._waiting[record.user_id]
+        return True
+
+    def _forget_turns(self) -> None:
+        """Bound the memory of turns: forget idle users served the longest ago (forgotten, a user comes first
+        in turn again, where the longest ago served nearly are anyway)."""
+        if (excess := len(self._turns) - REMEMBERED_TURNS) > 0:
+            for user in [u for u in islice(self._turns, excess) if u not in self._waiting and u not in self._running]:
+                del self._turns[user]
 
     def _forget_old(self) -> None:
         finished = [k for k, t in self._records.items() if t.record.status == "finished"]

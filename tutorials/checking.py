@@ -27,11 +27,12 @@ SKIPPED_FOLDERS = {"__pycache__", "node_modules"}
 def learner_files(folder: Path, lesson_files: set[str]) -> dict[str, str]:
     """The project's text files (name -> text), as the grader takes them. Dot files (editor and
     tool settings), caches, binary files and big files other than the lesson's own are not the
-    learner's answer, so they are left out."""
+    learner's answer, so they are left out; so are names the file tree shows escaped (a '\\'), which no
+    answer file can have."""
     found: dict[str, str] = {}
     for entry in files.tree(folder):
         parts = entry.path.split("/")
-        if entry.kind != "file" or any(p.startswith(".") or p in SKIPPED_FOLDERS for p in parts):
+        if entry.kind != "file" or "\\" in entry.path or any(p.startswith(".") or p in SKIPPED_FOLDERS for p in parts):
             continue
         if entry.size > grader.MAX_FILE_BYTES:
             if entry.path in lesson_files:

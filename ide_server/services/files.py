@@ -1,7 +1,9 @@
 """Project files on disk: tree, read, write, create, move, delete, zip download and upload.
 
 Every path goes through `paths.normalise` and `paths.resolve` first; OS errors become domain
-errors with the user's path in the message.
+errors with the user's path in the message. Names on disk the API cannot carry as they are (not
+UTF-8, control characters) are listed `paths.escape`d and can be read, renamed or deleted under
+that name (`paths.existing`), so a project holding one can be repaired; the zip leaves them out.
 """
 
 import errno
@@ -30,35 +32,41 @@ class Entry:
     size: int
 
 
+def _shown(rel: str) -> str:
+    """A path in a message, quoted as the tree shows it (a raw name from `paths.existing` escaped again)."""
+    return f"'{paths.escape(rel)}'"
+
+
 @contextmanager
 def _os_errors(rel: str):
     try:
         yield
     except FileNotFoundError:
-        raise NotFound(f"{rel!r} does not exist") from None
+        raise NotFound(f"{_shown(rel)} does not exist") from None
     except NotADirectoryError:
-        raise NotFound(f"{rel!r} does not exist (a parent is a file)") from None
+        raise NotFound(f"{_shown(rel)} does not exist (a parent is a file)") from None
     except IsADirectoryError:
-        raise InvalidInput(f"{rel!r} is a folder") from None
+        raise InvalidInput(f"{_shown(rel)} is a folder") from None
     except FileExistsError:
-        raise Conflict(f"{rel!r} already exists") from None
+        raise Conflict(f"{_shown(rel)} already exists") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise InvalidInput(f"{rel!r} is a symlink that cannot be followed") from None
+            raise InvalidInput(f"{_shown(rel)} is a symlink that cannot be followed") from None
         if exc.errno == errno.ENAMETOOLONG:
-            raise InvalidInput(f"{rel!r} is too long") from None
+            raise InvalidInput(f"{_shown(rel)} is too long") from None
         raise
 
 
 def tree(root: Path) -> list[Entry]:
-    """Every entry under root, depth first and sorted by path; symlinks are listed, never followed."""
+    """Every entry under root, depth first and sorted by path; symlinks are listed, never followed.
+    Paths are as the API shows them (`paths.escape`)."""
     entries: list[Entry] = []
 
     def walk(directory: Path, prefix: str) -> None:
         with os.scandir(directory) as it:
             items = sorted(it, key=lambda e: e.name)
         for item in items:
-            rel = prefix + item.name
+            rel = prefix + paths.escape(item.name)
             if item.is_symlink():
                 entries.append(Entry(rel, "symlink", 0))
             elif item.is_dir(follow_symlinks=False):
@@ -73,7 +81,7 @@ def tree(root: Path) -> list[Entry]:
 
 
 def read(root: Path, path: str, max_bytes: int) -> bytes:
-    rel = paths.normalise(path)
+    rel = paths.existing(path)
     target = paths.resolve(root, rel)
     with _os_errors(rel):
         # O_NONBLOCK: opening a FIFO planted by user code must not hang the server.
@@ -83,9 +91,9 @@ def read(root: Path, path: str, max_bytes: int) -> bytes:
             if stat.S_ISDIR(info.st_mode):
                 raise IsADirectoryError
             if not stat.S_ISREG(info.st_mode):
-                raise InvalidInput(f"{rel!r} is not a regular file")
+                raise InvalidInput(f"{_shown(rel)} is not a regular file")
             if info.st_size > max_bytes:
-                raise TooLarge(f"{rel!r} is {info.st_size} bytes; files over {max_bytes} bytes can't be opened here")
+                raise TooLarge(f"{_shown(rel)} is {info.st_size} bytes; files over {max_bytes} bytes can't be opened here")
             return f.read(max_bytes + 1)[:max_bytes]
 
 
@@ -137,13 +145,13 @@ def _make_dirs(root: Path, rel: str) -> None:
 
 
 def move(root: Path, src: str, dst: str) -> Entry:
-    src_rel, dst_rel = paths.normalise(src), paths.normalise(dst)
+    src_rel, dst_rel = paths.existing(src), paths.normalise(dst)
     if dst_rel == src_rel or dst_rel.startswith(src_rel + "/"):
         raise InvalidInput("can't move a folder into itself")
     source = paths.resolve(root, src_rel, follow_last=False)
     dest = paths.resolve(root, dst_rel, follow_last=False)
     if not os.path.lexists(source):
-        raise NotFound(f"{src_rel!r} does not exist")
+        raise NotFound(f"{_shown(src_rel)} does not exist")
     if os.path.lexists(dest):
         raise Conflict(f"{dst_rel!r} already exists")
     _make_dirs(root, dst_rel.rpartition("/")[0])
@@ -154,7 +162,7 @@ def move(root: Path, src: str, dst: str) -> Entry:
 
 def delete(root: Path, path: str) -> None:
     """Delete a file, a symlink (not its target) or a folder with everything in it."""
-    rel = paths.normalise(path)
+    rel = paths.existing(path)
     target = paths.resolve(root, rel, follow_last=False)
     with _os_errors(rel):
         if target.is_dir() and not target.is_symlink():
@@ -173,10 +181,13 @@ def _entry(target: Path, rel: str) -> Entry:
 
 
 def zip_project(root: Path) -> BinaryIO:
-    """The project's files (symlinks left out) as a zip in a temporary file, rewound."""
+    """The project's files (symlinks left out) as a zip in a temporary file, rewound. Escaped names are
+    left out too: a zip holds text names, and one with a '\\' would not upload again."""
     out = tempfile.SpooledTemporaryFile(max_size=16 * CHUNK)
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
         for entry in tree(root):
+            if "\\" in entry.path:
+                continue
             if entry.kind == "directory":
                 zf.writestr(entry.path + "/", b"")
             elif entry.kind == "file":

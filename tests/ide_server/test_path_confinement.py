@@ -41,6 +41,23 @@ def test_normalise_keeps_ordinary_names(path, expected):
     assert paths.normalise(path) == expected
 
 
+@pytest.mark.parametrize("raw", [b"bad\xffname.txt", b"new\nline", b"a\\b", b"%2e%2e", b"x%\xfe\x1b", b"caf\xc3\xa9 \xc3"])
+def test_names_the_api_cannot_carry_are_escaped_and_lead_back(raw):
+    name = os.fsdecode(raw)
+    shown = paths.escape(name)
+    assert paths.problem(name) and "\\" in shown and shown.encode()  # JSON can carry it
+    assert paths.existing(shown) == name and paths.existing(f"dir/{shown}") == f"dir/{name}"
+    assert paths.escape("ok/caf\u00e9.txt") == "ok/caf\u00e9.txt" and paths.problem("ok/caf\u00e9.txt") is None
+
+
+@pytest.mark.parametrize("path", ["a\\x2e\\x2e", "\\x2e\\x2e/x", "a\\x2fb", "a\\x00", "a\\x41", "bad\\xzz", "../a\\xff",
+                                  "/a\\xff", "a\\..\\..\\outside.txt"])
+def test_an_escaped_path_names_only_what_the_tree_shows(path):
+    """No traversal, separator, NUL or second spelling hides behind an escape."""
+    with pytest.raises(InvalidInput):
+        paths.existing(path)
+
+
 @pytest.fixture
 def project(new_user, settings):
     alice = new_user()

@@ -5,6 +5,13 @@ from __future__ import annotations
 from conftest import add_member, new_project, wait_finished
 
 
+def next_output(ws) -> dict:
+    """The next frame other than a status one (a run's state changes come as {"type": "status"})."""
+    while (frame := ws.receive_json())["type"] == "status":
+        pass
+    return frame
+
+
 def frames_until_exit(ws) -> list[dict]:
     frames = []
     while (frame := ws.receive_json())["type"] != "exit":
@@ -18,7 +25,7 @@ def test_input_program_over_the_websocket(owner):
     with owner.websocket_connect(f"/ws/runs/{run_id}") as ws:
         seen = ""
         while "name? " not in seen:
-            seen += ws.receive_json()["data"]
+            seen += next_output(ws)["data"]
         ws.send_json({"type": "stdin", "data": "Ada\n"})
         ws.send_json({"type": "stdin", "data": "bye\n"})
         ws.send_json({"type": "stdin_eof"})
@@ -46,7 +53,7 @@ def test_viewer_stdin_is_refused(owner, person):
     run_id = owner.post(f"/api/projects/{pid}/runs", json={}).json()["id"]
     with viewer.websocket_connect(f"/ws/runs/{run_id}") as ws:
         ws.send_json({"type": "stdin", "data": "sneaky\n"})
-        assert ws.receive_json() == {"type": "error", "message": "only editors of the project can type into a run"}
+        assert next_output(ws) == {"type": "error", "message": "only editors of the project can type into a run"}
     owner.post(f"/api/runs/{run_id}/cancel")
     assert wait_finished(owner, run_id)["stdout"] == ""
 
@@ -82,7 +89,7 @@ def test_closing_the_shell_socket_ends_the_shell(owner):
     with owner.websocket_connect(f"/ws/projects/{pid}/shell") as ws:
         seen = ""
         while "$ " not in seen:
-            seen += ws.receive_json()["data"]
+            seen += next_output(ws)["data"]
         ws.send_json({"type": "input", "data": "sleep 1000 &\n"})
     # leaving the block closes the socket; nothing_left_behind checks no process or mount survives
 

@@ -27,6 +27,16 @@ const VERDICTS: Record<string, string> = {
   cancelled: "Stopped",
 };
 
+/** A run's state while it waits for a slot or runs (runs start round-robin between users). */
+interface StatusFrame {
+  status: "queued" | "running";
+  queue_position: number | null;
+}
+
+function describeStatus(frame: StatusFrame): string {
+  return frame.status === "queued" ? `Queued (position ${frame.queue_position ?? "?"})` : "Running…";
+}
+
 function describeExit(frame: ExitFrame): string {
   const verdict = VERDICTS[frame.verdict ?? ""] ?? frame.verdict ?? "Finished";
   const parts = [verdict];
@@ -95,12 +105,13 @@ export class RunConsole {
     this.output = "";
     let finished = false;
     socket.onmessage = (event) => {
-      const frame = JSON.parse(String(event.data)) as { type: string; data?: string; message?: string } & ExitFrame;
+      const frame = JSON.parse(String(event.data)) as { type: string; data?: string; message?: string } & ExitFrame & StatusFrame;
       if (frame.type === "stdout" || frame.type === "stderr") this.output = (this.output + (frame.data ?? "")).slice(-KEPT_OUTPUT_CHARS);
       if (frame.type === "stdout") terminal.write(frame.data ?? "");
       else if (frame.type === "stderr") terminal.write(`\x1b[31m${frame.data ?? ""}\x1b[0m`);
       else if (frame.type === "install") terminal.write(`\x1b[36m${frame.data ?? ""}\x1b[0m`);
       else if (frame.type === "error") terminal.writeln(`\x1b[33m${frame.message ?? ""}\x1b[0m`);
+      else if (frame.type === "status") this.onState(true, describeStatus(frame), null);
       else if (frame.type === "exit") {
         finished = true;
         const summary = describeExit(frame);
