@@ -56,11 +56,22 @@ class CopyReport:
                 f"(rename them in the program): {', '.join(shown)}")
 
 
+def _listing(dir_fd: int) -> list[tuple[str, os.stat_result]]:
+    """(name, lstat) of a folder's entries, sorted; an entry removed while we look (an editor's
+    temp file being renamed into place) is simply not there."""
+    items = []
+    with os.scandir(dir_fd) as entries:
+        for entry in entries:
+            try:
+                items.append((entry.name, entry.stat(follow_symlinks=False)))
+            except FileNotFoundError:
+                continue
+    return sorted(items)
+
+
 def _walk(root_fd: int, prefix: str = ""):
     """Yield (dir_fd, name, relpath, stat) for every entry under root_fd, without following links."""
-    with os.scandir(root_fd) as entries:
-        items = sorted((e.name, e.stat(follow_symlinks=False)) for e in entries)
-    for name, st in items:
+    for name, st in _listing(root_fd):
         if name in EXCLUDED_NAMES:
             continue
         rel = f"{prefix}{name}"

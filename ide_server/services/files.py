@@ -63,17 +63,24 @@ def tree(root: Path) -> list[Entry]:
     entries: list[Entry] = []
 
     def walk(directory: Path, prefix: str) -> None:
-        with os.scandir(directory) as it:
-            items = sorted(it, key=lambda e: e.name)
+        try:
+            with os.scandir(directory) as it:
+                items = sorted(it, key=lambda e: e.name)
+        except FileNotFoundError:  # removed while we walked
+            return
         for item in items:
             rel = prefix + paths.escape(item.name)
-            if item.is_symlink():
+            try:
+                info = item.stat(follow_symlinks=False)
+            except FileNotFoundError:  # e.g. an editor's temp file, renamed into place meanwhile
+                continue
+            if stat.S_ISLNK(info.st_mode):
                 entries.append(Entry(rel, "symlink", 0))
-            elif item.is_dir(follow_symlinks=False):
+            elif stat.S_ISDIR(info.st_mode):
                 entries.append(Entry(rel, "directory", 0))
                 walk(Path(item.path), rel + "/")
-            elif item.is_file(follow_symlinks=False):
-                entries.append(Entry(rel, "file", item.stat(follow_symlinks=False).st_size))
+            elif stat.S_ISREG(info.st_mode):
+                entries.append(Entry(rel, "file", info.st_size))
             # sockets, FIFOs and devices (which user code could make) are left out
 
     walk(root, "")
