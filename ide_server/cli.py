@@ -27,6 +27,10 @@ from typer.core import TyperCommand, TyperGroup
 from ide_server import __version__
 from ide_server.errors import DomainError
 
+# Seconds an idle HTTP connection stays open: longer than a student's pause between two actions,
+# since a browser reusing a connection the server has just closed sees a reset (uvicorn: 5 s).
+KEEP_ALIVE_S = 75
+
 # name -> ("module:typer_app", one-line help). Imported lazily.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "llm": ("llm_engine.cli:app", "Serve the LLM over an OpenAI-compatible API."),
@@ -127,6 +131,7 @@ def serve(
         proxy_headers=True,
         # Collab updates are small binary frames: compressing each one was the largest server CPU cost.
         ws_per_message_deflate=False,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
 
 
