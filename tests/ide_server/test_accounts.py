@@ -124,10 +124,10 @@ def test_login_is_throttled_per_user_and_address(app, new_user, settings):
     assert elsewhere.post("/api/auth/login", json={"username": alice.username, "password": alice.password}).status_code == 200
 
 
-def test_production_hashes_are_argon2id_with_default_parameters(monkeypatch):
-    monkeypatch.setattr(security, "_hasher", PasswordHasher())
+def test_production_hashes_are_argon2id_with_owasp_parameters(monkeypatch):
+    monkeypatch.setattr(security, "_hasher", PasswordHasher(**security.ARGON2_PARAMETERS))
     hashed = security.hash_password("pass phrase")
-    assert hashed.startswith("$argon2id$") and "m=65536,t=3" in hashed
+    assert hashed.startswith("$argon2id$") and "m=19456,t=2,p=1" in hashed
     assert security.verify_password(hashed, "pass phrase")
     assert not security.verify_password(hashed, "wrong")
     assert not security.verify_password(None, "pass phrase")
