@@ -45,20 +45,22 @@ def disk_lease_name(room: str) -> str:
 
 class Fanout:
     def __init__(self, redis_url: str) -> None:
-        self.redis = aioredis.from_url(redis_url)
+        self.redis = leases.connect(redis_url)
         self.origin = os.urandom(ORIGIN_BYTES)
         self._pubsub = self.redis.pubsub()
         self._rooms: dict[str, Room] = {}
         self._listener: asyncio.Task | None = None
+        self._starting = asyncio.Lock()
         # Set by the RoomManager: closes this replica's sockets of (project_id, user_id) with code.
         self.on_revoke: Callable[[str, str, int], Awaitable[None]] | None = None
 
     async def subscribe(self, room: Room) -> None:
         channel = channel_name(room.key.name)
         self._rooms[channel] = room
-        if self._listener is None:
-            await self._pubsub.subscribe(CONTROL_CHANNEL)
-            self._listener = asyncio.create_task(self._listen(), name="collab-fanout")
+        async with self._starting:  # rooms open together: one listener (two would read one socket at once)
+            if self._listener is None:
+                await self._pubsub.subscribe(CONTROL_CHANNEL)
+                self._listener = asyncio.create_task(self._listen(), name="collab-fanout")
         await self._pubsub.subscribe(channel)
         await self._publish(room.key.name, KIND_QUERY_AWARENESS, b"")
 

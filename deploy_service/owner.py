@@ -18,7 +18,6 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from ide_server import leases
@@ -49,7 +48,7 @@ def this_replica(listen_host: str, port: int, apps_port: int | None, advertise: 
 class Ownership:
     def __init__(self, here: Replica, redis_url: str | None, can_own: bool = True) -> None:
         self.here, self.can_own = here, can_own  # (a replica with no sandbox backend never takes the apps)
-        self.redis = aioredis.from_url(redis_url) if redis_url else None
+        self.redis = leases.connect(redis_url) if redis_url else None
         self.owner: Replica | None = here if self.redis is None else None
         self._holder = json.dumps(asdict(here))
 

@@ -7,6 +7,12 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
+# Connections a replica's client may hold; past that a caller waits up to REDIS_WAIT_S for one.
+# (redis-py's default pool refuses the 101st at once: a class's 200 open rooms each claiming
+# their file and publishing edits made collab fail with "Too many connections".)
+REDIS_CONNECTIONS = 64
+REDIS_WAIT_S = 10
+
 # Renew our lease, or take it if nobody holds it. Returns 1 when we hold it afterwards.
 CLAIM_SCRIPT = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
@@ -20,6 +26,12 @@ RELEASE_SCRIPT = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
 """
+
+
+def connect(url: str) -> aioredis.Redis:
+    """A client whose pool makes callers wait for a free connection instead of failing."""
+    return aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=REDIS_CONNECTIONS, timeout=REDIS_WAIT_S))
 
 
 async def claim(redis: aioredis.Redis, key: str, holder: str | bytes, ttl_ms: int) -> bool:
