@@ -1,0 +1,375 @@
+"""A classroom on one server: N students at once, in steps, against a real `codeyard serve`.
+
+Each simulated student signs up, creates a project, keeps the editor's collab socket open on
+`main.py`, and types into `notes.md` from one socket while a second socket (a partner's tab)
+watches for each keystroke. Between pauses (mean `--think` seconds) a student reads the file
+tree, saves `main.py` through the files API, reads it back (a different text is a lost save), and
+every `--run-every` iterations runs the project (`print(1)`) and polls it to its verdict.
+
+Per step it prints per-operation latency percentiles, errors (5xx, wrong answers, lost saves),
+timeouts, socket drops, keystroke fan-out latency, and the server's CPU and memory. With
+`--postgres URL --redis URL` the server uses them instead of the embedded defaults.
+
+Usage: .venv/bin/python benchmarks/load_bench.py [--users 10,30,100,200] [--seconds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+import websockets
+from pycrdt import Doc, Text
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from collab.protocol import (  # noqa: E402
+    SyncStep1,
+    SyncStep2,
+    SyncUpdate,
+    decode_message,
+    encode_sync_step1,
+    encode_sync_step2,
+    encode_sync_update,
+)
+from tests.serve_process import codeyard_serve  # noqa: E402
+
+TIMEOUT_S = 10.0
+SERVER_TROUBLE = re.compile(r"\"level\": \"(error|warning|critical)\"|^Traceback")
+PASSWORD = "load-test-password"
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass
+class Tally:
+    """What every student of one step saw."""
+
+    latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    errors: list[str] = field(default_factory=list)
+    timeouts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    socket_drops: int = 0
+    requests: int = 0
+
+    def error(self, what: str) -> None:
+        if len(self.errors) < 10_000:
+            self.errors.append(what)
+
+
+class YClient:
+    """One y-websocket client on a pycrdt document (what the browser's y-websocket does)."""
+
+    def __init__(self, ws: websockets.ClientConnection, tally: Tally) -> None:
+        self.ws, self.tally = ws, tally
+        self.doc = Doc()
+        self.text = self.doc.get("content", type=Text)
+        self.synced = asyncio.Event()
+        self.changed = asyncio.Event()
+        self.closed = False
+
+    async def start(self) -> asyncio.Task:
+        await self.ws.send(encode_sync_step1(self.doc.get_state()))
+        return asyncio.create_task(self._receive())
+
+    async def _receive(self) -> None:
+        try:
+            async for raw in self.ws:
+                message = decode_message(raw)
+                if isinstance(message, SyncStep1):
+                    await self.ws.send(encode_sync_step2(self.doc.get_update(message.state_vector)))
+                elif isinstance(message, (SyncStep2, SyncUpdate)):
+                    self.doc.apply_update(message.update)
+                    if isinstance(message, SyncStep2):
+                        self.synced.set()
+                    self.changed.set()
+        except websockets.ConnectionClosed:
+            pass
+        finally:
+            self.closed = True
+            self.changed.set()
+            self.synced.set()
+
+    async def type(self, chars: str) -> None:
+        before = self.doc.get_state()
+        self.text.insert(len(self.text), chars)
+        await self.ws.send(encode_sync_update(self.doc.get_update(before)))
+
+    async def wait_for(self, marker: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while marker not in str(self.text):
+            if self.closed:
+                return False
+            self.changed.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self.changed.wait(), remaining)
+            except TimeoutError:
+                return False
+        return True
+
+
+class Student:
+    """One simulated student: an HTTP session, a project and three collab sockets."""
+
+    def __init__(self, base: str, index: int, tally: Tally, args: argparse.Namespace, stop_at: float) -> None:
+        self.base, self.index, self.tally, self.args, self.stop_at = base, index, tally, args, stop_at
+        self.http = httpx.AsyncClient(base_url=base, timeout=TIMEOUT_S)
+        self.name = f"s{int(time.time() * 1000) % 10**9}x{index}"
+        self.project = ""
+        self.random = random.Random(index)
+
+    async def call(self, op: str, method: str, url: str, **kwargs) -> httpx.Response | None:
+        """One request, timed under `op`; None (and a tally entry) on a timeout or an error."""
+        started = time.monotonic()
+        self.tally.requests += 1
+        headers = kwargs.pop("headers", {})
+        if csrf := self.http.cookies.get("codeyard_csrf"):
+            headers["X-CSRF-Token"] = csrf
+        try:
+            response = await self.http.request(method, url, headers=headers, **kwargs)
+        except httpx.TimeoutException:
+            self.tally.timeouts[op] += 1
+            return None
+        except httpx.HTTPError as exc:
+            self.tally.error(f"{op}: {type(exc).__name__} {exc}")
+            return None
+        self.tally.latencies[op].append(time.monotonic() - started)
+        if response.status_code >= 400:
+            self.tally.error(f"{op}: {response.status_code} {response.text[:200]}")
+            return None
+        return response
+
+    async def socket(self, path: str) -> YClient | None:
+        cookie = "; ".join(f"{k}={v}" for k, v in self.http.cookies.items())
+        url = self.base.replace("http", "ws", 1) + f"/ws/collab/{self.project}/{path}"
+        started = time.monotonic()
+        try:
+            ws = await asyncio.wait_for(websockets.connect(
+                url, additional_headers={"Cookie": cookie}, origin=self.base, max_size=None), TIMEOUT_S)
+        except TimeoutError:
+            self.tally.timeouts["socket"] += 1
+            return None
+        except (OSError, websockets.WebSocketException) as exc:
+            self.tally.error(f"socket: {exc}")
+            return None
+        client = YClient(ws, self.tally)
+        try:
+            self._tasks.append(await client.start())
+            await asyncio.wait_for(client.synced.wait(), TIMEOUT_S)
+        except TimeoutError:
+            self.tally.timeouts["socket"] += 1
+            return None
+        except websockets.ConnectionClosed as exc:
+            self.tally.error(f"socket: {exc}")
+            return None
+        if client.closed:
+            self.tally.error(f"socket: closed {ws.close_code} {ws.close_reason}")
+            return None
+        self.tally.latencies["socket"].append(time.monotonic() - started)
+        return client
+
+    async def live(self) -> None:
+        self._tasks: list[asyncio.Task] = []
+        try:
+            if not await self.join():
+                return
+            editor = await self.socket("main.py")
+            typist, watcher = await self.socket("notes.md"), await self.socket("notes.md")
+            if not (editor and typist and watcher):
+                return
+            typing = asyncio.create_task(self.keep_typing(typist, watcher))
+            iteration = 0
+            while time.monotonic() < self.stop_at:
+                await self.work(iteration)
+                iteration += 1
+                await asyncio.sleep(self.random.expovariate(1 / self.args.think))
+            typing.cancel()
+            self.tally.socket_drops += sum(client.closed for client in (editor, typist, watcher))
+            for client in (editor, typist, watcher):
+                await client.ws.close()
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await self.http.aclose()
+
+    async def join(self) -> bool:
+        body = {"username": self.name, "password": PASSWORD}
+        if await self.call("register", "POST", "/api/auth/register", json=body) is None:
+            return False
+        answer = await self.call("create_project", "POST", "/api/projects", json={"name": "load", "template": "python"})
+        if answer is None:
+            return False
+        self.project = answer.json()["id"]
+        notes = f"/api/projects/{self.project}/files/content/notes.md"
+        return await self.call("save", "PUT", notes, content=b"# notes\n") is not None
+
+    async def keep_typing(self, typist: YClient, watcher: YClient) -> None:
+        count = 0
+        while time.monotonic() < self.stop_at:
+            marker = f"<{self.index}:{count}>"
+            count += 1
+            started = time.monotonic()
+            await typist.type(marker)
+            if await watcher.wait_for(marker, TIMEOUT_S):
+                self.tally.latencies["keystroke"].append(time.monotonic() - started)
+            elif not watcher.closed:
+                self.tally.timeouts["keystroke"] += 1
+            await asyncio.sleep(self.args.keystroke_every)
+
+    async def work(self, iteration: int) -> None:
+        files = f"/api/projects/{self.project}/files"
+        await self.call("tree", "GET", files)
+        text = f"print(1)\n# {self.name} {iteration} {'x' * self.random.randrange(10, 200)}\n"
+        if await self.call("save", "PUT", f"{files}/content/main.py", content=text.encode()) is None:
+            return
+        answer = await self.call("read", "GET", f"{files}/content/main.py")
+        if answer is not None and answer.text != text:
+            self.tally.error(f"lost save: wrote {text[:40]!r}, read {answer.text[:60]!r}")
+        if iteration % self.args.run_every == self.index % self.args.run_every:
+            await self.run()
+
+    async def run(self) -> None:
+        started = time.monotonic()
+        answer = await self.call("run_start", "POST", f"/api/projects/{self.project}/runs", json={"entry": "main.py"})
+        if answer is None:
+            return
+        run_id = answer.json()["id"]
+        while time.monotonic() - started < TIMEOUT_S * 3:
+            await asyncio.sleep(0.1)
+            polled = await self.call("run_poll", "GET", f"/api/runs/{run_id}")
+            if polled is None:
+                return
+            run = polled.json()
+            if run["status"] == "finished":
+                if run["verdict"] != "ok" or run["stdout"] != "1\n":
+                    self.tally.error(f"run: {run['verdict']} {run['message']!r} {run['stdout'][:60]!r}")
+                else:
+                    self.tally.latencies["run_e2e"].append(time.monotonic() - started)
+                return
+        self.tally.timeouts["run_e2e"] += 1
+
+
+async def run_step(base: str, users: int, args: argparse.Namespace, server_pid: int) -> dict:
+    """One step: `users` students for `args.seconds`; the summary as a dict."""
+    tally = Tally()
+    server, client = psutil.Process(server_pid), psutil.Process()
+    cpu_before, client_before, started = sum(server.cpu_times()[:2]), sum(client.cpu_times()[:2]), time.monotonic()
+    stop_at = started + args.seconds
+    ramp = args.ramp / max(1, users)
+
+    async def student(i: int) -> None:
+        await asyncio.sleep(i * ramp)
+        await Student(base, i, tally, args, stop_at).live()
+
+    await asyncio.gather(*(student(i) for i in range(users)))
+    elapsed = time.monotonic() - started
+    cpu = sum(server.cpu_times()[:2]) - cpu_before
+    client_cpu = sum(client.cpu_times()[:2]) - client_before
+    memory = server.memory_info().rss + sum(c.memory_info().rss for c in server.children(recursive=True))
+    api = [v for op, values in tally.latencies.items() if op not in ("keystroke", "run_e2e", "socket") for v in values]
+    ops = {op: {"n": len(v), "p50_ms": percentile(v, 0.5) * 1000, "p99_ms": percentile(v, 0.99) * 1000}
+           for op, v in sorted(tally.latencies.items())}
+    return {
+        "users": users, "seconds": round(elapsed, 1), "requests": tally.requests,
+        "req_per_s": round(tally.requests / elapsed, 1), "ops": ops,
+        "api_p99_ms": percentile(api, 0.99) * 1000, "errors": len(tally.errors), "error_samples": tally.errors[:5],
+        "timeouts": sum(tally.timeouts.values()), "timeouts_by_op": dict(tally.timeouts),
+        "socket_drops": tally.socket_drops, "server_cpu_percent": round(100 * cpu / elapsed, 1),
+        "server_rss_mb": round(memory / 2**20, 1), "load_generator_cpu_percent": round(100 * client_cpu / elapsed, 1),
+        "host_load_average": os.getloadavg()[0],
+    }
+
+
+def print_step(result: dict) -> None:
+    print(f"\n== {result['users']} users, {result['seconds']} s: {result['req_per_s']} req/s, "
+          f"errors {result['errors']}, timeouts {result['timeouts']} {result['timeouts_by_op'] or ''}, "
+          f"socket drops {result['socket_drops']}, server CPU {result['server_cpu_percent']}%, RSS {result['server_rss_mb']} MB")
+    print(f"   load generator CPU {result['load_generator_cpu_percent']}%, host load average {result['host_load_average']:.1f}")
+    print(f"   API p99 {result['api_p99_ms']:.0f} ms")
+    for op, figures in result["ops"].items():
+        print(f"   {op:14} n={figures['n']:6}  p50 {figures['p50_ms']:8.1f} ms  p99 {figures['p99_ms']:8.1f} ms")
+    for sample in result["error_samples"]:
+        print(f"   error: {sample}")
+    print(f"   server log: {len(result['server_log_errors'])} error lines")
+    for line in result["server_log_errors"][:8]:
+        print(f"   | {line}")
+
+
+def summarise_log_line(line: str) -> str:
+    """A server log line as its message, its exception's last line and the innermost frame of ours."""
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return line[:300]
+    trace = entry.get("exception", "").splitlines()
+    ours = [t.strip() for t in trace if t.strip().startswith("File") and "site-packages" not in t]
+    return " | ".join(filter(None, [entry.get("event", "").strip(), trace[-1] if trace else "", ours[-1] if ours else ""]))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--users", default="10,30,100,200", help="students per step, comma-separated")
+    parser.add_argument("--seconds", type=float, default=30.0, help="length of each step")
+    parser.add_argument("--ramp", type=float, default=5.0, help="seconds over which a step's students arrive")
+    parser.add_argument("--think", type=float, default=2.0, help="mean pause between a student's iterations")
+    parser.add_argument("--keystroke-every", type=float, default=0.5, help="seconds between a student's keystrokes")
+    parser.add_argument("--run-every", type=int, default=8, help="run the program every N iterations")
+    parser.add_argument("--postgres", help="SQLAlchemy URL of an empty PostgreSQL database (else SQLite)")
+    parser.add_argument("--redis", help="Redis URL (with --postgres: the multi-replica setup's services)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    settings = {}
+    if args.postgres:
+        settings["CODEYARD_DATABASE_URL"] = args.postgres
+    if args.redis:
+        settings["CODEYARD_REDIS_URL"] = args.redis
+    results = []
+    with ExitStack() as stack:
+        data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="codeyard-load-", ignore_cleanup_errors=True)))
+        data_dir.chmod(0o755)  # sandbox uids read the package environments under it
+        base = stack.enter_context(codeyard_serve(data_dir, settings))
+        pid = next(c.pid for c in psutil.net_connections("tcp")
+                   if c.status == psutil.CONN_LISTEN and c.laddr.port == int(base.rsplit(":", 1)[1]))
+        print(f"server {base} (pid {pid}) on {'PostgreSQL' if args.postgres else 'SQLite'}"
+              f"{' + Redis' if args.redis else ''}; think {args.think} s, keystroke every {args.keystroke_every} s, "
+              f"run every {args.run_every} iterations")
+        log, seen = data_dir / "serve.log", 0
+        for users in (int(u) for u in args.users.split(",")):
+            result = asyncio.run(run_step(base, users, args, pid))
+            lines = log.read_text(errors="replace").splitlines()
+            result["server_log_errors"] = [summarise_log_line(line) for line in lines[seen:] if SERVER_TROUBLE.search(line)]
+            seen = len(lines)
+            print_step(result)
+            results.append(result)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()
