@@ -101,3 +101,53 @@ def test_written_hashes(store: UpdateStore, project_id: str) -> None:
     assert store.written_hashes(room) == {"a" * 64, "b" * 64}
     store.mark_written(room, "b" * 64)
     assert store.written_hashes(room) == {"b" * 64}
+
+
+def test_many_rooms_writing_at_once_share_transactions(store: UpdateStore, project_id: str,
+                                                       monkeypatch) -> None:
+    """Writes from many threads go through one writer: all are stored, in fewer transactions."""
+    rooms = [f"{project_id}/f{i}.py" for i in range(40)]
+    updates = {room: typed_updates([f"{room} {n}\n" for n in range(10)])[1] for room in rooms}
+    transactions = []
+    begin = store.engine.begin
+
+    def counted_begin():
+        transactions.append(1)
+        return begin()
+
+    monkeypatch.setattr(store.engine, "begin", counted_begin)
+
+    def type_into(room: str) -> None:
+        for update in updates[room]:
+            store.append(room, [update])
+        store.mark_written(room, "0" * 64)
+
+    threads = [threading.Thread(target=type_into, args=(room,)) for room in rooms]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for room in rooms:
+        assert rebuild(store.load(room)) == "".join(f"{room} {n}\n" for n in range(10))
+        assert store.written_hashes(room) == {"0" * 64}
+    assert len(transactions) < len(rooms) * 11
+
+
+def test_a_failing_write_fails_alone(store: UpdateStore, project_id: str) -> None:
+    good = f"{project_id}/good.py"
+    _, updates = typed_updates(["fine\n"])
+    errors = []
+
+    def bad_write() -> None:
+        try:
+            store._write(lambda conn: conn.exec_driver_sql("INSERT INTO no_such_table VALUES (1)"))
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=bad_write)] + [threading.Thread(target=store.append, args=(good, updates))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(errors) == 1
+    assert rebuild(store.load(good)) == "fine\n"
