@@ -1,0 +1,178 @@
+"""SIGKILL the server while a class saves, start it again: nothing acknowledged is lost (issue 25).
+
+Thirty students save `main.py` through the files API over and over (ten with the editor open on it,
+so saves also go through collab rooms) and some have a run going, when the server is killed. After
+each restart: every student's file holds their last acknowledged save (or a later one whose answer
+the kill swallowed), the editor's document agrees with it, every run that was in flight has ended
+with a verdict, no process the killed server had started is left, and nothing answers 5xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import websockets
+from pycrdt import Doc, Text
+
+from collab.protocol import SyncStep1, SyncStep2, SyncUpdate, decode_message, encode_sync_step1, encode_sync_step2
+from serve_process import codeyard_serve
+
+STUDENTS = 30
+EDITORS = 10  # students who keep main.py open in the editor
+KILLS = 10
+PASSWORD = "a long password"
+SLOW_PROGRAM = "import time\ntime.sleep(20)\n"
+
+
+@dataclass
+class Student:
+    name: str
+    cookies: httpx.Cookies
+    project: str = ""
+    acked: str = ""  # the last save the server answered 2xx to (at first, the template's text)
+    after_ack: list[str] = field(default_factory=list)  # saves sent since, whose answer may have been lost
+    runs: list[str] = field(default_factory=list)
+
+    def headers(self) -> dict[str, str]:
+        return {"X-CSRF-Token": self.cookies["codeyard_csrf"]}
+
+
+def server_pid(url: str) -> int:
+    port = int(url.rsplit(":", 1)[1])
+    return next(c.pid for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port)
+
+
+def enrol(url: str) -> list[Student]:
+    students = []
+    for i in range(STUDENTS):
+        with httpx.Client(base_url=url, timeout=30) as client:
+            client.post("/api/auth/register", json={"username": f"student{i}", "password": PASSWORD}).raise_for_status()
+            student = Student(f"student{i}", httpx.Cookies(client.cookies))
+            answer = client.post("/api/projects", json={"name": "crash", "template": "python"}, headers=student.headers())
+            student.project = answer.raise_for_status().json()["id"]
+            client.put(f"/api/projects/{student.project}/files/content/slow.py", content=SLOW_PROGRAM,
+                       headers=student.headers()).raise_for_status()
+            student.acked = client.get(f"/api/projects/{student.project}/files/content/main.py").raise_for_status().text
+        students.append(student)
+    return students
+
+
+async def open_editor(url: str, student: Student) -> tuple[websockets.ClientConnection, Doc]:
+    """A y-websocket client on main.py that keeps applying what the room sends."""
+    cookie = "; ".join(f"{k}={v}" for k, v in student.cookies.items())
+    ws = await websockets.connect(url.replace("http", "ws", 1) + f"/ws/collab/{student.project}/main.py",
+                                  additional_headers={"Cookie": cookie}, origin=url)
+    doc = Doc()
+    doc.get("content", type=Text)
+    await ws.send(encode_sync_step1(doc.get_state()))
+
+    async def follow() -> None:
+        try:
+            async for raw in ws:
+                message = decode_message(raw)
+                if isinstance(message, SyncStep1):
+                    await ws.send(encode_sync_step2(doc.get_update(message.state_vector)))
+                elif isinstance(message, (SyncStep2, SyncUpdate)):
+                    doc.apply_update(message.update)
+        except websockets.ConnectionClosed:
+            pass
+
+    asyncio.get_running_loop().create_task(follow())
+    return ws, doc
+
+
+async def storm(url: str, students: list[Student], round_no: int, kill_after: float,
+                orphans: list[tuple[int, float]]) -> None:
+    """Everyone saves as fast as answers come (a few start a slow run) until the server is killed;
+    `orphans` gets the processes the server had started (sandboxes, git) at that moment."""
+    pid = server_pid(url)
+    editors = [await open_editor(url, s) for s in students[:EDITORS]]
+
+    async def save_forever(student: Student) -> None:
+        async with httpx.AsyncClient(base_url=url, cookies=student.cookies, timeout=10) as client:
+            if students.index(student) % 5 == 0:
+                try:
+                    answer = await client.post(f"/api/projects/{student.project}/runs", json={"entry": "slow.py"},
+                                               headers=student.headers())
+                except httpx.HTTPError:
+                    return  # the server is gone
+                assert answer.status_code == 202, answer.text
+                student.runs.append(answer.json()["id"])
+            for n in range(10_000):
+                text = f"print('{student.name} round {round_no} save {n}')\n"
+                student.after_ack.append(text)
+                try:
+                    answer = await client.put(f"/api/projects/{student.project}/files/content/main.py",
+                                              content=text, headers=student.headers())
+                except httpx.HTTPError:
+                    return  # the server is gone
+                assert answer.status_code == 200, answer.text
+                student.acked, student.after_ack = text, []
+
+    async def kill() -> None:
+        await asyncio.sleep(kill_after)
+        server = psutil.Process(pid)
+        orphans.extend((p.pid, p.create_time()) for p in server.children(recursive=True))
+        os.kill(pid, signal.SIGKILL)
+
+    await asyncio.gather(kill(), *(save_forever(s) for s in students))
+    for ws, _ in editors:
+        await ws.close()
+
+
+def still_alive(processes: list[tuple[int, float]]) -> list[int]:
+    alive = []
+    for pid, started in processes:
+        try:
+            if psutil.Process(pid).create_time() == started:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
+
+
+async def check_after_restart(url: str, students: list[Student], orphans: list[tuple[int, float]]) -> None:
+    editors = [await open_editor(url, s) for s in students[:EDITORS]]
+    await asyncio.sleep(1.5)  # long enough for a room to write back a stale text, if it would
+    for i, student in enumerate(students):
+        async with httpx.AsyncClient(base_url=url, cookies=student.cookies, timeout=10) as client:
+            text = (await client.get(f"/api/projects/{student.project}/files/content/main.py")).text
+            assert text in [student.acked, *student.after_ack], (student.name, text, student.acked)
+            if i < EDITORS:
+                assert str(editors[i][1].get("content", type=Text)) == text
+            for run_id in student.runs:
+                run = (await client.get(f"/api/runs/{run_id}")).json()
+                assert run["status"] == "finished" and run["verdict"], run
+            tree = await client.get(f"/api/projects/{student.project}/files")
+            assert tree.status_code == 200
+            student.acked, student.after_ack = text, []
+    for ws, _ in editors:
+        await ws.close()
+    assert still_alive(orphans) == []
+    orphans.clear()
+
+
+@pytest.mark.timeout(900)
+def test_no_acknowledged_save_is_lost_over_ten_kills(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    data_dir.chmod(0o755)
+    chance = random.Random(25)
+    orphans: list[tuple[int, float]] = []
+    with codeyard_serve(data_dir) as url:
+        students = enrol(url)
+        asyncio.run(storm(url, students, 0, chance.uniform(0.5, 2.0), orphans))
+    for round_no in range(1, KILLS + 1):
+        with codeyard_serve(data_dir) as url:
+            asyncio.run(check_after_restart(url, students, orphans))
+            if round_no < KILLS:
+                asyncio.run(storm(url, students, round_no, chance.uniform(0.5, 2.0), orphans))
+    assert sum("round" in s.acked for s in students) >= STUDENTS // 2  # saves were checked, not only the template
