@@ -262,20 +262,16 @@ class Room:
 
         The diff base_text -> new_text is applied to a copy of the document as it was when the
         file was last written, and that copy's update is merged in: edits typed meanwhile stay.
+        The diff runs in a worker thread (a large file's diff must not stall every other room).
         Returns the state the file's text now belongs to: the merge base of the next outside edit.
         """
-        base = Doc()
-        base_content = base.get(TEXT_NAME, type=Text)
-        base.apply_update(base_state)
-        if str(base_content) != base_text:
+        rebased = await asyncio.to_thread(_rebase, base_state, base_text, new_text)
+        if rebased is None:
             self._edit_text(new_text)
             new_base = self.doc.get_update()
         else:
-            before = base.get_state()
-            with base.transaction():
-                apply_text(base_content, new_text)
-            self.receive_update(base.get_update(before), origin=None)
-            new_base = base.get_update()
+            update, new_base = rebased
+            self.receive_update(update, origin=None)
         await self.wait_stored()
         return new_base
 
@@ -379,3 +375,17 @@ class Room:
         for peer in self.peers:
             if peer is not skip:
                 peer.enqueue(message)
+
+
+def _rebase(base_state: bytes, base_text: str, new_text: str) -> tuple[bytes, bytes] | None:
+    """(the update that turns base into new_text, the resulting state), or None when base_state
+    does not read base_text. Works on a document of its own, so it may run in any thread."""
+    base = Doc()
+    content = base.get(TEXT_NAME, type=Text)
+    base.apply_update(base_state)
+    if str(content) != base_text:
+        return None
+    before = base.get_state()
+    with base.transaction():
+        apply_text(content, new_text)
+    return base.get_update(before), base.get_update()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -250,6 +251,7 @@ async def test_a_busy_database_delays_storing_but_keeps_the_room_open(
     alice, bob = PyClient(manager, key, "alice"), PyClient(manager, key, "bob")
     await alice.start()
     await bob.start()
+    await eventually(lambda: str(alice.text) == str(bob.text) == "hello 😀\n")
     append, failures = store.append, []
 
     def busy_twice(room: str, updates: list[bytes]) -> None:
@@ -264,6 +266,29 @@ async def test_a_busy_database_delays_storing_but_keeps_the_room_open(
     assert len(failures) == 2 and not manager.rooms[key].closed
     await alice.leave()
     await bob.leave()
+
+
+async def test_an_outside_change_is_diffed_off_the_event_loop(
+    manager: RoomManager, key: RoomKey, file_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Diffing a large file takes long: on the event loop it stalled every room and request."""
+    import collab.room
+
+    alice = PyClient(manager, key, "alice")
+    await alice.start()
+    await eventually(lambda: key in manager.rooms and manager.rooms[key].mirror.written_text == "hello 😀\n")
+    threads, rebase = [], collab.room._rebase
+
+    def recorded(*args):
+        threads.append(threading.current_thread())
+        return rebase(*args)
+
+    monkeypatch.setattr(collab.room, "_rebase", recorded)
+    file_path.write_text("hello 😀\n" + "line\n" * 5000, encoding="utf-8")
+    await manager.file_changed(key)
+    assert str(manager.rooms[key].text).count("line\n") == 5000
+    assert threads and threading.main_thread() not in threads
+    await alice.leave()
 
 
 async def test_set_text_reaches_clients_as_an_edit(manager: RoomManager, key: RoomKey, file_path: Path) -> None:
