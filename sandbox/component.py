@@ -213,6 +213,8 @@ async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
                        max_running_per_user=settings.sandbox_max_running_per_user,
                        max_per_user=settings.sandbox_max_runs_per_user)
     await run_in_threadpool(runs.close_interrupted)
+    if (events := getattr(app.state, "project_events", None)) is not None:
+        runs.announce = events.announce
     app.state.sandbox_runs = runs
     try:
         yield

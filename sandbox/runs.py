@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 STORED_OUTPUT_CHARS = 64 * 1024  # per stream, in the database and in API answers
 LIST_LIMIT = 50
+INPUT_WAIT_SECONDS = 600.0  # an interactive run may wait this long for each input (the console says so)
 
 
 def _time(ts: float | None) -> datetime | None:
@@ -99,6 +100,9 @@ class ProjectRuns:
         # Hook: a project's extra run environment (deploy_service.secrets_api sets it to the secrets
         # the owner exposes to runs); called in a worker thread.
         self.environment_of: Callable[[str], dict[str, str]] = lambda project_id: {}
+        # Hook: tell a project's open workspaces something (ide_server.api.events sets it): a run started
+        # (so every member's console follows it), or a run wrote files (so their trees re-read).
+        self.announce: Callable[[str, dict], None] = lambda project_id, event: None
 
     def claim_shell(self, user: User) -> None:
         """Take one of the open-shell places (give it back with release_shell); QueueFull when none is free."""
@@ -131,7 +135,9 @@ class ProjectRuns:
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
         env = await asyncio.to_thread(self.environment_of, project_id)
-        record = await self.service.submit(str(user.id), project_id, RunSpec(plan.argv, project_dir, limits, env))
+        interactive = body.interactive and body.stdin is None
+        spec = RunSpec(plan.argv, project_dir, limits, env, input_wait_seconds=INPUT_WAIT_SECONDS if interactive else None)
+        record = await self.service.submit(str(user.id), project_id, spec)
         with self.sessions() as db, db.begin():
             db.add(RunRow(id=record.id, project_id=project_id, user_id=user.id, argv=record.argv, status="queued",
                           created_at=_time(record.created_at)))
@@ -141,6 +147,8 @@ class ProjectRuns:
         task = asyncio.create_task(self._finish(record))
         self._finishers.add(task)
         task.add_done_callback(self._finishers.discard)
+        self.announce(project_id, {"type": "run", "id": record.id, "username": user.username, "argv": record.argv,
+                                   "interactive": interactive})
         return public_of_record(record)
 
     async def add_packages(self, project_id: str, names: list[str]) -> PackagesPublic:
@@ -160,6 +168,8 @@ class ProjectRuns:
         """When the run ends, store its outcome."""
         assert self.service is not None
         await self.service.wait(record.id)
+        if record.result is not None and record.result.files_written:
+            self.announce(record.project_id, {"type": "files", "action": "run", "path": "", "to": None})
         try:
             await asyncio.to_thread(self._store, record)
         except Exception:
