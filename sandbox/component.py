@@ -183,7 +183,8 @@ async def shell_socket(websocket: WebSocket, project_id: str, rows: int = Query(
         return
     try:
         await runs.editors.flush(project_id)
-        await serve_shell(websocket, backend, runs.project_dir(project_id), rows, cols)
+        packages = await runs.shell_packages(project_id)
+        await serve_shell(websocket, backend, runs.project_dir(project_id), rows, cols, packages.env, packages.mounts)
     finally:
         runs.release_shell(user)
 

@@ -26,7 +26,7 @@ from sandbox.limits import SERVER_MAXIMA
 from sandbox.models import RunRow
 from sandbox.packages.first import PackagesFirst
 from sandbox.packages.install import Installer, InstallFailed
-from sandbox.packages.project import REQUIREMENTS, add_packages
+from sandbox.packages.project import REQUIREMENTS, PreparedPackages, add_packages, installed_for
 from sandbox.schemas import PackagesPublic, RunCreate, RunPublic
 from sandbox.service import RunRecord, RunService
 
@@ -122,6 +122,12 @@ class ProjectRuns:
 
     def project_dir(self, project_id: str) -> Path:
         return projects.project_dir(self.projects_dir, project_id)
+
+    async def shell_packages(self, project_id: str) -> PreparedPackages:
+        """What the Shell mounts so it sees the packages runs see (those installed; the Shell installs nothing)."""
+        if self.installer is None:
+            return PreparedPackages()
+        return await asyncio.to_thread(installed_for, self.installer, self.project_dir(project_id))
 
     async def start(self, user: User, project_id: str, body: RunCreate) -> RunPublic:
         """Plan and queue a run of the project; QueueFull (429) when too many are waiting."""

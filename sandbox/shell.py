@@ -14,7 +14,7 @@ import anyio
 
 from starlette.websockets import WebSocket
 
-from sandbox.backend import Backend, RunSpec, SandboxRun
+from sandbox.backend import Backend, Mount, RunSpec, SandboxRun
 from sandbox.frames import SOCKET_GONE, receive_frame, send_chunks
 from sandbox.limits import MIB, Limits
 
@@ -42,9 +42,11 @@ async def _read_input(websocket: WebSocket, run: SandboxRun) -> None:
             await websocket.send_json({"type": "error", "message": str(exc)})
 
 
-async def serve_shell(websocket: WebSocket, backend: Backend, project_dir: Path, rows: int, cols: int) -> None:
-    """Run a shell for this socket until it exits or the client leaves (its files are copied back as it ends)."""
-    run = await backend.start(RunSpec(SHELL_ARGV, project_dir, SHELL_LIMITS, terminal=(rows, cols)))
+async def serve_shell(websocket: WebSocket, backend: Backend, project_dir: Path, rows: int, cols: int,
+                      env: dict[str, str] | None = None, mounts: tuple[Mount, ...] = ()) -> None:
+    """Run a shell for this socket until it exits or the client leaves (its files are copied back as it ends).
+    env and mounts: the project's package environments, as its runs get them."""
+    run = await backend.start(RunSpec(SHELL_ARGV, project_dir, SHELL_LIMITS, env or {}, terminal=(rows, cols), mounts=mounts))
     exited = False
     try:
         async with anyio.create_task_group() as tasks:
