@@ -38,9 +38,15 @@ def app_for(service: LLMService, own_service: bool = True) -> FastAPI:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if own_service:
             service.start()
+        grpc_server = None
+        if service.options.grpc_address:  # on this event loop, so both protocols share the engine's
+            from llm_engine.entrypoints.kserve_grpc import start_server
+            grpc_server = await start_server(service, service.options.grpc_address)
         try:
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop(1.0)
             if own_service:
                 service.stop()
 

@@ -16,7 +16,7 @@ from llm_engine.entrypoints.app import create_app
 from llm_engine.config import EngineConfig
 from llm_engine.entrypoints.service import ServerOptions
 
-from .conftest import TINY_NAME, start_server
+from .conftest import TINY_NAME, free_port, start_server
 
 
 @pytest.fixture
@@ -128,9 +128,13 @@ def test_errors_in_the_protocol_shape(triton, tiny_server):
         triton.get_model_metadata("nope")
 
 
-def test_api_keys_guard_v2_but_not_health(tiny_chat_model):
+def test_api_keys_guard_v2_and_grpc_but_not_health(tiny_chat_model):
+    import tritonclient.grpc as grpcclient
+
     config = EngineConfig(model=str(tiny_chat_model), max_num_seqs=2, num_kv_blocks=16, max_model_len=128)
-    running = start_server(create_app(config, "keyed", ServerOptions(api_keys=frozenset({"k1"}))))
+    grpc_address = f"127.0.0.1:{free_port()}"
+    running = start_server(create_app(config, "keyed", ServerOptions(api_keys=frozenset({"k1"}),
+                                                                     grpc_address=grpc_address)))
     try:
         running.service.engine.wait_ready(300)
         bare = httpclient.InferenceServerClient(running.url.removeprefix("http://"))
@@ -142,6 +146,13 @@ def test_api_keys_guard_v2_but_not_health(tiny_chat_model):
         assert info.value.status() == "401"
         keyed = bare.get_model_metadata("keyed", headers={"Authorization": "Bearer k1"})
         assert keyed["name"] == "keyed"
+        rpc = grpcclient.InferenceServerClient(grpc_address)
+        assert rpc.is_server_live() and rpc.is_server_ready()
+        with pytest.raises(InferenceServerException) as info:
+            rpc.get_model_metadata("keyed")
+        assert info.value.status() == "StatusCode.UNAUTHENTICATED"
+        assert rpc.get_model_metadata("keyed", headers={"authorization": "Bearer k1"}).name == "keyed"
+        rpc.close()
     finally:
         running.stop()
 
