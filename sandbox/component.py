@@ -187,6 +187,7 @@ async def shell_socket(websocket: WebSocket, project_id: str, rows: int = Query(
         await serve_shell(websocket, backend, runs.project_dir(project_id), rows, cols, packages.env, packages.mounts)
     finally:
         runs.release_shell(user)
+        runs.files_changed(project_id)
 
 
 @asynccontextmanager

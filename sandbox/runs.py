@@ -123,6 +123,10 @@ class ProjectRuns:
     def project_dir(self, project_id: str) -> Path:
         return projects.project_dir(self.projects_dir, project_id)
 
+    def files_changed(self, project_id: str) -> None:
+        """Open workspaces re-read the tree: a run or a Shell may have written files."""
+        self.announce(project_id, {"type": "files", "action": "run", "path": "", "to": None})
+
     async def shell_packages(self, project_id: str) -> PreparedPackages:
         """What the Shell mounts so it sees the packages runs see (those installed; the Shell installs nothing)."""
         if self.installer is None:
@@ -174,8 +178,7 @@ class ProjectRuns:
         """When the run ends, store its outcome."""
         assert self.service is not None
         await self.service.wait(record.id)
-        if record.result is not None and record.result.files_written:
-            self.announce(record.project_id, {"type": "files", "action": "run", "path": "", "to": None})
+        self.files_changed(record.project_id)  # what it wrote, and declarations its package installs pinned
         try:
             await asyncio.to_thread(self._store, record)
         except Exception:
