@@ -14,12 +14,13 @@ import re
 import secrets
 import signal
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator, Callable, ClassVar, Literal, Mapping, Sequence
 
 from sandbox.cgroups import RunCgroup
-from sandbox.files import WorkspaceTooLarge, copy_in, copy_out
+from sandbox.files import Snapshot, WorkspaceTooLarge, copy_in, copy_out
 from sandbox.limits import Limits
 from sandbox.verdict import RunResult, Verdict
 from sandbox.waiting import waiting_for_input
@@ -64,6 +65,8 @@ class RunSpec:
     # Interactive (a run from the editor): time waiting for input does not count toward wall_seconds,
     # but one wait longer than this ends the run. None: the wall limit is strict (API and grader runs).
     input_wait_seconds: float | None = None
+    # Copy what the program wrote back every this many seconds while it runs (the Shell), not only at the end.
+    sync_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.argv, (str, bytes)) or not self.argv:
@@ -85,8 +88,9 @@ class RunSpec:
             raise ValueError("terminal must be (rows, cols), each between 1 and 1000")
         if not Path(self.project_dir).is_dir():
             raise ValueError(f"project_dir is not a folder: {self.project_dir}")
-        if self.input_wait_seconds is not None and not 0 < self.input_wait_seconds < float("inf"):
-            raise ValueError("input_wait_seconds must be a positive finite number")
+        for name in ("input_wait_seconds", "sync_seconds"):
+            if (value := getattr(self, name)) is not None and not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a positive finite number")
 
     @property
     def tty(self) -> bool:
@@ -170,6 +174,7 @@ class SandboxRun:
         self.waiting_for_input = False  # an interactive run's program is blocked reading its input now
         self.on_change: Callable[[], None] = lambda: None  # called when waiting_for_input changes
         self.limit_message = ""  # why a limit stopped it, where the verdict alone would not say
+        self.on_files_copied: Callable[[], None] = lambda: None  # a sync (RunSpec.sync_seconds) copied files back
 
     def emit(self, stream: Literal["stdout", "stderr"], data: bytes) -> None:
         """Account for output: keep and stream it up to the limit, then stop the run."""
@@ -299,6 +304,26 @@ async def _watch(run: SandboxRun, execution: Execution, waiter: asyncio.Future[E
         return
 
 
+async def _sync_back(run: SandboxRun, spec: RunSpec, workspace: Path, snapshot: Snapshot, stop: asyncio.Event) -> None:
+    """Until `stop`, copy what the run wrote back every spec.sync_seconds (only what changed since the last
+    copy), so the project's tree shows a Shell's files while it is open; the copy at the end is the last word."""
+    assert spec.sync_seconds is not None
+    while True:
+        with suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), spec.sync_seconds)
+        if stop.is_set():
+            return
+        try:
+            report = await asyncio.to_thread(copy_out, workspace, Path(spec.project_dir), snapshot,
+                                             max_bytes=spec.limits.disk_bytes, max_files=spec.limits.files_count)
+        except OSError as exc:
+            log.warning("syncing run %s back failed: %s", run.id, exc)
+            continue
+        snapshot.files.update(report.copied)
+        if report.written:
+            run.on_files_copied()
+
+
 def _duration(seconds: float) -> str:
     return f"{seconds / 60:g} minutes" if seconds >= 120 else f"{seconds:g} s"
 
@@ -359,6 +384,8 @@ class Backend(abc.ABC):
             )
             began = time.monotonic()
             execution = await self.launch(RunContext(spec, ws, uid, cgroup, run))
+            stop_sync = asyncio.Event()
+            syncing = asyncio.create_task(_sync_back(run, spec, ws, snapshot, stop_sync)) if spec.sync_seconds else None
             try:
                 await run._bind(execution)
                 waiter = asyncio.ensure_future(execution.wait())
@@ -377,6 +404,9 @@ class Backend(abc.ABC):
                     cgroup.kill_all()
                 kill_uid(uid)
                 await execution.cleanup()
+                if syncing is not None:  # let a copy under way finish before the last one
+                    stop_sync.set()
+                    await syncing
             if cgroup is not None:
                 status.cpu_seconds = max(status.cpu_seconds, cgroup.cpu_seconds())
                 status.peak_memory_bytes = max(status.peak_memory_bytes, cgroup.peak_memory())

@@ -184,7 +184,8 @@ async def shell_socket(websocket: WebSocket, project_id: str, rows: int = Query(
     try:
         await runs.editors.flush(project_id)
         packages = await runs.shell_packages(project_id)
-        await serve_shell(websocket, backend, runs.project_dir(project_id), rows, cols, packages.env, packages.mounts)
+        await serve_shell(websocket, backend, runs.project_dir(project_id), rows, cols, packages.env, packages.mounts,
+                          on_files=lambda: runs.files_changed(project_id))
     finally:
         runs.release_shell(user)
         runs.files_changed(project_id)

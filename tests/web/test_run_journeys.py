@@ -127,6 +127,13 @@ def test_partner_sees_the_run_and_its_files(owner, project_id, open_as, screensh
     expect(bob.locator('#file-tree li[data-path="__pycache__"]')).to_contain_text("__pycache__/")
     screenshot(bob, "runs-partner-console")
     bob.locator("#show-generated").uncheck()
+    # Files made in the Shell reach the partner's tree while the Shell stays open.
+    ada.locator("#shell-tab").click()
+    shell = ada.locator("#shell")
+    expect(shell.locator(".xterm-rows")).to_contain_text("$", timeout=20_000)
+    shell.locator(".xterm-helper-textarea").focus()
+    ada.keyboard.type("echo notes > from_the_shell.txt\n")
+    expect(bob.locator('#file-tree li[data-path="from_the_shell.txt"]')).to_be_visible(timeout=20_000)
 
 
 def test_each_new_import_is_installed(server_url, owner, open_as, screenshot):
