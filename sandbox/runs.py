@@ -234,15 +234,16 @@ class ProjectRuns:
 
     def list(self, db: Session, project_id: str) -> list[RunPublic]:
         """The project's latest runs, newest first (live ones with their current state)."""
-        rows = db.scalars(select(RunRow).where(RunRow.project_id == project_id)
-                          .order_by(RunRow.created_at.desc()).limit(LIST_LIMIT)).all()
+        rows = db.execute(select(RunRow, User.username).outerjoin(User, User.id == RunRow.user_id)
+                          .where(RunRow.project_id == project_id).order_by(RunRow.created_at.desc()).limit(LIST_LIMIT)).all()
         answer = []
-        for row in rows:
+        for row, username in rows:
             try:
                 record = self.service.get(row.id) if self.service else None
             except RunNotFound:
                 record = None
-            answer.append(public_of_record(record) if record else public_of_row(row))
+            public = public_of_record(record) if record else public_of_row(row)
+            answer.append(public.model_copy(update={"username": username}))
         return answer
 
     def close_interrupted(self) -> int:

@@ -51,6 +51,8 @@ class RunPublic(BaseModel):
                                        "(runs start round-robin between users)")
     waiting_for_input: bool = Field(default=False, description="While running: the program waits for input (an "
                                     "interactive run's wall clock stands still meanwhile)")
+    username: str | None = Field(default=None, description="Who started it, in the run list (a workspace opened "
+                                 "mid-run follows the live one and names them)")
     argv: list[ShownText]
     verdict: str | None
     exit_code: int | None

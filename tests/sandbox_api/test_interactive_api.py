@@ -35,3 +35,4 @@ def test_members_hear_of_runs_and_the_files_they_write(owner, person):
                          "interactive": True}
         assert events.receive_json() == {"type": "files", "action": "run", "path": "", "to": None}
     assert wait_finished(owner, run["id"])["files_written"] == ["made.txt"]
+    assert viewer.get(f"/api/projects/{pid}/runs").json()[0]["username"] == owner.username  # a console opened later names them

@@ -116,6 +116,9 @@ def test_partner_sees_the_run_and_its_files(owner, project_id, open_as, screensh
     expect(bob_console).to_contain_text(f"{OWNER} is running", timeout=20_000)
     expect(bob_console).to_contain_text("from the run", timeout=20_000)
     expect(bob.locator("#run-summary")).to_contain_text(OWNER)
+    bob.reload()  # a workspace opened mid-run follows the live run, its output so far replayed
+    expect(bob_console).to_contain_text(f"{OWNER} is running", timeout=20_000)
+    expect(bob_console).to_contain_text("from the run", timeout=20_000)
     bob_console.locator(".xterm-helper-textarea").focus()  # an editor may answer the program's input
     bob.keyboard.type("hello\n")
     for page in (ada, bob):

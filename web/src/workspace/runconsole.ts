@@ -121,7 +121,8 @@ export class RunConsole {
     const terminal = this.term.terminal;
     terminal.reset();
     const command = run.argv.join(" ");
-    terminal.writeln(`\x1b[2m▶ ${run.username} is running ${command}${this.canWrite ? " — you can type its input here too" : ""}\x1b[0m`);
+    const who = run.username === this.me ? "You are" : `${run.username} is`;
+    terminal.writeln(`\x1b[2m▶ ${who} running ${command}${this.canWrite ? " — you can type its input here too" : ""}\x1b[0m`);
     if (run.interactive && this.canWrite) terminal.writeln(`\x1b[2m${INTERACTIVE_NOTE}\x1b[0m`);
     this.owner = run.username;
     this.onState(true, `${run.username} is running…`, null);

@@ -99,6 +99,7 @@ export class Workspace {
     const main = this.root.querySelector<HTMLElement>("main.workspace");
     if (main) void attachLesson(main, this.project.id, this.canWrite);
     this.connectEvents();
+    void this.followLiveRun();
     document.addEventListener("keydown", (event) => this.shortcut(event));
     await this.refreshTree();
     const saved = JSON.parse(localStorage.getItem(this.storageKey) ?? "null") as { open: string[]; active: string | null } | null;
@@ -430,6 +431,15 @@ export class Workspace {
     if (!this.canWrite) return this.say("Only editors can run this project.", "error");
     const entry = this.active && /\.(py|js|mjs|ts|c|cc|cpp|sh|rb|go|rs|java)$/.test(this.active) ? this.active : null;
     await this.runConsole?.start(entry);
+  }
+
+  /** A workspace opened while a run goes follows it, as it would have from its start. */
+  private async followLiveRun(): Promise<void> {
+    if (this.project.role === null) return;
+    type Listed = { id: string; status: string; username: string | null; argv: string[] };
+    const runs = await api<Listed[]>("GET", `/api/projects/${encodeURIComponent(this.project.id)}/runs`).catch(() => []);
+    const live = runs.find((run) => run.status !== "finished");
+    if (live) this.runConsole?.watch({ id: live.id, username: live.username ?? "someone", argv: live.argv, interactive: false });
   }
 
   private shortcut(event: KeyboardEvent): void {
