@@ -28,9 +28,9 @@ async def answer_after(run, pause: float, data: bytes | None, close: bool = True
     return seen
 
 
-async def test_a_pause_at_input_is_not_counted(project):
+async def test_a_pause_at_input_is_not_counted(backend, project):
     (project / "main.py").write_text("name = input('name? ')\nprint('hi', name)\n")
-    run = await BwrapBackend().start(interactive(project, ["python3", "main.py"]))
+    run = await backend.start(interactive(project, ["python3", "main.py"]))
     seen = await answer_after(run, WALL + 2, b"ada\n", close=False)
     result = await run.result()
     assert (result.verdict, result.stdout) == (Verdict.OK, b"name? hi ada\n"), result
