@@ -162,3 +162,14 @@ def test_each_new_import_is_installed(server_url, owner, open_as, screenshot):
     requirements = owner.get(f"/api/projects/{project_id}/files/content/requirements.txt").text.splitlines()
     assert [line.split("==")[0] for line in requirements] == ["six", "toml", "tabulate"], requirements
     assert all("==" in line for line in requirements), requirements
+    # The Shell sees the environment runs use.
+    ada.locator("#shell-tab").click()
+    shell = ada.locator("#shell")
+    expect(shell.locator(".xterm-rows")).to_contain_text("$", timeout=20_000)
+    shell.locator(".xterm-helper-textarea").focus()
+    ada.keyboard.type("python3 -c 'import tabulate, toml; print(\"shell has\", tabulate.__name__)'\n")
+    expect(shell.locator(".xterm-rows")).to_contain_text("shell has tabulate", timeout=20_000)
+    ada.keyboard.type("python3 -m pip list 2>/dev/null | grep -i ^tabulate\n")
+    version = next(line.split("==")[1] for line in requirements if line.startswith("tabulate=="))
+    expect(shell.locator(".xterm-rows")).to_contain_text(re.compile(rf"tabulate\s+{re.escape(version)}"), timeout=20_000)
+    screenshot(ada, "runs-packages-shell")
