@@ -278,8 +278,8 @@ async def _watch(run: SandboxRun, execution: Execution, waiter: asyncio.Future[E
     An interactive run's wall clock stands still while its program waits for input (sandbox.waiting),
     up to spec.input_wait_seconds per wait."""
     limits, patience = spec.limits, spec.input_wait_seconds
-    deadline = last = time.monotonic()
-    deadline += limits.wall_seconds
+    last = time.monotonic()
+    deadline = last + limits.wall_seconds
     waiting_since: float | None = None
     while not waiter.done():
         now = time.monotonic()
@@ -290,18 +290,20 @@ async def _watch(run: SandboxRun, execution: Execution, waiter: asyncio.Future[E
             waiting_since = waiting_since if waiting_since is not None else now
         else:
             waiting_since = None
+        last = now
         if waiting != run.waiting_for_input:
             run.waiting_for_input = waiting
             run.on_change()
-        last = now
         if waiting_since is not None and now - waiting_since >= patience:
             run.limit_message = f"no input for {_duration(patience)}: the program was stopped"
-        elif deadline - now > 0 and not (meter is not None and meter.cpu_seconds() >= limits.cpu_seconds):
-            await asyncio.wait({waiter}, timeout=min(CPU_POLL_SECONDS, deadline - now))
-            continue
-        run.timed_out = True
-        execution.kill()
+            break
+        if now >= deadline or (meter is not None and meter.cpu_seconds() >= limits.cpu_seconds):
+            break
+        await asyncio.wait({waiter}, timeout=min(CPU_POLL_SECONDS, deadline - now))
+    else:
         return
+    run.timed_out = True
+    execution.kill()
 
 
 async def _sync_back(run: SandboxRun, spec: RunSpec, workspace: Path, snapshot: Snapshot, stop: asyncio.Event) -> None:
