@@ -27,6 +27,7 @@ from sandbox.models import RunRow
 from sandbox.packages.first import PackagesFirst
 from sandbox.packages.install import Installer, InstallFailed
 from sandbox.packages.project import REQUIREMENTS, PreparedPackages, add_packages, installed_for
+from sandbox.packages.resolve import auto_install
 from sandbox.schemas import PackagesPublic, RunCreate, RunPublic
 from sandbox.service import RunRecord, RunService
 
@@ -142,6 +143,7 @@ class ProjectRuns:
         try:
             plan = await asyncio.to_thread(plan_run, project_dir, body.entry)
             limits = plan.limits.with_overrides(body.limits, SERVER_MAXIMA)
+            await asyncio.to_thread(auto_install, project_dir)  # a bad [packages] answers 400 too, not a failed run later
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
         env = await asyncio.to_thread(self.environment_of, project_id)

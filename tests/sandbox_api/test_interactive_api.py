@@ -23,6 +23,12 @@ def test_an_interactive_run_waits_past_its_wall_limit(owner):
     assert frames[0] == {"type": "status", "status": "running", "queue_position": None, "waiting_for_input": True}
 
 
+def test_a_bad_packages_setting_is_a_400_naming_it(owner):
+    pid = new_project(owner, {"main.py": "print(1)\n", "codeyard.toml": "[packages]\nauto_install = 'no'\n"})
+    answer = owner.post(f"/api/projects/{pid}/runs", json={"interactive": True})
+    assert answer.status_code == 400 and "packages.auto_install must be true or false" in answer.json()["detail"]
+
+
 def test_members_hear_of_runs_and_the_files_they_write(owner, person):
     pid = new_project(owner, {"main.py": "open('made.txt', 'w').write('x')\n"})
     viewer = person()

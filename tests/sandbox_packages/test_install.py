@@ -61,6 +61,17 @@ async def test_each_later_import_is_installed_and_appended_pinned(installer, pro
     assert b"toml " in listed.stdout and b"six " in listed.stdout, listed.stdout
 
 
+async def test_with_auto_install_off_a_new_import_is_named_not_installed(installer, project):
+    (project / "requirements.txt").write_text("six\n")
+    (project / "codeyard.toml").write_text("[packages]\nauto_install = false\n")
+    (project / "main.py").write_text("import six\nimport toml\n")
+    prepared = await prepare_python(installer, project, lambda _: None)
+    assert [Path(m.source).joinpath("toml").exists() for m in prepared.mounts] == [False]
+    assert "'toml' needs the package toml" in prepared.notes[0] and "auto_install = false" in prepared.notes[0]
+    assert (project / "requirements.txt").read_text().splitlines()[0].startswith("six==")
+    assert len((project / "requirements.txt").read_text().splitlines()) == 1
+
+
 async def test_runs_cannot_change_the_environment(installer, project):
     (project / "requirements.txt").write_text("six\n")
     prepared = await prepare_python(installer, project, lambda _: None)
