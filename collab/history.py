@@ -144,7 +144,9 @@ class ProjectHistory:
     def diff(self, old: str, new: str, path: str | None = None) -> str:
         """Unified diff between two versions (of one file, or the whole project)."""
         args = [self._commit(old).hexsha, self._commit(new).hexsha]
-        return self.repo.git.diff(*args, "--", *([path] if path else []))
+        text = self.repo.git.diff(*args, "--", *([path] if path else []))
+        # GitPython keeps bytes that are not UTF-8 as lone surrogates, which no JSON answer can carry
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
     def _commit(self, version: str) -> git.Commit:
         if not (VERSION_PATTERN.match(version) or NAME_PATTERN.match(version)):

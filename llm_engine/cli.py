@@ -1,4 +1,4 @@
-"""`codeyard llm ...`: run the standalone OpenAI-compatible server."""
+"""`codeyard llm ...`: run the standalone server (OpenAI /v1, KServe v2 /v2 and optionally gRPC)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ def serve(
                                                    "else the built-in SmolLM2-135M-Instruct).")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8001,
+    grpc_port: Annotated[int | None, typer.Option(min=1, max=65535, help="Also serve KServe v2 gRPC "
+                                                  "(Triton's GRPCInferenceService) on this port.")] = None,
     served_model_name: Annotated[str | None, typer.Option(help="Model name clients send (default: from the path).")] = None,
     api_key: Annotated[list[str] | None, typer.Option(help="Required Bearer key (repeatable; default: "
                                                           "$CODEYARD_LLM_API_KEY, else no key).")] = None,
@@ -31,7 +33,7 @@ def serve(
     kv_cache_memory: Annotated[str, typer.Option(help="KV pool size, e.g. 1GiB.")] = "1GiB",
     request_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds before a request is aborted.")] = 600.0,
 ) -> None:
-    """Serve MODEL on HOST:PORT; it loads in the background (503 until ready)."""
+    """Serve MODEL on HOST:PORT (/v1 and /v2; gRPC on --grpc-port); it loads in the background (503 until ready)."""
     import uvicorn
 
     from llm_engine.config import EngineConfig
@@ -43,5 +45,6 @@ def serve(
     path, name = resolve_model(model or os.environ.get("CODEYARD_LLM_MODEL"))
     keys = api_key or [k for k in [os.environ.get("CODEYARD_LLM_API_KEY")] if k]
     config = EngineConfig(model=path, device=device, max_num_seqs=max_num_seqs, kv_cache_memory=kv_cache_memory)
-    options = ServerOptions(max_waiting=max_waiting, request_timeout=request_timeout, api_keys=frozenset(keys))
+    options = ServerOptions(max_waiting=max_waiting, request_timeout=request_timeout, api_keys=frozenset(keys),
+                            grpc_address=f"{host}:{grpc_port}" if grpc_port else None)
     uvicorn.run(create_app(config, served_model_name or name, options), host=host, port=port, log_level="info")

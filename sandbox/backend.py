@@ -14,14 +14,16 @@ import re
 import secrets
 import signal
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator, ClassVar, Literal, Mapping, Sequence
+from typing import AsyncIterator, Callable, ClassVar, Literal, Mapping, Sequence
 
 from sandbox.cgroups import RunCgroup
-from sandbox.files import WorkspaceTooLarge, copy_in, copy_out
+from sandbox.files import Snapshot, WorkspaceTooLarge, copy_in, copy_out
 from sandbox.limits import Limits
 from sandbox.verdict import RunResult, Verdict
+from sandbox.waiting import waiting_for_input
 from sandbox.workspace import kill_uid, run_uid, scratch
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,11 @@ class RunSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     terminal: tuple[int, int] | None = None  # (rows, cols): run on a terminal (a shell), one output stream
     mounts: tuple[Mount, ...] = ()  # extra host folders (a package env; an install's downloads)
+    # Interactive (a run from the editor): time waiting for input does not count toward wall_seconds,
+    # but one wait longer than this ends the run. None: the wall limit is strict (API and grader runs).
+    input_wait_seconds: float | None = None
+    # Copy what the program wrote back every this many seconds while it runs (the Shell), not only at the end.
+    sync_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.argv, (str, bytes)) or not self.argv:
@@ -81,6 +88,9 @@ class RunSpec:
             raise ValueError("terminal must be (rows, cols), each between 1 and 1000")
         if not Path(self.project_dir).is_dir():
             raise ValueError(f"project_dir is not a folder: {self.project_dir}")
+        for name in ("input_wait_seconds", "sync_seconds"):
+            if (value := getattr(self, name)) is not None and not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a positive finite number")
 
     @property
     def tty(self) -> bool:
@@ -160,6 +170,11 @@ class SandboxRun:
         self.cancelled = False
         self.output_exceeded = False
         self.timed_out = False
+        self.stdin_closed = False
+        self.waiting_for_input = False  # an interactive run's program is blocked reading its input now
+        self.on_change: Callable[[], None] = lambda: None  # called when waiting_for_input changes
+        self.limit_message = ""  # why a limit stopped it, where the verdict alone would not say
+        self.on_files_copied: Callable[[], None] = lambda: None  # a sync (RunSpec.sync_seconds) copied files back
 
     def emit(self, stream: Literal["stdout", "stderr"], data: bytes) -> None:
         """Account for output: keep and stream it up to the limit, then stop the run."""
@@ -189,6 +204,7 @@ class SandboxRun:
             await self._execution.write_stdin(data)
 
     async def close_stdin(self) -> None:
+        self.stdin_closed = True
         if self._execution is None:
             self._pending_stdin.append(None)
         else:
@@ -254,18 +270,64 @@ class SandboxRun:
         )
 
 
-async def _watch(run: SandboxRun, execution: Execution, waiter: asyncio.Future[ExitStatus], limits: Limits,
+async def _watch(run: SandboxRun, execution: Execution, waiter: asyncio.Future[ExitStatus], spec: RunSpec,
                  meter: RunCgroup | None) -> None:
     """Until the run exits, stop it at its wall-clock limit or once its processes together have used
-    its CPU time (the cgroup's total: RLIMIT_CPU, the backstop, counts each process on its own)."""
-    deadline = time.monotonic() + limits.wall_seconds
+    its CPU time (the cgroup's total: RLIMIT_CPU, the backstop, counts each process on its own).
+
+    An interactive run's wall clock stands still while its program waits for input (sandbox.waiting),
+    up to spec.input_wait_seconds per wait."""
+    limits, patience = spec.limits, spec.input_wait_seconds
+    last = time.monotonic()
+    deadline = last + limits.wall_seconds
+    waiting_since: float | None = None
     while not waiter.done():
-        left = deadline - time.monotonic()
-        if left <= 0 or (meter is not None and meter.cpu_seconds() >= limits.cpu_seconds):
-            run.timed_out = True
-            execution.kill()
+        now = time.monotonic()
+        waiting = (patience is not None and meter is not None and not run.stdin_closed
+                   and waiting_for_input(meter.pids()))
+        if waiting:
+            deadline += now - last
+            waiting_since = waiting_since if waiting_since is not None else now
+        else:
+            waiting_since = None
+        last = now
+        if waiting != run.waiting_for_input:
+            run.waiting_for_input = waiting
+            run.on_change()
+        if waiting_since is not None and now - waiting_since >= patience:
+            run.limit_message = f"no input for {_duration(patience)}: the program was stopped"
+            break
+        if now >= deadline or (meter is not None and meter.cpu_seconds() >= limits.cpu_seconds):
+            break
+        await asyncio.wait({waiter}, timeout=min(CPU_POLL_SECONDS, deadline - now))
+    else:
+        return
+    run.timed_out = True
+    execution.kill()
+
+
+async def _sync_back(run: SandboxRun, spec: RunSpec, workspace: Path, snapshot: Snapshot, stop: asyncio.Event) -> None:
+    """Until `stop`, copy what the run wrote back every spec.sync_seconds (only what changed since the last
+    copy), so the project's tree shows a Shell's files while it is open; the copy at the end is the last word."""
+    assert spec.sync_seconds is not None
+    while True:
+        with suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), spec.sync_seconds)
+        if stop.is_set():
             return
-        await asyncio.wait({waiter}, timeout=min(CPU_POLL_SECONDS, left))
+        try:
+            report = await asyncio.to_thread(copy_out, workspace, Path(spec.project_dir), snapshot,
+                                             max_bytes=spec.limits.disk_bytes, max_files=spec.limits.files_count)
+        except OSError as exc:
+            log.warning("syncing run %s back failed: %s", run.id, exc)
+            continue
+        snapshot.files.update(report.copied)
+        if report.written:
+            run.on_files_copied()
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:g} minutes" if seconds >= 120 else f"{seconds:g} s"
 
 
 class Backend(abc.ABC):
@@ -324,11 +386,13 @@ class Backend(abc.ABC):
             )
             began = time.monotonic()
             execution = await self.launch(RunContext(spec, ws, uid, cgroup, run))
+            stop_sync = asyncio.Event()
+            syncing = asyncio.create_task(_sync_back(run, spec, ws, snapshot, stop_sync)) if spec.sync_seconds else None
             try:
                 await run._bind(execution)
                 waiter = asyncio.ensure_future(execution.wait())
                 try:
-                    await _watch(run, execution, waiter, limits, execution.cgroup() or cgroup)
+                    await _watch(run, execution, waiter, spec, execution.cgroup() or cgroup)
                     status = await waiter
                 except asyncio.CancelledError:
                     run.cancelled = True
@@ -342,11 +406,14 @@ class Backend(abc.ABC):
                     cgroup.kill_all()
                 kill_uid(uid)
                 await execution.cleanup()
+                if syncing is not None:  # let a copy under way finish before the last one
+                    stop_sync.set()
+                    await syncing
             if cgroup is not None:
                 status.cpu_seconds = max(status.cpu_seconds, cgroup.cpu_seconds())
                 status.peak_memory_bytes = max(status.peak_memory_bytes, cgroup.peak_memory())
                 status.oom_killed = status.oom_killed or cgroup.oom_killed()
-            result = run._result(run._verdict(status), status, wall)
+            result = run._result(run._verdict(status), status, wall, run.limit_message)
             report = await asyncio.to_thread(
                 copy_out, ws, Path(spec.project_dir), snapshot, max_bytes=limits.disk_bytes, max_files=limits.files_count
             )

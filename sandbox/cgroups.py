@@ -221,10 +221,18 @@ class CgroupV1(RunCgroup):
         return int((self.dirs["cpuacct"] / "cpuacct.usage").read_text()) / 1e9
 
     def pids(self) -> list[int]:
+        """Processes of the run's cgroup and of any below it (Docker's container cgroup), as in v2."""
+        return _procs_below(self.dirs["pids"])
+
+
+def _procs_below(top: Path) -> list[int]:
+    found = []
+    for folder in (top, *(p for p in top.rglob("*") if p.is_dir())):
         try:
-            return [int(p) for p in (self.dirs["pids"] / "cgroup.procs").read_text().split()]
+            found += [int(p) for p in (folder / "cgroup.procs").read_text().split()]
         except OSError:
-            return []
+            pass
+    return found
 
 
 def _keyed(path: Path) -> dict[str, int]:
@@ -300,13 +308,7 @@ class CgroupV2(RunCgroup):
 
     def pids(self) -> list[int]:
         """Processes of the run's cgroup and of any below it (Docker's container cgroup)."""
-        found = []
-        for folder in (self.dir, *(p for p in self.dir.rglob("*") if p.is_dir())):
-            try:
-                found += [int(p) for p in (folder / "cgroup.procs").read_text().split()]
-            except OSError:
-                pass
-        return found
+        return _procs_below(self.dir)
 
     def kill_all(self) -> None:
         try:

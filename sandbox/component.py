@@ -183,9 +183,12 @@ async def shell_socket(websocket: WebSocket, project_id: str, rows: int = Query(
         return
     try:
         await runs.editors.flush(project_id)
-        await serve_shell(websocket, backend, runs.project_dir(project_id), rows, cols)
+        packages = await runs.shell_packages(project_id)
+        await serve_shell(websocket, backend, runs.project_dir(project_id), rows, cols, packages.env, packages.mounts,
+                          on_files=lambda: runs.files_changed(project_id))
     finally:
         runs.release_shell(user)
+        runs.files_changed(project_id)
 
 
 @asynccontextmanager
@@ -213,6 +216,8 @@ async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
                        max_running_per_user=settings.sandbox_max_running_per_user,
                        max_per_user=settings.sandbox_max_runs_per_user)
     await run_in_threadpool(runs.close_interrupted)
+    if (events := getattr(app.state, "project_events", None)) is not None:
+        runs.announce = events.announce
     app.state.sandbox_runs = runs
     try:
         yield

@@ -44,6 +44,7 @@ class CopyReport:
     written: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     bad_names: dict[str, str] = field(default_factory=dict)  # path -> why the API cannot take its name
+    copied: dict[str, tuple[int, int]] = field(default_factory=dict)  # raw path -> (size, mtime_ns) as copied, for a later copy_out
 
     def notice(self, listed: int = 5) -> str:
         """The line for the run's message naming the files left in the sandbox for their names ("" if none)."""
@@ -201,6 +202,7 @@ def copy_out(workspace: Path, project: Path, snapshot: Snapshot, *, max_bytes: i
                 report.skipped.append(rel)
                 continue
             report.written.append(rel)
+            report.copied[rel] = (st.st_size, st.st_mtime_ns)
     finally:
         os.close(src_root)
         os.close(dst_root)

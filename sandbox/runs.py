@@ -26,7 +26,8 @@ from sandbox.limits import SERVER_MAXIMA
 from sandbox.models import RunRow
 from sandbox.packages.first import PackagesFirst
 from sandbox.packages.install import Installer, InstallFailed
-from sandbox.packages.project import REQUIREMENTS, add_packages
+from sandbox.packages.project import REQUIREMENTS, PreparedPackages, add_packages, installed_for
+from sandbox.packages.resolve import auto_install
 from sandbox.schemas import PackagesPublic, RunCreate, RunPublic
 from sandbox.service import RunRecord, RunService
 
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 STORED_OUTPUT_CHARS = 64 * 1024  # per stream, in the database and in API answers
 LIST_LIMIT = 50
+INPUT_WAIT_SECONDS = 600.0  # an interactive run may wait this long for each input (the console says so)
 
 
 def _time(ts: float | None) -> datetime | None:
@@ -99,6 +101,9 @@ class ProjectRuns:
         # Hook: a project's extra run environment (deploy_service.secrets_api sets it to the secrets
         # the owner exposes to runs); called in a worker thread.
         self.environment_of: Callable[[str], dict[str, str]] = lambda project_id: {}
+        # Hook: tell a project's open workspaces something (ide_server.api.events sets it): a run started
+        # (so every member's console follows it), or a run wrote files (so their trees re-read).
+        self.announce: Callable[[str, dict], None] = lambda project_id, event: None
 
     def claim_shell(self, user: User) -> None:
         """Take one of the open-shell places (give it back with release_shell); QueueFull when none is free."""
@@ -119,6 +124,16 @@ class ProjectRuns:
     def project_dir(self, project_id: str) -> Path:
         return projects.project_dir(self.projects_dir, project_id)
 
+    def files_changed(self, project_id: str) -> None:
+        """Open workspaces re-read the tree: a run or a Shell may have written files."""
+        self.announce(project_id, {"type": "files", "action": "run", "path": "", "to": None})
+
+    async def shell_packages(self, project_id: str) -> PreparedPackages:
+        """What the Shell mounts so it sees the packages runs see (those installed; the Shell installs nothing)."""
+        if self.installer is None:
+            return PreparedPackages()
+        return await asyncio.to_thread(installed_for, self.installer, self.project_dir(project_id))
+
     async def start(self, user: User, project_id: str, body: RunCreate) -> RunPublic:
         """Plan and queue a run of the project; QueueFull (429) when too many are waiting."""
         self.require_backend()
@@ -128,10 +143,13 @@ class ProjectRuns:
         try:
             plan = await asyncio.to_thread(plan_run, project_dir, body.entry)
             limits = plan.limits.with_overrides(body.limits, SERVER_MAXIMA)
+            await asyncio.to_thread(auto_install, project_dir)  # a bad [packages] answers 400 too, not a failed run later
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
         env = await asyncio.to_thread(self.environment_of, project_id)
-        record = await self.service.submit(str(user.id), project_id, RunSpec(plan.argv, project_dir, limits, env))
+        interactive = body.interactive and body.stdin is None
+        spec = RunSpec(plan.argv, project_dir, limits, env, input_wait_seconds=INPUT_WAIT_SECONDS if interactive else None)
+        record = await self.service.submit(str(user.id), project_id, spec)
         with self.sessions() as db, db.begin():
             db.add(RunRow(id=record.id, project_id=project_id, user_id=user.id, argv=record.argv, status="queued",
                           created_at=_time(record.created_at)))
@@ -141,6 +159,8 @@ class ProjectRuns:
         task = asyncio.create_task(self._finish(record))
         self._finishers.add(task)
         task.add_done_callback(self._finishers.discard)
+        self.announce(project_id, {"type": "run", "id": record.id, "username": user.username, "argv": record.argv,
+                                   "interactive": interactive})
         return public_of_record(record)
 
     async def add_packages(self, project_id: str, names: list[str]) -> PackagesPublic:
@@ -160,6 +180,7 @@ class ProjectRuns:
         """When the run ends, store its outcome."""
         assert self.service is not None
         await self.service.wait(record.id)
+        self.files_changed(record.project_id)  # what it wrote, and declarations its package installs pinned
         try:
             await asyncio.to_thread(self._store, record)
         except Exception:
@@ -215,15 +236,16 @@ class ProjectRuns:
 
     def list(self, db: Session, project_id: str) -> list[RunPublic]:
         """The project's latest runs, newest first (live ones with their current state)."""
-        rows = db.scalars(select(RunRow).where(RunRow.project_id == project_id)
-                          .order_by(RunRow.created_at.desc()).limit(LIST_LIMIT)).all()
+        rows = db.execute(select(RunRow, User.username).outerjoin(User, User.id == RunRow.user_id)
+                          .where(RunRow.project_id == project_id).order_by(RunRow.created_at.desc()).limit(LIST_LIMIT)).all()
         answer = []
-        for row in rows:
+        for row, username in rows:
             try:
                 record = self.service.get(row.id) if self.service else None
             except RunNotFound:
                 record = None
-            answer.append(public_of_record(record) if record else public_of_row(row))
+            public = public_of_record(record) if record else public_of_row(row)
+            answer.append(public.model_copy(update={"username": username}))
         return answer
 
     def close_interrupted(self) -> int:

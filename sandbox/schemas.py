@@ -25,10 +25,13 @@ ShownPath = Annotated[str, AfterValidator(paths.escape)]
 class RunCreate(BaseModel):
     """Start a run. entry: the file to run (default: codeyard.toml's [run] or main.py, index.js...).
     stdin: the whole input, sent then closed; leave it out to type input over /ws/runs/{id}.
+    interactive: someone types the input (the editor's console): the wall clock stands still while the
+    program waits for input, up to 10 minutes per wait; other limits are unchanged.
     limits: lower (or, up to the server maxima, raise) any limit for this run."""
 
     entry: str | None = Field(default=None, max_length=1000)
     stdin: str | None = Field(default=None, max_length=1 << 20)
+    interactive: bool = False
     limits: dict[LimitName, float] = Field(default_factory=dict, description=(
         "Each a finite number above 0 (at least 1 for counts and bytes) and at most 2**53; "
         "above the server maximum it is lowered to it."))
@@ -46,6 +49,10 @@ class RunPublic(BaseModel):
     status: Literal["queued", "running", "finished"]
     queue_position: int | None = Field(default=None, description="While queued: how many runs start before it, plus one "
                                        "(runs start round-robin between users)")
+    waiting_for_input: bool = Field(default=False, description="While running: the program waits for input (an "
+                                    "interactive run's wall clock stands still meanwhile)")
+    username: str | None = Field(default=None, description="Who started it, in the run list (a workspace opened "
+                                 "mid-run follows the live one and names them)")
     argv: list[ShownText]
     verdict: str | None
     exit_code: int | None

@@ -31,10 +31,12 @@ REMEMBERED_TURNS = 10_000  # users whose last turn is remembered; beyond, the id
 
 @dataclass(frozen=True)
 class RunState:
-    """What watchers are told when it changes: the status and, while queued, the place in the queue (1: next)."""
+    """What watchers are told when it changes: the status, while queued the place in the queue (1: next), and
+    while running whether the program waits for input (an interactive run's clock stands still then)."""
 
     status: Status
     queue_position: int | None
+    waiting_for_input: bool = False
 
 
 @dataclass(eq=False)
@@ -58,11 +60,15 @@ class RunRecord:
     _cancelled: bool = False
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
+    @property
+    def waiting_for_input(self) -> bool:
+        return self._run is not None and self._run.waiting_for_input
+
     def public(self) -> dict:
         result = self.result
         return {
             "id": self.id, "project_id": self.project_id, "status": self.status, "queue_position": self.queue_position,
-            "argv": self.argv,
+            "waiting_for_input": self.waiting_for_input, "argv": self.argv,
             "created_at": self.created_at, "started_at": self.started_at, "finished_at": self.finished_at,
             "verdict": result.verdict.value if result else None,
             "exit_code": result.exit_code if result else None, "signal": result.signal if result else None,
@@ -125,7 +131,8 @@ class RunService:
         sent, told = 0, None
         while True:
             changed = record._changed
-            if record.status != "finished" and (state := RunState(record.status, record.queue_position)) != told:
+            state = RunState(record.status, record.queue_position, record.waiting_for_input)
+            if record.status != "finished" and state != told:
                 told = state
                 yield state
             while sent < len(record.output):
@@ -185,6 +192,7 @@ class RunService:
             else:
                 run = await self.backend.start(spec)
                 record._run = run
+                run.on_change = record._notify
                 for data in record._pending_stdin:
                     await (run.close_stdin() if data is None else run.send_stdin(data))
                 if record._cancelled:

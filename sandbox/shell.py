@@ -2,23 +2,26 @@
 
 Frames: client -> {"type": "input", "data": str} | {"type": "resize", "rows": n, "cols": n};
 server -> {"type": "output", "data": str} ... then {"type": "exit", "verdict": ...}. Closing the
-socket ends the shell (and everything it started); files it wrote come back to the project.
+socket ends the shell (and everything it started); files it writes come back to the project every
+few seconds and as it ends.
 """
 
 from __future__ import annotations
 
 from contextlib import suppress
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 
 from starlette.websockets import WebSocket
 
-from sandbox.backend import Backend, RunSpec, SandboxRun
+from sandbox.backend import Backend, Mount, RunSpec, SandboxRun
 from sandbox.frames import SOCKET_GONE, receive_frame, send_chunks
 from sandbox.limits import MIB, Limits
 
 SHELL_ARGV = ["bash", "-i"]
+SYNC_SECONDS = 2.0  # files the Shell writes reach the project (and every open tree) this often
 SHELL_LIMITS = Limits(cpu_seconds=600, wall_seconds=4 * 3600, memory_bytes=512 * MIB, pids=128,
                       output_bytes=64 * MIB, file_bytes=64 * MIB, open_files=1024, disk_bytes=256 * MIB,
                       files_count=10000)
@@ -42,9 +45,14 @@ async def _read_input(websocket: WebSocket, run: SandboxRun) -> None:
             await websocket.send_json({"type": "error", "message": str(exc)})
 
 
-async def serve_shell(websocket: WebSocket, backend: Backend, project_dir: Path, rows: int, cols: int) -> None:
-    """Run a shell for this socket until it exits or the client leaves (its files are copied back as it ends)."""
-    run = await backend.start(RunSpec(SHELL_ARGV, project_dir, SHELL_LIMITS, terminal=(rows, cols)))
+async def serve_shell(websocket: WebSocket, backend: Backend, project_dir: Path, rows: int, cols: int,
+                      env: dict[str, str] | None = None, mounts: tuple[Mount, ...] = (),
+                      on_files: Callable[[], None] = lambda: None) -> None:
+    """Run a shell for this socket until it exits or the client leaves; files it writes are copied back every
+    SYNC_SECONDS (then on_files is called) and as it ends. env and mounts: the project's package environments."""
+    run = await backend.start(RunSpec(SHELL_ARGV, project_dir, SHELL_LIMITS, env or {}, terminal=(rows, cols), mounts=mounts,
+                                      sync_seconds=SYNC_SECONDS))
+    run.on_files_copied = on_files
     exited = False
     try:
         async with anyio.create_task_group() as tasks:

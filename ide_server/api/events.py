@@ -4,7 +4,8 @@ Why a separate channel: the collab rooms are per file, but the file tree and "wh
 project, in which file" are per project. Every open workspace keeps one socket here; the files API
 publishes a `files` event after each mutation and the workspace re-reads the tree. Presence is
 the list of connected users with the file each one has open; clients announce their file with
-{"type": "presence", "file": path | null}. Parts of the app subscribe in-process to the same
+{"type": "presence", "file": path | null}. Runs announce here too: {"type": "run", "id", "username"}
+when one starts (every member's console follows it) and a `files` event when one wrote files. Parts of the app subscribe in-process to the same
 notifications (`on_files_changed`, `on_access_changed`): the collab rooms merge a file written
 through the API at once, and close the sockets of a member who was removed or downgraded.
 The hub lives in this process (one replica); with several replicas, events would need the Redis
@@ -81,6 +82,11 @@ class ProjectEvents:
         event = {"type": "files", "action": action, "path": path, "to": to}
         self._submit(lambda: [self._broadcast(project_id, event)]
                      + [subscriber(project_id, action, path, to) for subscriber in self._files_subscribers])
+
+    def announce(self, project_id: str, event: dict) -> None:
+        """Send an event to the project's open workspaces only (runs: one started, one wrote files); the
+        in-process subscribers are not told, as the collab rooms notice files written by runs on disk."""
+        self._submit(lambda: [self._broadcast(project_id, event)])
 
     def access_changed(self, project_id: str, user_id: int) -> None:
         """A member was removed or their role changed (called after the change is committed)."""

@@ -30,7 +30,7 @@ def _body_schema(model) -> dict:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
 
-async def _json_body(request: Request) -> Any:
+async def json_body(request: Request) -> Any:
     try:
         return json.loads(await request.body())
     except ValueError:
@@ -80,14 +80,14 @@ def build_router(get_service: ServiceGetter, auth: Any, metrics_path: str = "/me
     @router.post("/v1/completions", dependencies=[auth], tags=["llm"],
                  openapi_extra=_body_schema(CompletionRequest))
     async def completions(request: Request) -> Response:
-        req = parse_request(CompletionRequest, await _json_body(request))
+        req = parse_request(CompletionRequest, await json_body(request))
         service = get_service(request)
         return answer(await unless_disconnected(request, ServingCompletion(service).create(req)))
 
     @router.post("/v1/chat/completions", dependencies=[auth], tags=["llm"],
                  openapi_extra=_body_schema(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
-        req = parse_request(ChatCompletionRequest, await _json_body(request))
+        req = parse_request(ChatCompletionRequest, await json_body(request))
         service = get_service(request)
         return answer(await unless_disconnected(request, ServingChat(service).create(req)))
 
@@ -98,14 +98,16 @@ def build_router(get_service: ServiceGetter, auth: Any, metrics_path: str = "/me
     return router
 
 
-async def openai_error_handler(_request: Request, exc: Exception) -> JSONResponse:
+async def openai_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """OpenAI's error object, or under /v2 the KServe one (`{"error": message}`), same status."""
     assert isinstance(exc, OpenAIError)
     headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    body = {"error": exc.message} if request.url.path.startswith("/v2") else exc.body()
+    return JSONResponse(body, status_code=exc.status, headers=headers)
 
 
 def install(app: FastAPI) -> None:
-    """Answer OpenAIError with its error object (the one handler /v1 needs)."""
+    """Answer OpenAIError with its error object (the one handler /v1 and /v2 need)."""
     app.add_exception_handler(OpenAIError, openai_error_handler)
 
 

@@ -1,4 +1,4 @@
-"""The standalone OpenAI-compatible server (`codeyard llm serve`): /v1, /metrics, /health."""
+"""The standalone server (`codeyard llm serve`): /v1 (OpenAI), /v2 (KServe v2 / Triton), /metrics, /health."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request
 
 from llm_engine.config import EngineConfig
-from llm_engine.entrypoints import api
+from llm_engine.entrypoints import api, kserve_http
 from llm_engine.entrypoints.protocol import OpenAIError
 from llm_engine.entrypoints.service import LLMService, ServerOptions
 
@@ -38,16 +38,24 @@ def app_for(service: LLMService, own_service: bool = True) -> FastAPI:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if own_service:
             service.start()
+        grpc_server = None
+        if service.options.grpc_address:  # on this event loop, so both protocols share the engine's
+            from llm_engine.entrypoints.kserve_grpc import start_server
+            grpc_server = await start_server(service, service.options.grpc_address)
         try:
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop(1.0)
             if own_service:
                 service.stop()
 
     app = FastAPI(title="Codeyard LLM server", lifespan=lifespan)
     app.state.llm = service
     api.install(app)
-    app.include_router(api.build_router(api.service_from_state, Depends(_api_key_guard)))
+    guard = Depends(_api_key_guard)
+    app.include_router(api.build_router(api.service_from_state, guard))
+    app.include_router(kserve_http.build_router(api.service_from_state, guard, health_dependencies=[]))
 
     @app.get("/health")
     def health() -> dict:

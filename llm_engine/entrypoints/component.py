@@ -1,10 +1,10 @@
-"""The LLM as an IDE-server component: /v1 (OpenAI API) and /llm/metrics for signed-in users.
+"""The LLM as an IDE-server component: /v1 (OpenAI API), /v2 (KServe v2) and /llm/metrics for signed-in users.
 
 The model (CODEYARD_LLM_MODEL: a local folder or .gguf; unset means the built-in SmolLM2; "off"
 disables it) loads in the background on first use, so the IDE starts at once and stays usable:
 until the model is ready /v1 answers 503 "model is loading". Callers sign in as for /api: a
 session cookie (with the CSRF header on POST) or a personal API token as Bearer. With
-CODEYARD_LLM_URL set (app replicas in compose), no model loads here: /v1 and /llm/metrics are
+CODEYARD_LLM_URL set (app replicas in compose), no model loads here: /v1, /v2 and /llm/metrics are
 forwarded to that LLM server (see remote.py).
 """
 
@@ -22,7 +22,7 @@ from ide_server.components import Component
 from ide_server.deps import require_user
 from ide_server.models import User
 from llm_engine.config import EngineConfig
-from llm_engine.entrypoints import api
+from llm_engine.entrypoints import api, kserve_http
 from llm_engine.entrypoints.models import resolve_model
 from llm_engine.entrypoints.protocol import OpenAIError
 from llm_engine.entrypoints.remote import RemoteLLM
@@ -104,5 +104,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         llm_of(app).stop()
 
 
-router = api.build_router(_service, Depends(_signed_in_here_or_forwarded), metrics_path=METRICS_PATH)
+_guard = Depends(_signed_in_here_or_forwarded)
+router = api.build_router(_service, _guard, metrics_path=METRICS_PATH)
+router.include_router(kserve_http.build_router(_service, _guard))
 component = Component(name="llm", router=router, setup=_setup, lifespan=_lifespan)

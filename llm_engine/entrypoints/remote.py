@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from llm_engine.entrypoints.protocol import OpenAIError
 
 STATE_TIMEOUT_S = 3.0
+_PASSED_HEADERS = frozenset({"inference-header-content-length"})
 
 
 class RemoteLLMSettings(BaseSettings):
@@ -73,12 +74,14 @@ class RemoteLLM:
         return OpenAIError(503, f"the LLM server at {self.url} is unreachable ({type(exc).__name__})",
                            code="llm_unreachable", retry_after=5)
 
-    async def open(self, method: str, path: str, body: bytes | None = None) -> Upstream:
+    async def open(self, method: str, path: str, body: bytes | None = None,
+                   headers: dict[str, str] | None = None) -> Upstream:
         """Send a request; the answer streams. Refusals of our key become 503 (a setup problem)."""
         client = httpx.AsyncClient(base_url=self.url, headers=self.headers, timeout=self.timeout)
         try:
             request = client.build_request(method, path, content=body,
-                                           headers={"Content-Type": "application/json"} if body else None)
+                                           headers={"Content-Type": "application/json", **(headers or {})}
+                                           if body else None)
             upstream = Upstream(await client.send(request, stream=True), client)
         except httpx.HTTPError as exc:
             await client.aclose()
@@ -90,10 +93,12 @@ class RemoteLLM:
         return upstream
 
     async def forward(self, request: Request, path: str) -> Response:
-        """The caller's request, sent on as it is (body, method), and its answer streamed back."""
-        upstream = await self.open(request.method, path, await request.body() or None)
+        """The caller's request, sent on as it is (body, method), and its answer streamed back
+        (with the /v2 binary extension's header both ways)."""
+        upstream = await self.open(request.method, path, await request.body() or None,
+                                   {k: v for k, v in request.headers.items() if k in _PASSED_HEADERS})
         answer = upstream.response
-        headers = {"Retry-After": answer.headers["retry-after"]} if "retry-after" in answer.headers else None
+        headers = {k: v for k, v in answer.headers.items() if k in _PASSED_HEADERS | {"retry-after"}}
         return StreamingResponse(relay(upstream), status_code=answer.status_code, headers=headers,
                                  media_type=answer.headers.get("content-type"))
 

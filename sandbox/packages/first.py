@@ -58,9 +58,8 @@ class PackagesFirst:
             log.exception("preparing the packages of run %s failed", run.id)
             return ended(Verdict.INTERNAL_ERROR, f"package install error: {exc}")
         result = await self.backend._drive(run, _with_packages(spec, prepared))
-        if prepared.unknown:
-            notice = unknown_message(prepared.unknown, spec.project_dir.name)
-            result.message = f"{result.message}\n{notice}".strip()
+        notices = (*prepared.notes, *([unknown_message(prepared.unknown, spec.project_dir.name)] if prepared.unknown else []))
+        result.message = "\n".join((result.message, *notices)).strip()
         return result
 
 

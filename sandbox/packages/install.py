@@ -229,7 +229,7 @@ class Installer:
 
     def alias(self, requirements: Sequence[str], env: Environment) -> None:
         """Let `requirements` (e.g. the same list, now pinned) find `env` without installing again."""
-        link = self.envs / self.key(requirements)
+        link = self.envs / self.key(requirements, env.ecosystem)
         if not os.path.lexists(link):
             os.symlink(env.path.name, link)
 

@@ -1,7 +1,8 @@
-"""A project's packages before a run: resolve, install what is missing, pin (Python), and mount it read-only."""
+"""A project's packages before a run: resolve, install what is missing, declare it pinned, and mount it read-only."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -13,9 +14,11 @@ from packaging.utils import canonicalize_name
 
 from sandbox.backend import Mount
 from sandbox.packages.install import Environment, Installer
-from sandbox.packages.resolve import Resolution, declared_python, is_package_name, resolve_node, resolve_python
+from sandbox.packages.resolve import (PACKAGE_JSON, Resolution, declared_python, is_package_name, read_package_json,
+                                     resolve_node, resolve_python)
 
 REQUIREMENTS = "requirements.txt"
+PYPROJECT = "pyproject.toml"
 
 
 def unknown_message(names: tuple[str, ...], project_id: str) -> str:
@@ -31,6 +34,7 @@ class PreparedPackages:
     mounts: tuple[Mount, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     unknown: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # for the run's message: packages the code needs that were not installed, and why
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -53,40 +57,102 @@ def _pinned_line(line: str, pins: dict[str, str]) -> str:
     return f"{requirement.name}=={version}" + (f"  #{comment}" if hash_ else "")
 
 
-def pin_requirements(project_dir: Path, resolution: Resolution, env: Environment) -> tuple[str, ...]:
-    """Write the installed versions back to requirements.txt; return the project's requirements now.
+def _pinned_name(name: str, pins: dict[str, str]) -> str:
+    return f"{name}=={version}" if (version := pins.get(canonicalize_name(name))) else name
 
-    A project with no declaration gets one listing what it imports; a requirements.txt has its
-    bare or ==-pinned names updated; a pyproject.toml is left as the user wrote it."""
+
+def _declares_in_pyproject(project_dir: Path, resolution: Resolution) -> bool:
     path = project_dir / REQUIREMENTS
-    if not resolution.declared:
-        names = [Requirement(r).name for r in resolution.requirements]
-        _write_atomically(path, "".join(f"{n}=={v}\n" if (v := env.pins.get(canonicalize_name(n))) else f"{n}\n" for n in names))
-    elif path.is_file() and not path.is_symlink():
-        lines = path.read_text().splitlines()
-        pinned = [_pinned_line(line, env.pins) for line in lines]
-        if pinned != lines:
-            _write_atomically(path, "".join(f"{line}\n" for line in pinned))
+    return resolution.declared and not (path.is_file() and not path.is_symlink())
+
+
+def pin_requirements(project_dir: Path, resolution: Resolution, env: Environment) -> tuple[str, ...]:
+    """Write the installed versions to requirements.txt, adding what the code imports that it lacked; return
+    the requirements the environment now answers for.
+
+    A project with no declaration gets one; a requirements.txt has its bare or ==-pinned names updated and
+    the added packages appended; a pyproject.toml is left as the user wrote it (the run says what to add)."""
+    if _declares_in_pyproject(project_dir, resolution):
+        return resolution.requirements
+    path = project_dir / REQUIREMENTS
+    lines = path.read_text().splitlines() if resolution.declared else []
+    added = [_pinned_name(package, env.pins) for _, package in resolution.added] if resolution.auto_install else []
+    pinned = [*(_pinned_line(line, env.pins) for line in lines), *added]
+    if pinned != lines:
+        _write_atomically(path, "".join(f"{line}\n" for line in pinned))
     return declared_python(project_dir) or ()
+
+
+def _say_added(resolution: Resolution, declaration: str, progress: Callable[[str], None]) -> tuple[str, ...]:
+    """Tell the console which packages are installed because the code imports them; notes for those that are not."""
+    if not resolution.auto_install:
+        return tuple(f"'{name}' needs the package {package}, which {declaration} does not list and codeyard.toml's "
+                     f"[packages] auto_install = false keeps from being installed: add it to {declaration}"
+                     for name, package in resolution.added)
+    keep = f"add it to {declaration} to keep it" if declaration == PYPROJECT else f"adding it to {declaration}, pinned"
+    for name, package in resolution.added:
+        progress(f"Your code uses '{name}' and {declaration} does not list {package} yet: installing it ({keep}).\n")
+    return ()
+
+
+def _provides(env: Environment | None, name: str) -> bool:
+    site = env.site if env is not None else None
+    return site is not None and ((site / name).is_dir() or (site / f"{name}.py").is_file() or any(site.glob(f"{name}.*.so")))
 
 
 async def prepare_python(installer: Installer, project_dir: Path, progress: Callable[[str], None]) -> PreparedPackages:
     """Install (or find cached) what the project needs; ValueError for a bad declaration, InstallFailed."""
     resolution = resolve_python(project_dir)
-    if not resolution.requirements:
-        return PreparedPackages(unknown=resolution.unknown)
-    env = await installer.install(resolution.requirements, progress)
-    installer.alias(pin_requirements(project_dir, resolution, env), env)
-    return PreparedPackages((env.mount(),), env.env(), resolution.unknown)
+    notes = _say_added(resolution, PYPROJECT if _declares_in_pyproject(project_dir, resolution) else REQUIREMENTS, progress)
+    env = None
+    if resolution.requirements:
+        env = await installer.install(resolution.requirements, progress)
+        installer.alias(pin_requirements(project_dir, resolution, env), env)
+    unknown = (*resolution.unknown, *(n for n in resolution.unchecked if not _provides(env, n)))
+    if env is None:
+        return PreparedPackages(unknown=unknown, notes=notes)
+    return PreparedPackages((env.mount(),), env.env(), unknown, notes)
+
+
+def installed_for(installer: Installer, project_dir: Path) -> PreparedPackages:
+    """The environments the project's runs use, if installed (nothing is installed here): the Shell mounts them,
+    so `pip list` and `python3 -c "import x"` there see what runs see."""
+    mounts: list[Mount] = []
+    env: dict[str, str] = {}
+    for resolve, ecosystem in ((resolve_python, "python"), (resolve_node, "node")):
+        try:
+            resolution = resolve(project_dir)
+        except ValueError:  # a bad declaration: the next run says what is wrong
+            continue
+        if resolution.requirements and (found := installer.cached(resolution.requirements, ecosystem)) is not None:
+            mounts.append(found.mount())
+            env.update(found.env())
+    return PreparedPackages(tuple(mounts), env)
+
+
+def pin_package_json(project_dir: Path, resolution: Resolution, env: Environment) -> tuple[str, ...]:
+    """Add the packages installed for the code's imports to package.json's dependencies, at their installed
+    versions (creating package.json where there is none); return the requirements the environment answers for."""
+    added = {package: env.pins[package] for _, package in resolution.added if package in env.pins}
+    if not added:
+        return resolution.requirements
+    data = read_package_json(project_dir) or {}
+    dependencies = {**data.get("dependencies", {}), **added}
+    _write_atomically(project_dir / PACKAGE_JSON, json.dumps({**data, "dependencies": dependencies}, indent=2) + "\n")
+    return tuple(f"{name}@{spec}" for name, spec in sorted(dependencies.items()))
 
 
 async def prepare_node(installer: Installer, project_dir: Path, progress: Callable[[str], None]) -> PreparedPackages:
-    """Install (or find cached) the project's Node packages (npm, install scripts off); package.json is not rewritten."""
+    """Install (or find cached) the project's Node packages (npm, install scripts off), adding what the code
+    requires to package.json."""
     resolution = resolve_node(project_dir)
+    notes = _say_added(resolution, PACKAGE_JSON, progress)
     if not resolution.requirements:
-        return PreparedPackages(unknown=resolution.unknown)
+        return PreparedPackages(unknown=resolution.unknown, notes=notes)
     env = await installer.install(resolution.requirements, progress, ecosystem="node")
-    return PreparedPackages((env.mount(),), env.env(), resolution.unknown)
+    if resolution.auto_install:
+        installer.alias(pin_package_json(project_dir, resolution, env), env)
+    return PreparedPackages((env.mount(),), env.env(), resolution.unknown, notes)
 
 
 async def add_packages(installer: Installer, project_dir: Path, names: list[str],

@@ -1,9 +1,11 @@
-"""Which packages a project needs: declared ones first, else its imports through the vetted table.
+"""Which packages a project needs: what it declares, plus what its code imports that the declaration lacks.
 
-Python: requirements.txt, then pyproject.toml [project].dependencies; with neither, the top-level
-names of `import` / `from ... import` (found with ast) minus the standard library and the
-project's own modules. Node: package.json dependencies, else bare `require('x')` / `import ... from 'x'`
-names minus node: builtins. Names the vetted table does not know are reported, never guessed.
+Python: requirements.txt, then pyproject.toml [project].dependencies; Node: package.json dependencies.
+Beside them, the top-level names of `import` / `from ... import` (found with ast) minus the standard
+library and the project's own modules, or bare `require('x')` / `import ... from 'x'` names minus
+node: builtins, mapped through the vetted table: those not declared yet are `added` (and installed)
+on every run, not just the first, unless codeyard.toml says `[packages] auto_install = false`.
+Names the vetted table does not know are reported, never guessed.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ from pathlib import Path
 from typing import Iterator
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
+from sandbox.languages import CONFIG_FILE, read_config_table
 from sandbox.packages import vetted
 
 MAX_SOURCE_BYTES = 1 << 20
+PACKAGE_JSON = "package.json"
 SKIPPED_DIRS = {"node_modules", "__pycache__", "venv", ".venv"}
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")  # PEP 508 distribution name
 _JS_SPECIFIER = re.compile(r"""(?:\brequire\s*\(\s*|\bimport\s*\(\s*|\bfrom\s+|\bimport\s+)(['"])([^'"\n]+)\1""")
@@ -35,11 +40,14 @@ _NODE_BUILTINS = frozenset({
 
 @dataclass(frozen=True)
 class Resolution:
-    """requirements: what to install (PEP 508 strings); unknown: imports with no known package."""
+    """requirements: what to install (PEP 508 strings, or npm specs); unknown: imports with no known package."""
 
     requirements: tuple[str, ...] = ()
     unknown: tuple[str, ...] = ()
-    declared: bool = False  # from requirements.txt / pyproject.toml / package.json (no guessing)
+    declared: bool = False  # the project has requirements.txt / pyproject.toml / package.json
+    added: tuple[tuple[str, str], ...] = ()  # (import, package) the code needs and the declaration lacks
+    auto_install: bool = True  # added packages are among `requirements` (else only reported)
+    unchecked: tuple[str, ...] = ()  # a declaring Python project's unknown imports: its packages may provide them
 
 
 def is_package_name(name: str) -> bool:
@@ -114,14 +122,39 @@ def python_imports(project_dir: Path) -> set[str]:
     return names
 
 
+def auto_install(project_dir: Path) -> bool:
+    """codeyard.toml `[packages] auto_install` (default true): whether runs install imports not declared yet."""
+    value = read_config_table(project_dir, "packages").get("auto_install", True)
+    if not isinstance(value, bool):
+        raise ValueError(f"{CONFIG_FILE}: packages.auto_install must be true or false")
+    return value
+
+
+def _added(needed: set[str], table: dict[str, str], declared: set[str]) -> tuple[tuple[str, str], ...]:
+    """(import, package) for each vetted package the code needs that is not declared, by package name."""
+    found: dict[str, str] = {}
+    for name in sorted(needed & table.keys()):
+        if canonicalize_name(table[name]) not in declared:
+            found.setdefault(table[name], name)
+    return tuple((name, package) for package, name in sorted(found.items()))
+
+
+def _resolution(declared: tuple[str, ...] | None, added: tuple[tuple[str, str], ...], unknown: tuple[str, ...],
+                project_dir: Path, **extra) -> Resolution:
+    auto = auto_install(project_dir)
+    requirements = (*(declared or ()), *(package for _, package in added if auto))
+    return Resolution(requirements, unknown, declared is not None, added, auto, **extra)
+
+
 def resolve_python(project_dir: Path) -> Resolution:
     """What the project's Python code needs (ValueError naming the file for a bad declaration)."""
     declared = declared_python(project_dir)
-    if declared is not None:
-        return Resolution(declared, (), True)
     needed = python_imports(project_dir) - set(sys.stdlib_module_names) - local_modules(project_dir)
-    known = sorted({vetted.PYTHON[n] for n in needed if n in vetted.PYTHON})
-    return Resolution(tuple(known), tuple(sorted(n for n in needed if n not in vetted.PYTHON)))
+    have = {canonicalize_name(Requirement(r).name) for r in declared or ()}
+    strange = tuple(sorted(n for n in needed if n not in vetted.PYTHON and canonicalize_name(n) not in have))
+    if declared is None:
+        return _resolution(None, _added(needed, vetted.PYTHON, set()), strange, project_dir)
+    return _resolution(declared, _added(needed, vetted.PYTHON, have), (), project_dir, unchecked=strange)
 
 
 def _node_package(specifier: str) -> str | None:
@@ -133,17 +166,26 @@ def _node_package(specifier: str) -> str | None:
     return None if name in _NODE_BUILTINS else name
 
 
+def read_package_json(project_dir: Path) -> dict | None:
+    """The project's package.json (None without one; ValueError when it is not an object with object dependencies)."""
+    path = project_dir / PACKAGE_JSON
+    if not path.is_file() or path.is_symlink():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"package.json: not JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("dependencies", {}), dict):
+        raise ValueError("package.json: must be an object whose dependencies are an object")
+    return data
+
+
 def resolve_node(project_dir: Path) -> Resolution:
-    """What the project's JavaScript needs: package.json dependencies, else vetted bare imports."""
-    path = project_dir / "package.json"
-    if path.is_file() and not path.is_symlink():
-        try:
-            dependencies = json.loads(path.read_text()).get("dependencies", {})
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
-            raise ValueError(f"package.json: not a JSON object ({exc})") from None
-        if not isinstance(dependencies, dict):
-            raise ValueError("package.json: dependencies must be an object")
-        return Resolution(tuple(f"{name}@{spec}" for name, spec in sorted(dependencies.items())), (), True)
+    """What the project's JavaScript needs: package.json dependencies and vetted bare imports it lacks."""
+    data = read_package_json(project_dir)
+    dependencies = (data or {}).get("dependencies", {})
+    declared = None if data is None else tuple(f"{name}@{spec}" for name, spec in sorted(dependencies.items()))
     needed = {name for _, text in _files(project_dir, (".js", ".mjs", ".cjs"))
-              for match in _JS_SPECIFIER.finditer(text) if (name := _node_package(match.group(2)))}
-    return Resolution(tuple(sorted(needed & vetted.NODE)), tuple(sorted(needed - vetted.NODE)))
+              for match in _JS_SPECIFIER.finditer(text) if (name := _node_package(match.group(2)))} - set(dependencies)
+    return _resolution(declared, _added(needed, {n: n for n in vetted.NODE}, set()), tuple(sorted(needed - vetted.NODE)),
+                       project_dir)

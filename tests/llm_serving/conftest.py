@@ -92,7 +92,8 @@ def serve_model(model: Path | str, name: str, options: ServerOptions | None = No
 
 @pytest.fixture(scope="session")
 def tiny_server(tiny_chat_model) -> Iterator[RunningServer]:
-    running = serve_model(tiny_chat_model, TINY_NAME, ServerOptions(max_waiting=8), max_num_seqs=8,
+    options = ServerOptions(max_waiting=8, grpc_address=f"127.0.0.1:{free_port()}")
+    running = serve_model(tiny_chat_model, TINY_NAME, options, max_num_seqs=8,
                           num_kv_blocks=64, max_model_len=512)
     yield running
     running.stop()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import tritonclient.grpc
 
 from .conftest import free_port
 
@@ -23,9 +24,9 @@ def test_bad_model_is_one_line_and_exit_2():
 
 
 def test_serve_answers_openai_requests(tiny_chat_model):
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     proc = subprocess.Popen([*CODEYARD, "llm", "serve", "--model", str(tiny_chat_model), "--port", str(port),
-                             "--served-model-name", "tiny", "--max-num-seqs", "4"],
+                             "--grpc-port", str(grpc_port), "--served-model-name", "tiny", "--max-num-seqs", "4"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 180
@@ -41,6 +42,10 @@ def test_serve_answers_openai_requests(tiny_chat_model):
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         out = client.completions.create(model="tiny", prompt="hello", max_tokens=3, extra_body={"ignore_eos": True})
         assert out.usage.completion_tokens == 3
+        assert httpx.get(f"http://127.0.0.1:{port}/v2/models/tiny/ready", timeout=10).status_code == 200
+        rpc = tritonclient.grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        assert rpc.is_model_ready("tiny")
+        rpc.close()
     finally:
         proc.terminate()
         output = proc.communicate(timeout=60)[0]

@@ -54,3 +54,27 @@ def test_signed_in_user_gets_503_while_loading_then_answers(ide, tiny_chat_model
     assert out.usage.completion_tokens == 3
     by_path = client.completions.create(model=str(tiny_chat_model), prompt="x", max_tokens=2)
     assert by_path.choices[0].text is not None
+
+
+
+def test_v2_in_the_ide_needs_sign_in_like_v1(ide, tiny_chat_model):
+    import numpy as np
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    client = httpclient.InferenceServerClient(ide.url.removeprefix("http://"))
+    assert not client.is_server_ready()  # 401 without a token
+    with pytest.raises(InferenceServerException) as info:
+        client.get_model_metadata(tiny_chat_model.name)
+    assert info.value.status() == "401"
+    with httpx.Client(base_url=ide.url, timeout=30) as c:
+        csrf = c.post("/api/auth/register", json={"username": "v2user", "password": "pass-word-1"}).json()["csrf_token"]
+        token = c.post("/api/tokens", json={"name": "v2"}, headers={"X-CSRF-Token": csrf}).json()["token"]
+    headers = {"Authorization": f"Bearer {token}"}
+    assert client.is_model_ready(tiny_chat_model.name, headers=headers)
+    text = httpclient.InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"hi"]], dtype=object))
+    limit = httpclient.InferInput("max_tokens", [1, 1], "INT32")
+    limit.set_data_from_numpy(np.array([[2]], dtype=np.int32))
+    result = client.infer(tiny_chat_model.name, [text, limit], headers=headers)
+    assert result.as_numpy("num_output_tokens").reshape(-1)[0] >= 1

@@ -24,6 +24,7 @@ COMPONENTS = [
     "ide_server.api.projects:component",
     "ide_server.api.files:component",
     "collab.component:component",
+    "ide_server.api.events:component",
     "collab.history_api:component",
     "sandbox.component:component",
 ]

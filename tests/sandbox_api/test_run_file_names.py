@@ -217,16 +217,20 @@ def test_history_checkpoints_and_restores_a_project_holding_such_names(owner, ap
     pid = new_project(owner, {"notes.md": "v1\n"})
     root = app.state.settings.projects_dir / pid
     with open(os.path.join(os.fsencode(root), b"bad\xffname.txt"), "wb") as f:
-        f.write(b"kept in history")
+        f.write(b"kept in history \xff")
     history = f"/api/projects/{pid}/history"
     first = owner.post(history, json={"message": "with a bad name"})
     assert first.status_code == 201, first.text
     os.unlink(os.path.join(os.fsencode(root), b"bad\xffname.txt"))
     assert owner.put(f"/api/projects/{pid}/files/content/notes.md", content=b"v2\n").status_code == 200
-    assert owner.post(history, json={"message": "without it"}).status_code == 201
+    second = owner.post(history, json={"message": "without it"})
+    assert second.status_code == 201
+    diff = owner.get(f"{history}/diff", params={"old": first.json()["version"], "new": second.json()["version"]})
+    assert diff.status_code == 200, diff.text  # git quotes the name; bytes of the text that are not UTF-8 show as U+FFFD
+    assert '"a/bad\\377name.txt"' in diff.json()["diff"] and "-kept in history \ufffd" in diff.json()["diff"]
     restored = owner.post(f"{history}/restore", json={"version": first.json()["version"]})
     assert restored.status_code in (200, 204), restored.text
-    assert owner.get(f"/api/projects/{pid}/files/content/bad%5Cxffname.txt").content == b"kept in history"
+    assert owner.get(f"/api/projects/{pid}/files/content/bad%5Cxffname.txt").content == b"kept in history \xff"
     run = owner.post(f"/api/projects/{pid}/runs", json={})  # checkpoints first
     assert run.status_code == 202, run.text
     assert wait_finished(owner, run.json()["id"])["verdict"] == "ok"

@@ -27,9 +27,11 @@ def test_a_sleeping_user_leaves_a_slot_for_someone_else(person, app):
     assert [r["queue_position"] for r in hogged] == [None] * per_user + list(range(1, 4 - per_user + 1))
 
     with hog.websocket_connect(f"/ws/runs/{hogged[-1]['id']}") as ws:
-        assert ws.receive_json() == {"type": "status", "status": "queued", "queue_position": 4 - per_user}
+        assert ws.receive_json() == {"type": "status", "status": "queued", "queue_position": 4 - per_user,
+                                     "waiting_for_input": False}
         hog.post(f"/api/runs/{hogged[0]['id']}/cancel")  # its slot goes to the hog's next run: one place up
-        assert ws.receive_json() == {"type": "status", "status": "queued", "queue_position": 4 - per_user - 1}
+        assert ws.receive_json() == {"type": "status", "status": "queued", "queue_position": 4 - per_user - 1,
+                                     "waiting_for_input": False}
     for r in hogged:
         hog.post(f"/api/runs/{r['id']}/cancel")
     assert {wait_finished(hog, r["id"])["verdict"] for r in hogged} == {"cancelled"}

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
 from sandbox.bwrap import BwrapBackend
 from sandbox.packages.install import INSTALL_LIMITS, Installer, InstallFailed
-from sandbox.packages.project import prepare_node, prepare_python
+from sandbox.packages.project import installed_for, prepare_node, prepare_python
 from sandbox_fixtures import make_spec
 
 
@@ -39,6 +40,36 @@ async def test_import_six_installs_pins_and_is_cached(installer, project):
     again: list[str] = []  # now declared (pinned) in requirements.txt: the same environment, no install
     assert await prepare_python(installer, project, again.append) == prepared
     assert again == []
+
+
+async def test_each_later_import_is_installed_and_appended_pinned(installer, project):
+    (project / "requirements.txt").write_text("six\n")
+    (project / "main.py").write_text("import six\nimport toml\n")
+    said: list[str] = []
+    prepared = await prepare_python(installer, project, said.append)
+    assert "Your code uses 'toml' and requirements.txt does not list toml yet" in "".join(said)
+    lines = (project / "requirements.txt").read_text().splitlines()
+    assert [line.split("==")[0] for line in lines] == ["six", "toml"] and all("==" in line for line in lines), lines
+    result = await run_python(project, prepared, "import six, toml\nprint(toml.dumps({'a': 1}), end='')\n")
+    assert (result.verdict.value, result.stdout) == ("ok", b"a = 1\n"), result.stderr
+    again: list[str] = []
+    assert await prepare_python(installer, project, again.append) == prepared and again == []
+    shell = installed_for(installer, project)  # the Shell: the same environment, found without installing
+    assert (shell.mounts, shell.env) == (prepared.mounts, prepared.env)
+    listed = await BwrapBackend().run(dataclasses.replace(make_spec(project, ["python3", "-m", "pip", "list"]),
+                                                          env=shell.env, mounts=shell.mounts))
+    assert b"toml " in listed.stdout and b"six " in listed.stdout, listed.stdout
+
+
+async def test_with_auto_install_off_a_new_import_is_named_not_installed(installer, project):
+    (project / "requirements.txt").write_text("six\n")
+    (project / "codeyard.toml").write_text("[packages]\nauto_install = false\n")
+    (project / "main.py").write_text("import six\nimport toml\n")
+    prepared = await prepare_python(installer, project, lambda _: None)
+    assert [Path(m.source).joinpath("toml").exists() for m in prepared.mounts] == [False]
+    assert "'toml' needs the package toml" in prepared.notes[0] and "auto_install = false" in prepared.notes[0]
+    assert (project / "requirements.txt").read_text().splitlines()[0].startswith("six==")
+    assert len((project / "requirements.txt").read_text().splitlines()) == 1
 
 
 async def test_runs_cannot_change_the_environment(installer, project):
@@ -79,5 +110,7 @@ async def test_node_require_installs_with_npm_and_is_cached(installer, project):
     spec = make_spec(project, ["node", "./index.js"])
     result = await BwrapBackend().run(dataclasses.replace(spec, mounts=prepared.mounts))
     assert (result.verdict.value, result.stdout) == ("ok", b"7200000\n"), result.stderr
+    declared = json.loads((project / "package.json").read_text())["dependencies"]
+    assert list(declared) == ["ms"] and declared["ms"][0].isdigit(), declared  # pinned, so later runs find it
     again: list[str] = []
     assert await prepare_node(installer, project, again.append) == prepared and again == []

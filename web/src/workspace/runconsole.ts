@@ -1,9 +1,18 @@
-/** The run console: starts a run, streams its output, passes typed lines to its stdin, shows the verdict. */
+/** The run console: starts a run, streams its output, passes typed lines to its stdin, shows the verdict.
+ * Every member's console follows the project's latest run, whoever started it; viewers only watch. */
 import { api, ApiError } from "../api";
 import { FittedTerminal, socketUrl } from "./terminal";
 
 interface Run {
   id: string;
+}
+
+/** The events socket's word that someone started a run of the project. */
+export interface RunStarted {
+  id: string;
+  username: string;
+  argv: string[];
+  interactive: boolean;
 }
 
 interface ExitFrame {
@@ -31,11 +40,16 @@ const VERDICTS: Record<string, string> = {
 interface StatusFrame {
   status: "queued" | "running";
   queue_position: number | null;
+  waiting_for_input: boolean;
 }
 
 function describeStatus(frame: StatusFrame): string {
-  return frame.status === "queued" ? `Queued (position ${frame.queue_position ?? "?"})` : "Running…";
+  if (frame.status === "queued") return `Queued (position ${frame.queue_position ?? "?"})`;
+  return frame.waiting_for_input ? "Waiting for input…" : "Running…";
 }
+
+const INTERACTIVE_NOTE =
+  "The clock stops while the program waits for input (up to 10 min each time). Ctrl+D ends the input; Stop or Ctrl+C stops the program.";
 
 function describeExit(frame: ExitFrame): string {
   const verdict = VERDICTS[frame.verdict ?? ""] ?? frame.verdict ?? "Finished";
@@ -54,16 +68,23 @@ export class RunConsole {
   private line = "";
   private starting = false;
   private output = "";
+  private owner: string | null = null; // who started the followed run, when not this user
 
   /** onState's failedOutput: the output of a run that failed (null while running, or after a success). */
   constructor(
     parent: HTMLElement,
     dark: boolean,
     private readonly projectId: string,
+    private readonly me: string,
+    private readonly canWrite: boolean,
     private readonly onState: (running: boolean, summary: string, failedOutput: string | null) => void,
   ) {
     this.term = new FittedTerminal(parent, dark);
-    this.term.terminal.writeln("Press Run (Ctrl+Enter) to run your program. Type here when it asks for input.");
+    this.term.terminal.writeln(
+      canWrite
+        ? "Press Run (Ctrl+Enter) to run your program. Type here when it asks for input; Stop or Ctrl+C stops it."
+        : "Runs of this project show here as they happen.",
+    );
     this.term.terminal.onData((data) => this.typed(data));
   }
 
@@ -76,11 +97,12 @@ export class RunConsole {
     const terminal = this.term.terminal;
     terminal.reset();
     terminal.writeln(`\x1b[2m▶ Running ${entry ?? "the project"}…\x1b[0m`);
+    this.owner = null;
     this.onState(true, "Running…", null);
     let run: Run;
     this.starting = true;
     try {
-      run = await api<Run>("POST", `/api/projects/${encodeURIComponent(this.projectId)}/runs`, entry ? { entry } : {});
+      run = await api<Run>("POST", `/api/projects/${encodeURIComponent(this.projectId)}/runs`, { ...(entry ? { entry } : {}), interactive: true });
     } catch (error) {
       const message = error instanceof ApiError ? error.message : String(error);
       terminal.writeln(`\x1b[31mCould not start the program: ${message}\x1b[0m`);
@@ -89,7 +111,21 @@ export class RunConsole {
     } finally {
       this.starting = false;
     }
-    this.runId = run.id;
+    terminal.writeln(`\x1b[2m${INTERACTIVE_NOTE}\x1b[0m`);
+    this.follow(run.id);
+  }
+
+  /** Follow a run someone else started (or this user in another tab); one's own start follows its run itself. */
+  watch(run: RunStarted): void {
+    if (run.id === this.runId || (this.starting && run.username === this.me)) return;
+    const terminal = this.term.terminal;
+    terminal.reset();
+    const command = run.argv.join(" ");
+    const who = run.username === this.me ? "You are" : `${run.username} is`;
+    terminal.writeln(`\x1b[2m▶ ${who} running ${command}${this.canWrite ? " — you can type its input here too" : ""}\x1b[0m`);
+    if (run.interactive && this.canWrite) terminal.writeln(`\x1b[2m${INTERACTIVE_NOTE}\x1b[0m`);
+    this.owner = run.username;
+    this.onState(true, `${run.username} is running…`, null);
     this.follow(run.id);
   }
 
@@ -99,8 +135,14 @@ export class RunConsole {
 
   private follow(runId: string): void {
     const terminal = this.term.terminal;
+    const previous = this.socket;
+    if (previous) {
+      previous.onclose = previous.onmessage = null; // a newer run takes the console over
+      previous.close();
+    }
     const socket = new WebSocket(socketUrl(`/ws/runs/${encodeURIComponent(runId)}`));
     this.socket = socket;
+    this.runId = runId;
     this.line = "";
     this.output = "";
     let finished = false;
@@ -111,7 +153,7 @@ export class RunConsole {
       else if (frame.type === "stderr") terminal.write(`\x1b[31m${frame.data ?? ""}\x1b[0m`);
       else if (frame.type === "install") terminal.write(`\x1b[36m${frame.data ?? ""}\x1b[0m`);
       else if (frame.type === "error") terminal.writeln(`\x1b[33m${frame.message ?? ""}\x1b[0m`);
-      else if (frame.type === "status") this.onState(true, describeStatus(frame), null);
+      else if (frame.type === "status") this.onState(true, `${this.owner ? `${this.owner}: ` : ""}${describeStatus(frame)}`, null);
       else if (frame.type === "exit") {
         finished = true;
         const summary = describeExit(frame);
@@ -122,6 +164,7 @@ export class RunConsole {
       }
     };
     socket.onclose = (event) => {
+      if (this.socket !== socket) return;
       this.socket = null;
       this.runId = null;
       if (!finished) {
@@ -135,7 +178,7 @@ export class RunConsole {
   /** Line editing with local echo: the program reads whole lines, as in a terminal in cooked mode. */
   private typed(data: string): void {
     const socket = this.socket;
-    if (!socket || socket.readyState !== WebSocket.OPEN) return;
+    if (!this.canWrite || !socket || socket.readyState !== WebSocket.OPEN) return;
     const terminal = this.term.terminal;
     for (const char of data) {
       if (char === "\r" || char === "\n") {

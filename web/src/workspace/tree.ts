@@ -1,4 +1,5 @@
-/** The file tree: folders and files with open, rename/move and delete; a toolbar to create and upload. */
+/** The file tree: folders and files with open, rename/move and delete; a toolbar to create and upload.
+ * Folders tools generate (bytecode caches, installed packages, virtual environments) are hidden unless asked for. */
 import { h } from "../dom";
 import type { FileEntry } from "./files";
 
@@ -10,11 +11,19 @@ export interface TreeActions {
   upload: (files: FileList) => void;
 }
 
+const GENERATED = new Set(["__pycache__", "node_modules", ".venv", "venv", ".pytest_cache", ".mypy_cache"]);
+const SHOW_GENERATED_KEY = "codeyard-show-generated";
+
+function generated(path: string): boolean {
+  return path.split("/").some((part) => GENERATED.has(part));
+}
+
 export class FileTree {
   readonly element: HTMLElement;
   private readonly list = h("ul", { class: "tree", id: "file-tree", role: "tree", "aria-label": "Files" });
   private activePath: string | null = null;
   private entries: FileEntry[] = [];
+  private showGenerated = localStorage.getItem(SHOW_GENERATED_KEY) === "1";
 
   constructor(private readonly actions: TreeActions, private readonly canWrite: boolean) {
     const toolbar = h("div", { class: "tree-toolbar" });
@@ -32,7 +41,15 @@ export class FileTree {
       });
       toolbar.append(newFile, newFolder, upload, picker);
     }
-    this.element = h("nav", { class: "tree-pane" }, h("h2", { class: "pane-title" }, "Files"), toolbar, this.list);
+    const toggle = h("input", { type: "checkbox", id: "show-generated" });
+    toggle.checked = this.showGenerated;
+    toggle.addEventListener("change", () => {
+      this.showGenerated = toggle.checked;
+      localStorage.setItem(SHOW_GENERATED_KEY, toggle.checked ? "1" : "0");
+      this.render(this.entries);
+    });
+    const options = h("label", { class: "inline tree-options", title: "__pycache__, node_modules, .venv…" }, toggle, "Show generated folders");
+    this.element = h("nav", { class: "tree-pane" }, h("h2", { class: "pane-title" }, "Files"), toolbar, this.list, options);
   }
 
   paths(): string[] {
@@ -48,8 +65,9 @@ export class FileTree {
 
   render(entries: FileEntry[]): void {
     this.entries = entries;
-    this.list.replaceChildren(...entries.map((entry) => this.item(entry)));
-    if (entries.length === 0) this.list.append(h("li", { class: "empty" }, "No files yet."));
+    const shown = this.showGenerated ? entries : entries.filter((entry) => !generated(entry.path));
+    this.list.replaceChildren(...shown.map((entry) => this.item(entry)));
+    if (shown.length === 0) this.list.append(h("li", { class: "empty" }, "No files yet."));
     this.setActive(this.activePath);
   }
 

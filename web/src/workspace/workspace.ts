@@ -6,7 +6,7 @@ import { colorFor } from "./colors";
 import { FileEditor, type Connection } from "./editor";
 import { ProjectFiles } from "./files";
 import { FileTree } from "./tree";
-import { RunConsole } from "./runconsole";
+import { RunConsole, type RunStarted } from "./runconsole";
 import { HistoryPanel } from "./history";
 import { AssistantUi } from "./assistant";
 import { attachLesson } from "./lesson";
@@ -31,7 +31,8 @@ interface PresenceUser {
 
 type ProjectEvent =
   | { type: "files"; action: string; path: string; to: string | null }
-  | { type: "presence"; users: PresenceUser[] };
+  | { type: "presence"; users: PresenceUser[] }
+  | ({ type: "run" } & RunStarted);
 
 const CONNECTION_TEXT: Record<Connection, string> = {
   connecting: "Connecting…",
@@ -40,6 +41,9 @@ const CONNECTION_TEXT: Record<Connection, string> = {
   denied: "No access",
   snapshot: "Saved version (sign in and join to see live edits)",
 };
+
+const RUN_TITLE = "Run (Ctrl+Enter)";
+const STOP_TITLE = "Stop the program (Ctrl+C in the console)";
 
 function preferredDark(): boolean {
   const saved = localStorage.getItem("codeyard-theme");
@@ -58,7 +62,7 @@ export class Workspace {
   private readonly presence = h("div", { class: "presence", id: "presence", "aria-label": "People in this project" });
   private readonly tabs = h("div", { class: "tabs", id: "tabs", role: "tablist" });
   private readonly editorArea = h("div", { class: "editor-area", id: "editor" });
-  private readonly runButton = h("button", { type: "button", id: "run", title: "Run (Ctrl+Enter)" }, "▶ Run");
+  private readonly runButton = h("button", { type: "button", id: "run", title: RUN_TITLE }, "▶ Run");
   private readonly runSummary = h("span", { class: "run-summary", id: "run-summary" });
   private runConsole: RunConsole | null = null;
   private history: HistoryPanel | null = null;
@@ -95,6 +99,7 @@ export class Workspace {
     const main = this.root.querySelector<HTMLElement>("main.workspace");
     if (main) void attachLesson(main, this.project.id, this.canWrite);
     this.connectEvents();
+    void this.followLiveRun();
     document.addEventListener("keydown", (event) => this.shortcut(event));
     await this.refreshTree();
     const saved = JSON.parse(localStorage.getItem(this.storageKey) ?? "null") as { open: string[]; active: string | null } | null;
@@ -126,7 +131,7 @@ export class Workspace {
     const deploy = new DeployPanel(this.project.id, this.canWrite, this.project.role === "owner");
     if (this.project.role !== null) void deploy.refreshBadge();
     this.runButton.hidden = !this.canWrite;
-    this.runButton.addEventListener("click", () => void this.run());
+    this.runButton.addEventListener("click", () => void (this.runConsole?.running ? this.runConsole.stop() : this.run()));
     const roleBadge = h("span", { class: "badge", id: "role" }, this.project.role ?? "visitor");
     const consoleHost = h("div", { class: "terminal-host", id: "console" });
     const shellHost = h("div", { class: "terminal-host", id: "shell", hidden: "" });
@@ -178,8 +183,10 @@ export class Workspace {
         h("section", { class: "run-pane" }, h("div", { class: "pane-tabs" }, consoleTab, shellTab, this.runSummary, ...(this.assistant ? [this.assistant.explainButton] : [])), consoleHost, shellHost),
       ),
     );
-    this.runConsole = new RunConsole(consoleHost, this.dark, this.project.id, (running, summary, failedOutput) => {
-      this.runButton.disabled = running;
+    this.runConsole = new RunConsole(consoleHost, this.dark, this.project.id, this.username, this.canWrite, (running, summary, failedOutput) => {
+      this.runButton.textContent = running ? "■ Stop" : "▶ Run";
+      this.runButton.title = running ? STOP_TITLE : RUN_TITLE;
+      this.runButton.classList.toggle("danger", running);
       this.runSummary.textContent = summary;
       this.assistant?.runEnded(failedOutput);
     });
@@ -393,6 +400,7 @@ export class Workspace {
 
   private onEvent(event: ProjectEvent): void {
     if (event.type === "presence") this.renderPresence(event.users);
+    else if (event.type === "run") this.runConsole?.watch(event);
     else if (event.type === "files") {
       void this.refreshTree().then(() => {
         if (event.action === "move" && event.to) this.followMove(event.path, event.to);
@@ -423,6 +431,15 @@ export class Workspace {
     if (!this.canWrite) return this.say("Only editors can run this project.", "error");
     const entry = this.active && /\.(py|js|mjs|ts|c|cc|cpp|sh|rb|go|rs|java)$/.test(this.active) ? this.active : null;
     await this.runConsole?.start(entry);
+  }
+
+  /** A workspace opened while a run goes follows it, as it would have from its start. */
+  private async followLiveRun(): Promise<void> {
+    if (this.project.role === null) return;
+    type Listed = { id: string; status: string; username: string | null; argv: string[] };
+    const runs = await api<Listed[]>("GET", `/api/projects/${encodeURIComponent(this.project.id)}/runs`).catch(() => []);
+    const live = runs.find((run) => run.status !== "finished");
+    if (live) this.runConsole?.watch({ id: live.id, username: live.username ?? "someone", argv: live.argv, interactive: false });
   }
 
   private shortcut(event: KeyboardEvent): void {

@@ -1,0 +1,193 @@
+"""The KServe v2 GRPCInferenceService (Triton's gRPC API) over an LLMService, on its own port.
+
+Served with grpc.aio on the HTTP server's event loop, from the protos tritonclient ships (so
+tritonclient.grpc and this server can never disagree). ModelStreamInfer is Triton's decoupled
+streaming: with the `stream` input true, one response per new piece of text, the last carrying
+`triton_final_response`. The same API keys as /v1 are checked on `authorization` metadata (not
+for ServerLive/ServerReady, as HTTP health), and a
+cancelled call (client gone, stream stopped) aborts its engine requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import AsyncIterator
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2 as pb, service_pb2_grpc
+
+from llm_engine.entrypoints import kserve
+from llm_engine.entrypoints.protocol import OpenAIError
+from llm_engine.entrypoints.serving import _Run
+from llm_engine.entrypoints.service import LLMService, as_openai_error
+
+_STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+           404: grpc.StatusCode.NOT_FOUND, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+           503: grpc.StatusCode.UNAVAILABLE}
+_CONTENTS = {"BYTES": "bytes_contents", "INT32": "int_contents", "INT64": "int64_contents",
+             "FP32": "fp32_contents", "BOOL": "bool_contents"}
+
+
+def _tensors(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
+    """Inputs from raw_input_contents (what tritonclient sends) or the typed `contents` fields."""
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise OpenAIError(400, f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs")
+    tensors = {}
+    for i, tensor in enumerate(request.inputs):
+        shape = list(tensor.shape)
+        if raw:
+            tensors[tensor.name] = kserve.decode_raw(tensor.name, tensor.datatype, shape, raw[i])
+        elif tensor.datatype in _CONTENTS:
+            values = list(getattr(tensor.contents, _CONTENTS[tensor.datatype]))
+            tensors[tensor.name] = kserve.decode_json(tensor.name, tensor.datatype, shape, values)
+        else:
+            raise OpenAIError(400, f"input '{tensor.name}': datatype {tensor.datatype} is not supported")
+    return tensors
+
+
+def _parameters(params) -> dict:
+    return {key: getattr(value, value.WhichOneof("parameter_choice")) for key, value in params.items()
+            if value.WhichOneof("parameter_choice")}
+
+
+def _response(service: LLMService, request: pb.ModelInferRequest, results: list[kserve.RowResult],
+              final: bool | None = None) -> pb.ModelInferResponse:
+    arrays = kserve.output_arrays(results)
+    names = [o.name for o in request.outputs] or list(arrays)
+    response = pb.ModelInferResponse(model_name=service.served_name, model_version=kserve.VERSION, id=request.id)
+    for name in names:
+        if name not in arrays:
+            raise OpenAIError(400, f"unexpected inference output '{name}' (outputs: {', '.join(arrays)})")
+        response.outputs.add(name=name, datatype=kserve.OUTPUT_BY_NAME[name].datatype, shape=arrays[name].shape)
+        response.raw_output_contents.append(kserve.encode_raw(arrays[name]))
+    if final is not None:
+        response.parameters["triton_final_response"].bool_param = final
+    return response
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, service: LLMService) -> None:
+        self.service = service
+
+    async def _admit(self, context: grpc.aio.ServicerContext) -> None:
+        keys = self.service.options.api_keys
+        if not keys:
+            return
+        scheme, _, token = dict(context.invocation_metadata()).get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not any(hmac.compare_digest(token.strip(), k) for k in keys):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "missing or invalid API key (send authorization: Bearer <key>)")
+
+    async def _model(self, context, name: str, version: str) -> None:
+        await self._admit(context)
+        try:
+            kserve.check_model(self.service, name, version)
+        except OpenAIError as exc:
+            await _abort(context, exc)
+
+    async def ServerLive(self, request, context):  # health needs no key, as on HTTP (probes)
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.service.engine.is_ready)
+
+    async def ModelReady(self, request, context):
+        await self._admit(context)
+        try:
+            kserve.check_model(self.service, request.name, request.version)
+        except OpenAIError:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=self.service.engine.is_ready)
+
+    async def ServerMetadata(self, request, context):
+        await self._admit(context)
+        return json_format.ParseDict(kserve.server_metadata(), pb.ServerMetadataResponse())
+
+    async def ModelMetadata(self, request, context):
+        await self._model(context, request.name, request.version)
+        return json_format.ParseDict(kserve.model_metadata(self.service), pb.ModelMetadataResponse())
+
+    async def ModelConfig(self, request, context):
+        await self._model(context, request.name, request.version)
+        config = json_format.ParseDict(kserve.model_config(self.service), model_config_pb2.ModelConfig())
+        return pb.ModelConfigResponse(config=config)
+
+    async def ModelInfer(self, request, context):
+        await self._model(context, request.model_name, request.model_version)
+        try:
+            serving, run, _ = await self._start(request, may_stream=False)
+            return _response(self.service, request, await serving.complete(run))
+        except Exception as exc:
+            await _abort(context, as_openai_error(exc))
+
+    async def _start(self, request: pb.ModelInferRequest, may_stream: bool) -> tuple[kserve.ServingV2, _Run, bool]:
+        """Admit the request's rows; also says whether it asked to stream."""
+        tensors = _tensors(request)
+        stream = tensors.pop("stream", None)
+        streaming = stream is not None and bool(stream.any())
+        if streaming and not may_stream:
+            raise OpenAIError(400, "stream=true needs ModelStreamInfer")
+        requests = kserve.requests_from_tensors(self.service, tensors, _parameters(request.parameters))
+        if streaming and len(requests) != 1:
+            raise OpenAIError(400, "streaming takes one prompt per request")
+        serving = kserve.ServingV2(self.service)
+        return serving, await serving.start_rows(requests), streaming
+
+    async def _stream_one(self, request: pb.ModelInferRequest) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """The responses to one request on a stream: deltas when it asks to stream, else one."""
+        try:
+            kserve.check_model(self.service, request.model_name, request.model_version)
+            serving, run, streaming = await self._start(request, may_stream=True)
+            if not streaming:
+                results = await serving.complete(run)
+                yield pb.ModelStreamInferResponse(infer_response=_response(self.service, request, results, True))
+                return
+            async for delta in serving.deltas(run):
+                response = _response(self.service, request, [delta], final=delta.finish_reason is not None)
+                yield pb.ModelStreamInferResponse(infer_response=response)
+        except Exception as exc:
+            yield pb.ModelStreamInferResponse(error_message=as_openai_error(exc).message)
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Requests on one stream run concurrently; their responses interleave as they come."""
+        await self._admit(context)
+        responses: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        tasks: set[asyncio.Task] = set()
+
+        async def serve(request: pb.ModelInferRequest) -> None:
+            async for response in self._stream_one(request):
+                await responses.put(response)
+
+        async def read() -> None:
+            async for request in request_iterator:
+                task = asyncio.ensure_future(serve(request))
+                tasks.add(task)
+            await asyncio.gather(*tasks)
+            await responses.put(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (response := await responses.get()) is not None:
+                yield response
+        finally:
+            for task in (reader, *tasks):
+                task.cancel()
+            await asyncio.gather(reader, *tasks, return_exceptions=True)
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: OpenAIError) -> None:
+    await context.abort(_STATUS.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
+
+
+async def start_server(service: LLMService, address: str) -> grpc.aio.Server:
+    """Listen on `address` (host:port) and serve; stop with `await server.stop(grace)`."""
+    server = grpc.aio.server()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), server)
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"cannot listen for gRPC on {address}")
+    await server.start()
+    return server

@@ -1,0 +1,211 @@
+"""The /v2 router: KServe v2 REST (health, metadata, config, infer with JSON or binary tensors) and
+Triton's generate extension (generate, generate_stream as SSE), next to /v1 over the same service.
+
+Mounted by the standalone server and the IDE component with their own `auth` dependency, as /v1
+is. Errors answer the protocol's `{"error": message}` with the same status codes /v1 uses
+(api.openai_error_handler picks the shape by path). Leaving early cancels the request in the
+engine, as on /v1.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from llm_engine.entrypoints import kserve
+from llm_engine.entrypoints.api import ServiceGetter, json_body, unless_disconnected
+from llm_engine.entrypoints.protocol import OpenAIError
+from llm_engine.entrypoints.serving import sse
+from llm_engine.entrypoints.service import LLMService
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def _tensors(header: dict, binary: bytes) -> dict[str, np.ndarray]:
+    """Inputs of an infer request: JSON `data`, or `binary_data_size` bytes after the JSON header."""
+    inputs = header.get("inputs")
+    if not isinstance(inputs, list) or not all(isinstance(t, dict) for t in inputs):
+        raise OpenAIError(400, "'inputs' must be a list of tensors")
+    tensors, offset = {}, 0
+    for tensor in inputs:
+        name, datatype, shape = tensor.get("name"), tensor.get("datatype"), tensor.get("shape")
+        if not isinstance(name, str) or not isinstance(datatype, str) or not isinstance(shape, list):
+            raise OpenAIError(400, "each input needs 'name', 'datatype' and 'shape'")
+        size = (tensor.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or offset + size > len(binary):
+                raise OpenAIError(400, f"input '{name}': binary_data_size {size} runs past the request body")
+            tensors[name] = kserve.decode_raw(name, datatype, shape, binary[offset:offset + size])
+            offset += size
+        elif "data" in tensor:
+            tensors[name] = kserve.decode_json(name, datatype, shape, tensor["data"])
+        else:
+            raise OpenAIError(400, f"input '{name}' has neither 'data' nor binary_data_size")
+    return tensors
+
+
+def _infer_response(header: dict, results: list[kserve.RowResult], model: str) -> Response:
+    """Outputs as asked: each requested one (default: all) as JSON data or appended binary."""
+    arrays = kserve.output_arrays(results)
+    wanted = header.get("outputs")
+    default_binary = bool((header.get("parameters") or {}).get("binary_data_output", False))
+    if wanted is None:
+        wanted = [{"name": name} for name in arrays]
+    outputs, blobs = [], []
+    for requested in wanted:
+        name = requested.get("name") if isinstance(requested, dict) else None
+        if name not in arrays:
+            raise OpenAIError(400, f"unexpected inference output '{name}' (outputs: {', '.join(arrays)})")
+        array, spec = arrays[name], kserve.OUTPUT_BY_NAME[name]
+        out: dict[str, Any] = {"name": name, "datatype": spec.datatype, "shape": list(array.shape)}
+        if (requested.get("parameters") or {}).get("binary_data", default_binary):
+            blob = kserve.encode_raw(array)
+            out["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            out["data"] = kserve.as_json_data(array)
+        outputs.append(out)
+    body = {"model_name": model, "model_version": kserve.VERSION, "outputs": outputs}
+    if "id" in header:
+        body["id"] = header["id"]
+    if not blobs:
+        return JSONResponse(body)
+    head = json.dumps(body).encode()
+    return Response(head + b"".join(blobs), media_type="application/octet-stream",
+                    headers={HEADER_LENGTH: str(len(head))})
+
+
+def _generate_tensors(body: Any) -> tuple[dict[str, np.ndarray], dict]:
+    """The generate extension's JSON: inputs by name at the top level, plus optional parameters."""
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "the request body must be a JSON object")
+    parameters = body.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise OpenAIError(400, "'parameters' must be an object")
+    tensors = {}
+    for name, value in body.items():
+        if name in ("id", "parameters"):
+            continue
+        spec = kserve.INPUT_BY_NAME.get(name)
+        if spec is None:
+            raise OpenAIError(400, f"unexpected inference input '{name}' (inputs: {', '.join(kserve.INPUT_BY_NAME)})")
+        values = value if isinstance(value, list) else [value]
+        tensors[name] = kserve.decode_json(name, spec.datatype, [1, len(values)] if spec.dims == (-1,) else [1],
+                                           values)
+    return tensors, parameters
+
+
+def _generate_body(service: LLMService, result: kserve.RowResult, request_id: Any) -> dict:
+    body = {"model_name": service.served_name, "model_version": kserve.VERSION, "text_output": result.text,
+            "finish_reason": result.finish_reason, "num_output_tokens": result.num_tokens}
+    if request_id is not None:
+        body["id"] = request_id
+    return body
+
+
+def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: list | None = None) -> APIRouter:
+    """`auth` guards every model route; health routes take `health_dependencies` (none on the
+    standalone server, so Kubernetes probes need no key, as its /health)."""
+    router = APIRouter(tags=["kserve-v2"])
+    health = health_dependencies if health_dependencies is not None else [auth]
+
+    def model_route(method: str, suffix: str, dependencies: list | None = None):
+        """Register a handler at /v2/models/{name}{suffix} and /v2/models/{name}/versions/{version}{suffix}."""
+        def register(handler):
+            for path in (f"/v2/models/{{model_name}}{suffix}", f"/v2/models/{{model_name}}/versions/{{version}}{suffix}"):
+                router.add_api_route(path, handler, methods=[method], dependencies=dependencies or [auth])
+            return handler
+        return register
+
+    def model_service(request: Request, model_name: str, version: str | None) -> LLMService:
+        service = get_service(request)
+        kserve.check_model(service, model_name, version)
+        return service
+
+    @router.get("/v2", dependencies=[auth])
+    def server_metadata() -> dict:
+        return kserve.server_metadata()
+
+    @router.get("/v2/health/live", dependencies=health)
+    def live() -> dict:
+        return {}
+
+    @router.get("/v2/health/ready", dependencies=health)
+    def ready(request: Request) -> dict:
+        get_service(request).require_ready()
+        return {}
+
+    @model_route("GET", "")
+    def metadata(request: Request, model_name: str, version: str | None = None) -> dict:
+        return kserve.model_metadata(model_service(request, model_name, version))
+
+    @model_route("GET", "/ready")
+    def model_ready(request: Request, model_name: str, version: str | None = None) -> dict:
+        model_service(request, model_name, version).require_ready()
+        return {}
+
+    @model_route("GET", "/config")
+    def config(request: Request, model_name: str, version: str | None = None) -> dict:
+        return kserve.model_config(model_service(request, model_name, version))
+
+    @model_route("POST", "/infer")
+    async def infer(request: Request, model_name: str, version: str | None = None) -> Response:
+        service = model_service(request, model_name, version)
+        raw = await request.body()
+        length = request.headers.get(HEADER_LENGTH)
+        try:
+            split = int(length) if length is not None else len(raw)
+            header = json.loads(raw[:split])
+        except ValueError:
+            raise OpenAIError(400, "the request header is not valid JSON") from None
+        if not isinstance(header, dict):
+            raise OpenAIError(400, "the request body must be a JSON object")
+        requests = kserve.requests_from_tensors(service, _tensors(header, raw[split:]), header.get("parameters"))
+        serving = kserve.ServingV2(service)
+
+        async def work() -> Response:
+            results = await serving.complete(await serving.start_rows(requests))
+            return _infer_response(header, results, service.served_name)
+        return await unless_disconnected(request, work())
+
+    @model_route("POST", "/generate")
+    async def generate(request: Request, model_name: str, version: str | None = None) -> Response:
+        service = model_service(request, model_name, version)
+        body = await json_body(request)
+        tensors, parameters = _generate_tensors(body)
+        requests = kserve.requests_from_tensors(service, tensors, parameters)
+        serving = kserve.ServingV2(service)
+
+        async def work() -> Response:
+            [result] = await serving.complete(await serving.start_rows(requests))
+            return JSONResponse(_generate_body(service, result, body.get("id")))
+        return await unless_disconnected(request, work())
+
+    @model_route("POST", "/generate_stream")
+    async def generate_stream(request: Request, model_name: str, version: str | None = None) -> Response:
+        service = model_service(request, model_name, version)
+        body = await json_body(request)
+        tensors, parameters = _generate_tensors(body)
+        tensors.pop("stream", None)  # this route streams whatever the body says
+        requests = kserve.requests_from_tensors(service, tensors, parameters)
+        serving = kserve.ServingV2(service)
+
+        async def events(run) -> AsyncIterator[bytes]:
+            try:
+                async for delta in serving.deltas(run):
+                    yield sse(_generate_body(service, delta, body.get("id")))
+            except OpenAIError as exc:
+                yield sse({"error": exc.message})
+
+        run = await unless_disconnected(request, serving.start_rows(requests))
+        if isinstance(run, Response):
+            return run
+        return StreamingResponse(events(run), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    return router
