@@ -1,5 +1,6 @@
 """Database engine, sessions and schema migrations (SQLite in WAL mode or PostgreSQL)."""
 
+import threading
 from importlib import import_module
 from pathlib import Path
 
@@ -9,6 +10,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import DeclarativeBase, sessionmaker
+
+from ide_server import sqlite_writer
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # Any constant works: it only has to be the same for every replica running migrations.
@@ -46,7 +49,11 @@ def make_engine(url: str) -> Engine:
     """Engine with SQLite tuned for concurrent web use (WAL, busy timeout, foreign keys)."""
     pool = {"pool_size": POOL_SIZE, "max_overflow": POOL_OVERFLOW, "pool_timeout": POOL_TIMEOUT_S}
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S}, **pool)
+        # One writer at a time, queued in Python (see sqlite_writer); SQLite's busy timeout stays
+        # for other processes.
+        factory = sqlite_writer.connection_class(threading.Lock(), SQLITE_BUSY_TIMEOUT_S)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S,
+                                                  "factory": factory}, **pool)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return create_engine(url, pool_pre_ping=True, **pool)

@@ -1,0 +1,90 @@
+"""One writer at a time per SQLite database, queued in Python instead of in SQLite's busy handler.
+
+SQLite lets one connection write at a time; the others wait in its busy handler, which sleeps
+1, 2, 5, ... up to 100 ms between tries and so notices a free lock late. Under a class's sign-ups
+and saves, writers slept in turn while the lock sat free and the CPU idled (seconds per request).
+Here a connection takes a process-wide lock before its first writing statement and gives it back
+when its transaction ends, so the next writer starts the moment the lock is free. SQLite's own
+lock and busy timeout still guard against other processes.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+# Statements that take SQLite's write lock (in the default, deferred transactions of pysqlite).
+WRITING = ("INSERT", "UPDATE", "DELETE", "REPLACE", "CREATE", "DROP", "ALTER")
+
+
+def _writes(sql: str) -> bool:
+    return sql.lstrip()[:7].upper().startswith(WRITING)
+
+
+def connection_class(lock: threading.Lock, wait_s: float) -> type[sqlite3.Connection]:
+    """A sqlite3.Connection (pass as `factory=`) whose writers take `lock`, waiting at most wait_s."""
+
+    class WriterCursor(sqlite3.Cursor):
+        def execute(self, sql: str, parameters=(), /):  # type: ignore[override]
+            with self.connection.writing(sql):  # type: ignore[attr-defined]
+                return super().execute(sql, parameters)
+
+        def executemany(self, sql: str, seq_of_parameters, /):  # type: ignore[override]
+            with self.connection.writing(sql):  # type: ignore[attr-defined]
+                return super().executemany(sql, seq_of_parameters)
+
+    class WriterConnection(sqlite3.Connection):
+        holds_lock = False
+
+        def cursor(self, factory=WriterCursor):  # type: ignore[override]
+            return super().cursor(factory)
+
+        def writing(self, sql: str) -> _Writing:
+            return _Writing(self, _writes(sql))
+
+        def take(self) -> None:
+            if not self.holds_lock:
+                if not lock.acquire(timeout=wait_s):
+                    raise sqlite3.OperationalError("database is locked")
+                self.holds_lock = True
+
+        def give_back(self) -> None:
+            if self.holds_lock:
+                self.holds_lock = False
+                lock.release()
+
+        def commit(self) -> None:
+            try:
+                super().commit()
+            finally:
+                self.give_back()
+
+        def rollback(self) -> None:
+            try:
+                super().rollback()
+            finally:
+                self.give_back()
+
+        def close(self) -> None:
+            try:
+                super().close()
+            finally:
+                self.give_back()
+
+    return WriterConnection
+
+
+class _Writing:
+    """Around one statement: take the lock first if it writes; if no transaction is left open
+    afterwards (a failed statement, autocommit), give it back at once."""
+
+    def __init__(self, conn, writes: bool) -> None:
+        self.conn, self.writes = conn, writes
+
+    def __enter__(self) -> None:
+        if self.writes:
+            self.conn.take()
+
+    def __exit__(self, *exc) -> None:
+        if not self.conn.in_transaction:
+            self.conn.give_back()
