@@ -21,6 +21,7 @@ import json
 import os
 import random
 import re
+import ssl
 import sys
 import tempfile
 import time
@@ -49,6 +50,9 @@ from collab.protocol import (  # noqa: E402
 from tests.serve_process import codeyard_serve  # noqa: E402
 
 TIMEOUT_S = 10.0
+# Plain HTTP, but httpx builds a TLS context (loading every CA certificate) per client unless given
+# one: for 100 students that blocked the load generator for seconds and looked like server latency.
+NO_TLS = ssl.create_default_context()
 SERVER_TROUBLE = re.compile(r"\"level\": \"(error|warning|critical)\"|^Traceback")
 PASSWORD = "load-test-password"
 
@@ -134,7 +138,7 @@ class Student:
 
     def __init__(self, base: str, index: int, tally: Tally, args: argparse.Namespace, stop_at: float) -> None:
         self.base, self.index, self.tally, self.args, self.stop_at = base, index, tally, args, stop_at
-        self.http = httpx.AsyncClient(base_url=base, timeout=TIMEOUT_S)
+        self.http = httpx.AsyncClient(base_url=base, timeout=TIMEOUT_S, verify=NO_TLS)
         self.name = f"s{int(time.time() * 1000) % 10**9}x{index}"
         self.project = ""
         self.random = random.Random(index)
@@ -311,9 +315,26 @@ def print_step(result: dict) -> None:
         print(f"   {op:14} n={figures['n']:6}  p50 {figures['p50_ms']:8.1f} ms  p99 {figures['p99_ms']:8.1f} ms")
     for sample in result["error_samples"]:
         print(f"   error: {sample}")
+    print("   in the server (its request log):")
+    for route, figures in result["server_side_ms"].items():
+        print(f"   {route[:58]:58} n={figures['n']:6}  p50 {figures['p50_ms']:8.1f} ms  p99 {figures['p99_ms']:8.1f} ms")
     print(f"   server log: {len(result['server_log_errors'])} error lines")
     for line in result["server_log_errors"][:8]:
         print(f"   | {line}")
+
+
+def server_side_latency(lines: list[str]) -> dict[str, dict[str, float]]:
+    """p50/p99 of the server's own request durations per route (its request log), to tell time
+    spent in the server from time spent queueing before it."""
+    durations: dict[str, list[float]] = defaultdict(list)
+    for line in lines:
+        if '"event": "request"' not in line:
+            continue
+        entry = json.loads(line)
+        if entry.get("method") != "WS":
+            durations[f"{entry['method']} {entry.get('route')}"].append(entry["duration_ms"])
+    return {route: {"n": len(v), "p50_ms": percentile(v, 0.5), "p99_ms": percentile(v, 0.99)}
+            for route, v in sorted(durations.items()) if len(v) >= 10}
 
 
 def summarise_log_line(line: str) -> str:
@@ -363,6 +384,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             result = asyncio.run(run_step(base, users, args, pid))
             lines = log.read_text(errors="replace").splitlines()
             result["server_log_errors"] = [summarise_log_line(line) for line in lines[seen:] if SERVER_TROUBLE.search(line)]
+            result["server_side_ms"] = server_side_latency(lines[seen:])
             seen = len(lines)
             print_step(result)
             results.append(result)
