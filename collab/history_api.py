@@ -69,7 +69,7 @@ class DiffPublic(BaseModel):
     diff: str
 
 
-def _histories(conn: HTTPConnection) -> Histories:
+async def _histories(conn: HTTPConnection) -> Histories:
     return histories_of(conn.app)
 
 

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(tags=["deployments"], responses={**ERROR_RESPONSES, 503: {"description": "No sandbox on this server"}})
 
 
-def _deploys(conn: HTTPConnection) -> DeployService:
+async def _deploys(conn: HTTPConnection) -> DeployService:
     return conn.app.state.deploys
 
 

@@ -43,7 +43,7 @@ class SecretSettingsUpdate(BaseModel):
     expose_to_runs: bool
 
 
-def _secrets(conn: HTTPConnection) -> ProjectSecrets:
+async def _secrets(conn: HTTPConnection) -> ProjectSecrets:
     return conn.app.state.project_secrets
 
 

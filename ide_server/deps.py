@@ -13,7 +13,7 @@ OpenAPI document) must use at least one of `Public`, `CurrentUser`, `ProjectView
 `ProjectMember`, `ProjectEditor`, `ProjectOwner`, or the app refuses to start.
 """
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import cache
 from typing import Annotated
@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from fastapi import Depends
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 from starlette.websockets import WebSocket
 
@@ -37,13 +38,22 @@ CSRF_HEADER = "X-CSRF-Token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def get_settings(conn: HTTPConnection) -> Settings:
+# These two are async (they do no I/O but closing a session that holds a connection): FastAPI runs a
+# sync dependency in a worker thread, and under a class's load every such hop waited its turn on
+# the event loop, several times per request.
+async def get_settings(conn: HTTPConnection) -> Settings:
     return conn.app.state.settings
 
 
-def get_db(conn: HTTPConnection) -> Iterator[Session]:
-    with conn.app.state.sessionmaker() as db:
+async def get_db(conn: HTTPConnection) -> AsyncIterator[Session]:
+    db = conn.app.state.sessionmaker()
+    try:
         yield db
+    finally:
+        if db.in_transaction():  # a connection to give back (a rollback): blocking, so in a thread
+            await run_in_threadpool(db.close)
+        else:
+            db.close()
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
@@ -108,17 +118,17 @@ def _identity(conn: HTTPConnection, db: DbSession, settings: SettingsDep) -> Ide
 IdentityDep = Annotated[Identity, Depends(_identity)]
 
 
-def optional_user(identity: IdentityDep) -> User | None:
+async def optional_user(identity: IdentityDep) -> User | None:
     return identity.user
 
 
-def require_user(identity: IdentityDep) -> User:
+async def require_user(identity: IdentityDep) -> User:
     if identity.user is None:
         raise NotAuthenticated("sign in first")
     return identity.user
 
 
-def anyone() -> None:
+async def anyone() -> None:
     """Marks a route as open to everyone, anonymous included."""
 
 

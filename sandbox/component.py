@@ -42,8 +42,13 @@ log = logging.getLogger(__name__)
 router = APIRouter(tags=["runs"], responses={**ERROR_RESPONSES, 503: {"description": "No sandbox on this server"}})
 
 
-def _runs(conn: HTTPConnection) -> ProjectRuns:
+def runs_of(conn: HTTPConnection) -> ProjectRuns:
     return conn.app.state.sandbox_runs
+
+
+async def _runs(conn: HTTPConnection) -> ProjectRuns:
+    """Async, as every dependency without I/O: a sync one costs a worker-thread hop per request."""
+    return runs_of(conn)
 
 
 Runs = Annotated[ProjectRuns, Depends(_runs)]
@@ -98,7 +103,7 @@ async def run_socket(websocket: WebSocket, run_id: str) -> None:
     {"type": "status", "status": "queued"|"running", "queue_position"} as it changes, then {"type": "exit", ...the run...};
     editors may send {"type": "stdin", "data"} and {"type": "stdin_eof"}."""
     await websocket.accept()
-    runs = _runs(websocket)
+    runs = runs_of(websocket)
     try:
         user = await run_in_threadpool(_caller, websocket)
 
@@ -167,7 +172,7 @@ async def shell_socket(websocket: WebSocket, project_id: str, rows: int = Query(
                        cols: int = Query(80, ge=1, le=1000)) -> None:
     """A bash shell on a terminal in the project's sandbox (editors): frames {"type": "input"|"resize"}."""
     await websocket.accept()
-    runs = _runs(websocket)
+    runs = runs_of(websocket)
     try:
         user = await run_in_threadpool(_caller, websocket)
 

@@ -81,7 +81,7 @@ class Checker:
             return work
 
 
-def _checker(conn: HTTPConnection) -> Checker:
+async def _checker(conn: HTTPConnection) -> Checker:
     state = conn.app.state
     return Checker(state.sessionmaker, state.settings.projects_dir, getattr(state, "sandbox_runs", None))
 

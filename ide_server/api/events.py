@@ -133,7 +133,7 @@ class ProjectEvents:
                 pass
 
 
-def events_of(conn: HTTPConnection) -> ProjectEvents | None:
+async def events_of(conn: HTTPConnection) -> ProjectEvents | None:
     """The app's event hub, or None when the events component is not loaded (nothing listens then)."""
     return getattr(conn.app.state, "project_events", None)
 

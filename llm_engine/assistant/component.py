@@ -36,7 +36,7 @@ router = APIRouter(prefix="/api/projects/{project_id}/assistant", tags=["assista
                    responses={**ERROR_RESPONSES, 503: {"description": "The model is loading or unavailable"}})
 
 
-def _assistant(conn: HTTPConnection) -> Assistant:
+async def _assistant(conn: HTTPConnection) -> Assistant:
     return conn.app.state.assistant
 
 
