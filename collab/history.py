@@ -262,7 +262,8 @@ class AutoCheckpointer:
         user_ids = self._editors.pop(project_id, [])
         await self.rooms.flush_project(project_id)
         authors = [await self.author_of(user_id) for user_id in user_ids]
-        return await asyncio.to_thread(self.history_of(project_id).checkpoint, message, authors)
+        # history_of may create the repository (git runs): in the thread too, not on the event loop
+        return await asyncio.to_thread(lambda: self.history_of(project_id).checkpoint(message, authors))
 
     async def close(self) -> None:
         for timer in self._timers.values():
