@@ -114,3 +114,10 @@ async def test_node_require_installs_with_npm_and_is_cached(installer, project):
     assert list(declared) == ["ms"] and declared["ms"][0].isdigit(), declared  # pinned, so later runs find it
     again: list[str] = []
     assert await prepare_node(installer, project, again.append) == prepared and again == []
+    (project / "index.js").write_text("require('ms'); const { Command } = require('commander');\nconsole.log(typeof Command);\n")
+    said.clear()  # a later require is installed too, and pinned beside the first
+    prepared = await prepare_node(installer, project, said.append)
+    assert "Your code uses 'commander' and package.json does not list commander yet" in "".join(said)
+    assert sorted(json.loads((project / "package.json").read_text())["dependencies"]) == ["commander", "ms"]
+    result = await BwrapBackend().run(dataclasses.replace(spec, mounts=prepared.mounts))
+    assert (result.verdict.value, result.stdout) == ("ok", b"function\n"), result.stderr
