@@ -10,7 +10,7 @@ import pytest
 
 from sandbox.bwrap import BwrapBackend
 from sandbox.packages.install import INSTALL_LIMITS, Installer, InstallFailed
-from sandbox.packages.project import installed_for, prepare_node, prepare_python
+from sandbox.packages.project import add_packages, installed_for, prepare_node, prepare_python
 from sandbox_fixtures import make_spec
 
 
@@ -70,6 +70,14 @@ async def test_with_auto_install_off_a_new_import_is_named_not_installed(install
     assert "'toml' needs the package toml" in prepared.notes[0] and "auto_install = false" in prepared.notes[0]
     assert (project / "requirements.txt").read_text().splitlines()[0].startswith("six==")
     assert len((project / "requirements.txt").read_text().splitlines()) == 1
+
+
+async def test_the_install_button_adds_an_imported_package_the_file_lacks(installer, project):
+    (project / "requirements.txt").write_text("six\n")
+    (project / "main.py").write_text("import toml\n")
+    await add_packages(installer, project, ["toml"])
+    lines = (project / "requirements.txt").read_text().splitlines()
+    assert [line.split("==")[0] for line in lines] == ["six", "toml"] and all("==" in line for line in lines), lines
 
 
 async def test_runs_cannot_change_the_environment(installer, project):
