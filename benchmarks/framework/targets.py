@@ -9,6 +9,7 @@ memory and the KV-cache usage while a phase runs.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import resource
@@ -82,8 +83,9 @@ class Offline:
 
         if slowdown:
             inject_slowdown(slowdown)
+        self.peak_kv = 0.0
         self.engine = AsyncLLMEngine(EngineConfig(model=model, max_num_seqs=max_num_seqs, **engine_kwargs),
-                                     max_waiting=1_000_000)
+                                     max_waiting=1_000_000, on_step=self._on_step)
         self.engine.start()
         self.engine.wait_ready(600)
 
@@ -98,9 +100,13 @@ class Offline:
             seen = n
         return clock.done()
 
+    def _on_step(self, stats, _outputs) -> None:
+        self.peak_kv = max(self.peak_kv, stats.kv_cache_usage)
+
     def probe(self) -> tuple[int, float]:
-        stats = self.engine.stats()
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, stats.kv_cache_usage if stats else 0.0
+        """(peak RSS of this process, peak KV usage over the steps since the last probe)."""
+        peak, self.peak_kv = self.peak_kv, 0.0
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, peak
 
     async def aclose(self) -> None:
         self.engine.stop()
@@ -246,23 +252,25 @@ class V2(_OverServer):
 
 
 class Grpc:
-    """ModelStreamInfer with stream=true through tritonclient.grpc.aio, one stream per request."""
+    """ModelStreamInfer with stream=true through tritonclient.grpc, one stream per request.
+
+    The threaded client, not grpc.aio: grpc.aio allows one event loop per process, and a test
+    may already run the server's there. Idle clients are pooled (a stream holds its client)."""
 
     name = "grpc"
 
     def __init__(self, server: Server) -> None:
         self.server = server
-        self.client = None
+        self.idle: list = []
 
     def probe(self) -> tuple[int, float]:
         return self.server.probe()
 
     async def send(self, item: Item) -> Sample:
         import numpy as np
-        import tritonclient.grpc.aio as grpcclient
+        import tritonclient.grpc as grpcclient
 
-        if self.client is None:  # made on the running loop, which its channel belongs to
-            self.client = grpcclient.InferenceServerClient(self.server.grpc)
+        client = self.idle.pop() if self.idle else grpcclient.InferenceServerClient(self.server.grpc)
         tensors = []
         for name, datatype, value in (("text_input", "BYTES", np.array([[item.prompt.encode()]], dtype=object)),
                                       ("max_tokens", "INT32", np.array([[item.max_tokens]], dtype=np.int32)),
@@ -272,23 +280,27 @@ class Grpc:
             tensor = grpcclient.InferInput(name, list(value.shape), datatype)
             tensor.set_data_from_numpy(value)
             tensors.append(tensor)
-
-        async def requests():
-            yield {"model_name": self.server.name, "inputs": tensors, "request_id": uuid.uuid4().hex}
-
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue = asyncio.Queue()
         clock = _Clock()
-        headers = self.server.headers or None
-        async for result, error in self.client.stream_infer(requests(), headers=headers):
-            if error is not None:
-                return Sample(False, error=str(error))
-            clock.piece(int(result.as_numpy("num_output_tokens").sum()))
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                break
-        return clock.done()
+        client.start_stream(lambda result, error: loop.call_soon_threadsafe(pieces.put_nowait, (result, error)),
+                            headers=self.server.headers or None)
+        try:
+            client.async_stream_infer(self.server.name, tensors)
+            while True:
+                result, error = await pieces.get()
+                if error is not None:
+                    return Sample(False, error=str(error))
+                clock.piece(int(result.as_numpy("num_output_tokens").sum()))
+                if result.get_response().parameters["triton_final_response"].bool_param:
+                    return clock.done()
+        finally:
+            client.stop_stream()
+            self.idle.append(client)
 
     async def aclose(self) -> None:
-        if self.client is not None:
-            await self.client.close()
+        for client in self.idle:
+            client.close()
 
 
 def make_target(kind: str, server: Server | None, offline_args: dict):
