@@ -64,3 +64,9 @@ async def test_one_wait_is_capped(project):
     (project / "main.py").write_text("input()\n")
     result = await (await BwrapBackend().start(interactive(project, ["python3", "main.py"], wait=2))).result()
     assert result.verdict == Verdict.TIME_LIMIT and "no input for 2 s" in result.message
+
+
+async def test_a_thread_at_input_does_not_pause_the_clock_for_a_busy_one(project):
+    (project / "main.py").write_text("import threading\nthreading.Thread(target=input, daemon=True).start()\nwhile True:\n    pass\n")
+    result = await (await BwrapBackend().start(interactive(project, ["python3", "main.py"]))).result()
+    assert result.verdict == Verdict.TIME_LIMIT and result.wall_seconds < WALL + 1, result
