@@ -34,7 +34,7 @@ MAX_ARGV_ITEMS = 4096  # bubblewrap takes at most 9000 arguments, its own includ
 MAX_ARG_BYTES = 128 << 10  # the kernel's limit for one argument (MAX_ARG_STRLEN)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CPU_POLL_SECONDS = 0.1  # how often a run's total CPU time is read: what it may overrun by, at one CPU
-IDLE_CPU_SHARE = 0.2  # a run using less of a CPU than this between two polls is idle
+IDLE_CPU_SHARE = 0.05  # a run using less of a CPU than this between two polls is idle (a blocked read uses none)
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
 
 
