@@ -57,7 +57,6 @@ OUTPUTS = (
     TensorSpec("num_output_tokens", "INT32"),
 )
 INPUT_BY_NAME = {spec.name: spec for spec in INPUTS}
-OUTPUT_BY_NAME = {spec.name: spec for spec in OUTPUTS}
 
 
 def server_metadata() -> dict:
