@@ -26,6 +26,7 @@ system-deps:
 
 test: system-deps venv web
 	bash scripts/run-tests.sh
+	$(BIN)/python -m benchmarks gate  # engine/Transformers ratios vs benchmarks/baselines/gate.json, ~2 min
 
 clean:
 	rm -rf $(VENV) ide_server/webassets web/node_modules .services

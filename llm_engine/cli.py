@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -24,6 +25,8 @@ def serve(
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8001,
     grpc_port: Annotated[int | None, typer.Option(min=1, max=65535, help="Also serve KServe v2 gRPC "
                                                   "(Triton's GRPCInferenceService) on this port.")] = None,
+    ensemble: Annotated[list[Path] | None, typer.Option(help="A Triton ensemble config (JSON) to serve under "
+                                                        "/v2 next to the model (repeatable).")] = None,
     served_model_name: Annotated[str | None, typer.Option(help="Model name clients send (default: from the path).")] = None,
     api_key: Annotated[list[str] | None, typer.Option(help="Required Bearer key (repeatable; default: "
                                                           "$CODEYARD_LLM_API_KEY, else no key).")] = None,
@@ -32,19 +35,24 @@ def serve(
     max_waiting: Annotated[int, typer.Option(min=0, help="Waiting requests before answering 429.")] = 64,
     kv_cache_memory: Annotated[str, typer.Option(help="KV pool size, e.g. 1GiB.")] = "1GiB",
     request_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds before a request is aborted.")] = 600.0,
+    quantization: Annotated[str, typer.Option(help="auto (a GGUF stays quantized), none (float weights), int8, "
+                                                   "int4, or a per-layer YAML/JSON config file.")] = "auto",
 ) -> None:
     """Serve MODEL on HOST:PORT (/v1 and /v2; gRPC on --grpc-port); it loads in the background (503 until ready)."""
     import uvicorn
 
     from llm_engine.config import EngineConfig
     from llm_engine.entrypoints.app import create_app
+    from llm_engine.entrypoints.ensemble import Ensemble
     from llm_engine.entrypoints.models import resolve_model
     from llm_engine.entrypoints.service import ServerOptions
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path, name = resolve_model(model or os.environ.get("CODEYARD_LLM_MODEL"))
     keys = api_key or [k for k in [os.environ.get("CODEYARD_LLM_API_KEY")] if k]
-    config = EngineConfig(model=path, device=device, max_num_seqs=max_num_seqs, kv_cache_memory=kv_cache_memory)
+    config = EngineConfig(model=path, device=device, max_num_seqs=max_num_seqs, kv_cache_memory=kv_cache_memory,
+                          quantization=None if quantization == "none" else quantization)
     options = ServerOptions(max_waiting=max_waiting, request_timeout=request_timeout, api_keys=frozenset(keys),
-                            grpc_address=f"{host}:{grpc_port}" if grpc_port else None)
+                            grpc_address=f"{host}:{grpc_port}" if grpc_port else None,
+                            ensembles=tuple(Ensemble.load(p) for p in ensemble or ()))
     uvicorn.run(create_app(config, served_model_name or name, options), host=host, port=port, log_level="info")

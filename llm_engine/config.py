@@ -35,7 +35,9 @@ class EngineConfig:
     `kv_cache_memory` is the byte budget for the paged KV pool; `num_kv_blocks` overrides it
     (tests use it to force preemption with a pool of a few blocks). `attention_backend`: "torch"
     is the reference PyTorch attention, "native" the C++ CPU kernel, "auto" native on the CPU
-    when it builds (a C++ compiler is needed) and torch otherwise.
+    when it builds (a C++ compiler is needed) and torch otherwise. `quantization`: "auto" keeps a
+    GGUF file's Q4_0/Q4_1/Q8_0 weights quantized, None loads floats, "int8"/"int4" or a per-layer
+    config quantize at load (see layers/quant_config.py).
     """
 
     model: str
@@ -54,6 +56,7 @@ class EngineConfig:
     seed: int = 0
     tensor_parallel_size: int = 1
     attention_backend: str = "auto"
+    quantization: str | dict | None = "auto"
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -82,3 +85,6 @@ class EngineConfig:
         if self.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size: only 1 is supported so far")
         self.kv_cache_memory = parse_memory(self.kv_cache_memory, "kv_cache_memory")
+        from llm_engine.layers.quant_config import validate  # imports torch: only when configuring
+
+        validate(self.quantization)

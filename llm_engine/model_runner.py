@@ -14,6 +14,7 @@ from llm_engine.layers.attention import (Attention, AttentionBackend, NativePage
 from llm_engine.layers.embedding import ParallelLMHead
 from llm_engine.layers.linear import LinearBase
 from llm_engine.layers.native import KernelBuildError
+from llm_engine.layers.quant_config import assign_quantization, summarize
 from llm_engine.loader import ModelSource
 from llm_engine.models.registry import resolve_model_class
 from llm_engine.sampler import SampleResult, Sampler
@@ -71,13 +72,16 @@ class ModelRunner:
         model_class = resolve_model_class(getattr(hf_config, "architectures", None))
         with torch.device(self.device):
             self.model = model_class(hf_config, self.backend, self.dtype)
-        self.model.load_weights(source.weights(hf_config))
+        self.quantization, keep = assign_quantization(self.model, config.quantization, source.gguf_tensor_types())
+        logger.info("quantization (%s): %s", config.quantization, summarize(self.quantization))
+        self.model.load_weights(source.weights(hf_config, keep))
         for module in self.model.modules():
             if isinstance(module, LinearBase):
                 module.quant_method.process_weights_after_loading(module)
             elif isinstance(module, ParallelLMHead):
                 module.process_weights_after_loading()
         self.model.eval()
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())  # tied: once
         self.num_blocks = self._allocate_kv_cache(config)
         self.sampler = Sampler(config.seed)
 

@@ -34,6 +34,7 @@ MAX_ARGV_ITEMS = 4096  # bubblewrap takes at most 9000 arguments, its own includ
 MAX_ARG_BYTES = 128 << 10  # the kernel's limit for one argument (MAX_ARG_STRLEN)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CPU_POLL_SECONDS = 0.1  # how often a run's total CPU time is read: what it may overrun by, at one CPU
+IDLE_CPU_SHARE = 0.05  # a run using less of a CPU than this between two polls is idle (a blocked read uses none)
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
 
 
@@ -281,10 +282,13 @@ async def _watch(run: SandboxRun, execution: Execution, waiter: asyncio.Future[E
     last = time.monotonic()
     deadline = last + limits.wall_seconds
     waiting_since: float | None = None
+    cpu = 0.0
     while not waiter.done():
         now = time.monotonic()
+        used, cpu = cpu, meter.cpu_seconds() if meter is not None else 0.0
+        # Waiting, and idle too: a thread blocked on input must not pause the clock for another that works.
         waiting = (patience is not None and meter is not None and not run.stdin_closed
-                   and waiting_for_input(meter.pids()))
+                   and cpu - used < IDLE_CPU_SHARE * (now - last) and waiting_for_input(meter.pids()))
         if waiting:
             deadline += now - last
             waiting_since = waiting_since if waiting_since is not None else now
@@ -297,7 +301,7 @@ async def _watch(run: SandboxRun, execution: Execution, waiter: asyncio.Future[E
         if waiting_since is not None and now - waiting_since >= patience:
             run.limit_message = f"no input for {_duration(patience)}: the program was stopped"
             break
-        if now >= deadline or (meter is not None and meter.cpu_seconds() >= limits.cpu_seconds):
+        if now >= deadline or cpu >= limits.cpu_seconds:
             break
         await asyncio.wait({waiter}, timeout=min(CPU_POLL_SECONDS, deadline - now))
     else:

@@ -100,7 +100,7 @@ async def _close_denied(websocket: WebSocket, exc: DomainError) -> None:
 @router.websocket("/ws/runs/{run_id}")
 async def run_socket(websocket: WebSocket, run_id: str) -> None:
     """Output frames {"type": "stdout"|"stderr"|"install" (package installs before it starts), "data"}, state frames
-    {"type": "status", "status": "queued"|"running", "queue_position"} as it changes, then {"type": "exit", ...the run...};
+    {"type": "status", "status": "queued"|"running", "queue_position", "waiting_for_input"} as it changes, then {"type": "exit", ...the run...};
     editors may send {"type": "stdin", "data"} and {"type": "stdin_eof"}."""
     await websocket.accept()
     runs = runs_of(websocket)

@@ -9,6 +9,10 @@ Slots are shared fairly: one user runs at most `max_running_per_user` at once (f
 server's `max_running`), and a freed slot goes to the oldest waiting run of the user whose last turn
 is the longest ago (users not yet served first). So a user who keeps resubmitting can hold neither
 every slot nor the head of the queue: someone else's run starts within one slot's turnover.
+
+A running interactive run that waits for input uses no CPU, so it lends its slot to the queue meanwhile
+(at most `max_waiting` runs at once do), and takes one back when it goes on, past `max_running` for a
+while if need be: a class of learners thinking at `input()` does not hold every slot for minutes.
 """
 
 from __future__ import annotations
@@ -88,9 +92,10 @@ class RunService:
     """Queue, start, record and stream runs on one backend."""
 
     def __init__(self, backend: Backend, *, max_running: int = 4, max_running_per_user: int = 2, max_queued: int = 64,
-                 max_per_user: int = 8, keep_finished: int = 200) -> None:
+                 max_per_user: int = 8, keep_finished: int = 200, max_waiting: int | None = None) -> None:
         """max_running: runs at once, max_running_per_user of them one user's; max_per_user: runs one
-        user may have waiting or running; max_queued: runs waiting beyond the running ones."""
+        user may have waiting or running; max_queued: runs waiting beyond the running ones; max_waiting:
+        running runs that wait for input without holding a slot (default 4 * max_running)."""
         self.backend = backend
         self.max_running, self.max_running_per_user, self.max_queued = max_running, max_running_per_user, max_queued
         self.max_per_user, self.keep_finished = max_per_user, keep_finished
@@ -99,6 +104,8 @@ class RunService:
         self._running: Counter[str] = Counter()  # user -> runs holding a slot
         self._turns: dict[str, int] = {}  # user -> number of their last turn (1, 2...), the longest ago first
         self._turns_given = 0
+        self.max_waiting = 4 * max_running if max_waiting is None else max_waiting
+        self._lent: set[str] = set()  # runs waiting for input that lent their slot
 
     def _active(self, user_id: str | None = None) -> list[RunRecord]:
         return [t.record for t in self._records.values()
@@ -192,7 +199,7 @@ class RunService:
             else:
                 run = await self.backend.start(spec)
                 record._run = run
-                run.on_change = record._notify
+                run.on_change = lambda: self._input_wait_changed(record)
                 for data in record._pending_stdin:
                     await (run.close_stdin() if data is None else run.send_stdin(data))
                 if record._cancelled:
@@ -202,15 +209,31 @@ class RunService:
                     record._notify()
                 record.result = await run.result()
         finally:
-            if admitted:
-                self._running[record.user_id] -= 1
-                if not self._running[record.user_id]:
-                    del self._running[record.user_id]
+            if record.id in self._lent:
+                self._lent.discard(record.id)
+            elif admitted:
+                self._release(record.user_id)
             else:
                 self._unqueue(record)
             record.status, record.finished_at, record._run = "finished", time.time(), None
             record._notify()
             self._dispatch()
+
+    def _release(self, user: str) -> None:
+        self._running[user] -= 1
+        if not self._running[user]:
+            del self._running[user]
+
+    def _input_wait_changed(self, record: RunRecord) -> None:
+        """Lend the slot of a run now waiting for input to the queue, or take one back as it goes on."""
+        if record.waiting_for_input and record.id not in self._lent and len(self._lent) < self.max_waiting:
+            self._lent.add(record.id)
+            self._release(record.user_id)
+            self._dispatch()
+        elif not record.waiting_for_input and record.id in self._lent:
+            self._lent.discard(record.id)
+            self._running[record.user_id] += 1
+        record._notify()
 
     def _dispatch(self) -> None:
         """Give free slots to waiting runs, each to the next user in turn who is under their own limit."""

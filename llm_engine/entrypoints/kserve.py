@@ -57,7 +57,6 @@ OUTPUTS = (
     TensorSpec("num_output_tokens", "INT32"),
 )
 INPUT_BY_NAME = {spec.name: spec for spec in INPUTS}
-OUTPUT_BY_NAME = {spec.name: spec for spec in OUTPUTS}
 
 
 def server_metadata() -> dict:
@@ -68,19 +67,25 @@ def _metadata_tensor(spec: TensorSpec) -> dict:
     return {"name": spec.name, "datatype": spec.datatype, "shape": [-1, *spec.dims]}
 
 
-def model_metadata(service: LLMService) -> dict:
+def model_metadata(service: LLMService, name: str, version: str | None = None) -> dict:
+    ensemble = find_model(service, name, version)
+    if ensemble is not None:
+        return ensemble.metadata()
     return {"name": service.served_name, "versions": [VERSION], "platform": "codeyard-llm",
             "inputs": [_metadata_tensor(s) for s in INPUTS], "outputs": [_metadata_tensor(s) for s in OUTPUTS]}
 
 
-_CONFIG_TYPES = {"BYTES": "TYPE_STRING", "INT32": "TYPE_INT32", "INT64": "TYPE_INT64", "FP32": "TYPE_FP32",
+CONFIG_TYPES = {"BYTES": "TYPE_STRING", "INT32": "TYPE_INT32", "INT64": "TYPE_INT64", "FP32": "TYPE_FP32",
                  "BOOL": "TYPE_BOOL"}
 
 
-def model_config(service: LLMService) -> dict:
+def model_config(service: LLMService, name: str, version: str | None = None) -> dict:
     """The model's config.pbtxt as JSON (Triton's field names), filled from the engine configuration
     the way the TensorRT-LLM backend's fill_template fills it: decoupled (streaming), in-flight
     batching up to max_num_seqs, and the engine settings as string parameters."""
+    ensemble = find_model(service, name, version)
+    if ensemble is not None:
+        return ensemble.config
     cfg = service.engine.config
     engine = service.engine.engine
     parameters = {
@@ -98,7 +103,7 @@ def model_config(service: LLMService) -> dict:
     }
 
     def tensor(spec: TensorSpec) -> dict:
-        return {"name": spec.name, "data_type": _CONFIG_TYPES[spec.datatype], "dims": list(spec.dims),
+        return {"name": spec.name, "data_type": CONFIG_TYPES[spec.datatype], "dims": list(spec.dims),
                 **({"optional": True} if spec in INPUTS and spec.name != "text_input" else {})}
 
     return {
@@ -111,10 +116,32 @@ def model_config(service: LLMService) -> dict:
     }
 
 
-def check_model(service: LLMService, name: str, version: str | None) -> None:
-    service.check_model(name)
+def find_model(service: LLMService, name: str, version: str | None):
+    """The ensemble called `name`, or None for the served LLM itself; 404 for anything else."""
     if version not in (None, "", VERSION):
         raise OpenAIError(404, f"model `{name}` has no version {version} (only {VERSION})")
+    for ensemble in service.options.ensembles:
+        if ensemble.name == name:
+            return ensemble
+    service.check_model(name)
+    return None
+
+
+async def infer(service: LLMService, name: str, version: str | None, tensors: dict[str, np.ndarray],
+                parameters: dict | None) -> dict[str, np.ndarray]:
+    """Output tensors of a (non-streaming) inference on the LLM or an ensemble."""
+    ensemble = find_model(service, name, version)
+    if ensemble is not None:
+        return await ensemble.infer(service, tensors, parameters)
+    serving = ServingV2(service)
+    requests = requests_from_tensors(service, tensors, parameters)
+    return output_arrays(await serving.complete(await serving.start_rows(requests)))
+
+
+def llm_only(service: LLMService, name: str, version: str | None) -> None:
+    """Streaming and the generate extension are the LLM's (an ensemble's steps run to the end)."""
+    if find_model(service, name, version) is not None:
+        raise OpenAIError(400, f"`{name}` is an ensemble: use infer")
 
 
 # ----- tensors ------------------------------------------------------------------------------------

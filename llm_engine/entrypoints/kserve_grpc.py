@@ -17,11 +17,11 @@ from collections.abc import AsyncIterator
 import grpc
 import numpy as np
 from google.protobuf import json_format
+from tritonclient.utils import np_to_triton_dtype
 from tritonclient.grpc import model_config_pb2, service_pb2 as pb, service_pb2_grpc
 
 from llm_engine.entrypoints import kserve
 from llm_engine.entrypoints.protocol import OpenAIError
-from llm_engine.entrypoints.serving import _Run
 from llm_engine.entrypoints.service import LLMService, as_openai_error
 
 _STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
@@ -54,15 +54,14 @@ def _parameters(params) -> dict:
             if value.WhichOneof("parameter_choice")}
 
 
-def _response(service: LLMService, request: pb.ModelInferRequest, results: list[kserve.RowResult],
+def _response(request: pb.ModelInferRequest, arrays: dict[str, np.ndarray],
               final: bool | None = None) -> pb.ModelInferResponse:
-    arrays = kserve.output_arrays(results)
     names = [o.name for o in request.outputs] or list(arrays)
-    response = pb.ModelInferResponse(model_name=service.served_name, model_version=kserve.VERSION, id=request.id)
+    response = pb.ModelInferResponse(model_name=request.model_name, model_version=kserve.VERSION, id=request.id)
     for name in names:
         if name not in arrays:
             raise OpenAIError(400, f"unexpected inference output '{name}' (outputs: {', '.join(arrays)})")
-        response.outputs.add(name=name, datatype=kserve.OUTPUT_BY_NAME[name].datatype, shape=arrays[name].shape)
+        response.outputs.add(name=name, datatype=np_to_triton_dtype(arrays[name].dtype), shape=arrays[name].shape)
         response.raw_output_contents.append(kserve.encode_raw(arrays[name]))
     if final is not None:
         response.parameters["triton_final_response"].bool_param = final
@@ -85,7 +84,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def _model(self, context, name: str, version: str) -> None:
         await self._admit(context)
         try:
-            kserve.check_model(self.service, name, version)
+            kserve.find_model(self.service, name, version)
         except OpenAIError as exc:
             await _abort(context, exc)
 
@@ -98,7 +97,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(self, request, context):
         await self._admit(context)
         try:
-            kserve.check_model(self.service, request.name, request.version)
+            kserve.find_model(self.service, request.name, request.version)
         except OpenAIError:
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self.service.engine.is_ready)
@@ -109,46 +108,45 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelMetadata(self, request, context):
         await self._model(context, request.name, request.version)
-        return json_format.ParseDict(kserve.model_metadata(self.service), pb.ModelMetadataResponse())
+        return json_format.ParseDict(kserve.model_metadata(self.service, request.name, request.version), pb.ModelMetadataResponse())
 
     async def ModelConfig(self, request, context):
         await self._model(context, request.name, request.version)
-        config = json_format.ParseDict(kserve.model_config(self.service), model_config_pb2.ModelConfig())
+        config = json_format.ParseDict(kserve.model_config(self.service, request.name, request.version), model_config_pb2.ModelConfig())
         return pb.ModelConfigResponse(config=config)
 
     async def ModelInfer(self, request, context):
         await self._model(context, request.model_name, request.model_version)
         try:
-            serving, run, _ = await self._start(request, may_stream=False)
-            return _response(self.service, request, await serving.complete(run))
+            tensors = _tensors(request)
+            stream = tensors.get("stream")
+            if stream is not None and stream.any():
+                raise OpenAIError(400, "stream=true needs ModelStreamInfer")
+            arrays = await kserve.infer(self.service, request.model_name, request.model_version, tensors,
+                                        _parameters(request.parameters))
+            return _response(request, arrays)
         except Exception as exc:
             await _abort(context, as_openai_error(exc))
-
-    async def _start(self, request: pb.ModelInferRequest, may_stream: bool) -> tuple[kserve.ServingV2, _Run, bool]:
-        """Admit the request's rows; also says whether it asked to stream."""
-        tensors = _tensors(request)
-        stream = tensors.pop("stream", None)
-        streaming = stream is not None and bool(stream.any())
-        if streaming and not may_stream:
-            raise OpenAIError(400, "stream=true needs ModelStreamInfer")
-        requests = kserve.requests_from_tensors(self.service, tensors, _parameters(request.parameters))
-        if streaming and len(requests) != 1:
-            raise OpenAIError(400, "streaming takes one prompt per request")
-        serving = kserve.ServingV2(self.service)
-        return serving, await serving.start_rows(requests), streaming
 
     async def _stream_one(self, request: pb.ModelInferRequest) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """The responses to one request on a stream: deltas when it asks to stream, else one."""
         try:
-            kserve.check_model(self.service, request.model_name, request.model_version)
-            serving, run, streaming = await self._start(request, may_stream=True)
-            if not streaming:
-                results = await serving.complete(run)
-                yield pb.ModelStreamInferResponse(infer_response=_response(self.service, request, results, True))
+            tensors = _tensors(request)
+            stream = tensors.pop("stream", None)
+            if stream is None or not stream.any():
+                arrays = await kserve.infer(self.service, request.model_name, request.model_version, tensors,
+                                            _parameters(request.parameters))
+                yield pb.ModelStreamInferResponse(infer_response=_response(request, arrays, True))
                 return
-            async for delta in serving.deltas(run):
-                response = _response(self.service, request, [delta], final=delta.finish_reason is not None)
-                yield pb.ModelStreamInferResponse(infer_response=response)
+            kserve.llm_only(self.service, request.model_name, request.model_version)
+            requests = kserve.requests_from_tensors(self.service, tensors, _parameters(request.parameters))
+            if len(requests) != 1:
+                raise OpenAIError(400, "streaming takes one prompt per request")
+            serving = kserve.ServingV2(self.service)
+            async for delta in serving.deltas(await serving.start_rows(requests)):
+                arrays = kserve.output_arrays([delta])
+                yield pb.ModelStreamInferResponse(
+                    infer_response=_response(request, arrays, final=delta.finish_reason is not None))
         except Exception as exc:
             yield pb.ModelStreamInferResponse(error_message=as_openai_error(exc).message)
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from tritonclient.utils import np_to_triton_dtype
 
 from llm_engine.entrypoints import kserve
 from llm_engine.entrypoints.api import ServiceGetter, json_body, unless_disconnected
@@ -49,9 +50,8 @@ def _tensors(header: dict, binary: bytes) -> dict[str, np.ndarray]:
     return tensors
 
 
-def _infer_response(header: dict, results: list[kserve.RowResult], model: str) -> Response:
+def _infer_response(header: dict, arrays: dict[str, np.ndarray], model: str) -> Response:
     """Outputs as asked: each requested one (default: all) as JSON data or appended binary."""
-    arrays = kserve.output_arrays(results)
     wanted = header.get("outputs")
     default_binary = bool((header.get("parameters") or {}).get("binary_data_output", False))
     if wanted is None:
@@ -61,8 +61,8 @@ def _infer_response(header: dict, results: list[kserve.RowResult], model: str) -
         name = requested.get("name") if isinstance(requested, dict) else None
         if name not in arrays:
             raise OpenAIError(400, f"unexpected inference output '{name}' (outputs: {', '.join(arrays)})")
-        array, spec = arrays[name], kserve.OUTPUT_BY_NAME[name]
-        out: dict[str, Any] = {"name": name, "datatype": spec.datatype, "shape": list(array.shape)}
+        array = arrays[name]
+        out: dict[str, Any] = {"name": name, "datatype": np_to_triton_dtype(array.dtype), "shape": list(array.shape)}
         if (requested.get("parameters") or {}).get("binary_data", default_binary):
             blob = kserve.encode_raw(array)
             out["parameters"] = {"binary_data_size": len(blob)}
@@ -123,8 +123,14 @@ def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: lis
         return register
 
     def model_service(request: Request, model_name: str, version: str | None) -> LLMService:
+        """The service, once `model_name` is its LLM or one of its ensembles (404 otherwise)."""
         service = get_service(request)
-        kserve.check_model(service, model_name, version)
+        kserve.find_model(service, model_name, version)
+        return service
+
+    def llm_service(request: Request, model_name: str, version: str | None) -> LLMService:
+        service = get_service(request)
+        kserve.llm_only(service, model_name, version)
         return service
 
     @router.get("/v2", dependencies=[auth])
@@ -142,7 +148,7 @@ def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: lis
 
     @model_route("GET", "")
     def metadata(request: Request, model_name: str, version: str | None = None) -> dict:
-        return kserve.model_metadata(model_service(request, model_name, version))
+        return kserve.model_metadata(get_service(request), model_name, version)
 
     @model_route("GET", "/ready")
     def model_ready(request: Request, model_name: str, version: str | None = None) -> dict:
@@ -151,7 +157,7 @@ def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: lis
 
     @model_route("GET", "/config")
     def config(request: Request, model_name: str, version: str | None = None) -> dict:
-        return kserve.model_config(model_service(request, model_name, version))
+        return kserve.model_config(get_service(request), model_name, version)
 
     @model_route("POST", "/infer")
     async def infer(request: Request, model_name: str, version: str | None = None) -> Response:
@@ -165,17 +171,16 @@ def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: lis
             raise OpenAIError(400, "the request header is not valid JSON") from None
         if not isinstance(header, dict):
             raise OpenAIError(400, "the request body must be a JSON object")
-        requests = kserve.requests_from_tensors(service, _tensors(header, raw[split:]), header.get("parameters"))
-        serving = kserve.ServingV2(service)
+        tensors = _tensors(header, raw[split:])
 
         async def work() -> Response:
-            results = await serving.complete(await serving.start_rows(requests))
-            return _infer_response(header, results, service.served_name)
+            arrays = await kserve.infer(service, model_name, version, tensors, header.get("parameters"))
+            return _infer_response(header, arrays, model_name)
         return await unless_disconnected(request, work())
 
     @model_route("POST", "/generate")
     async def generate(request: Request, model_name: str, version: str | None = None) -> Response:
-        service = model_service(request, model_name, version)
+        service = llm_service(request, model_name, version)
         body = await json_body(request)
         tensors, parameters = _generate_tensors(body)
         requests = kserve.requests_from_tensors(service, tensors, parameters)
@@ -188,7 +193,7 @@ def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: lis
 
     @model_route("POST", "/generate_stream")
     async def generate_stream(request: Request, model_name: str, version: str | None = None) -> Response:
-        service = model_service(request, model_name, version)
+        service = llm_service(request, model_name, version)
         body = await json_body(request)
         tensors, parameters = _generate_tensors(body)
         tensors.pop("stream", None)  # this route streams whatever the body says

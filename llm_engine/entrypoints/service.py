@@ -14,12 +14,13 @@ from llm_engine.metrics import EngineMetrics
 @dataclass
 class ServerOptions:
     """How the server serves: queue bound, per-request timeout, optional API keys, and where the
-    KServe v2 gRPC service listens (host:port; None: no gRPC)."""
+    KServe v2 gRPC service listens (host:port; None: no gRPC), and the /v2 ensembles."""
 
     max_waiting: int = 64
     request_timeout: float | None = 600.0
     api_keys: frozenset[str] = field(default_factory=frozenset)
     grpc_address: str | None = None
+    ensembles: tuple = ()  # ensemble.Ensemble objects served under /v2 next to the model
 
 
 class LLMService:

@@ -1,4 +1,9 @@
-"""Vocabulary-parallel embedding and LM head (each rank holds a contiguous slice of the vocab)."""
+"""Vocabulary-parallel embedding and LM head (each rank holds a contiguous slice of the vocab).
+
+Both can hold their table quantized (a GGUF file's Q8_0/Q4 token embedding, kept as is): the
+embedding then widens only the rows it looks up, and the LM head multiplies with the packed
+table in the weight-only kernel, through the same WeightOnlyLinearMethod as linear layers.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llm_engine.distributed import all_gather_last_dim, all_reduce, get_tp_rank, get_tp_size
-from llm_engine.layers.quantization import packed_linear, prepack
+from llm_engine.layers.quantization import WeightOnlyLinearMethod, dequantize, packed_linear, prepack
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -17,8 +22,26 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_size = vocab_size
         self.shard_size = -(-vocab_size // self.tp_size)
         self.vocab_start = self.tp_rank * self.shard_size
+        self.input_size, self.dtype = hidden_size, dtype
+        self.quant_method: WeightOnlyLinearMethod | None = None
         self.weight = nn.Parameter(torch.zeros(self.shard_size, hidden_size, dtype=dtype), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
+
+    def set_quant_method(self, method: WeightOnlyLinearMethod) -> None:
+        """Hold the table in `method`'s packed form instead of `weight` (before loading)."""
+        del self.weight
+        self.quant_method = method
+        method.create_weights(self, self.input_size, self.shard_size, self.dtype)
+        for param in self.parameters(recurse=False):
+            param.weight_loader = self.weight_loader
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.quant_method is None:
+            return F.embedding(ids, self.weight)
+        offsets = getattr(self, "offsets", None)
+        rows = dequantize(self.qweight[ids.reshape(-1)], self.scales[ids.reshape(-1)],
+                          None if offsets is None else offsets[ids.reshape(-1)], self.quant_method.group(self))
+        return rows.to(self.dtype).view(*ids.shape, -1)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         shard = loaded[self.vocab_start:self.vocab_start + self.shard_size]
@@ -26,10 +49,10 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self.lookup(input_ids)
         local = input_ids - self.vocab_start
         outside = (local < 0) | (local >= self.shard_size)
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out = self.lookup(local.masked_fill(outside, 0))
         return all_reduce(out.masked_fill(outside.unsqueeze(-1), 0))
 
 
@@ -38,12 +61,26 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     packed_weight: torch.Tensor | None = None
 
+    def tie(self, embedding: VocabParallelEmbedding) -> None:
+        """Share the (quantized) table of a tied embedding."""
+        del self.weight
+        self.quant_method = embedding.quant_method
+        for name, param in embedding.named_parameters(recurse=False):
+            setattr(self, name, param)
+
     def process_weights_after_loading(self) -> None:
         """A oneDNN-packed copy for the logits matmul where `prepack` applies (the plain weight
-        stays: tied embeddings look tokens up in it)."""
-        self.packed_weight = prepack(self.weight)
+        stays: tied embeddings look tokens up in it); a quantized table gets its kernel."""
+        if self.quant_method is not None:
+            self.quant_method.process_weights_after_loading(self)
+        else:
+            self.packed_weight = prepack(self.weight)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        local = (F.linear(hidden, self.weight) if self.packed_weight is None
-                 else packed_linear(hidden, self.packed_weight, None))
+        if self.quant_method is not None:
+            local = self.quant_method.apply(self, hidden, None)
+        elif self.packed_weight is None:
+            local = F.linear(hidden, self.weight)
+        else:
+            local = packed_linear(hidden, self.packed_weight, None)
         return all_gather_last_dim(local)[..., :self.vocab_size]

@@ -20,14 +20,26 @@ class LinearBase(nn.Module):
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
         self.input_size, self.output_size = input_size, output_size
-        self.quant_method = quant_method or UnquantizedLinearMethod()
-        self.quant_method.create_weights(self, input_size, output_size, dtype)
-        self.weight.weight_loader = self.weight_loader
+        self.dtype = dtype
+        self.set_quant_method(quant_method or UnquantizedLinearMethod())
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size, dtype=dtype), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
         else:
             self.bias = None
+
+    def set_quant_method(self, quant_method: QuantMethod) -> None:
+        """(Re)create the weights for `quant_method` (before loading); every weight tensor it
+        registers (e.g. qweight/scales) is sliced by this layer's `weight_loader`: all keep the
+        output features on dim 0."""
+        for name, _ in list(self.named_parameters(recurse=False)):
+            if name != "bias":
+                delattr(self, name)
+        self.quant_method = quant_method
+        quant_method.create_weights(self, self.input_size, self.output_size, self.dtype)
+        for name, param in self.named_parameters(recurse=False):
+            if name != "bias":
+                param.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         param.data.copy_(loaded)

@@ -1,5 +1,6 @@
 """Builds and loads the engine's C++ CPU kernels (csrc/) on first use: paged decode attention and
-the decoder layer's fused elementwise steps (RMSNorm with the residual add, rotary, SiLU * up).
+the decoder layer's fused elementwise steps (RMSNorm with the residual add, rotary, SiLU * up) and
+the int8/int4 weight-only matmuls of the quantized linear layers.
 
 The sources are compiled once per machine with the system C++ compiler (-march=native, OpenMP) into
 a cache folder keyed by the sources, the flags and the CPU's features, then loaded with ctypes. The
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "paged_attention.cpp", CSRC / "elementwise.cpp"]
+SOURCES = [CSRC / "paged_attention.cpp", CSRC / "elementwise.cpp", CSRC / "quant_gemm.cpp"]
 HEADERS = [CSRC / "simd.h"]
 # -ffp-contract=off: a*b - c*d stays two roundings, as in the PyTorch code the kernels replace.
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
@@ -82,6 +83,10 @@ def load_kernels() -> ctypes.CDLL:
             function = getattr(library, f"{name}_{suffix}")
             function.argtypes = argtypes
             function.restype = None
+    for name, argtypes in {"int8_gemm_f32": [pointer] * 4 + [i64] * 4,
+                           "int4_gemm_f32": [pointer] * 5 + [i64] * 4}.items():
+        getattr(library, name).argtypes = argtypes
+        getattr(library, name).restype = None
     return library
 
 
@@ -94,6 +99,7 @@ class CpuKernels:
         self._functions = {(name, dtype): getattr(library, f"{name}_{suffix}")
                            for name in ("rms_norm", "rotary", "silu_and_mul")
                            for dtype, suffix in self._SUFFIXES.items()}
+        self._int8_gemm, self._int4_gemm = library.int8_gemm_f32, library.int4_gemm_f32
 
     def supports(self, x: torch.Tensor) -> bool:
         return x.device.type == "cpu" and x.dtype in self._SUFFIXES
@@ -128,6 +134,24 @@ class CpuKernels:
         width = x.shape[-1] // 2
         out = torch.empty(*x.shape[:-1], width, dtype=x.dtype, device=x.device)
         self._functions["silu_and_mul", x.dtype](x.data_ptr(), out.data_ptr(), out.numel() // width, width)
+        return out
+
+
+    def quant_gemm(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                   offsets: torch.Tensor | None, group_size: int) -> torch.Tensor:
+        """x @ W^T in float32 for W in the kernel's int8 (offsets None) or int4 layout
+        (csrc/quant_gemm.cpp: float16 scales/offsets); x is float32 [rows, K]."""
+        if scales.dtype != torch.float16 or (offsets is not None and offsets.dtype != torch.float16):
+            raise ValueError("quant_gemm: scales and offsets must be float16")
+        x = x.contiguous()
+        rows, k_in = x.shape
+        out = torch.empty(rows, qweight.shape[0], dtype=torch.float32)
+        if offsets is None:
+            self._int8_gemm(x.data_ptr(), qweight.data_ptr(), scales.data_ptr(), out.data_ptr(),
+                            rows, qweight.shape[0], k_in, group_size)
+        else:
+            self._int4_gemm(x.data_ptr(), qweight.data_ptr(), scales.data_ptr(), offsets.data_ptr(),
+                            out.data_ptr(), rows, qweight.shape[0], k_in, group_size)
         return out
 
 

@@ -1,16 +1,25 @@
 """Quantization hook: a QuantMethod creates a linear layer's weights and applies them.
 
-Quantized formats (INT8/INT4/FP8/AWQ/GPTQ/GGUF kept quantized) add a QuantMethod subclass; the
-layers and models stay unchanged.
+`UnquantizedLinearMethod` holds float weights; `WeightOnlyLinearMethod` holds int8 (per output
+channel or group-wise) or int4 (group-wise, symmetric or with zero points) weights and multiplies
+with them directly in the native kernel (csrc/quant_gemm.cpp). Which layer gets which method is
+decided in `quant_config`; the layers and models stay unchanged.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from llm_engine.layers.native import cpu_kernels
+
+# Above this many rows (prefill chunks) one dequantized copy per call and oneDNN's blocked matmul
+# beat the row-by-row kernel; decode steps and small batches stay on the kernel.
+KERNEL_MAX_ROWS = 16
 
 
 class QuantMethod(ABC):
@@ -62,3 +71,148 @@ class UnquantizedLinearMethod(QuantMethod):
         if packed is not None:
             return packed_linear(x, packed, bias)
         return F.linear(x, layer.weight, bias)
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """One layer's weight format. int8: symmetric, per output channel (group_size None) or per
+    group; int4: per group, symmetric or asymmetric (integer zero points)."""
+
+    method: str
+    group_size: int | None = None
+    symmetric: bool = True
+
+    def describe(self) -> str:
+        group = f" g{self.group_size}" if self.group_size else " per-channel"
+        zeros = "" if self.method == "int8" else (" sym" if self.symmetric else " asym")
+        return f"{self.method}{group}{zeros}"
+
+
+def group_count(k_in: int, group: int) -> int:
+    return -(-k_in // group)
+
+
+def _grouped(w: torch.Tensor, group: int) -> torch.Tensor:
+    """[N, K] -> [N, groups, group], the last group zero-padded."""
+    pad = group_count(w.shape[1], group) * group - w.shape[1]
+    return F.pad(w, (0, pad)).view(w.shape[0], -1, group)
+
+
+def _ungrouped(w: torch.Tensor, k_in: int) -> torch.Tensor:
+    return w.reshape(w.shape[0], -1)[:, :k_in]
+
+
+def quantize_int8(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Round-to-nearest symmetric int8: (q [N, K] int8, scales [N, groups] float16)."""
+    g = _grouped(w.float(), group)
+    scales = (g.abs().amax(-1) / 127).clamp(min=1e-7).half()
+    q = torch.round(g / scales.float().unsqueeze(-1)).clamp(-127, 127).to(torch.int8)
+    return _ungrouped(q, w.shape[1]).contiguous(), scales.contiguous()
+
+
+def quantize_int4(w: torch.Tensor, group: int, symmetric: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Round-to-nearest int4 codes 0..15 [N, K] with w ~ q * scale + offset per group
+    (float16 scales and offsets).
+    Symmetric: zero point 8, scale absmax/7; asymmetric: scale (max - min)/15 and an integer
+    zero point, so the offset is -zero * scale (AWQ/GPTQ's form)."""
+    g = _grouped(w.float(), group)
+    if symmetric:
+        scales = (g.abs().amax(-1) / 7).clamp(min=1e-7).half().float()
+        zeros = torch.full_like(scales, 8.0)
+    else:
+        low, high = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
+        scales = ((high - low) / 15).clamp(min=1e-7).half().float()
+        zeros = torch.round(-low / scales).clamp(0, 15)
+    q = (torch.round(g / scales.unsqueeze(-1)) + zeros.unsqueeze(-1)).clamp(0, 15).to(torch.uint8)
+    offsets = (-zeros * scales).half()
+    return _ungrouped(q, w.shape[1]).contiguous(), scales.half().contiguous(), offsets.contiguous()
+
+
+def pack_int4(q: torch.Tensor, group: int) -> torch.Tensor:
+    """Codes [N, K] (K even) -> bytes [N, K/2]: in each group byte j holds element j in its low
+    nibble and element j + len/2 in its high nibble (GGUF Q4_0/Q4_1 order; a shorter last group
+    splits at its own half)."""
+    n, k_in = q.shape
+    full = k_in // group * group
+    main = q[:, :full].to(torch.uint8).view(n, -1, 2, group // 2)
+    tail = q[:, full:].to(torch.uint8).view(n, 2, -1)
+    return torch.cat([(main[:, :, 0] | (main[:, :, 1] << 4)).view(n, -1), tail[:, 0] | (tail[:, 1] << 4)], 1)
+
+
+def unpack_int4(packed: torch.Tensor, group: int) -> torch.Tensor:
+    """Inverse of pack_int4: bytes [N, K/2] -> codes [N, K] (uint8)."""
+    n, half_k = packed.shape
+    full = half_k // (group // 2) * (group // 2)
+    main = packed[:, :full].view(n, -1, 1, group // 2)
+    tail = packed[:, full:]
+    return torch.cat([torch.cat([main & 15, main >> 4], 2).view(n, -1), tail & 15, tail >> 4], 1)
+
+
+def dequantize(qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
+               group: int) -> torch.Tensor:
+    """The float32 weight [N, K] of an int8 (offsets None) or packed int4 weight."""
+    q = qweight.float() if offsets is None else unpack_int4(qweight, group).float()
+    k_in = q.shape[1]
+    w = _grouped(q, group) * scales.float().unsqueeze(-1)
+    if offsets is not None:
+        w = w + offsets.float().unsqueeze(-1)
+    return _ungrouped(w, k_in)
+
+
+class WeightOnlyLinearMethod(QuantMethod):
+    """int8/int4 weights (`qweight`, float16 `scales` [N, groups], int4 also `offsets`) that the
+    native kernel multiplies without a float copy; without a compiler, and for prefill-sized
+    inputs, one dequantized F.linear per call.
+
+    `prequantized`: the checkpoint holds these tensors (GGUF Q4_0/Q4_1/Q8_0 blocks); otherwise
+    the layer loads a float `weight` and rounds it to nearest once loaded."""
+
+    def __init__(self, scheme: QuantScheme, prequantized: bool = False) -> None:
+        if scheme.method not in ("int8", "int4"):
+            raise ValueError(f"quantization: weight-only method must be int8 or int4, got {scheme.method!r}")
+        self.scheme, self.prequantized = scheme, prequantized
+
+    def group(self, layer: nn.Module) -> int:
+        return self.scheme.group_size or layer.input_size
+
+    def create_weights(self, layer: nn.Module, input_size: int, output_size: int,
+                       dtype: torch.dtype) -> None:
+        if self.scheme.method == "int4" and (input_size % 2 or (self.scheme.group_size or 2) % 2):
+            raise ValueError(f"quantization: int4 needs an even input size and group size, "
+                             f"got {input_size} and {self.scheme.group_size}")
+        if not self.prequantized:
+            layer.weight = nn.Parameter(torch.empty(output_size, input_size, dtype=dtype), requires_grad=False)
+            return
+        groups = group_count(input_size, self.scheme.group_size or input_size)
+        int4 = self.scheme.method == "int4"
+        layer.qweight = nn.Parameter(torch.empty(output_size, input_size // 2 if int4 else input_size,
+                                                 dtype=torch.uint8 if int4 else torch.int8), requires_grad=False)
+        layer.scales = nn.Parameter(torch.empty(output_size, groups, dtype=torch.float16), requires_grad=False)
+        if int4:
+            layer.offsets = nn.Parameter(torch.empty(output_size, groups, dtype=torch.float16), requires_grad=False)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if not self.prequantized:
+            weight, group = layer.weight.data, self.group(layer)
+            del layer.weight
+            if self.scheme.method == "int8":
+                q, scales = quantize_int8(weight, group)
+            else:
+                codes, scales, offsets = quantize_int4(weight, group, self.scheme.symmetric)
+                q = pack_int4(codes, group)
+                layer.offsets = nn.Parameter(offsets, requires_grad=False)
+            layer.qweight = nn.Parameter(q, requires_grad=False)
+            layer.scales = nn.Parameter(scales, requires_grad=False)
+        layer.kernels = cpu_kernels() if layer.qweight.device.type == "cpu" else None
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        offsets = getattr(layer, "offsets", None)
+        rows = x.numel() // x.shape[-1]
+        if layer.kernels is not None and rows <= KERNEL_MAX_ROWS:
+            out = layer.kernels.quant_gemm(x.reshape(rows, -1).float(), layer.qweight, layer.scales,
+                                           offsets, self.group(layer))
+            out = out.view(*x.shape[:-1], -1).to(x.dtype)
+            return out if bias is None else out + bias
+        weight = dequantize(layer.qweight, layer.scales, offsets, self.group(layer)).to(x.dtype)
+        return F.linear(x, weight, bias)

@@ -1,7 +1,11 @@
-"""Read a GGUF file's tensors as Hugging Face-named torch tensors (dequantized to float32).
+"""Read a GGUF file's tensors as Hugging Face-named torch tensors.
 
-llama.cpp's converter permutes the rows of Llama's q/k projections for its rotary layout; they are
-permuted back here so the weights match the Hugging Face checkpoint exactly.
+Tensors named in `keep` stay quantized: their Q4_0/Q4_1/Q8_0 blocks are split into the engine's
+int4/int8 layout (`qweight`, `scales`, `offsets`; see layers/csrc/quant_gemm.cpp), whose int4
+byte order is the blocks' own, so no float copy is made. Everything else is dequantized to
+float32. llama.cpp's converter permutes the rows of Llama's q/k projections for its rotary
+layout; they are permuted back here (block rows are weight rows) so the weights match the
+Hugging Face checkpoint exactly.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 _LAYER_NAMES = {
@@ -43,15 +47,45 @@ def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weight.shape))
 
 
-def iter_gguf(path: Path, config) -> Iterator[tuple[str, torch.Tensor]]:
+def tensor_types(path: Path) -> dict[str, str]:
+    """{Hugging Face name: GGML block type name} of every tensor in the file."""
+    return {hf_name(t.name): t.tensor_type.name for t in GGUFReader(str(path)).tensors}
+
+
+def split_blocks(blocks: np.ndarray, kind: GGMLQuantizationType) -> dict[str, torch.Tensor]:
+    """Q4_0/Q4_1/Q8_0 rows of raw blocks [N, bytes] -> qweight, float16 scales (and int4 offsets),
+    with w = q * scale + offset per 32-weight block. Q4_0: w = d (q - 8); Q4_1: w = d q + m; Q8_0: w = d q."""
+    rows = blocks.shape[0]
+    if kind == GGMLQuantizationType.Q8_0:
+        b = blocks.reshape(rows, -1, 34)
+        return {"qweight": torch.from_numpy(b[..., 2:].reshape(rows, -1).view(np.int8).copy()),
+                "scales": torch.from_numpy(b[..., :2].copy().view(np.float16)[..., 0])}
+    size = 18 if kind == GGMLQuantizationType.Q4_0 else 20
+    b = blocks.reshape(rows, -1, size)
+    d = b[..., :2].copy().view(np.float16)[..., 0]
+    offsets = -8 * d if size == 18 else b[..., 2:4].copy().view(np.float16)[..., 0]  # -8d: exact in f16
+    return {"qweight": torch.from_numpy(b[..., size - 16:].reshape(rows, -1).copy()),
+            "scales": torch.from_numpy(d), "offsets": torch.from_numpy(np.ascontiguousarray(offsets))}
+
+
+def iter_gguf(path: Path, config, keep: set[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
     reader = GGUFReader(str(path))
     arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
     num_heads = config.num_attention_heads
     num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
     for tensor in reader.tensors:
-        weight = dequantize(tensor.data, tensor.tensor_type)
+        name = hf_name(tensor.name)
+        kept = name in keep
+        if kept and tensor.tensor_type.name not in ("Q4_0", "Q4_1", "Q8_0"):
+            raise ValueError(f"model: GGUF block type {tensor.tensor_type.name} of {tensor.name} cannot be kept quantized")
+        weight = np.asarray(tensor.data) if kept else dequantize(tensor.data, tensor.tensor_type)
         if arch in _PERMUTED_ARCHS and ".attn_q." in tensor.name:
             weight = unpermute_rows(weight, num_heads)
         elif arch in _PERMUTED_ARCHS and ".attn_k." in tensor.name:
             weight = unpermute_rows(weight, num_kv_heads)
-        yield hf_name(tensor.name), torch.from_numpy(np.array(weight, dtype=np.float32))
+        if kept:
+            base = name.removesuffix(".weight")
+            for part, value in split_blocks(weight, tensor.tensor_type).items():
+                yield f"{base}.{part}", value
+        else:
+            yield name, torch.from_numpy(np.array(weight, dtype=np.float32))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from llm_engine.loader.gguf_weights import iter_gguf
+from llm_engine.loader.gguf_weights import iter_gguf, tensor_types
 from llm_engine.loader.safetensors_weights import iter_safetensors
 
 _GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
@@ -45,10 +45,16 @@ class ModelSource:
             config.architectures = [arch] if arch else [config.model_type]
         return config
 
-    def weights(self, config) -> Iterator[tuple[str, torch.Tensor]]:
+    def gguf_tensor_types(self) -> dict[str, str] | None:
+        """{weight name: GGML block type} for a GGUF model, None for safetensors."""
+        return None if self.gguf_file is None else tensor_types(self.folder / self.gguf_file)
+
+    def weights(self, config, keep_quantized: set[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
+        """The checkpoint's tensors; GGUF weights named in `keep_quantized` come as their
+        qweight/scales/offsets parts."""
         if self.gguf_file is None:
             return iter_safetensors(self.folder)
-        return iter_gguf(self.folder / self.gguf_file, config)
+        return iter_gguf(self.folder / self.gguf_file, config, keep_quantized)
 
     def tokenizer(self):
         """The tokenizer from the same local files, or None when the folder has none."""

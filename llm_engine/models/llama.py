@@ -137,7 +137,7 @@ class LlamaForCausalLM(nn.Module):
         params = dict(self.named_parameters(remove_duplicate=False))
         loaded: set[str] = set()
         for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name or (self.tied and name == "lm_head.weight"):
+            if "rotary_emb.inv_freq" in name or (self.tied and name.startswith("lm_head.")):
                 continue
             for source, (target, shard) in self.packed_modules.items():
                 if f".{source}." in name:
@@ -151,8 +151,8 @@ class LlamaForCausalLM(nn.Module):
                 param = params[name]
                 getattr(param, "weight_loader", _copy_loader)(param, tensor)
             loaded.add(name)
-        if self.tied:
-            loaded.add("lm_head.weight")
+        if self.tied:  # the LM head shares the embedding's tensors
+            loaded.update(name for name in params if name.startswith("lm_head."))
         missing = sorted(set(params) - loaded)
         if missing:
             raise ValueError(f"model: checkpoint lacks weights for {missing[:5]}")

@@ -165,9 +165,13 @@ async def add_packages(installer: Installer, project_dir: Path, names: list[str]
                          "not versions, URLs, paths or pip options")
     current = resolve_python(project_dir)
     path = project_dir / REQUIREMENTS
-    lines = path.read_text().splitlines() if current.declared and path.is_file() and not path.is_symlink() else list(current.requirements)
-    have = {canonicalize_name(Requirement(r).name) for r in current.requirements}
-    lines += [n for n in dict.fromkeys(names) if canonicalize_name(n) not in have]
+    in_file = current.declared and path.is_file() and not path.is_symlink()
+    lines = path.read_text().splitlines() if in_file else []
+    listed = {canonicalize_name(Requirement(r).name) for r in declared_python(project_dir) or ()} if in_file else set()
+    for requirement in (*current.requirements, *names):  # what runs would install anyway, then the names asked for
+        if (name := canonicalize_name(Requirement(requirement).name)) not in listed:
+            lines.append(requirement)
+            listed.add(name)
     requirements = tuple(line for line in (l.split("#", 1)[0].strip() for l in lines) if line)
     env = await installer.install(requirements, progress)
     _write_atomically(path, "".join(f"{line}\n" for line in lines))

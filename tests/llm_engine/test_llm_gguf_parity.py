@@ -18,21 +18,31 @@ PROMPTS = [
 MAX_NEW = 32
 
 
-@pytest.mark.timeout(1800)  # two 135M-parameter loads; ~2 min on an idle 2-core machine
-def test_smollm2_gguf_greedy_matches_transformers():
+@pytest.mark.timeout(1800)  # three 135M-parameter loads; ~2 min on an idle 2-core machine
+def test_smollm2_gguf_greedy_matches_transformers_kept_quantized_and_dequantized():
+    """By default the Q4_1 weights stay quantized (int4 kernel); with quantization=None they are
+    dequantized to float32 like Transformers does. Both give Transformers' greedy tokens, and
+    logprobs within 2e-3 (kept quantized vs dequantized differ by ~1e-5: the kernel computes the
+    same d*q + m weights in float32, summing in another order)."""
     path = smollm_gguf_path()
-    llm = LLM(model=str(path), dtype="float32", kv_cache_memory="64MiB", max_num_batched_tokens=64)
-    tokenizer = llm.get_tokenizer()
-    prompt_ids = [tokenizer(p).input_ids for p in PROMPTS]
-    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
-    ours = llm.generate(PROMPTS, params, use_tqdm=False)
-
     hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    ref = hf_greedy(hf_model, prompt_ids, MAX_NEW)
-    for out, ids, (ref_tokens, ref_logprobs) in zip(ours, prompt_ids, ref):
-        completion = out.outputs[0]
-        assert out.prompt_token_ids == ids
-        assert completion.token_ids == ref_tokens, (out.prompt, completion.text, tokenizer.decode(ref_tokens))
-        for step, token in enumerate(ref_tokens):
-            assert abs(completion.logprobs[step][token].logprob - ref_logprobs[step]) < 2e-3
-        assert completion.text == tokenizer.decode(ref_tokens, skip_special_tokens=True)
+    for quantization in ("auto", None):
+        llm = LLM(model=str(path), dtype="float32", kv_cache_memory="64MiB", max_num_batched_tokens=64,
+                  quantization=quantization)
+        effective = llm.engine.model_runner.quantization
+        assert set(effective.values()) == ({"gguf Q4_1 -> int4 g32 asym", "gguf Q8_0 -> int8 g32",
+                                            "tied to model.embed_tokens"} if quantization else {"float"})
+        tokenizer = llm.get_tokenizer()
+        prompt_ids = [tokenizer(p).input_ids for p in PROMPTS]
+        params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
+        ours = llm.generate(PROMPTS, params, use_tqdm=False)
+        ref = hf_greedy(hf_model, prompt_ids, MAX_NEW)
+        for out, ids, (ref_tokens, ref_logprobs) in zip(ours, prompt_ids, ref):
+            completion = out.outputs[0]
+            assert out.prompt_token_ids == ids
+            assert completion.token_ids == ref_tokens, (quantization, out.prompt, completion.text,
+                                                        tokenizer.decode(ref_tokens))
+            for step, token in enumerate(ref_tokens):
+                assert abs(completion.logprobs[step][token].logprob - ref_logprobs[step]) < 2e-3
+            assert completion.text == tokenizer.decode(ref_tokens, skip_special_tokens=True)
+        del llm

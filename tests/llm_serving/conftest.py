@@ -20,10 +20,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from llm_engine.config import EngineConfig
 from llm_engine.entrypoints.app import create_app
+from llm_engine.entrypoints.ensemble import Ensemble
 from llm_engine.entrypoints.models import builtin_model_path
 from llm_engine.entrypoints.service import ServerOptions
 
 TINY_NAME = "tiny-chat"
+ENSEMBLE_CONFIG = Path(__file__).resolve().parents[2] / "llm_engine/entrypoints/code_completion_ensemble.json"
 
 
 @pytest.fixture(scope="session")
@@ -92,7 +94,8 @@ def serve_model(model: Path | str, name: str, options: ServerOptions | None = No
 
 @pytest.fixture(scope="session")
 def tiny_server(tiny_chat_model) -> Iterator[RunningServer]:
-    options = ServerOptions(max_waiting=8, grpc_address=f"127.0.0.1:{free_port()}")
+    options = ServerOptions(max_waiting=8, grpc_address=f"127.0.0.1:{free_port()}",
+                            ensembles=(Ensemble.load(ENSEMBLE_CONFIG),))
     running = serve_model(tiny_chat_model, TINY_NAME, options, max_num_seqs=8,
                           num_kv_blocks=64, max_model_len=512)
     yield running

@@ -7,6 +7,7 @@ import dataclasses
 
 from conftest import make_spec
 from sandbox.bwrap import BwrapBackend
+from sandbox.service import RunService
 from sandbox.verdict import Verdict
 
 WALL = 1.5  # the strict wall limit here; each program below waits for input longer than that
@@ -64,3 +65,23 @@ async def test_one_wait_is_capped(project):
     (project / "main.py").write_text("input()\n")
     result = await (await BwrapBackend().start(interactive(project, ["python3", "main.py"], wait=2))).result()
     assert result.verdict == Verdict.TIME_LIMIT and "no input for 2 s" in result.message
+
+
+async def test_a_thread_at_input_does_not_pause_the_clock_for_a_busy_one(project):
+    (project / "main.py").write_text("import threading\nthreading.Thread(target=input, daemon=True).start()\nwhile True:\n    pass\n")
+    result = await (await BwrapBackend().start(interactive(project, ["python3", "main.py"]))).result()
+    assert result.verdict == Verdict.TIME_LIMIT and result.wall_seconds < WALL + 1.5, result
+
+
+async def test_a_run_waiting_for_input_lends_its_slot(project):
+    (project / "main.py").write_text("print('hi', input())\n")
+    (project / "quick.py").write_text("print('quick')\n")
+    service = RunService(BwrapBackend(), max_running=1)
+    thinking = await service.submit("ada", "p", interactive(project, ["python3", "main.py"]))
+    quick = await service.submit("bob", "p", make_spec(project, ["python3", "quick.py"]))
+    async with asyncio.timeout(20):  # bob's run goes while ada's waits for input, in the only slot
+        assert (await service.wait(quick.id)).result.stdout == b"quick\n"
+    assert thinking.status == "running" and thinking.waiting_for_input
+    await service.send_stdin(thinking.id, b"ada\n")
+    assert (await service.wait(thinking.id)).result.stdout == b"hi ada\n"
+    assert not service._running and not service._lent  # every slot given back

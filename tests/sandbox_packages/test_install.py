@@ -10,7 +10,7 @@ import pytest
 
 from sandbox.bwrap import BwrapBackend
 from sandbox.packages.install import INSTALL_LIMITS, Installer, InstallFailed
-from sandbox.packages.project import installed_for, prepare_node, prepare_python
+from sandbox.packages.project import add_packages, installed_for, prepare_node, prepare_python
 from sandbox_fixtures import make_spec
 
 
@@ -72,6 +72,14 @@ async def test_with_auto_install_off_a_new_import_is_named_not_installed(install
     assert len((project / "requirements.txt").read_text().splitlines()) == 1
 
 
+async def test_the_install_button_adds_an_imported_package_the_file_lacks(installer, project):
+    (project / "requirements.txt").write_text("six\n")
+    (project / "main.py").write_text("import toml\n")
+    await add_packages(installer, project, ["toml"])
+    lines = (project / "requirements.txt").read_text().splitlines()
+    assert [line.split("==")[0] for line in lines] == ["six", "toml"] and all("==" in line for line in lines), lines
+
+
 async def test_runs_cannot_change_the_environment(installer, project):
     (project / "requirements.txt").write_text("six\n")
     prepared = await prepare_python(installer, project, lambda _: None)
@@ -114,3 +122,10 @@ async def test_node_require_installs_with_npm_and_is_cached(installer, project):
     assert list(declared) == ["ms"] and declared["ms"][0].isdigit(), declared  # pinned, so later runs find it
     again: list[str] = []
     assert await prepare_node(installer, project, again.append) == prepared and again == []
+    (project / "index.js").write_text("require('ms'); const { Command } = require('commander');\nconsole.log(typeof Command);\n")
+    said.clear()  # a later require is installed too, and pinned beside the first
+    prepared = await prepare_node(installer, project, said.append)
+    assert "Your code uses 'commander' and package.json does not list commander yet" in "".join(said)
+    assert sorted(json.loads((project / "package.json").read_text())["dependencies"]) == ["commander", "ms"]
+    result = await BwrapBackend().run(dataclasses.replace(spec, mounts=prepared.mounts))
+    assert (result.verdict.value, result.stdout) == ("ok", b"function\n"), result.stderr

@@ -89,6 +89,14 @@ def test_a_pause_at_input_keeps_the_run(owner, project_id, open_as, screenshot):
     expect(console).to_contain_text("Hello, Grace!", timeout=20_000)
     expect(ada.locator("#run-summary")).to_contain_text("Finished")
     screenshot(ada, "runs-input-pause")
+    # Ctrl+D ends the input of a program that reads until end of file.
+    write(owner, project_id, "main.py", "import sys\nprint(len(sys.stdin.read().split()), 'words')\n")
+    run_from_editor(ada, "sys.stdin.read()")
+    expect(ada.locator("#run-summary")).to_have_text("Waiting for input…", timeout=20_000)
+    console.locator(".xterm-helper-textarea").focus()
+    ada.keyboard.type("one two\nthree")
+    ada.keyboard.press("Control+d")
+    expect(console).to_contain_text("3 words", timeout=20_000)
 
 
 def test_stop_a_running_loop(owner, project_id, open_as, screenshot):

@@ -124,8 +124,8 @@ export class RunConsole {
     const who = run.username === this.me ? "You are" : `${run.username} is`;
     terminal.writeln(`\x1b[2m▶ ${who} running ${command}${this.canWrite ? " — you can type its input here too" : ""}\x1b[0m`);
     if (run.interactive && this.canWrite) terminal.writeln(`\x1b[2m${INTERACTIVE_NOTE}\x1b[0m`);
-    this.owner = run.username;
-    this.onState(true, `${run.username} is running…`, null);
+    this.owner = run.username === this.me ? null : run.username;
+    this.onState(true, `${this.owner ? `${this.owner}: ` : ""}Running…`, null);
     this.follow(run.id);
   }
 

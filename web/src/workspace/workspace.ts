@@ -400,7 +400,7 @@ export class Workspace {
 
   private onEvent(event: ProjectEvent): void {
     if (event.type === "presence") this.renderPresence(event.users);
-    else if (event.type === "run") this.runConsole?.watch(event);
+    else if (event.type === "run" && this.project.role !== null) this.runConsole?.watch(event); // runs are members' only
     else if (event.type === "files") {
       void this.refreshTree().then(() => {
         if (event.action === "move" && event.to) this.followMove(event.path, event.to);

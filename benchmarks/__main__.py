@@ -1,0 +1,166 @@
+"""`python -m benchmarks`: the benchmark framework's command line (run from the repository root).
+
+    python -m benchmarks list
+    python -m benchmarks run poisson --targets offline,v1,v2,grpc --repeats 3 --out results/x.json
+    python -m benchmarks run grid --set batch=1,8 --set input_len=64 --url http://host:8001 --targets v1,v2
+    python -m benchmarks compare baseline.json current.json          # exit 1 on a regression
+    python -m benchmarks gate                                         # the CI check (ratios vs Transformers)
+    python -m benchmarks report results/*.json --out report.html      # PNG + self-contained HTML
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def _value(text: str):
+    """A --set value: numbers and comma lists of numbers become tuples/numbers."""
+    parts = [p for p in text.split(",") if p]
+    try:
+        numbers = [int(p) if p.lstrip("-").isdigit() else float(p) for p in parts]
+    except ValueError:
+        return text
+    return tuple(numbers) if "," in text else numbers[0]
+
+
+def load_tokenizer(model_path: str):
+    from transformers import AutoTokenizer
+
+    path = Path(model_path)
+    if path.is_file():
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def cmd_run(args) -> int:
+    from benchmarks.framework import results, runner
+    from benchmarks.framework.targets import Server
+    from benchmarks.framework.workloads import WORKLOADS, Corpus
+    from llm_engine.entrypoints.models import resolve_model
+
+    model_path, _ = resolve_model(args.model)
+    settings = dict(s.split("=", 1) for s in args.set)
+    workload = WORKLOADS[args.workload](Corpus(load_tokenizer(model_path)), args.seed,
+                                        **{k: _value(v) for k, v in settings.items()})
+    kinds = args.targets.split(",")
+    server = None
+    if any(k != "offline" for k in kinds):
+        server = Server(model_path, args.max_num_seqs, url=args.url, grpc=args.grpc, api_key=args.api_key)
+    offline = {"model": model_path, "max_num_seqs": args.max_num_seqs, "slowdown": args.inject_slowdown}
+    try:
+        result = asyncio.run(runner.run(workload, kinds, args.repeats, server, offline,
+                                        args.ttft_slo_ms, args.tpot_slo_ms))
+    finally:
+        if server is not None:
+            server.close()
+    print(overhead_table(result))
+    if args.out:
+        results.save(result, args.out)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def overhead_table(result: dict) -> str:
+    """Median tok/s and TTFT p50 per target and phase, relative to the first target (offline)."""
+    import statistics
+
+    by_phase: dict[str, dict[str, dict]] = {}
+    for key, entry in result["figures"].items():
+        target, phase = key.split(" / ", 1)
+        runs = entry["runs"]
+        by_phase.setdefault(phase, {})[target] = {
+            f: statistics.median(r[f] for r in runs) for f in ("output_tokens_per_s", "ttft_p50_ms", "tpot_p50_ms")}
+    lines = [f"{'phase':<16} {'target':<8} {'tok/s':>9} {'vs first':>9} {'TTFT p50':>10} {'vs first':>9} {'TPOT p50':>9}"]
+    for phase, targets in by_phase.items():
+        first = next(iter(targets.values()))
+        for target, f in targets.items():
+            lines.append(f"{phase:<16} {target:<8} {f['output_tokens_per_s']:>9.1f} "
+                         f"{f['output_tokens_per_s'] / first['output_tokens_per_s'] - 1:>+9.1%} "
+                         f"{f['ttft_p50_ms']:>8.1f}ms {f['ttft_p50_ms'] / first['ttft_p50_ms'] - 1:>+9.1%} "
+                         f"{f['tpot_p50_ms']:>7.1f}ms")
+    return "\n".join(lines)
+
+
+def cmd_compare(args) -> int:
+    from benchmarks.framework import results
+
+    baseline, current = results.load(args.baseline), results.load(args.current)
+    verdicts = results.compare(baseline, current, args.figures.split(",") if args.figures else None,
+                               args.alpha, args.min_change)
+    print(results.table(verdicts, baseline, current))
+    regressions = [v for v in verdicts if v.status == "regression"]
+    print(f"{len(regressions)} regression(s) in {len(verdicts)} figures")
+    return 1 if regressions else 0
+
+
+def cmd_gate(args) -> int:
+    from benchmarks.framework import gate
+
+    return gate.main(args)
+
+
+def cmd_report(args) -> int:
+    from benchmarks.framework import report
+
+    report.write(args.results, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the named workloads")
+
+    run = sub.add_parser("run", help="run a workload against targets")
+    run.add_argument("workload")
+    run.add_argument("--targets", default="offline", help="comma list of offline, v1, v2, grpc")
+    run.add_argument("--model", help="local HF folder or .gguf (default: the built-in SmolLM2)")
+    run.add_argument("--url", help="an existing server's base URL (else one is started)")
+    run.add_argument("--grpc", help="that server's gRPC host:port")
+    run.add_argument("--api-key")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="workload setting")
+    run.add_argument("--repeats", type=int, default=3)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--max-num-seqs", type=int, default=32)
+    run.add_argument("--ttft-slo-ms", type=float, default=1000.0)
+    run.add_argument("--tpot-slo-ms", type=float, default=100.0)
+    run.add_argument("--inject-slowdown", type=float, default=0.0, help="offline: sleep this fraction of each step")
+    run.add_argument("--out", help="write the result JSON here")
+
+    comp = sub.add_parser("compare", help="compare a result with a baseline; exit 1 on a regression")
+    comp.add_argument("baseline")
+    comp.add_argument("current")
+    comp.add_argument("--figures", help="comma list (default: every known figure)")
+    comp.add_argument("--alpha", type=float, default=0.05)
+    comp.add_argument("--min-change", type=float, default=0.05)
+
+    gate = sub.add_parser("gate", help="CI: engine/Transformers ratios vs the stored baseline")
+    gate.add_argument("--repeats", type=int, default=6)
+    gate.add_argument("--baseline", default=str(Path(__file__).parent / "baselines" / "gate.json"))
+    gate.add_argument("--update-baseline", action="store_true")
+    gate.add_argument("--inject-slowdown", type=float, default=0.0)
+    gate.add_argument("--out", help="also write this run's result JSON here")
+    gate.add_argument("--min-change", type=float, default=0.08)
+
+    rep = sub.add_parser("report", help="PNG plots and a self-contained HTML report of result files")
+    rep.add_argument("results", nargs="+")
+    rep.add_argument("--out", default="benchmark-report.html")
+
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        from benchmarks.framework.workloads import WORKLOADS
+
+        for name, fn in WORKLOADS.items():
+            print(f"{name:<16} {(fn.__doc__ or '').strip().splitlines()[0]}")
+        return 0
+    return {"run": cmd_run, "compare": cmd_compare, "gate": cmd_gate, "report": cmd_report}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

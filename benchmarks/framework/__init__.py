@@ -1,0 +1,1 @@
+"""The benchmark framework: workloads, targets, results, comparison, CI gate and report (see benchmarks/README.md)."""

@@ -1,0 +1,315 @@
+"""Where a workload is sent: the engine in this process (`offline`), or a server over /v1, /v2
+(generate_stream) or gRPC (ModelStreamInfer). Every target streams, so each one times the first
+token and the gaps between tokens the same way: on arrival of the piece that carries them.
+
+`Server` starts `codeyard llm serve` (HTTP and gRPC) in its own interpreter, as deployed, or
+points at one that runs already (`--url`, `--grpc`). A probe samples the serving process's
+memory and the KV-cache usage while a phase runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from benchmarks.framework.workloads import Item
+
+
+@dataclass
+class Sample:
+    """One request as its client saw it (perf_counter seconds)."""
+
+    ok: bool
+    start: float = 0.0
+    first: float = 0.0
+    finish: float = 0.0
+    tokens: int = 0
+    gaps: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+class _Clock:
+    """Turns a stream of (new tokens) pieces into a Sample."""
+
+    def __init__(self) -> None:
+        self.sample = Sample(True, start=time.perf_counter())
+        self._last: float | None = None
+
+    def piece(self, new_tokens: int) -> None:
+        if new_tokens <= 0:
+            return
+        now = time.perf_counter()
+        if self._last is None:
+            self.sample.first = now
+        else:
+            self.sample.gaps.append(now - self._last)
+        self._last = now
+        self.sample.tokens += new_tokens
+
+    def done(self) -> Sample:
+        self.sample.finish = time.perf_counter()
+        if self._last is None:
+            return Sample(False, error="no output")
+        return self.sample
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ----- offline ------------------------------------------------------------------------------------
+
+class Offline:
+    """The AsyncLLMEngine in this process: the engine's own speed, no protocol at all."""
+
+    name = "offline"
+
+    def __init__(self, model: str, max_num_seqs: int, slowdown: float = 0.0, **engine_kwargs) -> None:
+        from llm_engine.async_engine import AsyncLLMEngine
+        from llm_engine.config import EngineConfig
+
+        if slowdown:
+            inject_slowdown(slowdown)
+        self.peak_kv = 0.0
+        self.engine = AsyncLLMEngine(EngineConfig(model=model, max_num_seqs=max_num_seqs, **engine_kwargs),
+                                     max_waiting=1_000_000, on_step=self._on_step)
+        self.engine.start()
+        self.engine.wait_ready(600)
+
+    async def send(self, item: Item) -> Sample:
+        from llm_engine.sampling_params import SamplingParams
+
+        params = SamplingParams(max_tokens=item.max_tokens, temperature=0, ignore_eos=True)
+        clock, seen = _Clock(), 0
+        async for out in self.engine.generate(item.prompt, params, uuid.uuid4().hex):
+            n = len(out.outputs[0].token_ids)
+            clock.piece(n - seen)
+            seen = n
+        return clock.done()
+
+    def _on_step(self, stats, _outputs) -> None:
+        self.peak_kv = max(self.peak_kv, stats.kv_cache_usage)
+
+    def probe(self) -> tuple[int, float]:
+        """(peak RSS of this process, peak KV usage over the steps since the last probe)."""
+        peak, self.peak_kv = self.peak_kv, 0.0
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, peak
+
+    async def aclose(self) -> None:
+        self.engine.stop()
+
+
+def inject_slowdown(fraction: float) -> None:
+    """Make every engine step sleep `fraction` of its own duration: the regression the CI gate
+    must catch (a proof of the detector, never used otherwise)."""
+    from llm_engine.llm_engine import LLMEngine
+
+    step = LLMEngine.step
+
+    def slow_step(self):
+        started = time.perf_counter()
+        outputs = step(self)
+        time.sleep(fraction * (time.perf_counter() - started))
+        return outputs
+
+    LLMEngine.step = slow_step
+
+
+# ----- servers ------------------------------------------------------------------------------------
+
+class Server:
+    """A `codeyard llm serve` subprocess with HTTP and gRPC, or an existing server's addresses."""
+
+    def __init__(self, model: str | None = None, max_num_seqs: int = 32, url: str | None = None,
+                 grpc: str | None = None, api_key: str | None = None, name: str = "bench") -> None:
+        self.proc: subprocess.Popen | None = None
+        self.api_key = api_key
+        self.name = name
+        if url is not None:
+            self.url, self.grpc = url.rstrip("/"), grpc
+            self.name = httpx.get(self.url + "/v1/models", headers=self.headers, timeout=10).json()["data"][0]["id"]
+            return
+        port, grpc_port = free_port(), free_port()
+        self.url, self.grpc = f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
+        cmd = [str(Path(sys.executable).parent / "codeyard"), "llm", "serve", "--port", str(port), "--grpc-port",
+               str(grpc_port), "--max-num-seqs", str(max_num_seqs), "--max-waiting", "1000000",
+               "--served-model-name", name]
+        if model:
+            cmd += ["--model", model]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 600
+        while True:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the server exited with code {self.proc.returncode}")
+            if time.monotonic() > deadline:
+                self.close()
+                raise SystemExit("the server did not become ready in 600 s")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+
+    @property
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def probe(self) -> tuple[int, float]:
+        """(peak-so-far RSS of the server process or 0 when remote, KV usage from /metrics)."""
+        rss = 0
+        if self.proc is not None:
+            import psutil
+
+            rss = psutil.Process(self.proc.pid).memory_info().rss
+        try:
+            text = httpx.get(self.url + "/metrics", headers=self.headers, timeout=2).text
+        except httpx.HTTPError:
+            return rss, 0.0
+        kv = next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:kv_cache_usage_perc{")), 0.0)
+        return rss, kv
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(60)
+
+
+class _OverServer:
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.client = httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=600,
+                                        limits=httpx.Limits(max_connections=1000))
+
+    def probe(self) -> tuple[int, float]:
+        return self.server.probe()
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+async def _sse(response: httpx.Response):
+    async for line in response.aiter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])
+
+
+class V1(_OverServer):
+    """POST /v1/completions, streamed, usage counted from the chunks' text pieces."""
+
+    name = "v1"
+
+    async def send(self, item: Item) -> Sample:
+        body = {"model": self.server.name, "prompt": item.prompt, "max_tokens": item.max_tokens, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+        clock = _Clock()
+        try:
+            async with self.client.stream("POST", "/v1/completions", json=body) as r:
+                if r.status_code != 200:
+                    return Sample(False, error=f"HTTP {r.status_code}")
+                async for chunk in _sse(r):
+                    if "error" in chunk:
+                        return Sample(False, error=str(chunk["error"]))
+                    clock.piece(1 if chunk["choices"] else 0)  # /v1 sends one chunk per new token
+        except httpx.HTTPError as exc:
+            return Sample(False, error=f"{type(exc).__name__}: {exc}")
+        return clock.done()
+
+
+class V2(_OverServer):
+    """POST /v2/models/{name}/generate_stream (Triton's generate extension)."""
+
+    name = "v2"
+
+    async def send(self, item: Item) -> Sample:
+        body = {"text_input": item.prompt, "max_tokens": item.max_tokens, "temperature": 0, "ignore_eos": True}
+        clock = _Clock()
+        try:
+            async with self.client.stream("POST", f"/v2/models/{self.server.name}/generate_stream", json=body) as r:
+                if r.status_code != 200:
+                    return Sample(False, error=f"HTTP {r.status_code}")
+                async for event in _sse(r):
+                    if "error" in event:
+                        return Sample(False, error=event["error"])
+                    clock.piece(event["num_output_tokens"])
+        except httpx.HTTPError as exc:
+            return Sample(False, error=f"{type(exc).__name__}: {exc}")
+        return clock.done()
+
+
+class Grpc:
+    """ModelStreamInfer with stream=true through tritonclient.grpc, one stream per request.
+
+    The threaded client, not grpc.aio: grpc.aio allows one event loop per process, and a test
+    may already run the server's there. Idle clients are pooled (a stream holds its client)."""
+
+    name = "grpc"
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.idle: list = []
+
+    def probe(self) -> tuple[int, float]:
+        return self.server.probe()
+
+    async def send(self, item: Item) -> Sample:
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+
+        client = self.idle.pop() if self.idle else grpcclient.InferenceServerClient(self.server.grpc)
+        tensors = []
+        for name, datatype, value in (("text_input", "BYTES", np.array([[item.prompt.encode()]], dtype=object)),
+                                      ("max_tokens", "INT32", np.array([[item.max_tokens]], dtype=np.int32)),
+                                      ("temperature", "FP32", np.array([[0.0]], dtype=np.float32)),
+                                      ("ignore_eos", "BOOL", np.array([[True]])),
+                                      ("stream", "BOOL", np.array([[True]]))):
+            tensor = grpcclient.InferInput(name, list(value.shape), datatype)
+            tensor.set_data_from_numpy(value)
+            tensors.append(tensor)
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue = asyncio.Queue()
+        clock = _Clock()
+        client.start_stream(lambda result, error: loop.call_soon_threadsafe(pieces.put_nowait, (result, error)),
+                            headers=self.server.headers or None)
+        try:
+            client.async_stream_infer(self.server.name, tensors)
+            while True:
+                result, error = await pieces.get()
+                if error is not None:
+                    return Sample(False, error=str(error))
+                clock.piece(int(result.as_numpy("num_output_tokens").sum()))
+                if result.get_response().parameters["triton_final_response"].bool_param:
+                    return clock.done()
+        finally:
+            client.stop_stream()
+            self.idle.append(client)
+
+    async def aclose(self) -> None:
+        for client in self.idle:
+            client.close()
+
+
+def make_target(kind: str, server: Server | None, offline_args: dict):
+    if kind == "offline":
+        return Offline(**offline_args)
+    if server is None:
+        raise SystemExit(f"target {kind} needs a server")
+    return {"v1": V1, "v2": V2, "grpc": Grpc}[kind](server)
+
+
+def machine_load() -> float:
+    return os.getloadavg()[0]

@@ -1,0 +1,223 @@
+"""Which QuantMethod each linear layer gets.
+
+`EngineConfig.quantization` is one of:
+  "auto"        the checkpoint's own format: a GGUF file's Q4_0/Q4_1/Q8_0 tensors stay quantized,
+                a float checkpoint stays float;
+  None          float weights everywhere (GGUF tensors dequantized);
+  "gguf"        as "auto", but the model must be a GGUF file;
+  "int8"/"int4" every linear layer rounded to nearest at load (int8 per channel, int4 g128 asym);
+  a dict, or a path to a YAML/JSON file holding one, in compressed-tensors' shape:
+      config_groups:
+        attention: {targets: ["re:.*self_attn.*"], method: int8}
+        mlp: {targets: ["re:.*mlp.*"], method: int4, group_size: 32, symmetric: false}
+      ignore: ["re:model.layers.0.mlp.*"]
+    or one scheme for all linear layers: {method: int4, group_size: 64}.
+A target is "Linear" (every linear layer), "re:<regex>" (full match) or a module name or suffix
+("down_proj", "model.layers.3.mlp"), matched against the engine's module names and the
+checkpoint's (a fused qkv_proj also answers to q_proj, k_proj and v_proj). The first group that
+matches wins; ignored layers stay float.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+from torch import nn
+
+from llm_engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from llm_engine.layers.linear import LinearBase
+from llm_engine.layers.quantization import QuantScheme, WeightOnlyLinearMethod
+
+logger = logging.getLogger(__name__)
+
+METHODS = ("int8", "int4")
+MODES = ("auto", "gguf", *METHODS)
+PLANNED = ("fp8", "w8a8", "awq", "gptq")  # named in the API, not implemented yet
+_DEFAULT_SCHEMES = {"int8": QuantScheme("int8"), "int4": QuantScheme("int4", 128, symmetric=False)}
+# GGUF block types kept quantized, as the kernel layout they repack into (32-weight blocks).
+GGUF_SCHEMES = {"Q4_0": QuantScheme("int4", 32, symmetric=True), "Q4_1": QuantScheme("int4", 32, symmetric=False),
+                "Q8_0": QuantScheme("int8", 32)}
+_SCHEME_KEYS = {"targets", "method", "group_size", "symmetric"}
+
+
+def _scheme(entry: dict, where: str) -> QuantScheme:
+    unknown = set(entry) - _SCHEME_KEYS
+    if unknown:
+        raise ValueError(f"quantization: {where} has unknown keys {sorted(unknown)}")
+    method = entry.get("method")
+    if method in PLANNED:
+        raise ValueError(f"quantization: method {method!r} ({where}) is not supported yet; use one of {METHODS}")
+    if method not in METHODS:
+        raise ValueError(f"quantization: {where} needs a method in {METHODS}, got {method!r}")
+    base = _DEFAULT_SCHEMES[method]
+    group = entry.get("group_size", base.group_size)
+    if group is not None and (not isinstance(group, int) or isinstance(group, bool) or group < 2 or group % 2):
+        raise ValueError(f"quantization: {where} group_size must be a positive even integer, got {group!r}")
+    if method == "int4" and group is None:
+        raise ValueError(f"quantization: {where} int4 is group-wise; give a group_size (32, 64 or 128)")
+    symmetric = entry.get("symmetric", base.symmetric)
+    if not isinstance(symmetric, bool):
+        raise ValueError(f"quantization: {where} symmetric must be true or false, got {symmetric!r}")
+    if method == "int8" and not symmetric:
+        raise ValueError(f"quantization: {where} int8 is symmetric only")
+    return QuantScheme(method, group, symmetric)
+
+
+def _targets(value, where: str) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
+        raise ValueError(f"quantization: {where} must be a list of module names or patterns, got {value!r}")
+    for target in value:
+        if target.startswith("re:"):
+            try:
+                re.compile(target[3:])
+            except re.error as exc:
+                raise ValueError(f"quantization: bad pattern {target!r} in {where}: {exc}") from exc
+    return value
+
+
+class QuantConfig:
+    """A validated per-layer plan: ordered (targets, scheme) groups and an ignore list."""
+
+    def __init__(self, groups: list[tuple[list[str], QuantScheme]], ignore: list[str]) -> None:
+        self.groups, self.ignore = groups, ignore
+
+    @classmethod
+    def parse(cls, value: dict | str) -> QuantConfig:
+        if isinstance(value, str):
+            if value in METHODS:
+                return cls([(["Linear"], _DEFAULT_SCHEMES[value])], [])
+            value = _read_file(value)
+        if not isinstance(value, dict):
+            raise ValueError(f"quantization: expected a method name, a dict or a YAML/JSON file, got {value!r}")
+        unknown = set(value) - {"config_groups", "ignore"} - _SCHEME_KEYS
+        if unknown:
+            raise ValueError(f"quantization: unknown keys {sorted(unknown)}")
+        ignore = _targets(value.get("ignore", []), "ignore")
+        if "config_groups" not in value:
+            single = {k: v for k, v in value.items() if k != "ignore"}
+            return cls([(_targets(single.pop("targets", ["Linear"]), "targets"), _scheme(single, "the config"))],
+                       ignore)
+        groups_value = value["config_groups"]
+        if not isinstance(groups_value, dict) or not groups_value:
+            raise ValueError("quantization: config_groups must map group names to schemes")
+        groups = []
+        for name, entry in groups_value.items():
+            if not isinstance(entry, dict) or "targets" not in entry:
+                raise ValueError(f"quantization: config group {name!r} needs targets and a method")
+            groups.append((_targets(entry["targets"], f"group {name!r} targets"),
+                           _scheme(entry, f"group {name!r}")))
+        return cls(groups, ignore)
+
+    def scheme_for(self, names: list[str]) -> QuantScheme | None:
+        if any(_matches(t, n) for t in self.ignore for n in names):
+            return None
+        for targets, scheme in self.groups:
+            if any(t == "Linear" or _matches(t, n) for t in targets for n in names):
+                return scheme
+        return None
+
+
+def _matches(target: str, name: str) -> bool:
+    if target.startswith("re:"):
+        return re.fullmatch(target[3:], name) is not None
+    return name == target or name.endswith("." + target) or name.startswith(target + ".")
+
+
+def _read_file(path: str) -> dict:
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ValueError(f"quantization: {path!r} is neither a method {MODES} nor a config file")
+    text = file.read_text()
+    if file.suffix == ".json":
+        return json.loads(text)
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def validate(value) -> None:
+    """Fail at config time on a malformed quantization setting (EngineConfig calls this)."""
+    if value is None or value in ("auto", "gguf"):
+        return
+    if isinstance(value, str) and value in PLANNED:
+        raise ValueError(f"quantization: {value!r} is not supported yet; use one of {MODES} or None")
+    QuantConfig.parse(value)
+
+
+def checkpoint_names(model: nn.Module, name: str) -> list[str]:
+    """A linear module's own name and the checkpoint names of the projections fused into it."""
+    prefix, _, leaf = name.rpartition(".")
+    parts = [source for source, (target, _) in getattr(model, "packed_modules", {}).items() if target == leaf]
+    return [name, *(f"{prefix}.{part}" for part in parts)]
+
+
+def assign_quantization(model: nn.Module, value, gguf_types: dict[str, str] | None) -> tuple[dict[str, str], set[str]]:
+    """Give every linear layer of `model` (built, not yet loaded) its QuantMethod.
+
+    Returns the effective map {module name: scheme or "float"} and the checkpoint weights to load
+    still quantized (GGUF tensors whose block type the layer keeps)."""
+    if value == "gguf" and gguf_types is None:
+        raise ValueError("quantization: 'gguf' needs a .gguf model file")
+    keep_gguf = value in ("auto", "gguf") and gguf_types is not None
+    config = None if value in (None, "auto", "gguf") else QuantConfig.parse(value)
+    effective: dict[str, str] = {}
+    keep: set[str] = set()
+    if keep_gguf:
+        _keep_gguf_tables(model, gguf_types, effective, keep)
+    for name, module in model.named_modules():
+        if not isinstance(module, LinearBase):
+            continue
+        names = checkpoint_names(model, name)
+        parts = names[1:] or names
+        if keep_gguf:
+            types = {gguf_types.get(f"{part}.weight", "F32") for part in parts}
+            scheme = GGUF_SCHEMES.get(next(iter(types))) if len(types) == 1 else None
+            if scheme is None:
+                logger.info("quantization: %s is GGUF %s, dequantized to float (kept quantized: %s)",
+                            name, "/".join(sorted(types)), ", ".join(GGUF_SCHEMES))
+                effective[name] = "float"
+                continue
+            module.set_quant_method(WeightOnlyLinearMethod(scheme, prequantized=True))
+            keep.update(f"{part}.weight" for part in parts)
+            effective[name] = f"gguf {next(iter(types))} -> {scheme.describe()}"
+            continue
+        scheme = config.scheme_for(names) if config is not None else None
+        if scheme is None:
+            effective[name] = "float"
+            continue
+        module.set_quant_method(WeightOnlyLinearMethod(scheme))
+        effective[name] = scheme.describe()
+    return effective, keep
+
+
+def _keep_gguf_tables(model: nn.Module, gguf_types: dict[str, str], effective: dict[str, str],
+                      keep: set[str]) -> None:
+    """The token embedding and LM head stay quantized too (a tied head shares the embedding's)."""
+    for name, module in model.named_modules():
+        if not isinstance(module, VocabParallelEmbedding):
+            continue
+        tied = isinstance(module, ParallelLMHead) and getattr(model, "tied", False)
+        kind = gguf_types.get("model.embed_tokens.weight" if tied else f"{name}.weight", "F32")
+        scheme = GGUF_SCHEMES.get(kind)
+        if scheme is None:
+            effective[name] = "float"
+        elif tied:
+            module.tie(model.get_submodule("model.embed_tokens"))
+            effective[name] = "tied to model.embed_tokens"
+        else:
+            module.set_quant_method(WeightOnlyLinearMethod(scheme, prequantized=True))
+            keep.add(f"{name}.weight")
+            effective[name] = f"gguf {kind} -> {scheme.describe()}"
+
+
+def summarize(effective: dict[str, str]) -> str:
+    """'int4 g32 asym x 90, float x 30': the map in one log line."""
+    counts: dict[str, int] = {}
+    for description in effective.values():
+        counts[description] = counts.get(description, 0) + 1
+    return ", ".join(f"{d} x {n}" for d, n in counts.items())

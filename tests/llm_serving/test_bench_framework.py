@@ -1,0 +1,113 @@
+"""The benchmark framework (`python -m benchmarks`): workloads, every target on a real server, the
+noise-aware comparison rule, and the HTML report as Chromium shows it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from benchmarks.__main__ import main as bench_main
+from benchmarks.framework import report, results, runner
+from benchmarks.framework.targets import Server
+from benchmarks.framework.workloads import WORKLOADS, Corpus
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+
+def test_rank_test_flags_a_shift_and_not_the_noise():
+    rng = random.Random(1)
+    base = [1.0 + rng.gauss(0, 0.03) for _ in range(10)]
+    same = [1.0 + rng.gauss(0, 0.03) for _ in range(10)]
+    slower = [0.8 + rng.gauss(0, 0.03) for _ in range(10)]
+    assert results.compare_figure("k", "throughput_ratio", base, same, 0.05, 0.05).status == "same"
+    verdict = results.compare_figure("k", "throughput_ratio", base, slower, 0.05, 0.05)
+    assert verdict.status == "regression" and verdict.p < 0.001 and verdict.change == pytest.approx(-0.2, abs=0.05)
+    assert results.compare_figure("k", "ttft_p50_ms", base, slower, 0.05, 0.05).status == "improvement"
+    assert results.compare_figure("k", "throughput_ratio", base[:3], slower[:3], 0.05, 0.05).status == "noisy"
+    # significant but small: not a regression (the minimum change guards against tiny real shifts)
+    assert results.compare_figure("k", "throughput_ratio", base, [b - 0.02 for b in base], 0.05, 0.05).status == "same"
+    assert results.mann_whitney_p([1, 2, 3, 4], [5, 6, 7, 8]) == pytest.approx(2 / 70)
+
+
+def test_workloads_are_seeded_and_shaped(smollm_tokenizer):
+    corpus = Corpus(smollm_tokenizer)
+    for name, build in WORKLOADS.items():
+        first, again = build(corpus, 3), build(corpus, 3)
+        assert first.phases and all(p.items for p in first.phases), name
+        assert [i.prompt for p in first.phases for i in p.items] == [i.prompt for p in again.phases for i in p.items]
+    grid = WORKLOADS["grid"](corpus, 0, batch=(1, 2), input_len=64, output_len=8)
+    assert [len(p.items) for p in grid.phases] == [1, 2]
+    assert abs(len(smollm_tokenizer(grid.phases[0].items[0].prompt).input_ids) - 64) <= 4
+    chat = WORKLOADS["chat"](corpus, 0, conversations=2, turns=3)
+    prompts = [i.prompt for i in chat.phases[0].items]
+    assert any(b.startswith(a) and b != a for a in prompts for b in prompts)  # turns resend the history
+
+
+@pytest.fixture(scope="module")
+def bench_results(tiny_server, tiny_chat_model, smollm_tokenizer, tmp_path_factory) -> list[Path]:
+    """A small grid through every target, as two 'commits' (the second a copy with a new commit id)."""
+    corpus = Corpus(smollm_tokenizer)
+    workload = WORKLOADS["grid"](corpus, 0, batch=(1, 3), input_len=24, output_len=6)
+    server = Server(url=tiny_server.url, grpc=tiny_server.service.options.grpc_address)
+    offline = {"model": str(tiny_chat_model), "max_num_seqs": 4, "num_kv_blocks": 32, "max_model_len": 256}
+    result = asyncio.run(runner.run(workload, ["offline", "v1", "v2", "grpc"], 1, server, offline, 5000, 1000,
+                                    log=lambda *_: None))
+    folder = tmp_path_factory.mktemp("bench")
+    first = folder / "a.json"
+    results.save(result, first)
+    later = json.loads(first.read_text())
+    later["git"]["commit"] = "f" * 40
+    later["created"] = "9999-01-01T00:00:00Z"
+    second = folder / "b.json"
+    second.write_text(json.dumps(later))
+    return [first, second]
+
+
+def test_every_target_answers_the_same_workload(bench_results):
+    result = results.load(bench_results[0])
+    assert result["git"]["commit"] and result["machine"]["id"] and result["settings"]["targets"]
+    for target in ("offline", "v1", "v2", "grpc"):
+        for phase in ("b1 in24 out6", "b3 in24 out6"):
+            [run] = result["figures"][f"{target} / {phase}"]["runs"]
+            assert run["failed"] == 0 and run["completed"] == int(phase[1])
+            assert run["output_tokens_per_s"] > 0 and run["ttft_p50_ms"] > 0 and run["tpot_p50_ms"] > 0
+        assert result["figures"]["offline / b3 in24 out6"]["runs"][0]["peak_kv_usage"] > 0
+
+
+def test_compare_cli_exits_1_only_on_a_regression(bench_results, tmp_path, capsys):
+    base = results.load(bench_results[0])
+    base["figures"] = {"gate": {"x": None, "runs": [{"throughput_ratio": 1.0 + i / 100} for i in range(6)]}}
+    slow = json.loads(json.dumps(base))
+    slow["figures"]["gate"]["runs"] = [{"throughput_ratio": 0.8 + i / 100} for i in range(6)]
+    results.save(base, tmp_path / "base.json")
+    results.save(slow, tmp_path / "slow.json")
+    assert bench_main(["compare", str(tmp_path / "base.json"), str(tmp_path / "base.json")]) == 0
+    assert bench_main(["compare", str(tmp_path / "base.json"), str(tmp_path / "slow.json")]) == 1
+    assert "REGRESSION" in capsys.readouterr().out
+
+
+def test_html_report_in_chromium(bench_results, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    out = tmp_path / "report.html"
+    pngs = report.write([str(p) for p in bench_results], str(out))
+    assert len(pngs) == 3 and all(p.read_bytes().startswith(b"\x89PNG") for p in pngs)  # 2 curves + history
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium",
+                                             args=["--no-sandbox", "--disable-gpu", "--no-first-run"])
+        try:
+            page = browser.new_page()
+            page.goto(out.as_uri())
+            assert page.title() == "Codeyard benchmark report"
+            widths = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.complete && i.naturalWidth)")
+            assert len(widths) == 3 and all(w and w > 100 for w in widths)
+            assert page.locator("tbody tr").count() == 16  # 4 targets x 2 phases x 2 results
+            page.screenshot(path=str(ARTIFACTS / "bench-report.png"), full_page=True)
+        finally:
+            browser.close()
+    assert (ARTIFACTS / "bench-report.png").stat().st_size > 10_000
