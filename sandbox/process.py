@@ -62,6 +62,7 @@ class _FdWriter:
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
         os.set_blocking(fd, False)
         self._loop, self._fd, self._buffer, self._closed = loop, fd, bytearray(), False
+        self._watching = False  # registered with the loop: must be undone before the descriptor closes
 
     def is_closing(self) -> bool:
         return self._closed
@@ -70,11 +71,12 @@ class _FdWriter:
         return len(self._buffer)
 
     def write(self, data: bytes) -> None:
-        if self._closed:
+        if self._closed or not data:
             return
-        if not self._buffer:
-            self._loop.add_writer(self._fd, self._flush)
         self._buffer += data
+        if not self._watching:
+            self._loop.add_writer(self._fd, self._flush)
+            self._watching = True
 
     def _flush(self) -> None:
         try:
@@ -85,25 +87,34 @@ class _FdWriter:
             written = len(self._buffer)
         del self._buffer[:written]
         if not self._buffer:
-            self._loop.remove_writer(self._fd)
+            self._unwatch()
             if self._closed:
-                os.close(self._fd)
+                self._release()
 
     def close(self) -> None:
         """No more writes; the descriptor closes once what is buffered has been delivered."""
-        if not self._closed:
-            self._closed = True
-            if not self._buffer:
-                os.close(self._fd)
+        self._closed = True
+        if not self._buffer:
+            self._release()
 
     def abort(self) -> None:
         """Close now, dropping what is buffered (the process has exited: nobody will read it)."""
-        if self._buffer:
-            self._buffer.clear()
+        self._closed = True
+        self._buffer.clear()
+        self._release()
+
+    def _unwatch(self) -> None:
+        if self._watching:
             self._loop.remove_writer(self._fd)
-            if self._closed:  # close() left the closing to the last flush
-                os.close(self._fd)
-        self.close()
+            self._watching = False
+
+    def _release(self) -> None:
+        """Stop watching, then close, once: a number left registered, or closed twice, would hit
+        whatever descriptor takes that number next."""
+        if self._fd >= 0:
+            self._unwatch()
+            os.close(self._fd)
+            self._fd = -1
 
 
 class HostProcess:

@@ -8,9 +8,13 @@ visible on its own: in a process that opens nothing else it fails with EBADF, wh
 
 from __future__ import annotations
 
+import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+from sandbox.process import _FdWriter
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = """
@@ -51,3 +55,25 @@ def test_no_descriptor_is_closed_twice() -> None:
     assert traced.stdout.strip() == "done"
     failed_closes = [line for line in traced.stderr.splitlines() if "EBADF" in line]
     assert failed_closes == []
+
+
+async def test_a_writer_closed_after_an_empty_or_unsent_write_leaves_nothing_watched() -> None:
+    """An empty stdin (`"stdin": ""`) registered the writer and closed the descriptor under it: the
+    next descriptor with that number (a run's pidfd) then failed to register (FileNotFoundError)."""
+    loop = asyncio.get_running_loop()
+    for data, finish in ((b"", "close"), (b"x" * (1 << 20), "abort"), (b"y", "close")):
+        read_end, write_end = os.pipe()
+        writer = _FdWriter(loop, write_end)
+        writer.write(data)
+        getattr(writer, finish)()
+        if finish == "close" and data:
+            await asyncio.sleep(0.05)  # delivered, then closed
+            assert os.read(read_end, 10) == data
+        again_read, again_write = os.pipe()  # takes the lowest free numbers: the writer's one
+        ready = loop.create_future()
+        loop.add_reader(again_read, lambda: ready.done() or ready.set_result(None))
+        os.write(again_write, b"!")
+        await asyncio.wait_for(ready, 5)
+        loop.remove_reader(again_read)
+        for fd in (read_end, again_read, again_write):
+            os.close(fd)
