@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 FileStamp = tuple[int, int, int]  # inode, size, mtime_ns
 OWNER_CHECK_S = 1.0
 WRITE_ATTEMPTS = 3
+ACTIVE_S = 10.0  # how long after an edit (ours or on disk) the file is polled at the fast rate
 
 
 class DiskHost(Protocol):
@@ -97,12 +98,17 @@ class DiskMirror:
         debounce_s: float = 0.2,
         max_delay_s: float = 0.8,
         poll_s: float = 0.25,
+        idle_poll_s: float = 2.0,
     ) -> None:
         self.path = path
         self.host = host
         self.debounce_s = debounce_s
         self.max_delay_s = max_delay_s
-        self.poll_s = poll_s
+        self.poll_s, self.idle_poll_s = poll_s, idle_poll_s
+        # Until then the file is looked at every poll_s; after a quiet while, every idle_poll_s:
+        # a class's hundreds of open rooms each checking their file 4 times a second kept the event
+        # loop busy. Writers we know of (the files API, runs) call check_now at once anyway.
+        self._active_until = 0.0
         self.written_text: str | None = None
         self.written_state = b""
         self.owner = False
@@ -135,6 +141,7 @@ class DiskMirror:
 
     def mark_dirty(self) -> None:
         now = time.monotonic()
+        self._active_until = now + ACTIVE_S
         self._last_dirty = now
         if self._first_dirty is None:
             self._first_dirty = now
@@ -172,7 +179,7 @@ class DiskMirror:
                 self._first_dirty = None
                 await asyncio.sleep(self.poll_s)
                 continue
-            timeout = self.poll_s
+            timeout = self.poll_s if time.monotonic() < self._active_until else self.idle_poll_s
             if self._first_dirty is not None:
                 now = time.monotonic()
                 due = min(self._last_dirty + self.debounce_s, self._first_dirty + self.max_delay_s)
@@ -218,6 +225,7 @@ class DiskMirror:
         if stamp is None or stamp == self._stamp:
             return
         self._stamp = stamp  # even if it is not text: the document then replaces it (see flush)
+        self._active_until = time.monotonic() + ACTIVE_S
         text = await asyncio.to_thread(read_text, self.path)
         if text == self.written_text:
             return

@@ -64,9 +64,9 @@ def public_of_row(row: RunRow) -> RunPublic:
 class OpenEditors:
     """The collab rooms' side of a run: open editors' text is on disk before the run copies it in.
 
-    Files the program writes come back through copy_out; a room that has one of them open notices
-    the change on disk itself (its DiskMirror merges it in as a CRDT edit, keeping what was typed
-    meanwhile), so pushing the text into the room here as well would apply it twice."""
+    Files the program writes come back through copy_out; a room that has one of them open merges
+    the change on disk (its DiskMirror makes it a CRDT edit, keeping what was typed meanwhile) when
+    told so here, or at its next look at the file."""
 
     def __init__(self, rooms_of: Callable[[], object | None], checkpoints_of: Callable[[], object | None] = lambda: None) -> None:
         self._rooms_of, self._checkpoints_of = rooms_of, checkpoints_of
@@ -74,6 +74,13 @@ class OpenEditors:
     async def flush(self, project_id: str) -> None:
         if (rooms := self._rooms_of()) is not None:
             await rooms.flush_project(project_id)
+
+    async def files_written(self, project_id: str, paths: list[str]) -> None:
+        """Merge what a run wrote into the rooms that have it open, now rather than at their next poll."""
+        if (rooms := self._rooms_of()) is not None:
+            for path in paths:
+                for key in rooms.open_keys(project_id, path):
+                    await rooms.file_changed(key)
 
     async def checkpoint(self, project_id: str, message: str) -> None:
         """Flush, then commit a history checkpoint crediting who edited (when history is on)."""
@@ -182,6 +189,8 @@ class ProjectRuns:
         await self.service.wait(record.id)
         self.files_changed(record.project_id)  # what it wrote, and declarations its package installs pinned
         try:
+            if record.result is not None:
+                await self.editors.files_written(record.project_id, record.result.files_written)
             await asyncio.to_thread(self._store, record)
         except Exception:
             log.exception("could not finish run %s", record.id)
