@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Response, status
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 from starlette.requests import HTTPConnection
 
 from deploy_service.secret_box import SecretBox
@@ -40,7 +40,7 @@ class SecretUpdate(BaseModel):
 
 
 class SecretSettingsUpdate(BaseModel):
-    expose_to_runs: bool
+    expose_to_runs: StrictBool  # strict: 0.0 or "no" is a 422, not False
 
 
 async def _secrets(conn: HTTPConnection) -> ProjectSecrets:

@@ -3,7 +3,7 @@
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, field_validator
+from pydantic import AfterValidator, BaseModel, Field, StrictBool, field_validator
 
 from ide_server import paths
 from sandbox.limits import Limits, asked_limit
@@ -31,7 +31,7 @@ class RunCreate(BaseModel):
 
     entry: str | None = Field(default=None, max_length=1000)
     stdin: str | None = Field(default=None, max_length=1 << 20)
-    interactive: bool = False
+    interactive: StrictBool = False
     limits: dict[LimitName, float] = Field(default_factory=dict, description=(
         "Each a finite number above 0 (at least 1 for counts and bytes) and at most 2**53; "
         "above the server maximum it is lowered to it."))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 Path = Annotated[str, Field(min_length=1, max_length=1024)]
 Text = Annotated[str, Field(max_length=200_000)]
@@ -60,4 +60,4 @@ class AssistantPublic(BaseModel):
 
 
 class AssistantUpdate(BaseModel):
-    enabled: bool
+    enabled: StrictBool  # strict: 0.0 or "no" is a 422, not False
