@@ -97,10 +97,15 @@ def start_session(db: Session, settings: Settings, user: User) -> str:
 
 
 def user_for_session(db: Session, token: str) -> User | None:
-    row = db.get(LoginSession, security.token_hash(token))
-    if row is None or row.expires_at <= utcnow():
+    """One query (every request asks it): the session's user and when the session expires."""
+    found = db.execute(
+        select(User, LoginSession.expires_at)
+        .join(LoginSession, LoginSession.user_id == User.id)
+        .where(LoginSession.token_hash == security.token_hash(token))
+    ).first()
+    if found is None or found.expires_at <= utcnow():
         return None
-    return row.user
+    return found.User
 
 
 def end_session(db: Session, token: str) -> None:

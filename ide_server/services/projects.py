@@ -41,8 +41,14 @@ def authorize(db: Session, project_id: str, user: User | None, min_role: Role, p
     Projects the caller cannot see answer 404 (401 for anonymous callers), whether or not they
     exist, so ids of private projects don't leak. A visible project with too weak a role: 403.
     """
-    project = db.get(Project, project_id)
-    role = role_of(db, project_id, user) if project is not None else None
+    # One query (every project request asks it): the project and the caller's membership.
+    found = db.execute(
+        select(Project, Membership.role)
+        .outerjoin(Membership, (Membership.project_id == Project.id) & (Membership.user_id == (user.id if user else None)))
+        .where(Project.id == project_id)
+    ).first()
+    project = found.Project if found is not None else None
+    role = Role(found.role) if found is not None and found.role is not None else None
     is_public = project is not None and project.visibility == Visibility.public
     if project is None or (role is None and not is_public):
         if user is None:
