@@ -136,8 +136,10 @@ class YClient:
 class Student:
     """One simulated student: an HTTP session, a project and three collab sockets."""
 
-    def __init__(self, base: str, index: int, tally: Tally, args: argparse.Namespace, stop_at: float) -> None:
+    def __init__(self, base: str, index: int, tally: Tally, args: argparse.Namespace, stop_at: float,
+                 partner: str) -> None:
         self.base, self.index, self.tally, self.args, self.stop_at = base, index, tally, args, stop_at
+        self.partner = partner  # the replica the partner's tab talks to (the same one with a single server)
         self.http = httpx.AsyncClient(base_url=base, timeout=TIMEOUT_S, verify=NO_TLS)
         self.name = f"s{int(time.time() * 1000) % 10**9}x{index}"
         self.project = ""
@@ -164,13 +166,14 @@ class Student:
             return None
         return response
 
-    async def socket(self, path: str) -> YClient | None:
+    async def socket(self, path: str, base: str | None = None) -> YClient | None:
         cookie = "; ".join(f"{k}={v}" for k, v in self.http.cookies.items())
-        url = self.base.replace("http", "ws", 1) + f"/ws/collab/{self.project}/{path}"
+        base = base or self.base
+        url = base.replace("http", "ws", 1) + f"/ws/collab/{self.project}/{path}"
         started = time.monotonic()
         try:
             ws = await asyncio.wait_for(websockets.connect(
-                url, additional_headers={"Cookie": cookie}, origin=self.base, max_size=None), TIMEOUT_S)
+                url, additional_headers={"Cookie": cookie}, origin=base, max_size=None), TIMEOUT_S)
         except TimeoutError:
             self.tally.timeouts["socket"] += 1
             return None
@@ -199,7 +202,7 @@ class Student:
             if not await self.join():
                 return
             editor = await self.socket("main.py")
-            typist, watcher = await self.socket("notes.md"), await self.socket("notes.md")
+            typist, watcher = await self.socket("notes.md"), await self.socket("notes.md", self.partner)
             if not (editor and typist and watcher):
                 return
             typing = asyncio.create_task(self.keep_typing(typist, watcher))
@@ -274,23 +277,27 @@ class Student:
         self.tally.timeouts["run_e2e"] += 1
 
 
-async def run_step(base: str, users: int, args: argparse.Namespace, server_pid: int) -> dict:
-    """One step: `users` students for `args.seconds`; the summary as a dict."""
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    return sum(sum(p.cpu_times()[:2]) for p in processes)
+
+
+async def run_step(bases: list[str], users: int, args: argparse.Namespace, server_pids: list[int]) -> dict:
+    """One step: `users` students for `args.seconds`, spread over the replicas; the summary as a dict."""
     tally = Tally()
-    server, client = psutil.Process(server_pid), psutil.Process()
-    cpu_before, client_before, started = sum(server.cpu_times()[:2]), sum(client.cpu_times()[:2]), time.monotonic()
+    servers, client = [psutil.Process(pid) for pid in server_pids], psutil.Process()
+    cpu_before, client_before, started = cpu_seconds(servers), cpu_seconds([client]), time.monotonic()
     stop_at = started + args.seconds
     ramp = args.ramp / max(1, users)
 
     async def student(i: int) -> None:
         await asyncio.sleep(i * ramp)
-        await Student(base, i, tally, args, stop_at).live()
+        await Student(bases[i % len(bases)], i, tally, args, stop_at, partner=bases[(i + 1) % len(bases)]).live()
 
     await asyncio.gather(*(student(i) for i in range(users)))
     elapsed = time.monotonic() - started
-    cpu = sum(server.cpu_times()[:2]) - cpu_before
-    client_cpu = sum(client.cpu_times()[:2]) - client_before
-    memory = server.memory_info().rss + sum(c.memory_info().rss for c in server.children(recursive=True))
+    cpu = cpu_seconds(servers) - cpu_before
+    client_cpu = cpu_seconds([client]) - client_before
+    memory = sum(s.memory_info().rss + sum(c.memory_info().rss for c in s.children(recursive=True)) for s in servers)
     api = [v for op, values in tally.latencies.items() if op not in ("keystroke", "run_e2e", "socket") for v in values]
     ops = {op: {"n": len(v), "p50_ms": percentile(v, 0.5) * 1000, "p99_ms": percentile(v, 0.99) * 1000}
            for op, v in sorted(tally.latencies.items())}
@@ -358,12 +365,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--run-every", type=int, default=8, help="run the program every N iterations")
     parser.add_argument("--postgres", help="SQLAlchemy URL of an empty PostgreSQL database (else SQLite)")
     parser.add_argument("--redis", help="Redis URL (with --postgres: the multi-replica setup's services)")
+    parser.add_argument("--replicas", type=int, default=1, help="servers sharing the data (needs --postgres and "
+                        "--redis for more than one); each student's partner tab talks to the next one")
     parser.add_argument("--json", type=Path, help="also write the results here")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
+    if args.replicas > 1 and not (args.postgres and args.redis):
+        raise SystemExit("--replicas above 1 needs --postgres and --redis (what several replicas share)")
     settings = {}
     if args.postgres:
         settings["CODEYARD_DATABASE_URL"] = args.postgres
@@ -373,19 +384,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
     with ExitStack() as stack:
         data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="codeyard-load-", ignore_cleanup_errors=True)))
         data_dir.chmod(0o755)  # sandbox uids read the package environments under it
-        base = stack.enter_context(codeyard_serve(data_dir, settings))
-        pid = next(c.pid for c in psutil.net_connections("tcp")
-                   if c.status == psutil.CONN_LISTEN and c.laddr.port == int(base.rsplit(":", 1)[1]))
-        print(f"server {base} (pid {pid}) on {'PostgreSQL' if args.postgres else 'SQLite'}"
+        bases = [stack.enter_context(codeyard_serve(data_dir, settings, log_name=f"serve{i}.log"))
+                 for i in range(args.replicas)]
+        pids = [next(c.pid for c in psutil.net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == int(base.rsplit(":", 1)[1])) for base in bases]
+        print(f"{len(bases)} server(s) {' '.join(bases)} (pids {pids}) on {'PostgreSQL' if args.postgres else 'SQLite'}"
               f"{' + Redis' if args.redis else ''}; think {args.think} s, keystroke every {args.keystroke_every} s, "
               f"run every {args.run_every} iterations")
-        log, seen = data_dir / "serve.log", 0
+        logs, seen = [data_dir / f"serve{i}.log" for i in range(len(bases))], [0] * len(bases)
         for users in (int(u) for u in args.users.split(",")):
-            result = asyncio.run(run_step(base, users, args, pid))
-            lines = log.read_text(errors="replace").splitlines()
-            result["server_log_errors"] = [summarise_log_line(line) for line in lines[seen:] if SERVER_TROUBLE.search(line)]
-            result["server_side_ms"] = server_side_latency(lines[seen:])
-            seen = len(lines)
+            result = asyncio.run(run_step(bases, users, args, pids))
+            lines = []
+            for i, log in enumerate(logs):
+                all_lines = log.read_text(errors="replace").splitlines()
+                lines += all_lines[seen[i]:]
+                seen[i] = len(all_lines)
+            result["server_log_errors"] = [summarise_log_line(line) for line in lines if SERVER_TROUBLE.search(line)]
+            result["server_side_ms"] = server_side_latency(lines)
             print_step(result)
             results.append(result)
     if args.json:
