@@ -14,6 +14,13 @@ waste (paged blocks vs a contiguous max-length reservation).
     .venv/bin/python benchmarks/llm_throughput.py --quick         # 16 prompts
     .venv/bin/python benchmarks/llm_throughput.py --systems engine,hf-batch --json out.json
     .venv/bin/python benchmarks/llm_throughput.py --dtype bfloat16 --sequential-prompts 16
+    .venv/bin/python benchmarks/llm_throughput.py --single-stream   # one request: quantized rows
+    .venv/bin/python benchmarks/llm_throughput.py --perplexity      # accuracy of each method
+
+`--single-stream` decodes one request at a time (what an inline completion feels) for each
+quantization row (QUANT_ROWS) and llama.cpp, printing ms per output token, tok/s, the weight
+memory against bf16 and where an engine step's time goes. `--perplexity` prints each row's
+perplexity over a few thousand tokens of the Python standard library's own source.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import sys
 import time
@@ -199,6 +207,159 @@ def throughput_ratios(summaries: dict[str, RunSummary]) -> dict[str, dict[str, f
     return ratios
 
 
+# (label, dtype, quantization) rows of --single-stream and --perplexity; "auto" keeps the GGUF's
+# Q4_1 blocks (int4 g32) and its Q8_0 embedding/LM head; the others start from the dequantized floats.
+QUANT_ROWS = [
+    ("float32", "float32", None),
+    ("bfloat16", "bfloat16", None),
+    ("gguf kept (default)", "float32", "auto"),
+    ("int8", "float32", "int8"),
+    ("int4 g32 sym", "float32", {"method": "int4", "group_size": 32, "symmetric": True}),
+    ("int4 g32 asym", "float32", {"method": "int4", "group_size": 32, "symmetric": False}),
+    ("int4 g64 asym", "float32", {"method": "int4", "group_size": 64, "symmetric": False}),
+    ("int4 g128 asym", "float32", {"method": "int4", "group_size": 128, "symmetric": False}),
+]
+PPL_GOALS = {"int8": 0.01, "int4 g32 asym": 0.03}  # relative to bfloat16 (issue 16), else the first row
+SINGLE_GOAL = 1.3  # single-stream decode tok/s vs llama.cpp
+MEMORY_GOALS = {"int8": 0.55, "int4": 0.35}  # weight bytes vs bf16
+
+
+def quant_llm(gguf: Path, dtype: str, quantization, args: argparse.Namespace):
+    from llm_engine import LLM
+
+    return LLM(model=str(gguf), dtype=dtype, quantization=quantization, kv_cache_memory="256MiB",
+               num_threads=args.threads, max_num_batched_tokens=args.max_num_batched_tokens)
+
+
+class StepClock:
+    """Wall time of an engine's steps split into forward (decoder layers), logits (LM head),
+    sampling and the rest (scheduling, detokenizing, outputs), by wrapping those calls."""
+
+    def __init__(self, llm) -> None:
+        self.totals = dict.fromkeys(("step", "forward+logits", "logits", "sample"), 0.0)
+        engine, runner = llm.engine, llm.engine.model_runner
+        engine.step = self.timed("step", engine.step)
+        runner.execute = self.timed("forward+logits", runner.execute)
+        runner.model.compute_logits = self.timed("logits", runner.model.compute_logits)
+        runner.sample = self.timed("sample", runner.sample)
+
+    def timed(self, key: str, function):
+        def wrapper(*a, **kw):
+            start = time.perf_counter()
+            try:
+                return function(*a, **kw)
+            finally:
+                self.totals[key] += time.perf_counter() - start
+        return wrapper
+
+    def breakdown(self, steps: int) -> dict[str, float]:
+        """Milliseconds per step."""
+        t = {k: v * 1000 / steps for k, v in self.totals.items()}
+        return {"layers": t["forward+logits"] - t["logits"], "lm_head": t["logits"], "sample": t["sample"],
+                "other": t["step"] - t["forward+logits"] - t["sample"], "step": t["step"]}
+
+
+def single_stream(gguf: Path, args: argparse.Namespace) -> dict:
+    """One request at a time: ms per output token after the first (decode only), per row."""
+    from llm_engine import SamplingParams
+
+    workload = [BenchRequest(r.prompt_token_ids[:32], args.single_tokens)
+                for r in random_workload(args.single_requests, VOCAB_LOW, VOCAB_HIGH, seed=args.seed)]
+    rows: dict[str, dict] = {}
+    bf16_bytes = None
+    for label, dtype, quantization in QUANT_ROWS:
+        if label not in args.rows:
+            continue
+        print(f"single-stream: {label} ...", file=sys.stderr, flush=True)
+        llm = quant_llm(gguf, dtype, quantization, args)
+        params = SamplingParams(temperature=0, max_tokens=args.single_tokens, ignore_eos=True)
+        llm.generate([workload[0].prompt_token_ids], params, use_tqdm=False)  # warm-up
+        clock = StepClock(llm)
+        tpots = []
+        for req in workload:
+            out = llm.generate([req.prompt_token_ids], params, use_tqdm=False)[0]
+            m = out.metrics
+            tpots.append((m.finished_time - m.first_token_time) / (len(out.outputs[0].token_ids) - 1))
+        steps = len(workload) * args.single_tokens
+        weight_bytes = llm.engine.model_runner.weight_bytes
+        if dtype == "float32" and quantization is None:
+            bf16_bytes = weight_bytes // 2  # the same parameters at 2 bytes
+        rows[label] = {"ms_per_token": 1000 * sum(tpots) / len(tpots), "weight_bytes": weight_bytes,
+                       "breakdown_ms": clock.breakdown(steps)}
+        del llm
+    if "llamacpp" in args.systems:
+        print("single-stream: llamacpp ...", file=sys.stderr, flush=True)
+        timings, _ = _baselines.run_llamacpp(gguf, workload, args.threads, progress_line("llamacpp"))
+        rows["llama.cpp Q4_1"] = {"ms_per_token": 1000 * sum((t.finished - t.first_token) / (t.num_tokens - 1)
+                                                             for t in timings) / len(timings)}
+    llama = rows.get("llama.cpp Q4_1", {}).get("ms_per_token")
+    print(f"\n== single stream: {len(workload)} requests x {args.single_tokens} tokens, 32-token prompts, "
+          f"{args.threads} threads ==")
+    print(f"{'row':<22}{'ms/token':>9}{'tok/s':>8}{'vs llama.cpp':>13}{'weights MB':>11}{'vs bf16':>8}   "
+          "per step ms: layers / LM head / sample / other")
+    for label, row in rows.items():
+        row["tok_per_s"] = 1000 / row["ms_per_token"]
+        ratio = llama / row["ms_per_token"] if llama else float("nan")
+        row["vs_llamacpp"] = ratio
+        line = f"{label:<22}{row['ms_per_token']:9.2f}{row['tok_per_s']:8.1f}{ratio:12.2f}x"
+        if "weight_bytes" in row and bf16_bytes:
+            row["vs_bf16"] = row["weight_bytes"] / bf16_bytes
+            b = row["breakdown_ms"]
+            line += (f"{row['weight_bytes'] / 1e6:11.1f}{row['vs_bf16']:8.2f}   "
+                     f"{b['layers']:.2f} / {b['lm_head']:.2f} / {b['sample']:.2f} / {b['other']:.2f}")
+        print(line)
+    if llama:
+        best = min((r["ms_per_token"], k) for k, r in rows.items() if k != "llama.cpp Q4_1")
+        print(f"fastest engine row {best[1]}: {llama / best[0]:.2f}x llama.cpp "
+              f"(goal >= {SINGLE_GOAL:g}x: {mark(llama / best[0] >= SINGLE_GOAL)})")
+    for method, goal in MEMORY_GOALS.items():
+        for label, row in rows.items():
+            if label.startswith(method) and "vs_bf16" in row:
+                print(f"weights {label}: {row['vs_bf16']:.2f}x bf16 (goal <= {goal}x: {mark(row['vs_bf16'] <= goal)})")
+    return rows
+
+
+def python_source_tokens(tokenizer, count: int) -> list[int]:
+    """The first `count` tokens of a fixed list of the standard library's own modules."""
+    import sysconfig
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    text = "\n".join((stdlib / name).read_text() for name in ("textwrap.py", "functools.py", "bisect.py",
+                                                              "heapq.py", "contextlib.py"))
+    ids = tokenizer(text).input_ids
+    if len(ids) < count:
+        raise SystemExit(f"only {len(ids)} tokens of stdlib source")
+    return ids[:count]
+
+
+def perplexity(gguf: Path, args: argparse.Namespace) -> dict:
+    """exp(mean negative log-likelihood) over windows of `--ppl-window` tokens (each scored from
+    its own start), the same tokens for every row."""
+    from llm_engine import SamplingParams
+
+    rows: dict[str, float] = {}
+    for label, dtype, quantization in QUANT_ROWS:
+        if label not in args.rows:
+            continue
+        print(f"perplexity: {label} ...", file=sys.stderr, flush=True)
+        llm = quant_llm(gguf, dtype, quantization, args)
+        ids = python_source_tokens(llm.get_tokenizer(), args.ppl_tokens)
+        windows = [ids[i:i + args.ppl_window] for i in range(0, len(ids), args.ppl_window)]
+        outs = llm.generate(windows, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+        nll = [-entry[token].logprob for out, window in zip(outs, windows)
+               for entry, token in zip(out.prompt_logprobs[1:], window[1:])]
+        rows[label] = math.exp(sum(nll) / len(nll))
+        del llm
+    base_label = "bfloat16" if "bfloat16" in rows else next(iter(rows))
+    base = rows[base_label]
+    print(f"\n== perplexity: {args.ppl_tokens} tokens of stdlib Python source, windows of {args.ppl_window} ==")
+    for label, value in rows.items():
+        goal = PPL_GOALS.get(label)
+        note = f"  (goal <= +{goal:.0%}: {mark(value <= base * (1 + goal))})" if goal is not None else ""
+        print(f"{label:<22}{value:9.4f}  {100 * (value / base - 1):+6.2f}% vs {base_label}{note}")
+    return rows
+
+
 def mark(met: bool) -> str:
     return "MET" if met else "NOT MET"
 
@@ -225,7 +386,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--kv-cache-memory", default="3GiB")
     p.add_argument("--json", type=Path, help="also write every figure to this file")
+    p.add_argument("--single-stream", action="store_true",
+                   help="only the single-stream decode comparison of the quantization rows and llama.cpp")
+    p.add_argument("--single-requests", type=int, default=3)
+    p.add_argument("--single-tokens", type=int, default=64)
+    p.add_argument("--perplexity", action="store_true", help="only the perplexity of each quantization row")
+    p.add_argument("--ppl-tokens", type=int, default=4096)
+    p.add_argument("--ppl-window", type=int, default=512)
+    p.add_argument("--rows", help="comma-separated subset of the quantization rows (default: all): "
+                                  + ",".join(label for label, _, _ in QUANT_ROWS))
     args = p.parse_args(argv)
+    labels = [label for label, _, _ in QUANT_ROWS]
+    args.rows = [r.strip() for r in args.rows.split(",")] if args.rows else labels
+    if set(args.rows) - set(labels):
+        p.error(f"--rows: unknown {sorted(set(args.rows) - set(labels))}")
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = sorted(set(args.systems) - set(SYSTEMS))
     if unknown or not args.systems:
@@ -262,6 +436,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     gguf = find_smollm2_gguf()
+    if args.single_stream or args.perplexity:
+        report = {"single_stream": single_stream(gguf, args)} if args.single_stream else {}
+        if args.perplexity:
+            report["perplexity"] = perplexity(gguf, args)
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2))
+        return report
     workload = random_workload(args.num_prompts, VOCAB_LOW, VOCAB_HIGH, seed=args.seed)
     max_len = max(len(r.prompt_token_ids) + r.max_tokens for r in workload)
     prompt_tokens = sum(len(r.prompt_token_ids) for r in workload)

@@ -114,19 +114,18 @@ def quantize_int4(w: torch.Tensor, group: int, symmetric: bool
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Round-to-nearest int4 codes 0..15 [N, K] with w ~ q * scale + offset per group
     (float16 scales and offsets).
-    Symmetric: zero point 8, scale absmax/7; asymmetric: scale (max - min)/15 and an integer
-    zero point, so the offset is -zero * scale (AWQ/GPTQ's form)."""
+    Symmetric: zero point 8, scale absmax/7 (offset -8 * scale); asymmetric: scale (max - min)/15
+    and offset min, a real-valued zero point as in GGUF's Q4_1 (an integer zero point z, AWQ/GPTQ's
+    form, is the offset -z * scale), so the 16 levels span exactly the group's range."""
     g = _grouped(w.float(), group)
     if symmetric:
         scales = (g.abs().amax(-1) / 7).clamp(min=1e-7).half().float()
-        zeros = torch.full_like(scales, 8.0)
+        offsets = -8 * scales
     else:
-        low, high = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
-        scales = ((high - low) / 15).clamp(min=1e-7).half().float()
-        zeros = torch.round(-low / scales).clamp(0, 15)
-    q = (torch.round(g / scales.unsqueeze(-1)) + zeros.unsqueeze(-1)).clamp(0, 15).to(torch.uint8)
-    offsets = (-zeros * scales).half()
-    return _ungrouped(q, w.shape[1]).contiguous(), scales.half().contiguous(), offsets.contiguous()
+        offsets = g.amin(-1).half().float()
+        scales = ((g.amax(-1) - offsets) / 15).clamp(min=1e-7).half().float()
+    q = torch.round((g - offsets.unsqueeze(-1)) / scales.unsqueeze(-1)).clamp(0, 15).to(torch.uint8)
+    return _ungrouped(q, w.shape[1]).contiguous(), scales.half().contiguous(), offsets.half().contiguous()
 
 
 def pack_int4(q: torch.Tensor, group: int) -> torch.Tensor:
