@@ -54,20 +54,18 @@ def connection_class(lock: threading.Lock, wait_s: float) -> type[sqlite3.Connec
                 lock.release()
 
         def commit(self) -> None:
-            try:
-                super().commit()
-            finally:
-                self.give_back()
+            self._ending(super().commit)
 
         def rollback(self) -> None:
-            try:
-                super().rollback()
-            finally:
-                self.give_back()
+            self._ending(super().rollback)
 
         def close(self) -> None:
+            self._ending(super().close)
+
+        def _ending(self, end) -> None:
+            """The transaction ends (or the connection): the next writer may go, whatever happened."""
             try:
-                super().close()
+                end()
             finally:
                 self.give_back()
 

@@ -31,6 +31,14 @@ def file_path(project_root: Path, project_id: str) -> Path:
     return path
 
 
+async def joined(manager: RoomManager, key: RoomKey) -> PyClient:
+    """alice, in the room once it has adopted the file as written."""
+    alice = PyClient(manager, key, "alice")
+    await alice.start()
+    await eventually(lambda: key in manager.rooms and manager.rooms[key].mirror.written_text == "hello 😀\n")
+    return alice
+
+
 @pytest.fixture
 def key(project_id: str) -> RoomKey:
     return RoomKey(project_id, "notes.md")
@@ -167,9 +175,7 @@ async def test_outside_change_merges_with_unsaved_concurrent_typing(
 async def test_a_write_never_overwrites_a_change_on_disk_it_has_not_seen(
     manager: RoomManager, key: RoomKey, file_path: Path
 ) -> None:
-    alice = PyClient(manager, key, "alice")
-    await alice.start()
-    await eventually(lambda: key in manager.rooms and manager.rooms[key].mirror.written_text == "hello 😀\n")
+    alice = await joined(manager, key)
     room = manager.rooms[key]
     room.mirror.debounce_s = room.mirror.max_delay_s = 5.0
     alice.type(0, "typed ")
@@ -194,9 +200,7 @@ async def test_two_quick_outside_changes_apply_once_each(
 ) -> None:
     """Two saves through the files API (or a program writing twice) before any write of ours: the
     second is diffed against the first, not against the text we last wrote (issue 14, item 1)."""
-    alice = PyClient(manager, key, "alice")
-    await alice.start()
-    await eventually(lambda: key in manager.rooms and manager.rooms[key].mirror.written_text == "hello 😀\n")
+    alice = await joined(manager, key)
     room = manager.rooms[key]
     room.mirror.poll_s = 60.0  # only the files API's notifications merge
     await asyncio.sleep(0.3)
@@ -221,9 +225,7 @@ async def test_two_quick_outside_changes_apply_once_each(
 async def test_an_outside_write_landing_during_our_write_is_merged_not_overwritten(
     manager: RoomManager, key: RoomKey, file_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    alice = PyClient(manager, key, "alice")
-    await alice.start()
-    await eventually(lambda: key in manager.rooms and manager.rooms[key].mirror.written_text == "hello 😀\n")
+    alice = await joined(manager, key)
     room = manager.rooms[key]
     room.mirror.debounce_s = room.mirror.max_delay_s = room.mirror.poll_s = 60.0
     await asyncio.sleep(0.3)
@@ -274,9 +276,7 @@ async def test_an_outside_change_is_diffed_off_the_event_loop(
     """Diffing a large file takes long: on the event loop it stalled every room and request."""
     import collab.room
 
-    alice = PyClient(manager, key, "alice")
-    await alice.start()
-    await eventually(lambda: key in manager.rooms and manager.rooms[key].mirror.written_text == "hello 😀\n")
+    alice = await joined(manager, key)
     threads, rebase = [], collab.room._rebase
 
     def recorded(*args):
