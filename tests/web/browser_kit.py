@@ -1,7 +1,10 @@
 """Debian's Chromium flags and signed-in helpers (shared by the browser tests and benchmarks/web_bench.py);
 `codeyard serve` as a subprocess comes from tests/serve_process.py."""
 
+from contextlib import contextmanager
+
 import httpx
+from playwright.sync_api import expect
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -55,3 +58,26 @@ def signed_in_context(browser, server_url: str, username: str, *, register: bool
         context.request.post(server_url + "/api/auth/register", data=credentials)
     context.request.post(server_url + "/api/auth/login", data=credentials)
     return context
+
+
+@contextmanager
+def workspace_pages(browser, server_url: str):
+    """Yields open(username, project_id, width=1280, height=720, theme=None) -> a page showing the
+    project's workspace (synced), each in a signed-in context of its own; all close afterwards."""
+    contexts = []
+
+    def open_page(username: str, project_id: str, width: int = 1280, height: int = 720, theme: str | None = None):
+        context = signed_in_context(browser, server_url, username, width=width, height=height)
+        contexts.append(context)
+        if theme is not None:
+            context.add_init_script(f"localStorage.setItem('codeyard-theme', '{theme}')")
+        page = context.new_page()
+        page.goto(f"{server_url}/projects/{project_id}")
+        expect(page.locator("#connection")).to_have_text("Synced")
+        return page
+
+    try:
+        yield open_page
+    finally:
+        for context in contexts:
+            context.close()

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from browser_kit import api_client, editor_text, join, signed_in_context
+from browser_kit import api_client, editor_text, join, workspace_pages
 from serve_process import codeyard_serve
 
 OWNER, EDITOR = "aiowner", "aieditor"
@@ -39,19 +39,8 @@ def project_id(server_url, owner_api) -> str:
 
 @pytest.fixture
 def open_as(server_url, browser, project_id):
-    contexts = []
-
-    def open_page(username: str):
-        context = signed_in_context(browser, server_url, username)
-        contexts.append(context)
-        page = context.new_page()
-        page.goto(f"{server_url}/projects/{project_id}")
-        expect(page.locator("#connection")).to_have_text("Synced")
-        return page
-
-    yield open_page
-    for context in contexts:
-        context.close()
+    with workspace_pages(browser, server_url) as open_page:
+        yield lambda username: open_page(username, project_id)
 
 
 def test_typing_shows_ghost_text_and_tab_accepts_it(open_as, screenshot):

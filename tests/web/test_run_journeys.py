@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from browser_kit import api_client, join, signed_in_context
+from browser_kit import api_client, join, workspace_pages
 from serve_process import codeyard_serve
 
 OWNER, PARTNER = "rjowner", "rjpartner"
@@ -46,20 +46,8 @@ def project_id(server_url, owner) -> str:
 @pytest.fixture
 def open_as(server_url, browser):
     """open_as(username, project_id) -> the project's workspace in a browser context of its own, light, 1366x768."""
-    contexts = []
-
-    def open_page(username: str, project_id: str):
-        context = signed_in_context(browser, server_url, username, width=1366, height=768)
-        context.add_init_script("localStorage.setItem('codeyard-theme', 'light')")
-        contexts.append(context)
-        page = context.new_page()
-        page.goto(f"{server_url}/projects/{project_id}")
-        expect(page.locator("#connection")).to_have_text("Synced")
-        return page
-
-    yield open_page
-    for context in contexts:
-        context.close()
+    with workspace_pages(browser, server_url) as open_page:
+        yield lambda username, project_id: open_page(username, project_id, 1366, 768, theme="light")
 
 
 def write(owner, project_id: str, path: str, text: str) -> None:

@@ -7,7 +7,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from browser_kit import api_client, editor_text, join, signed_in_context
+from browser_kit import api_client, editor_text, join, signed_in_context, workspace_pages
 
 OWNER, EDITOR, VIEWER = "wsowner", "wseditor", "wsviewer"
 PROMPT_ANSWERS: dict = {}
@@ -27,20 +27,13 @@ def project_id(server_url) -> str:
 @pytest.fixture
 def open_as(server_url, browser, project_id):
     """open_as(username) -> a page showing the project's workspace, signed in as that user."""
-    contexts = []
+    with workspace_pages(browser, server_url) as open_page:
+        def open_with_prompts(username: str, width: int = 1280, height: int = 720):
+            page = open_page(username, project_id, width, height)
+            page.on("dialog", lambda dialog: dialog.accept(PROMPT_ANSWERS.get(page, "")))
+            return page
 
-    def open_page(username: str, width: int = 1280, height: int = 720):
-        context = signed_in_context(browser, server_url, username, width=width, height=height)
-        contexts.append(context)
-        page = context.new_page()
-        page.on("dialog", lambda dialog: dialog.accept(PROMPT_ANSWERS.get(page, "")))
-        page.goto(f"{server_url}/projects/{project_id}")
-        expect(page.locator("#connection")).to_have_text("Synced")
-        return page
-
-    yield open_page
-    for context in contexts:
-        context.close()
+        yield open_with_prompts
 
 
 def answer_next_prompt(page, text: str) -> None:
