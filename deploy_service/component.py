@@ -41,8 +41,13 @@ log = logging.getLogger(__name__)
 router = APIRouter(tags=["deployments"], responses={**ERROR_RESPONSES, 503: {"description": "No sandbox on this server"}})
 
 
-async def _deploys(conn: HTTPConnection) -> DeployService:
+def deploys_of(conn: HTTPConnection) -> DeployService:
     return conn.app.state.deploys
+
+
+async def _deploys(conn: HTTPConnection) -> DeployService:
+    """Async, as every dependency without I/O: a sync one costs a worker-thread hop per request."""
+    return deploys_of(conn)
 
 
 Deploys = Annotated[DeployService, Depends(_deploys)]
@@ -89,7 +94,7 @@ async def delete(ctx: ProjectOwner, deploys: Deploys) -> Response:
 async def logs_socket(websocket: WebSocket, project_id: str) -> None:
     """Build and runtime log frames {"type": "log", "release", "stream", "data", "time"}: the kept tail, then live."""
     await websocket.accept()
-    deploys = _deploys(websocket)
+    deploys = deploys_of(websocket)
 
     def authorize() -> None:
         with websocket.app.state.sessionmaker() as db:

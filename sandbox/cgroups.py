@@ -218,7 +218,12 @@ class CgroupV1(RunCgroup):
         return int((self.dirs["memory"] / "memory.failcnt").read_text()) > 0
 
     def cpu_seconds(self) -> float:
-        return int((self.dirs["cpuacct"] / "cpuacct.usage").read_text()) / 1e9
+        """0 once the cgroup is gone (Docker may remove a container's cgroups under ours): the
+        run's rusage still counts, and a vanished cgroup must not turn a verdict into internal_error."""
+        try:
+            return int((self.dirs["cpuacct"] / "cpuacct.usage").read_text()) / 1e9
+        except FileNotFoundError:
+            return 0.0
 
     def pids(self) -> list[int]:
         """Processes of the run's cgroup and of any below it (Docker's container cgroup), as in v2."""
