@@ -60,9 +60,9 @@ class ChangedMeanwhile(Exception):
     """The file changed after we last looked: merge that change before writing."""
 
 
-def write_text_atomic(path: Path, text: str, expected: FileStamp | None | bool = False) -> None:
-    """Write through a temp file and rename; with `expected` (a stamp, or None for "no file"), only
-    if the file is still as we last saw it, so a save that lands while we write is not overwritten."""
+def write_text_atomic(path: Path, text: str, expected: FileStamp | None) -> None:
+    """Write through a temp file and rename, only if the file is still as we last saw it (`expected`,
+    None for "no file"), so a save that lands while we write is not overwritten."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".codeyard-tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -71,7 +71,7 @@ def write_text_atomic(path: Path, text: str, expected: FileStamp | None | bool =
             os.fsync(handle.fileno())
         if path.exists():
             os.chmod(tmp, path.stat().st_mode & 0o7777)
-        if expected is not False and file_stamp(path) != expected:
+        if file_stamp(path) != expected:
             raise ChangedMeanwhile(str(path))
         os.replace(tmp, path)
     except BaseException:
