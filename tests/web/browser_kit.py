@@ -81,3 +81,12 @@ def workspace_pages(browser, server_url: str):
     finally:
         for context in contexts:
             context.close()
+
+
+def open_shell(page):
+    """The workspace's Shell pane: opened, at its prompt, focused for typing."""
+    page.locator("#shell-tab").click()
+    shell = page.locator("#shell")
+    expect(shell.locator(".xterm-rows")).to_contain_text("$", timeout=20_000)
+    shell.locator(".xterm-helper-textarea").focus()
+    return shell

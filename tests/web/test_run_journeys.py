@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from browser_kit import api_client, join, workspace_pages
+from browser_kit import api_client, join, open_shell, workspace_pages
 from serve_process import codeyard_serve
 
 OWNER, PARTNER = "rjowner", "rjpartner"
@@ -127,10 +127,7 @@ def test_partner_sees_the_run_and_its_files(owner, project_id, open_as, screensh
     screenshot(bob, "runs-partner-console")
     bob.locator("#show-generated").uncheck()
     # Files made in the Shell reach the partner's tree while the Shell stays open.
-    ada.locator("#shell-tab").click()
-    shell = ada.locator("#shell")
-    expect(shell.locator(".xterm-rows")).to_contain_text("$", timeout=20_000)
-    shell.locator(".xterm-helper-textarea").focus()
+    shell = open_shell(ada)
     ada.keyboard.type("echo notes > from_the_shell.txt\n")
     expect(bob.locator('#file-tree li[data-path="from_the_shell.txt"]')).to_be_visible(timeout=20_000)
 
@@ -159,10 +156,7 @@ def test_each_new_import_is_installed(server_url, owner, open_as, screenshot):
     assert [line.split("==")[0] for line in requirements] == ["six", "toml", "tabulate"], requirements
     assert all("==" in line for line in requirements), requirements
     # The Shell sees the environment runs use.
-    ada.locator("#shell-tab").click()
-    shell = ada.locator("#shell")
-    expect(shell.locator(".xterm-rows")).to_contain_text("$", timeout=20_000)
-    shell.locator(".xterm-helper-textarea").focus()
+    shell = open_shell(ada)
     ada.keyboard.type("python3 -c 'import tabulate, toml; print(\"shell has\", tabulate.__name__)'\n")
     expect(shell.locator(".xterm-rows")).to_contain_text("shell has tabulate", timeout=20_000)
     ada.keyboard.type("python3 -m pip list 2>/dev/null | grep -i ^tabulate\n")

@@ -7,7 +7,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from browser_kit import api_client, editor_text, join, signed_in_context, workspace_pages
+from browser_kit import api_client, editor_text, join, open_shell, signed_in_context, workspace_pages
 
 OWNER, EDITOR, VIEWER = "wsowner", "wseditor", "wsviewer"
 PROMPT_ANSWERS: dict = {}
@@ -136,10 +136,7 @@ def test_run_a_program_that_reads_input(open_as, screenshot):
 
 def test_shell_pane_runs_commands_in_the_sandbox(open_as, screenshot):
     ada = open_as(OWNER)
-    ada.locator("#shell-tab").click()
-    shell = ada.locator("#shell")
-    expect(shell.locator(".xterm-rows")).to_contain_text("$", timeout=20000)
-    shell.locator(".xterm-helper-textarea").focus()
+    shell = open_shell(ada)
     ada.keyboard.type("echo $((6*7))-from-the-shell; whoami\n")
     expect(shell.locator(".xterm-rows")).to_contain_text("42-from-the-shell", timeout=20000)
     assert "root" not in shell.locator(".xterm-rows").inner_text().split("42-from-the-shell", 1)[1]
