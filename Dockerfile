@@ -1,19 +1,27 @@
-# Codeyard app image: the IDE server only (PostgreSQL, Redis and the LLM service run beside it).
-# Build: docker build -t codeyard .   Run: see docker-compose.yml.
+# Codeyard app image: the IDE server only (PostgreSQL, Redis, the runners and the LLM service run beside it).
+# With a registry: docker build -t codeyard/app .   Without one: codeyard images build app
+# (BASE is then a Debian made here by debootstrap; wheels come in the context and PIP_NO_INDEX=1).
+ARG BASE=python:3.11-slim
+ARG WEB_BASE=node:22-slim
 
-FROM node:22-slim AS web
-WORKDIR /src/web
-COPY web/package.json web/package-lock.json ./
-RUN npm ci --no-audit --no-fund --loglevel=error
-COPY web/ ./
-RUN npm run build
+FROM ${WEB_BASE} AS web
+WORKDIR /src
+COPY web/ ./web/
+COPY ide_server/ ./ide_server/
+# `codeyard images build` brings the assets built; a plain build makes them here.
+RUN if [ ! -f ide_server/webassets/.source-hash ]; then \
+      cd web && npm ci --no-audit --no-fund --loglevel=error && npm run build; fi
 
-FROM python:3.11-slim AS app
+FROM ${BASE} AS app
+ARG PIP_NO_INDEX=0
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN useradd --create-home --uid 10001 --user-group codeyard \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin
+# git: project history (GitPython)
+RUN apt-get update && apt-get install -y --no-install-recommends git && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 10001 --user-group codeyard \
     && mkdir /data && chown codeyard:codeyard /data
 WORKDIR /opt/codeyard
 COPY pyproject.toml constraints.txt README.md ./
@@ -24,8 +32,10 @@ COPY deploy_service ./deploy_service
 COPY tutorials ./tutorials
 COPY llm_engine ./llm_engine
 COPY --from=web /src/ide_server/webassets ./ide_server/webassets
+# wheel[s]: the wheels `codeyard images build` brings (the pattern matches nothing in a plain build)
+COPY constraints.txt docker/install-codeyard.sh wheel[s] /tmp/pip/
 # The app image leaves out the heavy [llm] extra; the LLM service gets its own image.
-RUN pip install -c constraints.txt . && rm -rf /root/.cache
+RUN sh /tmp/pip/install-codeyard.sh ""
 
 USER codeyard
 ENV CODEYARD_DATA_DIR=/data \

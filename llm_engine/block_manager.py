@@ -1,6 +1,7 @@
 """Paged KV-cache bookkeeping: a fixed pool of blocks, ref counts, prefix cache, copy-on-write.
 
-Prefix caching: every full block gets a chained hash hash(parent_hash, its token ids). A cached
+Prefix caching: every full block gets a chained hash hash(parent_hash, its key): its token ids,
+and for image placeholder positions the image's content hash. A cached
 block is found by that hash, and the stored token ids and parent hash are compared as a guard
 against hash collisions. Freed blocks keep their hash and stay findable until they are evicted,
 least recently freed first; blocks without a hash are handed out before any cached one.
@@ -63,7 +64,7 @@ class BlockManager:
         parent: int | None = None
         bs = self.block_size
         for i in range((seq.num_tokens - 1) // bs):
-            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            tokens = seq.block_key(i, bs)
             block_hash = hash_block(parent, tokens)
             block_id = self.cached.get(block_hash)
             if block_id is None:
@@ -122,7 +123,7 @@ class BlockManager:
         bs = self.block_size
         for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
             parent = seq.block_hashes[i - 1] if i else None
-            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            tokens = seq.block_key(i, bs)
             block_hash = hash_block(parent, tokens)
             seq.block_hashes.append(block_hash)
             block = self.blocks[seq.block_table[i]]

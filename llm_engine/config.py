@@ -37,7 +37,8 @@ class EngineConfig:
     is the reference PyTorch attention, "native" the C++ CPU kernel, "auto" native on the CPU
     when it builds (a C++ compiler is needed) and torch otherwise. `quantization`: "auto" keeps a
     GGUF file's Q4_0/Q4_1/Q8_0 weights quantized, None loads floats, "int8"/"int4" or a per-layer
-    config quantize at load (see layers/quant_config.py).
+    config quantize at load (see layers/quant_config.py). `encoder_cache_memory` bounds the
+    vision models' cache of image features (LRU by the image's content hash).
     """
 
     model: str
@@ -57,6 +58,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     attention_backend: str = "auto"
     quantization: str | dict | None = "auto"
+    encoder_cache_memory: int | str = "256MiB"
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -85,6 +87,7 @@ class EngineConfig:
         if self.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size: only 1 is supported so far")
         self.kv_cache_memory = parse_memory(self.kv_cache_memory, "kv_cache_memory")
+        self.encoder_cache_memory = parse_memory(self.encoder_cache_memory, "encoder_cache_memory")
         from llm_engine.layers.quant_config import validate  # imports torch: only when configuring
 
         validate(self.quantization)

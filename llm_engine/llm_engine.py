@@ -10,6 +10,9 @@ from llm_engine.config import EngineConfig
 from llm_engine.detokenizer import IncrementalDetokenizer, find_stop_string
 from llm_engine.loader import ModelSource
 from llm_engine.model_runner import ModelRunner
+from llm_engine.models.registry import resolve_model_class
+from llm_engine.multimodal.image import ImageInputError
+from llm_engine.multimodal.inputs import ImageInputs, ImageItem
 from llm_engine.outputs import CompletionOutput, RequestOutput
 from llm_engine.sampler import SampleResult
 from llm_engine.sampling_params import SamplingParams
@@ -33,6 +36,8 @@ class EngineStats:
     generation_tokens_total: int
     last_iteration_tokens: int
     finished_by_reason: dict[str, int] = field(default_factory=dict)
+    mm_cache_queries: int = 0  # images looked up in the encoder-output cache
+    mm_cache_hits: int = 0  # of which found there (the vision tower skipped)
 
 
 class LLMEngine:
@@ -41,15 +46,19 @@ class LLMEngine:
         source = ModelSource(config.model, config.tokenizer)
         self.hf_config = source.hf_config()
         self.tokenizer = source.tokenizer()
+        model_class = resolve_model_class(getattr(self.hf_config, "architectures", None))
+        self.image_inputs = (ImageInputs(self.hf_config, model_class, source.folder)
+                             if hasattr(model_class, "image_inputs") else None)
+        text_config = self.hf_config.get_text_config()  # a vision model's language part
         self.model_runner = ModelRunner(config, self.hf_config, source)
         num_blocks = self.model_runner.num_blocks
-        self.max_model_len = min(config.max_model_len or self.hf_config.max_position_embeddings,
-                                 self.hf_config.max_position_embeddings, num_blocks * config.block_size)
-        window = getattr(self.hf_config, "sliding_window", None)
-        if window and getattr(self.hf_config, "use_sliding_window", True):
+        self.max_model_len = min(config.max_model_len or text_config.max_position_embeddings,
+                                 text_config.max_position_embeddings, num_blocks * config.block_size)
+        window = getattr(text_config, "sliding_window", None)
+        if window and getattr(text_config, "use_sliding_window", True):
             # The reference attention is full attention: stay where the two agree.
             self.max_model_len = min(self.max_model_len, window)
-        self.vocab_size = self.hf_config.vocab_size
+        self.vocab_size = text_config.vocab_size
         self.eos_token_ids = self._eos_token_ids()
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
@@ -66,7 +75,7 @@ class LLMEngine:
 
     def _eos_token_ids(self) -> set[int]:
         ids: set[int] = set()
-        configured = getattr(self.hf_config, "eos_token_id", None)
+        configured = getattr(self.hf_config.get_text_config(), "eos_token_id", None)
         if configured is not None:
             ids.update(configured if isinstance(configured, list) else [configured])
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -88,7 +97,30 @@ class LLMEngine:
             raise ValueError(f"prompt: token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
         return None, list(prompt)
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+    def _prompt_inputs(self, prompt: str | list[int] | dict) -> tuple[str | None, list[int], list[ImageItem]]:
+        """A text or token-id prompt, or vLLM's dict: {"prompt" or "prompt_token_ids",
+        "multi_modal_data": {"image": a picture or a list}} (PIL images or file bytes)."""
+        if not isinstance(prompt, dict):
+            return (*self.tokenize(prompt), [])
+        unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data"})
+        if unknown:
+            raise ValueError(f"prompt: unknown keys {unknown}")
+        if ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+            raise ValueError("prompt: give exactly one of 'prompt' and 'prompt_token_ids'")
+        text, token_ids = self.tokenize(prompt["prompt"] if "prompt" in prompt else prompt["prompt_token_ids"])
+        data = prompt.get("multi_modal_data") or {}
+        if not isinstance(data, dict) or set(data) - {"image"}:
+            raise ValueError("multi_modal_data: only {'image': [...]} is supported")
+        images = data.get("image") or []
+        images = images if isinstance(images, list) else [images]
+        if not images:
+            return text, token_ids, []
+        if self.image_inputs is None:
+            raise ImageInputError(f"model: {self.config.model} is a text-only model; it cannot see images")
+        token_ids, items = self.image_inputs(token_ids, images)
+        return text, token_ids, items
+
+    def add_request(self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams | None = None,
                     priority: int = 0, arrival_time: float | None = None) -> None:
         params = params or SamplingParams()
         if request_id in self.requests:
@@ -97,11 +129,11 @@ class LLMEngine:
             raise ValueError(f"priority: must be an integer, got {priority!r}")
         if params.stop_list and self.tokenizer is None:
             raise ValueError("stop: stop strings need a tokenizer; use stop_token_ids")
-        text, token_ids = self.tokenize(prompt)
+        text, token_ids, images = self._prompt_inputs(prompt)
         if not token_ids:
             raise ValueError("prompt: must not be empty")
         request = Request(request_id, text, token_ids, params, priority, arrival_time,
-                          use_priority=self.config.scheduling_policy == "priority")
+                          use_priority=self.config.scheduling_policy == "priority", images=images)
         self.requests[request_id] = request
         self._updated.add(request_id)
         if len(token_ids) >= self.max_model_len:
@@ -303,6 +335,7 @@ class LLMEngine:
 
     def get_stats(self) -> EngineStats:
         bm = self.block_manager
+        cache = getattr(self.model_runner, "encoder_cache", None)
         return EngineStats(
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             kv_cache_usage=bm.usage, num_free_blocks=bm.num_free_blocks, num_total_blocks=bm.num_blocks,
@@ -310,4 +343,5 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions, prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             last_iteration_tokens=self.last_iteration_tokens,
-            finished_by_reason=dict(self.finished_by_reason))
+            finished_by_reason=dict(self.finished_by_reason),
+            mm_cache_queries=cache.queries if cache else 0, mm_cache_hits=cache.hits if cache else 0)

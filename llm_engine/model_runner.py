@@ -17,6 +17,7 @@ from llm_engine.layers.native import KernelBuildError
 from llm_engine.layers.quant_config import assign_quantization, summarize
 from llm_engine.loader import ModelSource
 from llm_engine.models.registry import resolve_model_class
+from llm_engine.multimodal.encoder_cache import EncoderCache, step_image_embeddings
 from llm_engine.sampler import SampleResult, Sampler
 from llm_engine.sequence import Sequence
 
@@ -84,6 +85,7 @@ class ModelRunner:
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())  # tied: once
         self.num_blocks = self._allocate_kv_cache(config)
         self.sampler = Sampler(config.seed)
+        self.encoder_cache = EncoderCache(config.encoder_cache_memory)
 
     def _allocate_kv_cache(self, config: EngineConfig) -> int:
         layers = [m for m in self.model.modules() if isinstance(m, Attention)]
@@ -125,8 +127,10 @@ class ModelRunner:
             if start + num_new == seq.num_tokens:
                 logit_rows.append(len(input_ids) - 1)
         metadata = self.backend.build_metadata(slices, self.block_size, self.device)
+        mm_embeds = step_image_embeddings(self.model, self.encoder_cache, scheduled, self.device)
+        extra = {} if mm_embeds is None else {"mm_embeds": mm_embeds}
         hidden = self.model(torch.tensor(input_ids, device=self.device),
-                            torch.tensor(positions, device=self.device), metadata)
+                            torch.tensor(positions, device=self.device), metadata, **extra)
         rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)  # may be empty
         prompt_logits = [(seq, start, self.model.compute_logits(hidden[row:row + count]))
                          for seq, start, row, count in prompt_rows]

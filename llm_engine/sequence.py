@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from llm_engine.multimodal.inputs import ImageItem, block_extra_keys
 from llm_engine.outputs import RequestMetrics
 from llm_engine.sampling_params import SamplingParams
 
@@ -101,6 +102,14 @@ class Sequence:
     def sort_key(self) -> tuple:
         return (self.request.priority_key, self.request.arrival_time, self.request.order, self.index)
 
+    def block_key(self, index: int, block_size: int) -> tuple:
+        """What a full block's KV depends on besides the blocks before it: its token ids and,
+        for image placeholders, which image (so the same text with another image never matches)."""
+        start, end = index * block_size, (index + 1) * block_size
+        tokens = tuple(self.token_ids[start:end])
+        images = self.request.images
+        return tokens + block_extra_keys(images, start, end) if images else tokens
+
     def set_status(self, status: SequenceStatus) -> None:
         if status not in _ALLOWED.get(self.status, set()):
             raise InvalidTransition(f"sequence {self.seq_id}: {self.status.name} -> {status.name} is not allowed")
@@ -122,10 +131,11 @@ class Request:
 
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                  params: SamplingParams, priority: int = 0, arrival_time: float | None = None,
-                 use_priority: bool = False) -> None:
+                 use_priority: bool = False, images: list[ImageItem] | None = None) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
+        self.images = images or []  # image placeholders in the prompt, in order
         self.params = params
         self.priority = priority
         self.priority_key = priority if use_priority else 0

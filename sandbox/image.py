@@ -38,10 +38,11 @@ def cache_dir() -> Path:
     return path
 
 
-def rootfs_tarball(progress: Progress) -> Path:
-    """The cached rootfs tarball, made with debootstrap on the first call."""
-    key = hashlib.sha256(f"{SUITE} {MIRROR} {' '.join(PACKAGES)}".encode()).hexdigest()[:12]
-    tarball = cache_dir() / f"runner-rootfs-{SUITE}-{key}.tar"
+def rootfs_tarball(progress: Progress, packages: tuple[str, ...] = PACKAGES, name: str = "runner") -> Path:
+    """The cached rootfs tarball of Debian with `packages`, made with debootstrap on the first call
+    (the sandbox's runner image, and the base of the server images: `ide_server.images`)."""
+    key = hashlib.sha256(f"{SUITE} {MIRROR} {' '.join(packages)}".encode()).hexdigest()[:12]
+    tarball = cache_dir() / f"{name}-rootfs-{SUITE}-{key}.tar"
     if tarball.exists():
         progress(f"using cached rootfs {tarball}")
         return tarball
@@ -50,10 +51,10 @@ def rootfs_tarball(progress: Progress) -> Path:
     work = Path(tempfile.mkdtemp(prefix="rootfs-", dir=cache_dir()))
     try:
         rootfs = work / "rootfs"
-        argv = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
+        argv = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}",
                 f"--cache-dir={cache_dir() / 'debs'}", SUITE, str(rootfs), MIRROR]
         (cache_dir() / "debs").mkdir(exist_ok=True)
-        progress(f"debootstrap {SUITE} with {', '.join(PACKAGES)} (a few minutes)")
+        progress(f"debootstrap {SUITE} with {', '.join(packages)} (a few minutes)")
         _run_with_progress(argv, progress)
         for rel in PRUNED:
             shutil.rmtree(rootfs / rel, ignore_errors=True)

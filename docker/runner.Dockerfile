@@ -1,0 +1,27 @@
+# A runner node (`codeyard runner`): executes sandbox runs dispatched by the app replicas through Redis.
+# Runs use bubblewrap over this image's /usr, so it carries the languages runs use. Run it privileged
+# (bubblewrap makes namespaces and the runner per-run cgroups), with the shared /data volume.
+# With a registry: docker build -f docker/runner.Dockerfile -t codeyard/runner-node .
+ARG BASE=python:3.11-slim
+FROM ${BASE}
+ARG PIP_NO_INDEX=0
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin
+RUN apt-get update && apt-get install -y --no-install-recommends \
+      bubblewrap python3 nodejs gcc g++ libc6-dev bash procps ca-certificates \
+    && rm -rf /var/lib/apt/lists/* && mkdir /data
+WORKDIR /opt/codeyard
+COPY pyproject.toml constraints.txt README.md ./
+COPY ide_server ./ide_server
+COPY collab ./collab
+COPY sandbox ./sandbox
+COPY deploy_service ./deploy_service
+COPY tutorials ./tutorials
+COPY llm_engine ./llm_engine
+COPY constraints.txt docker/install-codeyard.sh wheel[s] /tmp/pip/
+RUN sh /tmp/pip/install-codeyard.sh ""
+ENV CODEYARD_DATA_DIR=/data CODEYARD_SANDBOX_BACKEND=bwrap
+VOLUME ["/data"]
+HEALTHCHECK --interval=5s --timeout=3s --retries=3 CMD ["codeyard", "runner", "--check"]
+STOPSIGNAL SIGTERM
+CMD ["codeyard", "runner"]
