@@ -139,7 +139,9 @@ async def deploy_lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = app.state.settings
     runs = getattr(app.state, "sandbox_runs", None)
     try:  # the runs' choice (auto: Docker where an engine answers with the runner image, else bubblewrap)
-        backend, unavailable = make_backend(settings.sandbox_backend), ""
+        # Apps are not placed on runner nodes yet: with the runners backend they run on this replica's own sandbox.
+        local = "auto" if settings.sandbox_backend == "runners" else settings.sandbox_backend
+        backend, unavailable = make_backend(local), ""
     except SandboxUnavailable as exc:
         backend, unavailable = None, f"deploys are off: {exc.detail}"
         log.warning(unavailable)

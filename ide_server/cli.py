@@ -37,6 +37,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sandbox": ("sandbox.cli:app", "Build the runner image, check the sandbox, clean up after crashes."),
     "tutorials": ("tutorials.cli:app", "Check tutorial courses: format, and solutions pass / starters fail in the sandbox."),
     "secrets": ("deploy_service.secrets_cli:app", "Re-seal project secrets after the server's secret key changed."),
+    "images": ("ide_server.images_cli:app", "Build the app, runner, LLM, PostgreSQL and Redis images without a registry."),
+    "runner": ("sandbox.runner_cli:app", "Run as a runner node: execute sandbox runs dispatched through Redis."),
 }
 
 

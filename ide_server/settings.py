@@ -24,7 +24,7 @@ class Settings(BaseSettings):
     secret_key: SecretStr | None = Field(
         default=None, description="Signs sessions and CSRF tokens; generated into the data dir if unset."
     )
-    sandbox_backend: Literal["auto", "docker", "bwrap"] = "auto"
+    sandbox_backend: Literal["auto", "docker", "bwrap", "runners"] = "auto"  # runners: runner nodes via Redis
     sandbox_warm_containers: int = Field(
         default=0, ge=0, le=64, description="Docker only: idle started containers kept ready for runs with the "
         "default limits, so a run starts in tens of milliseconds instead of half a second."

@@ -201,7 +201,8 @@ async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Pick the backend (or remember why there is none), clear what a crash left, start the queue."""
     settings = app.state.settings
     try:
-        backend, unavailable = make_backend(settings.sandbox_backend, pool_size=settings.sandbox_warm_containers), ""
+        backend, unavailable = make_backend(settings.sandbox_backend, pool_size=settings.sandbox_warm_containers,
+                                             redis_url=settings.redis_url), ""
     except SandboxUnavailable as exc:
         backend, unavailable = None, exc.detail
         log.warning("code runs are off: %s", exc.detail)

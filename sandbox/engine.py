@@ -33,15 +33,19 @@ def docker_client(timeout: int = 60):
         return None
 
 
-def make_backend(name: str = "auto", *, pool_size: int = 0, pool_limits: Limits | None = None) -> Backend:
-    """The backend called `name` ("auto", "docker" or "bwrap"), or SandboxUnavailable saying how to get one.
+def make_backend(name: str = "auto", *, pool_size: int = 0, pool_limits: Limits | None = None,
+                 redis_url: str | None = None) -> Backend:
+    """The backend called `name` ("auto", "docker", "bwrap", or "runners": runner nodes reached through
+    Redis at redis_url), or SandboxUnavailable saying how to get one.
 
     pool_size/pool_limits: Docker's warm pool (idle started containers for runs with these limits)."""
     from sandbox.bwrap import BwrapBackend
     from sandbox.docker_backend import DockerBackend
 
+    if name == "runners":
+        return _runners(redis_url)
     if name not in ("auto", "docker", "bwrap"):
-        raise ValueError(f"sandbox backend must be auto, docker or bwrap, not {name!r}")
+        raise ValueError(f"sandbox backend must be auto, docker, bwrap or runners, not {name!r}")
     reasons = []
     for cls in (DockerBackend, BwrapBackend):
         if name not in ("auto", cls.name):
@@ -51,6 +55,15 @@ def make_backend(name: str = "auto", *, pool_size: int = 0, pool_limits: Limits 
             return DockerBackend(pool_size=pool_size, pool_limits=pool_limits) if cls is DockerBackend else cls()
         reasons.append(f"{cls.name}: {reason}")
     raise SandboxUnavailable(f"{INSTALL_HINT} ({'; '.join(reasons)})")
+
+
+def _runners(redis_url: str | None) -> Backend:
+    from ide_server.leases import connect
+    from sandbox.remote import RemoteBackend
+
+    if not redis_url:
+        raise SandboxUnavailable("the runners sandbox backend needs Redis (set CODEYARD_REDIS_URL)")
+    return RemoteBackend(connect(redis_url))
 
 
 class LocalDockerd:

@@ -1,0 +1,75 @@
+"""What IDE replicas and runner nodes say to each other through Redis: key names and the run's wire form.
+
+- `codeyard:runs`: a stream of runs to start, read by the runners' consumer group. A runner acknowledges
+  an entry in the same transaction that tells the run's watchers it started, so an entry still pending
+  was never started: when its reader stops heartbeating, another runner claims and starts it.
+- `codeyard:run:<id>:out`: what the run says (started on <runner>, output, waiting for input, files
+  copied, the result), read by the replica that dispatched it.
+- `codeyard:run:<id>:in`: what it is told (input, end of input, terminal size, cancel).
+- `codeyard:runner:<name>`: a runner's heartbeat with its capacity; it expires when the runner dies.
+
+Runners share the data folder with the replicas (the same volume, at the same path), so a run's spec
+names the project and package folders as they are; only the spec, the output and the result travel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from sandbox.backend import Mount, RunSpec
+from sandbox.limits import Limits
+from sandbox.verdict import RunResult, Verdict
+
+RUNS_STREAM = "codeyard:runs"
+GROUP = "runners"
+HEARTBEAT_S = 1.0  # a runner renews its heartbeat this often...
+HEARTBEAT_TTL_MS = 4000  # ...and is taken for dead once it is this old
+RUN_KEYS_TTL_S = 3600  # a run's in/out streams are kept this long after their last entry
+
+
+def out_key(run_id: str) -> str:
+    return f"codeyard:run:{run_id}:out"
+
+
+def in_key(run_id: str) -> str:
+    return f"codeyard:run:{run_id}:in"
+
+
+def heartbeat_key(runner: str) -> str:
+    return f"codeyard:runner:{runner}"
+
+
+def encode_spec(spec: RunSpec) -> str:
+    return json.dumps({
+        "argv": list(spec.argv), "project_dir": str(spec.project_dir), "limits": dataclasses.asdict(spec.limits),
+        "env": dict(spec.env), "terminal": spec.terminal,
+        "mounts": [{"source": str(m.source), "target": m.target, "writable": m.writable} for m in spec.mounts],
+        "input_wait_seconds": spec.input_wait_seconds, "sync_seconds": spec.sync_seconds,
+    })
+
+
+def decode_spec(text: str | bytes) -> RunSpec:
+    """The spec as sent; RunSpec's own checks run again here (the runner trusts no one's paths blindly)."""
+    data = json.loads(text)
+    return RunSpec(
+        argv=data["argv"], project_dir=Path(data["project_dir"]), limits=Limits(**data["limits"]), env=data["env"],
+        terminal=tuple(data["terminal"]) if data["terminal"] else None,
+        mounts=tuple(Mount(Path(m["source"]), m["target"], m["writable"]) for m in data["mounts"]),
+        input_wait_seconds=data["input_wait_seconds"], sync_seconds=data["sync_seconds"],
+    )
+
+
+def encode_result(result: RunResult) -> str:
+    """The result without its output, which went before it chunk by chunk."""
+    fields = dataclasses.asdict(result)
+    del fields["stdout"], fields["stderr"]
+    fields["verdict"] = result.verdict.value
+    return json.dumps(fields)
+
+
+def decode_result(text: str | bytes, stdout: bytes, stderr: bytes) -> RunResult:
+    fields = json.loads(text)
+    fields["verdict"] = Verdict(fields["verdict"])
+    return RunResult(**fields, stdout=stdout, stderr=stderr)

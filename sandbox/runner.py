@@ -1,0 +1,222 @@
+"""A runner node: takes runs off the Redis runs stream and executes them on its own sandbox backend.
+
+Each runner reads the stream in the `runners` consumer group only while it has a free slot, so work
+goes to whoever has room. It acknowledges an entry in the same transaction that announces the run as
+started; an entry read but never started (the runner died in between) stays pending, and a live runner
+claims it once its reader's heartbeat has expired. The heartbeat (every HEARTBEAT_S) carries capacity:
+CPUs, memory, slots and busy slots. On SIGTERM a runner drains: it says so in its heartbeat, takes no
+new run, lets the running ones end (up to `drain_seconds`, then cancels them) and removes its heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from contextlib import suppress
+from pathlib import Path
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from sandbox.backend import Backend, RunSpec, SandboxRun
+from sandbox.dispatch import (GROUP, HEARTBEAT_S, HEARTBEAT_TTL_MS, RUN_KEYS_TTL_S, RUNS_STREAM, decode_spec,
+                              encode_result, heartbeat_key, in_key, out_key)
+from sandbox.verdict import RunResult, Verdict
+
+log = logging.getLogger(__name__)
+CLAIM_IDLE_MS = 2 * HEARTBEAT_TTL_MS  # a pending entry this old whose reader has no heartbeat is taken over
+
+
+def memory_bytes() -> int:
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class Runner:
+    """One runner node's loop over the runs stream."""
+
+    def __init__(self, redis: aioredis.Redis, backend: Backend, roots: tuple[Path, ...], *, slots: int = 4,
+                 name: str | None = None, cpus: float | None = None) -> None:
+        """roots: the folders shared with the replicas (data, packages); a spec naming paths outside them is refused."""
+        self.redis, self.backend, self.roots = redis, backend, tuple(root.resolve() for root in roots)
+        self.slots, self.name = slots, name or f"{socket.gethostname()}-{os.getpid()}"
+        self.cpus = cpus or len(os.sched_getaffinity(0))
+        self.running: dict[str, asyncio.Task[None]] = {}
+        self.draining = False
+        self._free = asyncio.Semaphore(slots)
+        self._left = asyncio.Event()  # drained: the heartbeat stops
+
+    async def serve(self, stop: asyncio.Event, drain_seconds: float = 600) -> None:
+        """Take and run work until `stop` is set, then drain and leave.
+
+        Loops end on `draining` rather than by cancelling them: redis-py may swallow a cancel that
+        lands in a blocking read, and every read here blocks for at most a second."""
+        await self._ensure_group()
+        await self._beat()
+        beating = asyncio.create_task(self._heartbeat())
+        taking = asyncio.create_task(self._take_work())
+        log.info("runner %s ready: %d slots, %g CPUs", self.name, self.slots, self.cpus)
+        await stop.wait()
+        self.draining = True
+        await self._beat()
+        await taking
+        log.info("runner %s draining %d runs", self.name, len(self.running))
+        if self.running:
+            _, late = await asyncio.wait(set(self.running.values()), timeout=drain_seconds)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        self._left.set()
+        await beating
+        await self.redis.delete(heartbeat_key(self.name))
+        with suppress(ResponseError):
+            await self.redis.xgroup_delconsumer(RUNS_STREAM, GROUP, self.name)
+
+    async def _ensure_group(self) -> None:
+        with suppress(ResponseError):  # BUSYGROUP: another runner made it first
+            await self.redis.xgroup_create(RUNS_STREAM, GROUP, id="0", mkstream=True)
+
+    async def _beat(self) -> None:
+        key = heartbeat_key(self.name)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping={"cpus": self.cpus, "memory_bytes": memory_bytes(), "slots": self.slots,
+                                    "busy": len(self.running), "draining": int(self.draining), "at": time.time()})
+            pipe.pexpire(key, HEARTBEAT_TTL_MS)
+            await pipe.execute()
+
+    async def _heartbeat(self) -> None:
+        while not self._left.is_set():
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._left.wait(), HEARTBEAT_S)
+            try:
+                await self._beat()
+            except Exception:
+                log.exception("runner %s: heartbeat failed", self.name)
+
+    async def _take_work(self) -> None:
+        """With a free slot, take the next run: one left by a dead runner first, else a new one."""
+        while not self.draining:
+            await self._free.acquire()
+            if self.draining:
+                self._free.release()
+                return
+            try:
+                entry = await self._claim_orphan() or await self._read_new()
+            except Exception as exc:
+                self._free.release()
+                log.warning("runner %s: reading the runs stream failed: %s", self.name, exc)
+                await asyncio.sleep(1)
+                with suppress(Exception):  # a Redis restarted without its data has lost the group
+                    await self._ensure_group()
+                continue
+            if entry is None:
+                self._free.release()
+                continue
+            entry_id, fields = entry
+            run_id = fields[b"id"].decode()
+            self.running[run_id] = asyncio.create_task(self._execute(entry_id, run_id, fields))
+
+    async def _read_new(self) -> tuple[bytes, dict] | None:
+        answer = await self.redis.xreadgroup(GROUP, self.name, {RUNS_STREAM: ">"}, count=1, block=1000)
+        return answer[0][1][0] if answer and answer[0][1] else None
+
+    async def _claim_orphan(self) -> tuple[bytes, dict] | None:
+        """A run another runner read but never started, once that runner's heartbeat is gone."""
+        pending = await self.redis.xpending_range(RUNS_STREAM, GROUP, min="-", max="+", count=20, idle=CLAIM_IDLE_MS)
+        for item in pending:
+            owner = item["consumer"].decode()
+            if owner == self.name or await self.redis.exists(heartbeat_key(owner)):
+                continue
+            claimed = await self.redis.xclaim(RUNS_STREAM, GROUP, self.name, CLAIM_IDLE_MS, [item["message_id"]])
+            if claimed and claimed[0][1]:
+                log.warning("runner %s: taking over run entry %s that %s read but never started",
+                            self.name, item["message_id"].decode(), owner)
+                return claimed[0]
+        return None
+
+    async def _execute(self, entry_id: bytes, run_id: str, fields: dict) -> None:
+        try:
+            await self._run_entry(entry_id, run_id, fields)
+        except Exception:
+            log.exception("runner %s: run %s failed", self.name, run_id)
+        finally:
+            del self.running[run_id]
+            self._free.release()
+
+    async def _run_entry(self, entry_id: bytes, run_id: str, fields: dict) -> None:
+        out = out_key(run_id)
+        if time.time() > float(fields[b"deadline"]) or await self._told_to_cancel(run_id):
+            await self.redis.xack(RUNS_STREAM, GROUP, entry_id)  # its replica has given up on it
+            return
+        async with self.redis.pipeline(transaction=True) as pipe:  # started and acknowledged at once
+            pipe.xadd(out, {"t": "started", "runner": self.name})
+            pipe.xack(RUNS_STREAM, GROUP, entry_id)
+            await pipe.execute()
+        try:
+            spec = self._checked(decode_spec(fields[b"spec"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            await self._say(out, t="result", r=_internal_error(f"the run's description was refused: {exc}"))
+            return
+        run = await self.backend.start(spec)
+        loop = asyncio.get_running_loop()
+        run.on_change = lambda: loop.create_task(self._say(out, t="wait", v=int(run.waiting_for_input)))
+        run.on_files_copied = lambda: loop.create_task(self._say(out, t="files"))
+        ended = asyncio.Event()
+        steering = asyncio.create_task(self._steer(run_id, run, ended))
+        try:
+            async for chunk in run.chunks():
+                await self._say(out, t="out", s=chunk.stream, d=chunk.data)
+            result = await run.result()
+        except asyncio.CancelledError:  # drained too long: the run is cancelled, its result still goes out
+            run.cancel()
+            result = await run.result()
+        finally:
+            ended.set()
+        await self._say(out, t="result", r=encode_result(result))
+        await steering
+
+    async def _told_to_cancel(self, run_id: str) -> bool:
+        return any(f.get(b"t") == b"cancel" for _, f in await self.redis.xrange(in_key(run_id)))
+
+    def _checked(self, spec: RunSpec) -> RunSpec:
+        """Refuse a spec naming folders outside the shared folders."""
+        for path in (spec.project_dir, *(m.source for m in spec.mounts)):
+            if not any(Path(path).resolve().is_relative_to(root) for root in self.roots):
+                raise ValueError(f"{path} is outside this runner's shared folders")
+        return spec
+
+    async def _steer(self, run_id: str, run: SandboxRun, ended: asyncio.Event) -> None:
+        """Pass input, end of input, resizes and cancel from the run's in stream to the run, until it has ended."""
+        last = "0"
+        while not ended.is_set():
+            answer = await self.redis.xread({in_key(run_id): last}, count=256, block=1000)
+            for entry_id, fields in answer[0][1] if answer else []:
+                last, kind = entry_id, fields[b"t"]
+                try:
+                    if kind == b"stdin":
+                        await run.send_stdin(fields[b"d"])
+                    elif kind == b"eof":
+                        await run.close_stdin()
+                    elif kind == b"resize":
+                        await run.resize(int(fields[b"rows"]), int(fields[b"cols"]))
+                    elif kind == b"cancel":
+                        run.cancel()
+                except (ValueError, OSError) as exc:
+                    log.info("run %s: %s ignored: %s", run_id, kind.decode(), exc)
+
+    async def _say(self, out: str, **fields) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xadd(out, fields)
+            pipe.expire(out, RUN_KEYS_TTL_S)
+            await pipe.execute()
+
+
+
+def _internal_error(message: str) -> str:
+    return encode_result(RunResult(Verdict.INTERNAL_ERROR, message=message))

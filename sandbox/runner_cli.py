@@ -1,0 +1,63 @@
+"""`codeyard runner`: run as a runner node (sandbox.runner) until SIGTERM or SIGINT, then drain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(help="Run sandbox runs dispatched by the IDE replicas through Redis.")
+
+
+@app.callback(invoke_without_command=True)
+def runner_command(
+    slots: Annotated[int, typer.Option(min=1, max=256, help="Runs at once on this node.")] = 4,
+    name: Annotated[Optional[str], typer.Option(help="This node's name in heartbeats (default: host-pid).")] = None,
+    drain_seconds: Annotated[float, typer.Option(min=0, help="On shutdown, how long running runs may take to end.")] = 600,
+    check: Annotated[bool, typer.Option(help="Only say whether Redis answers and a sandbox backend works here.")] = False,
+) -> None:
+    """Execute runs from the Redis runs stream on this machine's sandbox (CODEYARD_SANDBOX_BACKEND; Redis at
+    CODEYARD_REDIS_URL; the data folder CODEYARD_DATA_DIR shared with the replicas)."""
+    from redis.exceptions import RedisError
+
+    from ide_server.leases import connect
+    from ide_server.settings import Settings
+    from sandbox.engine import make_backend
+    from sandbox.errors import SandboxUnavailable
+    from sandbox.runner import Runner
+
+    settings = Settings()
+    if not settings.redis_url:
+        typer.echo("error: a runner needs CODEYARD_REDIS_URL (the replicas' Redis)", err=True)
+        raise typer.Exit(2)
+    try:
+        backend = make_backend(settings.sandbox_backend)
+    except SandboxUnavailable as exc:
+        typer.echo(f"error: {exc.detail}", err=True)
+        raise typer.Exit(2)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def main() -> None:
+        redis = connect(settings.redis_url)
+        try:
+            try:
+                await redis.ping()
+            except RedisError as exc:
+                typer.echo(f"error: Redis at {settings.redis_url} does not answer: {exc}", err=True)
+                raise typer.Exit(2)
+            if check:
+                typer.echo(f"ok: Redis answers, sandbox backend {backend.name}")
+                return
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, stop.set)
+            runner = Runner(redis, backend, (settings.data_dir, settings.effective_packages_dir), slots=slots, name=name)
+            await runner.serve(stop, drain_seconds)
+        finally:
+            await redis.aclose()
+
+    asyncio.run(main())

@@ -1,0 +1,231 @@
+"""Runner nodes for real: a Redis server of the test's own, `codeyard runner` processes on bubblewrap, and
+runs dispatched to them through the runners backend (sandbox.remote), as an IDE replica dispatches them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from ide_server.leases import connect
+from sandbox.backend import RunSpec
+from sandbox.cgroups import RunCgroup, cgroup_dirs, remove_cgroup
+from sandbox.dispatch import GROUP, RUNS_STREAM, heartbeat_key
+from sandbox.limits import Limits
+from sandbox.remote import RemoteBackend
+from sandbox.verdict import Verdict
+from sandbox.workspace import umount
+
+CODEYARD = str(Path(sys.executable).with_name("codeyard"))
+LIMITS = Limits(cpu_seconds=5, wall_seconds=20, memory_bytes=128 << 20, pids=64, output_bytes=256 << 10)
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    """A Redis server of this test's own (on a unix socket), so runs streams of other sessions never mix in."""
+    sock = tmp_path / "redis.sock"
+    proc = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", str(sock), "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while not sock.exists():
+        assert time.monotonic() < deadline, "redis-server did not start"
+        time.sleep(0.05)
+    yield f"unix://{sock}"
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def data_dir(tmp_path) -> Path:
+    path = tmp_path / "data"
+    (path / "projects" / "p1").mkdir(parents=True)
+    return path
+
+
+class Runners:
+    """`codeyard runner` processes of one test, each with its own folder for run workspaces."""
+
+    def __init__(self, redis_url: str, data_dir: Path, tmp_path: Path) -> None:
+        self.redis_url, self.data_dir, self.tmp_path = redis_url, data_dir, tmp_path
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    async def start(self, name: str, slots: int = 2) -> subprocess.Popen:
+        env = {**os.environ, "CODEYARD_REDIS_URL": self.redis_url, "CODEYARD_DATA_DIR": str(self.data_dir),
+               "CODEYARD_SANDBOX_BACKEND": "bwrap", "CODEYARD_SANDBOX_DIR": str(self.runs_dir(name))}
+        log = open(self.tmp_path / f"runner-{name}.log", "wb")
+        proc = subprocess.Popen([CODEYARD, "runner", "--slots", str(slots), "--name", name, "--drain-seconds", "30"],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = proc
+        redis = aioredis.from_url(self.redis_url)
+        try:
+            deadline = time.monotonic() + 30
+            while not await redis.exists(heartbeat_key(name)):
+                assert proc.poll() is None, (self.tmp_path / f"runner-{name}.log").read_text()
+                assert time.monotonic() < deadline, f"runner {name} sent no heartbeat"
+                await asyncio.sleep(0.05)
+        finally:
+            await redis.aclose()
+        return proc
+
+    def runs_dir(self, name: str) -> Path:
+        """Outside tmp_path (0700), which run uids could not enter."""
+        return Path(tempfile.gettempdir()) / f"codeyard-runner-runs-{self.tmp_path.name}-{name}"
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for name, proc in self.procs.items():
+            proc.wait(30)
+            shutil.rmtree(self.runs_dir(name), ignore_errors=True)
+
+
+@pytest.fixture
+async def runners(redis_url, data_dir, tmp_path):
+    group = Runners(redis_url, data_dir, tmp_path)
+    yield group
+    group.stop()
+
+
+@pytest.fixture
+async def remote(redis_url):
+    remote = RemoteBackend(connect(redis_url), start_timeout=15)
+    yield remote
+    await remote.close()
+
+
+def spec(data_dir: Path, *argv: str, **kwargs) -> RunSpec:
+    return RunSpec(list(argv), data_dir / "projects" / "p1", LIMITS, **kwargs)
+
+
+async def test_a_run_on_a_runner_streams_output_and_input_and_writes_back(runners, remote, data_dir):
+    await runners.start("r1")
+    await runners.start("r2")
+    run = await remote.start(spec(data_dir, "python3", "-c",
+                                   "import sys; name = input(); print('hi', name); print('oops', file=sys.stderr);"
+                                   "open('out.txt', 'w').write(name)"))
+    await run.send_stdin(b"ann\n")
+    await run.close_stdin()
+    chunks = [chunk async for chunk in run.chunks()]
+    result = await run.result()
+    assert result.verdict is Verdict.OK, result.message
+    assert result.stdout == b"hi ann\n" and result.stderr == b"oops\n"
+    assert b"".join(c.data for c in chunks if c.stream == "stdout") == b"hi ann\n"
+    assert run.runner in ("r1", "r2")
+    assert result.files_written == ["out.txt"]
+    assert (data_dir / "projects" / "p1" / "out.txt").read_text() == "ann"
+
+
+async def test_runs_spread_over_runners_with_free_slots(runners, remote, data_dir):
+    await runners.start("r1", slots=1)
+    await runners.start("r2", slots=1)
+    runs = [await remote.start(spec(data_dir, "sleep", "1")) for _ in range(4)]
+    began = time.monotonic()
+    results = await asyncio.gather(*(run.result() for run in runs))
+    assert [r.verdict for r in results] == [Verdict.OK] * 4
+    assert {run.runner for run in runs} == {"r1", "r2"}
+    assert time.monotonic() - began < 3.8  # two at a time, not one after another (4 s)
+
+
+async def test_cancel_and_limits_travel(runners, remote, data_dir):
+    await runners.start("r1")
+    run = await remote.start(spec(data_dir, "sleep", "30"))
+    while run.runner is None:
+        await asyncio.sleep(0.05)
+    run.cancel()
+    assert (await run.result()).verdict is Verdict.CANCELLED
+    looping = await remote.start(RunSpec(["python3", "-c", "while True: pass"], data_dir / "projects" / "p1",
+                                         Limits(cpu_seconds=1, wall_seconds=10)))
+    assert (await looping.result()).verdict is Verdict.TIME_LIMIT
+
+
+async def test_a_spec_outside_the_shared_folders_is_refused(runners, remote, tmp_path):
+    await runners.start("r1")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = await (await remote.start(RunSpec(["true"], elsewhere, LIMITS))).result()
+    assert result.verdict is Verdict.INTERNAL_ERROR and "outside this runner's shared folders" in result.message
+
+
+async def test_a_runner_killed_mid_run_fails_the_run_with_a_message(runners, remote, data_dir):
+    await runners.start("victim")
+    before = _run_cgroups()
+    run = await remote.start(spec(data_dir, "python3", "-c", "import time; print('started', flush=True); time.sleep(60)"))
+    first = await anext(run.chunks())
+    assert first.data.startswith(b"started")
+    runners.procs["victim"].kill()
+    began = time.monotonic()
+    result = await run.result()
+    assert result.verdict is Verdict.INTERNAL_ERROR
+    assert "runner victim stopped during the run" in result.message
+    assert time.monotonic() - began < 8  # the heartbeat's time to live, and a read
+    _clean_after_kill(runners.runs_dir("victim"), before)
+
+
+async def test_a_run_taken_by_a_runner_that_died_before_starting_it_runs_elsewhere(runners, remote, data_dir, redis_url):
+    redis = aioredis.from_url(redis_url)
+    await redis.xgroup_create(RUNS_STREAM, GROUP, id="0", mkstream=True)
+    run = await remote.start(spec(data_dir, "python3", "-c", "print('done')"))
+    taken = await redis.xreadgroup(GROUP, "ghost", {RUNS_STREAM: ">"}, count=1)  # read, then "died": no heartbeat
+    assert taken and run.runner is None
+    await runners.start("r1")
+    result = await run.result()
+    assert result.verdict is Verdict.OK and result.stdout == b"done\n" and run.runner == "r1"
+    assert (await redis.xpending(RUNS_STREAM, GROUP))["pending"] == 0
+    await redis.aclose()
+
+
+async def test_a_draining_runner_finishes_its_run_and_takes_no_more(runners, remote, data_dir, redis_url):
+    first = await runners.start("first", slots=1)
+    run = await remote.start(spec(data_dir, "python3", "-c", "import time; time.sleep(1.5); print('finished')"))
+    while run.runner is None:
+        await asyncio.sleep(0.05)
+    first.send_signal(signal.SIGTERM)
+    await asyncio.sleep(0.3)
+    later = await remote.start(spec(data_dir, "python3", "-c", "print('later')"))
+    result = await run.result()
+    assert result.verdict is Verdict.OK and result.stdout == b"finished\n"
+    assert await asyncio.to_thread(first.wait, 10) == 0
+    redis = aioredis.from_url(redis_url)
+    assert not await redis.exists(heartbeat_key("first"))
+    await redis.aclose()
+    await runners.start("second", slots=1)
+    assert (await later.result()).stdout == b"later\n" and later.runner == "second"
+
+
+async def test_no_runner_means_a_clear_error(redis_url, data_dir):
+    remote = RemoteBackend(connect(redis_url), start_timeout=1)
+    result = await (await remote.start(spec(data_dir, "true"))).result()
+    await remote.close()
+    assert result.verdict is Verdict.INTERNAL_ERROR and "no runner started the run" in result.message
+
+
+def _run_cgroups() -> set[Path]:
+    base = RunCgroup.base_relpath()
+    return {child for parent in cgroup_dirs(base) for child in parent.iterdir() if child.is_dir()} if base else set()
+
+
+def _clean_after_kill(runs_dir: Path, cgroups_before: set[Path]) -> None:
+    """What a killed runner could not clean: its run's workspace mount and cgroup (its processes died with it)."""
+    deadline = time.monotonic() + 5
+    for line in reversed(Path("/proc/self/mountinfo").read_text().splitlines()):
+        if str(runs_dir) in line.split()[4]:
+            umount(Path(line.split()[4]))
+    shutil.rmtree(runs_dir, ignore_errors=True)
+    base = RunCgroup.base_relpath()
+    for cgroup in _run_cgroups() - cgroups_before:
+        while time.monotonic() < deadline:
+            try:
+                remove_cgroup(f"{base}/{cgroup.name}")
+                break
+            except OSError:
+                time.sleep(0.1)
