@@ -1,0 +1,141 @@
+"""Runner nodes: `print(1)` runs per second on 1 runner vs 2, and a dispatched run's latency vs a local one.
+
+    flock /tmp/codeyard-bench.lock .venv/bin/python benchmarks/runners_bench.py [--seconds 20] [--runs 60]
+
+Starts a Redis server of its own (unix socket) and `codeyard runner` processes on bubblewrap, each pinned
+to one CPU with taskset (runs inherit it), and dispatches runs through the runners backend as an IDE
+replica does. Throughput: `--in-flight` runs kept going for `--seconds` with 1 runner, then with 2 (goal:
+2 runners >= 1.8x one). Latency: `--runs` runs one after another through a runner vs the same runs on
+bubblewrap in this process (p50/p99 and the p99 ratio: what the Redis hop costs). Needs root and 2 CPUs;
+on a shared machine the figures move with the neighbours' load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import redis.asyncio as aioredis  # noqa: E402
+
+from ide_server.leases import connect  # noqa: E402
+from sandbox.backend import Backend, RunSpec  # noqa: E402
+from sandbox.bwrap import BwrapBackend  # noqa: E402
+from sandbox.dispatch import heartbeat_key  # noqa: E402
+from sandbox.remote import RemoteBackend  # noqa: E402
+from sandbox.verdict import Verdict  # noqa: E402
+
+CODEYARD = str(Path(sys.executable).with_name("codeyard"))
+GOAL_SCALING = 1.8
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+class Cluster:
+    """A Redis server and runner processes under one temporary folder."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.procs = root, []
+        self.sock = root / "redis.sock"
+        self.url = f"unix://{self.sock}"
+        (root / "data" / "projects" / "p").mkdir(parents=True)
+        self.procs.append(subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", str(self.sock), "--save", "",
+                                            "--appendonly", "no", "--dir", str(root)], stdout=subprocess.DEVNULL))
+        while not self.sock.exists():
+            time.sleep(0.05)
+
+    @property
+    def project(self) -> Path:
+        return self.root / "data" / "projects" / "p"
+
+    async def add_runner(self, name: str, cpu: int, slots: int) -> None:
+        env = {**os.environ, "CODEYARD_REDIS_URL": self.url, "CODEYARD_DATA_DIR": str(self.root / "data"),
+               "CODEYARD_SANDBOX_BACKEND": "bwrap", "CODEYARD_LOG_LEVEL": "warning"}
+        self.procs.append(subprocess.Popen(["taskset", "-c", str(cpu), CODEYARD, "runner", "--name", name,
+                                            "--slots", str(slots)], env=env))
+        redis = aioredis.from_url(self.url)
+        while not await redis.exists(heartbeat_key(name)):
+            await asyncio.sleep(0.05)
+        await redis.aclose()
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            proc.terminate()
+            proc.wait(60)
+
+
+async def one_run(backend: Backend, project: Path) -> float:
+    began = time.perf_counter()
+    result = await backend.run(RunSpec(["python3", "-c", "print(1)"], project))
+    assert result.verdict is Verdict.OK and result.stdout == b"1\n", result
+    return time.perf_counter() - began
+
+
+async def throughput(backend: Backend, project: Path, seconds: float, in_flight: int) -> float:
+    """Runs finished per second with `in_flight` kept going (after a warm-up of one round)."""
+    await asyncio.gather(*(one_run(backend, project) for _ in range(in_flight)))
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def keep_going() -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            await one_run(backend, project)
+            done += 1
+
+    began = time.perf_counter()
+    await asyncio.gather(*(keep_going() for _ in range(in_flight)))
+    return done / (time.perf_counter() - began)
+
+
+async def latencies(backend: Backend, project: Path, runs: int) -> list[float]:
+    await one_run(backend, project)
+    return [await one_run(backend, project) for _ in range(runs)]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--runs", type=int, default=60)
+    parser.add_argument("--in-flight", type=int, default=8)
+    parser.add_argument("--slots", type=int, default=2, help="slots per runner")
+    args = parser.parse_args()
+    if len(os.sched_getaffinity(0)) < 2:
+        sys.exit("needs 2 CPUs (one per runner)")
+    with tempfile.TemporaryDirectory(prefix="runners-bench-") as tmp:
+        cluster = Cluster(Path(tmp))
+        remote = RemoteBackend(connect(cluster.url))
+        try:
+            await cluster.add_runner("r0", cpu=0, slots=args.slots)
+            local = await latencies(BwrapBackend(), cluster.project, args.runs)
+            dispatched = await latencies(remote, cluster.project, args.runs)
+            one = await throughput(remote, cluster.project, args.seconds, args.in_flight)
+            await cluster.add_runner("r1", cpu=1, slots=args.slots)
+            two = await throughput(remote, cluster.project, args.seconds, args.in_flight)
+        finally:
+            await remote.close()
+            cluster.close()
+    print(f"print(1) latency, {args.runs} runs one after another:")
+    for label, samples in (("local bubblewrap", local), ("dispatched to a runner", dispatched)):
+        print(f"  {label:24s} p50 {percentile(samples, 50) * 1000:7.1f} ms   p99 {percentile(samples, 99) * 1000:7.1f} ms")
+    print(f"  dispatched / local p99: {percentile(dispatched, 99) / percentile(local, 99):.2f}x   "
+          f"p50: {percentile(dispatched, 50) / percentile(local, 50):.2f}x")
+    print(f"print(1) throughput, {args.in_flight} in flight for {args.seconds:g} s, {args.slots} slots per runner:")
+    print(f"  1 runner (1 CPU)   {one:6.1f} runs/s")
+    print(f"  2 runners (1 CPU each) {two:6.1f} runs/s")
+    verdict = "met" if two / one >= GOAL_SCALING else "NOT met"
+    print(f"  scaling 2 vs 1: {two / one:.2f}x (goal >= {GOAL_SCALING}x: {verdict})")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
