@@ -1,0 +1,104 @@
+"""The Webview's proxy: /preview/{token}/... to the web app a run started from the editor serves.
+
+The apps proxy's relay, header policy and sandboxing CSP serve it (deploy_service.proxy), so a
+preview is what the app will be once deployed, in an opaque origin of its own that cannot use the
+visitor's IDE session. Only the run's watchers, the project's members, learn the token
+(sandbox.preview); it dies with the run. Requests reach the run through its bridge's unix socket
+(the run's network stays empty), on the replica that runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket
+from websockets.asyncio.client import unix_connect
+
+from deploy_service.proxy import plain_response, app_request_headers, app_response_headers, forwarded_headers, relay_http, relay_websocket
+from deploy_service.upstream import READ_CHUNK, Upstream
+from sandbox.preview import Preview
+from sandbox.service import RunRecord
+
+PREVIEW_PATH = re.compile(rb"^/preview/([A-Za-z0-9_-]{16,64})(/[^?]*)?$")
+NO_PREVIEW = "No program is serving here: run it again from its workspace."
+NOT_LISTENING = "The program is running but listens on no port yet (a web app listens on 127.0.0.1:$PORT, which is 8080)."
+NO_REFERRER = (b"referrer-policy", b"no-referrer")  # the secret path never leaves in a Referer
+
+
+class _RunUpstream(Upstream):
+    """The apps' HTTP/1.1 client, over connections to a run's bridge checked by Preview.connect."""
+
+    def __init__(self, preview: Preview) -> None:
+        super().__init__(preview.socket_path)
+        self.preview = preview
+
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_unix_connection(sock=await self.preview.connect(), limit=READ_CHUNK)
+
+
+class PreviewGateway:
+    """ASGI middleware: /preview/{token}/... goes to the run's app, everything else passes on."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._upstreams: dict[str, _RunUpstream] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = scope.get("raw_path") or scope.get("path", "").encode()
+        if scope["type"] not in ("http", "websocket") or not raw.startswith(b"/preview/"):
+            await self.app(scope, receive, send)
+            return
+        match = PREVIEW_PATH.match(raw)
+        runs = getattr(scope["app"].state, "sandbox_runs", None)
+        live = runs.previews.get(match.group(1).decode()) if match and runs else None
+        if scope["type"] == "websocket":
+            await self._websocket(WebSocket(scope, receive, send), live, match)
+        elif live is None:
+            await plain_response(send, 404, NO_PREVIEW)
+        elif match.group(2) is None:  # relative links need the trailing slash
+            await plain_response(send, 308, "", [(b"location", match.group(0) + b"/")])
+        else:
+            await self._http(scope, receive, send, *live, match)
+
+    def _target(self, scope: Scope, preview: Preview, match: re.Match[bytes]) -> tuple[str, list[tuple[bytes, bytes]]]:
+        """The path as the app sees it, and who asked (X-Forwarded-*, with the prefix it is served under)."""
+        query = scope.get("query_string", b"")
+        target = match.group(2).decode("latin-1") + (f"?{query.decode('latin-1')}" if query else "")
+        client = scope.get("client") or ("", 0)
+        host = dict(scope["headers"]).get(b"host", b"")
+        return target, forwarded_headers(client[0], scope.get("scheme", "http"), host, preview.path.rstrip("/"))
+
+    def _upstream(self, preview: Preview) -> _RunUpstream:
+        for token in [t for t, u in self._upstreams.items() if not u.preview.folder.exists()]:
+            self._upstreams.pop(token).close()  # runs that ended
+        if (upstream := self._upstreams.get(preview.token)) is None:
+            upstream = self._upstreams[preview.token] = _RunUpstream(preview)
+        return upstream
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send, record: RunRecord, preview: Preview,
+                    match: re.Match[bytes]) -> None:
+        if record.listening_port is None:
+            await plain_response(send, 503, NOT_LISTENING, [(b"retry-after", b"1")])
+            return
+        preview.point_at(record.listening_port)
+        target, forwarded = self._target(scope, preview, match)
+        await relay_http(scope, receive, send, self._upstream(preview), target,
+                         app_request_headers(scope["headers"], forwarded),
+                         lambda headers: [*app_response_headers([h for h in headers if h[0] != NO_REFERRER[0]], False),
+                                          NO_REFERRER])
+
+    async def _websocket(self, websocket: WebSocket, live: tuple[RunRecord, Preview] | None,
+                         match: re.Match[bytes] | None) -> None:
+        if live is None or match is None or match.group(2) is None or live[0].listening_port is None:
+            await websocket.close(1008, "no program is serving here")
+            return
+        record, preview = live
+        preview.point_at(record.listening_port)
+        target, _ = self._target(websocket.scope, preview, match)
+
+        async def connect(**options):
+            return await unix_connect(sock=await preview.connect(), uri=f"ws://app{target}", **options)
+
+        await relay_websocket(websocket, preview.path.rstrip("/"), connect)

@@ -1,0 +1,110 @@
+"""A run's Webview: the way in to a web app that a run started from the editor serves.
+
+The run's network namespace stays empty, as for every run. Like a deployed app (deploy_service.instance),
+the run gets a folder of its own mounted at /run/codeyard-preview, where a small bridge started in front
+of the program listens on a unix socket and joins each connection to the port the program listens on,
+which the server reads from /proc (sandbox.waiting.listening_ports) and writes into that folder. The
+server's preview proxy (deploy_service.preview) is the only thing that opens the socket, for requests
+under /preview/{token}/, where the token is a random secret the run's watchers (project members) get.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import socket
+import struct
+from pathlib import Path
+
+from sandbox.backend import PREFERRED_PORT, Mount
+from sandbox.socket_relay import UNIX_TO_TCP
+from sandbox.workspace import runs_root
+
+PREVIEW_DIR = "/run/codeyard-preview"
+SOCKET_NAME = "app.sock"
+PORT_FILE = "port"
+
+# Runs inside the sandbox: a grandchild (so the program never reaps it) listens on argv[1] and joins each
+# connection to the port named in the file argv[2]; the first process then becomes the program (argv[4:]),
+# so its pid, exit status, signals and input stay the program's own.
+BRIDGE = UNIX_TO_TCP + r"""
+import os, sys
+path, port_file, argv = sys.argv[1], sys.argv[2], sys.argv[4:]
+def port():
+    try:
+        with open(port_file) as f: return int(f.read())
+    except (OSError, ValueError):
+        return None
+if os.fork() == 0:
+    if os.fork() == 0:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2): os.dup2(null, fd)
+        serve_unix(path, port)
+        threading.Event().wait()
+    os._exit(0)
+os.wait()
+os.execvp(argv[0], argv)
+"""
+
+
+class Preview:
+    """One run's Webview: its folder on the host (socket and port file), its secret and its address."""
+
+    def __init__(self) -> None:
+        self.token = secrets.token_urlsafe(24)
+        self.folder = runs_root() / f"preview-{secrets.token_hex(8)}"
+        self.folder.mkdir(mode=0o700)
+        self.socket_path = str(self.folder / SOCKET_NAME)
+        self._port: int | None = None
+
+    @property
+    def path(self) -> str:
+        """Where a browser opens it (under the IDE's own host)."""
+        return f"/preview/{self.token}/"
+
+    def mount(self) -> Mount:
+        return Mount(self.folder, PREVIEW_DIR, writable=True, owned_by_run=True)
+
+    def wrapper(self) -> tuple[str, ...]:
+        """What runs in front of the program (RunSpec.wrapper): the bridge, which then execs it."""
+        return ("python3", "-c", BRIDGE, f"{PREVIEW_DIR}/{SOCKET_NAME}", f"{PREVIEW_DIR}/{PORT_FILE}", "--")
+
+    def environment(self) -> dict[str, str]:
+        return {"PORT": str(PREFERRED_PORT)}
+
+    def point_at(self, port: int) -> None:
+        """Send the bridge's next connections to `port` (where the program listens now).
+
+        The folder is the run's: whatever name it holds may be a symlink the program planted, so the
+        server writes a fresh file (O_EXCL never follows one) and renames it over (a rename never follows)."""
+        if port == self._port:
+            return
+        temporary = self.folder / f".{PORT_FILE}-{secrets.token_hex(8)}"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            os.write(fd, str(port).encode())
+        finally:
+            os.close(fd)
+        os.replace(temporary, self.folder / PORT_FILE)
+        self._port = port
+
+    async def connect(self) -> socket.socket:
+        """A connection to the bridge, checked to be the run's own: the socket's name may be a symlink the
+        program planted to a host socket, so the listener must be the run's uid (the owner of its folder)."""
+        owner = os.stat(self.folder).st_uid
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await asyncio.get_running_loop().sock_connect(sock, self.socket_path)
+            _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+            if owner == 0 or uid != owner:
+                raise ConnectionRefusedError(f"the preview socket is not the run's own (listener uid {uid})")
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
