@@ -21,6 +21,7 @@ from starlette.requests import HTTPConnection
 from deploy_service.edge import AppsEdge
 from deploy_service.instance import remove_stale_cgroups
 from deploy_service.owner import Ownership, this_replica
+from deploy_service.preview import PreviewGateway
 from deploy_service.proxy import AppsGateway
 from deploy_service.schemas import DeploymentPublic, RollbackCreate, ScaleUpdate
 from deploy_service.service import DeployService
@@ -131,6 +132,7 @@ async def logs_socket(websocket: WebSocket, project_id: str) -> None:
 
 def deploy_setup(app: FastAPI) -> None:
     app.add_middleware(AppsGateway)  # everyone reaches the apps at /apps/{slug}/; the app decides what it serves
+    app.add_middleware(PreviewGateway)  # runs' Webviews at /preview/{token}/, for those who know the run's token
 
 
 @asynccontextmanager

@@ -29,7 +29,7 @@ from sandbox.errors import SandboxUnavailable
 from sandbox.host_lease import lease_uid
 from sandbox.files import copy_in
 from sandbox.limits import MIB, Limits
-from sandbox.socket_relay import PIPE
+from sandbox.socket_relay import UNIX_TO_TCP
 from sandbox.workspace import kill_uid, runs_root, scratch
 
 from deploy_service.detect import PORT
@@ -48,28 +48,12 @@ APP_LIMITS = Limits(cpu_seconds=10**9, wall_seconds=10**9, memory_bytes=256 * MI
 
 # Runs inside the sandbox: listen on argv[1] (a unix socket), start the app (argv[4:]) and join each
 # accepted connection to 127.0.0.1:argv[2]; exits with the app's status when the app exits.
-BRIDGE = PIPE + r"""
-import signal, subprocess, sys, threading
-def join(client, port):
-    try:
-        upstream = socket.create_connection(("127.0.0.1", port))
-    except OSError:
-        client.close(); return
-    upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
-    pipe(client, upstream)
-    client.close(); upstream.close()
+BRIDGE = UNIX_TO_TCP + r"""
+import signal, subprocess, sys
 path, port = sys.argv[1], int(sys.argv[2])
 app = subprocess.Popen(sys.argv[4:])
 signal.signal(signal.SIGTERM, lambda *_: app.terminate())
-listener = socket.socket(socket.AF_UNIX)
-listener.bind(path)
-listener.listen(256)
-def serve():
-    while True:
-        client, _ = listener.accept()
-        threading.Thread(target=join, args=(client, port), daemon=True).start()
-threading.Thread(target=serve, daemon=True).start()
+serve_unix(path, lambda: port)
 code = app.wait()
 sys.exit(code if code >= 0 else 128 - code)
 """

@@ -146,7 +146,7 @@ def app_response_headers(headers: list[tuple[bytes, bytes]], own_host: bool) -> 
     return kept
 
 
-async def _plain(send: Send, status: int, text: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+async def plain_response(send: Send, status: int, text: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
     body = text.encode()
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode()), *headers]})
@@ -173,10 +173,10 @@ class AppsProxy:
         if scope["type"] != "http":
             return
         if match is None:
-            await _plain(send, 404, NO_APP)
+            await plain_response(send, 404, NO_APP)
         elif match.group(2) is None:  # /apps/{slug}: relative links need the trailing slash
             query = scope.get("query_string", b"")
-            await _plain(send, 308, "", [(b"location", match.group(0) + b"/" + (b"?" + query if query else b""))])
+            await plain_response(send, 308, "", [(b"location", match.group(0) + b"/" + (b"?" + query if query else b""))])
         else:
             await _proxy_http(scope, receive, send, routes, match.group(1).decode())
 
@@ -185,19 +185,19 @@ async def _proxy_http(scope: Scope, receive: Receive, send: Send, routes: Routes
     route = routes.get(slug)
     instance = route.pick() if route else None
     if instance is None or instance.upstream is None:
-        await _plain(send, *unavailable(route))
+        await plain_response(send, *unavailable(route))
         return
     path, prefix = _upstream_path(scope, slug)
     own_host = OWN_HOST in scope
     instance.in_flight += 1
     try:
-        await _relay_http(scope, receive, send, instance.upstream, path, _request_headers(scope, prefix),
+        await relay_http(scope, receive, send, instance.upstream, path, _request_headers(scope, prefix),
                           lambda headers: app_response_headers(headers, own_host))
     finally:
         instance.in_flight -= 1
 
 
-async def _relay_http(scope: Scope, receive: Receive, send: Send, upstream: Upstream, target: str,
+async def relay_http(scope: Scope, receive: Receive, send: Send, upstream: Upstream, target: str,
                       request_headers: list[tuple[bytes, bytes]],
                       response_headers: Callable[[list[tuple[bytes, bytes]]], list[tuple[bytes, bytes]]]) -> None:
     """Send the request on (its body streamed) and stream the answer back; 502 if none comes."""
@@ -222,7 +222,7 @@ async def _relay_http(scope: Scope, receive: Receive, send: Send, upstream: Upst
                                               body() if has_body else None, chunked)
         except UpstreamError as exc:
             log.info("%s: %s", upstream.address, exc)
-            await _plain(send, 502, "The app did not answer.")
+            await plain_response(send, 502, "The app did not answer.")
             return
         await send({"type": "http.response.start", "status": response.status,
                     "headers": response_headers(response.headers)})
@@ -264,13 +264,13 @@ async def proxy_websocket(websocket: WebSocket, routes: Routes, slug: str) -> No
     path, prefix = _upstream_path(websocket.scope, slug)
     instance.in_flight += 1
     try:
-        await _relay_websocket(websocket, prefix, lambda **options: unix_connect(
+        await relay_websocket(websocket, prefix, lambda **options: unix_connect(
             str(instance.socket_path), f"ws://app{path}", **options))
     finally:
         instance.in_flight -= 1
 
 
-async def _relay_websocket(websocket: WebSocket, prefix: str, connect_upstream: Callable[..., Awaitable]) -> None:
+async def relay_websocket(websocket: WebSocket, prefix: str, connect_upstream: Callable[..., Awaitable]) -> None:
     """Open the upstream WebSocket (with the visitor's subprotocols and headers), accept, relay frames."""
     protocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     headers = [(k, v) for k, v in websocket.headers.items() if k not in WS_REQUEST_HEADERS_DROPPED
@@ -360,10 +360,10 @@ class AppsGateway:
                 await websocket.close(1013, "the apps are moving to another replica")
                 return
             path = _target(app_scope or scope)  # (the owner can't see the Host: a host-mode path in path form)
-            await _relay_websocket(websocket, "", lambda **options: connect(f"ws://{owner.http}{path}", **options))
+            await relay_websocket(websocket, "", lambda **options: connect(f"ws://{owner.http}{path}", **options))
             return
         if owner is None:
-            await _plain(send, 503, "Deploys are moving to another server; try again in a few seconds.",
+            await plain_response(send, 503, "Deploys are moving to another server; try again in a few seconds.",
                          [(b"retry-after", b"5")])
             return
         if (upstream := self._owners.get(owner.http)) is None:
@@ -373,7 +373,7 @@ class AppsGateway:
         client = scope.get("client") or ("", 0)
         headers = [(n, v) for n, v in scope["headers"] if n not in HOP_BY_HOP and n != b"x-forwarded-for"]
         headers.append((b"x-forwarded-for", client[0].encode()))
-        await _relay_http(scope, receive, send, upstream, _target(scope), headers,
+        await relay_http(scope, receive, send, upstream, _target(scope), headers,
                           lambda answer: [(n, v) for n, v in answer if n not in HOP_BY_HOP])
 
 

@@ -100,25 +100,26 @@ class LLMEngine:
     def _prompt_inputs(self, prompt: str | list[int] | dict) -> tuple[str | None, list[int], list[ImageItem]]:
         """A text or token-id prompt, or vLLM's dict: {"prompt" or "prompt_token_ids",
         "multi_modal_data": {"image": a picture or a list}} (PIL images or file bytes)."""
-        if not isinstance(prompt, dict):
-            return (*self.tokenize(prompt), [])
-        unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data"})
-        if unknown:
-            raise ValueError(f"prompt: unknown keys {unknown}")
-        if ("prompt" in prompt) == ("prompt_token_ids" in prompt):
-            raise ValueError("prompt: give exactly one of 'prompt' and 'prompt_token_ids'")
-        text, token_ids = self.tokenize(prompt["prompt"] if "prompt" in prompt else prompt["prompt_token_ids"])
-        data = prompt.get("multi_modal_data") or {}
-        if not isinstance(data, dict) or set(data) - {"image"}:
-            raise ValueError("multi_modal_data: only {'image': [...]} is supported")
-        images = data.get("image") or []
-        images = images if isinstance(images, list) else [images]
-        if not images:
-            return text, token_ids, []
-        if self.image_inputs is None:
+        images: list = []
+        if isinstance(prompt, dict):
+            unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data"})
+            if unknown:
+                raise ValueError(f"prompt: unknown keys {unknown}")
+            if ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+                raise ValueError("prompt: give exactly one of 'prompt' and 'prompt_token_ids'")
+            data = prompt.get("multi_modal_data") or {}
+            if not isinstance(data, dict) or set(data) - {"image"}:
+                raise ValueError("multi_modal_data: only {'image': [...]} is supported")
+            images = data.get("image") or []
+            images = images if isinstance(images, list) else [images]
+            prompt = prompt["prompt"] if "prompt" in prompt else prompt["prompt_token_ids"]
+        text, token_ids = self.tokenize(prompt)
+        if self.image_inputs is not None:  # also checks that every placeholder has its image
+            token_ids, items = self.image_inputs(token_ids, images)
+            return text, token_ids, items
+        if images:
             raise ImageInputError(f"model: {self.config.model} is a text-only model; it cannot see images")
-        token_ids, items = self.image_inputs(token_ids, images)
-        return text, token_ids, items
+        return text, token_ids, []
 
     def add_request(self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams | None = None,
                     priority: int = 0, arrival_time: float | None = None) -> None:

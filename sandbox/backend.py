@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+import os
 import re
 import secrets
 import signal
@@ -23,7 +24,7 @@ from sandbox.cgroups import RunCgroup
 from sandbox.files import Snapshot, WorkspaceTooLarge, copy_in, copy_out
 from sandbox.limits import Limits
 from sandbox.verdict import RunResult, Verdict
-from sandbox.waiting import waiting_for_input
+from sandbox.waiting import listening_ports, waiting_for_input
 from sandbox.workspace import kill_uid, run_uid, scratch
 
 log = logging.getLogger(__name__)
@@ -35,16 +36,19 @@ MAX_ARG_BYTES = 128 << 10  # the kernel's limit for one argument (MAX_ARG_STRLEN
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CPU_POLL_SECONDS = 0.1  # how often a run's total CPU time is read: what it may overrun by, at one CPU
 IDLE_CPU_SHARE = 0.05  # a run using less of a CPU than this between two polls is idle (a blocked read uses none)
+PREFERRED_PORT = 8080  # $PORT of interactive runs: the Webview shows it when the program listens on several
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass(frozen=True)
 class Mount:
-    """A host folder the run sees at `target`: read-only, or writable for a package install's download cache."""
+    """A host folder the run sees at `target`: read-only, or writable for a package install's download cache
+    (and, given to the run's uid, for the socket of a run's Webview bridge)."""
 
     source: Path
     target: str
     writable: bool = False
+    owned_by_run: bool = False  # chowned to the run's uid before it starts (the uid is known only then)
 
     def __post_init__(self) -> None:
         if not self.target.startswith("/") or ".." in self.target.split("/") or self.target.rstrip("/") in ("", WORKSPACE):
@@ -68,6 +72,7 @@ class RunSpec:
     input_wait_seconds: float | None = None
     # Copy what the program wrote back every this many seconds while it runs (the Shell), not only at the end.
     sync_seconds: float | None = None
+    wrapper: tuple[str, ...] = ()  # a helper run in front of argv, which execs it (the Webview's bridge)
 
     def __post_init__(self) -> None:
         if isinstance(self.argv, (str, bytes)) or not self.argv:
@@ -92,6 +97,11 @@ class RunSpec:
         for name in ("input_wait_seconds", "sync_seconds"):
             if (value := getattr(self, name)) is not None and not 0 < value < float("inf"):
                 raise ValueError(f"{name} must be a positive finite number")
+
+    @property
+    def command(self) -> list[str]:
+        """What the backend starts: argv, behind the wrapper if there is one."""
+        return [*self.wrapper, *self.argv]
 
     @property
     def tty(self) -> bool:
@@ -173,7 +183,8 @@ class SandboxRun:
         self.timed_out = False
         self.stdin_closed = False
         self.waiting_for_input = False  # an interactive run's program is blocked reading its input now
-        self.on_change: Callable[[], None] = lambda: None  # called when waiting_for_input changes
+        self.listening_port: int | None = None  # an interactive run's program serves HTTP on this port (its Webview)
+        self.on_change: Callable[[], None] = lambda: None  # called when waiting_for_input or listening_port changes
         self.limit_message = ""  # why a limit stopped it, where the verdict alone would not say
         self.on_files_copied: Callable[[], None] = lambda: None  # a sync (RunSpec.sync_seconds) copied files back
 
@@ -276,30 +287,36 @@ async def _watch(run: SandboxRun, execution: Execution, waiter: asyncio.Future[E
     """Until the run exits, stop it at its wall-clock limit or once its processes together have used
     its CPU time (the cgroup's total: RLIMIT_CPU, the backstop, counts each process on its own).
 
-    An interactive run's wall clock stands still while its program waits for input (sandbox.waiting),
-    up to spec.input_wait_seconds per wait."""
+    An interactive run's wall clock stands still while its program waits for input, or listens on a
+    port for requests (a web app in the Webview), and is idle (sandbox.waiting), up to
+    spec.input_wait_seconds per wait."""
     limits, patience = spec.limits, spec.input_wait_seconds
     last = time.monotonic()
     deadline = last + limits.wall_seconds
     waiting_since: float | None = None
     cpu = 0.0
+    watched = patience is not None and meter is not None
     while not waiter.done():
         now = time.monotonic()
         used, cpu = cpu, meter.cpu_seconds() if meter is not None else 0.0
-        # Waiting, and idle too: a thread blocked on input must not pause the clock for another that works.
-        waiting = (patience is not None and meter is not None and not run.stdin_closed
-                   and cpu - used < IDLE_CPU_SHARE * (now - last) and waiting_for_input(meter.pids()))
-        if waiting:
+        pids = meter.pids() if watched else []
+        ports = listening_ports(pids)
+        port = (PREFERRED_PORT if PREFERRED_PORT in ports else min(ports)) if ports else None
+        # Idle too: a thread blocked on input must not pause the clock for another that works.
+        idle = watched and cpu - used < IDLE_CPU_SHARE * (now - last)
+        waiting = idle and not run.stdin_closed and waiting_for_input(pids)
+        if waiting or (idle and port is not None):
             deadline += now - last
             waiting_since = waiting_since if waiting_since is not None else now
         else:
             waiting_since = None
         last = now
-        if waiting != run.waiting_for_input:
-            run.waiting_for_input = waiting
+        if (waiting, port) != (run.waiting_for_input, run.listening_port):
+            run.waiting_for_input, run.listening_port = waiting, port
             run.on_change()
         if waiting_since is not None and now - waiting_since >= patience:
-            run.limit_message = f"no input for {_duration(patience)}: the program was stopped"
+            what = "input or request" if port is not None else "input"
+            run.limit_message = f"no {what} for {_duration(patience)}: the program was stopped"
             break
         if now >= deadline or cpu >= limits.cpu_seconds:
             break
@@ -346,7 +363,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def launch(self, ctx: RunContext) -> Execution:
-        """Start spec.argv in isolation over ctx.workspace at /workspace, running as ctx.uid."""
+        """Start spec.command in isolation over ctx.workspace at /workspace, running as ctx.uid."""
 
     async def start(self, spec: RunSpec) -> SandboxRun:
         """Start a run in the background and return its handle at once."""
@@ -388,6 +405,9 @@ class Backend(abc.ABC):
             snapshot = await asyncio.to_thread(
                 copy_in, Path(spec.project_dir), ws, max_bytes=limits.disk_bytes, max_files=limits.files_count, owner=uid
             )
+            for mount in spec.mounts:
+                if mount.owned_by_run:
+                    os.chown(mount.source, uid, uid)
             began = time.monotonic()
             execution = await self.launch(RunContext(spec, ws, uid, cgroup, run))
             stop_sync = asyncio.Event()

@@ -53,7 +53,7 @@ def bwrap_argv(ctx: RunContext, seccomp_fd: int, passwd_fd: int, group_fd: int, 
         "--clearenv",
         "--args", str(env_fd),  # the variables come from a memfd, so values (secrets) stay off host command lines
     ]
-    return [*args, "--seccomp", str(seccomp_fd), "--", *ctx.spec.argv]
+    return [*args, "--seccomp", str(seccomp_fd), "--", *ctx.spec.command]
 
 
 def environment_args(ctx: RunContext) -> bytes:

@@ -294,7 +294,7 @@ class DockerBackend(Backend):
 
     async def _cold(self, ctx: RunContext) -> Execution:
         loop = asyncio.get_running_loop()
-        command = list(ctx.spec.argv)
+        command = ctx.spec.command
         if ctx.spec.terminal:  # the engine can drop a resize sent while the container starts: size it first
             command = ["/bin/sh", "-c", SIZE_TERMINAL, "sh", *map(str, ctx.spec.terminal), *command]
         config = container_config(
@@ -328,7 +328,7 @@ class DockerBackend(Backend):
         try:
             api = self.client.api
             created = await loop.run_in_executor(_pool, lambda: api.exec_create(
-                warm.container.id, list(ctx.spec.argv), stdin=True, user=f"{ctx.uid}:{ctx.uid}",
+                warm.container.id, ctx.spec.command, stdin=True, user=f"{ctx.uid}:{ctx.uid}",
                 environment=ctx.spec.environment(), workdir=WORKSPACE))
             raw = await loop.run_in_executor(_pool, lambda: api.exec_start(created["Id"], socket=True))
         except BaseException:

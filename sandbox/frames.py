@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 
@@ -44,12 +45,12 @@ async def receive_frame(websocket: WebSocket) -> dict:
 
 async def send_chunks(websocket: WebSocket, chunks: AsyncIterator[OutputChunk | RunState], frame_type: str | None = None) -> None:
     """Send output as {"type": stream (or frame_type), "data": text}; UTF-8 split across chunks stays whole.
-    A run's state changes go as {"type": "status", "status", "queue_position", "waiting_for_input"}."""
+    A run's state changes go as {"type": "status", "status", "queue_position", "waiting_for_input", "listening_port",
+    "preview_url"}."""
     decoders = {}
     async for chunk in chunks:
         if isinstance(chunk, RunState):
-            await websocket.send_json({"type": "status", "status": chunk.status, "queue_position": chunk.queue_position,
-                                       "waiting_for_input": chunk.waiting_for_input})
+            await websocket.send_json({"type": "status", **dataclasses.asdict(chunk)})
             continue
         decoder = decoders.setdefault(chunk.stream, codecs.getincrementaldecoder("utf-8")("replace"))
         if text := decoder.decode(chunk.data):

@@ -25,6 +25,7 @@ from sandbox.languages import plan_run
 from sandbox.limits import SERVER_MAXIMA
 from sandbox.models import RunRow
 from sandbox.packages.first import PackagesFirst
+from sandbox.preview import Preview
 from sandbox.packages.install import Installer, InstallFailed
 from sandbox.packages.project import REQUIREMENTS, PreparedPackages, add_packages, installed_for
 from sandbox.packages.resolve import auto_install
@@ -105,6 +106,7 @@ class ProjectRuns:
         self._finishers: set[asyncio.Task] = set()
         self.max_shells, self.max_shells_per_user = max_shells, max_shells_per_user
         self._shells: list[int] = []  # user id of each open shell
+        self.previews: dict[str, tuple[RunRecord, Preview]] = {}  # Webview token -> the live run serving it
         # Hook: a project's extra run environment (deploy_service.secrets_api sets it to the secrets
         # the owner exposes to runs); called in a worker thread.
         self.environment_of: Callable[[str], dict[str, str]] = lambda project_id: {}
@@ -155,15 +157,26 @@ class ProjectRuns:
             raise InvalidInput(str(exc)) from None
         env = await asyncio.to_thread(self.environment_of, project_id)
         interactive = body.interactive and body.stdin is None
-        spec = RunSpec(plan.argv, project_dir, limits, env, input_wait_seconds=INPUT_WAIT_SECONDS if interactive else None)
-        record = await self.service.submit(str(user.id), project_id, spec)
+        preview = Preview() if interactive else None
+        try:
+            spec = RunSpec(plan.argv, project_dir, limits, {**(preview.environment() if preview else {}), **env},
+                           mounts=(preview.mount(),) if preview else (), wrapper=preview.wrapper() if preview else (),
+                           input_wait_seconds=INPUT_WAIT_SECONDS if interactive else None)
+            record = await self.service.submit(str(user.id), project_id, spec)
+        except BaseException:
+            if preview is not None:
+                preview.close()
+            raise
+        if preview is not None:
+            record.preview_path = preview.path
+            self.previews[preview.token] = (record, preview)
         with self.sessions() as db, db.begin():
             db.add(RunRow(id=record.id, project_id=project_id, user_id=user.id, argv=record.argv, status="queued",
                           created_at=_time(record.created_at)))
         if body.stdin is not None:
             await self.service.send_stdin(record.id, body.stdin.encode())
             await self.service.close_stdin(record.id)
-        task = asyncio.create_task(self._finish(record))
+        task = asyncio.create_task(self._finish(record, preview))
         self._finishers.add(task)
         task.add_done_callback(self._finishers.discard)
         self.announce(project_id, {"type": "run", "id": record.id, "username": user.username, "argv": record.argv,
@@ -183,10 +196,13 @@ class ProjectRuns:
         lines = (project_dir / REQUIREMENTS).read_text().splitlines()
         return PackagesPublic(requirements=lines, installed=env.pins)
 
-    async def _finish(self, record: RunRecord) -> None:
-        """When the run ends, store its outcome."""
+    async def _finish(self, record: RunRecord, preview: Preview | None) -> None:
+        """When the run ends, close its Webview and store its outcome."""
         assert self.service is not None
         await self.service.wait(record.id)
+        if preview is not None:
+            del self.previews[preview.token]
+            preview.close()
         self.files_changed(record.project_id)  # what it wrote, and declarations its package installs pinned
         try:
             if record.result is not None:

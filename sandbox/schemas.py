@@ -51,6 +51,9 @@ class RunPublic(BaseModel):
                                        "(runs start round-robin between users)")
     waiting_for_input: bool = Field(default=False, description="While running: the program waits for input (an "
                                     "interactive run's wall clock stands still meanwhile)")
+    listening_port: int | None = Field(default=None, description="While running: the TCP port the program serves on")
+    preview_url: str | None = Field(default=None, description="While it serves: where the run's Webview opens it "
+                                    "(a secret path; only the project's members see it)")
     username: str | None = Field(default=None, description="Who started it, in the run list (a workspace opened "
                                  "mid-run follows the live one and names them)")
     argv: list[ShownText]

@@ -61,3 +61,30 @@ def waiting_for_input(pids: Iterable[int]) -> bool:
         if any(w.endswith(_EPOLL_WAITS) for w in wchans.values()) and _watches_stdin(pid):
             return True
     return False
+
+
+_LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's st column
+
+
+def _own_network(pid: int) -> bool:
+    """Whether pid is in a network namespace of its own, not the server's (bubblewrap's monitor, which is in
+    the run's cgroup, stays in the host's: its sockets are the host's)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    except OSError:
+        return False
+
+
+def listening_ports(pids: Iterable[int]) -> set[int]:
+    """TCP ports a program listens on in the run's network namespace (read through one of its processes)."""
+    for pid in pids:
+        if not _own_network(pid):
+            continue
+        ports = set()
+        for table in ("tcp", "tcp6"):
+            for line in _read(f"/proc/{pid}/net/{table}").splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 3 and fields[3] == _LISTEN:
+                    ports.add(int(fields[1].rpartition(":")[2], 16))
+        return ports
+    return set()

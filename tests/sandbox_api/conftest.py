@@ -30,9 +30,9 @@ COMPONENTS = [
 ]
 
 
-def make_app(data_dir, backend: str = "bwrap") -> FastAPI:
+def make_app(data_dir, backend: str = "bwrap", components: list[str] = COMPONENTS) -> FastAPI:
     return create_app(Settings(data_dir=data_dir, database_url=f"sqlite:///{data_dir / 'codeyard.db'}",
-                               sandbox_backend=backend, log_level="warning"), component_specs=COMPONENTS)
+                               sandbox_backend=backend, log_level="warning"), component_specs=components)
 
 
 @pytest.fixture(scope="module")

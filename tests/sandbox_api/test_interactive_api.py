@@ -20,7 +20,8 @@ def test_an_interactive_run_waits_past_its_wall_limit(owner):
         frames = frames_until_exit(ws)
     assert frames[-1]["verdict"] == "ok" and frames[-1]["wall_seconds"] > 1
     assert "".join(f["data"] for f in frames if f["type"] == "stdout") == "hi there\n"
-    assert frames[0] == {"type": "status", "status": "running", "queue_position": None, "waiting_for_input": True}
+    assert frames[0] == {"type": "status", "status": "running", "queue_position": None, "waiting_for_input": True,
+                         "listening_port": None, "preview_url": None}
 
 
 def test_a_bad_packages_setting_is_a_400_naming_it(owner):
