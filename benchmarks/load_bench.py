@@ -277,6 +277,12 @@ class Student:
         self.tally.timeouts["run_e2e"] += 1
 
 
+def server_pid(base: str) -> int:
+    """The process listening on the server's port (the `codeyard serve` under its launcher)."""
+    port = int(base.rsplit(":", 1)[1])
+    return next(c.pid for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port)
+
+
 def cpu_seconds(processes: list[psutil.Process]) -> float:
     return sum(sum(p.cpu_times()[:2]) for p in processes)
 
@@ -386,8 +392,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         data_dir.chmod(0o755)  # sandbox uids read the package environments under it
         bases = [stack.enter_context(codeyard_serve(data_dir, settings, log_name=f"serve{i}.log"))
                  for i in range(args.replicas)]
-        pids = [next(c.pid for c in psutil.net_connections("tcp")
-                     if c.status == psutil.CONN_LISTEN and c.laddr.port == int(base.rsplit(":", 1)[1])) for base in bases]
+        pids = [server_pid(base) for base in bases]
         print(f"{len(bases)} server(s) {' '.join(bases)} (pids {pids}) on {'PostgreSQL' if args.postgres else 'SQLite'}"
               f"{' + Redis' if args.redis else ''}; think {args.think} s, keystroke every {args.keystroke_every} s, "
               f"run every {args.run_every} iterations")

@@ -109,10 +109,28 @@ def _release(db: Session) -> None:
     db.commit()
 
 
-def _identity(conn: HTTPConnection, db: DbSession, settings: SettingsDep) -> Identity:
-    identity = identify(conn, db, settings)
+# The request's Identity once resolved, so the access check that follows reuses it.
+IDENTITY_KEY = "codeyard.identity"
+
+
+def _identified(conn: HTTPConnection, db: Session, settings: Settings) -> Identity:
+    identity = conn.scope.get(IDENTITY_KEY)
+    if identity is None:
+        identity = conn.scope[IDENTITY_KEY] = identify(conn, db, settings)
+    return identity
+
+
+def _identify_and_release(conn: HTTPConnection, db: Session, settings: Settings) -> Identity:
+    identity = _identified(conn, db, settings)
     _release(db)
     return identity
+
+
+async def _identity(conn: HTTPConnection, db: DbSession, settings: SettingsDep) -> Identity:
+    """Resolved once per request; the query runs in a worker thread."""
+    if (identity := conn.scope.get(IDENTITY_KEY)) is not None:
+        return identity
+    return await run_in_threadpool(_identify_and_release, conn, db, settings)
 
 
 IdentityDep = Annotated[Identity, Depends(_identity)]
@@ -148,9 +166,16 @@ class _ProjectAccess:
         self.public_read = public_read
         self.access_rule = access.project_rule(min_role, public_read)
 
-    def __call__(
-        self, project_id: RandomId, identity: IdentityDep, db: DbSession
+    async def __call__(
+        self, project_id: RandomId, conn: HTTPConnection, db: DbSession, settings: SettingsDep
     ) -> projects.ProjectAccess:
+        """Who is asking and what they may do here: one worker-thread hop and one read transaction
+        for both (each hop waits its turn on the event loop; under a class's load that was most of
+        a small request's time)."""
+        return await run_in_threadpool(self._check, project_id, conn, db, settings)
+
+    def _check(self, project_id: str, conn: HTTPConnection, db: Session, settings: Settings) -> projects.ProjectAccess:
+        identity = _identified(conn, db, settings)
         access = projects.authorize(db, project_id, identity.user, self.min_role, self.public_read)
         _release(db)
         return access
