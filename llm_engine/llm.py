@@ -12,7 +12,8 @@ from llm_engine.llm_engine import LLMEngine
 from llm_engine.outputs import RequestOutput
 from llm_engine.sampling_params import SamplingParams
 
-Prompt = str | list[int]
+# text, token ids, or {"prompt"/"prompt_token_ids": ..., "multi_modal_data": {"image": [...]}}
+Prompt = str | list[int] | dict
 
 
 class LLM:
@@ -27,7 +28,7 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  priority: Sequence[int] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in the order of the prompts."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None:

@@ -8,11 +8,13 @@ from importlib.metadata import entry_points
 from torch import nn
 
 from llm_engine.models.llama import LlamaForCausalLM
+from llm_engine.models.llava import LlavaForConditionalGeneration
 from llm_engine.models.qwen2 import Qwen2ForCausalLM
 from llm_engine.models.qwen3 import Qwen3ForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
+    "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,

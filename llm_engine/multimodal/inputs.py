@@ -1,0 +1,69 @@
+"""Images attached to a prompt: decoded, preprocessed, and given their placeholder positions.
+
+A prompt carries one image placeholder token per image (LLaVA's `<image>`); each is expanded to
+as many placeholders as the model has features for that image, so the image's features occupy
+prompt positions (and KV-cache blocks) like tokens do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from llm_engine.multimodal.image import ImageInputError, ImageLimits, decode_image, image_hash, prepare_image
+from llm_engine.multimodal.processor import ImageProcessor
+
+
+@dataclass
+class ImageItem:
+    hash: str  # content hash: keys the encoder cache and the prefix cache
+    pixel_values: torch.Tensor
+    image_size: tuple[int, int]  # (width, height) of the upright picture
+    offset: int  # its first placeholder position in the prompt
+    num_tokens: int
+
+
+class ImageInputs:
+    """Turns (prompt token ids, images) into the expanded prompt and its ImageItems for one model.
+
+    `model_class` supplies `image_inputs(config, processor, image) -> (pixel_values, num_tokens)`.
+    """
+
+    def __init__(self, hf_config, model_class, folder: Path, limits: ImageLimits = ImageLimits()) -> None:
+        self.config = hf_config
+        self.model_class = model_class
+        self.processor = ImageProcessor.from_folder(folder)
+        self.image_token_id = hf_config.image_token_id
+        self.limits = limits
+
+    def load(self, image: object) -> Image.Image:
+        if isinstance(image, (bytes, bytearray, memoryview)):
+            return decode_image(bytes(image), self.limits)
+        return prepare_image(image, self.limits)
+
+    def __call__(self, token_ids: list[int], images: list[object]) -> tuple[list[int], list[ImageItem]]:
+        places = [i for i, t in enumerate(token_ids) if t == self.image_token_id]
+        if len(places) != len(images):
+            raise ImageInputError(f"prompt: {len(places)} image placeholder(s) for {len(images)} image(s); "
+                                  f"put one image token (id {self.image_token_id}) where each image goes")
+        expanded: list[int] = []
+        items: list[ImageItem] = []
+        last = 0
+        for place, raw in zip(places, images):
+            picture = self.load(raw)
+            pixels, count = self.model_class.image_inputs(self.config, self.processor, picture)
+            expanded.extend(token_ids[last:place])
+            items.append(ImageItem(image_hash(picture), pixels, picture.size, len(expanded), count))
+            expanded.extend([self.image_token_id] * count)
+            last = place + 1
+        expanded.extend(token_ids[last:])
+        return expanded, items
+
+
+def block_extra_keys(items: list[ImageItem], start: int, end: int) -> tuple:
+    """What besides token ids identifies positions [start, end): the images placed there."""
+    return tuple((item.hash, max(start - item.offset, 0)) for item in items
+                 if item.offset < end and start < item.offset + item.num_tokens)

@@ -1,0 +1,187 @@
+"""LLaVA in the engine against Transformers: preprocessing, greedy parity with images in every
+format (batched with text-only prompts, prefix caching on and off, prefill chunks that split an
+image), the encoder-output cache, image-keyed prefix caching, and bad input."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import pytest
+import torch
+from PIL import Image, ImageOps
+from transformers import AutoImageProcessor
+
+from llm_engine import LLM, SamplingParams
+from llm_engine.multimodal.image import ImageInputError, ImageLimits, decode_image
+from llm_engine.multimodal.processor import ImageProcessor
+
+from conftest import check_logprobs_close
+from vision_models import IMAGE_TOKEN, build_llava, encode, hf_reference, picture
+
+MAX_NEW = 10
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
+FEATURES = 25  # (30 px / 6 px patches)^2
+
+
+def exif_rotated_jpeg(width: int, height: int, seed: int) -> bytes:
+    """A JPEG stored sideways with EXIF orientation 6 (rotate 90° clockwise to view)."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    return encode(picture(width, height, seed), "JPEG", exif=exif, quality=90)
+
+
+def two_frame_gif(width: int, height: int) -> bytes:
+    first, second = picture(width, height, 5).convert("P"), picture(width, height, 6).convert("P")
+    return encode(first, "GIF", save_all=True, append_images=[second])
+
+
+FILES = {  # name -> file bytes: every format, odd sizes, an orientation, transparency
+    "png_rgba": encode(picture(41, 25, 1, "RGBA"), "PNG"),
+    "jpeg_exif": exif_rotated_jpeg(33, 17, 2),
+    "webp": encode(picture(64, 47, 3), "WEBP", lossless=True),
+    "gif": two_frame_gif(20, 9),
+    "png_gray_tiny": encode(picture(7, 5, 4, "L"), "PNG"),
+    "png_tall": encode(picture(13, 90, 7), "PNG"),
+}
+
+
+def upright(data: bytes) -> Image.Image:
+    """What the reference sees: Pillow's own decoding with the EXIF orientation applied."""
+    import io
+    return ImageOps.exif_transpose(Image.open(io.BytesIO(data)))
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    return build_llava(tmp_path_factory.mktemp("tiny-llava"))
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_preprocessing_equals_transformers(llava, name):
+    ours = ImageProcessor.from_folder(llava)(decode_image(FILES[name]))
+    reference = AutoImageProcessor.from_pretrained(llava)(upright(FILES[name]), return_tensors="pt").pixel_values[0]
+    assert ours.shape == reference.shape
+    assert torch.allclose(ours, reference, atol=1e-5, rtol=0)
+
+
+def test_exif_orientation_and_gif_first_frame():
+    assert decode_image(FILES["jpeg_exif"]).size == (17, 33)  # stored 33x17, shown upright
+    first = decode_image(FILES["gif"])
+    assert first.tobytes() == picture(20, 9, 5).convert("P").convert("RGB").tobytes()
+
+
+# (token ids with one IMAGE_TOKEN per image, images by name)
+PROMPTS = [
+    ([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22], []),
+    ([3, 4, IMAGE_TOKEN, 40, 41, 42], ["jpeg_exif"]),
+    ([3, 4, IMAGE_TOKEN, 40, 41, 42], ["png_rgba"]),  # same text, another image
+    ([7, IMAGE_TOKEN, 50, 51, IMAGE_TOKEN, 52] + list(range(60, 80)), ["webp", "gif"]),
+    ([IMAGE_TOKEN] + list(range(100, 140)), ["png_tall"]),
+    ([9, 8, 7, 6, 5], []),
+    ([11, 12, 13, IMAGE_TOKEN, 14, IMAGE_TOKEN, 15, IMAGE_TOKEN], ["png_gray_tiny", "jpeg_exif", "gif"]),
+]
+
+
+@pytest.fixture(scope="module")
+def references(llava):
+    return [hf_reference(llava, ids, [upright(FILES[n]) for n in names], [FEATURES] * len(names), MAX_NEW)
+            for ids, names in PROMPTS]
+
+
+def as_inputs(prompts):
+    return [{"prompt_token_ids": ids, "multi_modal_data": {"image": [FILES[n] for n in names]}}
+            for ids, names in prompts]
+
+
+def results(outputs):
+    return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outputs]
+
+
+@pytest.mark.parametrize("engine_kwargs", [dict(enable_prefix_caching=False),
+                                           dict(enable_prefix_caching=True),
+                                           dict(max_num_batched_tokens=16, attention_backend="torch")],
+                         ids=["no-prefix-cache", "prefix-cache", "chunked-prefill"])
+def test_batched_parity_with_transformers(llava, references, engine_kwargs):
+    llm = LLM(str(llava), dtype="float32", num_kv_blocks=256, **engine_kwargs)
+    outputs = llm.generate(as_inputs(PROMPTS), GREEDY, use_tqdm=False)
+    assert [len(o.prompt_token_ids) for o in outputs][1] == 5 + FEATURES
+    check_logprobs_close(results(outputs), references)
+    if engine_kwargs.get("enable_prefix_caching"):  # everything again: from the prefix cache
+        again = llm.generate(as_inputs(PROMPTS), GREEDY, use_tqdm=False)
+        assert sum(o.metrics.num_cached_tokens for o in again) >= 6 * 16
+        check_logprobs_close(results(again), references)
+
+
+def test_encoder_cache_and_image_keyed_prefix_cache(llava, references):
+    llm = LLM(str(llava), dtype="float32", num_kv_blocks=256, block_size=4)
+    first = llm.generate(as_inputs(PROMPTS[1:2]), GREEDY, use_tqdm=False)[0]
+    stats = llm.engine.get_stats()
+    assert (stats.mm_cache_queries, stats.mm_cache_hits) == (1, 0)
+    # Same image after other text: the prefix cache cannot help, the encoder cache does.
+    moved = ([90, 91, 92, 93, 94, IMAGE_TOKEN, 40], ["jpeg_exif"])
+    llm.generate(as_inputs([moved]), GREEDY, use_tqdm=False)
+    stats = llm.engine.get_stats()
+    assert (stats.mm_cache_queries, stats.mm_cache_hits) == (2, 1)
+    # Same text, another image: only the block before the image may come from the prefix cache.
+    other = llm.generate(as_inputs(PROMPTS[2:3]), GREEDY, use_tqdm=False)[0]
+    assert other.metrics.num_cached_tokens == 0  # [3, 4, img, img] is the first block already
+    check_logprobs_close(results([first, other]), references[1:3])
+    # The same image and text again: the image's blocks are found by its hash.
+    again = llm.generate(as_inputs(PROMPTS[1:2]), GREEDY, use_tqdm=False)[0]
+    assert again.metrics.num_cached_tokens == 28
+    check_logprobs_close(results([again]), references[1:2])
+
+
+def bomb_png(width: int, height: int) -> bytes:
+    """A valid 1x1 PNG whose header claims width x height (decoding it would need gigabytes)."""
+    data = bytearray(encode(Image.new("RGB", (1, 1)), "PNG"))
+    ihdr = 8 + 4  # after the signature and the chunk length
+    data[ihdr + 4:ihdr + 12] = struct.pack(">II", width, height)
+    data[ihdr + 17:ihdr + 21] = struct.pack(">I", zlib.crc32(bytes(data[ihdr:ihdr + 17])))
+    return bytes(data)
+
+
+BAD_FILES = {
+    "garbage_png": (b"\x89PNG\r\n\x1a\n" + b"\x00" * 40, "not a readable"),
+    "truncated_png": (FILES["png_tall"][:60], "not a readable"),
+    "broken_gif": (b"GIF89a" + b"\x01" * 5, "not a readable"),
+    "bmp": (encode(picture(8, 8, 1), "BMP"), "not a readable"),
+    "bomb": (bomb_png(50_000, 50_000), "decompression bomb"),
+    "48_megapixels": (bomb_png(8_000, 6_000), "pixels is over the limit"),
+    "empty": (b"", "empty file"),
+}
+
+
+@pytest.mark.parametrize("data,message", list(BAD_FILES.values()), ids=list(BAD_FILES))
+def test_bad_files_are_refused(data, message):
+    with pytest.raises(ImageInputError, match=message):
+        decode_image(data)
+
+
+def test_size_limits():
+    with pytest.raises(ImageInputError, match="bytes is over the limit"):
+        decode_image(FILES["webp"], ImageLimits(max_bytes=100))
+    with pytest.raises(ImageInputError, match="pixels is over the limit"):
+        decode_image(FILES["png_tall"], ImageLimits(max_pixels=1000))
+
+
+def test_bad_requests_leave_the_engine_serving(llava, references, tiny_llama):
+    llm = LLM(str(llava), dtype="float32", num_kv_blocks=256)
+    bad = [
+        ({"prompt_token_ids": [3, IMAGE_TOKEN], "multi_modal_data": {"image": []}}, "0 image"),
+        ({"prompt_token_ids": [3, 4], "multi_modal_data": {"image": [FILES["gif"]]}}, "0 image placeholder"),
+        ({"prompt_token_ids": [3, IMAGE_TOKEN], "multi_modal_data": {"image": [b"nope"]}}, "not a readable"),
+        ({"prompt_token_ids": [3, IMAGE_TOKEN], "multi_modal_data": {"image": ["a.png"]}}, "expected a PIL"),
+        ({"prompt_token_ids": [3], "multi_modal_data": {"video": []}}, "only {'image'"),
+        ({"prompt": "x", "prompt_token_ids": [3]}, "exactly one"),
+    ]
+    for prompt, message in bad:
+        with pytest.raises(ValueError, match=message):
+            llm.generate(prompt, GREEDY, use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+    check_logprobs_close(results(llm.generate(as_inputs(PROMPTS[1:2]), GREEDY, use_tqdm=False)), references[1:2])
+    text_only = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=16)
+    with pytest.raises(ImageInputError, match="text-only model; it cannot see images"):
+        text_only.generate({"prompt_token_ids": [3, 4], "multi_modal_data": {"image": [FILES["gif"]]}},
+                           GREEDY, use_tqdm=False)

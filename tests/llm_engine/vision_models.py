@@ -1,0 +1,68 @@
+"""Tiny random-weight vision-language models built with transformers on the spot, test pictures
+in each format, and Transformers' greedy reference for prompts with images."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import (AutoImageProcessor, AutoModelForImageTextToText, CLIPImageProcessor,
+                          CLIPVisionConfig, LlamaConfig, LlavaConfig)
+
+from conftest import COMMON, VOCAB
+
+IMAGE_TOKEN = VOCAB - 1
+CLIP_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                   image_size=30, patch_size=6, projection_dim=32, initializer_range=0.2)
+
+
+def build_llava(folder: Path) -> Path:
+    """LLaVA-1.5 shape: CLIP tower (30 px, 6 px patches: 25 features), Llama decoder."""
+    config = LlavaConfig(vision_config=CLIPVisionConfig(**CLIP_VISION),
+                         text_config=LlamaConfig(**COMMON, tie_word_embeddings=False),
+                         image_token_index=IMAGE_TOKEN, projector_hidden_act="gelu")
+    config.architectures = ["LlavaForConditionalGeneration"]
+    torch.manual_seed(1234)
+    AutoModelForImageTextToText.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    CLIPImageProcessor(size={"shortest_edge": 30}, crop_size={"height": 30, "width": 30}).save_pretrained(folder)
+    return folder
+
+
+def picture(width: int, height: int, seed: int, mode: str = "RGB") -> Image.Image:
+    rng = np.random.default_rng(seed)
+    # smooth gradients plus noise: resizing then means something, unlike pure noise
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 // max(width, 1), y * 255 // max(height, 1), (x + y) % 256], -1)
+    noise = rng.integers(0, 60, (height, width, 3))
+    return Image.fromarray(((base + noise) % 256).astype(np.uint8)).convert(mode)
+
+
+def encode(image: Image.Image, fmt: str, **save_kwargs) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **save_kwargs)
+    return buffer.getvalue()
+
+
+def hf_reference(folder: Path, token_ids: list[int], images: list[Image.Image], num_features: list[int],
+                 max_new_tokens: int) -> tuple[list[int], list[float]]:
+    """Greedy tokens and their logprobs from transformers: the prompt with each image token
+    expanded, and the image processor's pixel values (images given upright, as the engine
+    makes them)."""
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    expanded: list[int] = []
+    features = iter(num_features)
+    for token in token_ids:
+        expanded.extend([token] * next(features) if token == IMAGE_TOKEN else [token])
+    kwargs = {}
+    if images:
+        processor = AutoImageProcessor.from_pretrained(folder)
+        kwargs["pixel_values"] = processor(images, return_tensors="pt").pixel_values
+    with torch.no_grad():
+        out = model.generate(torch.tensor([expanded]), max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=None, pad_token_id=0, output_logits=True,
+                             return_dict_in_generate=True, **kwargs)
+    tokens = out.sequences[0, len(expanded):].tolist()
+    return tokens, [float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(out.logits, tokens)]
