@@ -42,6 +42,7 @@ IMAGES = {
     "llm": ImageRecipe("codeyard/llm:latest", "docker/llm.Dockerfile", "[llm]"),
     "postgres": ImageRecipe("codeyard/postgres:15", "docker/postgres.Dockerfile", None),
     "redis": ImageRecipe("codeyard/redis:7", "docker/redis.Dockerfile", None),
+    "proxy": ImageRecipe("codeyard/proxy:latest", "docker/proxy.Dockerfile", None),
 }
 
 

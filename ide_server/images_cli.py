@@ -12,7 +12,7 @@ app = typer.Typer(help="Build the server's Docker images without a registry.", n
 
 @app.command("build")
 def build_command(
-    names: Annotated[Optional[list[str]], typer.Argument(help="app, runner, llm, postgres, redis (default: all)")] = None,
+    names: Annotated[Optional[list[str]], typer.Argument(help="app, runner, llm, postgres, redis, proxy (default: all)")] = None,
     base: Annotated[Optional[str], typer.Option(help="Build on this image (e.g. python:3.11-slim) instead of the local Debian base.")] = None,
 ) -> None:
     """Make the Debian base (debootstrap + docker import) unless --base names one, then build the images on it."""

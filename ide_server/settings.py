@@ -15,7 +15,9 @@ SECRET_KEY_FILE = "secret_key"
 class Settings(BaseSettings):
     """Everything the server can be configured with; defaults give a working single-user server."""
 
-    model_config = SettingsConfigDict(env_prefix="CODEYARD_", extra="ignore")
+    # CODEYARD_SECRETS_DIR: a folder of files named like the variables (codeyard_database_url...), as Docker
+    # secrets mount them at /run/secrets, so passwords stay out of the environment.
+    model_config = SettingsConfigDict(env_prefix="CODEYARD_", extra="ignore", secrets_dir=os.environ.get("CODEYARD_SECRETS_DIR"))
 
     data_dir: Path = Path(".codeyard")
     database_url: str | None = Field(

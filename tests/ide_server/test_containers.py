@@ -1,5 +1,5 @@
-"""The container files: docker-compose.yml is valid and wires the app to PostgreSQL, Redis and the LLM server;
-the Dockerfile copies what exists and runs as a non-root user."""
+"""The container files: docker-compose.yml is valid and wires the proxy, app replicas, runners, PostgreSQL, Redis and LLM;
+the Dockerfiles take their base, copy what exists, and the app runs as a non-root user."""
 
 import re
 import shutil
@@ -22,28 +22,40 @@ def test_docker_compose_config_is_valid():
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load(result.stdout)
     services = config["services"]
-    assert {"app", "postgres", "redis"} <= set(services)
-    app = services["app"]
-    assert app["environment"]["CODEYARD_DATABASE_URL"].startswith("postgresql+psycopg://")
-    assert app["environment"]["CODEYARD_REDIS_URL"].startswith("redis://redis:")
-    assert app["deploy"]["replicas"] >= 2
-    assert {name: cond["condition"] for name, cond in app["depends_on"].items()} == {
-        "postgres": "service_healthy", "redis": "service_healthy", "llm": "service_started"}
-    # Replicas load no model: /v1 and the assistant go to the llm service's port.
-    assert app["environment"]["CODEYARD_LLM_URL"] == "http://llm:8001"
-    assert "--port" in services["llm"]["command"] and "8001" in services["llm"]["command"]
-    for name in ("app", "postgres", "redis"):
-        assert services[name]["healthcheck"]["test"], name
-        assert services[name]["volumes"], name
+    assert {"proxy", "app1", "app2", "runner1", "runner2", "llm", "postgres", "redis"} == set(services)
+    for name in ("app1", "app2"):
+        app = services[name]
+        env = app["environment"]
+        # Runs go to the runners; the database URL (with its password) comes from a secret file, not the environment.
+        assert env["CODEYARD_SANDBOX_BACKEND"] == "runners" and env["CODEYARD_SECRETS_DIR"] == "/run/secrets"
+        assert "CODEYARD_DATABASE_URL" not in env and "codeyard_database_url" in str(app["secrets"])
+        assert env["CODEYARD_REDIS_URL"].startswith("redis://")
+        assert {n: cond["condition"] for n, cond in app["depends_on"].items()} == {
+            "postgres": "service_healthy", "redis": "service_healthy", "llm": "service_started"}
+        assert app["healthcheck"]["test"] and app["volumes"]
+    assert services["app1"]["environment"]["CODEYARD_PORT"] != services["app2"]["environment"]["CODEYARD_PORT"]
+    for name in ("runner1", "runner2"):
+        runner = services[name]
+        assert runner["command"][:2] == ["codeyard", "runner"] and runner["privileged"]
+        assert runner["deploy"]["mode"] == "global" and runner["volumes"]
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD_FILE"] == "/run/secrets/postgres_password"
+    assert "llm serve" in " ".join(services["llm"]["command"])
+    assert config["networks"]["default"]["name"] == "host"
 
 
-def test_dockerfile_runs_as_non_root_and_installs_with_constraints():
-    dockerfile = (REPO / "Dockerfile").read_text()
-    users = re.findall(r"^USER\s+(\S+)", dockerfile, re.M)
+def test_dockerfiles_take_their_base_and_copy_what_exists():
+    dockerfiles = [REPO / "Dockerfile", *sorted((REPO / "docker").glob("*.Dockerfile"))]
+    assert len(dockerfiles) == 6
+    for path in dockerfiles:
+        text = path.read_text()
+        assert re.search(r"^ARG BASE=\S+", text, re.M) and re.search(r"^FROM \$\{BASE\}", text, re.M), path
+        for source in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M):
+            for name in source.split():
+                assert name == "wheel[s]" or (REPO / name).exists(), f"{path.name} copies {name}, which is missing"
+    app = (REPO / "Dockerfile").read_text()
+    users = re.findall(r"^USER\s+(\S+)", app, re.M)
     assert users and users[-1] not in ("root", "0")
-    assert re.search(r"pip install -c constraints\.txt \.", dockerfile)
-    for source in re.findall(r"^COPY (?!--from)(.+) \S+$", dockerfile, re.M):
-        for path in source.split():
-            assert (REPO / path).exists(), f"Dockerfile copies {path}, which is missing"
+    install = (REPO / "docker" / "install-codeyard.sh").read_text()
+    assert "-c /tmp/pip/constraints.txt" in install
     ignored = (REPO / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored
