@@ -12,7 +12,7 @@ from llm_engine.loader import ModelSource
 from llm_engine.model_runner import ModelRunner
 from llm_engine.models.registry import resolve_model_class
 from llm_engine.multimodal.image import ImageInputError
-from llm_engine.multimodal.inputs import ImageInputs, ImageItem
+from llm_engine.multimodal.inputs import ImageInputs, ImageItem, ImagePrompt
 from llm_engine.outputs import CompletionOutput, RequestOutput
 from llm_engine.sampler import SampleResult
 from llm_engine.sampling_params import SamplingParams
@@ -97,9 +97,13 @@ class LLMEngine:
             raise ValueError(f"prompt: token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
         return None, list(prompt)
 
-    def _prompt_inputs(self, prompt: str | list[int] | dict) -> tuple[str | None, list[int], list[ImageItem]]:
+    def _prompt_inputs(self, prompt: str | list[int] | dict | ImagePrompt
+                       ) -> tuple[str | None, list[int], list[ImageItem]]:
         """A text or token-id prompt, or vLLM's dict: {"prompt" or "prompt_token_ids",
-        "multi_modal_data": {"image": a picture or a list}} (PIL images or file bytes)."""
+        "multi_modal_data": {"image": a picture or a list}} (PIL images or file bytes), or an
+        ImagePrompt a server prepared."""
+        if isinstance(prompt, ImagePrompt):
+            return None, prompt.token_ids, prompt.items
         images: list = []
         if isinstance(prompt, dict):
             unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data"})
@@ -121,8 +125,9 @@ class LLMEngine:
             raise ImageInputError(f"model: {self.config.model} is a text-only model; it cannot see images")
         return text, token_ids, []
 
-    def add_request(self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams | None = None,
-                    priority: int = 0, arrival_time: float | None = None) -> None:
+    def add_request(self, request_id: str, prompt: str | list[int] | dict | ImagePrompt,
+                    params: SamplingParams | None = None, priority: int = 0,
+                    arrival_time: float | None = None) -> None:
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request_id: {request_id!r} is already in use")

@@ -67,3 +67,11 @@ def block_extra_keys(items: list[ImageItem], start: int, end: int) -> tuple:
     """What besides token ids identifies positions [start, end): the images placed there."""
     return tuple((item.hash, max(start - item.offset, 0)) for item in items
                  if item.offset < end and start < item.offset + item.num_tokens)
+
+
+@dataclass
+class ImagePrompt:
+    """A prompt already expanded and preprocessed (by a server, off the engine's thread)."""
+
+    token_ids: list[int]
+    items: list[ImageItem]
