@@ -1,0 +1,162 @@
+"""The multi-machine stack for real (`make test-stack`, too long for CI): the images built here without a
+registry, docker-compose.yml brought up, and through the proxy: sign up, edit from two replicas, run code and
+open a shell on the runners, ask the assistant; then broken on purpose (a runner killed during runs, an app
+replica killed, Redis and PostgreSQL restarted) and checked to recover by itself.
+
+Needs a Docker engine at DOCKER_HOST with the images (scripts/test-stack.sh starts one and builds them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.sync.client import connect as ws_connect
+
+REPO = Path(__file__).resolve().parents[2]
+PROJECT = "codeyard-stack-test"
+PROXY = "http://127.0.0.1:8780"
+REPLICAS = ("http://127.0.0.1:8781", "http://127.0.0.1:8782")
+ENV = {"CODEYARD_LLM_DEVICE": "cpu", "RUNNER_SLOTS": "1"}  # one slot per runner: two runs land on both
+
+
+def compose(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker-compose", "-p", PROJECT, "-f", "docker-compose.yml", *args], cwd=REPO,
+                          env={**os.environ, **ENV}, capture_output=True, text=True, check=check, timeout=600)
+
+
+def container(service: str) -> str:
+    return compose("ps", "-q", service).stdout.strip()
+
+
+def eventually(check, timeout: float, what: str):
+    """check() until it returns something truthy without raising; its last error when time is up."""
+    deadline, error = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        try:
+            if result := check():
+                return result
+        except (httpx.HTTPError, AssertionError, OSError) as exc:
+            error = exc
+        time.sleep(1)
+    raise AssertionError(f"{what} did not happen within {timeout:g} s (last error: {error!r})")
+
+
+@pytest.fixture(scope="module")
+def stack():
+    subprocess.run(["bash", "scripts/stack-secrets.sh"], cwd=REPO, check=True)
+    compose("down", "-v", check=False)
+    up = compose("up", "-d", check=False)
+    assert up.returncode == 0, up.stderr[-3000:]
+    try:
+        eventually(lambda: httpx.get(f"{PROXY}/readyz", timeout=5).status_code == 200, 300, "the stack answering")
+        yield
+    finally:
+        logs = compose("logs", "--no-color", "--tail", "300", check=False)
+        (REPO / "test-artifacts").mkdir(exist_ok=True)
+        (REPO / "test-artifacts" / "stack.log").write_text(logs.stdout + logs.stderr)
+        compose("down", "-v", check=False)
+
+
+class User:
+    """A signed-up user with a personal token, talking to one base URL (the proxy or one replica)."""
+
+    def __init__(self, base: str = PROXY, token: str | None = None) -> None:
+        self.base = base
+        if token is None:
+            with httpx.Client(base_url=base, timeout=30) as client:
+                name = f"u{secrets.token_hex(4)}"
+                csrf = client.post("/api/auth/register", json={"username": name, "password": "pass-word-1"}).json()["csrf_token"]
+                token = client.post("/api/tokens", json={"name": "t"}, headers={"X-CSRF-Token": csrf}).json()["token"]
+        self.token = token
+        self.http = httpx.Client(base_url=base, timeout=60, headers={"Authorization": f"Bearer {token}"})
+
+    def on(self, base: str) -> "User":
+        return User(base, self.token)
+
+    def project(self, files: dict[str, str]) -> str:
+        pid = self.http.post("/api/projects", json={"name": f"p{secrets.token_hex(3)}"}).json()["id"]
+        for path, text in files.items():
+            assert self.http.put(f"/api/projects/{pid}/files/content/{path}", content=text.encode()).status_code in (200, 201)
+        return pid
+
+    def run(self, pid: str, **body) -> str:
+        started = self.http.post(f"/api/projects/{pid}/runs", json=body)
+        assert started.status_code == 202, started.text
+        return started.json()["id"]
+
+    def finished(self, run_id: str, timeout: float = 120) -> dict:
+        return eventually(lambda: (r := self.http.get(f"/api/runs/{run_id}").json())["status"] == "finished" and r,
+                          timeout, f"run {run_id} finishing")
+
+
+def test_sign_up_edit_on_two_replicas_run_and_shell(stack):
+    alice = User()
+    pid = alice.project({"main.py": "print(sum(range(10)))\n"})
+    on_one, on_two = alice.on(REPLICAS[0]), alice.on(REPLICAS[1])
+    assert on_one.http.put(f"/api/projects/{pid}/files/content/notes.txt", content=b"from replica 1").status_code in (200, 201)
+    assert on_two.http.get(f"/api/projects/{pid}/files/content/notes.txt").text == "from replica 1"
+    run = alice.finished(alice.run(pid))
+    assert run["verdict"] == "ok" and run["stdout"] == "45\n", run
+    ws_url = PROXY.replace("http", "ws") + f"/ws/projects/{pid}/shell?rows=24&cols=80"
+    with ws_connect(ws_url, additional_headers={"Authorization": f"Bearer {alice.token}"}) as shell:
+        shell.send(json.dumps({"type": "input", "data": "echo $((6*7)) > answer.txt; exit\n"}))
+        while (frame := json.loads(shell.recv(timeout=60)))["type"] != "exit":
+            pass
+    assert frame["verdict"] == "ok"
+    assert alice.http.get(f"/api/projects/{pid}/files/content/answer.txt").text == "42\n"
+
+
+def test_the_assistant_answers_through_the_llm_service(stack):
+    alice = User()
+
+    def answer():
+        reply = alice.http.post("/v1/chat/completions", json={
+            "model": "default", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hi"}]})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["choices"][0]["message"]["content"]
+
+    assert eventually(answer, 300, "the assistant answering")
+
+
+def test_a_runner_killed_during_runs(stack):
+    alice = User()
+    pid = alice.project({"main.py": "import time\nprint('go', flush=True)\ntime.sleep(15)\nprint('done')\n"})
+    runs = [alice.run(pid) for _ in range(2)]  # one slot per runner: one run on each
+    eventually(lambda: all(alice.http.get(f"/api/runs/{r}").json()["status"] == "running" for r in runs), 60, "both running")
+    time.sleep(2)
+    subprocess.run(["docker", "kill", container("runner1")], check=True, capture_output=True)
+    results = [alice.finished(r) for r in runs]
+    failed = [r for r in results if r["verdict"] == "internal_error"]
+    assert len(failed) == 1 and "runner runner1 stopped during the run" in failed[0]["message"], results
+    assert [r["stdout"] for r in results if r["verdict"] == "ok"] == ["go\ndone\n"]
+    compose("up", "-d", "runner1")
+    again = alice.finished(alice.run(pid))
+    assert again["verdict"] == "ok"
+
+
+def test_an_app_replica_killed(stack):
+    alice = User()
+    pid = alice.project({"a.txt": "kept"})
+    subprocess.run(["docker", "kill", container("app1")], check=True, capture_output=True)
+    for _ in range(10):  # the proxy passes over the dead replica
+        assert alice.http.get(f"/api/projects/{pid}/files/content/a.txt").text == "kept"
+    compose("up", "-d", "app1")
+    eventually(lambda: httpx.get(f"{REPLICAS[0]}/readyz", timeout=5).status_code == 200, 120, "replica 1 back")
+
+
+def test_redis_and_postgres_restarted(stack):
+    compose("restart", "redis", "postgres")
+
+    def works():
+        user = User()
+        run = user.finished(user.run(user.project({"main.py": "print('back')\n"})))
+        return run["stdout"] == "back\n"
+
+    assert eventually(works, 120, "the stack recovering after Redis and PostgreSQL restarted")
