@@ -31,6 +31,10 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 VERSION_PATTERN = re.compile(r"^[0-9a-f]{4,40}$")
 
 
+# What `git commit` prints (in the C locale) when the index equals HEAD.
+NOTHING_TO_COMMIT = "nothing to commit"
+
+
 class NameTaken(ValueError):
     """Another checkpoint already has this name."""
 
@@ -91,19 +95,19 @@ class ProjectHistory:
         if name is not None:
             self._check_name(name)
         self.repo.git.add(A=True)
-        has_head = self.repo.head.is_valid()
-        # git itself, not GitPython's index reader, which fails on a file name that is not UTF-8
-        changed = not has_head or self.repo.git.diff("--cached", "--quiet", "HEAD", with_exceptions=False,
-                                                     with_extended_output=True)[0] != 0
-        if not changed and name is None:
+        # Commit straight away and let git say whether anything changed: a `diff --cached` first
+        # was a third git process per checkpoint, and a checkpoint comes before every run.
+        lead = authors[0] if authors else Author(SERVER.name, SERVER.email)
+        trailers = "".join(f"\nCo-authored-by: {a.name} <{a.email}>" for a in authors[1:])
+        status, out, err = self.repo.git.commit(
+            "--quiet", "--no-verify", "--allow-empty-message", "--cleanup=verbatim",
+            "-m", message + ("\n" + trailers if trailers else ""), f"--author={lead.name} <{lead.email}>",
+            env={"GIT_COMMITTER_NAME": SERVER.name, "GIT_COMMITTER_EMAIL": SERVER.email, "LC_ALL": "C"},
+            with_exceptions=False, with_extended_output=True)
+        if status != 0 and NOTHING_TO_COMMIT not in out:
+            raise git.GitCommandError("git commit", status, err or out)
+        if status != 0 and name is None:
             return None
-        if changed:
-            lead = authors[0] if authors else Author(SERVER.name, SERVER.email)
-            trailers = "".join(f"\nCo-authored-by: {a.name} <{a.email}>" for a in authors[1:])
-            self.repo.git.commit("--quiet", "--no-verify", "--allow-empty-message", "--cleanup=verbatim",
-                                 "-m", message + ("\n" + trailers if trailers else ""),
-                                 f"--author={lead.name} <{lead.email}>",
-                                 env={"GIT_COMMITTER_NAME": SERVER.name, "GIT_COMMITTER_EMAIL": SERVER.email})
         if name is not None:
             self.repo.create_tag(name, ref=self.repo.head.commit)
         return self._checkpoint(self.repo.head.commit)
