@@ -7,6 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import expect
 
@@ -163,3 +164,45 @@ def test_each_new_import_is_installed(server_url, owner, open_as, screenshot):
     version = next(line.split("==")[1] for line in requirements if line.startswith("tabulate=="))
     expect(shell.locator(".xterm-rows")).to_contain_text(re.compile(rf"tabulate\s+{re.escape(version)}"), timeout=20_000)
     screenshot(ada, "runs-packages-shell")
+
+
+FLASK_APP = """from flask import Flask, request
+from markupsafe import escape
+
+app = Flask(__name__)
+
+
+@app.route("/")
+def home():
+    name = request.args.get("name")
+    greeting = f"<p id='greeting'>Hello, {escape(name)}!</p>" if name else ""
+    return "<h1>Hello from Flask</h1><form><input name='name'><button>Greet</button></form>" + greeting
+
+
+app.run(host="0.0.0.0", port=8080)
+"""
+
+
+def test_a_flask_app_shows_in_the_webview(server_url, owner, open_as, screenshot):
+    """Flask installed on the first run, its page in the Webview (forms work), the viewer's Webview follows."""
+    project_id = owner.post("/api/projects", json={"name": "webview", "template": "python"}).json()["id"]
+    join(server_url, owner, project_id, "rjviewer", "viewer")
+    write(owner, project_id, "main.py", FLASK_APP)
+    ada, bob = open_as(OWNER, project_id), open_as("rjviewer", project_id)
+    run_from_editor(ada, "Flask(__name__)")
+    page = ada.frame_locator("#webview-frame")
+    expect(page.locator("h1")).to_have_text("Hello from Flask", timeout=INSTALL_TIMEOUT_MS)
+    expect(ada.locator("#run-summary")).to_contain_text("Serving on port 8080")
+    expect(ada.locator("#webview-tab")).to_have_text("Webview :8080")
+    expect(ada.locator("#webview-open")).to_have_attribute("href", re.compile(r"^/preview/[\w-]+/$"))
+    page.locator("input[name=name]").fill("Ada")
+    page.locator("button").click()
+    expect(page.locator("#greeting")).to_have_text("Hello, Ada!")
+    screenshot(ada, "runs-webview-flask")
+    expect(bob.locator("#webview-tab")).to_be_visible(timeout=20_000)  # a viewer watching the run sees its page too
+    bob.locator("#webview-tab").click()
+    expect(bob.frame_locator("#webview-frame").locator("h1")).to_have_text("Hello from Flask")
+    screenshot(bob, "runs-webview-viewer")
+    ada.locator("#run").click()  # Stop
+    expect(bob.locator("#webview-address")).to_contain_text("stopped serving", timeout=20_000)
+    assert httpx.get(server_url + ada.locator("#webview-open").get_attribute("href")).status_code == 404

@@ -41,11 +41,14 @@ interface StatusFrame {
   status: "queued" | "running";
   queue_position: number | null;
   waiting_for_input: boolean;
+  listening_port: number | null;
+  preview_url: string | null; // where the Webview opens the page the program serves
 }
 
 function describeStatus(frame: StatusFrame): string {
   if (frame.status === "queued") return `Queued (position ${frame.queue_position ?? "?"})`;
-  return frame.waiting_for_input ? "Waiting for input…" : "Running…";
+  if (frame.waiting_for_input) return "Waiting for input…";
+  return frame.listening_port !== null ? `Serving on port ${frame.listening_port}` : "Running…";
 }
 
 const INTERACTIVE_NOTE =
@@ -78,6 +81,7 @@ export class RunConsole {
     private readonly me: string,
     private readonly canWrite: boolean,
     private readonly onState: (running: boolean, summary: string, failedOutput: string | null) => void,
+    private readonly onServe: (url: string | null, port: number | null) => void = () => undefined,
   ) {
     this.term = new FittedTerminal(parent, dark);
     this.term.terminal.writeln(
@@ -153,9 +157,12 @@ export class RunConsole {
       else if (frame.type === "stderr") terminal.write(`\x1b[31m${frame.data ?? ""}\x1b[0m`);
       else if (frame.type === "install") terminal.write(`\x1b[36m${frame.data ?? ""}\x1b[0m`);
       else if (frame.type === "error") terminal.writeln(`\x1b[33m${frame.message ?? ""}\x1b[0m`);
-      else if (frame.type === "status") this.onState(true, `${this.owner ? `${this.owner}: ` : ""}${describeStatus(frame)}`, null);
-      else if (frame.type === "exit") {
+      else if (frame.type === "status") {
+        this.onState(true, `${this.owner ? `${this.owner}: ` : ""}${describeStatus(frame)}`, null);
+        this.onServe(frame.preview_url, frame.listening_port);
+      } else if (frame.type === "exit") {
         finished = true;
+        this.onServe(null, null);
         const summary = describeExit(frame);
         terminal.writeln("");
         terminal.writeln(`\x1b[1m■ ${summary}\x1b[0m${frame.message ? ` — ${frame.message}` : ""}`);

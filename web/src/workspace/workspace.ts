@@ -7,6 +7,7 @@ import { FileEditor, type Connection } from "./editor";
 import { ProjectFiles } from "./files";
 import { FileTree } from "./tree";
 import { RunConsole, type RunStarted } from "./runconsole";
+import { WebviewPane } from "./webview";
 import { HistoryPanel } from "./history";
 import { AssistantUi } from "./assistant";
 import { attachLesson } from "./lesson";
@@ -138,21 +139,25 @@ export class Workspace {
     const consoleTab = h("button", { type: "button", class: "pane-tab active", id: "console-tab" }, "Console");
     const shellTab = h("button", { type: "button", class: "pane-tab", id: "shell-tab" }, "Shell");
     shellTab.hidden = !this.canWrite;
-    const showPane = (shell: boolean) => {
-      consoleHost.hidden = shell;
-      shellHost.hidden = !shell;
-      consoleTab.classList.toggle("active", !shell);
-      shellTab.classList.toggle("active", shell);
-      if (shell) {
+    const showPane = (pane: "console" | "shell" | "webview") => {
+      consoleHost.hidden = pane !== "console";
+      shellHost.hidden = pane !== "shell";
+      webview.element.hidden = pane !== "webview";
+      consoleTab.classList.toggle("active", pane === "console");
+      shellTab.classList.toggle("active", pane === "shell");
+      webview.tab.classList.toggle("active", pane === "webview");
+      if (pane === "shell") {
         this.shell ??= new ShellPane(shellHost, this.dark, this.project.id);
         this.shell.connect();
         this.shell.term.refit();
-      } else {
+      } else if (pane === "console") {
         this.runConsole?.term.refit();
       }
     };
-    consoleTab.addEventListener("click", () => showPane(false));
-    shellTab.addEventListener("click", () => showPane(true));
+    const webview = new WebviewPane(() => showPane("webview"));
+    consoleTab.addEventListener("click", () => showPane("console"));
+    shellTab.addEventListener("click", () => showPane("shell"));
+    webview.tab.addEventListener("click", () => showPane("webview"));
     const readOnlyNote = this.canWrite ? "" : "Read-only: you can watch this project live but not change it.";
     this.root.replaceChildren(
       h(
@@ -180,7 +185,7 @@ export class Workspace {
         { class: "workspace" },
         this.tree.element,
         h("section", { class: "editor-pane" }, this.tabs, this.editorArea, h("p", { class: "status status-info", id: "readonly-note" }, readOnlyNote), this.message),
-        h("section", { class: "run-pane" }, h("div", { class: "pane-tabs" }, consoleTab, shellTab, this.runSummary, ...(this.assistant ? [this.assistant.explainButton] : [])), consoleHost, shellHost),
+        h("section", { class: "run-pane" }, h("div", { class: "pane-tabs" }, consoleTab, shellTab, webview.tab, this.runSummary, ...(this.assistant ? [this.assistant.explainButton] : [])), consoleHost, shellHost, webview.element),
       ),
     );
     this.runConsole = new RunConsole(consoleHost, this.dark, this.project.id, this.username, this.canWrite, (running, summary, failedOutput) => {
@@ -189,7 +194,7 @@ export class Workspace {
       this.runButton.classList.toggle("danger", running);
       this.runSummary.textContent = summary;
       this.assistant?.runEnded(failedOutput);
-    });
+    }, (url, port) => webview.show(url, port));
   }
 
   private applyTheme(): void {
