@@ -159,6 +159,18 @@ class UploadResult(BaseModel):
     files_written: int
 
 
+class SearchMatch(Public):
+    path: str
+    line: int = Field(description="1-based")
+    column: int = Field(description="1-based, in characters")
+    text: str = Field(description="The matching line, cut to 200 characters")
+
+
+class SearchResults(BaseModel):
+    matches: list[SearchMatch]
+    truncated: bool = Field(description="There were more matches than shown (at most 500)")
+
+
 # Path parameters: ids are URL-safe random strings; anything else can't name a row.
 RandomId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,32}$")]
 SecretToken = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,100}$")]

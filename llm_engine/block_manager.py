@@ -131,6 +131,17 @@ class BlockManager:
                 block.hash, block.parent_hash, block.token_ids = block_hash, parent, tokens
                 self.cached[block_hash] = block.block_id
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block (their contents are gone, e.g. a restarted worker group).
+        Only valid while no sequence holds a block."""
+        if self.num_free_blocks != self.num_blocks:
+            raise RuntimeError("reset_prefix_cache: blocks are still in use")
+        for block in self.blocks:
+            block.hash, block.parent_hash, block.token_ids = None, None, ()
+        self.cached.clear()
+        self.free_uncached.extend(self.free_cached)
+        self.free_cached.clear()
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Let child share every block of parent (copy-on-write protects the partial last block)."""
         for block_id in parent.block_table:

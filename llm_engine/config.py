@@ -84,8 +84,8 @@ class EngineConfig:
                              f"got {self.attention_backend!r}")
         if self.attention_backend == "native" and self.device != "cpu":
             raise ValueError("attention_backend: 'native' is a CPU kernel; use 'torch' or 'auto' on CUDA")
-        if self.tensor_parallel_size != 1:
-            raise ValueError("tensor_parallel_size: only 1 is supported so far")
+        if self.tensor_parallel_size > 1 and self.device != "cpu":
+            raise ValueError("tensor_parallel_size: more than 1 runs on the CPU (gloo) so far")
         self.kv_cache_memory = parse_memory(self.kv_cache_memory, "kv_cache_memory")
         self.encoder_cache_memory = parse_memory(self.encoder_cache_memory, "encoder_cache_memory")
         from llm_engine.layers.quant_config import validate  # imports torch: only when configuring

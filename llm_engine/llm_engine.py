@@ -9,6 +9,7 @@ from llm_engine.block_manager import BlockManager
 from llm_engine.config import EngineConfig
 from llm_engine.detokenizer import IncrementalDetokenizer, find_stop_string
 from llm_engine.loader import ModelSource
+from llm_engine.executor import MultiprocExecutor, WorkerGroupError
 from llm_engine.model_runner import ModelRunner
 from llm_engine.models.registry import resolve_model_class
 from llm_engine.multimodal.image import ImageInputError
@@ -50,7 +51,10 @@ class LLMEngine:
         self.image_inputs = (ImageInputs(self.hf_config, model_class, source.folder)
                              if hasattr(model_class, "image_inputs") else None)
         text_config = self.hf_config.get_text_config()  # a vision model's language part
-        self.model_runner = ModelRunner(config, self.hf_config, source)
+        if self.image_inputs is not None and config.tensor_parallel_size > 1:
+            raise ValueError("tensor_parallel_size: vision models run on one rank so far")
+        self.model_runner = (ModelRunner(config, self.hf_config, source) if config.tensor_parallel_size == 1
+                             else MultiprocExecutor(config))
         num_blocks = self.model_runner.num_blocks
         self.max_model_len = min(config.max_model_len or text_config.max_position_embeddings,
                                  text_config.max_position_embeddings, num_blocks * config.block_size)
@@ -198,6 +202,9 @@ class LLMEngine:
             to_sample = self._advance(out)
             results = self.model_runner.sample(logits[[row for row, _ in to_sample]],
                                                [seq for _, seq in to_sample], self.eos_token_ids)
+        except WorkerGroupError as exc:
+            self._restart_worker_group(exc)
+            return
         except Exception as exc:  # a failed batch ends its requests, the engine keeps serving
             for seq, _ in out.scheduled:
                 seq.request.error = f"{type(exc).__name__}: {exc}"
@@ -207,6 +214,22 @@ class LLMEngine:
             return
         for (_, seq), result in zip(to_sample, results):
             self._append_token(seq, result)
+
+    def _restart_worker_group(self, exc: WorkerGroupError) -> None:
+        """The KV of every running request was in the lost group: fail those requests, forget
+        the prefix cache, and start a fresh group (waiting requests run on it)."""
+        for seq in list(self.scheduler.running):
+            seq.request.error = f"WorkerGroupError: {exc}"
+            for s in seq.request.seqs:
+                if not s.is_finished:
+                    self._finish(s, SequenceStatus.FINISHED_ERROR)
+        self.block_manager.reset_prefix_cache()
+        self.model_runner.restart()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do for an in-process engine)."""
+        if isinstance(self.model_runner, MultiprocExecutor):
+            self.model_runner.shutdown()
 
     def _record_prompt_logprobs(self, request: Request, start: int, logits) -> None:
         """Logits of positions start.. predict prompt tokens start+1..; positions already recorded

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import logging
@@ -9,6 +10,7 @@ import logging
 import torch
 
 from llm_engine.config import EngineConfig
+from llm_engine.distributed import get_tp_size
 from llm_engine.layers.attention import (Attention, AttentionBackend, NativePagedAttention, SeqSlice,
                                          TorchPagedAttention)
 from llm_engine.layers.embedding import ParallelLMHead
@@ -60,6 +62,35 @@ def make_attention_backend(config: EngineConfig) -> AttentionBackend:
         return TorchPagedAttention()
 
 
+@dataclass
+class StepInput:
+    """One step's model inputs as plain data, so it can be sent to tensor-parallel workers."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slices: list[SeqSlice]
+    logit_rows: list[int]  # rows whose logits are sampled
+    prompt_rows: list[tuple[int, int, int, int]]  # (scheduled index, start, first row, rows)
+    block_copies: list[tuple[int, int]]
+    mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, image features)
+
+
+def prepare_step(scheduled: list[tuple[Sequence, int]], block_copies: list[tuple[int, int]]) -> StepInput:
+    step = StepInput([], [], [], [], [], block_copies)
+    for index, (seq, num_new) in enumerate(scheduled):
+        start = seq.num_computed_tokens
+        if seq.request.needs_prompt_logits:
+            predicting = min(start + num_new, seq.num_prompt_tokens - 1) - start
+            if predicting > 0:
+                step.prompt_rows.append((index, start, len(step.input_ids), predicting))
+        step.input_ids.extend(seq.token_ids[start:start + num_new])
+        step.positions.extend(range(start, start + num_new))
+        step.slices.append(SeqSlice(start, num_new, seq.block_table))
+        if start + num_new == seq.num_tokens:
+            step.logit_rows.append(len(step.input_ids) - 1)
+    return step
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, hf_config, source: ModelSource) -> None:
         if config.device.startswith("cuda") and not torch.cuda.is_available():
@@ -92,7 +123,8 @@ class ModelRunner:
         first = layers[0]
         bytes_per_block = (2 * len(layers) * self.block_size * first.num_kv_heads * first.head_dim
                            * torch.tensor([], dtype=self.dtype).element_size())
-        num_blocks = config.num_kv_blocks or config.kv_cache_memory // bytes_per_block
+        # the budget is for all ranks together; each holds its share of the heads
+        num_blocks = config.num_kv_blocks or config.kv_cache_memory // get_tp_size() // bytes_per_block
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory: {config.kv_cache_memory} bytes is less than one block "
                              f"({bytes_per_block} bytes)")
@@ -108,32 +140,24 @@ class ModelRunner:
         """Run one forward pass. Returns logits for each sequence whose last token was computed,
         and for requests that want prompt logprobs (seq, first position, logits of the positions
         in this chunk whose next token is a prompt token)."""
-        for src, dst in block_copies:
+        step = prepare_step(scheduled, block_copies)
+        step.mm_embeds = step_image_embeddings(self.model, self.encoder_cache, scheduled, self.device)
+        logits, prompt_logits = self.run_step(step)
+        return logits, [(scheduled[index][0], start, chunk) for index, start, chunk in prompt_logits]
+
+    @torch.inference_mode()
+    def run_step(self, step: StepInput) -> tuple[torch.Tensor, list[tuple[int, int, torch.Tensor]]]:
+        """The forward pass of a prepared step; prompt logits are keyed by the scheduled index.
+        Tensor-parallel workers run this on every rank with the same `step`."""
+        for src, dst in step.block_copies:
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slices: list[SeqSlice] = []
-        logit_rows: list[int] = []
-        prompt_rows: list[tuple[Sequence, int, int, int]] = []  # (seq, start, first row, rows)
-        for seq, num_new in scheduled:
-            start = seq.num_computed_tokens
-            if seq.request.needs_prompt_logits:
-                predicting = min(start + num_new, seq.num_prompt_tokens - 1) - start
-                if predicting > 0:
-                    prompt_rows.append((seq, start, len(input_ids), predicting))
-            input_ids.extend(seq.token_ids[start:start + num_new])
-            positions.extend(range(start, start + num_new))
-            slices.append(SeqSlice(start, num_new, seq.block_table))
-            if start + num_new == seq.num_tokens:
-                logit_rows.append(len(input_ids) - 1)
-        metadata = self.backend.build_metadata(slices, self.block_size, self.device)
-        mm_embeds = step_image_embeddings(self.model, self.encoder_cache, scheduled, self.device)
-        extra = {} if mm_embeds is None else {"mm_embeds": mm_embeds}
-        hidden = self.model(torch.tensor(input_ids, device=self.device),
-                            torch.tensor(positions, device=self.device), metadata, **extra)
-        rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)  # may be empty
-        prompt_logits = [(seq, start, self.model.compute_logits(hidden[row:row + count]))
-                         for seq, start, row, count in prompt_rows]
+        metadata = self.backend.build_metadata(step.slices, self.block_size, self.device)
+        extra = {} if step.mm_embeds is None else {"mm_embeds": step.mm_embeds}
+        hidden = self.model(torch.tensor(step.input_ids, device=self.device),
+                            torch.tensor(step.positions, device=self.device), metadata, **extra)
+        rows = torch.tensor(step.logit_rows, dtype=torch.long, device=self.device)  # may be empty
+        prompt_logits = [(index, start, self.model.compute_logits(hidden[row:row + count]))
+                         for index, start, row, count in step.prompt_rows]
         return self.model.compute_logits(hidden[rows]), prompt_logits
 
     @torch.inference_mode()

@@ -3,9 +3,10 @@
 import mimetypes
 import tempfile
 from pathlib import Path
-from typing import BinaryIO
+from typing import Annotated, BinaryIO
+from urllib.parse import quote
 
-from fastapi import APIRouter, Request, status
+from fastapi import APIRouter, Query, Request, status
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -14,8 +15,8 @@ from ide_server.components import Component
 from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.deps import ProjectEditor, ProjectViewer, SettingsDep
 from ide_server.errors import TooLarge
-from ide_server.schemas import FileCreate, FileEntry, FileMove, UploadResult
-from ide_server.services import files, projects
+from ide_server.schemas import FileCreate, FileEntry, FileMove, SearchMatch, SearchResults, UploadResult
+from ide_server.services import files, projects, search
 from ide_server.services.projects import ProjectAccess
 from ide_server.settings import Settings
 
@@ -77,11 +78,20 @@ def create_entry(body: FileCreate, ctx: ProjectEditor, settings: SettingsDep, ev
     response_class=Response,
     responses={200: {"description": "The file's bytes", "content": {"application/octet-stream": {}}}},
 )
-def read_file(path: str, ctx: ProjectViewer, settings: SettingsDep) -> Response:
-    """The file's raw bytes, with a content type guessed from its name."""
+def read_file(path: str, ctx: ProjectViewer, settings: SettingsDep, download: bool = False) -> Response:
+    """The file's raw bytes, with a content type guessed from its name; `download=true` saves it as a file."""
     data = files.read(_root(settings, ctx), path, settings.max_file_bytes)
     media_type = mimetypes.guess_type(path)[0] or "application/octet-stream"
-    return Response(data, media_type=media_type, headers=RAW_HEADERS)
+    saved = {"Content-Disposition": f"attachment; filename*=UTF-8''{quote(path.rsplit('/', 1)[-1])}"} if download else {}
+    return Response(data, media_type=media_type, headers={**RAW_HEADERS, **saved})
+
+
+@router.get("/search")
+def search_files(ctx: ProjectViewer, settings: SettingsDep, q: Annotated[str, Query(min_length=1, max_length=200)],
+                 case_sensitive: bool = False) -> SearchResults:
+    """Lines of the project's text files that contain `q` (generated folders, binary and large files skipped)."""
+    found, truncated = search.search(_root(settings, ctx), q, case_sensitive)
+    return SearchResults(matches=[SearchMatch.model_validate(m) for m in found], truncated=truncated)
 
 
 @router.put("/content/{path:path}", openapi_extra={"requestBody": RAW_BODY})
