@@ -32,7 +32,7 @@ from sandbox.host_lease import HostLease
 from sandbox.frames import (CLOSE_BUSY, CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, CLOSE_UNAVAILABLE, SOCKET_GONE,
                             receive_frame, send_chunks)
 from sandbox.runs import OpenEditors, ProjectRuns, public_of_record
-from sandbox.packages.install import bubblewrap_installer
+from sandbox.packages.install import bubblewrap_installer, runners_installer
 from sandbox.schemas import PackagesAdd, PackagesPublic, RunCreate, RunPublic
 from sandbox.service import RunService
 from sandbox.shell import serve_shell
@@ -209,12 +209,15 @@ async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
     warming = getattr(backend, "warm_up", None)
     warm_up = asyncio.create_task(warming()) if warming is not None and settings.sandbox_warm_containers else None
     lease = HostLease()
-    if backend is not None and lease.alone():  # leftovers of a crash, not another live server's runs
+    if backend is not None and backend.name != "runners" and lease.alone():  # a crash's leftovers, not another server's runs
         client = docker_client(timeout=10) if backend.name == "docker" else None
         removed = await run_in_threadpool(sweep, client)
         if removed:
             log.warning("removed %d leftovers of earlier runs", len(removed))
-    installer = bubblewrap_installer(settings.effective_packages_dir) if backend is not None else None
+    if backend is not None and backend.name == "runners":
+        installer = runners_installer(backend, settings.effective_packages_dir)
+    else:
+        installer = bubblewrap_installer(settings.effective_packages_dir) if backend is not None else None
     runs = ProjectRuns(backend, unavailable, sessions=app.state.sessionmaker, projects_dir=settings.projects_dir,
                        editors=OpenEditors(lambda: getattr(app.state, "collab_rooms", None),
                                            lambda: getattr(app.state, "collab_checkpoints", None)),

@@ -175,7 +175,8 @@ class Installer:
     """Installs requirement lists into root/envs, once per distinct list; serialises same-list installs."""
 
     def __init__(self, backend: Backend, root: Path, *, index_url: str | None = PYPI_INDEX,
-                 find_links: Path | None = None, limits: Limits = INSTALL_LIMITS) -> None:
+                 find_links: Path | None = None, limits: Limits = INSTALL_LIMITS, shared_proxy: bool = False) -> None:
+        """shared_proxy: the index proxy's socket goes under root (installs run on runner nodes sharing it)."""
         if index_url is None and find_links is None:
             raise ValueError("index_url or find_links: an installer needs somewhere to install from")
         self.backend, self.index_url, self.find_links, self.limits = backend, index_url, find_links, limits
@@ -184,7 +185,10 @@ class Installer:
             raise ValueError(f"packages_dir: sandbox uids cannot reach {root}: {blocked[-1]} is not searchable "
                              f"by others (chmod o+x it, or choose another packages_dir)")
         self.envs, self.shared, self.npm_cache = root / "envs", root / "cache" / "pypi", root / "cache" / "npm"
-        for folder, mode in ((self.envs, 0o711), (self.shared.parent, 0o755), (self.shared, 0o755), (self.npm_cache, 0o777)):
+        self.proxies = root / "proxies" if shared_proxy else None
+        folders = ((self.envs, 0o711), (self.shared.parent, 0o755), (self.shared, 0o755), (self.npm_cache, 0o777),
+                   *([(self.proxies, 0o755)] if self.proxies else []))
+        for folder, mode in folders:
             folder.mkdir(parents=True, exist_ok=True)
             os.chmod(folder, mode)  # npm's cache is written by installs under changing per-run uids; pypi by the host only
         shutil.rmtree(root / "cache" / "pip", ignore_errors=True)  # the writable pip cache of earlier versions: untrusted
@@ -264,7 +268,7 @@ class Installer:
         """Run `command` over staging, with a way out to `hosts` through the index proxy or with no network at all."""
         async with contextlib.AsyncExitStack() as stack:
             if hosts is not None:
-                proxy = await stack.enter_async_context(IndexProxy(hosts))
+                proxy = await stack.enter_async_context(IndexProxy(hosts, self.proxies))
                 assert proxy.folder is not None
                 mounts = (*mounts, Mount(proxy.folder, PROXY_TARGET))
                 command = ["python3", "-c", FORWARD_AND_INSTALL, f"{PROXY_TARGET}/{SOCKET_NAME}", *command]
@@ -290,6 +294,15 @@ class Installer:
             how = result.message or (f"signal {result.signal}" if result.signal else f"exit code {result.exit_code}")
             raise InstallFailed(f"installing {', '.join(requirements)} failed ({result.verdict.value}: {how})"
                                 f"{': ' + said[-1500:] if said else ''}")
+
+
+def runners_installer(backend: Backend, packages_dir: Path) -> Installer | None:
+    """The installer for the runners backend: installs run on runner nodes, which share packages_dir."""
+    try:
+        return Installer(backend, packages_dir, shared_proxy=True)
+    except ValueError as exc:
+        log.warning("package installs are off: %s", exc)
+        return None
 
 
 def bubblewrap_installer(packages_dir: Path) -> Installer | None:

@@ -36,14 +36,16 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 class IndexProxy:
     """Serve CONNECT tunnels to `hosts`:443 on a Unix socket in a folder of its own, while in use."""
 
-    def __init__(self, hosts: frozenset[str] = PYPI_HOSTS) -> None:
-        self.hosts = hosts
+    def __init__(self, hosts: frozenset[str] = PYPI_HOSTS, parent: Path | None = None) -> None:
+        """parent: where its folder goes (default the temporary folder; a shared one where the install runs
+        on a runner node of this machine: a Unix socket on a shared volume connects across containers)."""
+        self.hosts, self.parent = hosts, parent
         self.refused: list[str] = []  # what was asked for and not allowed, for the install's log
         self.folder: Path | None = None
         self._server: asyncio.AbstractServer | None = None
 
     async def __aenter__(self) -> IndexProxy:
-        self.folder = Path(tempfile.mkdtemp(prefix="codeyard-proxy-"))
+        self.folder = Path(tempfile.mkdtemp(prefix="codeyard-proxy-", dir=self.parent))
         os.chmod(self.folder, 0o755)
         self._server = await asyncio.start_unix_server(self._serve, path=str(self.folder / SOCKET_NAME))
         os.chmod(self.folder / SOCKET_NAME, 0o666)  # the install runs as a per-run uid

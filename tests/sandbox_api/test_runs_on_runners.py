@@ -1,11 +1,14 @@
-"""The runs API and the Shell with CODEYARD_SANDBOX_BACKEND=runners: the app queues runs on Redis and a
-`codeyard runner` process (sharing the app's data folder, as compose's runners share the volume) runs them."""
+"""The runs API, package installs and the Shell with CODEYARD_SANDBOX_BACKEND=runners: the app queues runs on
+Redis and a `codeyard runner` process (sharing the app's data and packages folders, as compose's runners share
+the volume) runs them."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,12 +29,15 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("runners")
     data_dir, sock = root / "data", root / "redis.sock"
     data_dir.mkdir()
+    packages_dir = Path(tempfile.mkdtemp(prefix="codeyard-packages-test-"))  # sandbox uids reach it (tmp_path: 0700)
+    os.chmod(packages_dir, 0o711)
     redis_server = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", str(sock), "--save", "",
                                      "--appendonly", "no", "--dir", str(root)], stdout=subprocess.DEVNULL)
     while not sock.exists():
         time.sleep(0.05)
     url = f"unix://{sock}"
-    env = {**os.environ, "CODEYARD_REDIS_URL": url, "CODEYARD_DATA_DIR": str(data_dir), "CODEYARD_SANDBOX_BACKEND": "bwrap"}
+    env = {**os.environ, "CODEYARD_REDIS_URL": url, "CODEYARD_DATA_DIR": str(data_dir), "CODEYARD_SANDBOX_BACKEND": "bwrap",
+           "CODEYARD_PACKAGES_DIR": str(packages_dir)}
     runner = subprocess.Popen([str(Path(sys.executable).with_name("codeyard")), "runner", "--name", "api-runner"], env=env,
                               stdout=open(root / "runner.log", "wb"), stderr=subprocess.STDOUT)
     client = redis.Redis(unix_socket_path=str(sock))
@@ -39,7 +45,8 @@ def served(tmp_path_factory):
         assert runner.poll() is None, (root / "runner.log").read_text()
         time.sleep(0.05)
     application = create_app(Settings(data_dir=data_dir, database_url=f"sqlite:///{data_dir / 'codeyard.db'}",
-                                      sandbox_backend="runners", redis_url=url, log_level="warning"),
+                                      sandbox_backend="runners", redis_url=url, packages_dir=packages_dir,
+                                      log_level="warning"),
                              component_specs=COMPONENTS)
     with TestClient(application) as test_client:
         yield test_client
@@ -49,6 +56,7 @@ def served(tmp_path_factory):
     assert not client.exists(heartbeat_key("api-runner"))  # drained and gone
     redis_server.terminate()
     redis_server.wait(10)
+    shutil.rmtree(packages_dir)
 
 
 @pytest.fixture
@@ -75,3 +83,12 @@ def test_the_shell_runs_on_the_runner(owner):
             seen += frame.get("data", "")
         assert "30 100" in seen and frame["verdict"] == "ok"
     assert owner.get(f"/api/projects/{pid}/files/content/answer.txt").text == "42\n"
+
+
+def test_a_package_installs_on_the_runner_and_runs_import_it(owner):
+    pid = new_project(owner, {"main.py": "import six\nprint(six.__name__)\n"})
+    answer = owner.post(f"/api/projects/{pid}/packages", json={"names": ["six"]})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["requirements"] == [f"six=={answer.json()['installed']['six']}"]
+    run = wait_finished(owner, owner.post(f"/api/projects/{pid}/runs", json={}).json()["id"])
+    assert run["verdict"] == "ok" and run["stdout"] == "six\n", run
