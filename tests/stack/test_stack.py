@@ -1,6 +1,6 @@
 """The multi-machine stack for real (`make test-stack`, too long for CI): the images built here without a
-registry, docker-compose.yml brought up, and through the proxy: sign up, edit from two replicas, run code and
-open a shell on the runners, ask the assistant; then broken on purpose (a runner killed during runs, an app
+registry, docker-compose.yml brought up, and through the proxy: sign up, edit from two replicas, run code,
+install a package and open a shell on the runners, ask the assistant; then broken on purpose (a runner killed during runs, an app
 replica killed, Redis and PostgreSQL restarted) and checked to recover by itself.
 
 Needs a Docker engine at DOCKER_HOST with the images (scripts/test-stack.sh starts one and builds them).
@@ -104,6 +104,10 @@ def test_sign_up_edit_on_two_replicas_run_and_shell(stack):
     assert on_two.http.get(f"/api/projects/{pid}/files/content/notes.txt").text == "from replica 1"
     run = alice.finished(alice.run(pid))
     assert run["verdict"] == "ok" and run["stdout"] == "45\n", run
+    installed = alice.http.post(f"/api/projects/{pid}/packages", json={"names": ["six"]}, timeout=300)
+    assert installed.status_code == 200, installed.text
+    alice.http.put(f"/api/projects/{pid}/files/content/main.py", content=b"import six\nprint(six.__name__)\n")
+    assert alice.finished(alice.run(pid))["stdout"] == "six\n"
     ws_url = PROXY.replace("http", "ws") + f"/ws/projects/{pid}/shell?rows=24&cols=80"
     with ws_connect(ws_url, additional_headers={"Authorization": f"Bearer {alice.token}"}) as shell:
         shell.send(json.dumps({"type": "input", "data": "echo $((6*7)) > answer.txt; exit\n"}))
