@@ -4,6 +4,8 @@ in each format, and Transformers' greedy reference for prompts with images."""
 from __future__ import annotations
 
 import io
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +14,11 @@ from PIL import Image
 from transformers import (AutoImageProcessor, AutoModelForImageTextToText, CLIPImageProcessor,
                           CLIPVisionConfig, LlamaConfig, LlavaConfig)
 
-from conftest import COMMON, VOCAB
-
+VOCAB = 320
 IMAGE_TOKEN = VOCAB - 1
+TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.1, bos_token_id=1,
+            eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
 CLIP_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
                    image_size=30, patch_size=6, projection_dim=32, initializer_range=0.2)
 
@@ -22,7 +26,7 @@ CLIP_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, nu
 def build_llava(folder: Path) -> Path:
     """LLaVA-1.5 shape: CLIP tower (30 px, 6 px patches: 25 features), Llama decoder."""
     config = LlavaConfig(vision_config=CLIPVisionConfig(**CLIP_VISION),
-                         text_config=LlamaConfig(**COMMON, tie_word_embeddings=False),
+                         text_config=LlamaConfig(**TEXT),
                          image_token_index=IMAGE_TOKEN, projector_hidden_act="gelu")
     config.architectures = ["LlavaForConditionalGeneration"]
     torch.manual_seed(1234)
@@ -66,3 +70,12 @@ def hf_reference(folder: Path, token_ids: list[int], images: list[Image.Image], 
                              return_dict_in_generate=True, **kwargs)
     tokens = out.sequences[0, len(expanded):].tolist()
     return tokens, [float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(out.logits, tokens)]
+
+
+def bomb_png(width: int, height: int) -> bytes:
+    """A valid 1x1 PNG whose header claims width x height (decoding it would need gigabytes)."""
+    data = bytearray(encode(Image.new("RGB", (1, 1)), "PNG"))
+    ihdr = 8 + 4  # after the signature and the chunk length
+    data[ihdr + 4:ihdr + 12] = struct.pack(">II", width, height)
+    data[ihdr + 17:ihdr + 21] = struct.pack(">I", zlib.crc32(bytes(data[ihdr:ihdr + 17])))
+    return bytes(data)

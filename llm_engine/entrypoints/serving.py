@@ -15,8 +15,10 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from llm_engine.entrypoints.chat_images import request_images, with_placeholders
 from llm_engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from llm_engine.entrypoints.service import LLMService, as_openai_error
+from llm_engine.multimodal.inputs import ImagePrompt
 from llm_engine.outputs import CompletionOutput, Logprob, RequestOutput
 from llm_engine.sampling_params import SamplingParams
 
@@ -96,10 +98,11 @@ class _Serving:
         return max_tokens if max_tokens is not None else room
 
     async def start(self, prompt_ids: list[list[int]], params: list[SamplingParams], priority: int,
-                    request_id: str) -> _Run:
-        """Admit every prompt (raising 429/503/400 before any answer is sent), then merge their outputs."""
-        generators = [self.engine.generate(ids, p, f"{request_id}-{i}", priority=priority)
-                      for i, (ids, p) in enumerate(zip(prompt_ids, params))]
+                    request_id: str, engine_prompts: list | None = None) -> _Run:
+        """Admit every prompt (raising 429/503/400 before any answer is sent), then merge their outputs.
+        `engine_prompts` replace the token ids sent to the engine (prompts with images)."""
+        generators = [self.engine.generate(prompt, p, f"{request_id}-{i}", priority=priority)
+                      for i, (prompt, p) in enumerate(zip(engine_prompts or prompt_ids, params))]
         firsts: list[RequestOutput] = []
         try:
             for gen in generators:
@@ -294,23 +297,40 @@ class ServingChat(_Serving):
     async def create(self, req: ChatCompletionRequest) -> dict | AsyncIterator[bytes]:
         self.service.check_model(req.model)
         self.service.require_ready()
-        prompt_ids = [self.tokenize(self._render(req))]
-        max_tokens = self.check_length(prompt_ids[0], req.max_completion_tokens or req.max_tokens)
+        prompt_ids, prompt = await self._prompt(req)
+        max_tokens = self.check_length(prompt_ids, req.max_completion_tokens or req.max_tokens)
         top = req.top_logprobs or 0
         params = [self.sampling_params(req, max_tokens, top if req.logprobs else None)]
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        run = await self.start(prompt_ids, params, req.priority, request_id)
+        run = await self.start([prompt_ids], params, req.priority, request_id, [prompt])
         if req.stream:
             return self._stream(req, run, request_id)
         return await self._full(req, run, request_id)
 
-    def _render(self, req: ChatCompletionRequest) -> list[int]:
+    async def _prompt(self, req: ChatCompletionRequest) -> tuple[list[int], list[int] | ImagePrompt]:
+        """(prompt token ids, what the engine gets): with images, the ids have each image's
+        placeholders and the images are decoded and preprocessed here, off the engine's thread."""
+        image_inputs = self.engine.engine.image_inputs
+        if not any(m.image_urls() for m in req.messages):
+            ids = self.tokenize(self._render(req, ""))
+            return ids, ids
+        if image_inputs is None:
+            raise OpenAIError(400, f"model {req.model!r} is a text-only model; it cannot see images",
+                              param="messages")
+        images = await asyncio.to_thread(request_images, req)
+        placeholder = self.engine.tokenizer.convert_ids_to_tokens(image_inputs.image_token_id)
+        try:
+            ids, items = await asyncio.to_thread(image_inputs, self.tokenize(self._render(req, placeholder)), images)
+        except ValueError as exc:
+            raise as_openai_error(exc) from None
+        return ids, ImagePrompt(ids, items)
+
+    def _render(self, req: ChatCompletionRequest, image_placeholder: str) -> list[int]:
         """Token ids of the conversation through the tokenizer's chat template."""
         tokenizer = self.engine.tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise OpenAIError(400, "this model has no chat template; use /v1/completions", param="messages")
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                    for m in req.messages]
+        messages = with_placeholders(req, image_placeholder)
         try:
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # templates raise their own errors on unsupported conversations

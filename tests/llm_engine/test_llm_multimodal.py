@@ -4,9 +4,6 @@ image), the encoder-output cache, image-keyed prefix caching, and bad input."""
 
 from __future__ import annotations
 
-import struct
-import zlib
-
 import pytest
 import torch
 from PIL import Image, ImageOps
@@ -17,7 +14,7 @@ from llm_engine.multimodal.image import ImageInputError, ImageLimits, decode_ima
 from llm_engine.multimodal.processor import ImageProcessor
 
 from conftest import check_logprobs_close
-from vision_models import IMAGE_TOKEN, build_llava, encode, hf_reference, picture
+from vision_models import IMAGE_TOKEN, bomb_png, build_llava, encode, hf_reference, picture
 
 MAX_NEW = 10
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
@@ -131,15 +128,6 @@ def test_encoder_cache_and_image_keyed_prefix_cache(llava, references):
     again = llm.generate(as_inputs(PROMPTS[1:2]), GREEDY, use_tqdm=False)[0]
     assert again.metrics.num_cached_tokens == 28
     check_logprobs_close(results([again]), references[1:2])
-
-
-def bomb_png(width: int, height: int) -> bytes:
-    """A valid 1x1 PNG whose header claims width x height (decoding it would need gigabytes)."""
-    data = bytearray(encode(Image.new("RGB", (1, 1)), "PNG"))
-    ihdr = 8 + 4  # after the signature and the chunk length
-    data[ihdr + 4:ihdr + 12] = struct.pack(">II", width, height)
-    data[ihdr + 17:ihdr + 21] = struct.pack(">I", zlib.crc32(bytes(data[ihdr:ihdr + 17])))
-    return bytes(data)
 
 
 BAD_FILES = {

@@ -1,0 +1,107 @@
+"""Images in the OpenAI chat API (`image_url` parts with data: URLs), through the official
+client, on a tiny random LLaVA with SmolLM2's tokenizer plus an `<image>` token."""
+
+from __future__ import annotations
+
+import base64
+
+import openai
+import pytest
+import torch
+from transformers import (AutoModelForImageTextToText, AutoTokenizer, CLIPImageProcessor, CLIPVisionConfig,
+                          LlamaConfig, LlavaConfig)
+
+from .conftest import TINY_NAME, serve_model
+from vision_models import CLIP_VISION, bomb_png, encode, picture
+
+VISION_NAME = "tiny-vision"
+
+
+@pytest.fixture(scope="module")
+def vision_server(tmp_path_factory, smollm_tokenizer):
+    folder = tmp_path_factory.mktemp(VISION_NAME)
+    smollm_tokenizer.save_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)  # a copy: the session's tokenizer stays as it is
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    tokenizer.save_pretrained(folder)
+    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                       tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+                       eos_token_id=tokenizer.eos_token_id)
+    config = LlavaConfig(vision_config=CLIPVisionConfig(**CLIP_VISION), text_config=text,
+                         image_token_index=tokenizer.convert_tokens_to_ids("<image>"))
+    config.architectures = ["LlavaForConditionalGeneration"]
+    torch.manual_seed(3)
+    AutoModelForImageTextToText.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    CLIPImageProcessor(size={"shortest_edge": 30}, crop_size={"height": 30, "width": 30}).save_pretrained(folder)
+    running = serve_model(folder, VISION_NAME, max_num_seqs=4, num_kv_blocks=64, max_model_len=512,
+                          dtype="float32")
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def vision_client(vision_server):
+    return openai.OpenAI(base_url=vision_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def data_url(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def ask(client, url: str, question: str = "What is in this picture?", model: str = VISION_NAME, **kwargs):
+    content = [{"type": "text", "text": question}, {"type": "image_url", "image_url": {"url": url}}]
+    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
+                                          max_tokens=6, temperature=0, extra_body={"ignore_eos": True}, **kwargs)
+
+
+def test_chat_with_an_image_streams_and_counts_image_tokens(vision_client, vision_server):
+    png = encode(picture(45, 31, 1, "RGBA"), "PNG")
+    full = ask(vision_client, data_url(png))
+    text_only = vision_client.chat.completions.create(
+        model=VISION_NAME, messages=[{"role": "user", "content": "What is in this picture?"}], max_tokens=1)
+    # the image is 25 placeholder positions plus the newline after them
+    assert full.usage.prompt_tokens - text_only.usage.prompt_tokens == 25 + 1
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 6
+    chunks = list(ask(vision_client, data_url(png), stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == full.choices[0].message.content
+
+
+def test_a_repeated_image_skips_the_encoder(vision_client, vision_server):
+    jpeg = encode(picture(60, 40, 9), "JPEG")
+    stats = vision_server.service.engine.engine.get_stats
+    before = stats()
+    first = ask(vision_client, data_url(jpeg, "image/jpeg"), "Describe it.")
+    second = ask(vision_client, data_url(jpeg, "image/jpeg"), "Now describe it again, briefly.")
+    after = stats()
+    assert after.mm_cache_queries - before.mm_cache_queries == 2
+    assert after.mm_cache_hits - before.mm_cache_hits == 1
+    assert first.choices[0].message.content and second.choices[0].message.content
+
+
+BAD = {
+    "remote_url": ("https://example.com/cat.png", "remote URLs are not fetched"),
+    "file_url": ("file:///etc/passwd", "remote URLs are not fetched"),
+    "not_a_data_url": ("cat.png", "expected a data:image"),
+    "bad_base64": ("data:image/png;base64,@@@@", "not valid base64"),
+    "corrupt": (data_url(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64), "not a readable"),
+    "decompression_bomb": (data_url(bomb_png(50_000, 50_000)), "decompression bomb"),
+    "too_many_pixels": (data_url(bomb_png(8_000, 6_000)), "over the limit"),
+}
+
+
+@pytest.mark.parametrize("url,message", list(BAD.values()), ids=list(BAD))
+def test_bad_images_are_a_clear_400(vision_client, url, message):
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask(vision_client, url)
+    assert message in caught.value.body["message"]
+
+
+def test_engine_serves_after_bad_input(vision_client):
+    assert ask(vision_client, data_url(encode(picture(8, 8, 2), "WEBP"), "image/webp")).usage.completion_tokens == 6
+
+
+def test_a_text_only_model_says_it_cannot_see(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask(client, data_url(encode(picture(8, 8, 2), "PNG")), model=TINY_NAME)
+    assert "cannot see images" in caught.value.body["message"]
