@@ -6,6 +6,7 @@
     health = "/healthz"            # optional; the path that must answer (< 500) before traffic switches; "/" by default
     instances = 2                  # optional; 1..MAX_INSTANCES
     memory_mb = 512                # optional; each instance's memory, MIN_MEMORY_MB..MAX_MEMORY_MB (256 by default)
+    cpus = 0.5                     # optional; each instance's CPU quota, MIN_CPUS..MAX_CPUS (1 by default)
 
 Detected, in this order: a Flask or FastAPI object assigned at the top level of app.py or main.py,
 a Node package.json with a "start" script, a static site with index.html. The app listens on
@@ -25,6 +26,7 @@ from sandbox.languages import CONFIG_FILE, read_config_table
 PORT = 8080
 MAX_INSTANCES = 4
 MIN_MEMORY_MB, MAX_MEMORY_MB = 32, 1024
+MIN_CPUS, MAX_CPUS = 0.1, 4
 PYTHON_ENTRIES = ("app.py", "main.py")
 FLASK_SERVER = ("waitress",)  # a production WSGI server (threads, keep-alive), not Flask's development one
 FASTAPI_SERVER = ("uvicorn", "websockets")  # uvicorn serves the app; websockets gives it WebSocket support
@@ -57,6 +59,7 @@ class AppPlan:
     instances: int | None = None  # from codeyard.toml; None keeps the deployment's count
     extra_requirements: tuple[str, ...] = field(default=())  # Python packages the server itself needs
     memory_mb: int | None = None  # from codeyard.toml; None: the server's default for apps
+    cpus: float = 1.0  # each instance's CPU quota (codeyard.toml deploy.cpus)
 
     @property
     def ecosystem(self) -> str | None:
@@ -89,7 +92,7 @@ def _health(value: object) -> str:
 
 def _read_config(project_dir: Path) -> dict:
     deploy = read_config_table(project_dir, "deploy")
-    known = ("build", "run", "health", "instances", "memory_mb")
+    known = ("build", "run", "health", "instances", "memory_mb", "cpus")
     if unknown := set(deploy) - set(known):
         raise ValueError(f"{CONFIG_FILE}: deploy.{sorted(unknown)[0]} is not a deploy setting (known: {', '.join(known)})")
     return deploy
@@ -138,8 +141,11 @@ def detect(project_dir: Path) -> AppPlan:
     if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int)
                                or not MIN_MEMORY_MB <= memory <= MAX_MEMORY_MB):
         raise ValueError(f"{CONFIG_FILE}: deploy.memory_mb must be a whole number from {MIN_MEMORY_MB} to {MAX_MEMORY_MB}")
+    cpus = config.get("cpus", 1.0)
+    if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not MIN_CPUS <= cpus <= MAX_CPUS:
+        raise ValueError(f"{CONFIG_FILE}: deploy.cpus must be a number from {MIN_CPUS:g} to {MAX_CPUS:g}")
     plan = _plan(project_dir, config, build, health, instances)
-    return replace(plan, memory_mb=memory)
+    return replace(plan, memory_mb=memory, cpus=float(cpus))
 
 
 def _plan(project_dir: Path, config: dict, build: list[str] | None, health: str, instances: int | None) -> AppPlan:

@@ -59,11 +59,11 @@ sys.exit(code if code >= 0 else 128 - code)
 """
 
 
-def app_cgroup(name: str, limits: Limits) -> RunCgroup | None:
-    """An instance's cgroup (memory, pids, one CPU), or None where the host gives none. On cgroup v1
+def app_cgroup(name: str, limits: Limits, cpus: float = 1.0) -> RunCgroup | None:
+    """An instance's cgroup (memory, pids, a quota of `cpus`), or None where the host gives none. On cgroup v1
     it goes beside the runs' folder (sandbox tests check that folder empties after every run; an
     app outlives them)."""
-    return RunCgroup.create(name, limits.memory_bytes, limits.pids, folder=APPS_CGROUP)
+    return RunCgroup.create(name, limits.memory_bytes, limits.pids, folder=APPS_CGROUP, cpus=cpus)
 
 
 def remove_stale_cgroups() -> list[str]:
@@ -153,6 +153,7 @@ class Launch:
     mounts: tuple[Mount, ...] = ()
     health_path: str = "/"
     limits: Limits = APP_LIMITS
+    cpus: float = 1.0  # each instance's CPU quota
 
 
 class AppInstance:
@@ -185,7 +186,7 @@ class AppInstance:
     async def _start(self) -> None:
         limits = self.launch.limits
         self._uid = uid = UIDS.take()
-        self._cgroup = app_cgroup(f"app-{uid}-{self.id}", limits)
+        self._cgroup = app_cgroup(f"app-{uid}-{self.id}", limits, self.launch.cpus)
         workspace = self._stack.enter_context(scratch(limits.disk_bytes, limits.files_count * 2 + 64, uid))
         await asyncio.to_thread(copy_in, self.launch.release_dir, workspace, max_bytes=limits.disk_bytes,
                                 max_files=limits.files_count, owner=uid)

@@ -363,7 +363,7 @@ class DeployService:
         if plan.build and build:
             await self._build(app, release_id, plan.build, release_dir, env, mounts)
         limits = APP_LIMITS if plan.memory_mb is None else replace(APP_LIMITS, memory_bytes=plan.memory_mb * MIB)
-        return plan, Launch(release_dir, plan.argv, env, mounts, plan.health_path, limits)
+        return plan, Launch(release_dir, plan.argv, env, mounts, plan.health_path, limits, plan.cpus)
 
     def _secrets(self, db: Session, project_id: str) -> dict[str, str]:
         """The project's secrets (deploy_service.secrets), injected into its builds and instances only."""

@@ -24,6 +24,8 @@ _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 _COUNTED = {  # EngineStats field -> counter attribute
     "prefix_cache_queries": "prefix_queries",
     "prefix_cache_hits": "prefix_hits",
+    "mm_cache_queries": "mm_queries",
+    "mm_cache_hits": "mm_hits",
     "num_preemptions": "preemptions",
     "prompt_tokens_total": "prompt_tokens",
     "generation_tokens_total": "generation_tokens",
@@ -50,6 +52,8 @@ class EngineMetrics:
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).")
         self.prefix_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.mm_queries = counter("vllm:mm_cache_queries", "Images looked up in the encoder-output cache.")
+        self.mm_hits = counter("vllm:mm_cache_hits", "Images whose features were cached (encoder skipped).")
         self.preemptions = counter("vllm:num_preemptions", "Sequences preempted for lack of KV blocks.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens prefilled.")
         self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")

@@ -120,16 +120,17 @@ class RunCgroup(abc.ABC):
         return None
 
     @staticmethod
-    def create(name: str, memory_bytes: int, pids: int, folder: str = RUNS_FOLDER) -> RunCgroup | None:
-        """Create the cgroup with its limits, one CPU among them (as Docker's --cpus=1), so no run
-        takes the whole host; None where this host gives us no writable cgroups.
+    def create(name: str, memory_bytes: int, pids: int, folder: str = RUNS_FOLDER, cpus: float = 1.0) -> RunCgroup | None:
+        """Create the cgroup with its limits, a CPU quota among them (`cpus`: one for runs, as Docker's
+        --cpus=1; a deployed app's may differ), so no run takes the whole host; None where this host gives
+        us no writable cgroups.
         v1: in <our cgroup>/<folder> (the quota where the cpu controller is mounted). v2: always in
         the runs' folder (where our cgroup delegates)."""
         if set(_v1_mounts()) == set(V1_CONTROLLERS):
-            return CgroupV1.create(name, memory_bytes, pids, folder)
+            return CgroupV1.create(name, memory_bytes, pids, folder, cpus)
         if (v2 := _v2_available()) is not None:
             relpath = f"{_self_path('').rstrip('/')}/{RUNS_FOLDER}"
-            return CgroupV2.create_in(_in_hierarchy(*v2, relpath), relpath, name, memory_bytes, pids)
+            return CgroupV2.create_in(_in_hierarchy(*v2, relpath), relpath, name, memory_bytes, pids, cpus)
         return None
 
     @staticmethod
@@ -173,7 +174,7 @@ class CgroupV1(RunCgroup):
     dirs: dict[str, Path]
 
     @classmethod
-    def create(cls, name: str, memory_bytes: int, pids: int, folder: str = RUNS_FOLDER) -> CgroupV1 | None:
+    def create(cls, name: str, memory_bytes: int, pids: int, folder: str = RUNS_FOLDER, cpus: float = 1.0) -> CgroupV1 | None:
         relpath = f"{_self_path('memory').rstrip('/')}/{folder}/{name}"
         mounts = _v1_mounts(every=True)
         dirs: dict[str, Path] = {}
@@ -194,7 +195,7 @@ class CgroupV1(RunCgroup):
         if "cpu" in dirs:
             try:
                 period = int((dirs["cpu"] / "cpu.cfs_period_us").read_text())
-                (dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(period))
+                (dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(round(period * cpus)))
             except OSError:
                 log.warning("no CPU quota on this host (the cgroup v1 cpu controller refused it)")
         return cls(relpath, dirs)
@@ -277,7 +278,8 @@ class CgroupV2(RunCgroup):
     dir: Path
 
     @classmethod
-    def create_in(cls, base: Path, base_relpath: str, name: str, memory_bytes: int, pids: int) -> CgroupV2 | None:
+    def create_in(cls, base: Path, base_relpath: str, name: str, memory_bytes: int, pids: int,
+                  cpus: float = 1.0) -> CgroupV2 | None:
         """Make base/name (base = our cgroup's codeyard folder) with the run's limits; None if refused."""
         folder = base / name
         try:
@@ -290,7 +292,7 @@ class CgroupV2(RunCgroup):
                 (folder / "memory.swap.max").write_text("0")  # memory + swap = memory, as v1's memsw limit
             (folder / "memory.oom.group").write_text("1")  # an OOM kills the whole run, not one process of it
             (folder / "pids.max").write_text(str(pids))
-            (folder / "cpu.max").write_text(f"{CPU_PERIOD_US} {CPU_PERIOD_US}")
+            (folder / "cpu.max").write_text(f"{round(CPU_PERIOD_US * cpus)} {CPU_PERIOD_US}")
         except OSError:
             remove_cgroup(f"{base_relpath}/{name}")
             return None

@@ -103,3 +103,8 @@ def test_a_cgroup_holding_processes_moves_them_to_a_leaf_before_delegating(unifi
     assert isinstance(RunCgroup.create("run-4", 64 << 20, 16), CgroupV2)
     assert refused and (unified / "codeyard-server" / "cgroup.procs").read_text() == "4242"
     assert (unified / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+
+
+def test_a_cgroup_with_half_a_cpu_gets_half_the_quota(unified):
+    RunCgroup.create("app-1", 64 << 20, 16, cpus=0.5)
+    assert (unified / "codeyard" / "app-1" / "cpu.max").read_text() == "50000 100000"
