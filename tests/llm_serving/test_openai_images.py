@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 
+import httpx
 import openai
 import pytest
 import torch
@@ -77,6 +78,9 @@ def test_a_repeated_image_skips_the_encoder(vision_client, vision_server):
     assert after.mm_cache_queries - before.mm_cache_queries == 2
     assert after.mm_cache_hits - before.mm_cache_hits == 1
     assert first.choices[0].message.content and second.choices[0].message.content
+    metrics = httpx.get(vision_server.url + "/metrics").text
+    hits = [line for line in metrics.splitlines() if line.startswith("vllm:mm_cache_hits_total{")]
+    assert hits and float(hits[0].split()[-1]) >= 1
 
 
 BAD = {
