@@ -1,0 +1,57 @@
+"""The same docker-compose.yml as a Docker Swarm stack on a one-node swarm (`docker stack deploy`), the node
+labelled for runners: the smoke part (sign up, edit on two replicas, run code on a runner) through the proxy.
+Runs after test_stack.py (which has taken its stack down: both use the same host ports)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from stack_kit import REPLICAS, User, eventually
+from test_stack import ENV
+
+REPO = Path(__file__).resolve().parents[2]
+STACK = "codeyard-swarm-test"
+
+
+def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], cwd=REPO, env={**os.environ, **ENV}, capture_output=True, text=True,
+                          check=check, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def swarm():
+    subprocess.run(["bash", "scripts/stack-secrets.sh"], cwd=REPO, check=True)
+    made = docker("info", "--format", "{{.Swarm.LocalNodeState}}").stdout.strip() != "active"
+    if made:
+        docker("swarm", "init", "--advertise-addr", "127.0.0.1")
+    node = docker("node", "ls", "--format", "{{json .}}").stdout.splitlines()[0]
+    docker("node", "update", "--label-add", "codeyard.runner=true", json.loads(node)["ID"])
+    deployed = docker("stack", "deploy", "-c", "docker-compose.yml", STACK, check=False)
+    assert deployed.returncode == 0, deployed.stderr[-3000:]
+    try:
+        eventually(lambda: httpx.get("http://127.0.0.1:8780/readyz", timeout=5).status_code == 200, 300,
+                   "the swarm stack answering")
+        yield
+    finally:
+        services = docker("stack", "ps", STACK, "--no-trunc", "--format", "{{.Name}} {{.CurrentState}} {{.Error}}",
+                          check=False)
+        (REPO / "test-artifacts").mkdir(exist_ok=True)
+        (REPO / "test-artifacts" / "swarm.log").write_text(services.stdout + services.stderr)
+        docker("stack", "rm", STACK, check=False)
+        if made:
+            docker("swarm", "leave", "--force", check=False)
+
+
+def test_the_swarm_stack_passes_the_smoke_part(swarm):
+    alice = User()
+    pid = alice.project({"main.py": "print('on a runner')\n"})
+    assert alice.on(REPLICAS[0]).http.put(f"/api/projects/{pid}/files/content/a.txt", content=b"one").status_code in (200, 201)
+    assert alice.on(REPLICAS[1]).http.get(f"/api/projects/{pid}/files/content/a.txt").text == "one"
+    run = alice.finished(alice.run(pid))
+    assert run["verdict"] == "ok" and run["stdout"] == "on a runner\n", run
