@@ -4,7 +4,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from ide_server import security
@@ -35,18 +35,22 @@ def role_of(db: Session, project_id: str, user: User | None) -> Role | None:
     return Role(role) if role is not None else None
 
 
+# One query, built once (every project request runs it): the project and the caller's membership.
+# An anonymous caller binds NULL, which equals no row.
+_PROJECT_AND_ROLE = (
+    select(Project, Membership.role)
+    .outerjoin(Membership, (Membership.project_id == Project.id) & (Membership.user_id == bindparam("user_id")))
+    .where(Project.id == bindparam("project_id"))
+)
+
+
 def authorize(db: Session, project_id: str, user: User | None, min_role: Role, public_read: bool) -> ProjectAccess:
     """The project if `user` holds `min_role` on it (or it is public and `public_read`).
 
     Projects the caller cannot see answer 404 (401 for anonymous callers), whether or not they
     exist, so ids of private projects don't leak. A visible project with too weak a role: 403.
     """
-    # One query (every project request asks it): the project and the caller's membership.
-    found = db.execute(
-        select(Project, Membership.role)
-        .outerjoin(Membership, (Membership.project_id == Project.id) & (Membership.user_id == (user.id if user else None)))
-        .where(Project.id == project_id)
-    ).first()
+    found = db.execute(_PROJECT_AND_ROLE, {"project_id": project_id, "user_id": user.id if user else None}).first()
     project = found.Project if found is not None else None
     role = Role(found.role) if found is not None and found.role is not None else None
     is_public = project is not None and project.visibility == Visibility.public
