@@ -2,7 +2,7 @@
 # is skipped for 10 s). PROXY_PORT and APP_UPSTREAMS ("host:port host:port") are read at start.
 ARG BASE=debian:bookworm-slim
 FROM ${BASE}
-RUN apt-get update && apt-get install -y --no-install-recommends nginx-light curl && rm -rf /var/lib/apt/lists/* \
+RUN apt-get update && apt-get install -y --no-install-recommends nginx curl && rm -rf /var/lib/apt/lists/* \
     && rm -f /etc/nginx/sites-enabled/default
 COPY docker/nginx.conf.template docker/proxy-entrypoint.sh /etc/nginx/
 ENV PROXY_PORT=8780 APP_UPSTREAMS="127.0.0.1:8781 127.0.0.1:8782"
