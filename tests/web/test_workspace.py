@@ -1,7 +1,9 @@
-"""The workspace in real browsers: two people editing one file, the live tree, runs, roles, reload."""
+"""The workspace in real browsers: two people editing one file, the live tree, runs, roles, reload; and the Replit
+basics: download the project as a zip and a single file, search across the project, find/replace in a file."""
 
 import json
 import re
+import zipfile
 
 import httpx
 import pytest
@@ -266,3 +268,78 @@ def test_anyone_can_read_a_public_project(server_url, browser, screenshot):
     screenshot(page, "workspace-public-visitor")
     visitor.close()
 
+
+BASICS_FILES = {"main.py": "from helper import greet\n\nprint(greet('world'))\n",
+                "helper.py": "def greet(name):\n    return 'Hello, ' + name\n",
+                "docs/notes.md": "# Notes\nCall greet() to say hello.\n"}
+SIZES = {"laptop": (1366, 768), "phone": (390, 844)}
+
+
+@pytest.fixture(scope="module")
+def basics_project(server_url, project_id) -> str:
+    """A project of three files (no template) owned by OWNER (registered for the pair's project)."""
+    owner = api_client(server_url, OWNER, register=False)
+    project_id = owner.post("/api/projects", json={"name": "basics"}).json()["id"]
+    for path, text in BASICS_FILES.items():
+        owner.put(f"/api/projects/{project_id}/files/content/{path}", content=text.encode()).raise_for_status()
+    return project_id
+
+
+@pytest.fixture
+def basics_page(server_url, browser, basics_project):
+    """The basics project's workspace as its owner, light, at laptop size."""
+    with workspace_pages(browser, server_url) as open_page:
+        yield open_page(OWNER, basics_project, *SIZES["laptop"], theme="light")
+
+
+def each_look(page, screenshot, name: str) -> None:
+    """Screenshots of the page as it is, light and dark, at laptop and phone sizes (back to light, laptop)."""
+    for size, (width, height) in SIZES.items():
+        page.set_viewport_size({"width": width, "height": height})
+        for theme in ("light", "dark"):
+            if page.evaluate("document.documentElement.dataset.theme") != theme:
+                page.locator("#theme").click()
+            screenshot(page, f"{name}-{theme}-{size}")
+    page.locator("#theme").click()
+    page.set_viewport_size({"width": SIZES["laptop"][0], "height": SIZES["laptop"][1]})
+
+
+def test_download_the_project_and_a_file(basics_page, screenshot):
+    page = basics_page
+    with page.expect_download() as download:
+        page.locator("#download-zip").click()
+    assert download.value.suggested_filename.endswith(".zip")
+    with zipfile.ZipFile(download.value.path()) as archive:
+        assert {path: archive.read(path).decode() for path in BASICS_FILES} == BASICS_FILES
+    item = page.locator('#file-tree li[data-path="helper.py"]')
+    item.hover()
+    with page.expect_download() as download:
+        item.locator("a.download").click()
+    assert download.value.suggested_filename == "helper.py"
+    assert open(download.value.path()).read() == BASICS_FILES["helper.py"]
+    each_look(page, screenshot, "basics-download")
+
+
+def test_search_the_project_and_replace_in_a_file(basics_page, screenshot):
+    page = basics_page
+    page.locator("#project-search").fill("greet")
+    page.keyboard.press("Enter")
+    results = page.locator("#search-results")
+    expect(results.locator("li.summary")).to_have_text("4 results in 3 files")
+    expect(results.locator("li[data-path]")).to_have_count(4)
+    results.locator('li[data-path="docs/notes.md"] button').click()
+    expect(page.locator(".tab.active")).to_have_attribute("data-path", "docs/notes.md")
+    expect(page.locator(".editor-host:not([hidden]) .cm-activeLine")).to_have_text("Call greet() to say hello.")
+    each_look(page, screenshot, "basics-search")
+    # Find and replace in the open file (CodeMirror's search panel).
+    page.locator('#file-tree li[data-path="helper.py"] .file').click()
+    expect(page.locator(".editor-host:not([hidden]) .cm-content")).to_contain_text("def greet")
+    page.locator(".editor-host:not([hidden]) .cm-content").click()
+    page.keyboard.press("Control+f")
+    panel = page.locator(".editor-host:not([hidden]) .cm-search")
+    panel.locator("input[name=search]").fill("name")
+    panel.locator("input[name=replace]").fill("who")
+    panel.locator("button[name=replaceAll]").click()
+    expect(page.locator(".editor-host:not([hidden]) .cm-content")).to_contain_text("def greet(who):")
+    assert editor_text(page) == "def greet(who):\n    return 'Hello, ' + who\n"
+    screenshot(page, "basics-replace-light-laptop")

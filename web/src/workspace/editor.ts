@@ -14,6 +14,7 @@ import {
 } from "@codemirror/view";
 import { defaultKeymap, indentWithTab } from "@codemirror/commands";
 import { bracketMatching, foldGutter, foldKeymap, indentOnInput, syntaxHighlighting, defaultHighlightStyle } from "@codemirror/language";
+import { highlightSelectionMatches, search, searchKeymap } from "@codemirror/search";
 import { oneDark } from "@codemirror/theme-one-dark";
 import * as Y from "yjs";
 import { WebsocketProvider } from "y-websocket";
@@ -88,13 +89,27 @@ export class FileEditor {
           EditorState.readOnly.of(options.readOnly),
           EditorView.contentAttributes.of({ "aria-label": `Contents of ${options.path}` }),
           options.extensions,
-          keymap.of([...yUndoManagerKeymap, ...defaultKeymap, ...foldKeymap, indentWithTab]),
+          search({ top: true }),
+          highlightSelectionMatches(),
+          keymap.of([...yUndoManagerKeymap, ...defaultKeymap, ...searchKeymap, ...foldKeymap, indentWithTab]),
           languageFor(options.path),
           themeCompartment.of(options.dark ? oneDark : []),
           yCollab(ytext, awareness, { undoManager: this.undoManager }),
         ],
       }),
     });
+  }
+
+  /** Put the cursor at the start of `line` (1-based) and scroll to it, once the text has arrived (up to 3 s). */
+  goToLine(line: number, deadline = Date.now() + 3000): void {
+    const doc = this.view.state.doc;
+    if (doc.lines < line && Date.now() < deadline) {
+      setTimeout(() => this.goToLine(line, deadline), 50);
+      return;
+    }
+    const target = doc.line(Math.min(Math.max(line, 1), doc.lines));
+    this.view.dispatch({ selection: { anchor: target.from, head: target.to }, scrollIntoView: true });
+    this.view.focus();
   }
 
   setDark(dark: boolean): void {

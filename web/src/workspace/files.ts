@@ -7,6 +7,11 @@ export interface FileEntry {
   size: number;
 }
 
+export interface SearchResults {
+  matches: { path: string; line: number; column: number; text: string }[];
+  truncated: boolean;
+}
+
 export function encodePath(path: string): string {
   return path.split("/").map(encodeURIComponent).join("/");
 }
@@ -20,6 +25,20 @@ export class ProjectFiles {
 
   list(): Promise<FileEntry[]> {
     return api<FileEntry[]>("GET", this.base);
+  }
+
+  search(query: string): Promise<SearchResults> {
+    return api<SearchResults>("GET", `${this.base}/search?q=${encodeURIComponent(query)}`);
+  }
+
+  /** Where the browser saves one file from, under its own name. */
+  downloadUrl(path: string): string {
+    return `${this.base}/content/${encodePath(path)}?download=true`;
+  }
+
+  /** Where the browser saves the whole project from, as a zip. */
+  get zipUrl(): string {
+    return `${this.base}/zip`;
   }
 
   create(path: string, kind: "file" | "directory"): Promise<FileEntry> {

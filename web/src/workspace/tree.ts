@@ -9,6 +9,7 @@ export interface TreeActions {
   rename: (path: string) => void;
   remove: (path: string) => void;
   upload: (files: FileList) => void;
+  downloadUrl: (path: string) => string;
 }
 
 const GENERATED = new Set(["__pycache__", "node_modules", ".venv", "venv", ".pytest_cache", ".mypy_cache"]);
@@ -25,7 +26,7 @@ export class FileTree {
   private entries: FileEntry[] = [];
   private showGenerated = localStorage.getItem(SHOW_GENERATED_KEY) === "1";
 
-  constructor(private readonly actions: TreeActions, private readonly canWrite: boolean) {
+  constructor(private readonly actions: TreeActions, private readonly canWrite: boolean, zipUrl: string) {
     const toolbar = h("div", { class: "tree-toolbar" });
     if (canWrite) {
       const newFile = h("button", { type: "button", class: "small", id: "new-file", title: "New file" }, "+ File");
@@ -41,6 +42,7 @@ export class FileTree {
       });
       toolbar.append(newFile, newFolder, upload, picker);
     }
+    toolbar.append(h("a", { class: "button small secondary", id: "download-zip", href: zipUrl, download: "", title: "Download the project as a zip" }, "⬇ Zip"));
     const toggle = h("input", { type: "checkbox", id: "show-generated" });
     toggle.checked = this.showGenerated;
     toggle.addEventListener("change", () => {
@@ -50,6 +52,11 @@ export class FileTree {
     });
     const options = h("label", { class: "inline tree-options", title: "__pycache__, node_modules, .venv…" }, toggle, "Show generated folders");
     this.element = h("nav", { class: "tree-pane" }, h("h2", { class: "pane-title" }, "Files"), toolbar, this.list, options);
+  }
+
+  /** Show `section` (the project search) between the toolbar and the files. */
+  addSection(section: HTMLElement): void {
+    this.list.before(section);
   }
 
   paths(): string[] {
@@ -82,13 +89,19 @@ export class FileTree {
     } else {
       item.append(h("span", { class: "folder" }, `${label}/`));
     }
+    const actions = h("span", { class: "item-actions" });
+    if (entry.kind === "file") {
+      const label = `Download ${entry.path}`;
+      actions.append(h("a", { class: "icon download", href: this.actions.downloadUrl(entry.path), download: "", title: label, "aria-label": label }, "⬇"));
+    }
     if (this.canWrite) {
       const rename = h("button", { type: "button", class: "icon rename", title: `Rename or move ${entry.path}`, "aria-label": `Rename ${entry.path}` }, "✎");
       const remove = h("button", { type: "button", class: "icon delete", title: `Delete ${entry.path}`, "aria-label": `Delete ${entry.path}` }, "✕");
       rename.addEventListener("click", () => this.actions.rename(entry.path));
       remove.addEventListener("click", () => this.actions.remove(entry.path));
-      item.append(h("span", { class: "item-actions" }, rename, remove));
+      actions.append(rename, remove);
     }
+    if (actions.childElementCount) item.append(actions);
     return item;
   }
 }

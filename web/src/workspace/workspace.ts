@@ -8,6 +8,7 @@ import { ProjectFiles } from "./files";
 import { FileTree } from "./tree";
 import { RunConsole, type RunStarted } from "./runconsole";
 import { WebviewPane } from "./webview";
+import { ProjectSearch } from "./search";
 import { HistoryPanel } from "./history";
 import { AssistantUi } from "./assistant";
 import { attachLesson } from "./lesson";
@@ -69,6 +70,7 @@ export class Workspace {
   private history: HistoryPanel | null = null;
   private shell: ShellPane | null = null;
   private readonly assistant: AssistantUi | null;
+  private readonly search: ProjectSearch;
 
   constructor(private readonly root: HTMLElement, private readonly project: Project, private readonly username: string) {
     this.files = new ProjectFiles(project.id);
@@ -80,9 +82,16 @@ export class Workspace {
         rename: (path) => void this.renameEntry(path),
         remove: (path) => void this.removeEntry(path),
         upload: (list) => void this.upload(list),
+        downloadUrl: (path) => this.files.downloadUrl(path),
       },
       this.canWrite,
+      this.files.zipUrl,
     );
+    this.search = new ProjectSearch(this.files, (path, line) => {
+      this.open(path);
+      this.editors.get(path)?.editor.goToLine(line);
+    });
+    this.tree.addSection(this.search.element);
   }
 
   get canWrite(): boolean {
