@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from PIL import Image
 from transformers import (AutoImageProcessor, AutoModelForImageTextToText, CLIPImageProcessor,
-                          CLIPVisionConfig, LlamaConfig, LlavaConfig)
+                          CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaNextConfig, LlavaNextImageProcessor)
 
 VOCAB = 320
 IMAGE_TOKEN = VOCAB - 1
@@ -23,15 +23,22 @@ CLIP_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, nu
                    image_size=30, patch_size=6, projection_dim=32, initializer_range=0.2)
 
 
-def build_llava(folder: Path) -> Path:
-    """LLaVA-1.5 shape: CLIP tower (30 px, 6 px patches: 25 features), Llama decoder."""
-    config = LlavaConfig(vision_config=CLIPVisionConfig(**CLIP_VISION),
-                         text_config=LlamaConfig(**TEXT),
-                         image_token_index=IMAGE_TOKEN, projector_hidden_act="gelu")
-    config.architectures = ["LlavaForConditionalGeneration"]
+GRID = [[30, 60], [60, 30], [60, 60], [90, 30]]  # LLaVA-NeXT tilings (height, width), 30 px tiles
+
+
+def build_llava(folder: Path, next_version: bool = False) -> Path:
+    """LLaVA-1.5 shape (or NeXT with any-resolution tiles): CLIP tower (30 px pictures, 6 px
+    patches: 25 features a tile), Llama decoder."""
+    config_class = LlavaNextConfig if next_version else LlavaConfig
+    extra = dict(image_grid_pinpoints=GRID) if next_version else {}
+    config = config_class(vision_config=CLIPVisionConfig(**CLIP_VISION), text_config=LlamaConfig(**TEXT),
+                          image_token_index=IMAGE_TOKEN, projector_hidden_act="gelu", **extra)
+    config.architectures = ["LlavaNextForConditionalGeneration" if next_version else "LlavaForConditionalGeneration"]
     torch.manual_seed(1234)
     AutoModelForImageTextToText.from_config(config, dtype=torch.float32).save_pretrained(folder)
-    CLIPImageProcessor(size={"shortest_edge": 30}, crop_size={"height": 30, "width": 30}).save_pretrained(folder)
+    processor_class = LlavaNextImageProcessor if next_version else CLIPImageProcessor
+    processor_class(size={"shortest_edge": 30}, crop_size={"height": 30, "width": 30},
+                    **extra).save_pretrained(folder)
     return folder
 
 
@@ -62,8 +69,7 @@ def hf_reference(folder: Path, token_ids: list[int], images: list[Image.Image], 
         expanded.extend([token] * next(features) if token == IMAGE_TOKEN else [token])
     kwargs = {}
     if images:
-        processor = AutoImageProcessor.from_pretrained(folder)
-        kwargs["pixel_values"] = processor(images, return_tensors="pt").pixel_values
+        kwargs.update(AutoImageProcessor.from_pretrained(folder)(images, return_tensors="pt"))
     with torch.no_grad():
         out = model.generate(torch.tensor([expanded]), max_new_tokens=max_new_tokens, do_sample=False,
                              eos_token_id=None, pad_token_id=0, output_logits=True,

@@ -1,11 +1,14 @@
 """Image preprocessing read from a model's preprocessor_config.json, equal to Transformers'
 Pillow image processors (CLIP/SigLIP style): resize (shortest edge or fixed size), center crop,
 rescale, normalise. Works on any input size: the output size depends only on the config.
+LLaVA-NeXT's any-resolution tiling (`anyres_tiles`) adds tiles of the picture at the grid
+resolution that fits it best, so large pictures keep their detail.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +38,7 @@ class ImageProcessor:
     do_normalize: bool = True
     image_mean: tuple[float, ...] = _CLIP_MEAN
     image_std: tuple[float, ...] = _CLIP_STD
+    grid_pinpoints: list[list[int]] | None = None  # LLaVA-NeXT: (height, width) tilings
 
     @classmethod
     def from_folder(cls, folder: Path) -> ImageProcessor:
@@ -48,7 +52,8 @@ class ImageProcessor:
                    do_rescale=cfg.get("do_rescale", True), rescale_factor=cfg.get("rescale_factor", 1 / 255),
                    do_normalize=cfg.get("do_normalize", True),
                    image_mean=tuple(cfg.get("image_mean", _CLIP_MEAN)),
-                   image_std=tuple(cfg.get("image_std", _CLIP_STD)))
+                   image_std=tuple(cfg.get("image_std", _CLIP_STD)),
+                   grid_pinpoints=cfg.get("image_grid_pinpoints"))
 
     def resized_size(self, width: int, height: int) -> tuple[int, int]:
         """(width, height) after the resize step, as Transformers computes it."""
@@ -94,3 +99,41 @@ def center_crop(array: np.ndarray, height: int, width: int) -> np.ndarray:
         array, h, w = padded, padded.shape[1], padded.shape[2]
     top, left = (h - height) // 2, (w - width) // 2
     return array[:, top:top + height, left:left + width]
+
+
+def best_resolution(height: int, width: int, pinpoints: list[list[int]]) -> tuple[int, int]:
+    """The (height, width) tiling that keeps the most of the picture's pixels, then wastes least."""
+    best, most_kept, least_wasted = None, 0, float("inf")
+    for grid_h, grid_w in pinpoints:
+        scale = min(grid_w / width, grid_h / height)
+        kept = min(int(width * scale) * int(height * scale), width * height)
+        wasted = grid_w * grid_h - kept
+        if kept > most_kept or (kept == most_kept and wasted < least_wasted):
+            best, most_kept, least_wasted = (grid_h, grid_w), kept, wasted
+    return best
+
+
+def fit_inside(height: int, width: int, target_h: int, target_w: int) -> tuple[int, int]:
+    """(height, width) of the picture scaled to fit the target, aspect ratio kept."""
+    scale_w, scale_h = target_w / width, target_h / height
+    if scale_w < scale_h:
+        return min(math.ceil(height * scale_w), target_h), target_w
+    return target_h, min(math.ceil(width * scale_h), target_w)
+
+
+def anyres_tiles(processor: ImageProcessor, image: Image.Image) -> torch.Tensor:
+    """LLaVA-NeXT: [the whole picture squeezed to one tile] + tiles of it resized into its best
+    grid resolution and padded (centred, black) -> [tiles, 3, S, S]."""
+    tile = processor.crop_size.get("height") or processor.size.get("height") or processor.size["shortest_edge"]
+    side = processor.size.get("shortest_edge")
+    base_h, base_w = (side, side) if side else (processor.size["height"], processor.size["width"])
+    grid_h, grid_w = best_resolution(image.height, image.width, processor.grid_pinpoints)
+    new_h, new_w = fit_inside(image.height, image.width, grid_h, grid_w)
+    resized = np.asarray(processor.resize(image, new_w, new_h))
+    top, left = (grid_h - new_h) // 2, (grid_w - new_w) // 2
+    canvas = np.zeros((grid_h, grid_w, 3), dtype=np.uint8)
+    canvas[top:top + new_h, left:left + new_w] = resized
+    tiles = [processor.resize(image, base_w, base_h)]
+    tiles += [Image.fromarray(canvas[y:y + tile, x:x + tile])
+              for y in range(0, grid_h, tile) for x in range(0, grid_w, tile)]
+    return torch.stack([processor(t) for t in tiles])

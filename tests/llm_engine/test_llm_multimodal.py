@@ -1,17 +1,18 @@
-"""LLaVA in the engine against Transformers: preprocessing, greedy parity with images in every
-format (batched with text-only prompts, prefix caching on and off, prefill chunks that split an
-image), the encoder-output cache, image-keyed prefix caching, and bad input."""
+"""LLaVA-1.5 and LLaVA-NeXT in the engine against Transformers: preprocessing, greedy parity with
+images in every format (batched with text-only prompts, prefix caching on and off, prefill
+chunks that split an image), the encoder-output cache, image-keyed prefix caching, bad input."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from PIL import Image, ImageOps
-from transformers import AutoImageProcessor
+from transformers import AutoConfig, AutoImageProcessor
 
 from llm_engine import LLM, SamplingParams
 from llm_engine.multimodal.image import ImageInputError, ImageLimits, decode_image
-from llm_engine.multimodal.processor import ImageProcessor
+from llm_engine.models.llava_next import LlavaNextForConditionalGeneration
+from llm_engine.multimodal.processor import ImageProcessor, anyres_tiles
 
 from conftest import check_logprobs_close
 from vision_models import IMAGE_TOKEN, bomb_png, build_llava, encode, hf_reference, picture
@@ -78,6 +79,31 @@ PROMPTS = [
     ([9, 8, 7, 6, 5], []),
     ([11, 12, 13, IMAGE_TOKEN, 14, IMAGE_TOKEN, 15, IMAGE_TOKEN], ["png_gray_tiny", "jpeg_exif", "gif"]),
 ]
+
+
+@pytest.fixture(scope="module")
+def llava_next(tmp_path_factory):
+    return build_llava(tmp_path_factory.mktemp("tiny-llava-next"), next_version=True)
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_anyres_tiles_equal_transformers(llava_next, name):
+    ours = anyres_tiles(ImageProcessor.from_folder(llava_next), decode_image(FILES[name]))
+    reference = AutoImageProcessor.from_pretrained(llava_next)(upright(FILES[name]), return_tensors="pt")
+    assert reference.image_sizes[0].tolist() == list(upright(FILES[name]).size[::-1])
+    assert torch.allclose(ours, reference.pixel_values[0], atol=1e-5, rtol=0)
+
+
+def test_llava_next_batched_parity_with_transformers(llava_next):
+    """Any-resolution tiling: each picture's placeholder count depends on its size."""
+    config = AutoConfig.from_pretrained(llava_next)
+    prompts = PROMPTS[:5]
+    references = [hf_reference(llava_next, ids, [upright(FILES[n]) for n in names],
+                               [LlavaNextForConditionalGeneration.num_features(config, *upright(FILES[n]).size)
+                                for n in names], MAX_NEW) for ids, names in prompts]
+    llm = LLM(str(llava_next), dtype="float32", num_kv_blocks=256, max_num_batched_tokens=64)
+    outputs = llm.generate(as_inputs(prompts), GREEDY, use_tqdm=False)
+    check_logprobs_close(results(outputs), references)
 
 
 @pytest.fixture(scope="module")
