@@ -28,10 +28,10 @@ return 0
 """
 
 
-def connect(url: str) -> aioredis.Redis:
+def connect(url: str, max_connections: int = REDIS_CONNECTIONS) -> aioredis.Redis:
     """A client whose pool makes callers wait for a free connection instead of failing."""
     return aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=REDIS_CONNECTIONS, timeout=REDIS_WAIT_S))
+        url, max_connections=max_connections, timeout=REDIS_WAIT_S))
 
 
 async def claim(redis: aioredis.Redis, key: str, holder: str | bytes, ttl_ms: int) -> bool:

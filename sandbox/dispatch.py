@@ -14,9 +14,15 @@ names the project and package folders as they are; only the spec, the output and
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import logging
+import time
 from pathlib import Path
+from typing import Awaitable, Callable, TypeVar
+
+from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
 
 from sandbox.backend import Mount, RunSpec
 from sandbox.limits import Limits
@@ -27,6 +33,23 @@ GROUP = "runners"
 HEARTBEAT_S = 1.0  # a runner renews its heartbeat this often...
 HEARTBEAT_TTL_MS = 4000  # ...and is taken for dead once it is this old
 RUN_KEYS_TTL_S = 3600  # a run's in/out streams are kept this long after their last entry
+REDIS_OUTAGE_S = 30.0  # how long a run's messages are retried while Redis is away (a restart) before giving up
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+async def patiently(call: Callable[[], Awaitable[T]]) -> T:
+    """call() again while Redis cannot be reached (restarting, loading its data), for up to REDIS_OUTAGE_S."""
+    deadline = time.monotonic() + REDIS_OUTAGE_S
+    while True:
+        try:
+            return await call()
+        except (RedisConnectionError, RedisTimeoutError) as exc:  # BusyLoadingError is a ConnectionError
+            if time.monotonic() > deadline:
+                raise
+            log.warning("Redis is away (%s); trying again", exc)
+            await asyncio.sleep(0.5)
 
 
 def out_key(run_id: str) -> str:

@@ -57,13 +57,18 @@ def make_backend(name: str = "auto", *, pool_size: int = 0, pool_limits: Limits 
     raise SandboxUnavailable(f"{INSTALL_HINT} ({'; '.join(reasons)})")
 
 
+# Each run on a runner holds a connection while it waits for output (a blocking read): room for every
+# queued, running and Shell run of a replica (Redis serves ten thousand clients by default).
+REMOTE_CONNECTIONS = 1024
+
+
 def _runners(redis_url: str | None) -> Backend:
     from ide_server.leases import connect
     from sandbox.remote import RemoteBackend
 
     if not redis_url:
         raise SandboxUnavailable("the runners sandbox backend needs Redis (set CODEYARD_REDIS_URL)")
-    return RemoteBackend(connect(redis_url))
+    return RemoteBackend(connect(redis_url, REMOTE_CONNECTIONS))
 
 
 class LocalDockerd:

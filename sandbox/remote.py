@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 
 from sandbox.backend import Backend, ExitStatus, Execution, RunContext, RunSpec, SandboxRun
 from sandbox.dispatch import (RUN_KEYS_TTL_S, RUNS_STREAM, decode_result, encode_spec, heartbeat_key, in_key,
-                              out_key)
+                              out_key, patiently)
 from sandbox.verdict import RunResult, Verdict
 
 log = logging.getLogger(__name__)
@@ -52,11 +52,14 @@ class RemoteExecution(Execution):
         raise NotImplementedError("a remote run's end comes from its out stream (RemoteBackend._drive)")
 
     async def _tell(self, **fields) -> None:
-        try:
+        async def tell() -> None:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.xadd(in_key(self.run_id), fields)
                 pipe.expire(in_key(self.run_id), RUN_KEYS_TTL_S)
                 await pipe.execute()
+
+        try:
+            await patiently(tell)
         except RedisError as exc:
             log.warning("telling run %s %s failed: %s", self.run_id, fields.get("t"), exc)
 
@@ -87,7 +90,8 @@ class RemoteBackend(Backend):
         execution = RemoteExecution(self.redis, run.id)
         try:
             deadline = time.time() + self.start_timeout
-            await self.redis.xadd(RUNS_STREAM, {"id": run.id, "spec": encode_spec(spec), "deadline": repr(deadline)})
+            job = {"id": run.id, "spec": encode_spec(spec), "deadline": repr(deadline)}
+            await patiently(lambda: self.redis.xadd(RUNS_STREAM, job))
             await run._bind(execution)
             outcome = await self._follow(run, execution, deadline)
         except Exception as exc:
@@ -105,7 +109,7 @@ class RemoteBackend(Backend):
         """Replay the run's out stream until its result, or why it will never come."""
         last = "0"
         while True:
-            answer = await self.redis.xread({out_key(run.id): last}, count=256, block=READ_BLOCK_MS)
+            answer = await patiently(lambda: self.redis.xread({out_key(run.id): last}, count=256, block=READ_BLOCK_MS))
             entries = answer[0][1] if answer else []
             for entry_id, fields in entries:
                 last = entry_id
@@ -120,7 +124,7 @@ class RemoteBackend(Backend):
             if time.time() < deadline:
                 return None
             return f"no runner started the run within {self.start_timeout:g} s (are runner nodes up? `codeyard runner`)"
-        if await self.redis.exists(heartbeat_key(execution.runner)):
+        if await patiently(lambda: self.redis.exists(heartbeat_key(execution.runner))):
             return None
         return f"runner {execution.runner} stopped during the run (its process or machine went away); run it again"
 

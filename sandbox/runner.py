@@ -19,11 +19,11 @@ from contextlib import suppress
 from pathlib import Path
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from sandbox.backend import Backend, RunSpec, SandboxRun
 from sandbox.dispatch import (GROUP, HEARTBEAT_S, HEARTBEAT_TTL_MS, RUN_KEYS_TTL_S, RUNS_STREAM, decode_spec,
-                              encode_result, heartbeat_key, in_key, out_key)
+                              encode_result, heartbeat_key, in_key, out_key, patiently)
 from sandbox.verdict import RunResult, Verdict
 
 log = logging.getLogger(__name__)
@@ -172,12 +172,15 @@ class Runner:
         try:
             async for chunk in run.chunks():
                 await self._say(out, t="out", s=chunk.stream, d=chunk.data)
-            result = await run.result()
         except asyncio.CancelledError:  # drained too long: the run is cancelled, its result still goes out
             run.cancel()
-            result = await run.result()
+        except RedisError:  # Redis away for longer than REDIS_OUTAGE_S: nobody hears the run, so stop it
+            run.cancel()
+            await run.result()
+            raise
         finally:
             ended.set()
+        result = await run.result()
         await self._say(out, t="result", r=encode_result(result))
         await steering
 
@@ -195,7 +198,7 @@ class Runner:
         """Pass input, end of input, resizes and cancel from the run's in stream to the run, until it has ended."""
         last = "0"
         while not ended.is_set():
-            answer = await self.redis.xread({in_key(run_id): last}, count=256, block=1000)
+            answer = await patiently(lambda: self.redis.xread({in_key(run_id): last}, count=256, block=1000))
             for entry_id, fields in answer[0][1] if answer else []:
                 last, kind = entry_id, fields[b"t"]
                 try:
@@ -211,10 +214,13 @@ class Runner:
                     log.info("run %s: %s ignored: %s", run_id, kind.decode(), exc)
 
     async def _say(self, out: str, **fields) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(out, fields)
-            pipe.expire(out, RUN_KEYS_TTL_S)
-            await pipe.execute()
+        async def say() -> None:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.xadd(out, fields)
+                pipe.expire(out, RUN_KEYS_TTL_S)
+                await pipe.execute()
+
+        await patiently(say)
 
 
 

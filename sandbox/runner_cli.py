@@ -41,7 +41,7 @@ def runner_command(
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     async def main() -> None:
-        redis = connect(settings.redis_url)
+        redis = connect(settings.redis_url, 2 * slots + 8)  # per run: its input reader and its output
         try:
             try:
                 await redis.ping()

@@ -40,7 +40,8 @@ def redis_url(tmp_path):
         assert time.monotonic() < deadline, "redis-server did not start"
         time.sleep(0.05)
     yield f"unix://{sock}"
-    proc.terminate()
+    subprocess.run(["redis-cli", "-s", str(sock), "shutdown", "nosave"], capture_output=True)  # a restarted one too
+    proc.kill()
     proc.wait(10)
 
 
@@ -231,3 +232,21 @@ def _clean_after_kill(runs_dir: Path, cgroups_before: set[Path]) -> None:
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+async def test_a_redis_restart_during_a_run_loses_nothing(runners, remote, data_dir, tmp_path):
+    """Redis restarted (with its append-only file, as the stack runs it) while a run is going: output before
+    and after reaches the replica, and the run ends normally."""
+    await runners.start("r1")
+    run = await remote.start(spec(data_dir, "python3", "-c",
+                                  "import time; print('before', flush=True); time.sleep(3); print('after')"))
+    first = await anext(run.chunks())
+    assert first.data.startswith(b"before")
+    await remote.redis.save()  # what the restarted server loads (the test's server keeps no file of its own)
+    os.kill(int((await remote.redis.info("server"))["process_id"]), signal.SIGKILL)
+    await asyncio.sleep(0.5)
+    subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", str(tmp_path / "redis.sock"), "--appendonly", "no",
+                      "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    result = await run.result()
+    assert result.verdict is Verdict.OK, result.message
+    assert result.stdout == b"before\nafter\n"
