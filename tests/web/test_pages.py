@@ -5,6 +5,8 @@ import re
 import httpx
 from playwright.sync_api import expect
 
+from browser_kit import api_client, signed_in_context
+
 PASSWORD = "correct horse battery"
 
 
@@ -71,4 +73,27 @@ def test_wrong_password_shows_a_readable_message(server_url, browser):
     error = page.locator(".status-error")
     expect(error).to_be_visible()
     assert "{" not in error.inner_text()
+    context.close()
+
+
+def test_dashboard_fits_a_phone_without_failed_requests(server_url, browser, screenshot):
+    """On a phone every project's Delete and the Sign out button are on screen, nothing scrolls sideways, and
+    loading the page asks for nothing that is not there (the favicon included)."""
+    owner = api_client(server_url, "phoneuser")
+    owner.post("/api/projects", json={"name": "a-rather-long-project-name-for-a-small-screen"}).raise_for_status()
+    width = 390
+    context = signed_in_context(browser, server_url, "phoneuser", width=width, height=844)
+    page = context.new_page()
+    failed = []
+    page.on("response", lambda response: response.status >= 400 and failed.append(response.url))
+    for scheme in ("light", "dark"):
+        page.emulate_media(color_scheme=scheme)
+        page.goto(server_url + "/dashboard")
+        expect(page.locator("#my-projects li.project")).to_have_count(1)
+        for button in (page.locator("li.project button", has_text="Delete"), page.locator("header button", has_text="Sign out")):
+            box = button.bounding_box()
+            assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width, box
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        screenshot(page, f"dashboard-{scheme}-phone")
+    assert failed == []
     context.close()

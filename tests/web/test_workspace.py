@@ -93,6 +93,7 @@ def test_file_tree_updates_live_for_everyone(open_as, screenshot):
 
     ada.locator("#upload-input").set_input_files([{"name": "data.txt", "mimeType": "text/plain", "buffer": b"1 2 3\n"}])
     expect(bob.locator('#file-tree li[data-path="data.txt"]')).to_be_visible()
+    expect(ada.locator("#message")).to_have_text("Uploaded 1 file.")
 
     bob.locator('#file-tree li[data-path="notes"]').hover()
     bob.locator('#file-tree li[data-path="notes"] .delete').click()

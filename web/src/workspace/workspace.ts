@@ -270,12 +270,13 @@ export class Workspace {
   }
 
   private async upload(list: FileList): Promise<void> {
+    const chosen = Array.from(list); // the picker's FileList empties when it is reset for the next upload
     try {
-      for (const file of Array.from(list)) {
+      for (const file of chosen) {
         this.say(`Uploading ${file.name}…`);
         await this.files.upload(file.name, file);
       }
-      this.say(`Uploaded ${list.length} file${list.length === 1 ? "" : "s"}.`);
+      this.say(`Uploaded ${chosen.length} file${chosen.length === 1 ? "" : "s"}.`);
       await this.refreshTree();
     } catch (error) {
       this.fail(error);
