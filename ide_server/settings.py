@@ -27,6 +27,8 @@ class Settings(BaseSettings):
         default=None, description="Signs sessions and CSRF tokens; generated into the data dir if unset."
     )
     sandbox_backend: Literal["auto", "docker", "bwrap", "runners"] = "auto"  # runners: runner nodes via Redis
+    runner_slots: int = Field(default=0, ge=0, le=256, description="With the runners backend: this replica is also a "
+                              "runner node taking this many runs at once (through Redis, as any runner).")
     sandbox_warm_containers: int = Field(
         default=0, ge=0, le=64, description="Docker only: idle started containers kept ready for runs with the "
         "default limits, so a run starts in tens of milliseconds instead of half a second."

@@ -27,6 +27,7 @@ from ide_server.models import Role, User
 from ide_server.schemas import RandomId
 from ide_server.services import projects
 from sandbox.engine import docker_client, make_backend
+from sandbox.runner import start_own_runner
 from sandbox.errors import SandboxUnavailable
 from sandbox.host_lease import HostLease
 from sandbox.frames import (CLOSE_BUSY, CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, CLOSE_UNAVAILABLE, SOCKET_GONE,
@@ -225,12 +226,15 @@ async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
                        max_running_per_user=settings.sandbox_max_running_per_user,
                        max_per_user=settings.sandbox_max_runs_per_user)
     await run_in_threadpool(runs.close_interrupted)
+    own_runner = await start_own_runner(settings) if backend is not None and backend.name == "runners" else None
     if (events := getattr(app.state, "project_events", None)) is not None:
         runs.announce = events.announce
     app.state.sandbox_runs = runs
     try:
         yield
     finally:
+        if own_runner is not None:
+            await own_runner()
         await runs.shutdown()
         close = getattr(backend, "close", None)
         if close is not None:

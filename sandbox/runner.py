@@ -17,6 +17,7 @@ import socket
 import time
 from contextlib import suppress
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
@@ -222,6 +223,34 @@ class Runner:
 
         await patiently(say)
 
+
+
+async def start_own_runner(settings) -> Callable[[], Awaitable[None]] | None:
+    """With settings.runner_slots, a runner in this process (the replica is a runner node too, through Redis
+    like any other); returns what drains and stops it, or None."""
+    from ide_server.leases import connect
+    from sandbox.engine import make_backend
+    from sandbox.errors import SandboxUnavailable
+
+    if not settings.runner_slots:
+        return None
+    try:
+        local = make_backend("auto")
+    except SandboxUnavailable as exc:
+        log.warning("this replica runs no code itself: %s", exc.detail)
+        return None
+    redis = connect(settings.redis_url, 2 * settings.runner_slots + 8)
+    runner = Runner(redis, local, (settings.data_dir, settings.effective_packages_dir), slots=settings.runner_slots,
+                    name=f"{socket.gethostname()}-{os.getpid()}-replica")
+    stop = asyncio.Event()
+    serving = asyncio.create_task(runner.serve(stop, drain_seconds=30))
+
+    async def stopped() -> None:
+        stop.set()
+        await serving
+        await redis.aclose()
+
+    return stopped
 
 
 def _internal_error(message: str) -> str:

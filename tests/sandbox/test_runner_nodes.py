@@ -17,6 +17,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from ide_server.leases import connect
+from redis_server import RedisServer
 from sandbox.backend import RunSpec
 from sandbox.cgroups import RunCgroup, cgroup_dirs, remove_cgroup
 from sandbox.dispatch import GROUP, RUNS_STREAM, heartbeat_key
@@ -30,19 +31,15 @@ LIMITS = Limits(cpu_seconds=5, wall_seconds=20, memory_bytes=128 << 20, pids=64,
 
 
 @pytest.fixture
-def redis_url(tmp_path):
-    """A Redis server of this test's own (on a unix socket), so runs streams of other sessions never mix in."""
-    sock = tmp_path / "redis.sock"
-    proc = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", str(sock), "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while not sock.exists():
-        assert time.monotonic() < deadline, "redis-server did not start"
-        time.sleep(0.05)
-    yield f"unix://{sock}"
-    subprocess.run(["redis-cli", "-s", str(sock), "shutdown", "nosave"], capture_output=True)  # a restarted one too
-    proc.kill()
-    proc.wait(10)
+def redis_server(tmp_path):
+    server = RedisServer(tmp_path).start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def redis_url(redis_server) -> str:
+    return redis_server.url
 
 
 @pytest.fixture
@@ -234,19 +231,18 @@ def _clean_after_kill(runs_dir: Path, cgroups_before: set[Path]) -> None:
                 time.sleep(0.1)
 
 
-async def test_a_redis_restart_during_a_run_loses_nothing(runners, remote, data_dir, tmp_path):
-    """Redis restarted (with its append-only file, as the stack runs it) while a run is going: output before
-    and after reaches the replica, and the run ends normally."""
+async def test_a_redis_restart_during_a_run_loses_nothing(runners, remote, data_dir, redis_server):
+    """Redis restarted from its saved data while a run is going: output before and after reaches the replica,
+    and the run ends normally."""
     await runners.start("r1")
     run = await remote.start(spec(data_dir, "python3", "-c",
                                   "import time; print('before', flush=True); time.sleep(3); print('after')"))
     first = await anext(run.chunks())
     assert first.data.startswith(b"before")
-    await remote.redis.save()  # what the restarted server loads (the test's server keeps no file of its own)
-    os.kill(int((await remote.redis.info("server"))["process_id"]), signal.SIGKILL)
+    await remote.redis.save()
+    redis_server.kill()
     await asyncio.sleep(0.5)
-    subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", str(tmp_path / "redis.sock"), "--appendonly", "no",
-                      "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    redis_server.start(save=True)
     result = await run.result()
     assert result.verdict is Verdict.OK, result.message
     assert result.stdout == b"before\nafter\n"

@@ -1,6 +1,6 @@
 """The runs API, package installs and the Shell with CODEYARD_SANDBOX_BACKEND=runners: the app queues runs on
 Redis and a `codeyard runner` process (sharing the app's data and packages folders, as compose's runners share
-the volume) runs them."""
+the volume) runs them; and a replica that is its own runner (CODEYARD_RUNNER_SLOTS) through the same path."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -20,43 +21,47 @@ from api_people import sign_up
 from conftest import COMPONENTS, new_project, wait_finished
 from ide_server.app import create_app
 from ide_server.settings import Settings
+from redis_server import RedisServer
 from sandbox.dispatch import heartbeat_key
+
+
+@contextmanager
+def app_on_runners(root: Path, runner_slots: int = 0):
+    """The app on the runners backend with a Redis server of its own; yields (client, redis URL, settings)."""
+    server = RedisServer(root).start()
+    data_dir = root / "data"
+    data_dir.mkdir()
+    packages_dir = Path(tempfile.mkdtemp(prefix="codeyard-packages-test-"))  # sandbox uids reach it (tmp_path: 0700)
+    os.chmod(packages_dir, 0o711)
+    settings = Settings(data_dir=data_dir, database_url=f"sqlite:///{data_dir / 'codeyard.db'}", sandbox_backend="runners",
+                        redis_url=server.url, packages_dir=packages_dir, runner_slots=runner_slots, log_level="warning")
+    application = create_app(settings, component_specs=COMPONENTS)
+    try:
+        with TestClient(application) as client:
+            yield client, server.url, settings
+        application.state.engine.dispose()
+    finally:
+        server.kill()
+        shutil.rmtree(packages_dir)
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """The app on the runners backend, one runner beside it, and a Redis server of their own."""
+    """The app, and one `codeyard runner` process beside it."""
     root = tmp_path_factory.mktemp("runners")
-    data_dir, sock = root / "data", root / "redis.sock"
-    data_dir.mkdir()
-    packages_dir = Path(tempfile.mkdtemp(prefix="codeyard-packages-test-"))  # sandbox uids reach it (tmp_path: 0700)
-    os.chmod(packages_dir, 0o711)
-    redis_server = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", str(sock), "--save", "",
-                                     "--appendonly", "no", "--dir", str(root)], stdout=subprocess.DEVNULL)
-    while not sock.exists():
-        time.sleep(0.05)
-    url = f"unix://{sock}"
-    env = {**os.environ, "CODEYARD_REDIS_URL": url, "CODEYARD_DATA_DIR": str(data_dir), "CODEYARD_SANDBOX_BACKEND": "bwrap",
-           "CODEYARD_PACKAGES_DIR": str(packages_dir)}
-    runner = subprocess.Popen([str(Path(sys.executable).with_name("codeyard")), "runner", "--name", "api-runner"], env=env,
-                              stdout=open(root / "runner.log", "wb"), stderr=subprocess.STDOUT)
-    client = redis.Redis(unix_socket_path=str(sock))
-    while not client.exists(heartbeat_key("api-runner")):
-        assert runner.poll() is None, (root / "runner.log").read_text()
-        time.sleep(0.05)
-    application = create_app(Settings(data_dir=data_dir, database_url=f"sqlite:///{data_dir / 'codeyard.db'}",
-                                      sandbox_backend="runners", redis_url=url, packages_dir=packages_dir,
-                                      log_level="warning"),
-                             component_specs=COMPONENTS)
-    with TestClient(application) as test_client:
-        yield test_client
-    application.state.engine.dispose()
-    runner.terminate()
-    assert runner.wait(30) == 0
-    assert not client.exists(heartbeat_key("api-runner"))  # drained and gone
-    redis_server.terminate()
-    redis_server.wait(10)
-    shutil.rmtree(packages_dir)
+    with app_on_runners(root) as (client, url, settings):
+        env = {**os.environ, "CODEYARD_REDIS_URL": url, "CODEYARD_DATA_DIR": str(settings.data_dir),
+               "CODEYARD_SANDBOX_BACKEND": "bwrap", "CODEYARD_PACKAGES_DIR": str(settings.packages_dir)}
+        runner = subprocess.Popen([str(Path(sys.executable).with_name("codeyard")), "runner", "--name", "api-runner"],
+                                  env=env, stdout=open(root / "runner.log", "wb"), stderr=subprocess.STDOUT)
+        redis_client = redis.Redis.from_url(url)
+        while not redis_client.exists(heartbeat_key("api-runner")):
+            assert runner.poll() is None, (root / "runner.log").read_text()
+            time.sleep(0.05)
+        yield client
+        runner.terminate()
+        assert runner.wait(30) == 0
+        assert not redis_client.exists(heartbeat_key("api-runner"))  # drained and gone
 
 
 @pytest.fixture
@@ -92,3 +97,12 @@ def test_a_package_installs_on_the_runner_and_runs_import_it(owner):
     assert answer.json()["requirements"] == [f"six=={answer.json()['installed']['six']}"]
     run = wait_finished(owner, owner.post(f"/api/projects/{pid}/runs", json={}).json()["id"])
     assert run["verdict"] == "ok" and run["stdout"] == "six\n", run
+
+
+def test_a_replica_with_runner_slots_is_its_own_runner(tmp_path):
+    with app_on_runners(tmp_path, runner_slots=2) as (client, url, _):
+        alone = sign_up(client)
+        pid = new_project(alone, {"main.py": "print('here')\n"})
+        run = wait_finished(alone, alone.post(f"/api/projects/{pid}/runs", json={}).json()["id"])
+        assert run["verdict"] == "ok" and run["stdout"] == "here\n", run
+        assert [key.decode() for key in redis.Redis.from_url(url).keys("codeyard:runner:*")][0].endswith("-replica")
