@@ -217,9 +217,12 @@ def _test_result(lesson: Lesson, item: dict, files: Mapping[str, str]) -> TestRe
     error = ErrorInfo.from_dict(item["error"]) if item.get("error") else None
     if error is None and item.get("stderr"):  # an input/output check whose program crashed
         error = error_from_output(item["stderr"], lesson.language, files)
+    expected = item.get("expected")
+    if expected is not None and item.get("stdout_regex") is not None:
+        expected = _regex_in_words(expected)  # learners are shown "a line saying: Hi", never "^Hi$"
     test = TestResult(name=item["name"], status=item["status"], output=item.get("output", "")[:OUTPUT_SHOWN],
                       task_id=item.get("task"), test_code="" if item["hidden"] else item.get("test_code", ""),
-                      hidden=item["hidden"], expected=item.get("expected"), actual=item.get("actual"), error=error)
+                      hidden=item["hidden"], expected=expected, actual=item.get("actual"), error=error)
     test.message = _message(lesson, item, test, files)
     return test
 
@@ -237,7 +240,7 @@ def _message(lesson: Lesson, item: dict, test: TestResult, files: Mapping[str, s
         program = f"When the input is {item['stdin']!r}, your program" if item.get("stdin") else "Your program"
         printed = f"but it printed:\n{test.actual}" if test.actual else "but it printed nothing."
         if item.get("stdout_regex") is not None:
-            return f"{program} should print {_regex_in_words(test.expected)}, {printed}"
+            return f"{program} should print {test.expected}, {printed}"
         return f"{program} should print:\n{test.expected}\n{printed}"
     if kind == "compare":
         words = "to be" if item.get("op") == "==" else item["op_words"]

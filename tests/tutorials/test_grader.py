@@ -356,3 +356,46 @@ async def test_a_program_that_prints_nothing_is_told_so(lesson, bwrap):
 async def test_javascript_visible_tests_show_their_code(js_lesson, bwrap):
     result = await grade(js_lesson, js_lesson.starter_files, sandbox=bwrap)
     assert "assert.strictEqual(double(21), 42);" in to_public(result)["tests"][0]["test_code"]
+
+
+GREETING_LESSON = '''---
+title: Hello
+timeout_seconds: 2
+---
+
+## Description
+Greet the world.
+
+## Tasks
+1. Print `Hello, World!`.
+
+## Hints
+### Task 1
+- print("Hello, World!")
+
+## Starter
+```python file=main.py
+print("hello")
+```
+
+## Visible tests
+```yaml io
+- name: greets
+  task: 1
+  stdout_regex: "^Hello, World!$"
+```
+
+## Solution
+```python file=main.py
+print("Hello, World!")
+```
+'''
+
+
+async def test_an_expected_pattern_is_shown_in_words(bwrap):
+    """A learner reads what to print ("a line saying: ..."), never the check's regular expression."""
+    lesson = parse_lesson(GREETING_LESSON, slug="hello", language="python")
+    result = await grade(lesson, {"main.py": 'print("hello")\n'}, sandbox=bwrap)
+    failure = to_public(result)["first_failure"]
+    assert failure["expected"] == "a line saying: Hello, World!" and failure["actual"] == "hello"
+    assert failure["message"] == "Your program should print a line saying: Hello, World!, but it printed:\nhello"
