@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import errno
+import functools
 import logging
 import os
 import time
@@ -30,15 +31,19 @@ CPU_PERIOD_US = 100_000  # cpu.max: one CPU, as Docker's runs get
 RUNS_FOLDER = "codeyard"
 
 
-def _mountinfo() -> list[tuple[Path, str, str, list[str]]]:
-    """(mount point, root of the mounted hierarchy, fs type, super options) of each mount."""
+@functools.cache
+def _mountinfo() -> tuple[tuple[Path, str, str, list[str]], ...]:
+    """(mount point, root of the mounted hierarchy, fs type, super options) of each mount.
+
+    Read once: cgroup hierarchies are mounted before the server starts, and every run asked
+    several times."""
     mounts = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         left, _, right = line.partition(" - ")
         fields, extra = left.split(), right.split()
         if len(extra) >= 3:
             mounts.append((Path(fields[4]), fields[3], extra[0], extra[-1].split(",")))
-    return mounts
+    return tuple(mounts)
 
 
 def _v1_mounts(every: bool = False) -> dict[str, tuple[Path, str]]:
@@ -76,12 +81,18 @@ def cgroup_dirs(relpath: str) -> list[Path]:
     return [d for point, root in hierarchies if (d := _in_hierarchy(point, root, relpath)).is_dir()]
 
 
+def _folders_below(top: Path) -> list[Path]:
+    """Child cgroups of top, parents before children. os.walk tells folders by their directory
+    entries; rglob stat()ed each of the dozens of control files of every cgroup."""
+    return [Path(folder) / name for folder, names, _ in os.walk(top) for name in names]
+
+
 def remove_cgroup(relpath: str) -> None:
     """Remove relpath in every hierarchy (children first, which Docker may still be deleting)."""
     for d in cgroup_dirs(relpath):
         for _ in range(100):
             try:
-                for child in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+                for child in reversed(_folders_below(d)):
                     child.rmdir()
                 d.rmdir()
                 break
@@ -233,7 +244,7 @@ class CgroupV1(RunCgroup):
 
 def _procs_below(top: Path) -> list[int]:
     found = []
-    for folder in (top, *(p for p in top.rglob("*") if p.is_dir())):
+    for folder in (top, *_folders_below(top)):
         try:
             found += [int(p) for p in (folder / "cgroup.procs").read_text().split()]
         except OSError:
