@@ -120,8 +120,20 @@ class Runner:
                 self._free.release()
                 continue
             entry_id, fields = entry
+            if not {b"id", b"spec", b"deadline"} <= fields.keys():
+                log.warning("runner %s: dropping malformed run entry %s", self.name, entry_id.decode())
+                await self._done_with(entry_id)
+                self._free.release()
+                continue
             run_id = fields[b"id"].decode()
             self.running[run_id] = asyncio.create_task(self._execute(entry_id, run_id, fields))
+
+    async def _done_with(self, entry_id: bytes) -> None:
+        """Acknowledge an entry and delete it (the stream keeps only runs not yet started)."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xack(RUNS_STREAM, GROUP, entry_id)
+            pipe.xdel(RUNS_STREAM, entry_id)
+            await pipe.execute()
 
     async def _read_new(self) -> tuple[bytes, dict] | None:
         answer = await self.redis.xreadgroup(GROUP, self.name, {RUNS_STREAM: ">"}, count=1, block=1000)
@@ -153,11 +165,12 @@ class Runner:
     async def _run_entry(self, entry_id: bytes, run_id: str, fields: dict) -> None:
         out = out_key(run_id)
         if time.time() > float(fields[b"deadline"]) or await self._told_to_cancel(run_id):
-            await self.redis.xack(RUNS_STREAM, GROUP, entry_id)  # its replica has given up on it
+            await self._done_with(entry_id)  # its replica has given up on it
             return
         async with self.redis.pipeline(transaction=True) as pipe:  # started and acknowledged at once
             pipe.xadd(out, {"t": "started", "runner": self.name})
             pipe.xack(RUNS_STREAM, GROUP, entry_id)
+            pipe.xdel(RUNS_STREAM, entry_id)
             await pipe.execute()
         try:
             spec = self._checked(decode_spec(fields[b"spec"]))

@@ -146,12 +146,14 @@ async def test_cancel_and_limits_travel(runners, remote, data_dir):
     assert (await looping.result()).verdict is Verdict.TIME_LIMIT
 
 
-async def test_a_spec_outside_the_shared_folders_is_refused(runners, remote, tmp_path):
+async def test_a_spec_outside_the_shared_folders_or_a_malformed_entry_is_refused(runners, remote, tmp_path):
     await runners.start("r1")
+    await remote.redis.xadd(RUNS_STREAM, {"junk": "1"})  # dropped; the runner goes on
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     result = await (await remote.start(RunSpec(["true"], elsewhere, LIMITS))).result()
     assert result.verdict is Verdict.INTERNAL_ERROR and "outside this runner's shared folders" in result.message
+    assert await remote.redis.xlen(RUNS_STREAM) == 0
 
 
 async def test_a_runner_killed_mid_run_fails_the_run_with_a_message(runners, remote, data_dir):
@@ -181,6 +183,7 @@ async def test_a_run_taken_by_a_runner_that_died_before_starting_it_runs_elsewhe
     result = await run.result()
     assert result.verdict is Verdict.OK and result.stdout == b"done\n" and runner_of(run) == "r1"
     assert (await redis.xpending(RUNS_STREAM, GROUP))["pending"] == 0
+    assert await redis.xlen(RUNS_STREAM) == 0  # started runs leave the stream
     await redis.aclose()
 
 
