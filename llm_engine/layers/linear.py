@@ -91,6 +91,9 @@ class QKVParallelLinear(ColumnParallelLinear):
                  bias: bool = False, dtype: torch.dtype = torch.float32,
                  quant_method: QuantMethod | None = None) -> None:
         tp_size = get_tp_size()
+        if num_heads % tp_size or (num_kv_heads % tp_size and tp_size % num_kv_heads):
+            raise ValueError(f"tensor_parallel_size: {num_heads} attention heads and {num_kv_heads} KV heads "
+                             f"do not split evenly across {tp_size} ranks")
         self.head_dim = head_dim
         self.num_heads = num_heads // tp_size
         self.num_kv_heads = max(1, num_kv_heads // tp_size)
@@ -121,6 +124,9 @@ class RowParallelLinear(LinearBase):
             param.data.copy_(loaded)
             return
         size = param.shape[1]
+        if loaded.shape[1] != size * self.tp_size:  # e.g. a quantization group across two ranks
+            raise ValueError(f"tensor_parallel_size: a row-parallel weight of {loaded.shape[1]} columns does "
+                             f"not split into {self.tp_size} shards of {size}")
         param.data.copy_(loaded.narrow(1, self.tp_rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

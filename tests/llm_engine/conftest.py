@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config,
                           Qwen3Config)
+
+# The heavier tensor-parallel tests (many worker groups) run under `make test-llm-parallel`.
+collect_ignore = [] if os.environ.get("CODEYARD_TP_MORE") == "1" else ["test_llm_tensor_parallel_more.py"]
 
 VOCAB = 320
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

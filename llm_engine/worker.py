@@ -1,0 +1,69 @@
+"""One tensor-parallel rank in its own process: it joins the gloo group, builds its shard of the
+model and KV pool, then runs each step the engine sends until told to stop.
+
+Started as `python -m llm_engine.worker` (not multiprocessing's spawn, which runs the caller's
+main script again in the child); it connects back to the engine's address from
+CODEYARD_TP_ENGINE (host:port) with the key in CODEYARD_TP_AUTHKEY, then receives
+(rank, world size, init method, EngineConfig). Messages from the engine: a `StepInput`, or None
+to stop. Replies: ("ready", num_blocks) once loaded, ("ok", result) per step (the logits from
+rank 0, None from the others, whose copies are the same after the all-gather), or ("error", type
+name, message), after which the worker exits.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from multiprocessing.connection import Client, Connection
+
+import torch
+import torch.distributed as dist
+
+from llm_engine.config import EngineConfig
+from llm_engine.distributed import init_tp_group
+from llm_engine.loader import ModelSource
+from llm_engine.model_runner import ModelRunner
+
+
+def main() -> None:
+    host, port = os.environ.pop("CODEYARD_TP_ENGINE").rsplit(":", 1)
+    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ.pop("CODEYARD_TP_AUTHKEY")))
+    rank, world_size, init_method, config = receive(conn)
+    run_worker(rank, world_size, init_method, config, conn)
+
+
+def run_worker(rank: int, world_size: int, init_method: str, config: EngineConfig, conn: Connection) -> None:
+    try:
+        torch.set_num_threads(config.num_threads or max(1, (os.cpu_count() or 1) // world_size))
+        init_tp_group(rank, world_size, init_method)
+        source = ModelSource(config.model, config.tokenizer)
+        runner = ModelRunner(config, source.hf_config(), source)
+        send(conn, ("ready", runner.num_blocks))
+        while (step := _next_step(conn)) is not None:
+            logits, prompt_logits = runner.run_step(step)
+            send(conn, ("ok", (logits, prompt_logits) if rank == 0 else None))
+        dist.destroy_process_group()
+    except Exception as exc:  # reported to the engine, which tears the group down
+        send(conn, ("error", type(exc).__name__, str(exc)))
+
+
+def send(conn: Connection, message: object) -> None:
+    """Plain pickle: Connection.send would pass tensors as shared-memory handles that only
+    processes of one multiprocessing family can open."""
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def receive(conn: Connection) -> object:
+    return pickle.loads(conn.recv_bytes())
+
+
+def _next_step(conn: Connection):
+    """The next message; the engine's end closing (its process died) reads as stop."""
+    try:
+        return receive(conn)
+    except EOFError:
+        return None
+
+
+if __name__ == "__main__":
+    main()
