@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import sqlalchemy
 import websockets
 from fastapi.testclient import TestClient
 
@@ -98,3 +99,23 @@ def test_no_connection_within_the_wait_is_a_503_with_retry_after(tmp_path: Path,
         assert answer.headers["Retry-After"] == "2"
         assert "busy" in answer.json()["detail"]
         assert client.get("/api/me").json()["username"] == "ann"
+
+
+def test_a_project_request_checks_who_asks_in_one_connection_and_two_queries(tmp_path: Path) -> None:
+    """The session's user and the caller's role on the project are two prepared queries on one
+    pooled connection, however many access dependencies the route has (each extra hop or
+    checkout cost a class's requests their turn on the event loop)."""
+    app = create_app(Settings(data_dir=tmp_path, sandbox_backend="bwrap"))
+    with TestClient(app) as client:
+        client.post("/api/auth/register", json={"username": "ann", "password": "a long password"}).raise_for_status()
+        client.headers["X-CSRF-Token"] = client.cookies["codeyard_csrf"]
+        project = client.post("/api/projects", json={"name": "p", "template": "python"}).json()["id"]
+        statements: list[str] = []
+        checkouts: list[object] = []
+        engine = app.state.engine
+        sqlalchemy.event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+        sqlalchemy.event.listen(engine.pool, "checkout", lambda *args: checkouts.append(args[0]))
+        answer = client.get(f"/api/projects/{project}/files/content/main.py")
+        assert answer.status_code == 200
+        assert [s.split()[0] for s in statements] == ["SELECT", "SELECT"], statements
+        assert len(checkouts) == 1
