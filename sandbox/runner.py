@@ -238,6 +238,16 @@ class Runner:
 
 
 
+async def live_runners(redis: aioredis.Redis) -> list[dict[str, str]]:
+    """The runners whose heartbeat is live, with their capacity (name, cpus, memory_bytes, slots, busy, draining)."""
+    found = []
+    async for key in redis.scan_iter(match=heartbeat_key("*"), count=100):
+        beat = {k.decode(): v.decode() for k, v in (await redis.hgetall(key)).items()}
+        if beat:
+            found.append({"name": key.decode().removeprefix(heartbeat_key("")), **beat})
+    return sorted(found, key=lambda beat: beat["name"])
+
+
 async def start_own_runner(settings) -> Callable[[], Awaitable[None]] | None:
     """With settings.runner_slots, a runner in this process (the replica is a runner node too, through Redis
     like any other); returns what drains and stops it, or None."""

@@ -18,6 +18,7 @@ def runner_command(
     name: Annotated[Optional[str], typer.Option(help="This node's name in heartbeats (default: host-pid).")] = None,
     drain_seconds: Annotated[float, typer.Option(min=0, help="On shutdown, how long running runs may take to end.")] = 600,
     check: Annotated[bool, typer.Option(help="Only say whether Redis answers and a sandbox backend works here.")] = False,
+    list_: Annotated[bool, typer.Option("--list", help="Only list the live runners and their capacity.")] = False,
 ) -> None:
     """Execute runs from the Redis runs stream on this machine's sandbox (CODEYARD_SANDBOX_BACKEND; Redis at
     CODEYARD_REDIS_URL; the data folder CODEYARD_DATA_DIR shared with the replicas)."""
@@ -27,11 +28,14 @@ def runner_command(
     from ide_server.settings import Settings
     from sandbox.engine import make_backend
     from sandbox.errors import SandboxUnavailable
-    from sandbox.runner import Runner
+    from sandbox.runner import Runner, live_runners
 
     settings = Settings()
     if not settings.redis_url:
         typer.echo("error: a runner needs CODEYARD_REDIS_URL (the replicas' Redis)", err=True)
+        raise typer.Exit(2)
+    if settings.sandbox_backend == "runners":
+        typer.echo("error: a runner runs code itself: set CODEYARD_SANDBOX_BACKEND to auto, docker or bwrap", err=True)
         raise typer.Exit(2)
     try:
         backend = make_backend(settings.sandbox_backend)
@@ -50,6 +54,11 @@ def runner_command(
                 raise typer.Exit(2)
             if check:
                 typer.echo(f"ok: Redis answers, sandbox backend {backend.name}")
+                return
+            if list_:
+                for beat in await live_runners(redis):
+                    typer.echo(f"{beat['name']}: {beat['busy']}/{beat['slots']} slots busy, {beat['cpus']} CPUs, "
+                               f"{int(beat['memory_bytes']) >> 20} MiB{', draining' if beat['draining'] == '1' else ''}")
                 return
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()

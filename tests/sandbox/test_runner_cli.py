@@ -21,7 +21,8 @@ def test_a_runner_needs_redis(tmp_path):
     done = codeyard("runner", "--check", CODEYARD_DATA_DIR=str(tmp_path),
                     CODEYARD_REDIS_URL=f"unix://{tmp_path}/nobody.sock", CODEYARD_SANDBOX_BACKEND="bwrap")
     assert done.returncode == 2 and "does not answer" in done.stderr and "Traceback" not in done.stderr
-    assert codeyard("runner", "--slots", "0").returncode == 2
+    done = codeyard("runner", CODEYARD_REDIS_URL="redis://127.0.0.1:1/0", CODEYARD_SANDBOX_BACKEND="runners")
+    assert done.returncode == 2 and "a runner runs code itself" in done.stderr
 
 
 def test_images_build_says_what_is_missing(tmp_path):

@@ -123,9 +123,13 @@ async def test_a_run_on_a_runner_streams_output_and_input_and_writes_back(runner
     assert (data_dir / "projects" / "p1" / "out.txt").read_text() == "ann"
 
 
-async def test_runs_spread_over_runners_with_free_slots(runners, remote, data_dir):
+async def test_runs_spread_over_runners_with_free_slots(runners, remote, data_dir, redis_url):
     await runners.start("r1", slots=1)
     await runners.start("r2", slots=1)
+    listed = subprocess.run([CODEYARD, "runner", "--list"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "CODEYARD_REDIS_URL": redis_url, "CODEYARD_SANDBOX_BACKEND": "bwrap"})
+    assert [line.split(":")[0] for line in listed.stdout.splitlines()] == ["r1", "r2"], listed.stderr
+    assert "0/1 slots busy" in listed.stdout
     runs = [await remote.start(spec(data_dir, "sleep", "1")) for _ in range(4)]
     began = time.monotonic()
     results = await asyncio.gather(*(run.result() for run in runs))
