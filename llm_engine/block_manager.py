@@ -152,15 +152,25 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Drop seq's references; tail blocks are freed first so prefixes are evicted last."""
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                if block.hash is not None:
-                    self.free_cached[block_id] = None
-                else:
-                    self.free_uncached.append(block_id)
+            self._release(block_id)
         seq.block_table = []
         seq.block_hashes = []
+
+    def trim(self, seq: Sequence) -> None:
+        """Free seq's blocks past its tokens: those that only held a rejected draft's slots."""
+        keep = self.blocks_needed(seq.num_tokens)
+        for block_id in reversed(seq.block_table[keep:]):
+            self._release(block_id)
+        del seq.block_table[keep:]
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if block.hash is not None:
+                self.free_cached[block_id] = None
+            else:
+                self.free_uncached.append(block_id)
 
     def _take_free_block(self) -> int:
         if self.free_uncached:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llm_engine.speculative import SpeculativeConfig
 
 _MEMORY_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
                  "kib": 1024, "mib": 1024**2, "gib": 1024**3}
@@ -59,6 +63,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     quantization: str | dict | None = "auto"
     encoder_cache_memory: int | str = "256MiB"
+    speculative_config: dict | SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -91,3 +96,7 @@ class EngineConfig:
         from llm_engine.layers.quant_config import validate  # imports torch: only when configuring
 
         validate(self.quantization)
+        if self.speculative_config is not None:
+            from llm_engine.speculative import SpeculativeConfig
+
+            self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)

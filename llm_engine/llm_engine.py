@@ -15,10 +15,11 @@ from llm_engine.models.registry import resolve_model_class
 from llm_engine.multimodal.image import ImageInputError
 from llm_engine.multimodal.inputs import ImageInputs, ImageItem, ImagePrompt
 from llm_engine.outputs import CompletionOutput, RequestOutput
-from llm_engine.sampler import SampleResult
+from llm_engine.sampler import SampleResult, adjusts_logits
 from llm_engine.sampling_params import SamplingParams
 from llm_engine.scheduler import Scheduler, SchedulerOutput
 from llm_engine.sequence import Request, Sequence, SequenceStatus
+from llm_engine.speculative import SpecThrottle, propose_ngram
 
 
 @dataclass
@@ -39,6 +40,35 @@ class EngineStats:
     finished_by_reason: dict[str, int] = field(default_factory=dict)
     mm_cache_queries: int = 0  # images looked up in the encoder-output cache
     mm_cache_hits: int = 0  # of which found there (the vision tower skipped)
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    @property
+    def spec_decode_mean_acceptance_length(self) -> float | None:
+        """Tokens emitted per verified draft (accepted ones plus the target's own), as vLLM logs it."""
+        if not self.spec_decode_num_drafts:
+            return None
+        return 1 + self.spec_decode_num_accepted_tokens / self.spec_decode_num_drafts
+
+
+@dataclass
+class SpecDecodeCounters:
+    """Totals of speculative verification since start."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def record(self, proposed: int, accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += proposed
+        self.num_accepted_tokens += accepted
+        self.accepted_per_pos.extend([0] * (proposed - len(self.accepted_per_pos)))
+        for pos in range(accepted):
+            self.accepted_per_pos[pos] += 1
 
 
 class LLMEngine:
@@ -72,6 +102,8 @@ class LLMEngine:
         self.generation_tokens_total = 0
         self.last_iteration_tokens = 0
         self.finished_by_reason: dict[str, int] = {}
+        self.speculative = config.speculative_config
+        self.spec_counters = SpecDecodeCounters()
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> LLMEngine:
@@ -176,6 +208,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule, run one forward pass, sample, and report requests that changed."""
         self._abort_timed_out()
+        if self.speculative is not None:
+            self._propose_drafts()
         out = self.scheduler.schedule()
         self.last_iteration_tokens = out.num_batched_tokens
         if out.scheduled:
@@ -200,8 +234,12 @@ class LLMEngine:
             for seq, start, chunk_logits in prompt_logits:
                 self._record_prompt_logprobs(seq.request, start, chunk_logits)
             to_sample = self._advance(out)
-            results = self.model_runner.sample(logits[[row for row, _ in to_sample]],
-                                               [seq for _, seq in to_sample], self.eos_token_ids)
+            plain = [(row, seq) for row, seq in to_sample if not seq.spec_token_ids]
+            results = self.model_runner.sample(logits[[row for row, _ in plain]],
+                                               [seq for _, seq in plain], self.eos_token_ids)
+            verified = [(seq, self.model_runner.sampler.verify(
+                logits[row:row + 1 + len(seq.spec_token_ids)], seq, seq.spec_token_ids))
+                for row, seq in to_sample if seq.spec_token_ids]
         except WorkerGroupError as exc:
             self._restart_worker_group(exc)
             return
@@ -212,8 +250,10 @@ class LLMEngine:
                     if not s.is_finished:
                         self._finish(s, SequenceStatus.FINISHED_ERROR)
             return
-        for (_, seq), result in zip(to_sample, results):
+        for (_, seq), result in zip(plain, results):
             self._append_token(seq, result)
+        for seq, draft_results in verified:
+            self._accept_draft(seq, draft_results)
 
     def _restart_worker_group(self, exc: WorkerGroupError) -> None:
         """The KV of every running request was in the lost group: fail those requests, forget
@@ -240,16 +280,20 @@ class LLMEngine:
         request.prompt_logprobs.extend(entries[max(have - start - 1, 0):])
 
     def _advance(self, out: SchedulerOutput) -> list[tuple[int, Sequence]]:
-        """Count computed tokens, cache full blocks, fork n>1 samples; return (logit row, seq)."""
+        """Count computed tokens, cache full blocks, fork n>1 samples; return (first logit row, seq).
+
+        A sequence with a draft has one logit row more per draft token; its draft's slots count as
+        computed only once verified (_accept_draft).
+        """
         to_sample: list[tuple[int, Sequence]] = []
-        row = -1
+        row = 0
         for seq, num_new in out.scheduled:
-            seq.num_computed_tokens += num_new
+            seq.num_computed_tokens += num_new - len(seq.spec_token_ids)
             self.block_manager.cache_full_blocks(seq)
             if seq.num_computed_tokens < seq.num_tokens:
                 continue
-            row += 1
             to_sample.append((row, seq))
+            row += 1 + len(seq.spec_token_ids)
             request = seq.request
             if seq.index == 0 and seq.num_output_tokens == 0 and len(request.seqs) < request.params.n:
                 for index in range(1, request.params.n):
@@ -257,8 +301,43 @@ class LLMEngine:
                     self.block_manager.fork(seq, child)
                     request.seqs.append(child)
                     self.scheduler.add_running(child)
-                    to_sample.append((row, child))
+                    to_sample.append((to_sample[-1][0], child))
         return to_sample
+
+    def _propose_drafts(self) -> None:
+        """Prompt-lookup drafts for running sequences that decode this step."""
+        config = self.speculative
+        for seq in self.scheduler.running:
+            params = seq.request.params
+            if (seq.num_computed_tokens != seq.num_tokens - 1 or seq.num_output_tokens == 0
+                    or adjusts_logits(seq)):  # penalties depend on each token before: no drafts
+                continue
+            room = self.max_model_len - seq.num_tokens - 1
+            if params.max_tokens is not None:
+                room = min(room, params.max_tokens - seq.num_output_tokens - 1)
+            if room <= 0:
+                continue
+            if seq.spec_throttle is None:
+                seq.spec_throttle = SpecThrottle(config.num_speculative_tokens)
+            k = min(seq.spec_throttle.allowed(), room)
+            if k:
+                seq.spec_token_ids = propose_ngram(seq.token_ids, k, config.prompt_lookup_max,
+                                                   config.prompt_lookup_min)
+
+    def _accept_draft(self, seq: Sequence, results: list[SampleResult]) -> None:
+        """Append the verified tokens; the accepted drafts' KV slots stay, the rest are rolled back."""
+        proposed, accepted = len(seq.spec_token_ids), len(results) - 1
+        seq.spec_token_ids = []
+        self.spec_counters.record(proposed, accepted)
+        seq.spec_throttle.record(proposed, accepted)
+        for i, result in enumerate(results):
+            self._append_token(seq, result)
+            if seq.is_finished:
+                return
+            if i < accepted:  # its slot holds this very token's KV
+                seq.num_computed_tokens += 1
+        self.block_manager.cache_full_blocks(seq)
+        self.block_manager.trim(seq)
 
     def _append_token(self, seq: Sequence, result: SampleResult) -> None:
         request, params = seq.request, seq.request.params
@@ -373,4 +452,8 @@ class LLMEngine:
             generation_tokens_total=self.generation_tokens_total,
             last_iteration_tokens=self.last_iteration_tokens,
             finished_by_reason=dict(self.finished_by_reason),
-            mm_cache_queries=cache.queries if cache else 0, mm_cache_hits=cache.hits if cache else 0)
+            mm_cache_queries=cache.queries if cache else 0, mm_cache_hits=cache.hits if cache else 0,
+            spec_decode_num_drafts=self.spec_counters.num_drafts,
+            spec_decode_num_draft_tokens=self.spec_counters.num_draft_tokens,
+            spec_decode_num_accepted_tokens=self.spec_counters.num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=list(self.spec_counters.accepted_per_pos))

@@ -29,6 +29,9 @@ _COUNTED = {  # EngineStats field -> counter attribute
     "num_preemptions": "preemptions",
     "prompt_tokens_total": "prompt_tokens",
     "generation_tokens_total": "generation_tokens",
+    "spec_decode_num_drafts": "spec_drafts",
+    "spec_decode_num_draft_tokens": "spec_draft_tokens",
+    "spec_decode_num_accepted_tokens": "spec_accepted_tokens",
 }
 
 
@@ -57,6 +60,12 @@ class EngineMetrics:
         self.preemptions = counter("vllm:num_preemptions", "Sequences preempted for lack of KV blocks.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens prefilled.")
         self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
+        self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Speculative drafts verified.")
+        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.")
+        self.spec_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self.spec_accepted_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                             "Draft tokens accepted, by position in the draft.",
+                                             labels + ["position"], registry=r)
         self.success = Counter("vllm:request_success", "Finished requests by finish reason.",
                                labels + ["finished_reason"], registry=r)
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Arrival to first token.")
@@ -67,10 +76,12 @@ class EngineMetrics:
                                           buckets=_TOKEN_BUCKETS)
         self.model_name = model_name
         for metric in (self.running, self.waiting, self.kv_usage, self.prefix_queries, self.prefix_hits,
-                       self.preemptions, self.prompt_tokens, self.generation_tokens, self.ttft, self.itl,
+                       self.preemptions, self.prompt_tokens, self.generation_tokens, self.spec_drafts,
+                       self.spec_draft_tokens, self.spec_accepted_tokens, self.ttft, self.itl,
                        self.e2e, self.queue_time, self.iteration_tokens):
             metric.labels(model_name)  # export zeros from the start, so every name exists
         self._previous: dict[str, int] = {field: 0 for field in _COUNTED}
+        self._previous_per_pos: list[int] = []
 
     def on_step(self, stats: "EngineStats", outputs: list[RequestOutput]) -> None:
         name = self.model_name
@@ -82,6 +93,12 @@ class EngineMetrics:
             if value > self._previous[field]:
                 getattr(self, attr).labels(name).inc(value - self._previous[field])
             self._previous[field] = value
+        per_pos = stats.spec_decode_num_accepted_tokens_per_pos
+        previous = self._previous_per_pos + [0] * (len(per_pos) - len(self._previous_per_pos))
+        for position, (value, before) in enumerate(zip(per_pos, previous)):
+            if value > before:
+                self.spec_accepted_per_pos.labels(name, str(position)).inc(value - before)
+        self._previous_per_pos = list(per_pos)
         if stats.last_iteration_tokens:
             self.iteration_tokens.labels(name).observe(stats.last_iteration_tokens)
         for output in outputs:

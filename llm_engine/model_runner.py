@@ -83,11 +83,12 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_copies: list[tuple
             predicting = min(start + num_new, seq.num_prompt_tokens - 1) - start
             if predicting > 0:
                 step.prompt_rows.append((index, start, len(step.input_ids), predicting))
-        step.input_ids.extend(seq.token_ids[start:start + num_new])
+        tokens = seq.step_token_ids
+        step.input_ids.extend(tokens[start:start + num_new])
         step.positions.extend(range(start, start + num_new))
         step.slices.append(SeqSlice(start, num_new, seq.block_table))
-        if start + num_new == seq.num_tokens:
-            step.logit_rows.append(len(step.input_ids) - 1)
+        if start + num_new == len(tokens):  # the last token's logits, and each draft token's
+            step.logit_rows.extend(range(len(step.input_ids) - 1 - len(seq.spec_token_ids), len(step.input_ids)))
     return step
 
 

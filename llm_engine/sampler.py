@@ -34,7 +34,7 @@ def _top_logprobs(row: torch.Tensor, token: int, top_n: int) -> dict[int, Logpro
     return top
 
 
-def _adjusts_logits(seq: Sequence) -> bool:
+def adjusts_logits(seq: Sequence) -> bool:
     """Whether penalties or min_tokens change this sequence's logits this step."""
     p = seq.request.params
     return (p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
@@ -51,7 +51,7 @@ class Sampler:
         params = [s.request.params for s in seqs]
         raw_logprobs = (torch.log_softmax(logits, dim=-1)
                         if any(p.logprobs is not None for p in params) else None)
-        if any(_adjusts_logits(seq) for seq in seqs):  # otherwise the logits are used as they are
+        if any(adjusts_logits(seq) for seq in seqs):  # otherwise the logits are used as they are
             logits = logits.clone()
             self._apply_penalties(logits, seqs)
             self._suppress_stops_before_min_tokens(logits, seqs, eos_token_ids)
@@ -107,6 +107,19 @@ class Sampler:
                 logits[i, ids] = float("-inf")
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        probs = self._probs(logits, seqs)
+        noise = torch.empty_like(probs)
+        unseeded = [i for i, s in enumerate(seqs) if s.generator is None]
+        if unseeded:
+            noise[unseeded] = torch.empty(len(unseeded), probs.shape[1]).exponential_(generator=self.generator)
+        for i, seq in enumerate(seqs):
+            if seq.generator is not None:
+                noise[i].exponential_(generator=seq.generator)
+        return (probs / noise).argmax(dim=-1)
+
+    @staticmethod
+    def _probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """The distribution each row samples from: temperature, top-k, top-p and min-p applied."""
         params = [s.request.params for s in seqs]
         temperature = torch.tensor([p.temperature for p in params]).unsqueeze(1)
         logits = logits / temperature
@@ -125,11 +138,48 @@ class Sampler:
         probs = logits.softmax(dim=-1)
         if (min_p > 0).any():
             probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
-        noise = torch.empty_like(probs)
-        unseeded = [i for i, s in enumerate(seqs) if s.generator is None]
-        if unseeded:
-            noise[unseeded] = torch.empty(len(unseeded), probs.shape[1]).exponential_(generator=self.generator)
-        for i, seq in enumerate(seqs):
-            if seq.generator is not None:
-                noise[i].exponential_(generator=seq.generator)
-        return (probs / noise).argmax(dim=-1)
+        return probs
+
+    def verify(self, logits: torch.Tensor, seq: Sequence, draft: list[int]) -> list[SampleResult]:
+        """Speculative verification of a point-mass draft (prompt lookup) for one sequence.
+
+        logits: [len(draft) + 1, vocab], row i predicting the token after draft[:i]. Greedy keeps
+        drafts equal to the argmax; sampling accepts draft[i] with probability p_i(draft[i]) and
+        on rejection draws from p_i without that token, which leaves every emitted token
+        distributed exactly as p (rejection sampling with q = a point mass). Returns the accepted
+        tokens followed by one token of the target's own (correction or bonus).
+        """
+        logits = logits.float().cpu()
+        params = seq.request.params
+        if params.greedy:
+            targets = logits.argmax(dim=-1).tolist()
+            accepted = 0
+            while accepted < len(draft) and draft[accepted] == targets[accepted]:
+                accepted += 1
+            tokens = targets[:accepted + 1]
+        else:
+            probs = self._probs(logits, [seq] * logits.shape[0])
+            tokens = []
+            for i, token in enumerate(draft):
+                if float(torch.rand(1, generator=seq.generator or self.generator)) < float(probs[i, token]):
+                    tokens.append(token)
+                    continue
+                residual = probs[i].clone()
+                residual[token] = 0.0
+                tokens.append(self._draw(residual, seq))
+                break
+            else:
+                tokens.append(self._draw(probs[len(draft)], seq))
+        if params.logprobs is None:
+            return [SampleResult(token) for token in tokens]
+        raw = torch.log_softmax(logits[:len(tokens)], dim=-1)
+        results = []
+        for row, token in zip(raw, tokens):
+            top = _top_logprobs(row, token, params.logprobs)
+            results.append(SampleResult(token, top[token].logprob, top))
+        return results
+
+    def _draw(self, probs: torch.Tensor, seq: Sequence) -> int:
+        """One token from an unnormalized distribution (the exponential race the batch uses)."""
+        noise = torch.empty_like(probs).exponential_(generator=seq.generator or self.generator)
+        return int((probs / noise).argmax())

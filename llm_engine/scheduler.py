@@ -70,7 +70,9 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = min(len(seq.step_token_ids) - seq.num_computed_tokens, budget)
+            # A draft cut by the budget keeps what fits (num_new - 1 of it, after the one real token).
+            del seq.spec_token_ids[max(num_new - (seq.num_tokens - seq.num_computed_tokens), 0):]
             copies = self.block_manager.allocate_slots(seq, num_new)
             while copies is None:
                 victim = self.running.pop()
@@ -144,6 +146,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
+        seq.spec_token_ids = []
         seq.num_computed_tokens = 0
         seq.set_status(SequenceStatus.PREEMPTED)
         seq.request.metrics.num_preemptions += 1

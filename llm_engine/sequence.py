@@ -15,6 +15,7 @@ import torch
 from llm_engine.multimodal.inputs import ImageItem, block_extra_keys
 from llm_engine.outputs import RequestMetrics
 from llm_engine.sampling_params import SamplingParams
+from llm_engine.speculative import SpecThrottle
 
 
 class InvalidTransition(RuntimeError):
@@ -77,6 +78,8 @@ class Sequence:
         self.logprobs: list[dict] = []
         self.text = ""
         self.detokenizer_state: object | None = None
+        self.spec_token_ids: list[int] = []  # this step's draft tokens, verified after the forward
+        self.spec_throttle: SpecThrottle | None = None  # its SpecThrottle under speculative decoding
         self.generator: torch.Generator | None = None
         seed = request.params.seed
         if seed is not None:
@@ -85,6 +88,11 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def step_token_ids(self) -> list[int]:
+        """The tokens a forward pass reads: the sequence's own, then any draft being verified."""
+        return self.token_ids + self.spec_token_ids if self.spec_token_ids else self.token_ids
 
     @property
     def output_token_ids(self) -> list[int]:
