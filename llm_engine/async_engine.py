@@ -192,6 +192,7 @@ class AsyncLLMEngine:
             self._loop()
         finally:
             self._fail_all(EngineNotReady("the engine stopped"))
+            self.engine.shutdown()  # tensor-parallel workers end with the loop
 
     def _load(self) -> None:
         started = time.monotonic()

@@ -32,6 +32,8 @@ def serve(
                                                           "$CODEYARD_LLM_API_KEY, else no key).")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda[:N].")] = "cpu",
     max_num_seqs: Annotated[int, typer.Option(min=1)] = 64,
+    tensor_parallel_size: Annotated[int, typer.Option(min=1, help="Worker processes the model is split "
+                                                       "across (CPU, gloo).")] = 1,
     max_waiting: Annotated[int, typer.Option(min=0, help="Waiting requests before answering 429.")] = 64,
     kv_cache_memory: Annotated[str, typer.Option(help="KV pool size, e.g. 1GiB.")] = "1GiB",
     request_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds before a request is aborted.")] = 600.0,
@@ -51,6 +53,7 @@ def serve(
     path, name = resolve_model(model or os.environ.get("CODEYARD_LLM_MODEL"))
     keys = api_key or [k for k in [os.environ.get("CODEYARD_LLM_API_KEY")] if k]
     config = EngineConfig(model=path, device=device, max_num_seqs=max_num_seqs, kv_cache_memory=kv_cache_memory,
+                          tensor_parallel_size=tensor_parallel_size,
                           quantization=None if quantization == "none" else quantization)
     options = ServerOptions(max_waiting=max_waiting, request_timeout=request_timeout, api_keys=frozenset(keys),
                             grpc_address=f"{host}:{grpc_port}" if grpc_port else None,

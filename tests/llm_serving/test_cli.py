@@ -50,3 +50,51 @@ def test_serve_answers_openai_requests(tiny_chat_model):
         proc.terminate()
         output = proc.communicate(timeout=60)[0]
     assert "loading" in output and "100%" in output  # load progress is logged
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def test_serve_with_two_tensor_parallel_ranks(tiny_chat_model):
+    """Same greedy completion as one rank; the workers end with the server."""
+    from llm_engine import LLM, SamplingParams
+
+    port = free_port()
+    proc = subprocess.Popen([*CODEYARD, "llm", "serve", "--model", str(tiny_chat_model), "--port", str(port),
+                             "--served-model-name", "tiny", "--tensor-parallel-size", "2", "--kv-cache-memory",
+                             "16MiB"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "server not ready"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        workers = _children(proc.pid)
+        assert len(workers) == 2
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        out = client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=8, temperature=0,
+                                        extra_body={"ignore_eos": True})
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    one_rank = LLM(str(tiny_chat_model), kv_cache_memory="16MiB").generate(
+        "def add(a, b):", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
+    assert out.choices[0].text == one_rank.outputs[0].text
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers), "a worker outlived the server"
