@@ -27,6 +27,7 @@ from llm_engine.entrypoints.models import resolve_model
 from llm_engine.entrypoints.protocol import OpenAIError
 from llm_engine.entrypoints.remote import RemoteLLM
 from llm_engine.entrypoints.service import LLMService
+from llm_engine.speculative import PROMPT_LOOKUP
 
 METRICS_PATH = "/llm/metrics"
 
@@ -51,7 +52,8 @@ class LazyLLM:
                     path, name = resolve_model(self.setting)
                 except ValueError as exc:
                     raise OpenAIError(503, f"the LLM is not available: {exc}", code="model_not_available") from None
-                self.service = LLMService(EngineConfig(model=path, max_num_seqs=32), name)
+                config = EngineConfig(model=path, max_num_seqs=32, speculative_config=PROMPT_LOOKUP)
+                self.service = LLMService(config, name)
                 self.service.start()
             return self.service
 
