@@ -16,6 +16,19 @@ from .conftest import free_port
 CODEYARD = [str(Path(sys.executable).parent / "codeyard")]  # the venv's console script
 
 
+def wait_healthy(proc: subprocess.Popen, port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "server not ready"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+
+
 def test_bad_model_is_one_line_and_exit_2():
     result = subprocess.run([*CODEYARD, "llm", "serve", "--model", "/no/such/model"], capture_output=True,
                             text=True, timeout=120)
@@ -29,16 +42,7 @@ def test_serve_answers_openai_requests(tiny_chat_model):
                              "--grpc-port", str(grpc_port), "--served-model-name", "tiny", "--max-num-seqs", "4"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "server not ready"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
+        wait_healthy(proc, port, 180)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         out = client.completions.create(model="tiny", prompt="hello", max_tokens=3, extra_body={"ignore_eos": True})
         assert out.usage.completion_tokens == 3
@@ -73,16 +77,7 @@ def test_serve_with_two_tensor_parallel_ranks(tiny_chat_model):
                              "--served-model-name", "tiny", "--tensor-parallel-size", "2", "--kv-cache-memory",
                              "16MiB"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "server not ready"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
+        wait_healthy(proc, port, 300)
         workers = _children(proc.pid)
         assert len(workers) == 2
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
