@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+from redis import Redis as SyncRedis
 
 from ide_server.leases import connect
 from redis_server import RedisServer
@@ -56,22 +57,21 @@ class Runners:
         self.redis_url, self.data_dir, self.tmp_path = redis_url, data_dir, tmp_path
         self.procs: dict[str, subprocess.Popen] = {}
 
-    async def start(self, name: str, slots: int = 2) -> subprocess.Popen:
+    def start(self, name: str, slots: int = 2) -> subprocess.Popen:
+        """Start a runner and wait for its first heartbeat."""
         env = {**os.environ, "CODEYARD_REDIS_URL": self.redis_url, "CODEYARD_DATA_DIR": str(self.data_dir),
                "CODEYARD_SANDBOX_BACKEND": "bwrap", "CODEYARD_SANDBOX_DIR": str(self.runs_dir(name))}
         log = open(self.tmp_path / f"runner-{name}.log", "wb")
         proc = subprocess.Popen([CODEYARD, "runner", "--slots", str(slots), "--name", name, "--drain-seconds", "30"],
                                 env=env, stdout=log, stderr=subprocess.STDOUT)
         self.procs[name] = proc
-        redis = aioredis.from_url(self.redis_url)
-        try:
-            deadline = time.monotonic() + 30
-            while not await redis.exists(heartbeat_key(name)):
-                assert proc.poll() is None, (self.tmp_path / f"runner-{name}.log").read_text()
-                assert time.monotonic() < deadline, f"runner {name} sent no heartbeat"
-                await asyncio.sleep(0.05)
-        finally:
-            await redis.aclose()
+        redis = SyncRedis.from_url(self.redis_url)
+        deadline = time.monotonic() + 30
+        while not redis.exists(heartbeat_key(name)):
+            assert proc.poll() is None, (self.tmp_path / f"runner-{name}.log").read_text()
+            assert time.monotonic() < deadline, f"runner {name} sent no heartbeat"
+            time.sleep(0.05)
+        redis.close()
         return proc
 
     def runs_dir(self, name: str) -> Path:
@@ -88,10 +88,32 @@ class Runners:
 
 
 @pytest.fixture
-async def runners(redis_url, data_dir, tmp_path):
+def runners(redis_url, data_dir, tmp_path):
     group = Runners(redis_url, data_dir, tmp_path)
     yield group
     group.stop()
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """Two runners of one slot each (s1, s2), started once for the tests that only dispatch runs to them."""
+    root = tmp_path_factory.mktemp("shared")
+    server = RedisServer(root).start()
+    (root / "data" / "projects" / "p1").mkdir(parents=True)
+    group = Runners(server.url, root / "data", root)
+    group.start("s1", slots=1)
+    group.start("s2", slots=1)
+    yield group
+    group.stop()
+    server.kill()
+
+
+@pytest.fixture
+async def to_shared(shared):
+    """The runners backend of a replica whose runners are `shared`."""
+    remote = RemoteBackend(connect(shared.redis_url), start_timeout=15)
+    yield remote
+    await remote.close()
 
 
 @pytest.fixture
@@ -105,10 +127,9 @@ def spec(data_dir: Path, *argv: str, **kwargs) -> RunSpec:
     return RunSpec(list(argv), data_dir / "projects" / "p1", LIMITS, **kwargs)
 
 
-async def test_a_run_on_a_runner_streams_output_and_input_and_writes_back(runners, remote, data_dir):
-    await runners.start("r1")
-    await runners.start("r2")
-    run = await remote.start(spec(data_dir, "python3", "-c",
+async def test_a_run_on_a_runner_streams_output_and_input_and_writes_back(shared, to_shared):
+    data_dir = shared.data_dir
+    run = await to_shared.start(spec(data_dir, "python3", "-c",
                                    "import sys; name = input(); print('hi', name); print('oops', file=sys.stderr);"
                                    "open('out.txt', 'w').write(name)"))
     await run.send_stdin(b"ann\n")
@@ -118,50 +139,47 @@ async def test_a_run_on_a_runner_streams_output_and_input_and_writes_back(runner
     assert result.verdict is Verdict.OK, result.message
     assert result.stdout == b"hi ann\n" and result.stderr == b"oops\n"
     assert b"".join(c.data for c in chunks if c.stream == "stdout") == b"hi ann\n"
-    assert runner_of(run) in ("r1", "r2")
+    assert runner_of(run) in ("s1", "s2")
     assert result.files_written == ["out.txt"]
     assert (data_dir / "projects" / "p1" / "out.txt").read_text() == "ann"
 
 
-async def test_runs_spread_over_runners_with_free_slots(runners, remote, data_dir, redis_url):
-    await runners.start("r1", slots=1)
-    await runners.start("r2", slots=1)
+async def test_runs_spread_over_runners_with_free_slots(shared, to_shared):
     listed = subprocess.run([CODEYARD, "runner", "--list"], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "CODEYARD_REDIS_URL": redis_url, "CODEYARD_SANDBOX_BACKEND": "bwrap"})
-    assert [line.split(":")[0] for line in listed.stdout.splitlines()] == ["r1", "r2"], listed.stderr
+                            env={**os.environ, "CODEYARD_REDIS_URL": shared.redis_url, "CODEYARD_SANDBOX_BACKEND": "bwrap"})
+    assert [line.split(":")[0] for line in listed.stdout.splitlines()] == ["s1", "s2"], listed.stderr
     assert "0/1 slots busy" in listed.stdout
-    runs = [await remote.start(spec(data_dir, "sleep", "1")) for _ in range(4)]
+    runs = [await to_shared.start(spec(shared.data_dir, "sleep", "1")) for _ in range(4)]
     began = time.monotonic()
     results = await asyncio.gather(*(run.result() for run in runs))
     assert [r.verdict for r in results] == [Verdict.OK] * 4
-    assert {runner_of(run) for run in runs} == {"r1", "r2"}
+    assert {runner_of(run) for run in runs} == {"s1", "s2"}
     assert time.monotonic() - began < 3.8  # two at a time, not one after another (4 s)
 
 
-async def test_cancel_and_limits_travel(runners, remote, data_dir):
-    await runners.start("r1")
-    run = await remote.start(spec(data_dir, "sleep", "30"))
+async def test_cancel_and_limits_travel(shared, to_shared):
+    data_dir = shared.data_dir
+    run = await to_shared.start(spec(data_dir, "sleep", "30"))
     while runner_of(run) is None:
         await asyncio.sleep(0.05)
     run.cancel()
     assert (await run.result()).verdict is Verdict.CANCELLED
-    looping = await remote.start(RunSpec(["python3", "-c", "while True: pass"], data_dir / "projects" / "p1",
+    looping = await to_shared.start(RunSpec(["python3", "-c", "while True: pass"], data_dir / "projects" / "p1",
                                          Limits(cpu_seconds=1, wall_seconds=10)))
     assert (await looping.result()).verdict is Verdict.TIME_LIMIT
 
 
-async def test_a_spec_outside_the_shared_folders_or_a_malformed_entry_is_refused(runners, remote, tmp_path):
-    await runners.start("r1")
-    await remote.redis.xadd(RUNS_STREAM, {"junk": "1"})  # dropped; the runner goes on
+async def test_a_spec_outside_the_shared_folders_or_a_malformed_entry_is_refused(shared, to_shared, tmp_path):
+    await to_shared.redis.xadd(RUNS_STREAM, {"junk": "1"})  # dropped; the runner goes on
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    result = await (await remote.start(RunSpec(["true"], elsewhere, LIMITS))).result()
+    result = await (await to_shared.start(RunSpec(["true"], elsewhere, LIMITS))).result()
     assert result.verdict is Verdict.INTERNAL_ERROR and "outside this runner's shared folders" in result.message
-    assert await remote.redis.xlen(RUNS_STREAM) == 0
+    assert await to_shared.redis.xlen(RUNS_STREAM) == 0
 
 
 async def test_a_runner_killed_mid_run_fails_the_run_with_a_message(runners, remote, data_dir):
-    await runners.start("victim")
+    runners.start("victim")
     before = _run_cgroups()
     run = await remote.start(spec(data_dir, "python3", "-c", "import time; print('started', flush=True); time.sleep(60)"))
     first = await anext(run.chunks())
@@ -183,7 +201,7 @@ async def test_a_run_taken_by_a_runner_that_died_before_starting_it_runs_elsewhe
     while not taken:  # read, then "died": no heartbeat
         taken = await redis.xreadgroup(GROUP, "ghost", {RUNS_STREAM: ">"}, count=1, block=100)
     assert runner_of(run) is None
-    await runners.start("r1")
+    runners.start("r1")
     result = await run.result()
     assert result.verdict is Verdict.OK and result.stdout == b"done\n" and runner_of(run) == "r1"
     assert (await redis.xpending(RUNS_STREAM, GROUP))["pending"] == 0
@@ -192,7 +210,7 @@ async def test_a_run_taken_by_a_runner_that_died_before_starting_it_runs_elsewhe
 
 
 async def test_a_draining_runner_finishes_its_run_and_takes_no_more(runners, remote, data_dir, redis_url):
-    first = await runners.start("first", slots=1)
+    first = runners.start("first", slots=1)
     run = await remote.start(spec(data_dir, "python3", "-c", "import time; time.sleep(1.5); print('finished')"))
     while runner_of(run) is None:
         await asyncio.sleep(0.05)
@@ -205,7 +223,7 @@ async def test_a_draining_runner_finishes_its_run_and_takes_no_more(runners, rem
     redis = aioredis.from_url(redis_url)
     assert not await redis.exists(heartbeat_key("first"))
     await redis.aclose()
-    await runners.start("second", slots=1)
+    runners.start("second", slots=1)
     assert (await later.result()).stdout == b"later\n" and runner_of(later) == "second"
 
 
@@ -241,7 +259,7 @@ def _clean_after_kill(runs_dir: Path, cgroups_before: set[Path]) -> None:
 async def test_a_redis_restart_during_a_run_loses_nothing(runners, remote, data_dir, redis_server):
     """Redis restarted from its saved data while a run is going: output before and after reaches the replica,
     and the run ends normally."""
-    await runners.start("r1")
+    runners.start("r1")
     run = await remote.start(spec(data_dir, "python3", "-c",
                                   "import time; print('before', flush=True); time.sleep(3); print('after')"))
     first = await anext(run.chunks())
