@@ -9,7 +9,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
     PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin
 RUN apt-get update && apt-get install -y --no-install-recommends \
       bubblewrap python3 nodejs gcc g++ libc6-dev bash procps ca-certificates \
-    && rm -rf /var/lib/apt/lists/* && mkdir /data
+    && rm -rf /var/lib/apt/lists/* && mkdir /data && chown 10001:10001 /data  # the app replicas (uid 10001) own the shared volume
 WORKDIR /opt/codeyard
 COPY pyproject.toml constraints.txt README.md ./
 COPY ide_server ./ide_server
