@@ -12,7 +12,8 @@ import numpy as np
 import torch
 from PIL import Image
 from transformers import (AutoImageProcessor, AutoModelForImageTextToText, CLIPImageProcessor,
-                          CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaNextConfig, LlavaNextImageProcessor)
+                          CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaNextConfig, LlavaNextImageProcessor,
+                          Qwen2Config, SiglipImageProcessor, SiglipVisionConfig)
 
 VOCAB = 320
 IMAGE_TOKEN = VOCAB - 1
@@ -39,6 +40,20 @@ def build_llava(folder: Path, next_version: bool = False) -> Path:
     processor_class = LlavaNextImageProcessor if next_version else CLIPImageProcessor
     processor_class(size={"shortest_edge": 30}, crop_size={"height": 30, "width": 30},
                     **extra).save_pretrained(folder)
+    return folder
+
+
+def build_llava_siglip(folder: Path) -> Path:
+    """LLaVA-Interleave shape: a SigLIP tower (no class token, 25 features) and a Qwen2 decoder."""
+    vision = {k: v for k, v in CLIP_VISION.items() if k != "projection_dim"}
+    text = {k: v for k, v in TEXT.items() if k != "tie_word_embeddings"}
+    config = LlavaConfig(vision_config=SiglipVisionConfig(**vision),
+                         text_config=Qwen2Config(**text, tie_word_embeddings=True), image_token_index=IMAGE_TOKEN,
+                         vision_feature_select_strategy="full", vision_feature_layer=-1)
+    config.architectures = ["LlavaForConditionalGeneration"]
+    torch.manual_seed(4321)
+    AutoModelForImageTextToText.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    SiglipImageProcessor(size={"height": 30, "width": 30}).save_pretrained(folder)
     return folder
 
 

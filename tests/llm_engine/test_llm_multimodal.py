@@ -15,7 +15,7 @@ from llm_engine.models.llava_next import LlavaNextForConditionalGeneration
 from llm_engine.multimodal.processor import ImageProcessor, anyres_tiles
 
 from conftest import check_logprobs_close
-from vision_models import IMAGE_TOKEN, bomb_png, build_llava, encode, hf_reference, picture
+from vision_models import IMAGE_TOKEN, bomb_png, build_llava, build_llava_siglip, encode, hf_reference, picture
 
 MAX_NEW = 10
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
@@ -104,6 +104,20 @@ def test_llava_next_batched_parity_with_transformers(llava_next):
     llm = LLM(str(llava_next), dtype="float32", num_kv_blocks=256, max_num_batched_tokens=64)
     outputs = llm.generate(as_inputs(prompts), GREEDY, use_tqdm=False)
     check_logprobs_close(results(outputs), references)
+
+
+def test_siglip_qwen2_llava_parity_with_transformers(tmp_path):
+    """The SigLIP tower (no class token, bias on the patch convolution, last layer's states) and a
+    Qwen2 decoder, as LLaVA-Interleave pairs them; fixed-size resizing without a crop."""
+    folder = build_llava_siglip(tmp_path)
+    prompts = [PROMPTS[0], PROMPTS[3], PROMPTS[4]]
+    references = [hf_reference(folder, ids, [upright(FILES[n]) for n in names], [FEATURES] * len(names), MAX_NEW)
+                  for ids, names in prompts]
+    ours = ImageProcessor.from_folder(folder)(decode_image(FILES["png_tall"]))
+    reference = AutoImageProcessor.from_pretrained(folder)(upright(FILES["png_tall"]), return_tensors="pt")
+    assert torch.allclose(ours, reference.pixel_values[0], atol=1e-5, rtol=0)
+    llm = LLM(str(folder), dtype="float32", num_kv_blocks=256)
+    check_logprobs_close(results(llm.generate(as_inputs(prompts), GREEDY, use_tqdm=False)), references)
 
 
 @pytest.fixture(scope="module")
