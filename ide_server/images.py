@@ -67,20 +67,16 @@ def build_base(client, progress: Progress, force: bool = False) -> str:
 
 
 def stage_context(name: str, recipe: ImageRecipe, progress: Progress) -> Path:
-    """A build context: the tracked sources (with uncommitted edits), the built web assets, and wheels for
-    the package with `extras` (made once per requirement set, cached)."""
+    """A build context: the committed sources (HEAD: work in progress stays out), the built web assets, and
+    wheels for the package with the recipe's extras (cached between builds)."""
     web = REPO / "ide_server" / "webassets"
     if not (web / ".source-hash").exists():
         raise ImageBuildError("the web assets are not built: run `make web` first")
-    context = cache_dir() / "image-context" / name
+    context = (cache_dir() / "image-context" / name).absolute()
     shutil.rmtree(context, ignore_errors=True)
     context.mkdir(parents=True)
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, check=True, capture_output=True).stdout.split(b"\0")
-    for name in filter(None, tracked):
-        source = REPO / name.decode()
-        if source.is_file():
-            (context / name.decode()).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, context / name.decode())
+    archive = subprocess.run(["git", "archive", "--format=tar", "HEAD"], cwd=REPO, check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(context)], input=archive.stdout, check=True)
     shutil.copytree(web, context / "ide_server" / "webassets")
     (context / ".dockerignore").unlink(missing_ok=True)  # the repo's leaves out webassets, which we bring built
     if recipe.extras is not None:
@@ -91,7 +87,7 @@ def stage_context(name: str, recipe: ImageRecipe, progress: Progress) -> Path:
 def _wheels(context: Path, name: str, recipe: ImageRecipe, progress: Progress) -> None:
     """Wheels for the package and its dependencies (pinned by constraints.txt), kept in the cache between builds,
     one folder per image (the context's wheels become a layer of the image, so none but its own may be there)."""
-    wheels = cache_dir() / "wheels" / name
+    wheels = (cache_dir() / "wheels" / name).absolute()
     wheels.mkdir(parents=True, exist_ok=True)
     progress(f"making wheels for codeyard{recipe.extras} (cached in {wheels})")
     pip = [sys.executable, "-m", "pip", "wheel", "-q", "-w", str(wheels), "-c", str(REPO / "constraints.txt")]
