@@ -75,8 +75,10 @@ def test_the_assistant_answers_through_the_llm_service(stack):
     alice = User()
 
     def answer():
+        models = alice.http.get("/v1/models")
+        assert models.status_code == 200, models.text
         reply = alice.http.post("/v1/chat/completions", json={
-            "model": "default", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hi"}]})
+            "model": models.json()["data"][0]["id"], "max_tokens": 8, "messages": [{"role": "user", "content": "Say hi"}]})
         assert reply.status_code == 200, reply.text
         return reply.json()["choices"][0]["message"]["content"]
 
