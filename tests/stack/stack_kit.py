@@ -18,7 +18,7 @@ def eventually(check, timeout: float, what: str):
         try:
             if result := check():
                 return result
-        except (httpx.HTTPError, AssertionError, OSError) as exc:
+        except (httpx.HTTPError, AssertionError, OSError, KeyError, ValueError) as exc:  # answers of a service coming back
             error = exc
         time.sleep(1)
     raise AssertionError(f"{what} did not happen within {timeout:g} s (last error: {error!r})")
