@@ -218,8 +218,13 @@ QUANT_ROWS = [
     ("int4 g32 asym", "float32", {"method": "int4", "group_size": 32, "symmetric": False}),
     ("int4 g64 asym", "float32", {"method": "int4", "group_size": 64, "symmetric": False}),
     ("int4 g128 asym", "float32", {"method": "int4", "group_size": 128, "symmetric": False}),
+    ("fp8", "float32", "fp8"),
+    ("fp8 per-tensor", "float32", {"method": "fp8", "strategy": "tensor"}),
+    ("w8a8", "float32", "w8a8"),
+    ("w4a8 g32 asym", "float32", "w4a8"),
 ]
-PPL_GOALS = {"int8": 0.01, "int4 g32 asym": 0.03}  # relative to bfloat16 (issue 16), else the first row
+# relative to bfloat16 (issue 16), else the first row
+PPL_GOALS = {"int8": 0.01, "int4 g32 asym": 0.03, "fp8": 0.02, "fp8 per-tensor": 0.02}
 SINGLE_GOAL = 1.3  # single-stream decode tok/s vs llama.cpp
 MEMORY_GOALS = {"int8": 0.55, "int4": 0.35}  # weight bytes vs bf16
 

@@ -84,7 +84,11 @@ def load_kernels() -> ctypes.CDLL:
             function.argtypes = argtypes
             function.restype = None
     for name, argtypes in {"int8_gemm_f32": [pointer] * 4 + [i64] * 4,
-                           "int4_gemm_f32": [pointer] * 5 + [i64] * 4}.items():
+                           "int4_gemm_f32": [pointer] * 5 + [i64] * 4,
+                           "fp8_gemm_f32": [pointer] * 4 + [i64] * 4,
+                           "quantize_rows_q8": [pointer] + [i64] * 3 + [pointer] * 3,
+                           "int8_gemm_q8": [pointer] * 6 + [i64] * 4,
+                           "int4_gemm_q8": [pointer] * 7 + [i64] * 4}.items():
         getattr(library, name).argtypes = argtypes
         getattr(library, name).restype = None
     return library
@@ -100,6 +104,9 @@ class CpuKernels:
                            for name in ("rms_norm", "rotary", "silu_and_mul")
                            for dtype, suffix in self._SUFFIXES.items()}
         self._int8_gemm, self._int4_gemm = library.int8_gemm_f32, library.int4_gemm_f32
+        self._fp8_gemm = library.fp8_gemm_f32
+        self._quantize_rows = library.quantize_rows_q8
+        self._int8_gemm_q8, self._int4_gemm_q8 = library.int8_gemm_q8, library.int4_gemm_q8
 
     def supports(self, x: torch.Tensor) -> bool:
         return x.device.type == "cpu" and x.dtype in self._SUFFIXES
@@ -139,19 +146,47 @@ class CpuKernels:
 
     def quant_gemm(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                    offsets: torch.Tensor | None, group_size: int) -> torch.Tensor:
-        """x @ W^T in float32 for W in the kernel's int8 (offsets None) or int4 layout
-        (csrc/quant_gemm.cpp: float16 scales/offsets); x is float32 [rows, K]."""
+        """x @ W^T in float32 for W in the kernel's int8, float8 E4M3 (offsets None; told apart by
+        qweight's dtype) or int4 layout (csrc/quant_gemm.cpp: float16 scales/offsets); x is
+        float32 [rows, K]."""
         if scales.dtype != torch.float16 or (offsets is not None and offsets.dtype != torch.float16):
             raise ValueError("quant_gemm: scales and offsets must be float16")
         x = x.contiguous()
         rows, k_in = x.shape
         out = torch.empty(rows, qweight.shape[0], dtype=torch.float32)
         if offsets is None:
-            self._int8_gemm(x.data_ptr(), qweight.data_ptr(), scales.data_ptr(), out.data_ptr(),
-                            rows, qweight.shape[0], k_in, group_size)
+            gemm = self._fp8_gemm if qweight.dtype == torch.float8_e4m3fn else self._int8_gemm
+            gemm(x.data_ptr(), qweight.data_ptr(), scales.data_ptr(), out.data_ptr(), rows, qweight.shape[0],
+                 k_in, group_size)
         else:
             self._int4_gemm(x.data_ptr(), qweight.data_ptr(), scales.data_ptr(), offsets.data_ptr(),
                             out.data_ptr(), rows, qweight.shape[0], k_in, group_size)
+        return out
+
+    def quantize_rows(self, x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """float32 x [rows, K] rounded to int8 with one scale per `block` inputs: (xq, dx, sx),
+        dx the scale and sx = dx * sum(xq) of each 32-input sub-block ([rows, K/32] float32)."""
+        x = x.contiguous()
+        rows, k_in = x.shape
+        xq = torch.empty(rows, k_in, dtype=torch.int8)
+        dx = torch.empty(rows, k_in // 32)
+        sx = torch.empty(rows, k_in // 32)
+        self._quantize_rows(x.data_ptr(), rows, k_in, block, xq.data_ptr(), dx.data_ptr(), sx.data_ptr())
+        return xq, dx, sx
+
+    def quant_gemm_q8(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                      offsets: torch.Tensor | None, group_size: int, act_block: int) -> torch.Tensor:
+        """x @ W^T in integer dot products: x (float32 [rows, K]) rounded to int8 per `act_block`
+        inputs first (csrc/quant_gemm.cpp's int*_gemm_q8; shapes checked by the caller)."""
+        rows, k_in = x.shape
+        xq, dx, sx = self.quantize_rows(x, act_block)
+        out = torch.empty(rows, qweight.shape[0], dtype=torch.float32)
+        if offsets is None:
+            self._int8_gemm_q8(xq.data_ptr(), dx.data_ptr(), sx.data_ptr(), qweight.data_ptr(), scales.data_ptr(),
+                               out.data_ptr(), rows, qweight.shape[0], k_in, group_size)
+        else:
+            self._int4_gemm_q8(xq.data_ptr(), dx.data_ptr(), sx.data_ptr(), qweight.data_ptr(), scales.data_ptr(),
+                               offsets.data_ptr(), out.data_ptr(), rows, qweight.shape[0], k_in, group_size)
         return out
 
 

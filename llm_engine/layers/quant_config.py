@@ -6,12 +6,16 @@
   None          float weights everywhere (GGUF tensors dequantized);
   "gguf"        as "auto", but the model must be a GGUF file;
   "int8"/"int4" every linear layer rounded to nearest at load (int8 per channel, int4 g128 asym);
+  "fp8"         float8 E4M3 weights, a scale per output channel;
+  "w8a8"        int8 weights per channel, each token's activations rounded to int8 at run time;
+  "w4a8"        int4 g32 asym weights, activations rounded to int8 per 32 inputs;
   a dict, or a path to a YAML/JSON file holding one, in compressed-tensors' shape:
       config_groups:
         attention: {targets: ["re:.*self_attn.*"], method: int8}
         mlp: {targets: ["re:.*mlp.*"], method: int4, group_size: 32, symmetric: false}
       ignore: ["re:model.layers.0.mlp.*"]
-    or one scheme for all linear layers: {method: int4, group_size: 64}.
+    or one scheme for all linear layers: {method: int4, group_size: 64}; fp8 also takes
+    strategy: tensor (one scale for the matrix) or channel (the default).
 A target is "Linear" (every linear layer), "re:<regex>" (full match) or a module name or suffix
 ("down_proj", "model.layers.3.mlp"), matched against the engine's module names and the
 checkpoint's (a fused qkv_proj also answers to q_proj, k_proj and v_proj). The first group that
@@ -33,14 +37,16 @@ from llm_engine.layers.quantization import QuantScheme, WeightOnlyLinearMethod
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("int8", "int4")
+METHODS = ("int8", "int4", "fp8", "w8a8", "w4a8")
 MODES = ("auto", "gguf", *METHODS)
-PLANNED = ("fp8", "w8a8", "awq", "gptq")  # named in the API, not implemented yet
-_DEFAULT_SCHEMES = {"int8": QuantScheme("int8"), "int4": QuantScheme("int4", 128, symmetric=False)}
+PLANNED = ("awq", "gptq")  # named in the API, not implemented yet
+_DEFAULT_SCHEMES = {"int8": QuantScheme("int8"), "int4": QuantScheme("int4", 128, symmetric=False),
+                    "fp8": QuantScheme("fp8"), "w8a8": QuantScheme("w8a8"),
+                    "w4a8": QuantScheme("w4a8", 32, symmetric=False)}
 # GGUF block types kept quantized, as the kernel layout they repack into (32-weight blocks).
 GGUF_SCHEMES = {"Q4_0": QuantScheme("int4", 32, symmetric=True), "Q4_1": QuantScheme("int4", 32, symmetric=False),
                 "Q8_0": QuantScheme("int8", 32)}
-_SCHEME_KEYS = {"targets", "method", "group_size", "symmetric"}
+_SCHEME_KEYS = {"targets", "method", "group_size", "symmetric", "strategy"}
 
 
 def _scheme(entry: dict, where: str) -> QuantScheme:
@@ -56,14 +62,19 @@ def _scheme(entry: dict, where: str) -> QuantScheme:
     group = entry.get("group_size", base.group_size)
     if group is not None and (not isinstance(group, int) or isinstance(group, bool) or group < 2 or group % 2):
         raise ValueError(f"quantization: {where} group_size must be a positive even integer, got {group!r}")
-    if method == "int4" and group is None:
-        raise ValueError(f"quantization: {where} int4 is group-wise; give a group_size (32, 64 or 128)")
+    if base.weights == "int4" and group is None:
+        raise ValueError(f"quantization: {where} {method} is group-wise; give a group_size (32, 64 or 128)")
     symmetric = entry.get("symmetric", base.symmetric)
     if not isinstance(symmetric, bool):
         raise ValueError(f"quantization: {where} symmetric must be true or false, got {symmetric!r}")
-    if method == "int8" and not symmetric:
-        raise ValueError(f"quantization: {where} int8 is symmetric only")
-    return QuantScheme(method, group, symmetric)
+    if base.weights != "int4" and not symmetric:
+        raise ValueError(f"quantization: {where} {method} is symmetric only")
+    strategy = entry.get("strategy", "channel")
+    if strategy not in ("channel", "tensor") or (strategy == "tensor" and method != "fp8"):
+        raise ValueError(f"quantization: {where} strategy must be 'channel', or 'tensor' for fp8, got {strategy!r}")
+    if strategy == "tensor" and group is not None:
+        raise ValueError(f"quantization: {where} a per-tensor scale takes no group_size")
+    return QuantScheme(method, group, symmetric, per_tensor=strategy == "tensor")
 
 
 def _targets(value, where: str) -> list[str]:

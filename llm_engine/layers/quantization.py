@@ -1,9 +1,11 @@
 """Quantization hook: a QuantMethod creates a linear layer's weights and applies them.
 
 `UnquantizedLinearMethod` holds float weights; `WeightOnlyLinearMethod` holds int8 (per output
-channel or group-wise) or int4 (group-wise, symmetric or with zero points) weights and multiplies
-with them directly in the native kernel (csrc/quant_gemm.cpp). Which layer gets which method is
-decided in `quant_config`; the layers and models stay unchanged.
+channel or group-wise), int4 (group-wise, symmetric or with zero points) or float8 E4M3 weights
+and multiplies with them directly in the native kernel (csrc/quant_gemm.cpp), with float
+activations, or (w8a8, w4a8) with activations rounded to int8 at run time and integer dot
+products. Which layer gets which method is decided in `quant_config`; the layers and models stay
+unchanged.
 """
 
 from __future__ import annotations
@@ -73,18 +75,37 @@ class UnquantizedLinearMethod(QuantMethod):
         return F.linear(x, layer.weight, bias)
 
 
+# Activations rounded to int8 come in blocks of this many inputs (the integer kernels' unit).
+ACT_SUB_BLOCK = 32
+
+
 @dataclass(frozen=True)
 class QuantScheme:
     """One layer's weight format. int8: symmetric, per output channel (group_size None) or per
-    group; int4: per group, symmetric or asymmetric (integer zero points)."""
+    group; int4: per group, symmetric or asymmetric (zero points); fp8: float8 E4M3 with a scale
+    per output channel (or per group), or one for the whole matrix (per_tensor).
+    w8a8 and w4a8 store int8 and int4 weights and round each token's activations to int8 at run
+    time: w8a8 with one scale per token, w4a8 one per 32 inputs (llama.cpp's Q4 x Q8 arithmetic)."""
 
     method: str
     group_size: int | None = None
     symmetric: bool = True
+    per_tensor: bool = False
+
+    @property
+    def weights(self) -> str:
+        """The stored format: int8, int4 or fp8."""
+        return {"w8a8": "int8", "w4a8": "int4"}.get(self.method, self.method)
+
+    def act_block(self, k_in: int) -> int | None:
+        """Inputs per activation scale, or None for float activations."""
+        return {"w8a8": k_in, "w4a8": ACT_SUB_BLOCK}.get(self.method)
 
     def describe(self) -> str:
+        if self.per_tensor:
+            return f"{self.method} per-tensor"
         group = f" g{self.group_size}" if self.group_size else " per-channel"
-        zeros = "" if self.method == "int8" else (" sym" if self.symmetric else " asym")
+        zeros = " sym" if self.weights == "int4" and self.symmetric else " asym" if self.weights == "int4" else ""
         return f"{self.method}{group}{zeros}"
 
 
@@ -128,6 +149,34 @@ def quantize_int4(w: torch.Tensor, group: int, symmetric: bool
     return _ungrouped(q, w.shape[1]).contiguous(), scales.half().contiguous(), offsets.half().contiguous()
 
 
+def quantize_fp8(w: torch.Tensor, group: int, per_tensor: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float8 E4M3 (round to nearest even) with float16 scales [N, groups], absmax/448 per group,
+    or the matrix's absmax/448 in every entry (per_tensor)."""
+    g = _grouped(w.float(), group)
+    amax = g.abs().amax() if per_tensor else g.abs().amax(-1)
+    scales = (amax / 448).clamp(min=1e-7).half().expand(g.shape[:2])
+    q = (g / scales.float().unsqueeze(-1)).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return _ungrouped(q.view(torch.uint8), w.shape[1]).contiguous().view(torch.float8_e4m3fn), scales.contiguous()
+
+
+def quantize_activations(x: torch.Tensor, block: int) -> torch.Tensor:
+    """float32 x [rows, K] as the integer kernels see it: rounded to int8 with one scale
+    (absmax / 127) per `block` inputs, then scaled back."""
+    g = x.float().reshape(x.shape[0], -1, block)
+    d = g.abs().amax(-1, keepdim=True) / 127
+    q = torch.round(g / torch.where(d > 0, d, torch.ones_like(d))).clamp(-127, 127)
+    return (q * d).view(x.shape)
+
+
+def integer_kernel_fits(k_in: int, group: int, int4: bool) -> bool:
+    """The integer kernels take K in 32-input sub-blocks; each int4 group (the last one too)
+    must be 32 inputs or a multiple of 64 (one sub-block is then one run of low or high nibbles)."""
+    lengths = {group, k_in % group or group}
+    if k_in % ACT_SUB_BLOCK or any(length % ACT_SUB_BLOCK for length in lengths):
+        return False
+    return not int4 or all(length == 32 or length % 64 == 0 for length in lengths)
+
+
 def pack_int4(q: torch.Tensor, group: int) -> torch.Tensor:
     """Codes [N, K] (K even) -> bytes [N, K/2]: in each group byte j holds element j in its low
     nibble and element j + len/2 in its high nibble (GGUF Q4_0/Q4_1 order; a shorter last group
@@ -150,7 +199,7 @@ def unpack_int4(packed: torch.Tensor, group: int) -> torch.Tensor:
 
 def dequantize(qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
                group: int) -> torch.Tensor:
-    """The float32 weight [N, K] of an int8 (offsets None) or packed int4 weight."""
+    """The float32 weight [N, K] of an int8 or float8 (offsets None) or packed int4 weight."""
     q = qweight.float() if offsets is None else unpack_int4(qweight, group).float()
     k_in = q.shape[1]
     w = _grouped(q, group) * scales.float().unsqueeze(-1)
@@ -159,17 +208,20 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tenso
     return _ungrouped(w, k_in)
 
 
+_QWEIGHT_DTYPES = {"int8": torch.int8, "int4": torch.uint8, "fp8": torch.float8_e4m3fn}
+
+
 class WeightOnlyLinearMethod(QuantMethod):
-    """int8/int4 weights (`qweight`, float16 `scales` [N, groups], int4 also `offsets`) that the
-    native kernel multiplies without a float copy; without a compiler, and for prefill-sized
-    inputs, one dequantized F.linear per call.
+    """int8/int4/fp8 weights (`qweight`, float16 `scales` [N, groups], int4 also `offsets`) that
+    the native kernel multiplies without a float copy; without a compiler, and for prefill-sized
+    inputs, one dequantized F.linear per call (w8a8/w4a8: on activations rounded the same way).
 
     `prequantized`: the checkpoint holds these tensors (GGUF Q4_0/Q4_1/Q8_0 blocks); otherwise
     the layer loads a float `weight` and rounds it to nearest once loaded."""
 
     def __init__(self, scheme: QuantScheme, prequantized: bool = False) -> None:
-        if scheme.method not in ("int8", "int4"):
-            raise ValueError(f"quantization: weight-only method must be int8 or int4, got {scheme.method!r}")
+        if scheme.weights not in _QWEIGHT_DTYPES:
+            raise ValueError(f"quantization: unknown weight-only method {scheme.method!r}")
         self.scheme, self.prequantized = scheme, prequantized
 
     def group(self, layer: nn.Module) -> int:
@@ -177,16 +229,20 @@ class WeightOnlyLinearMethod(QuantMethod):
 
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int,
                        dtype: torch.dtype) -> None:
-        if self.scheme.method == "int4" and (input_size % 2 or (self.scheme.group_size or 2) % 2):
+        int4 = self.scheme.weights == "int4"
+        if int4 and (input_size % 2 or (self.scheme.group_size or 2) % 2):
             raise ValueError(f"quantization: int4 needs an even input size and group size, "
                              f"got {input_size} and {self.scheme.group_size}")
+        group = self.scheme.group_size or input_size
+        if self.scheme.act_block(input_size) and not integer_kernel_fits(input_size, group, int4):
+            raise ValueError(f"quantization: {self.scheme.method} needs an input size that is a multiple of 32 "
+                             f"and groups of 32 or a multiple of 64, got {input_size} and {group}")
         if not self.prequantized:
             layer.weight = nn.Parameter(torch.empty(output_size, input_size, dtype=dtype), requires_grad=False)
             return
-        groups = group_count(input_size, self.scheme.group_size or input_size)
-        int4 = self.scheme.method == "int4"
+        groups = group_count(input_size, group)
         layer.qweight = nn.Parameter(torch.empty(output_size, input_size // 2 if int4 else input_size,
-                                                 dtype=torch.uint8 if int4 else torch.int8), requires_grad=False)
+                                                 dtype=_QWEIGHT_DTYPES[self.scheme.weights]), requires_grad=False)
         layer.scales = nn.Parameter(torch.empty(output_size, groups, dtype=torch.float16), requires_grad=False)
         if int4:
             layer.offsets = nn.Parameter(torch.empty(output_size, groups, dtype=torch.float16), requires_grad=False)
@@ -195,8 +251,10 @@ class WeightOnlyLinearMethod(QuantMethod):
         if not self.prequantized:
             weight, group = layer.weight.data, self.group(layer)
             del layer.weight
-            if self.scheme.method == "int8":
+            if self.scheme.weights == "int8":
                 q, scales = quantize_int8(weight, group)
+            elif self.scheme.weights == "fp8":
+                q, scales = quantize_fp8(weight, group, self.scheme.per_tensor)
             else:
                 codes, scales, offsets = quantize_int4(weight, group, self.scheme.symmetric)
                 q = pack_int4(codes, group)
@@ -208,10 +266,17 @@ class WeightOnlyLinearMethod(QuantMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         offsets = getattr(layer, "offsets", None)
         rows = x.numel() // x.shape[-1]
+        act_block = self.scheme.act_block(layer.input_size)
         if layer.kernels is not None and rows <= KERNEL_MAX_ROWS:
-            out = layer.kernels.quant_gemm(x.reshape(rows, -1).float(), layer.qweight, layer.scales,
-                                           offsets, self.group(layer))
+            flat = x.reshape(rows, -1).float()
+            if act_block:
+                out = layer.kernels.quant_gemm_q8(flat, layer.qweight, layer.scales, offsets, self.group(layer),
+                                                  act_block)
+            else:
+                out = layer.kernels.quant_gemm(flat, layer.qweight, layer.scales, offsets, self.group(layer))
             out = out.view(*x.shape[:-1], -1).to(x.dtype)
             return out if bias is None else out + bias
+        if act_block:
+            x = quantize_activations(x.reshape(rows, -1), act_block).view(x.shape).to(x.dtype)
         weight = dequantize(layer.qweight, layer.scales, offsets, self.group(layer)).to(x.dtype)
         return F.linear(x, weight, bias)

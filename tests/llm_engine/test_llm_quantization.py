@@ -198,7 +198,7 @@ def test_yaml_config_file(tiny_llama, tmp_path):
     ({"method": "int8", "bits": 8}, "unknown keys"),
     ({"config_groups": {"a": {"method": "int8"}}}, "needs targets"),
     ({"config_groups": {"a": {"targets": ["re:("], "method": "int8"}}}, "bad pattern"),
-    ({"config_groups": {"a": {"targets": ["Linear"], "method": "fp8"}}}, "not supported yet"),
+    ({"config_groups": {"a": {"targets": ["Linear"], "method": "gptq"}}}, "not supported yet"),
 ])
 def test_malformed_quantization_configs_are_clear_errors(tiny_llama, value, message):
     with pytest.raises(ValueError, match=message):

@@ -6,15 +6,24 @@
 //   int4: w = q * scale + offset             q: 0..15, two per byte; in each group byte j holds
 //                                            element j (low nibble) and j + group/2 (high nibble),
 //                                            the layout of GGUF's Q4_0/Q4_1 blocks.
+//   fp8:  w = e4m3(q) * scale                q: float8 E4M3 (fn) bits, widened through a table.
 // Each thread widens one output channel at a time into a K-float buffer that stays in L1 and
 // dots every row of x with it: memory traffic is the packed bytes, and the widening is paid once
 // per channel however many rows x has. AVX2+FMA where the compiler targets it (plain loops
 // elsewhere and for tails); output channels are spread over torch's OpenMP threads.
+// A second pair of kernels (int4_gemm_q8/int8_gemm_q8, after quantize_rows_q8) multiplies in
+// integers, as llama.cpp does on the CPU: each row of x is first rounded to int8 with one float
+// scale per `block` inputs (32, or the whole row for per-token W8A8), then every 32 weights cost
+// one u8 x s8 multiply-add instruction instead of a widen-and-FMA per 8. Per 32-input sub-block:
+//   sum_k w[k] x[k] ~ scale_w * dx * sum_k q[k] xq[k]  (+ offset_w * dx * sum_k xq[k] for int4)
+// It needs K a multiple of 32 and int4 groups of 32 or a multiple of 64 (so each 32-input
+// sub-block is one run of low or high nibbles); the caller checks (quantization.py).
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -83,6 +92,33 @@ inline void widen_int4(const uint8_t* q, int64_t n, float scale, float offset, f
   }
 }
 
+// float8 E4M3 (fn: no infinities, 0x7F/0xFF NaN) -> float32, all 256 codes.
+struct Fp8Table {
+  float value[256];
+  Fp8Table() {
+    for (int code = 0; code < 256; ++code) {
+      const int exponent = (code >> 3) & 15, mantissa = code & 7;
+      float v = exponent == 0 ? std::ldexp(static_cast<float>(mantissa), -9)
+                              : std::ldexp(1.0f + static_cast<float>(mantissa) / 8.0f, exponent - 7);
+      if (exponent == 15 && mantissa == 7) v = NAN;
+      value[code] = code & 0x80 ? -v : v;
+    }
+  }
+};
+const Fp8Table FP8;
+
+inline void widen_fp8(const uint8_t* q, int64_t n, float scale, float* out) {
+  int64_t k = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 s = _mm256_set1_ps(scale);
+  for (; k + 8 <= n; k += 8) {
+    const __m256i index = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k)));
+    _mm256_storeu_ps(out + k, _mm256_mul_ps(_mm256_i32gather_ps(FP8.value, index, 4), s));
+  }
+#endif
+  for (; k < n; ++k) out[k] = FP8.value[q[k]] * scale;
+}
+
 inline float dot(const float* x, const float* w, int64_t n) {
   int64_t k = 0;
   float sum = 0.0f;
@@ -98,11 +134,13 @@ inline float dot(const float* x, const float* w, int64_t n) {
   return sum;
 }
 
+enum class Weights { INT8, INT4, FP8 };
+
 // The last group may be shorter (K not a multiple of `group`; for int4 its length is even).
-template <bool INT4>
+template <Weights KIND>
 void gemm(const float* x, const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, float* out,
           int64_t rows, int64_t n_out, int64_t k_in, int64_t group) {
-  const int64_t groups = (k_in + group - 1) / group, row_bytes = INT4 ? k_in / 2 : k_in;
+  const int64_t groups = (k_in + group - 1) / group, row_bytes = KIND == Weights::INT4 ? k_in / 2 : k_in;
 #pragma omp parallel
   {
     float* w = new float[k_in];  // one output channel's weights, dequantized in L1
@@ -112,12 +150,151 @@ void gemm(const float* x, const uint8_t* q, const uint16_t* scales, const uint16
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t start = g * group, length = k_in - start < group ? k_in - start : group;
         const float scale = half_to_float(scales[n * groups + g]);
-        if (INT4) widen_int4(qn + start / 2, length, scale, half_to_float(offsets[n * groups + g]), w + start);
+        if (KIND == Weights::INT4) widen_int4(qn + start / 2, length, scale, half_to_float(offsets[n * groups + g]), w + start);
+        else if (KIND == Weights::FP8) widen_fp8(qn + start, length, scale, w + start);
         else widen_int8(reinterpret_cast<const int8_t*>(qn) + start, length, scale, w + start);
       }
       for (int64_t m = 0; m < rows; ++m) out[m * n_out + n] = dot(x + m * k_in, w, k_in);
     }
     delete[] w;
+  }
+}
+
+// ---- activations rounded to int8 ----------------------------------------------------------------
+
+constexpr int64_t SUB = 32;  // inputs per integer dot product
+
+// x [rows, K] -> xq int8 [rows, K], and per 32-input sub-block its scale dx and dx * sum(xq)
+// ([rows, K/32] each); one scale per `block` inputs (a multiple of 32 dividing K).
+void quantize_rows(const float* x, int64_t rows, int64_t k_in, int64_t block, int8_t* xq, float* dx,
+                   float* sx) {
+  const int64_t subs = k_in / SUB;
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t start = 0; start < k_in; start += block) {
+      const float* xb = x + m * k_in + start;
+      float amax = 0.0f;
+      for (int64_t k = 0; k < block; ++k) amax = std::fmax(amax, std::fabs(xb[k]));
+      const float d = amax / 127.0f, inverse = d > 0.0f ? 1.0f / d : 0.0f;
+      for (int64_t s = 0; s < block / SUB; ++s) {
+        int32_t sum = 0;
+        for (int64_t k = s * SUB; k < (s + 1) * SUB; ++k) {
+          const int8_t v = static_cast<int8_t>(std::nearbyint(xb[k] * inverse));
+          xq[m * k_in + start + k] = v;
+          sum += v;
+        }
+        const int64_t index = m * subs + (start / SUB) + s;
+        dx[index] = d;
+        sx[index] = d * static_cast<float>(sum);
+      }
+    }
+  }
+}
+
+inline float f16(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  return half_to_float(h);
+#endif
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// The 32 codes of sub-block s of an int4 group of `length` inputs, as unsigned bytes in order.
+inline __m256i int4_sub(const uint8_t* group_bytes, int64_t length, int64_t s) {
+  const __m256i low = _mm256_set1_epi8(15);
+  if (length == SUB) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(group_bytes));
+    const __m128i m = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+  }
+  const int64_t chunks = length / 64;  // 32-byte chunks: low nibbles are sub-blocks 0..chunks-1
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group_bytes + (s % chunks) * 32));
+  return s < chunks ? _mm256_and_si256(b, low) : _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+}
+
+// Eight int32 partial sums of a 32-input dot product: u8 weights (int4 codes) or s8 weights.
+template <bool INT4>
+inline __m256 sub_dot(__m256i w, const int8_t* xq) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  const __m256i pairs = INT4 ? _mm256_maddubs_epi16(w, x)
+                             : _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+#endif
+
+// Scalar twin of sub_dot for CPUs without AVX2: sum over the 32 inputs of code * xq.
+template <bool INT4>
+inline int32_t sub_dot_scalar(const uint8_t* group_bytes, int64_t length, int64_t s, const int8_t* xq) {
+  int32_t sum = 0;
+  for (int64_t k = 0; k < SUB; ++k) {
+    const int64_t e = s * SUB + k;  // element of the group
+    int32_t w;
+    if (INT4) w = e < length / 2 ? group_bytes[e] & 15 : group_bytes[e - length / 2] >> 4;
+    else w = reinterpret_cast<const int8_t*>(group_bytes)[e];
+    sum += w * xq[k];
+  }
+  return sum;
+}
+
+constexpr int64_t TILE = 4;  // rows of x per pass over a weight row (each sub-block unpacked once)
+
+template <bool INT4>
+void gemm_q8(const int8_t* xq, const float* dx, const float* sx, const uint8_t* q, const uint16_t* scales,
+             const uint16_t* offsets, float* out, int64_t rows, int64_t n_out, int64_t k_in, int64_t group) {
+  const int64_t groups = (k_in + group - 1) / group, row_bytes = INT4 ? k_in / 2 : k_in, subs = k_in / SUB;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < n_out; ++n) {
+    const uint8_t* qn = q + n * row_bytes;
+    for (int64_t m0 = 0; m0 < rows; m0 += TILE) {
+      const int64_t tile = rows - m0 < TILE ? rows - m0 : TILE;
+      float offset_sum[TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
+#if defined(__AVX2__) && defined(__FMA__)
+      __m256 acc[TILE] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+#else
+      float acc[TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
+#endif
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t start = g * group, length = k_in - start < group ? k_in - start : group;
+        const uint8_t* bytes = qn + (INT4 ? start / 2 : start);
+        const float scale = f16(scales[n * groups + g]);
+        for (int64_t s = 0; s < length / SUB; ++s) {
+          const int64_t sub = start / SUB + s;
+#if defined(__AVX2__) && defined(__FMA__)
+          const __m256i w = INT4 ? int4_sub(bytes, length, s)
+                                 : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + s * SUB));
+#pragma GCC unroll 4
+          for (int64_t r = 0; r < TILE; ++r) {  // a constant trip count keeps acc[] in registers
+            if (r < tile) {
+              const int64_t m = m0 + r;
+              acc[r] = _mm256_fmadd_ps(sub_dot<INT4>(w, xq + m * k_in + sub * SUB),
+                                       _mm256_set1_ps(dx[m * subs + sub] * scale), acc[r]);
+            }
+          }
+#else
+          for (int64_t r = 0; r < tile; ++r) {
+            const int64_t m = m0 + r;
+            acc[r] += static_cast<float>(sub_dot_scalar<INT4>(bytes, length, s, xq + m * k_in + sub * SUB))
+                      * dx[m * subs + sub] * scale;
+          }
+#endif
+        }
+        if (INT4) {
+          const float offset = f16(offsets[n * groups + g]);
+          for (int64_t r = 0; r < tile; ++r) {
+            float sum = 0.0f;
+            for (int64_t s = 0; s < length / SUB; ++s) sum += sx[(m0 + r) * subs + start / SUB + s];
+            offset_sum[r] += offset * sum;
+          }
+        }
+      }
+      for (int64_t r = 0; r < tile; ++r) {
+#if defined(__AVX2__) && defined(__FMA__)
+        out[(m0 + r) * n_out + n] = hsum(acc[r]) + offset_sum[r];
+#else
+        out[(m0 + r) * n_out + n] = acc[r] + offset_sum[r];
+#endif
+      }
+    }
   }
 }
 
@@ -127,12 +304,32 @@ extern "C" {
 
 void int8_gemm_f32(const float* x, const int8_t* q, const uint16_t* scales, float* out, int64_t rows,
                    int64_t n_out, int64_t k_in, int64_t group) {
-  gemm<false>(x, reinterpret_cast<const uint8_t*>(q), scales, nullptr, out, rows, n_out, k_in, group);
+  gemm<Weights::INT8>(x, reinterpret_cast<const uint8_t*>(q), scales, nullptr, out, rows, n_out, k_in, group);
 }
 
 void int4_gemm_f32(const float* x, const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, float* out,
                    int64_t rows, int64_t n_out, int64_t k_in, int64_t group) {
-  gemm<true>(x, q, scales, offsets, out, rows, n_out, k_in, group);
+  gemm<Weights::INT4>(x, q, scales, offsets, out, rows, n_out, k_in, group);
+}
+
+void fp8_gemm_f32(const float* x, const uint8_t* q, const uint16_t* scales, float* out, int64_t rows, int64_t n_out,
+                  int64_t k_in, int64_t group) {
+  gemm<Weights::FP8>(x, q, scales, nullptr, out, rows, n_out, k_in, group);
+}
+
+void quantize_rows_q8(const float* x, int64_t rows, int64_t k_in, int64_t block, int8_t* xq, float* dx,
+                      float* sx) {
+  quantize_rows(x, rows, k_in, block, xq, dx, sx);
+}
+
+void int8_gemm_q8(const int8_t* xq, const float* dx, const float* sx, const int8_t* q, const uint16_t* scales,
+                  float* out, int64_t rows, int64_t n_out, int64_t k_in, int64_t group) {
+  gemm_q8<false>(xq, dx, sx, reinterpret_cast<const uint8_t*>(q), scales, nullptr, out, rows, n_out, k_in, group);
+}
+
+void int4_gemm_q8(const int8_t* xq, const float* dx, const float* sx, const uint8_t* q, const uint16_t* scales,
+                  const uint16_t* offsets, float* out, int64_t rows, int64_t n_out, int64_t k_in, int64_t group) {
+  gemm_q8<true>(xq, dx, sx, q, scales, offsets, out, rows, n_out, k_in, group);
 }
 
 }  // extern "C"
