@@ -90,3 +90,19 @@ def open_shell(page):
     expect(shell.locator(".xterm-rows")).to_contain_text("$", timeout=20_000)
     shell.locator(".xterm-helper-textarea").focus()
     return shell
+
+
+LOOKS = {"laptop": (1366, 768), "phone": (390, 844)}
+
+
+def each_look(page, screenshot, name: str) -> None:
+    """Screenshots of a workspace page as it is, light and dark, on a laptop and a phone (`name-dark-phone`...);
+    it ends light, at 1366x768."""
+    for size, (width, height) in LOOKS.items():
+        page.set_viewport_size({"width": width, "height": height})
+        for theme in ("light", "dark"):
+            if page.evaluate("document.documentElement.dataset.theme") != theme:
+                page.locator("#theme").click()
+            screenshot(page, f"{name}-{theme}-{size}")
+    page.locator("#theme").click()
+    page.set_viewport_size({"width": 1366, "height": 768})

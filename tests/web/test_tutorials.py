@@ -6,7 +6,7 @@ import time
 
 from playwright.sync_api import expect
 
-from browser_kit import signed_in_context
+from browser_kit import each_look, signed_in_context
 from tutorials.format import builtin_courses
 
 COURSE = builtin_courses()["python-from-zero"]
@@ -63,6 +63,13 @@ def test_learner_passes_lesson_one_and_the_teacher_sees_it(server_url, browser, 
     expect(page.locator("#lesson-message")).not_to_be_empty()
     expect(page.locator("#lesson-status")).to_have_text("Not passing yet")
     screenshot(page, "tutorials-lesson-failed")
+    # On a school laptop's screen the lesson's title, Check and the verdict are all in view, the
+    # expectation in words.
+    page.set_viewport_size({"width": 1366, "height": 768})
+    for shown in ("#lesson-title", "#lesson-check", "#lesson-expected"):
+        expect(page.locator(shown)).to_be_in_viewport(ratio=1)
+    expect(page.locator("#lesson-expected")).to_contain_text("a line saying: ")
+    each_look(page, screenshot, "tutorials-lesson-failed")
     page.reload()  # the last result is still there after a reload
     expect(page.locator("#lesson-result")).to_have_attribute("data-status", "fail")
     expect(page.locator("#connection")).to_have_text("Synced")

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from browser_kit import api_client, editor_text, join, open_shell, signed_in_context, workspace_pages
+from browser_kit import api_client, each_look, editor_text, join, open_shell, signed_in_context, workspace_pages
 
 OWNER, EDITOR, VIEWER = "wsowner", "wseditor", "wsviewer"
 PROMPT_ANSWERS: dict = {}
@@ -273,7 +273,6 @@ def test_anyone_can_read_a_public_project(server_url, browser, screenshot):
 BASICS_FILES = {"main.py": "from helper import greet\n\nprint(greet('world'))\n",
                 "helper.py": "def greet(name):\n    return 'Hello, ' + name\n",
                 "docs/notes.md": "# Notes\nCall greet() to say hello.\n"}
-SIZES = {"laptop": (1366, 768), "phone": (390, 844)}
 
 
 @pytest.fixture(scope="module")
@@ -290,19 +289,7 @@ def basics_project(server_url, project_id) -> str:
 def basics_page(server_url, browser, basics_project):
     """The basics project's workspace as its owner, light, at laptop size."""
     with workspace_pages(browser, server_url) as open_page:
-        yield open_page(OWNER, basics_project, *SIZES["laptop"], theme="light")
-
-
-def each_look(page, screenshot, name: str) -> None:
-    """Screenshots of the page as it is, light and dark, at laptop and phone sizes (back to light, laptop)."""
-    for size, (width, height) in SIZES.items():
-        page.set_viewport_size({"width": width, "height": height})
-        for theme in ("light", "dark"):
-            if page.evaluate("document.documentElement.dataset.theme") != theme:
-                page.locator("#theme").click()
-            screenshot(page, f"{name}-{theme}-{size}")
-    page.locator("#theme").click()
-    page.set_viewport_size({"width": SIZES["laptop"][0], "height": SIZES["laptop"][1]})
+        yield open_page(OWNER, basics_project, 1366, 768, theme="light")
 
 
 def test_download_the_project_and_a_file(basics_page, screenshot):

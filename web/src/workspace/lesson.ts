@@ -102,19 +102,23 @@ export class LessonPane {
     const courseLink = h("a", { href: `/courses/${encodeURIComponent(lesson.course_slug)}` }, lesson.course_title);
     const tasks = h("ol", { class: "lesson-tasks", id: "lesson-tasks" }, ...lesson.tasks.map((task) => h("li", {}, renderMarkdown(task.text))));
     this.checkButton.hidden = this.hintButton.hidden = !canWrite;
+    // The title stays on top and Check with its result at the bottom; the text between scrolls, so on a laptop
+    // screen a learner sees what they are doing and the verdict together.
     this.element.append(
-      h("p", { class: "lesson-crumbs" }, courseLink, " › ", this.badge),
-      h("h2", { id: "lesson-title" }, lesson.title),
-      renderMarkdown(lesson.description),
-      h("h3", {}, "Tasks"),
-      tasks,
-      visibleTests(lesson.visible_tests),
-      h("div", { class: "lesson-actions" }, this.checkButton, this.nextButton, this.attempts),
-      this.result,
-      this.hints,
-      h("div", { class: "lesson-actions" }, this.hintButton, this.solutionButton),
-      this.solution,
-      this.status,
+      h("div", { class: "lesson-head" }, h("p", { class: "lesson-crumbs" }, courseLink, " › ", this.badge), h("h2", { id: "lesson-title" }, lesson.title)),
+      h(
+        "div",
+        { class: "lesson-body" },
+        renderMarkdown(lesson.description),
+        h("h3", {}, "Tasks"),
+        tasks,
+        visibleTests(lesson.visible_tests),
+        this.hints,
+        h("div", { class: "lesson-actions" }, this.hintButton, this.solutionButton),
+        this.solution,
+        this.status,
+      ),
+      h("div", { class: "lesson-foot" }, h("div", { class: "lesson-actions" }, this.checkButton, this.nextButton, this.attempts), this.result),
     );
     this.update(lesson);
     if (lesson.last_result) this.showResult(lesson.last_result);
