@@ -1,5 +1,5 @@
 """Images in chat messages: `image_url` parts with `data:` URLs only (the server fetches nothing),
-decoded and checked off the event loop, placed in the prompt as the model's image placeholder.
+placed in the prompt as the model's image placeholder.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import binascii
 import re
 
 from llm_engine.entrypoints.protocol import ChatCompletionRequest, OpenAIError
-from llm_engine.multimodal.image import ImageInputError, ImageLimits, decode_image
+from llm_engine.multimodal.image import ImageLimits
 
 _DATA_URL = re.compile(r"data:image/[a-z0-9.+-]+;base64,(?P<data>.*)", re.IGNORECASE | re.DOTALL)
 MAX_IMAGES = 8
@@ -33,15 +33,12 @@ def decode_data_url(url: str, limits: ImageLimits = ImageLimits()) -> bytes:
         raise OpenAIError(400, "image_url: the data URL is not valid base64", param="messages") from None
 
 
-def request_images(req: ChatCompletionRequest) -> list:
-    """Every image of the conversation, decoded and upright, in order (runs in a worker thread)."""
+def request_images(req: ChatCompletionRequest) -> list[bytes]:
+    """The files of every image of the conversation, in order (decoded later, off the loop)."""
     urls = [url for message in req.messages for url in message.image_urls()]
     if len(urls) > MAX_IMAGES:
         raise OpenAIError(400, f"messages: at most {MAX_IMAGES} images per request", param="messages")
-    try:
-        return [decode_image(decode_data_url(url)) for url in urls]
-    except ImageInputError as exc:
-        raise OpenAIError(400, str(exc), param="messages") from None
+    return [decode_data_url(url) for url in urls]
 
 
 def with_placeholders(req: ChatCompletionRequest, placeholder: str) -> list[dict]:

@@ -50,6 +50,7 @@ INPUTS = (
     TensorSpec("stop", "BYTES", (-1,), field="stop"),
     TensorSpec("ignore_eos", "BOOL", field="ignore_eos"),
     TensorSpec("stream", "BOOL"),  # decoupled streaming: gRPC ModelStreamInfer (HTTP: generate_stream)
+    TensorSpec("image_bytes_input", "BYTES", (-1,)),  # image files (JPEG/PNG/WebP/GIF) per row, infer only
 )
 OUTPUTS = (
     TensorSpec("text_output", "BYTES"),
@@ -134,8 +135,13 @@ async def infer(service: LLMService, name: str, version: str | None, tensors: di
     if ensemble is not None:
         return await ensemble.infer(service, tensors, parameters)
     serving = ServingV2(service)
+    tensors = dict(tensors)
+    images = tensors.pop("image_bytes_input", None)
     requests = requests_from_tensors(service, tensors, parameters)
-    return output_arrays(await serving.complete(await serving.start_rows(requests)))
+    rows = len(requests)
+    row_images = None if images is None else [
+        [bytes(v) for v in _row("image_bytes_input", images, row, rows)] for row in range(rows)]
+    return output_arrays(await serving.complete(await serving.start_rows(requests, images=row_images)))
 
 
 def llm_only(service: LLMService, name: str, version: str | None) -> None:
@@ -213,6 +219,8 @@ def requests_from_tensors(service: LLMService, tensors: dict[str, np.ndarray],
     rows = texts.shape[0] if texts.ndim > 1 else texts.size
     if rows < 1:
         raise OpenAIError(400, "input 'text_input' is empty")
+    if "image_bytes_input" in tensors:
+        raise OpenAIError(400, "image_bytes_input: images are taken by infer, not by streaming or generate")
     if tensors.get("stream") is not None and tensors["stream"].any():
         raise OpenAIError(400, "stream=true needs generate_stream or gRPC ModelStreamInfer")
     defaults = {k: v for k, v in (parameters or {}).items() if k in INPUT_BY_NAME and k not in tensors}
@@ -266,12 +274,16 @@ class RowResult:
 class ServingV2(_Serving):
     """The rows of a v2 request through the same admission, length checks and merge as /v1."""
 
-    async def start_rows(self, requests: list[CompletionRequest], priority: int = 0) -> _Run:
+    async def start_rows(self, requests: list[CompletionRequest], priority: int = 0,
+                         images: list[list[bytes]] | None = None) -> _Run:
+        """`images`: each row's image files, one image token in its text_input per image."""
         self.service.require_ready()
-        prompt_ids = [self.tokenize(r.prompt) for r in requests]
+        prompts = [await self.with_images(self.tokenize(r.prompt), row_images)
+                   for r, row_images in zip(requests, images or [[]] * len(requests))]
+        prompt_ids = [ids for ids, _ in prompts]
         params = [self.sampling_params(r, self.check_length(ids, r.max_tokens), None)
                   for r, ids in zip(requests, prompt_ids)]
-        return await self.start(prompt_ids, params, priority, f"v2-{uuid.uuid4().hex}")
+        return await self.start(prompt_ids, params, priority, f"v2-{uuid.uuid4().hex}", [p for _, p in prompts])
 
     async def deltas(self, run: _Run) -> AsyncIterator[RowResult]:
         """Each row's new text as the engine produces it; closing this aborts the rows still running."""

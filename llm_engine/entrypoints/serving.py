@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from llm_engine.entrypoints.chat_images import request_images, with_placeholders
 from llm_engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from llm_engine.entrypoints.service import LLMService, as_openai_error
-from llm_engine.multimodal.inputs import ImagePrompt
+from llm_engine.multimodal.inputs import ImageInputs, ImagePrompt
 from llm_engine.outputs import CompletionOutput, Logprob, RequestOutput
 from llm_engine.sampling_params import SamplingParams
 
@@ -116,6 +116,25 @@ class _Serving:
         run = _Run(prompt_ids, params[0].n, _merge(generators, firsts))
         run.choices = [_Choice(i) for i in range(len(prompt_ids) * run.n)]
         return run
+
+    def image_inputs(self) -> ImageInputs:
+        inputs = self.engine.engine.image_inputs
+        if inputs is None:
+            raise OpenAIError(400, f"model {self.service.served_name!r} is a text-only model; it cannot see images")
+        return inputs
+
+    async def with_images(self, ids: list[int], images: list[bytes]) -> tuple[list[int], list[int] | ImagePrompt]:
+        """(prompt ids, what the engine gets): with images, each image token is expanded to the
+        image's placeholders, and the files are decoded and preprocessed in a worker thread (not
+        on the event loop, not on the engine's thread)."""
+        if not images:
+            return ids, ids
+        inputs = self.image_inputs()
+        try:
+            expanded, items = await asyncio.to_thread(inputs, ids, images)
+        except ValueError as exc:
+            raise as_openai_error(exc) from None
+        return expanded, ImagePrompt(expanded, items)
 
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         try:
@@ -308,22 +327,12 @@ class ServingChat(_Serving):
         return await self._full(req, run, request_id)
 
     async def _prompt(self, req: ChatCompletionRequest) -> tuple[list[int], list[int] | ImagePrompt]:
-        """(prompt token ids, what the engine gets): with images, the ids have each image's
-        placeholders and the images are decoded and preprocessed here, off the engine's thread."""
-        image_inputs = self.engine.engine.image_inputs
-        if not any(m.image_urls() for m in req.messages):
-            ids = self.tokenize(self._render(req, ""))
-            return ids, ids
-        if image_inputs is None:
-            raise OpenAIError(400, f"model {req.model!r} is a text-only model; it cannot see images",
-                              param="messages")
-        images = await asyncio.to_thread(request_images, req)
-        placeholder = self.engine.tokenizer.convert_ids_to_tokens(image_inputs.image_token_id)
-        try:
-            ids, items = await asyncio.to_thread(image_inputs, self.tokenize(self._render(req, placeholder)), images)
-        except ValueError as exc:
-            raise as_openai_error(exc) from None
-        return ids, ImagePrompt(ids, items)
+        """(prompt token ids, what the engine gets); each image is the model's placeholder token."""
+        images = request_images(req)
+        if not images:
+            return await self.with_images(self.tokenize(self._render(req, "")), [])
+        placeholder = self.engine.tokenizer.convert_ids_to_tokens(self.image_inputs().image_token_id)
+        return await self.with_images(self.tokenize(self._render(req, placeholder)), images)
 
     def _render(self, req: ChatCompletionRequest, image_placeholder: str) -> list[int]:
         """Token ids of the conversation through the tokenizer's chat template."""

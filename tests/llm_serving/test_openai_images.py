@@ -109,3 +109,34 @@ def test_a_text_only_model_says_it_cannot_see(client):
     with pytest.raises(openai.BadRequestError) as caught:
         ask(client, data_url(encode(picture(8, 8, 2), "PNG")), model=TINY_NAME)
     assert "cannot see images" in caught.value.body["message"]
+
+
+def v2_infer(server, text: str, images: list[bytes]):
+    """KServe v2 infer through Triton's own HTTP client: text_input plus an image_bytes_input row."""
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=60)
+    tensors = []
+    for name, datatype, value in (("text_input", "BYTES", np.array([[text.encode()]], dtype=object)),
+                                  ("image_bytes_input", "BYTES", np.array([images], dtype=object)),
+                                  ("max_tokens", "INT32", np.array([[4]], dtype=np.int32)),
+                                  ("ignore_eos", "BOOL", np.array([[True]]))):
+        tensor = httpclient.InferInput(name, list(value.shape), datatype)
+        tensor.set_data_from_numpy(value)
+        tensors.append(tensor)
+    return client.infer(VISION_NAME, tensors)
+
+
+def test_kserve_v2_image_tensor(vision_server):
+    from tritonclient.utils import InferenceServerException
+
+    stats = vision_server.service.engine.engine.get_stats
+    before = stats().mm_cache_queries
+    result = v2_infer(vision_server, "<image>\nWhat is in it?", [encode(picture(50, 20, 4), "PNG")])
+    assert result.as_numpy("num_output_tokens")[0, 0] == 4
+    assert stats().mm_cache_queries == before + 1
+    with pytest.raises(InferenceServerException, match="not a readable"):
+        v2_infer(vision_server, "<image>\nAnd this?", [b"\x89PNG broken"])
+    with pytest.raises(InferenceServerException, match=r"2 image placeholder\(s\) for 1 image"):
+        v2_infer(vision_server, "<image> <image> two?", [encode(picture(9, 9, 1), "PNG")])
