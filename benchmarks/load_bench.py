@@ -4,7 +4,8 @@ Each simulated student signs up, creates a project, keeps the editor's collab so
 `main.py`, and types into `notes.md` from one socket while a second socket (a partner's tab)
 watches for each keystroke. Between pauses (mean `--think` seconds) a student reads the file
 tree, saves `main.py` through the files API, reads it back (a different text is a lost save), and
-every `--run-every` iterations runs the project (`print(1)`) and polls it to its verdict.
+every `--run-every` iterations runs the project (`print(1)`) and follows it on its socket to the
+verdict, as the workspace does.
 
 Per step it prints per-operation latency percentiles, errors (5xx, wrong answers, lost saves),
 timeouts, socket drops, keystroke fan-out latency, and the server's CPU and memory. With
@@ -167,13 +168,12 @@ class Student:
         return response
 
     async def socket(self, path: str, base: str | None = None) -> YClient | None:
-        cookie = "; ".join(f"{k}={v}" for k, v in self.http.cookies.items())
         base = base or self.base
         url = base.replace("http", "ws", 1) + f"/ws/collab/{self.project}/{path}"
         started = time.monotonic()
         try:
             ws = await asyncio.wait_for(websockets.connect(
-                url, additional_headers={"Cookie": cookie}, origin=base, max_size=None), TIMEOUT_S)
+                url, additional_headers={"Cookie": self.cookie()}, origin=base, max_size=None), TIMEOUT_S)
         except TimeoutError:
             self.tally.timeouts["socket"] += 1
             return None
@@ -257,24 +257,34 @@ class Student:
             await self.run()
 
     async def run(self) -> None:
+        """Run the project and follow it on its socket, as the workspace does, to the exit frame."""
         started = time.monotonic()
         answer = await self.call("run_start", "POST", f"/api/projects/{self.project}/runs", json={"entry": "main.py"})
         if answer is None:
             return
-        run_id = answer.json()["id"]
-        while time.monotonic() - started < TIMEOUT_S * 3:
-            await asyncio.sleep(0.1)
-            polled = await self.call("run_poll", "GET", f"/api/runs/{run_id}")
-            if polled is None:
-                return
-            run = polled.json()
-            if run["status"] == "finished":
-                if run["verdict"] != "ok" or run["stdout"] != "1\n":
-                    self.tally.error(f"run: {run['verdict']} {run['message']!r} {run['stdout'][:60]!r}")
-                else:
-                    self.tally.latencies["run_e2e"].append(time.monotonic() - started)
-                return
-        self.tally.timeouts["run_e2e"] += 1
+        url = self.base.replace("http", "ws", 1) + f"/ws/runs/{answer.json()['id']}"
+        stdout = ""
+        try:
+            async with asyncio.timeout(TIMEOUT_S * 3), websockets.connect(
+                    url, additional_headers={"Cookie": self.cookie()}, origin=self.base) as ws:
+                async for raw in ws:
+                    frame = json.loads(raw)
+                    if frame["type"] == "stdout":
+                        stdout += frame["data"]
+                    elif frame["type"] == "exit":
+                        if frame["verdict"] != "ok" or stdout != "1\n":
+                            self.tally.error(f"run: {frame['verdict']} {frame['message']!r} {stdout[:60]!r}")
+                        else:
+                            self.tally.latencies["run_e2e"].append(time.monotonic() - started)
+                        return
+            self.tally.error("run: its socket closed before the exit frame")
+        except TimeoutError:
+            self.tally.timeouts["run_e2e"] += 1
+        except (OSError, websockets.WebSocketException) as exc:
+            self.tally.error(f"run socket: {type(exc).__name__} {exc}")
+
+    def cookie(self) -> str:
+        return "; ".join(f"{k}={v}" for k, v in self.http.cookies.items())
 
 
 def server_pid(base: str) -> int:
