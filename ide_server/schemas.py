@@ -42,6 +42,11 @@ class UserCreate(BaseModel):
     password: str = Password
 
 
+class PasswordChange(BaseModel):
+    current_password: str = Field(min_length=1, max_length=1000)
+    new_password: str = Password
+
+
 class LoginRequest(BaseModel):
     username: Line = Field(min_length=1, max_length=100)
     password: str = Password

@@ -17,6 +17,7 @@ from ide_server.models import User
 from ide_server.schemas import (
     LoginPublic,
     LoginRequest,
+    PasswordChange,
     RandomId,
     TokenCreate,
     TokenCreated,
@@ -69,6 +70,14 @@ def logout(request: Request, response: Response, user: CurrentUser, db: DbSessio
 @router.get("/me")
 def me(user: CurrentUser) -> UserPublic:
     return UserPublic.model_validate(user)
+
+
+@router.post("/me/password")
+def change_password(body: PasswordChange, response: Response, user: CurrentUser, db: DbSession,
+                    settings: SettingsDep) -> LoginPublic:
+    """Change your password (the current one first). Every other browser session ends; this one goes on."""
+    user = accounts.change_password(db, settings, user, body.current_password, body.new_password)
+    return _sign_in(response, db, settings, user)
 
 
 @router.get("/tokens")

@@ -59,6 +59,14 @@ def set_password(db: Session, settings: Settings, username: str, password: str) 
     return user
 
 
+def change_password(db: Session, settings: Settings, user: User, current: str, new: str) -> User:
+    """A signed-in user's own change: the current password first, then every browser session ends (the
+    caller starts a new one for the browser that asked)."""
+    if not security.verify_password(user.password_hash, current):
+        raise InvalidInput("the current password is not right")
+    return set_password(db, settings, user.username, new)
+
+
 def register(db: Session, settings: Settings, username: str, password: str) -> User:
     """Self-service sign-up, unless the server's admin closed it."""
     if not settings.allow_registration:

@@ -138,3 +138,21 @@ def test_registration_can_be_closed(app, anon, settings, monkeypatch):
     monkeypatch.setattr(settings, "allow_registration", False)
     response = anon.post("/api/auth/register", json={"username": "latecomer", "password": "long enough pw"})
     assert response.status_code == 403 and "sign-up is closed" in response.json()["detail"]
+
+
+def test_changing_your_password_keeps_this_browser_and_signs_out_the_others(app, new_user):
+    alice = new_user()
+    other = TestClient(app)
+    assert other.post("/api/auth/login", json={"username": alice.username, "password": alice.password}).status_code == 200
+    wrong = alice.post("/api/me/password", json={"current_password": "not it", "new_password": "a new long password"})
+    assert wrong.status_code == 400 and wrong.json()["detail"] == "the current password is not right"
+    short = alice.post("/api/me/password", json={"current_password": alice.password, "new_password": "x"})
+    assert short.status_code == 400 and "at least" in short.json()["detail"]
+    changed = alice.post("/api/me/password", json={"current_password": alice.password, "new_password": "a new long password"})
+    assert changed.status_code == 200
+    alice.headers["X-CSRF-Token"] = changed.json()["csrf_token"]
+    assert alice.get("/api/me").json()["username"] == alice.username  # this browser goes on
+    assert other.get("/api/me").status_code == 401  # the other one is signed out
+    fresh = TestClient(app)
+    assert fresh.post("/api/auth/login", json={"username": alice.username, "password": alice.password}).status_code == 401
+    assert fresh.post("/api/auth/login", json={"username": alice.username, "password": "a new long password"}).status_code == 200
