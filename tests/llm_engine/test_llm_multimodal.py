@@ -4,6 +4,8 @@ chunks that split an image), the encoder-output cache, image-keyed prefix cachin
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from PIL import Image, ImageOps
@@ -17,6 +19,8 @@ from llm_engine.multimodal.processor import ImageProcessor, anyres_tiles
 from conftest import check_logprobs_close
 from vision_models import IMAGE_TOKEN, bomb_png, build_llava, build_llava_siglip, encode, hf_reference, picture
 
+# The default suite runs LLaVA-1.5 end to end; `make test-llm-vision` adds LLaVA-NeXT and SigLIP/Qwen2.
+full_only = pytest.mark.skipif(not os.environ.get("CODEYARD_VISION_FULL"), reason="make test-llm-vision")
 MAX_NEW = 10
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
 FEATURES = 25  # (30 px / 6 px patches)^2
@@ -94,6 +98,7 @@ def test_anyres_tiles_equal_transformers(llava_next, name):
     assert torch.allclose(ours, reference.pixel_values[0], atol=1e-5, rtol=0)
 
 
+@full_only
 def test_llava_next_batched_parity_with_transformers(llava_next):
     """Any-resolution tiling: each picture's placeholder count depends on its size."""
     config = AutoConfig.from_pretrained(llava_next)
@@ -106,6 +111,7 @@ def test_llava_next_batched_parity_with_transformers(llava_next):
     check_logprobs_close(results(outputs), references)
 
 
+@full_only
 def test_siglip_qwen2_llava_parity_with_transformers(tmp_path):
     """The SigLIP tower (no class token, bias on the patch convolution, last layer's states) and a
     Qwen2 decoder, as LLaVA-Interleave pairs them; fixed-size resizing without a crop."""
@@ -135,10 +141,11 @@ def results(outputs):
     return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outputs]
 
 
-@pytest.mark.parametrize("engine_kwargs", [dict(enable_prefix_caching=False),
-                                           dict(enable_prefix_caching=True),
-                                           dict(max_num_batched_tokens=16, attention_backend="torch")],
-                         ids=["no-prefix-cache", "prefix-cache", "chunked-prefill"])
+@pytest.mark.parametrize("engine_kwargs", [
+    pytest.param(dict(enable_prefix_caching=False), id="no-prefix-cache", marks=full_only),
+    pytest.param(dict(enable_prefix_caching=True), id="prefix-cache"),
+    pytest.param(dict(max_num_batched_tokens=16, attention_backend="torch", enable_prefix_caching=False),
+                 id="chunked-prefill-no-prefix-cache")])
 def test_batched_parity_with_transformers(llava, references, engine_kwargs):
     llm = LLM(str(llava), dtype="float32", num_kv_blocks=256, **engine_kwargs)
     outputs = llm.generate(as_inputs(PROMPTS), GREEDY, use_tqdm=False)
