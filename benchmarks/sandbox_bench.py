@@ -91,7 +91,7 @@ async def main() -> None:
             backend: Backend = BwrapBackend()
         else:
             from sandbox.docker_backend import DockerBackend
-            from sandbox.engine import LocalDockerd, docker_client
+            from sandbox.dockerd import LocalDockerd, docker_client
             from sandbox.image import build_image
 
             client = docker_client()

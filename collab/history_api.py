@@ -21,11 +21,11 @@ from collab.component import histories_of, rooms_of
 from collab.history import Author, Checkpoint, Histories, NameTaken, restore_file, restore_project, user_author
 from collab.room import RoomKey
 from ide_server import paths
-from ide_server.api.events import EventsDep
 from ide_server.components import Component
 from ide_server.deps import ProjectEditor, ProjectViewer
 from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.errors import Conflict, InvalidInput, NotFound
+from ide_server.events import EventsDep
 from ide_server.services.projects import ProjectAccess
 
 router = APIRouter(prefix="/api/projects/{project_id}/history", tags=["history"], responses=ERROR_RESPONSES)

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, FastAPI, Response, WebSocket, status
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
+from collab.editors import OpenEditors
 from deploy_service.edge import AppsEdge
 from deploy_service.instance import remove_stale_cgroups
 from deploy_service.owner import Ownership, this_replica
@@ -35,7 +36,6 @@ from sandbox.engine import make_backend
 from sandbox.errors import SandboxUnavailable
 from sandbox.frames import CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, SOCKET_GONE
 from sandbox.packages.install import bubblewrap_installer
-from sandbox.runs import OpenEditors
 
 log = logging.getLogger(__name__)
 

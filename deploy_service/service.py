@@ -26,6 +26,7 @@ from packaging.utils import canonicalize_name
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from collab.editors import OpenEditors
 from deploy_service.detect import MAX_INSTANCES, AppPlan, detect
 from deploy_service.instance import APP_LIMITS, AppInstance, Launch
 from deploy_service.logs import DeployLog
@@ -43,7 +44,6 @@ from sandbox.limits import MIB, Limits
 from sandbox.packages.install import Installer, InstallFailed
 from sandbox.packages.project import prepare_node, unknown_message
 from sandbox.packages.resolve import resolve_python
-from sandbox.runs import OpenEditors
 from sandbox.verdict import Verdict
 
 log = logging.getLogger(__name__)

@@ -46,8 +46,8 @@ COMPONENTS: list[str] = [
     "ide_server.api.accounts:component",
     "ide_server.api.projects:component",
     "ide_server.api.files:component",
-    "llm_engine.entrypoints.component:component",
-    "llm_engine.assistant.component:component",  # after llm: it serves through the same model
+    "assistant.llm_api:component",
+    "assistant.api:component",  # after llm: it serves through the same model
     "collab.component:component",
     "ide_server.api.events:component",
     "collab.history_api:component",

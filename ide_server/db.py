@@ -21,7 +21,7 @@ PG_MIGRATION_LOCK = 7_202_611
 # Modules whose tables (subclasses of Base) the migrations cover. A package that adds tables
 # appends its models module here and adds a revision to ide_server/migrations/versions/
 # (`alembic -c ide_server/migrations/alembic.ini revision --autogenerate -m "..."`).
-MODEL_MODULES: list[str] = ["ide_server.models", "sandbox.models", "collab.store", "deploy_service.secret_models", "tutorials.models", "llm_engine.assistant.models", "deploy_service.models"]
+MODEL_MODULES: list[str] = ["ide_server.models", "sandbox.models", "collab.store", "deploy_service.secret_models", "tutorials.models", "assistant.models", "deploy_service.models"]
 
 
 class Base(DeclarativeBase):

@@ -1,9 +1,10 @@
 """The one place that turns errors into HTTP answers: `{"detail": "human message"}`."""
 
+from typing import Protocol, cast
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-
 from pydantic import BaseModel
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -11,6 +12,15 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from ide_server.errors import DomainError
 
 BUSY_RETRY_AFTER_S = 2
+
+
+class StatusError(Protocol):
+    """What the handler reads from an error: DomainError's shape, which other packages' errors share."""
+
+    status_code: int
+    detail: str
+
+    def headers(self) -> dict[str, str]: ...
 
 
 class ErrorBody(BaseModel):
@@ -41,6 +51,11 @@ def install_error_handlers(app: FastAPI) -> None:
     _document_validation_errors(app)
 
 
+def answer_like_domain_errors(app: FastAPI, error_type: type[Exception]) -> None:
+    """Answer another package's errors (e.g. the sandbox's, which know nothing of the IDE) as DomainErrors."""
+    app.add_exception_handler(error_type, _domain_error)
+
+
 def _document_validation_errors(app: FastAPI) -> None:
     """Make the OpenAPI document describe the 422 body this handler really sends."""
     generate = app.openapi
@@ -64,8 +79,8 @@ def _document_validation_errors(app: FastAPI) -> None:
 
 
 async def _domain_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, DomainError)
-    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers())
+    error = cast(StatusError, exc)
+    return JSONResponse({"detail": error.detail}, status_code=error.status_code, headers=error.headers())
 
 
 async def _busy(_request: Request, exc: Exception) -> JSONResponse:

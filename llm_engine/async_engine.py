@@ -122,6 +122,15 @@ class AsyncLLMEngine:
     def max_model_len(self) -> int:
         return self.require_engine().max_model_len
 
+    @property
+    def num_kv_blocks(self) -> int | None:
+        """The KV cache's size in blocks once the model is loaded (it depends on free memory)."""
+        return self.engine.block_manager.num_blocks if self.engine is not None else None
+
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        """The prompt's token ids (ValueError for bad input, EngineNotReady while loading)."""
+        return self.require_engine().tokenize(prompt)[1]
+
     def num_waiting(self) -> int:
         """Requests not yet scheduled: waiting in the engine, or queued for the loop to add."""
         return (self._stats.num_waiting if self._stats else 0) + self._pending_adds

@@ -22,7 +22,7 @@ def build_image_command(
     """Build the Docker runner image locally (debootstrap + docker import; no registry needed)."""
     import time
 
-    from sandbox.engine import docker_client
+    from sandbox.dockerd import docker_client
     from sandbox.image import ImageBuildError, build_image
 
     client = docker_client(timeout=600)
@@ -50,7 +50,7 @@ def check_command(backend: Annotated[str, typer.Option(help="auto, docker or bwr
 @app.command("cleanup")
 def cleanup_command() -> None:
     """Remove what crashed runs left behind (run it while the server is stopped)."""
-    from sandbox.engine import docker_client
+    from sandbox.dockerd import docker_client
     from sandbox.sweep import sweep
 
     removed = sweep(docker_client(timeout=10))

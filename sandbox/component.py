@@ -8,7 +8,6 @@ access, closing with 4401 (not signed in), 4404 (no such run or project for this
 from __future__ import annotations
 
 import asyncio
-
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
@@ -19,21 +18,31 @@ from fastapi import APIRouter, Depends, FastAPI, Query, WebSocket, status
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
+from collab.editors import OpenEditors
 from ide_server.components import Component
 from ide_server.deps import CurrentUser, DbSession, ProjectEditor, ProjectMember, authenticate_websocket
-from ide_server.error_handlers import ERROR_RESPONSES
+from ide_server.error_handlers import ERROR_RESPONSES, answer_like_domain_errors
 from ide_server.errors import DomainError, NotAuthenticated, PermissionDenied
 from ide_server.models import Role, User
 from ide_server.schemas import RandomId
 from ide_server.services import projects
-from sandbox.engine import docker_client, make_backend
-from sandbox.runner import start_own_runner
-from sandbox.errors import SandboxUnavailable
+from sandbox.dockerd import docker_client
+from sandbox.engine import make_backend
+from sandbox.errors import SandboxError, SandboxUnavailable
+from sandbox.frames import (
+    CLOSE_BUSY,
+    CLOSE_FORBIDDEN,
+    CLOSE_NOT_FOUND,
+    CLOSE_UNAUTHENTICATED,
+    CLOSE_UNAVAILABLE,
+    SOCKET_GONE,
+    receive_frame,
+    send_chunks,
+)
 from sandbox.host_lease import HostLease
-from sandbox.frames import (CLOSE_BUSY, CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, CLOSE_UNAVAILABLE, SOCKET_GONE,
-                            receive_frame, send_chunks)
-from sandbox.runs import OpenEditors, ProjectRuns, public_of_record
 from sandbox.packages.install import bubblewrap_installer, runners_installer
+from sandbox.runner import start_own_runner
+from sandbox.runs import ProjectRuns, public_of_record
 from sandbox.schemas import PackagesAdd, PackagesPublic, RunCreate, RunPublic
 from sandbox.service import RunService
 from sandbox.shell import serve_shell
@@ -93,7 +102,7 @@ def _caller(websocket: WebSocket) -> User:
     return user
 
 
-async def _close_denied(websocket: WebSocket, exc: DomainError) -> None:
+async def _close_denied(websocket: WebSocket, exc: DomainError | SandboxError) -> None:
     code = {401: CLOSE_UNAUTHENTICATED, 403: CLOSE_FORBIDDEN, 429: CLOSE_BUSY, 503: CLOSE_UNAVAILABLE}.get(exc.status_code, CLOSE_NOT_FOUND)
     await websocket.close(code, exc.detail[:120])
 
@@ -118,7 +127,7 @@ async def run_socket(websocket: WebSocket, run_id: str) -> None:
                     return False
 
         can_write = await run_in_threadpool(allowed)
-    except DomainError as exc:
+    except (DomainError, SandboxError) as exc:
         await _close_denied(websocket, exc)
         return
     await _stream_run(websocket, runs.service, run_id, can_write)
@@ -184,7 +193,7 @@ async def shell_socket(websocket: WebSocket, project_id: str, rows: int = Query(
         await run_in_threadpool(authorize)
         backend = runs.require_backend()
         runs.claim_shell(user)
-    except DomainError as exc:
+    except (DomainError, SandboxError) as exc:
         await _close_denied(websocket, exc)
         return
     try:
@@ -244,4 +253,8 @@ async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
         lease.close()
 
 
-component = Component(name="sandbox", router=router, lifespan=sandbox_lifespan)
+def _setup(app: FastAPI) -> None:
+    answer_like_domain_errors(app, SandboxError)
+
+
+component = Component(name="sandbox", router=router, setup=_setup, lifespan=sandbox_lifespan)

@@ -22,8 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.backend import WORKSPACE, Backend, ExitStatus, Execution, Mount, RunContext, SandboxRun
+from sandbox.backend import WORKSPACE, Backend, Execution, ExitStatus, Mount, RunContext, SandboxRun
 from sandbox.cgroups import RunCgroup, remove_cgroup
+from sandbox.dockerd import docker_client
 from sandbox.image import RUNNER_IMAGE
 from sandbox.limits import Limits
 from sandbox.seccomp import docker_profile
@@ -254,8 +255,6 @@ class DockerBackend(Backend):
     name = "docker"
 
     def __init__(self, client=None, image: str = RUNNER_IMAGE, *, pool_limits: Limits | None = None, pool_size: int = 0) -> None:
-        from sandbox.engine import docker_client
-
         self.client = client or docker_client()
         if self.client is None:
             raise RuntimeError("no Docker engine answers")
@@ -269,8 +268,6 @@ class DockerBackend(Backend):
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        from sandbox.engine import docker_client
-
         client = docker_client(timeout=5)
         if client is None:
             return "no Docker engine answers (apt-get install docker.io and start dockerd, or set DOCKER_HOST)"

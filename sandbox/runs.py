@@ -16,6 +16,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from collab.editors import OpenEditors
 from ide_server.errors import InvalidInput, PermissionDenied
 from ide_server.models import Role, User
 from ide_server.services import projects
@@ -60,35 +61,6 @@ def public_of_record(record: RunRecord) -> RunPublic:
 
 def public_of_row(row: RunRow) -> RunPublic:
     return RunPublic.model_validate(row, from_attributes=True)
-
-
-class OpenEditors:
-    """The collab rooms' side of a run: open editors' text is on disk before the run copies it in.
-
-    Files the program writes come back through copy_out; a room that has one of them open merges
-    the change on disk (its DiskMirror makes it a CRDT edit, keeping what was typed meanwhile) when
-    told so here, or at its next look at the file."""
-
-    def __init__(self, rooms_of: Callable[[], object | None], checkpoints_of: Callable[[], object | None] = lambda: None) -> None:
-        self._rooms_of, self._checkpoints_of = rooms_of, checkpoints_of
-
-    async def flush(self, project_id: str) -> None:
-        if (rooms := self._rooms_of()) is not None:
-            await rooms.flush_project(project_id)
-
-    async def files_written(self, project_id: str, paths: list[str]) -> None:
-        """Merge what a run wrote into the rooms that have it open, now rather than at their next poll."""
-        if (rooms := self._rooms_of()) is not None:
-            for path in paths:
-                for key in rooms.open_keys(project_id, path):
-                    await rooms.file_changed(key)
-
-    async def checkpoint(self, project_id: str, message: str) -> None:
-        """Flush, then commit a history checkpoint crediting who edited (when history is on)."""
-        if (checkpoints := self._checkpoints_of()) is not None:
-            await checkpoints.checkpoint_now(project_id, message)
-        else:
-            await self.flush(project_id)
 
 
 class ProjectRuns:

@@ -19,7 +19,7 @@ SERVICES = REPO / ".services" / "docker"
 os.environ["CODEYARD_SANDBOX_DIR"] = tempfile.mkdtemp(prefix="codeyard-sandbox-test-")
 os.environ.setdefault("CODEYARD_CACHE_DIR", str(REPO / ".codeyard" / "cache"))
 
-from sandbox.backend import Backend, RunSpec  # noqa: E402
+from sandbox.backend import RunSpec  # noqa: E402
 from sandbox.cgroups import RunCgroup, cgroup_dirs  # noqa: E402
 from sandbox.host_lease import lease_uid  # noqa: E402
 from sandbox.limits import Limits  # noqa: E402
@@ -34,7 +34,7 @@ def _say(line: str) -> None:
 @pytest.fixture(scope="session")
 def docker_engine():
     """A Docker client: the engine that answers, or a dockerd this session starts and stops."""
-    from sandbox.engine import LocalDockerd, docker_client
+    from sandbox.dockerd import LocalDockerd, docker_client
     from sandbox.errors import SandboxUnavailable
 
     client = docker_client()

@@ -4,9 +4,9 @@
 from fastapi import APIRouter, status
 from sqlalchemy.orm import Session
 
-from ide_server.api.events import EventsDep, ProjectEvents
 from ide_server.deps import CurrentUser, DbSession, ProjectEditor, ProjectMember, SettingsDep
 from ide_server.error_handlers import ERROR_RESPONSES, ErrorBody
+from ide_server.events import EventsDep, ProjectEvents
 from ide_server.models import User
 from ide_server.schemas import RandomId, UsernameParam
 from tutorials import catalog, classrooms, service

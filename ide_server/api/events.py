@@ -15,20 +15,17 @@ fan-out the collab rooms use (the rooms already share access revocations that wa
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, FastAPI, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import HTTPConnection
 
 from ide_server.components import Component
 from ide_server.deps import authenticate_websocket
 from ide_server.errors import DomainError, NotAuthenticated
+from ide_server.events import Listener, ProjectEvents
 from ide_server.models import Role
 from ide_server.services import projects
 
@@ -37,108 +34,6 @@ CLOSE_FORBIDDEN = 4403
 MAX_MESSAGE = 4096
 
 router = APIRouter()
-
-# (project_id, action, path, to) and (project_id, user_id): the in-process subscribers' signatures.
-FilesSubscriber = Callable[[str, str, str, str | None], Awaitable[None]]
-AccessSubscriber = Callable[[str, int], Awaitable[None]]
-
-
-@dataclass(eq=False)
-class Listener:
-    """One open workspace: who it is, which file it shows, and where to send events."""
-
-    websocket: WebSocket
-    username: str
-    role: str
-    file: str | None = None
-    id: int = field(default_factory=itertools.count(1).__next__)
-
-
-class ProjectEvents:
-    """The listeners of each project, and broadcasting to them (safe to call from worker threads).
-
-    Created with the app (so other components can subscribe in their setup or lifespan, in any
-    order); events are delivered once `start` has given it the serving event loop.
-    """
-
-    def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._listeners: dict[str, set[Listener]] = {}
-        self._files_subscribers: list[FilesSubscriber] = []
-        self._access_subscribers: list[AccessSubscriber] = []
-        self._tasks: set[asyncio.Task] = set()
-
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-
-    def on_files_changed(self, subscriber: FilesSubscriber) -> None:
-        self._files_subscribers.append(subscriber)
-
-    def on_access_changed(self, subscriber: AccessSubscriber) -> None:
-        self._access_subscribers.append(subscriber)
-
-    def files_changed(self, project_id: str, action: str, path: str, to: str | None = None) -> None:
-        """Tell the project's open workspaces and the subscribers that its files changed (files API)."""
-        event = {"type": "files", "action": action, "path": path, "to": to}
-        self._submit(lambda: [self._broadcast(project_id, event)]
-                     + [subscriber(project_id, action, path, to) for subscriber in self._files_subscribers])
-
-    def announce(self, project_id: str, event: dict) -> None:
-        """Send an event to the project's open workspaces only (runs: one started, one wrote files); the
-        in-process subscribers are not told, as the collab rooms notice files written by runs on disk."""
-        self._submit(lambda: [self._broadcast(project_id, event)])
-
-    def access_changed(self, project_id: str, user_id: int) -> None:
-        """A member was removed or their role changed (called after the change is committed)."""
-        self._submit(lambda: [subscriber(project_id, user_id) for subscriber in self._access_subscribers])
-
-    def _submit(self, make: Callable[[], list[Coroutine]]) -> None:
-        if self._loop is not None and not self._loop.is_closed():  # else the app is not serving
-            self._loop.call_soon_threadsafe(self._spawn, make)
-
-    def _spawn(self, make: Callable[[], list[Coroutine]]) -> None:
-        for coroutine in make():
-            task = asyncio.create_task(coroutine)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def join(self, project_id: str, listener: Listener) -> None:
-        self._listeners.setdefault(project_id, set()).add(listener)
-        await self._broadcast_presence(project_id)
-
-    async def leave(self, project_id: str, listener: Listener) -> None:
-        listeners = self._listeners.get(project_id, set())
-        listeners.discard(listener)
-        if not listeners:
-            self._listeners.pop(project_id, None)
-        await self._broadcast_presence(project_id)
-
-    async def moved_to(self, project_id: str, listener: Listener, file: str | None) -> None:
-        listener.file = file
-        await self._broadcast_presence(project_id)
-
-    async def _broadcast_presence(self, project_id: str) -> None:
-        users = [
-            {"id": other.id, "username": other.username, "role": other.role, "file": other.file}
-            for other in sorted(self._listeners.get(project_id, ()), key=lambda item: item.id)
-        ]
-        await self._broadcast(project_id, {"type": "presence", "users": users})
-
-    async def _broadcast(self, project_id: str, event: dict) -> None:
-        text = json.dumps(event)
-        for listener in list(self._listeners.get(project_id, ())):
-            try:
-                await listener.websocket.send_text(text)
-            except Exception:  # a socket closing meanwhile; its handler removes it
-                pass
-
-
-async def events_of(conn: HTTPConnection) -> ProjectEvents | None:
-    """The app's event hub, or None when the events component is not loaded (nothing listens then)."""
-    return getattr(conn.app.state, "project_events", None)
-
-
-EventsDep = Annotated[ProjectEvents | None, Depends(events_of)]
 
 
 def _authorise(websocket: WebSocket, project_id: str) -> tuple[str, str]:

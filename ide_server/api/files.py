@@ -10,11 +10,11 @@ from fastapi import APIRouter, Query, Request, status
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from ide_server.api.events import EventsDep, ProjectEvents
 from ide_server.components import Component
-from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.deps import ProjectEditor, ProjectViewer, SettingsDep
+from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.errors import TooLarge
+from ide_server.events import EventsDep, ProjectEvents
 from ide_server.schemas import FileCreate, FileEntry, FileMove, SearchMatch, SearchResults, UploadResult
 from ide_server.services import files, projects, search
 from ide_server.services.projects import ProjectAccess

@@ -2,10 +2,10 @@
 
 from fastapi import APIRouter, status
 
-from ide_server.api.events import EventsDep
 from ide_server.components import Component
-from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.deps import CurrentUser, DbSession, ProjectMember, ProjectOwner, ProjectViewer, Public, SettingsDep
+from ide_server.error_handlers import ERROR_RESPONSES
+from ide_server.events import EventsDep
 from ide_server.models import Project, Role
 from ide_server.schemas import (
     InviteAccepted,

@@ -11,16 +11,16 @@ which is what the binary tensor extension and gRPC's raw contents both carry.
 from __future__ import annotations
 
 import uuid
-from importlib.metadata import PackageNotFoundError, version
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 
 import numpy as np
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, triton_to_np_dtype
 
 from llm_engine.entrypoints.protocol import CompletionRequest, OpenAIError, parse_request
-from llm_engine.entrypoints.serving import _Run, _Serving
 from llm_engine.entrypoints.service import LLMService
+from llm_engine.entrypoints.serving import _Run, _Serving
 
 try:
     SERVER_VERSION = version("codeyard")
@@ -88,7 +88,6 @@ def model_config(service: LLMService, name: str, version: str | None = None) -> 
     if ensemble is not None:
         return ensemble.config
     cfg = service.engine.config
-    engine = service.engine.engine
     parameters = {
         "gpt_model_type": "inflight_fused_batching",
         "model_path": cfg.model,
@@ -97,7 +96,7 @@ def model_config(service: LLMService, name: str, version: str | None = None) -> 
         "max_num_batched_tokens": cfg.max_num_batched_tokens,
         "block_size": cfg.block_size,
         "kv_cache_memory": cfg.kv_cache_memory,
-        "num_kv_blocks": engine.block_manager.num_blocks if engine is not None else cfg.num_kv_blocks,
+        "num_kv_blocks": service.engine.num_kv_blocks or cfg.num_kv_blocks,
         "enable_prefix_caching": cfg.enable_prefix_caching,
         "batch_scheduler_policy": cfg.scheduling_policy,
         "max_queue_size": service.options.max_waiting,

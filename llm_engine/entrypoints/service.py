@@ -33,7 +33,7 @@ class LLMService:
         self.started_at = time.time()
 
     def max_model_len(self) -> int | None:
-        return self.engine.engine.max_model_len if self.engine.engine is not None else None
+        return self.engine.max_model_len if self.engine.is_ready else None
 
     def start(self) -> None:
         self.engine.start()

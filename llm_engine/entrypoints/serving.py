@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from llm_engine.async_engine import EngineNotReady
 from llm_engine.entrypoints.chat_images import request_images, with_placeholders
 from llm_engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from llm_engine.entrypoints.service import LLMService, as_openai_error
@@ -138,8 +139,8 @@ class _Serving:
 
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         try:
-            return self.engine.engine.tokenize(prompt)[1]
-        except ValueError as exc:
+            return self.engine.tokenize(prompt)
+        except (ValueError, EngineNotReady) as exc:
             raise as_openai_error(exc) from None
 
     def token_text(self, token_id: int) -> str:

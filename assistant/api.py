@@ -20,15 +20,21 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
+from assistant.llm_api import llm_of
+from assistant.schemas import (
+    AssistantPublic,
+    AssistantUpdate,
+    ChatCreate,
+    CompletionCreate,
+    CompletionPublic,
+    ExplainCreate,
+)
+from assistant.service import ANSWER_COST, Assistant, AssistantConfig, Model
 from ide_server.components import Component
 from ide_server.deps import DbSession, ProjectEditor, ProjectMember, ProjectOwner
 from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.services.projects import ProjectAccess
-from llm_engine.assistant.schemas import (AssistantPublic, AssistantUpdate, ChatCreate, CompletionCreate,
-                                          CompletionPublic, ExplainCreate)
-from llm_engine.assistant.service import ANSWER_COST, Assistant, AssistantConfig, Model
 from llm_engine.entrypoints.api import answer, unless_disconnected
-from llm_engine.entrypoints.component import llm_of
 
 STREAM_RESPONSES: dict[int | str, dict] = {200: {"description": "OpenAI chat completion chunks, then [DONE]",
                                                  "content": {"text/event-stream": {}}}}

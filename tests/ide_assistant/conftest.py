@@ -12,9 +12,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from assistant.service import Assistant, AssistantConfig
 from ide_server.app import create_app
 from ide_server.settings import Settings
-from llm_engine.assistant.service import Assistant, AssistantConfig
 from llm_engine.config import EngineConfig
 from llm_engine.entrypoints.models import resolve_model
 from llm_engine.entrypoints.service import LLMService, ServerOptions

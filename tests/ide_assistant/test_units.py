@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llm_engine.assistant.prompts import completion_prompt, ghost_text, line_is_complete
-from llm_engine.assistant.ratelimit import RateLimiter
+from assistant.prompts import completion_prompt, ghost_text, line_is_complete
+from assistant.ratelimit import RateLimiter
 
 
 class FakeClock:

@@ -11,9 +11,9 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 
+from assistant.remote import RemoteLLM, relay
 from llm_engine.async_engine import EngineNotReady, EngineOverloaded
 from llm_engine.entrypoints.protocol import ChatCompletionRequest, OpenAIError
-from llm_engine.entrypoints.remote import RemoteLLM, relay
 from llm_engine.entrypoints.service import LLMService, as_openai_error
 from llm_engine.entrypoints.serving import ServingChat
 from llm_engine.sampling_params import SamplingParams

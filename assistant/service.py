@@ -13,15 +13,15 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.orm import Session
 
+from assistant import prompts
+from assistant.backends import LocalModel, RemoteModel
+from assistant.lazy_llm import LazyLLM
+from assistant.models import AssistantSetting
+from assistant.ratelimit import RateLimiter
+from assistant.schemas import AssistantPublic, ChatCreate, CompletionCreate, ExplainCreate
 from ide_server.errors import DomainError, InvalidInput, PermissionDenied, Throttled
 from ide_server.models import Role, utcnow
 from ide_server.services.projects import ProjectAccess
-from llm_engine.assistant import prompts
-from llm_engine.assistant.backends import LocalModel, RemoteModel
-from llm_engine.assistant.models import AssistantSetting
-from llm_engine.assistant.ratelimit import RateLimiter
-from llm_engine.assistant.schemas import AssistantPublic, ChatCreate, CompletionCreate, ExplainCreate
-from llm_engine.entrypoints.component import LazyLLM
 from llm_engine.entrypoints.protocol import OpenAIError
 
 Model = LocalModel | RemoteModel

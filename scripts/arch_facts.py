@@ -1,0 +1,88 @@
+"""Architecture facts for review: the import graph between packages, the largest files and
+classes, and the test/code ratio per package (lines of code, blank lines and comments aside).
+
+    python scripts/arch_facts.py
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ["ide_server", "collab", "sandbox", "deploy_service", "tutorials", "assistant", "llm_engine"]
+
+
+def _code_lines(path: Path) -> int:
+    return sum(1 for line in path.read_text().splitlines() if line.strip() and not line.strip().startswith("#"))
+
+
+def _sources(package: str) -> list[Path]:
+    return [p for p in (ROOT / package).rglob("*.py") if "migrations" not in p.parts]
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    """package -> {imported package: number of import statements}."""
+    graph: dict[str, dict[str, int]] = {p: defaultdict(int) for p in PACKAGES if (ROOT / p).is_dir()}
+    for package in graph:
+        for path in _sources(package):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in graph and top != package:
+                        graph[package][top] += 1
+    return graph
+
+
+def largest(n: int = 10) -> tuple[list[tuple[int, str]], list[tuple[int, int, str]]]:
+    files, classes = [], []
+    for package in PACKAGES:
+        for path in _sources(package) if (ROOT / package).is_dir() else []:
+            rel = str(path.relative_to(ROOT))
+            files.append((_code_lines(path), rel))
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    methods = sum(isinstance(b, ast.FunctionDef | ast.AsyncFunctionDef) for b in node.body)
+                    classes.append((node.end_lineno - node.lineno + 1, methods, f"{rel}:{node.name}"))
+    return sorted(files, reverse=True)[:n], sorted(classes, reverse=True)[:n]
+
+
+def ratios() -> dict[str, tuple[int, int]]:
+    """package -> (code lines, test lines); tests/<dir> count for the package they are named after."""
+    test_dirs = {"ide_server": ["ide_server"], "collab": ["collab"], "sandbox": ["sandbox", "sandbox_api", "sandbox_packages"],
+                 "deploy_service": ["deploy"], "tutorials": ["tutorials"], "assistant": ["ide_assistant"],
+                 "llm_engine": ["llm_engine", "llm_serving"]}
+    out = {}
+    for package, dirs in test_dirs.items():
+        if not (ROOT / package).is_dir():
+            continue
+        code = sum(_code_lines(p) for p in _sources(package))
+        tests = sum(_code_lines(p) for d in dirs for p in (ROOT / "tests" / d).rglob("*.py"))
+        out[package] = (code, tests)
+    return out
+
+
+def main() -> None:
+    print("## Imports between packages (statements)")
+    for package, deps in import_graph().items():
+        print(f"{package:15} -> " + ", ".join(f"{d} ({n})" for d, n in sorted(deps.items())) if deps else f"{package:15} -> (none)")
+    files, classes = largest()
+    print("\n## Largest files (code lines)")
+    for lines, name in files:
+        print(f"{lines:5}  {name}")
+    print("\n## Largest classes (lines, methods)")
+    for lines, methods, name in classes:
+        print(f"{lines:5} {methods:3}  {name}")
+    print("\n## Test/code ratio (code lines)")
+    total_code = total_tests = 0
+    for package, (code, tests) in ratios().items():
+        total_code, total_tests = total_code + code, total_tests + tests
+        print(f"{package:15} {code:6} {tests:6}  {tests / code:.2f}")
+    print(f"{'all':15} {total_code:6} {total_tests:6}  {total_tests / total_code:.2f}")
+
+
+if __name__ == "__main__":
+    main()
