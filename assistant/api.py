@@ -34,7 +34,7 @@ from ide_server.components import Component
 from ide_server.deps import DbSession, ProjectEditor, ProjectMember, ProjectOwner
 from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.services.projects import ProjectAccess
-from llm_engine.entrypoints.api import answer, unless_disconnected
+from llm_engine.entrypoints import answer, unless_disconnected
 
 STREAM_RESPONSES: dict[int | str, dict] = {200: {"description": "OpenAI chat completion chunks, then [DONE]",
                                                  "content": {"text/event-stream": {}}}}

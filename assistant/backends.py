@@ -12,11 +12,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 
 from assistant.remote import RemoteLLM, relay
-from llm_engine.async_engine import EngineNotReady, EngineOverloaded
-from llm_engine.entrypoints.protocol import ChatCompletionRequest, OpenAIError
-from llm_engine.entrypoints.service import LLMService, as_openai_error
-from llm_engine.entrypoints.serving import ServingChat
-from llm_engine.sampling_params import SamplingParams
+from llm_engine import EngineNotReady, EngineOverloaded, SamplingParams
+from llm_engine.entrypoints import ChatCompletionRequest, LLMService, OpenAIError, ServingChat, as_openai_error
 
 # Answers: a little randomness, and a push away from the loops small models fall into.
 ANSWER_SAMPLING = {"temperature": 0.2, "repetition_penalty": 1.1}

@@ -5,10 +5,8 @@ from __future__ import annotations
 import threading
 
 from assistant.remote import RemoteLLM
-from llm_engine.config import EngineConfig
-from llm_engine.entrypoints.models import resolve_model
-from llm_engine.entrypoints.protocol import OpenAIError
-from llm_engine.entrypoints.service import LLMService
+from llm_engine import EngineConfig
+from llm_engine.entrypoints import LLMService, OpenAIError, resolve_model
 from llm_engine.speculative import PROMPT_LOOKUP
 
 

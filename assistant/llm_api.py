@@ -22,8 +22,7 @@ from assistant.remote import RemoteLLM
 from ide_server.components import Component
 from ide_server.deps import require_user
 from ide_server.models import User
-from llm_engine.entrypoints import api, kserve_http
-from llm_engine.entrypoints.service import LLMService
+from llm_engine.entrypoints import LLMService, build_kserve_router, build_openai_router, install_error_handler
 
 METRICS_PATH = "/llm/metrics"
 
@@ -60,7 +59,7 @@ async def _forwarded_answer(_request: Request, exc: Exception) -> Response:
 
 def _setup(app: FastAPI) -> None:
     app.state.llm_lazy = LazyLLM(app.state.settings.llm_model, RemoteLLM.from_env())
-    api.install(app)
+    install_error_handler(app)
     app.add_exception_handler(Forwarded, _forwarded_answer)
 
 
@@ -73,6 +72,6 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 _guard = Depends(_signed_in_here_or_forwarded)
-router = api.build_router(_service, _guard, metrics_path=METRICS_PATH)
-router.include_router(kserve_http.build_router(_service, _guard))
+router = build_openai_router(_service, _guard, metrics_path=METRICS_PATH)
+router.include_router(build_kserve_router(_service, _guard))
 component = Component(name="llm", router=router, setup=_setup, lifespan=_lifespan)

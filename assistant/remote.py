@@ -18,7 +18,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from llm_engine.entrypoints.protocol import OpenAIError
+from llm_engine.entrypoints import OpenAIError
 
 STATE_TIMEOUT_S = 3.0
 _PASSED_HEADERS = frozenset({"inference-header-content-length"})

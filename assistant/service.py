@@ -22,7 +22,7 @@ from assistant.schemas import AssistantPublic, ChatCreate, CompletionCreate, Exp
 from ide_server.errors import DomainError, InvalidInput, PermissionDenied, Throttled
 from ide_server.models import Role, utcnow
 from ide_server.services.projects import ProjectAccess
-from llm_engine.entrypoints.protocol import OpenAIError
+from llm_engine.entrypoints import OpenAIError
 
 Model = LocalModel | RemoteModel
 ANSWER_COST = 5  # an explanation or a chat answer weighs as much as this many completions
