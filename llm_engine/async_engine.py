@@ -25,6 +25,7 @@ from llm_engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # the engine (and torch) is imported by the loop thread, not by importers
     from llm_engine.llm_engine import EngineStats, LLMEngine
+    from llm_engine.multimodal.inputs import ImageInputs
 
 log = logging.getLogger("codeyard.llm")
 
@@ -126,6 +127,11 @@ class AsyncLLMEngine:
     def num_kv_blocks(self) -> int | None:
         """The KV cache's size in blocks once the model is loaded (it depends on free memory)."""
         return self.engine.block_manager.num_blocks if self.engine is not None else None
+
+    @property
+    def image_inputs(self) -> ImageInputs | None:
+        """The model's image preprocessing (None for a text-only model)."""
+        return self.require_engine().image_inputs
 
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         """The prompt's token ids (ValueError for bad input, EngineNotReady while loading)."""

@@ -119,7 +119,7 @@ class _Serving:
         return run
 
     def image_inputs(self) -> ImageInputs:
-        inputs = self.engine.engine.image_inputs
+        inputs = self.engine.image_inputs
         if inputs is None:
             raise OpenAIError(400, f"model {self.service.served_name!r} is a text-only model; it cannot see images")
         return inputs
