@@ -84,6 +84,11 @@ def dashboard_page(request: Request) -> HTMLResponse:
     return render_page(request, "dashboard", "Dashboard")
 
 
+@router.get("/settings")
+def settings_page(request: Request) -> HTMLResponse:
+    return render_page(request, "settings", "Settings")
+
+
 @router.get("/projects/{project_id}")
 def project_page(request: Request, project_id: str) -> HTMLResponse:
     return render_page(request, "project", "Project", project_id)

@@ -97,3 +97,43 @@ def test_dashboard_fits_a_phone_without_failed_requests(server_url, browser, scr
         screenshot(page, f"dashboard-{scheme}-phone")
     assert failed == []
     context.close()
+
+
+def test_settings_change_the_editor_and_the_account(server_url, browser, screenshot):
+    """Indentation and font size chosen in Settings are what the editor uses; the password and API tokens
+    are managed there too."""
+    owner = api_client(server_url, "settingsuser")
+    project_id = owner.post("/api/projects", json={"name": "indents"}).json()["id"]
+    owner.put(f"/api/projects/{project_id}/files/content/main.py", content=b"x = 1\n").raise_for_status()
+    context = signed_in_context(browser, server_url, "settingsuser", width=1366, height=768)
+    page = context.new_page()
+    page.goto(server_url + "/dashboard")
+    page.locator("#settings-link").click()
+    page.select_option("#setting-indent", "8")  # (CodeMirror's own default is 2, ours 4)
+    page.select_option("#setting-fontSize", "18")
+    page.select_option("#setting-theme", "dark")
+    page.locator("#editor-settings button[type=submit]").click()
+    expect(page.locator("#editor-status")).to_contain_text("Saved")
+    page.locator("#password-form input[name=current]").fill(PASSWORD)
+    page.locator("#password-form input[name=new]").fill("an even better password")
+    page.locator("#password-form button").click()
+    expect(page.locator("#password-status")).to_have_text("Password changed. Your other browsers were signed out.")
+    page.get_by_label("Token name").fill("my script")
+    page.get_by_role("button", name="Create token").click()
+    expect(page.locator("#new-token")).to_have_text(re.compile(r"^\S{20,}$"))
+    expect(page.locator('#tokens li[data-token="my script"]')).to_be_visible()
+    screenshot(page, "settings-dark-laptop")
+    token = page.locator("#new-token").text_content()
+    assert httpx.get(server_url + "/api/me", headers={"Authorization": f"Bearer {token}"}).json()["username"] == "settingsuser"
+
+    page.goto(f"{server_url}/projects/{project_id}")
+    editor = page.locator(".editor-host:not([hidden]) .cm-content")
+    expect(editor).to_contain_text("x = 1")
+    assert page.evaluate("document.documentElement.dataset.theme") == "dark"
+    assert page.locator(".editor-host:not([hidden]) .cm-editor").evaluate("e => getComputedStyle(e).fontSize") == "18px"
+    editor.click()
+    page.keyboard.press("Control+End")
+    page.keyboard.type("if x:\n")
+    page.keyboard.type("y = 2")
+    expect(page.locator(".editor-host:not([hidden]) .cm-line").nth(2)).to_have_text("        y = 2")  # eight spaces, as chosen
+    context.close()

@@ -18,4 +18,5 @@ if (root) {
   else if (page === "course") void import("./pages/courses").then((m) => m.renderCourse(root, param));
   else if (page === "classrooms") void import("./pages/classrooms").then((m) => m.renderClassrooms(root));
   else if (page === "classroom") void import("./pages/classrooms").then((m) => m.renderClassroom(root, param));
+  else if (page === "settings") void import("./pages/settings").then((m) => m.renderSettings(root));
 }

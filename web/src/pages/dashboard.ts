@@ -67,7 +67,7 @@ export async function renderDashboard(root: HTMLElement): Promise<void> {
   const greeting = h("span", {});
   root.replaceChildren(
     h("header", { class: "topbar" }, h("strong", {}, "Codeyard"), h("a", { href: "/courses" }, "Courses"),
-      h("a", { href: "/classrooms" }, "Classrooms"), greeting, logout),
+      h("a", { href: "/classrooms" }, "Classrooms"), h("a", { href: "/settings", id: "settings-link" }, "Settings"), greeting, logout),
     h("main", { class: "dashboard" }, create, status, h("h2", {}, "My projects"), mine, h("h2", {}, "Shared with me"), shared),
   );
 

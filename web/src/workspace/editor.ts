@@ -13,7 +13,7 @@ import {
   rectangularSelection,
 } from "@codemirror/view";
 import { defaultKeymap, indentWithTab } from "@codemirror/commands";
-import { bracketMatching, foldGutter, foldKeymap, indentOnInput, syntaxHighlighting, defaultHighlightStyle } from "@codemirror/language";
+import { bracketMatching, foldGutter, foldKeymap, indentOnInput, indentUnit, syntaxHighlighting, defaultHighlightStyle } from "@codemirror/language";
 import { highlightSelectionMatches, search, searchKeymap } from "@codemirror/search";
 import { oneDark } from "@codemirror/theme-one-dark";
 import * as Y from "yjs";
@@ -24,6 +24,7 @@ import { encodePath } from "./files";
 import { yCollab, yUndoManagerKeymap } from "y-codemirror.next";
 import { languageFor } from "./languages";
 import { colorFor } from "./colors";
+import { editorSettings, indentText } from "../settings";
 
 export type Connection = "connecting" | "synced" | "offline" | "denied" | "snapshot";
 
@@ -68,6 +69,7 @@ export class FileEditor {
       awareness = new Awareness(this.doc);
       void this.loadSnapshot(ytext);
     }
+    const settings = editorSettings();
     this.view = new EditorView({
       parent,
       state: EditorState.create({
@@ -85,7 +87,9 @@ export class FileEditor {
           rectangularSelection(),
           crosshairCursor(),
           highlightActiveLine(),
-          EditorState.tabSize.of(4),
+          EditorState.tabSize.of(settings.indent || 4),
+          indentUnit.of(indentText(settings)),
+          EditorView.theme({ "&": { fontSize: `${settings.fontSize}px` } }),
           EditorState.readOnly.of(options.readOnly),
           EditorView.contentAttributes.of({ "aria-label": `Contents of ${options.path}` }),
           options.extensions,
