@@ -33,7 +33,7 @@ class ImageBuildError(RuntimeError):
 def cache_dir() -> Path:
     """Where the rootfs tarball and downloaded .debs are kept between builds."""
     data_dir = Path(os.environ.get("CODEYARD_DATA_DIR", ".codeyard"))
-    path = Path(os.environ.get("CODEYARD_CACHE_DIR", data_dir / "cache"))
+    path = Path(os.environ.get("CODEYARD_CACHE_DIR", data_dir / "cache")).absolute()  # debootstrap takes no other
     path.mkdir(parents=True, exist_ok=True)
     return path
 
