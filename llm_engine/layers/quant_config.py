@@ -1,7 +1,7 @@
 """Which QuantMethod each linear layer gets.
 
 `EngineConfig.quantization` is one of:
-  "auto"        the checkpoint's own format: a GGUF file's Q4_0/Q4_1/Q8_0 tensors stay quantized,
+  "auto"        the checkpoint's own format: a GGUF file's Q4_0/Q4_1/Q8_0/Q4_K/Q6_K tensors stay quantized,
                 a float checkpoint stays float;
   None          float weights everywhere (GGUF tensors dequantized);
   "gguf"        as "auto", but the model must be a GGUF file;
@@ -45,7 +45,8 @@ _DEFAULT_SCHEMES = {"int8": QuantScheme("int8"), "int4": QuantScheme("int4", 128
                     "w4a8": QuantScheme("w4a8", 32, symmetric=False)}
 # GGUF block types kept quantized, as the kernel layout they repack into (32-weight blocks).
 GGUF_SCHEMES = {"Q4_0": QuantScheme("int4", 32, symmetric=True), "Q4_1": QuantScheme("int4", 32, symmetric=False),
-                "Q8_0": QuantScheme("int8", 32)}
+                "Q8_0": QuantScheme("int8", 32), "Q4_K": QuantScheme("int4", 32, symmetric=False),
+                "Q6_K": QuantScheme("int8", 16)}
 _SCHEME_KEYS = {"targets", "method", "group_size", "symmetric", "strategy"}
 
 

@@ -215,9 +215,9 @@ def test_gguf_mode_needs_a_gguf_file_and_unkept_block_types_fall_back_to_float(t
     with pytest.raises(ValueError, match="needs a .gguf model file"):
         assign_quantization(model, "gguf", None)
     types = {f"model.layers.{i}.{name}.weight": kind for i in range(2)
-             for name, kind in [("self_attn.q_proj", "Q4_K"), ("self_attn.k_proj", "Q4_K"),
-                                ("self_attn.v_proj", "Q6_K"), ("self_attn.o_proj", "Q4_0"),
-                                ("mlp.gate_proj", "Q8_0"), ("mlp.up_proj", "Q8_0"), ("mlp.down_proj", "Q6_K")]}
+             for name, kind in [("self_attn.q_proj", "Q5_K"), ("self_attn.k_proj", "Q5_K"),
+                                ("self_attn.v_proj", "Q2_K"), ("self_attn.o_proj", "Q4_0"),
+                                ("mlp.gate_proj", "Q8_0"), ("mlp.up_proj", "Q8_0"), ("mlp.down_proj", "Q5_K")]}
     with caplog.at_level(logging.INFO, logger="llm_engine.layers.quant_config"):
         effective, keep = assign_quantization(model, "auto", types)
     assert effective["model.layers.0.self_attn.qkv_proj"] == "float"
@@ -225,7 +225,7 @@ def test_gguf_mode_needs_a_gguf_file_and_unkept_block_types_fall_back_to_float(t
     assert effective["model.layers.1.mlp.gate_up_proj"] == "gguf Q8_0 -> int8 g32"
     assert effective["model.layers.1.mlp.down_proj"] == "float"
     assert "model.layers.1.mlp.up_proj.weight" in keep and "model.layers.1.mlp.down_proj.weight" not in keep
-    assert "Q4_K/Q6_K, dequantized to float" in caplog.text
+    assert "Q2_K/Q5_K, dequantized to float" in caplog.text
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
