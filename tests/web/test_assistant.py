@@ -93,6 +93,9 @@ def test_a_failed_run_offers_a_streamed_explanation(open_as, owner_api, project_
     expect(answer).not_to_have_class(re.compile("assistant-error"))
     assert len(answer.inner_text().split()) >= 3
     assert ada.evaluate("window.answerUpdates") >= 5, "the answer arrived in pieces"
+    expect(answer.locator(".markdown > p, .markdown > pre, .markdown > ul, .markdown > ol").first).to_be_visible()  # rendered
+    panel_box, console_box = panel.bounding_box(), ada.locator("#console").bounding_box()
+    assert console_box["x"] + console_box["width"] <= panel_box["x"], "the panel is beside the traceback, not over it"
     screenshot(ada, "assistant-explain-error")
 
 

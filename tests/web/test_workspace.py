@@ -306,6 +306,12 @@ def test_download_the_project_and_a_file(basics_page, screenshot):
     assert download.value.suggested_filename == "helper.py"
     assert open(download.value.path()).read() == BASICS_FILES["helper.py"]
     each_look(page, screenshot, "basics-download")
+    # The assistant's panel opens beside the console (whose traceback it explains), not over it.
+    page.locator("#assistant-button").click()
+    expect(page.locator("#assistant-panel")).to_be_visible()
+    panel, console = page.locator("#assistant-panel").bounding_box(), page.locator("#console").bounding_box()
+    assert console["x"] + console["width"] <= panel["x"], (console, panel)
+    screenshot(page, "basics-assistant-beside-console")
 
 
 def test_search_the_project_and_replace_in_a_file(basics_page, screenshot):

@@ -9,6 +9,7 @@ import { ApiError } from "../api";
 import { h } from "../dom";
 import { AssistantClient, type AssistantState, type ChatTurn, type OpenFile } from "./assistant-client";
 import { ghostText } from "./assistant-ghost";
+import { renderMarkdown } from "./lesson-markdown";
 
 const POLL_MS = 2000;
 
@@ -199,13 +200,13 @@ export class AssistantUi {
     const controller = new AbortController();
     this.answering = controller;
     this.messages.append(h("p", { class: "assistant-question" }, question));
-    const reply = h("p", { class: "assistant-answer streaming" });
+    const reply = h("div", { class: "assistant-answer streaming" });
     this.messages.append(reply);
     let text = "";
     try {
       await run((piece) => {
         text += piece;
-        reply.textContent = text;
+        reply.replaceChildren(renderMarkdown(text)); // built from text nodes: a model's answer can't inject markup
         this.messages.scrollTop = this.messages.scrollHeight;
       }, controller.signal);
       if (history) this.conversation = [...history, { role: "assistant", content: text }];
