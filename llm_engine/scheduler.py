@@ -5,7 +5,9 @@ then admits waiting ones, all under `max_num_batched_tokens` and `max_num_seqs`.
 runs out of blocks, the last running sequence in order (lowest priority, newest) is preempted:
 its blocks are freed and it is recomputed from its tokens later, reusing cached prefix blocks.
 Under the priority policy a waiting request that does not fit (blocks or `max_num_seqs`)
-preempts running ones of lower priority, as in vLLM.
+preempts running ones of lower priority, as in vLLM. Images are budgeted like tokens: a prefill
+chunk stops before an image whose encoding would take the step's image placeholders past
+`max_num_batched_tokens` (the step's first image always runs).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 
 from llm_engine.block_manager import BlockManager
 from llm_engine.config import EngineConfig
+from llm_engine.multimodal.inputs import fit_encoder_budget
 from llm_engine.sequence import Sequence, SequenceStatus
 
 
@@ -34,6 +37,7 @@ class Scheduler:
         self.policy = config.scheduling_policy
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.encoder_budget = config.max_num_batched_tokens  # left this step, in image placeholders
         self.block_manager = block_manager
         self.waiting: list[Sequence] = []  # kept sorted by Sequence.sort_key
         self.running: list[Sequence] = []
@@ -63,14 +67,28 @@ class Scheduler:
         seq.set_status(status)
         self.block_manager.free(seq)
 
+    def _fit_encoder_budget(self, seq: Sequence, start: int, num_new: int) -> int:
+        """Cut a prefill chunk before an image whose encoding does not fit this step's budget."""
+        if not seq.request.images:
+            return num_new
+        num_new, used = fit_encoder_budget(seq.request.images, start, num_new, self.encoder_budget,
+                                           self.max_num_batched_tokens)
+        self.encoder_budget -= used
+        return num_new
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        self.encoder_budget = self.max_num_batched_tokens
         self.running.sort(key=lambda s: s.sort_key)
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             num_new = min(len(seq.step_token_ids) - seq.num_computed_tokens, budget)
+            num_new = self._fit_encoder_budget(seq, seq.num_computed_tokens, num_new)
+            if num_new == 0:  # its next image waits for a step with encoder budget left
+                index += 1
+                continue
             # A draft cut by the budget keeps what fits (num_new - 1 of it, after the one real token).
             del seq.spec_token_ids[max(num_new - (seq.num_tokens - seq.num_computed_tokens), 0):]
             copies = self.block_manager.allocate_slots(seq, num_new)
@@ -100,6 +118,9 @@ class Scheduler:
             if len(self.running) + group <= self.max_num_seqs:
                 cached = [] if seq.request.needs_prompt_logits else bm.find_cached_prefix(seq)
                 num_new = min(seq.num_tokens - len(cached) * bm.block_size, budget)
+                num_new = self._fit_encoder_budget(seq, len(cached) * bm.block_size, num_new)
+                if num_new == 0:
+                    break
                 copies = bm.allocate_slots(seq, num_new, cached)
             if copies is None:
                 victim = self._priority_victim(seq)

@@ -75,3 +75,18 @@ class ImagePrompt:
 
     token_ids: list[int]
     items: list[ImageItem]
+
+
+def fit_encoder_budget(items: list[ImageItem], start: int, num_new: int, remaining: int,
+                       total: int) -> tuple[int, int]:
+    """(tokens to schedule, image tokens whose encoding they start) for the chunk [start,
+    start + num_new): it stops before the first image that no longer fits the step's encoder
+    budget. The step's first image always fits (a larger one would otherwise never run)."""
+    used = 0
+    for item in items:
+        if not start <= item.offset < start + num_new:
+            continue
+        if used + item.num_tokens > remaining and not (used == 0 and remaining == total):
+            return item.offset - start, used
+        used += item.num_tokens
+    return num_new, used

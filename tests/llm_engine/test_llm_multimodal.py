@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoImageProcessor
 
 from llm_engine import LLM, SamplingParams
 from llm_engine.multimodal.image import ImageInputError, ImageLimits, decode_image
+from llm_engine.multimodal.inputs import ImageItem, fit_encoder_budget
 from llm_engine.models.llava_next import LlavaNextForConditionalGeneration
 from llm_engine.multimodal.processor import ImageProcessor, anyres_tiles
 
@@ -175,6 +176,15 @@ def test_encoder_cache_and_image_keyed_prefix_cache(llava, references):
     again = llm.generate(as_inputs(PROMPTS[1:2]), GREEDY, use_tqdm=False)[0]
     assert again.metrics.num_cached_tokens == 28
     check_logprobs_close(results([again]), references[1:2])
+
+
+def test_encoder_budget_cuts_prefill_chunks_before_images():
+    items = [ImageItem("a", torch.zeros(1), (1, 1), 2, 25), ImageItem("b", torch.zeros(1), (1, 1), 30, 25)]
+    assert fit_encoder_budget(items, 0, 64, 64, 64) == (64, 50)
+    assert fit_encoder_budget(items, 0, 64, 40, 64) == (30, 25)  # b does not fit what is left
+    assert fit_encoder_budget(items, 0, 64, 20, 64) == (2, 0)  # neither: the text before a runs
+    assert fit_encoder_budget(items, 0, 64, 16, 16) == (30, 25)  # the step's first image always runs
+    assert fit_encoder_budget(items, 27, 10, 0, 64) == (3, 0)  # a began earlier; b waits
 
 
 BAD_FILES = {
