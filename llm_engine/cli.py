@@ -34,6 +34,8 @@ def serve(
     max_num_seqs: Annotated[int, typer.Option(min=1)] = 64,
     tensor_parallel_size: Annotated[int, typer.Option(min=1, help="Worker processes the model is split "
                                                        "across (CPU, gloo).")] = 1,
+    data_parallel_size: Annotated[int, typer.Option(min=1, help="Replica servers behind one endpoint, "
+                                                     "routed by cached prefix.")] = 1,
     max_waiting: Annotated[int, typer.Option(min=0, help="Waiting requests before answering 429.")] = 64,
     kv_cache_memory: Annotated[str, typer.Option(help="KV pool size, e.g. 1GiB.")] = "1GiB",
     request_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds before a request is aborted.")] = 600.0,
@@ -52,6 +54,17 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path, name = resolve_model(model or os.environ.get("CODEYARD_LLM_MODEL"))
     keys = api_key or [k for k in [os.environ.get("CODEYARD_LLM_API_KEY")] if k]
+    if data_parallel_size > 1:
+        from llm_engine.entrypoints.replicas import replica_servers
+        from llm_engine.entrypoints.router import create_router_app
+
+        serve_args = ["--model", path, "--served-model-name", served_model_name or name, "--device", device,
+                      "--max-num-seqs", str(max_num_seqs), "--max-waiting", str(max_waiting),
+                      "--kv-cache-memory", kv_cache_memory, "--request-timeout", str(request_timeout),
+                      "--quantization", quantization, "--tensor-parallel-size", str(tensor_parallel_size)]
+        with replica_servers(serve_args, data_parallel_size) as (urls, replica_key):
+            uvicorn.run(create_router_app(urls, frozenset(keys), replica_key), host=host, port=port, log_level="info")
+        return
     config = EngineConfig(model=path, device=device, max_num_seqs=max_num_seqs, kv_cache_memory=kv_cache_memory,
                           tensor_parallel_size=tensor_parallel_size,
                           quantization=None if quantization == "none" else quantization)

@@ -15,8 +15,11 @@ from llm_engine.entrypoints.service import LLMService, ServerOptions
 
 
 def _api_key_guard(request: Request) -> None:
+    check_bearer(request, request.app.state.llm.options.api_keys)
+
+
+def check_bearer(request: Request, keys: frozenset[str]) -> None:
     """With API keys configured, every call needs `Authorization: Bearer <one of them>`."""
-    keys: frozenset[str] = request.app.state.llm.options.api_keys
     if not keys:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
