@@ -13,7 +13,8 @@ import torch
 from PIL import Image
 from transformers import (AutoImageProcessor, AutoModelForImageTextToText, CLIPImageProcessor,
                           CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaNextConfig, LlavaNextImageProcessor,
-                          Qwen2Config, SiglipImageProcessor, SiglipVisionConfig)
+                          LlavaOnevisionConfig, LlavaOnevisionImageProcessor, Qwen2Config,
+                          SiglipImageProcessor, SiglipVisionConfig)
 
 VOCAB = 320
 IMAGE_TOKEN = VOCAB - 1
@@ -54,6 +55,23 @@ def build_llava_siglip(folder: Path) -> Path:
     torch.manual_seed(4321)
     AutoModelForImageTextToText.from_config(config, dtype=torch.float32).save_pretrained(folder)
     SiglipImageProcessor(size={"height": 30, "width": 30}).save_pretrained(folder)
+    return folder
+
+
+def build_llava_onevision(folder: Path) -> Path:
+    """LLaVA-OneVision shape: SigLIP, Qwen2, NeXT tiles; `anyres_max_1` so that maps of more than
+    one tile's features get shrunk."""
+    vision = {k: v for k, v in CLIP_VISION.items() if k != "projection_dim"}
+    text = {k: v for k, v in TEXT.items() if k != "tie_word_embeddings"}
+    config = LlavaOnevisionConfig(vision_config=SiglipVisionConfig(**vision),
+                                  text_config=Qwen2Config(**text, tie_word_embeddings=True),
+                                  image_token_index=IMAGE_TOKEN, image_grid_pinpoints=GRID,
+                                  vision_aspect_ratio="anyres_max_1", vision_feature_select_strategy="full",
+                                  vision_feature_layer=-1)
+    config.architectures = ["LlavaOnevisionForConditionalGeneration"]
+    torch.manual_seed(99)
+    AutoModelForImageTextToText.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    LlavaOnevisionImageProcessor(size={"height": 30, "width": 30}, image_grid_pinpoints=GRID).save_pretrained(folder)
     return folder
 
 

@@ -40,10 +40,20 @@ class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
         return grid_h // vision.image_size, grid_w // vision.image_size, vision.image_size // vision.patch_size
 
     @classmethod
-    def num_features(cls, config, width: int, height: int) -> int:
+    def feature_map_size(cls, config, width: int, height: int) -> tuple[int, int]:
+        """(rows, cols) of the grid's feature map after unpadding."""
         tile_rows, tile_cols, side = cls.grid(config, width, height)
-        rows, cols = unpadded_size(height, width, tile_rows * side, tile_cols * side)
+        return unpadded_size(height, width, tile_rows * side, tile_cols * side)
+
+    @classmethod
+    def num_features(cls, config, width: int, height: int) -> int:
+        side = config.vision_config.image_size // config.vision_config.patch_size
+        rows, cols = cls.feature_map_size(config, width, height)
         return side * side + rows * (cols + 1)
+
+    def shrink(self, grid: torch.Tensor) -> torch.Tensor:
+        """A hook for a smaller feature map (LLaVA-OneVision); NeXT keeps it."""
+        return grid
 
     @classmethod
     def image_inputs(cls, config, processor: ImageProcessor, image: Image.Image) -> tuple[torch.Tensor, int]:
@@ -61,6 +71,7 @@ class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
         grid = grid.permute(0, 2, 1, 3, 4).reshape(tile_rows * side, tile_cols * side, hidden)
         rows, cols = unpadded_size(height, width, tile_rows * side, tile_cols * side)
         top, left = (grid.shape[0] - rows) // 2, (grid.shape[1] - cols) // 2
-        grid = grid[top:top + rows, left:left + cols]
+        grid = self.shrink(grid[top:top + rows, left:left + cols])
+        rows = grid.shape[0]
         newline = self.image_newline.to(grid.dtype).expand(rows, 1, hidden)
         return torch.cat([features[0], torch.cat([grid, newline], dim=1).reshape(-1, hidden)])

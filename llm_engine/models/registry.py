@@ -10,6 +10,7 @@ from torch import nn
 from llm_engine.models.llama import LlamaForCausalLM
 from llm_engine.models.llava import LlavaForConditionalGeneration
 from llm_engine.models.llava_next import LlavaNextForConditionalGeneration
+from llm_engine.models.llava_onevision import LlavaOnevisionForConditionalGeneration
 from llm_engine.models.qwen2 import Qwen2ForCausalLM
 from llm_engine.models.qwen3 import Qwen3ForCausalLM
 
@@ -17,6 +18,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     "LlavaNextForConditionalGeneration": LlavaNextForConditionalGeneration,
+    "LlavaOnevisionForConditionalGeneration": LlavaOnevisionForConditionalGeneration,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,

@@ -49,6 +49,9 @@ class ImageInputs:
         if len(places) != len(images):
             raise ImageInputError(f"prompt: {len(places)} image placeholder(s) for {len(images)} image(s); "
                                   f"put one image token (id {self.image_token_id}) where each image goes")
+        limit = getattr(self.model_class, "max_images_per_prompt", None)
+        if limit is not None and len(images) > limit:
+            raise ImageInputError(f"prompt: this model takes at most {limit} image(s) per prompt")
         expanded: list[int] = []
         items: list[ImageItem] = []
         last = 0

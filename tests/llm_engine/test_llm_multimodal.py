@@ -15,10 +15,12 @@ from llm_engine import LLM, SamplingParams
 from llm_engine.multimodal.image import ImageInputError, ImageLimits, decode_image
 from llm_engine.multimodal.inputs import ImageItem, fit_encoder_budget
 from llm_engine.models.llava_next import LlavaNextForConditionalGeneration
+from llm_engine.models.llava_onevision import LlavaOnevisionForConditionalGeneration
 from llm_engine.multimodal.processor import ImageProcessor, anyres_tiles
 
 from conftest import check_logprobs_close
-from vision_models import IMAGE_TOKEN, bomb_png, build_llava, build_llava_siglip, encode, hf_reference, picture
+from vision_models import (IMAGE_TOKEN, bomb_png, build_llava, build_llava_onevision, build_llava_siglip, encode,
+                           hf_reference, picture)
 
 # The default suite runs LLaVA-1.5 end to end; `make test-llm-vision` adds LLaVA-NeXT and SigLIP/Qwen2.
 full_only = pytest.mark.skipif(not os.environ.get("CODEYARD_VISION_FULL"), reason="make test-llm-vision")
@@ -125,6 +127,21 @@ def test_siglip_qwen2_llava_parity_with_transformers(tmp_path):
     assert torch.allclose(ours, reference.pixel_values[0], atol=1e-5, rtol=0)
     llm = LLM(str(folder), dtype="float32", num_kv_blocks=256)
     check_logprobs_close(results(llm.generate(as_inputs(prompts), GREEDY, use_tqdm=False)), references)
+
+
+@full_only
+def test_llava_onevision_parity_with_transformers(tmp_path):
+    """SigLIP + Qwen2 + tiles, feature maps over `anyres_max_1` shrunk; one picture per prompt."""
+    folder = build_llava_onevision(tmp_path)
+    config = AutoConfig.from_pretrained(folder)
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[4], ([2, IMAGE_TOKEN, 9, 9], ["webp"])]
+    references = [hf_reference(folder, ids, [upright(FILES[n]) for n in names],
+                               [LlavaOnevisionForConditionalGeneration.num_features(config, *upright(FILES[n]).size)
+                                for n in names], MAX_NEW) for ids, names in prompts]
+    llm = LLM(str(folder), dtype="float32", num_kv_blocks=256)
+    check_logprobs_close(results(llm.generate(as_inputs(prompts), GREEDY, use_tqdm=False)), references)
+    with pytest.raises(ImageInputError, match="at most 1 image"):
+        llm.generate(as_inputs(PROMPTS[3:4]), GREEDY, use_tqdm=False)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,46 @@
+"""LLaVA-OneVision (one picture per prompt): LLaVA-NeXT's tiling with a SigLIP tower and a Qwen2
+decoder, where a feature map larger than `anyres_max_N` tiles' worth is shrunk (bilinear) to
+about N tiles, so a big picture costs at most ~N * tile features.
+
+Several pictures in one prompt are each padded to a square without tiles in Transformers; that
+path is not implemented and is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from llm_engine.models.llava_next import LlavaNextForConditionalGeneration
+
+
+def max_tiles(config) -> int:
+    return int(config.vision_aspect_ratio.removeprefix("anyres_max_"))
+
+
+def shrunk_size(rows: int, cols: int, side: int, tiles: int) -> tuple[int, int, float]:
+    """(rows, cols, ratio) after shrinking a rows x cols map to about `tiles` side x side tiles."""
+    ratio = math.sqrt(rows * cols / (tiles * side * side))
+    if ratio > 1.1:
+        return int(rows // ratio), int(cols // ratio), ratio
+    return rows, cols, ratio
+
+
+class LlavaOnevisionForConditionalGeneration(LlavaNextForConditionalGeneration):
+    max_images_per_prompt = 1
+
+    @classmethod
+    def num_features(cls, config, width: int, height: int) -> int:
+        side = config.vision_config.image_size // config.vision_config.patch_size
+        rows, cols, _ = shrunk_size(*cls.feature_map_size(config, width, height), side, max_tiles(config))
+        return side * side + rows * (cols + 1)
+
+    def shrink(self, grid: torch.Tensor) -> torch.Tensor:
+        side = self.config.vision_config.image_size // self.config.vision_config.patch_size
+        rows, cols, ratio = shrunk_size(grid.shape[0], grid.shape[1], side, max_tiles(self.config))
+        if ratio <= 1.1:
+            return grid
+        channels_first = grid.permute(2, 0, 1).unsqueeze(0)
+        return F.interpolate(channels_first, [rows, cols], mode="bilinear")[0].permute(1, 2, 0)
