@@ -32,16 +32,17 @@ test: system-deps venv web
 test-stack: venv web
 	bash scripts/test-stack.sh
 
-# Tensor parallelism's failure paths, quantized splits and the real SmolLM2 on 3 ranks: ~2 min of worker groups.
+# Tensor parallelism's failure paths, quantized splits, SmolLM2 on 3 ranks and a TP=2 server: many worker
+# groups, ~15 min on a busy 2-core machine.
 test-llm-parallel: venv
 	CODEYARD_TP_MORE=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_tensor_parallel.py \
-	  tests/llm_engine/test_llm_tensor_parallel_more.py
+	  tests/llm_engine/test_llm_tensor_parallel_more.py tests/llm_serving/test_cli_tensor_parallel.py
 
 # Speculative decoding's greedy identity over the issue's 200 mixed prompts (the default suite runs 32): ~5 min.
 test-llm-decoding: venv
 	CODEYARD_DECODING_FULL=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_spec_decode.py
 
-# Vision-language models: LLaVA-NeXT and SigLIP/Qwen2 parity besides the default LLaVA-1.5 runs: ~1.5 min.
+# Vision-language models: LLaVA-NeXT, LLaVA-OneVision and SigLIP/Qwen2 parity besides the default LLaVA-1.5 runs: ~2 min.
 test-llm-vision: venv
 	CODEYARD_VISION_FULL=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_multimodal.py \
 	  tests/llm_serving/test_openai_images.py

@@ -22,7 +22,7 @@ from conftest import check_logprobs_close
 from vision_models import (IMAGE_TOKEN, bomb_png, build_llava, build_llava_onevision, build_llava_siglip, encode,
                            hf_reference, picture)
 
-# The default suite runs LLaVA-1.5 end to end; `make test-llm-vision` adds LLaVA-NeXT and SigLIP/Qwen2.
+# The default suite runs LLaVA-1.5 end to end; `make test-llm-vision` adds NeXT, OneVision, SigLIP/Qwen2.
 full_only = pytest.mark.skipif(not os.environ.get("CODEYARD_VISION_FULL"), reason="make test-llm-vision")
 MAX_NEW = 10
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
