@@ -23,6 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 BASE_IMAGE = "codeyard/base:bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
 BASE_CHANGES = ["ENV PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8"]
+# What the base's Python (Debian's 3.11.2) needs beyond what the host's resolves: redis wants async-timeout
+# below 3.11.3, and the host's pip resolves for its own interpreter.
+BASE_PYTHON_NEEDS = ("async-timeout>=4.0.3",)
 
 Progress = Callable[[str], None]
 
@@ -91,7 +94,8 @@ def _wheels(context: Path, name: str, recipe: ImageRecipe, progress: Progress) -
     wheels.mkdir(parents=True, exist_ok=True)
     progress(f"making wheels for codeyard{recipe.extras} (cached in {wheels})")
     pip = [sys.executable, "-m", "pip", "wheel", "-q", "-w", str(wheels), "-c", str(REPO / "constraints.txt")]
-    for argv in ([*pip, f"{context}{recipe.extras}"], *([[*pip, "--no-deps", *recipe.no_deps]] if recipe.no_deps else [])):
+    no_deps = (*recipe.no_deps, *BASE_PYTHON_NEEDS)
+    for argv in ([*pip, f"{context}{recipe.extras}"], [*pip, "--no-deps", *no_deps]):
         done = subprocess.run(argv, capture_output=True, text=True)
         if done.returncode != 0:
             raise ImageBuildError(f"pip wheel failed:\n{done.stderr[-3000:]}")
