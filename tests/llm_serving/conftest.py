@@ -6,6 +6,7 @@ its GGUF file, so prompts, chat templates and usage counts behave as with the re
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -23,6 +24,9 @@ from llm_engine.entrypoints.app import create_app
 from llm_engine.entrypoints.ensemble import Ensemble
 from llm_engine.entrypoints.models import builtin_model_path
 from llm_engine.entrypoints.service import ServerOptions
+
+# Served tensor parallelism starts worker groups: it runs under `make test-llm-parallel`.
+collect_ignore = [] if os.environ.get("CODEYARD_TP_MORE") == "1" else ["test_cli_tensor_parallel.py"]
 
 TINY_NAME = "tiny-chat"
 ENSEMBLE_CONFIG = Path(__file__).resolve().parents[2] / "llm_engine/entrypoints/code_completion_ensemble.json"
