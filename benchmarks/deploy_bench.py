@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from serve_process import codeyard_serve, free_port  # noqa: E402
+
 from deploy_service.detect import PORT  # noqa: E402
 
 PASSWORD = "correct horse battery"

@@ -40,8 +40,7 @@ IMAGE_TOKEN = 511
 
 
 def build_model(folder: Path, vision_layers: int, vision_hidden: int) -> None:
-    from transformers import (AutoModelForImageTextToText, CLIPImageProcessor, CLIPVisionConfig, LlamaConfig,
-                              LlavaConfig)
+    from transformers import AutoModelForImageTextToText, CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig
 
     vision = CLIPVisionConfig(hidden_size=vision_hidden, intermediate_size=4 * vision_hidden,
                               num_hidden_layers=vision_layers, num_attention_heads=8, image_size=336, patch_size=14)

@@ -21,7 +21,7 @@ from fastapi import APIRouter, FastAPI, WebSocket
 from starlette.concurrency import run_in_threadpool
 
 from collab.fanout import Fanout
-from collab.history import AutoCheckpointer, Author, Histories, user_author
+from collab.history import Author, AutoCheckpointer, Histories, user_author
 from collab.room import RoomKey
 from collab.rooms import CLOSE_FORBIDDEN, RoomManager
 from collab.store import UpdateStore

@@ -7,10 +7,9 @@ one load from storage; unloading takes the same lock, so a joiner never sees a h
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator
 
 from collab.fanout import Fanout
 from collab.room import Room, RoomKey

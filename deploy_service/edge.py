@@ -21,8 +21,15 @@ from collections import deque
 import httptools
 
 from deploy_service.instance import AppInstance
-from deploy_service.proxy import (APP_PATH, NO_APP, app_host_pattern, app_request_headers, app_response_headers,
-                                  forwarded_headers, unavailable)
+from deploy_service.proxy import (
+    APP_PATH,
+    NO_APP,
+    app_host_pattern,
+    app_request_headers,
+    app_response_headers,
+    forwarded_headers,
+    unavailable,
+)
 from deploy_service.service import DeployService
 
 log = logging.getLogger(__name__)

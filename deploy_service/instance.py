@@ -18,23 +18,22 @@ import secrets
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal
-
-from sandbox.backend import Backend, Mount, RunContext, RunSpec, SandboxRun
-from sandbox.cgroups import RunCgroup, cgroup_dirs, remove_cgroup
-from sandbox.errors import SandboxUnavailable
-from sandbox.host_lease import lease_uid
-from sandbox.files import copy_in
-from sandbox.limits import MIB, Limits
-from sandbox.socket_relay import UNIX_TO_TCP
-from sandbox.workspace import kill_uid, runs_root, scratch
+from typing import Literal
 
 from deploy_service.detect import PORT
 from deploy_service.upstream import Upstream, UpstreamError
-
+from sandbox.backend import Backend, Mount, RunContext, RunSpec, SandboxRun
+from sandbox.cgroups import RunCgroup, cgroup_dirs, remove_cgroup
+from sandbox.errors import SandboxUnavailable
+from sandbox.files import copy_in
+from sandbox.host_lease import lease_uid
+from sandbox.limits import MIB, Limits
+from sandbox.socket_relay import UNIX_TO_TCP
+from sandbox.workspace import kill_uid, runs_root, scratch
 
 APP_UID_BASE = 640000  # runs use 620000..624095; apps have a range of their own
 APP_UID_COUNT = 1024
@@ -228,7 +227,7 @@ class AppInstance:
                         return None
                     last, errors = f"HTTP {response} from {self.launch.health_path}", errors + 1
                     await asyncio.sleep(0.2)  # it answers, with an error: a few more tries, then give up
-                except (UpstreamError, OSError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, UpstreamError, OSError) as exc:
                     last = f"{type(exc).__name__} on {self.launch.health_path}"
             await asyncio.sleep(0.05)
         if errors >= HEALTH_ERRORS:

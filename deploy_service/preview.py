@@ -16,7 +16,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 from websockets.asyncio.client import unix_connect
 
-from deploy_service.proxy import plain_response, app_request_headers, app_response_headers, forwarded_headers, relay_http, relay_websocket
+from deploy_service.proxy import (
+    app_request_headers,
+    app_response_headers,
+    forwarded_headers,
+    plain_response,
+    relay_http,
+    relay_websocket,
+)
 from deploy_service.upstream import READ_CHUNK, Upstream
 from sandbox.preview import Preview
 from sandbox.service import RunRecord

@@ -279,7 +279,7 @@ async def relay_websocket(websocket: WebSocket, prefix: str, connect_upstream: C
     try:
         upstream = await connect_upstream(subprotocols=protocols or None, additional_headers=headers,
                                           open_timeout=10, compression=None)
-    except (OSError, InvalidHandshake, InvalidStatus, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError, InvalidHandshake, InvalidStatus) as exc:
         log.info("websocket upstream refused: %s", exc)
         await websocket.close(1011, "the app refused the connection")
         return

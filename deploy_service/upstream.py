@@ -135,7 +135,7 @@ class Upstream:
                     if not data:
                         raise UpstreamError("the app closed the connection without answering")
                     parser.feed_data(data)
-        except (OSError, asyncio.TimeoutError, UpstreamError, httptools.HttpParserError) as exc:
+        except (TimeoutError, OSError, UpstreamError, httptools.HttpParserError) as exc:
             writer.close()
             if reused and body is None:  # a kept connection the app had closed meanwhile: once more, fresh
                 return await self.request(method, target, headers)

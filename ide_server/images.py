@@ -13,9 +13,9 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 from sandbox.image import ImageBuildError, cache_dir, rootfs_tarball
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -12,8 +12,8 @@ app = typer.Typer(help="Build the server's Docker images without a registry.", n
 
 @app.command("build")
 def build_command(
-    names: Annotated[Optional[list[str]], typer.Argument(help="app, runner, llm, postgres, redis, proxy (default: all)")] = None,
-    base: Annotated[Optional[str], typer.Option(help="Build on this image (e.g. python:3.11-slim) instead of the local Debian base.")] = None,
+    names: Annotated[list[str] | None, typer.Argument(help="app, runner, llm, postgres, redis, proxy (default: all)")] = None,
+    base: Annotated[str | None, typer.Option(help="Build on this image (e.g. python:3.11-slim) instead of the local Debian base.")] = None,
 ) -> None:
     """Make the Debian base (debootstrap + docker import) unless --base names one, then build the images on it."""
     from ide_server.images import build_images
@@ -29,7 +29,7 @@ def build_command(
         built = build_images(client, names or [], lambda line: typer.echo(f"[{time.monotonic() - began:6.1f}s] {line}"), base=base)
     except (ImageBuildError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     for name, image_id in built.items():
         typer.echo(f"{name}: {image_id}")
 

@@ -9,7 +9,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from ide_server.models import Role, Visibility
 
 
-
 def _no_control_characters(value: str) -> str:
     """NUL and other control characters are never meaningful in names (and PostgreSQL refuses NUL)."""
     if any(ord(c) < 32 or ord(c) == 127 for c in value):

@@ -24,7 +24,7 @@ import torch
 
 from llm_engine.config import EngineConfig
 from llm_engine.model_runner import prepare_step
-from llm_engine.sampler import SampleResult, Sampler
+from llm_engine.sampler import Sampler, SampleResult
 from llm_engine.sequence import Sequence
 from llm_engine.worker import receive, send
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from llm_engine.block_manager import BlockManager
 from llm_engine.config import EngineConfig
 from llm_engine.detokenizer import IncrementalDetokenizer, find_stop_string
-from llm_engine.loader import ModelSource
 from llm_engine.executor import MultiprocExecutor, WorkerGroupError
+from llm_engine.loader import ModelSource
 from llm_engine.model_runner import ModelRunner
 from llm_engine.models.registry import resolve_model_class
 from llm_engine.multimodal.image import ImageInputError

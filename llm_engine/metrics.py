@@ -83,7 +83,7 @@ class EngineMetrics:
         self._previous: dict[str, int] = {field: 0 for field in _COUNTED}
         self._previous_per_pos: list[int] = []
 
-    def on_step(self, stats: "EngineStats", outputs: list[RequestOutput]) -> None:
+    def on_step(self, stats: EngineStats, outputs: list[RequestOutput]) -> None:
         name = self.model_name
         self.running.labels(name).set(stats.num_running)
         self.waiting.labels(name).set(stats.num_waiting)

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
-
-import logging
 
 import torch
 
 from llm_engine.config import EngineConfig
 from llm_engine.distributed import get_tp_size
-from llm_engine.layers.attention import (Attention, AttentionBackend, NativePagedAttention, SeqSlice,
-                                         TorchPagedAttention)
+from llm_engine.layers.attention import Attention, AttentionBackend, NativePagedAttention, SeqSlice, TorchPagedAttention
 from llm_engine.layers.embedding import ParallelLMHead
 from llm_engine.layers.linear import LinearBase
 from llm_engine.layers.native import KernelBuildError
@@ -20,7 +18,7 @@ from llm_engine.layers.quant_config import assign_quantization, summarize
 from llm_engine.loader import ModelSource
 from llm_engine.models.registry import resolve_model_class
 from llm_engine.multimodal.encoder_cache import EncoderCache, step_image_embeddings
-from llm_engine.sampler import SampleResult, Sampler
+from llm_engine.sampler import Sampler, SampleResult
 from llm_engine.sequence import Sequence
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -15,10 +15,11 @@ import re
 import secrets
 import signal
 import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator, Callable, ClassVar, Literal, Mapping, Sequence
+from typing import ClassVar, Literal
 
 from sandbox.cgroups import RunCgroup
 from sandbox.files import Snapshot, WorkspaceTooLarge, copy_in, copy_out

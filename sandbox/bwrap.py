@@ -10,9 +10,8 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from pathlib import Path
 
-from sandbox.backend import WORKSPACE, Backend, ExitStatus, Execution, RunContext
+from sandbox.backend import WORKSPACE, Backend, Execution, ExitStatus, RunContext
 from sandbox.process import HostProcess, exit_status
 from sandbox.seccomp import filter_program
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -16,7 +16,7 @@ def _fail(message: str) -> None:
 
 @app.command("build-image")
 def build_image_command(
-    base_image: Annotated[Optional[str], typer.Option(help="Pull and use this image instead of debootstrap.")] = None,
+    base_image: Annotated[str | None, typer.Option(help="Pull and use this image instead of debootstrap.")] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if the image exists.")] = False,
 ) -> None:
     """Build the Docker runner image locally (debootstrap + docker import; no registry needed)."""

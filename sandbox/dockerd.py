@@ -14,8 +14,9 @@ from sandbox.errors import SandboxUnavailable
 
 def docker_client(timeout: int = 60):
     """A client for the engine named by DOCKER_HOST (or the default socket), or None if none answers."""
-    import docker
     import docker.errors
+
+    import docker
 
     try:
         # one HTTP connection per concurrent API call (the Docker backend's thread pool has 64)

@@ -12,8 +12,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 RUNNER_IMAGE = os.environ.get("CODEYARD_SANDBOX_IMAGE", "codeyard/runner:bookworm")
 SUITE = "bookworm"

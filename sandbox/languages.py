@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ide_server import paths
-from sandbox.limits import Limits, SERVER_MAXIMA
+from sandbox.limits import SERVER_MAXIMA, Limits
 
 CONFIG_FILE = "codeyard.toml"
 _COMPILE = 'cc="$1"; shift; "$cc" "$@" -o /tmp/codeyard-main && exec /tmp/codeyard-main'

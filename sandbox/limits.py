@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 MIB = 1024 * 1024
 MAX_ASKED = 2**53  # the largest whole number a JSON number (a float) carries exactly

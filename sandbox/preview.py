@@ -16,7 +16,6 @@ import secrets
 import shutil
 import socket
 import struct
-from pathlib import Path
 
 from sandbox.backend import PREFERRED_PORT, Mount
 from sandbox.socket_relay import UNIX_TO_TCP

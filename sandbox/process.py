@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
-import struct
-import termios
 import resource
 import signal
+import struct
 import subprocess
+import termios
 from typing import Literal
 
 from sandbox.backend import ExitStatus, SandboxRun

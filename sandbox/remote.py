@@ -16,9 +16,17 @@ import time
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from sandbox.backend import Backend, ExitStatus, Execution, RunContext, RunSpec, SandboxRun
-from sandbox.dispatch import (RUN_KEYS_TTL_S, RUNS_STREAM, decode_result, encode_spec, heartbeat_key, in_key,
-                              out_key, patiently)
+from sandbox.backend import Backend, Execution, ExitStatus, RunContext, RunSpec, SandboxRun
+from sandbox.dispatch import (
+    RUN_KEYS_TTL_S,
+    RUNS_STREAM,
+    decode_result,
+    encode_spec,
+    heartbeat_key,
+    in_key,
+    out_key,
+    patiently,
+)
 from sandbox.verdict import RunResult, Verdict
 
 log = logging.getLogger(__name__)

@@ -15,16 +15,27 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from pathlib import Path
-from typing import Awaitable, Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from sandbox.backend import Backend, RunSpec, SandboxRun
-from sandbox.dispatch import (GROUP, HEARTBEAT_S, HEARTBEAT_TTL_MS, RUN_KEYS_TTL_S, RUNS_STREAM, decode_spec,
-                              encode_result, heartbeat_key, in_key, out_key, patiently)
+from sandbox.dispatch import (
+    GROUP,
+    HEARTBEAT_S,
+    HEARTBEAT_TTL_MS,
+    RUN_KEYS_TTL_S,
+    RUNS_STREAM,
+    decode_spec,
+    encode_result,
+    heartbeat_key,
+    in_key,
+    out_key,
+    patiently,
+)
 from sandbox.verdict import RunResult, Verdict
 
 log = logging.getLogger(__name__)

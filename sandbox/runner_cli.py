@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -15,7 +15,7 @@ app = typer.Typer(help="Run sandbox runs dispatched by the IDE replicas through 
 @app.callback(invoke_without_command=True)
 def runner_command(
     slots: Annotated[int, typer.Option(min=1, max=256, help="Runs at once on this node.")] = 4,
-    name: Annotated[Optional[str], typer.Option(help="This node's name in heartbeats (default: host-pid).")] = None,
+    name: Annotated[str | None, typer.Option(help="This node's name in heartbeats (default: host-pid).")] = None,
     drain_seconds: Annotated[float, typer.Option(min=0, help="On shutdown, how long running runs may take to end.")] = 600,
     check: Annotated[bool, typer.Option(help="Only say whether Redis answers and a sandbox backend works here.")] = False,
     list_: Annotated[bool, typer.Option("--list", help="Only list the live runners and their capacity.")] = False,
@@ -41,7 +41,7 @@ def runner_command(
         backend = make_backend(settings.sandbox_backend)
     except SandboxUnavailable as exc:
         typer.echo(f"error: {exc.detail}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     async def main() -> None:
@@ -51,7 +51,7 @@ def runner_command(
                 await redis.ping()
             except RedisError as exc:
                 typer.echo(f"error: Redis at {settings.redis_url} does not answer: {exc}", err=True)
-                raise typer.Exit(2)
+                raise typer.Exit(2) from None
             if check:
                 typer.echo(f"ok: Redis answers, sandbox backend {backend.name}")
                 return

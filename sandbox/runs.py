@@ -26,10 +26,10 @@ from sandbox.languages import plan_run
 from sandbox.limits import SERVER_MAXIMA
 from sandbox.models import RunRow
 from sandbox.packages.first import PackagesFirst
-from sandbox.preview import Preview
 from sandbox.packages.install import Installer, InstallFailed
 from sandbox.packages.project import REQUIREMENTS, PreparedPackages, add_packages, installed_for
 from sandbox.packages.resolve import auto_install
+from sandbox.preview import Preview
 from sandbox.schemas import PackagesPublic, RunCreate, RunPublic
 from sandbox.service import RunRecord, RunService
 

@@ -21,9 +21,10 @@ import asyncio
 import secrets
 import time
 from collections import Counter, OrderedDict, deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import AsyncIterator, Literal
+from typing import Literal
 
 from sandbox.backend import Backend, OutputChunk, RunSpec, SandboxRun
 from sandbox.errors import QueueFull, RunNotFound

@@ -8,12 +8,11 @@ few seconds and as it ends.
 
 from __future__ import annotations
 
-from contextlib import suppress
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 import anyio
-
 from starlette.websockets import WebSocket
 
 from sandbox.backend import Backend, Mount, RunSpec, SandboxRun

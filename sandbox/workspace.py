@@ -14,9 +14,9 @@ import os
 import secrets
 import shutil
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from sandbox.errors import SandboxUnavailable
 from sandbox.host_lease import lease_uid

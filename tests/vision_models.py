@@ -11,10 +11,21 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from transformers import (AutoImageProcessor, AutoModelForImageTextToText, CLIPImageProcessor,
-                          CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaNextConfig, LlavaNextImageProcessor,
-                          LlavaOnevisionConfig, LlavaOnevisionImageProcessor, Qwen2Config,
-                          SiglipImageProcessor, SiglipVisionConfig)
+from transformers import (
+    AutoImageProcessor,
+    AutoModelForImageTextToText,
+    CLIPImageProcessor,
+    CLIPVisionConfig,
+    LlamaConfig,
+    LlavaConfig,
+    LlavaNextConfig,
+    LlavaNextImageProcessor,
+    LlavaOnevisionConfig,
+    LlavaOnevisionImageProcessor,
+    Qwen2Config,
+    SiglipImageProcessor,
+    SiglipVisionConfig,
+)
 
 VOCAB = 320
 IMAGE_TOKEN = VOCAB - 1

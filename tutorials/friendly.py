@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 WORKSPACE = "/workspace/"
 
@@ -81,7 +81,7 @@ def _from_traceback(text: str, files: Mapping[str, str]) -> ErrorInfo | None:
         return None
     match = _PY_EXCEPTION.match(lines[exc_index])
     error = ErrorInfo(type=match.group(1).rsplit(".", 1)[-1], message=(match.group(2) or "").strip())
-    for i, line in enumerate(lines[:exc_index]):
+    for line in lines[:exc_index]:
         frame = _PY_FRAME.match(line)
         if frame and _relative(frame.group(1)) in files:
             error.file, error.line, error.in_learner_file = _relative(frame.group(1)), int(frame.group(2)), True

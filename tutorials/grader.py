@@ -17,16 +17,17 @@ import re
 import secrets
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Literal
 
 from sandbox.backend import Backend, RunSpec
 from sandbox.limits import MIB, Limits
 from sandbox.service import RunService
 from sandbox.verdict import RunResult, Verdict
 from tutorials.format import Lesson, check_file_name
-from tutorials.friendly import ErrorInfo, explain, error_from_output
+from tutorials.friendly import ErrorInfo, error_from_output, explain
 
 Status = Literal["pass", "fail", "error"]
 RUNNERS = Path(__file__).resolve().parent / "runners"

@@ -141,7 +141,7 @@ def chat(corpus: Corpus, seed: int, conversations: int = 6, turns: int = 4, user
     new message, `think_s` after the previous turn could have been answered."""
     rng = random.Random(seed)
     items = []
-    for c in range(conversations):
+    for _conversation in range(conversations):
         history, at = "", rng.uniform(0, conversations / 2)
         for _ in range(turns):
             history += corpus.text(rng, user_len)

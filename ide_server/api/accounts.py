@@ -4,7 +4,6 @@ from fastapi import APIRouter, Request, Response, status
 
 from ide_server import security
 from ide_server.components import Component
-from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.deps import (
     CSRF_COOKIE,
     SESSION_COOKIE,
@@ -13,6 +12,7 @@ from ide_server.deps import (
     Public,
     SettingsDep,
 )
+from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.models import User
 from ide_server.schemas import (
     LoginPublic,

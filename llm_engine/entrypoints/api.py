@@ -13,13 +13,12 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from llm_engine.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError,
-                                             parse_request)
-from llm_engine.entrypoints.serving import ServingChat, ServingCompletion
+from llm_engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, parse_request
 from llm_engine.entrypoints.service import LLMService
+from llm_engine.entrypoints.serving import ServingChat, ServingCompletion
 from llm_engine.metrics import CONTENT_TYPE
 
 ServiceGetter = Callable[[Request], LLMService]

@@ -251,7 +251,7 @@ def _row(name: str, array: np.ndarray, row: int, rows: int) -> np.ndarray:
     raise OpenAIError(400, f"input '{name}' has {array.shape[0]} rows; text_input has {rows}")
 
 
-def output_arrays(results: list["RowResult"]) -> dict[str, np.ndarray]:
+def output_arrays(results: list[RowResult]) -> dict[str, np.ndarray]:
     return {"text_output": np.array([r.text.encode() for r in results], dtype=object).reshape(-1, 1),
             "finish_reason": np.array([(r.finish_reason or "").encode() for r in results],
                                       dtype=object).reshape(-1, 1),

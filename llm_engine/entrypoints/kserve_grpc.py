@@ -17,8 +17,9 @@ from collections.abc import AsyncIterator
 import grpc
 import numpy as np
 from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import np_to_triton_dtype
-from tritonclient.grpc import model_config_pb2, service_pb2 as pb, service_pb2_grpc
 
 from llm_engine.entrypoints import kserve
 from llm_engine.entrypoints.protocol import OpenAIError

@@ -21,8 +21,8 @@ from tritonclient.utils import np_to_triton_dtype
 from llm_engine.entrypoints import kserve
 from llm_engine.entrypoints.api import ServiceGetter, json_body, unless_disconnected
 from llm_engine.entrypoints.protocol import OpenAIError
-from llm_engine.entrypoints.serving import sse
 from llm_engine.entrypoints.service import LLMService
+from llm_engine.entrypoints.serving import sse
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 

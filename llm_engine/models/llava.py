@@ -17,8 +17,8 @@ from torch import nn
 from llm_engine.layers.attention import AttentionBackend
 from llm_engine.models.llama import LlamaForCausalLM, _copy_loader
 from llm_engine.models.qwen2 import Qwen2ForCausalLM
-from llm_engine.multimodal.processor import ImageProcessor
 from llm_engine.models.vision import VisionTransformer, activation
+from llm_engine.multimodal.processor import ImageProcessor
 
 TEXT_MODELS = {"llama": LlamaForCausalLM, "mistral": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}
 # Checkpoint name forms (Hugging Face hub files, and what transformers 5 writes) -> ours.

@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence

@@ -14,8 +14,15 @@ from packaging.utils import canonicalize_name
 
 from sandbox.backend import Mount
 from sandbox.packages.install import Environment, Installer
-from sandbox.packages.resolve import (PACKAGE_JSON, Resolution, declared_python, is_package_name, read_package_json,
-                                     resolve_node, resolve_python)
+from sandbox.packages.resolve import (
+    PACKAGE_JSON,
+    Resolution,
+    declared_python,
+    is_package_name,
+    read_package_json,
+    resolve_node,
+    resolve_python,
+)
 
 REQUIREMENTS = "requirements.txt"
 PYPROJECT = "pyproject.toml"

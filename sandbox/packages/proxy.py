@@ -68,7 +68,7 @@ class IndexProxy:
                 writer.close()
                 return
             up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(target, 443), 30)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             writer.close()
             return
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")

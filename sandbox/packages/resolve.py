@@ -16,9 +16,9 @@ import os
 import re
 import sys
 import tomllib
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name

@@ -15,8 +15,13 @@ import tempfile
 from pathlib import Path
 
 import httpx
-from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, canonicalize_name
-from packaging.utils import parse_sdist_filename, parse_wheel_filename
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
 
 log = logging.getLogger(__name__)
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"

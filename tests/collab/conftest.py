@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from collab_testkit import CollabServer, JsClients, ensure_node_modules
 from sqlalchemy import create_engine, make_url, text
 
 from collab.store import UpdateStore
-from collab_testkit import CollabServer, JsClients, ensure_node_modules
 from ide_server.db import make_engine, migrate
 
 

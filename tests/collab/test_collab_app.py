@@ -7,7 +7,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from collab_testkit import CollabServer, JsClients, cookie_header, signed_in, wait_for_file, wait_until
 
 

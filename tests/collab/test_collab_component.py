@@ -6,12 +6,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from collab_testkit import CollabServer, cookie_header, signed_in, wait_until
 from pycrdt import Doc, Text
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from collab.protocol import SyncStep2, SyncUpdate, decode_message, encode_sync_step1, encode_sync_update
-from collab_testkit import CollabServer, cookie_header, signed_in, wait_until
 
 
 class PyEditor:

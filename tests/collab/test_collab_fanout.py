@@ -12,13 +12,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from collab_testkit import PyClient, eventually
 
 from collab.fanout import Fanout
 from collab.room import RoomKey
 from collab.rooms import RoomManager
 from collab.store import UpdateStore
 from ide_server import leases
-from collab_testkit import PyClient, eventually
 
 ROOMS = 30
 

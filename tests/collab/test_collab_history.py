@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from collab_testkit import PyClient, eventually
 
-from collab.history import AutoCheckpointer, Author, ProjectHistory, restore_file, restore_project
+from collab.history import Author, AutoCheckpointer, ProjectHistory, restore_file, restore_project
 from collab.room import RoomKey
 from collab.rooms import RoomManager
 from collab.store import UpdateStore
-from collab_testkit import PyClient, eventually
 
 ALICE = Author("Alice", "alice@example.org")
 BOB = Author("Bob Émile", "bob@example.org")

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from collab_testkit import PyClient, eventually
 from pycrdt import Doc, Text
 from sqlalchemy.exc import OperationalError
 
@@ -15,7 +16,6 @@ from collab.protocol import AwarenessEntry, Decoder, encode_awareness
 from collab.room import RoomKey, sha256_text
 from collab.rooms import RoomManager
 from collab.store import UpdateStore
-from collab_testkit import PyClient, eventually
 
 
 def state_vector(encoded: bytes) -> dict[int, int]:

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+import sandbox_fixtures  # noqa: F401  (its import gives the session its own CODEYARD_SANDBOX_DIR and the cache dir)
+from api_people import Person, sign_up
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-
-from api_people import Person, sign_up
-import sandbox_fixtures  # noqa: F401  (its import gives the session its own CODEYARD_SANDBOX_DIR and the cache dir)
 from sandbox_fixtures import docker_engine, runner_image  # noqa: F401  (fixtures for the Docker tests)
 
 from deploy_service.instance import UIDS

@@ -16,12 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from serve_process import codeyard_serve, free_port
 from sqlalchemy import create_engine, make_url, text
 from websockets.sync.client import connect
 
 from deploy.conftest import packages_dir, wait_until
 from deploy_service.owner import LEASE_KEY
-from serve_process import codeyard_serve, free_port
 
 APP = 'from flask import Flask\napp = Flask(__name__)\n\n@app.get("/")\ndef home():\n    print("served a visitor", flush=True)\n    return "one app, {version}"\n'
 REDIS_DB = 9  # this test's own, emptied first: the lease key is the server's fixed one

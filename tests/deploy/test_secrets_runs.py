@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-
 from sandbox_fixtures import *  # noqa: F401,F403  (the "nothing left behind" check)
 
 from ide_server.app import create_app

@@ -18,11 +18,11 @@ import pytest
 import sqlalchemy
 import websockets
 from fastapi.testclient import TestClient
+from serve_process import codeyard_serve
 
 from ide_server import db
 from ide_server.app import create_app
 from ide_server.settings import Settings
-from serve_process import codeyard_serve
 
 HELD = db.POOL_SIZE + db.POOL_OVERFLOW + 20  # more than the pool has connections
 

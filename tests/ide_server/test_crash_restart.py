@@ -21,9 +21,9 @@ import psutil
 import pytest
 import websockets
 from pycrdt import Doc, Text
+from serve_process import codeyard_serve
 
 from collab.protocol import SyncStep1, SyncStep2, SyncUpdate, decode_message, encode_sync_step1, encode_sync_step2
-from serve_process import codeyard_serve
 
 STUDENTS = 30
 EDITORS = 10  # students who keep main.py open in the editor

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 from ide_server import db
 
@@ -51,7 +52,7 @@ def test_the_lock_is_given_back_by_commit_rollback_and_a_failed_statement(engine
         assert conn.connection.driver_connection.holds_lock
         conn.rollback()
         assert not conn.connection.driver_connection.holds_lock
-        with pytest.raises(Exception):
+        with pytest.raises(DBAPIError):
             conn.execute(text("INSERT INTO no_such_table VALUES (1)"))
         conn.rollback()
         assert not conn.connection.driver_connection.holds_lock

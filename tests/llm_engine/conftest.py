@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config,
-                          Qwen3Config)
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 # The heavier tensor-parallel tests (many worker groups) run under `make test-llm-parallel`.
 collect_ignore = [] if os.environ.get("CODEYARD_TP_MORE") == "1" else ["test_llm_tensor_parallel_more.py"]

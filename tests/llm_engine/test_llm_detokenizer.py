@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import smollm_gguf_path
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from llm_engine import LLM, SamplingParams
 from llm_engine.detokenizer import IncrementalDetokenizer, find_stop_string
-
-from conftest import smollm_gguf_path
 
 
 @pytest.fixture(scope="module")

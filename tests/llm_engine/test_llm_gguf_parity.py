@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import hf_greedy, smollm_gguf_path
 from transformers import AutoModelForCausalLM
 
 from llm_engine import LLM, SamplingParams
-
-from conftest import hf_greedy, smollm_gguf_path
 
 PROMPTS = [
     "The capital of France is",

@@ -8,19 +8,26 @@ import os
 
 import pytest
 import torch
+from conftest import check_logprobs_close
 from PIL import Image, ImageOps
 from transformers import AutoConfig, AutoImageProcessor
+from vision_models import (
+    IMAGE_TOKEN,
+    bomb_png,
+    build_llava,
+    build_llava_onevision,
+    build_llava_siglip,
+    encode,
+    hf_reference,
+    picture,
+)
 
 from llm_engine import LLM, SamplingParams
-from llm_engine.multimodal.image import ImageInputError, ImageLimits, decode_image
-from llm_engine.multimodal.inputs import ImageItem, fit_encoder_budget
 from llm_engine.models.llava_next import LlavaNextForConditionalGeneration
 from llm_engine.models.llava_onevision import LlavaOnevisionForConditionalGeneration
+from llm_engine.multimodal.image import ImageInputError, ImageLimits, decode_image
+from llm_engine.multimodal.inputs import ImageItem, fit_encoder_budget
 from llm_engine.multimodal.processor import ImageProcessor, anyres_tiles
-
-from conftest import check_logprobs_close
-from vision_models import (IMAGE_TOKEN, bomb_png, build_llava, build_llava_onevision, build_llava_siglip, encode,
-                           hf_reference, picture)
 
 # The default suite runs LLaVA-1.5 end to end; `make test-llm-vision` adds NeXT, OneVision, SigLIP/Qwen2.
 full_only = pytest.mark.skipif(not os.environ.get("CODEYARD_VISION_FULL"), reason="make test-llm-vision")

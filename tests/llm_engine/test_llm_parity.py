@@ -12,11 +12,10 @@ import random
 
 import pytest
 import torch
+from conftest import ARCHS, VOCAB, build_tiny_model, check_logprobs_close, hf_greedy
 from transformers import AutoModelForCausalLM
 
 from llm_engine import LLM, SamplingParams
-
-from conftest import ARCHS, VOCAB, build_tiny_model, check_logprobs_close, hf_greedy
 
 MAX_NEW = 24
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)

@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import torch
+from conftest import check_logprobs_close, hf_greedy
 from transformers import AutoModelForCausalLM
 
 from llm_engine import LLM, SamplingParams
@@ -13,10 +14,16 @@ from llm_engine.config import EngineConfig
 from llm_engine.layers import native
 from llm_engine.layers.linear import ReplicatedLinear
 from llm_engine.layers.quant_config import QuantConfig, assign_quantization, checkpoint_names
-from llm_engine.layers.quantization import (KERNEL_MAX_ROWS, QuantScheme, WeightOnlyLinearMethod, dequantize,
-                                            pack_int4, quantize_int4, quantize_int8, unpack_int4)
-
-from conftest import check_logprobs_close, hf_greedy
+from llm_engine.layers.quantization import (
+    KERNEL_MAX_ROWS,
+    QuantScheme,
+    WeightOnlyLinearMethod,
+    dequantize,
+    pack_int4,
+    quantize_int4,
+    quantize_int8,
+    unpack_int4,
+)
 
 SCHEMES = [QuantScheme("int8"), QuantScheme("int8", 32), QuantScheme("int4", 32, True),
            QuantScheme("int4", 32, False), QuantScheme("int4", 64, False), QuantScheme("int4", 128, True)]
@@ -207,8 +214,8 @@ def test_malformed_quantization_configs_are_clear_errors(tiny_llama, value, mess
 
 def test_gguf_mode_needs_a_gguf_file_and_unkept_block_types_fall_back_to_float(tiny_llama, caplog):
     from llm_engine.layers.attention import TorchPagedAttention
-    from llm_engine.models.llama import LlamaForCausalLM
     from llm_engine.loader import ModelSource
+    from llm_engine.models.llama import LlamaForCausalLM
 
     hf_config = ModelSource(str(tiny_llama)).hf_config()
     model = LlamaForCausalLM(hf_config, TorchPagedAttention(), torch.float32)
@@ -231,7 +238,8 @@ def test_gguf_mode_needs_a_gguf_file_and_unkept_block_types_fall_back_to_float(t
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
 def test_gguf_blocks_split_into_the_kernel_layout_without_changing_a_weight(kind):
     from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
+    from gguf.quants import dequantize as gguf_dequantize
+    from gguf.quants import quantize as gguf_quantize
 
     from llm_engine.loader.gguf_weights import split_blocks
 

@@ -8,9 +8,9 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
+from llm_engine.layers.linear import ReplicatedLinear
 from llm_engine.layers.quant_config import GGUF_SCHEMES
 from llm_engine.layers.quantization import WeightOnlyLinearMethod, dequantize
-from llm_engine.layers.linear import ReplicatedLinear
 from llm_engine.loader.gguf_weights import split_blocks
 
 

@@ -7,12 +7,11 @@ import random
 
 import pytest
 import torch
+from conftest import VOCAB
 
 from llm_engine import LLM, LLMEngine, SamplingParams
 from llm_engine.sampler import Sampler
 from llm_engine.sequence import Request
-
-from conftest import VOCAB
 
 
 @pytest.mark.parametrize("field, value", [

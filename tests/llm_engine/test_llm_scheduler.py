@@ -36,7 +36,7 @@ def finish_step(sched, out):
 def test_budget_chunks_long_prompts_and_mixes_decodes():
     sched = make_scheduler(budget=32)
     a = add(sched, 20, arrival=1)
-    b = add(sched, 50, arrival=2)
+    add(sched, 50, arrival=2)
     out = sched.schedule()
     assert [(s is a, n) for s, n in out.scheduled] == [(True, 20), (False, 12)]
     finish_step(sched, out)

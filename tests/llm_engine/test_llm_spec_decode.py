@@ -7,14 +7,14 @@ import random
 
 import pytest
 import torch
+from conftest import VOCAB
 
 from llm_engine import LLM, LLMEngine, SamplingParams
 from llm_engine.metrics import EngineMetrics
 from llm_engine.sampler import Sampler
 from llm_engine.sequence import Request
-from llm_engine.speculative import SpeculativeConfig, SpecThrottle, propose_ngram
+from llm_engine.speculative import SpecThrottle, SpeculativeConfig, propose_ngram
 
-from conftest import VOCAB
 
 def chi_square_pvalue(counts: torch.Tensor, expected: torch.Tensor) -> float:
     statistic = float(((counts - expected) ** 2 / expected).sum())

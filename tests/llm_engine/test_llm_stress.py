@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
-from llm_engine import LLMEngine, SamplingParams
-
 from conftest import VOCAB
+
+from llm_engine import LLMEngine, SamplingParams
 
 TERMINAL_REASONS = {"stop", "length", "abort", "error"}
 

@@ -8,7 +8,6 @@ paths, quantized weights and the real SmolLM2 are in test_llm_tensor_parallel_mo
 from __future__ import annotations
 
 import pytest
-
 from conftest import ARCHS, build_tiny_model
 from tp_kit import assert_same, engines, mqa_llama, prompts, tokens_and_logprobs  # noqa: F401 (fixtures)
 

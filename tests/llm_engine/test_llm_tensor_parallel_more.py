@@ -11,12 +11,11 @@ import signal
 import time
 
 import pytest
+from conftest import COMMON, smollm_gguf_path
+from tp_kit import assert_same, engines, gone, mqa_llama, prompts, tokens_and_logprobs  # noqa: F401 (fixtures)
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from llm_engine import SamplingParams
-
-from conftest import COMMON, smollm_gguf_path
-from tp_kit import assert_same, engines, gone, mqa_llama, prompts, tokens_and_logprobs  # noqa: F401 (fixtures)
 
 
 def test_quantized_weights_split_by_groups(mqa_llama, engines):

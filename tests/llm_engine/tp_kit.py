@@ -9,11 +9,10 @@ import signal
 
 import pytest
 import torch
+from conftest import COMMON, VOCAB
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from llm_engine import LLM, SamplingParams
-
-from conftest import COMMON, VOCAB
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
 

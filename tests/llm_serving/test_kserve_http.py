@@ -12,8 +12,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from llm_engine.entrypoints.app import create_app
 from llm_engine.config import EngineConfig
+from llm_engine.entrypoints.app import create_app
 from llm_engine.entrypoints.service import ServerOptions
 
 from .conftest import TINY_NAME, free_port, start_server

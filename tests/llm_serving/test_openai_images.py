@@ -9,11 +9,17 @@ import httpx
 import openai
 import pytest
 import torch
-from transformers import (AutoModelForImageTextToText, AutoTokenizer, CLIPImageProcessor, CLIPVisionConfig,
-                          LlamaConfig, LlavaConfig)
+from transformers import (
+    AutoModelForImageTextToText,
+    AutoTokenizer,
+    CLIPImageProcessor,
+    CLIPVisionConfig,
+    LlamaConfig,
+    LlavaConfig,
+)
+from vision_models import CLIP_VISION, bomb_png, encode, picture
 
 from .conftest import TINY_NAME, serve_model
-from vision_models import CLIP_VISION, bomb_png, encode, picture
 
 VISION_NAME = "tiny-vision"
 

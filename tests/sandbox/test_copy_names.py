@@ -11,9 +11,10 @@ import json
 import os
 import zipfile
 
-from hypothesis import given, settings, strategies as st
-
 from file_names import FILE_NAMES
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from ide_server import paths
 from ide_server.errors import NotFound
 from ide_server.services import files

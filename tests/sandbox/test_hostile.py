@@ -9,8 +9,8 @@ import socket
 from urllib.parse import urlparse
 
 import pytest
-
 from conftest import make_spec
+
 from sandbox.backend import RunSpec
 from sandbox.verdict import Verdict
 

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 
 from conftest import make_spec
+
 from sandbox.bwrap import BwrapBackend
 from sandbox.service import RunService
 from sandbox.verdict import Verdict

@@ -5,6 +5,7 @@ with a per-process limit only, eight times the run's CPU time."""
 from __future__ import annotations
 
 from conftest import make_spec
+
 from sandbox.verdict import Verdict
 
 SPINNERS = "import os\nfor _ in range(7):\n    if os.fork() == 0:\n        break\nwhile True:\n    pass\n"  # 8 processes

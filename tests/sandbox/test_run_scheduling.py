@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from conftest import make_spec
+
 from sandbox import service as service_module
 from sandbox.bwrap import BwrapBackend
 from sandbox.service import RunService, RunState

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 from redis import Redis as SyncRedis
+from redis_server import RedisServer
 
 from ide_server.leases import connect
-from redis_server import RedisServer
 from sandbox.backend import RunSpec
 from sandbox.cgroups import RunCgroup, cgroup_dirs, remove_cgroup
 from sandbox.dispatch import GROUP, RUNS_STREAM, heartbeat_key

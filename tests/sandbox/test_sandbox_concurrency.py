@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from conftest import make_spec
+
 from sandbox.verdict import Verdict
 
 

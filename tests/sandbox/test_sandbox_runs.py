@@ -10,8 +10,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from conftest import TEST_LIMITS, make_spec
+
 from sandbox.backend import Mount, RunSpec
 from sandbox.verdict import Verdict
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from conftest import make_spec
+
 from sandbox.bwrap import BwrapBackend
 from sandbox.errors import QueueFull, RunNotFound
 from sandbox.service import RunService

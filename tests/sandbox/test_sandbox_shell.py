@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from conftest import make_spec
+
 from sandbox.backend import RunSpec
 from sandbox.verdict import Verdict
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 
 from conftest import leftovers
+
 from sandbox.cgroups import RunCgroup
 from sandbox.sweep import sweep
 from sandbox.workspace import UID_BASE, runs_root

@@ -9,10 +9,11 @@ import subprocess
 import sys
 import time
 
+from sandbox_fixtures import REPO
+
 from sandbox import workspace
 from sandbox.sweep import sweep
 from sandbox.workspace import UID_BASE, processes_of_uid, run_uid
-from sandbox_fixtures import REPO
 
 # Leases `count` uids, searching from the first one (as two freshly started servers might), prints
 # them, and holds them until its stdin closes.

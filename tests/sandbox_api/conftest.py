@@ -8,10 +8,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from api_people import Person, sign_up
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-
-from api_people import Person, sign_up
 from sandbox_fixtures import *  # noqa: F401,F403
 from sandbox_fixtures import TEST_LIMITS, leftovers, make_spec  # noqa: F401
 

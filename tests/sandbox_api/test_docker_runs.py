@@ -5,10 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
-
+from conftest import COMPONENTS, make_app, new_project, sign_up, wait_finished
 from fastapi.testclient import TestClient
 
-from conftest import COMPONENTS, make_app, new_project, sign_up, wait_finished
 from ide_server.app import create_app
 from ide_server.settings import Settings
 

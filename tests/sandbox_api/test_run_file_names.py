@@ -13,14 +13,15 @@ import zipfile
 from datetime import UTC, datetime
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
-from pycrdt import Doc, Text
-
-from collab.protocol import SyncStep2, decode_message, encode_sync_step1, encode_sync_update
 from conftest import new_project, wait_finished
 from file_names import FILE_NAMES
-from sandbox.models import RunRow
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pycrdt import Doc, Text
 from test_run_sockets import frames_until_exit
+
+from collab.protocol import SyncStep2, decode_message, encode_sync_step1, encode_sync_update
+from sandbox.models import RunRow
 
 BAD_NAME_PROGRAM = ('import os\nopen(os.fsdecode(b"bad\\xffname.txt"), "w").write("x")\n'
                     'open("new\\nline.txt", "w").write("y")\nopen("fine.txt", "w").write("z")\n')

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from starlette.websockets import WebSocketDisconnect
-
 from conftest import add_member, new_project, wait_finished
+from starlette.websockets import WebSocketDisconnect
 
 
 @pytest.fixture

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
+from conftest import Person, make_app, new_project, wait_finished
 from fastapi.testclient import TestClient
 
 from collab.room import RoomKey
-from conftest import Person, make_app, new_project, wait_finished
 
 
 def test_run_records_outlive_the_server(owner, app):

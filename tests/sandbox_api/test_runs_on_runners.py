@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 import redis
-from fastapi.testclient import TestClient
-
 from api_people import sign_up
 from conftest import COMPONENTS, new_project, wait_finished
+from fastapi.testclient import TestClient
+from redis_server import RedisServer
+
 from ide_server.app import create_app
 from ide_server.settings import Settings
-from redis_server import RedisServer
 from sandbox.dispatch import heartbeat_key
 
 

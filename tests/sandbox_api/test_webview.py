@@ -10,9 +10,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from fastapi.testclient import TestClient
-
 from conftest import COMPONENTS, add_member, make_app, new_project, wait_finished
+from fastapi.testclient import TestClient
 
 # A stdlib web app on $PORT: GET answers with the path it got and the prefix it is served under; an
 # Upgrade: websocket request gets a handshake and its first (short, masked) frame echoed back in capitals.

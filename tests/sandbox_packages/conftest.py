@@ -9,7 +9,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from sandbox_fixtures import *  # noqa: F401,F403
 from sandbox_fixtures import TEST_LIMITS, leftovers, make_spec  # noqa: F401
 

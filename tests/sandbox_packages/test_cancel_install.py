@@ -8,10 +8,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from sandbox_fixtures import make_spec
+
 from sandbox.bwrap import BwrapBackend
 from sandbox.packages.first import PackagesFirst
 from sandbox.packages.install import Installer
-from sandbox_fixtures import make_spec
+
 from .test_hostile_install import sdist
 
 

@@ -23,11 +23,11 @@ import httpx
 import pytest
 from packaging.utils import canonicalize_name
 from packaging.version import Version
+from sandbox_fixtures import make_spec
 
 from sandbox.bwrap import BwrapBackend
 from sandbox.packages.install import PROXY_TARGET, Installer, InstallFailed
 from sandbox.packages.proxy import SOCKET_NAME
-from sandbox_fixtures import make_spec
 
 FAKE_SECRET = "fake-secret-key-5b0c9e1d7a"
 ATTACK = r'''

@@ -4,13 +4,11 @@ unknown imports get a clear message, and POST /api/projects/{id}/packages instal
 from __future__ import annotations
 
 import secrets
-import time
-from pathlib import Path
 
 import pytest
+from api_people import sign_up
 from fastapi.testclient import TestClient
 
-from api_people import sign_up
 from ide_server.app import create_app
 from ide_server.settings import Settings
 

@@ -37,7 +37,7 @@ class User:
         self.token = token
         self.http = httpx.Client(base_url=base, timeout=60, headers={"Authorization": f"Bearer {token}"})
 
-    def on(self, base: str) -> "User":
+    def on(self, base: str) -> User:
         return User(base, self.token)
 
     def project(self, files: dict[str, str]) -> str:

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from websockets.sync.client import connect as ws_connect
-
 from stack_kit import PROXY, REPLICAS, User, eventually
+from websockets.sync.client import connect as ws_connect
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = "codeyard-stack-test"

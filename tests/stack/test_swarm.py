@@ -11,7 +11,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from stack_kit import REPLICAS, User, eventually
 from test_stack import ENV
 

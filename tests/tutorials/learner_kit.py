@@ -7,10 +7,10 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import api_people
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-import api_people
 from ide_server.app import create_app
 from ide_server.settings import Settings
 from tutorials.format import Course, Lesson, builtin_courses

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from sandbox_fixtures import nothing_left_behind  # noqa: F401  (autouse: every run cleans up)
+
 from tutorials.format import BUILTIN_DIR
 
 CODEYARD = [sys.executable, "-m", "ide_server.cli"]

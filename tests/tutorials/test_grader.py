@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from sandbox_fixtures import nothing_left_behind  # noqa: F401  (autouse: every run cleans up)
+
 from sandbox.bwrap import BwrapBackend
 from sandbox.limits import Limits
 from sandbox.service import RunService

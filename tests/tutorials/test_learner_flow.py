@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
-
+from learner_kit import COMPONENTS, TUTORIAL_PREFIXES, first_python_course, hidden_markers, new_person, served_client
 from sandbox_fixtures import nothing_left_behind  # noqa: F401  (autouse: every run cleaned up)
 
 from ide_server.access import app_routes
@@ -17,7 +17,6 @@ from ide_server.settings import Settings
 from tutorials.checking import learner_files
 from tutorials.format import builtin_courses
 from tutorials.grader import MAX_FILE_BYTES
-from learner_kit import COMPONENTS, TUTORIAL_PREFIXES, first_python_course, hidden_markers, new_person, served_client
 
 COURSE = first_python_course()
 LESSON = COURSE.lessons[0]

@@ -242,7 +242,7 @@ def collect(module, source, hidden):
 
 def _expand(name, fn, marks, code, hidden):
     """One test per parametrize case, named by its values (by its number in a hidden test: values are secret)."""
-    for mark, args, kwargs in marks:
+    for mark, args, _kwargs in marks:
         if mark == "parametrize":
             names = args[0] if isinstance(args[0], (list, tuple)) else [n.strip() for n in args[0].split(",")]
             cases = []
