@@ -51,6 +51,14 @@ inline float half_to_float(uint16_t h) {  // IEEE binary16 -> float32, subnormal
   return value;
 }
 
+inline float f16(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  return half_to_float(h);
+#endif
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -149,8 +157,8 @@ void gemm(const float* x, const uint8_t* q, const uint16_t* scales, const uint16
       const uint8_t* qn = q + n * row_bytes;
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t start = g * group, length = k_in - start < group ? k_in - start : group;
-        const float scale = half_to_float(scales[n * groups + g]);
-        if (KIND == Weights::INT4) widen_int4(qn + start / 2, length, scale, half_to_float(offsets[n * groups + g]), w + start);
+        const float scale = f16(scales[n * groups + g]);
+        if (KIND == Weights::INT4) widen_int4(qn + start / 2, length, scale, f16(offsets[n * groups + g]), w + start);
         else if (KIND == Weights::FP8) widen_fp8(qn + start, length, scale, w + start);
         else widen_int8(reinterpret_cast<const int8_t*>(qn) + start, length, scale, w + start);
       }
@@ -188,14 +196,6 @@ void quantize_rows(const float* x, int64_t rows, int64_t k_in, int64_t block, in
       }
     }
   }
-}
-
-inline float f16(uint16_t h) {
-#if defined(__F16C__)
-  return _cvtsh_ss(h);
-#else
-  return half_to_float(h);
-#endif
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -236,6 +236,40 @@ inline int32_t sub_dot_scalar(const uint8_t* group_bytes, int64_t length, int64_
   return sum;
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// One row against one weight row of 32-input groups (a decode step on GGUF Q4/Q8 blocks or
+// w4a8's default): eight groups' scales converted at once, no per-group loops.
+template <bool INT4>
+float row_dot_g32(const int8_t* xq, const float* dx, const float* sx, const uint8_t* qn, const uint16_t* scales,
+                  const uint16_t* offsets, int64_t groups) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), offset_acc = _mm256_setzero_ps();
+  alignas(32) float d[8];
+  int64_t g = 0;
+  for (; g + 8 <= groups; g += 8) {
+    const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + g)));
+    _mm256_store_ps(d, _mm256_mul_ps(scale, _mm256_loadu_ps(dx + g)));
+    if (INT4) {
+      const __m256 offset = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(offsets + g)));
+      offset_acc = _mm256_fmadd_ps(offset, _mm256_loadu_ps(sx + g), offset_acc);
+    }
+    for (int j = 0; j < 8; j += 2) {
+      const int64_t a = g + j, b = a + 1;
+      const __m256i wa = INT4 ? int4_sub(qn + a * 16, SUB, 0) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qn + a * SUB));
+      const __m256i wb = INT4 ? int4_sub(qn + b * 16, SUB, 0) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qn + b * SUB));
+      acc0 = _mm256_fmadd_ps(sub_dot<INT4>(wa, xq + a * SUB), _mm256_broadcast_ss(d + j), acc0);
+      acc1 = _mm256_fmadd_ps(sub_dot<INT4>(wb, xq + b * SUB), _mm256_broadcast_ss(d + j + 1), acc1);
+    }
+  }
+  float tail = 0.0f;
+  for (; g < groups; ++g) {
+    const __m256i w = INT4 ? int4_sub(qn + g * 16, SUB, 0) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qn + g * SUB));
+    acc0 = _mm256_fmadd_ps(sub_dot<INT4>(w, xq + g * SUB), _mm256_set1_ps(dx[g] * f16(scales[g])), acc0);
+    if (INT4) tail += f16(offsets[g]) * sx[g];
+  }
+  return hsum(_mm256_add_ps(acc0, acc1)) + hsum(offset_acc) + tail;
+}
+#endif
+
 constexpr int64_t TILE = 4;  // rows of x per pass over a weight row (each sub-block unpacked once)
 
 template <bool INT4>
@@ -245,6 +279,12 @@ void gemm_q8(const int8_t* xq, const float* dx, const float* sx, const uint8_t* 
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < n_out; ++n) {
     const uint8_t* qn = q + n * row_bytes;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    if (rows == 1 && group == SUB) {
+      out[n] = row_dot_g32<INT4>(xq, dx, sx, qn, scales + n * groups, INT4 ? offsets + n * groups : nullptr, groups);
+      continue;
+    }
+#endif
     for (int64_t m0 = 0; m0 < rows; m0 += TILE) {
       const int64_t tile = rows - m0 < TILE ? rows - m0 : TILE;
       float offset_sum[TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
