@@ -80,6 +80,8 @@ class LLMEngine:
         model_class = resolve_model_class(getattr(self.hf_config, "architectures", None))
         self.image_inputs = (ImageInputs(self.hf_config, model_class, source.folder)
                              if hasattr(model_class, "image_inputs") else None)
+        if self.image_inputs is not None and config.tensor_parallel_size > 1:
+            raise ValueError("tensor_parallel_size: vision models run on one rank so far")
         text_config = self.hf_config.get_text_config()  # a vision model's language part
         if self.image_inputs is not None and config.tensor_parallel_size > 1:
             raise ValueError("tensor_parallel_size: vision models run on one rank so far")

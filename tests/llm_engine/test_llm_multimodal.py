@@ -250,6 +250,8 @@ def test_bad_requests_leave_the_engine_serving(llava, references, tiny_llama):
             llm.generate(prompt, GREEDY, use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
     check_logprobs_close(results(llm.generate(as_inputs(PROMPTS[1:2]), GREEDY, use_tqdm=False)), references[1:2])
+    with pytest.raises(ValueError, match="vision models run on one rank"):
+        LLM(str(llava), tensor_parallel_size=2)
     text_only = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=16)
     with pytest.raises(ImageInputError, match="text-only model; it cannot see images"):
         text_only.generate({"prompt_token_ids": [3, 4], "multi_modal_data": {"image": [FILES["gif"]]}},
