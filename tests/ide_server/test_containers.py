@@ -35,7 +35,7 @@ def test_docker_compose_config_is_valid():
     assert services["app1"]["environment"]["CODEYARD_PORT"] != services["app2"]["environment"]["CODEYARD_PORT"]
     for name in ("runner1", "runner2"):
         runner = services[name]
-        assert runner["command"][:2] == ["codeyard", "runner"] and runner["privileged"]
+        assert runner["command"][:2] == ["codeyard", "runner"] and "SYS_ADMIN" in runner["cap_add"]
         assert runner["deploy"]["mode"] == "global" and runner["volumes"]
     assert services["postgres"]["environment"]["POSTGRES_PASSWORD_FILE"] == "/run/secrets/postgres_password"
     assert "llm serve" in " ".join(services["llm"]["command"])
