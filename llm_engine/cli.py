@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -15,6 +16,15 @@ app = typer.Typer(help="Serve the LLM engine over an OpenAI-compatible HTTP API.
 @app.callback()
 def llm() -> None:
     """Serve the LLM engine over an OpenAI-compatible HTTP API."""
+
+
+def parse_json_option(value: str | None, option: str) -> dict | None:
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{option}: not valid JSON ({exc})") from None
 
 
 @app.command()
@@ -41,6 +51,9 @@ def serve(
     request_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds before a request is aborted.")] = 600.0,
     quantization: Annotated[str, typer.Option(help="auto (a GGUF stays quantized), none (float weights), int8, "
                                                    "int4, or a per-layer YAML/JSON config file.")] = "auto",
+    speculative_config: Annotated[str | None, typer.Option(help='Speculative decoding as JSON, e.g. '
+                                                           '\'{"method": "ngram", "num_speculative_tokens": 5}\' '
+                                                           '(prompt lookup; default: none).')] = None,
 ) -> None:
     """Serve MODEL on HOST:PORT (/v1 and /v2; gRPC on --grpc-port); it loads in the background (503 until ready)."""
     import uvicorn
@@ -67,7 +80,8 @@ def serve(
         return
     config = EngineConfig(model=path, device=device, max_num_seqs=max_num_seqs, kv_cache_memory=kv_cache_memory,
                           tensor_parallel_size=tensor_parallel_size,
-                          quantization=None if quantization == "none" else quantization)
+                          quantization=None if quantization == "none" else quantization,
+                          speculative_config=parse_json_option(speculative_config, "--speculative-config"))
     options = ServerOptions(max_waiting=max_waiting, request_timeout=request_timeout, api_keys=frozenset(keys),
                             grpc_address=f"{host}:{grpc_port}" if grpc_port else None,
                             ensembles=tuple(Ensemble.load(p) for p in ensemble or ()))

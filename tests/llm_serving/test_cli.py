@@ -9,7 +9,10 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 import tritonclient.grpc
+
+from llm_engine.cli import parse_json_option
 
 from .conftest import free_port
 
@@ -34,6 +37,15 @@ def test_bad_model_is_one_line_and_exit_2():
                             text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "does not exist" in result.stderr
+
+
+def test_bad_speculative_config_is_one_line_and_exit_2(tiny_chat_model):
+    result = subprocess.run([*CODEYARD, "llm", "serve", "--model", str(tiny_chat_model), "--speculative-config",
+                             '{"method": "medusa"}'], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "speculative_config.method" in result.stderr
+    with pytest.raises(ValueError, match="--speculative-config: not valid JSON"):
+        parse_json_option("{nope", "--speculative-config")
 
 
 def test_serve_answers_openai_requests(tiny_chat_model):
