@@ -6,7 +6,7 @@ ARG PIP_NO_INDEX=0
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin
 # g++: the CPU attention kernels are compiled on first use
-RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/* \
+RUN apt-get update && apt-get install -y --no-install-recommends g++ passwd && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 --user-group codeyard && mkdir /models
 WORKDIR /opt/codeyard
 COPY pyproject.toml constraints.txt README.md ./
