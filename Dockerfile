@@ -18,7 +18,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin
+    PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # git: project history (GitPython); passwd: useradd (a debootstrap minbase has none)
 RUN apt-get update && apt-get install -y --no-install-recommends git passwd && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 --user-group codeyard \

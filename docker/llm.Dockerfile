@@ -4,7 +4,7 @@ ARG BASE=python:3.11-slim
 FROM ${BASE}
 ARG PIP_NO_INDEX=0
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin
+    PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # g++: the CPU attention kernels are compiled on first use
 RUN apt-get update && apt-get install -y --no-install-recommends g++ passwd && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 --user-group codeyard && mkdir /models

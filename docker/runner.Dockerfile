@@ -6,7 +6,7 @@ ARG BASE=python:3.11-slim
 FROM ${BASE}
 ARG PIP_NO_INDEX=0
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin
+    PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 RUN apt-get update && apt-get install -y --no-install-recommends \
       bubblewrap python3 nodejs gcc g++ libc6-dev bash procps ca-certificates \
     && rm -rf /var/lib/apt/lists/* && mkdir /data && chown 10001:10001 /data  # the app replicas (uid 10001) own the shared volume

@@ -22,7 +22,7 @@ from sandbox.image import ImageBuildError, cache_dir, rootfs_tarball
 REPO = Path(__file__).resolve().parents[1]
 BASE_IMAGE = "codeyard/base:bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
-BASE_CHANGES = ["ENV PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8"]
+BASE_CHANGES = ["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8"]
 # What the base's Python (Debian's 3.11.2) needs beyond what the host's resolves: redis wants async-timeout
 # below 3.11.3, and the host's pip resolves for its own interpreter.
 BASE_PYTHON_NEEDS = ("async-timeout>=4.0.3",)
