@@ -4,4 +4,4 @@ set -eu
 servers=""
 for upstream in $APP_UPSTREAMS; do servers="$servers    server $upstream max_fails=1 fail_timeout=10s;\n"; done
 sed -e "s/@PROXY_PORT@/$PROXY_PORT/" -e "s/@SERVERS@/$servers/" /etc/nginx/nginx.conf.template > /etc/nginx/nginx.conf
-exec nginx -g "daemon off;"
+exec /usr/sbin/nginx -g "daemon off;"
