@@ -101,6 +101,7 @@ def test_deploy_goes_live_redeploys_and_rolls_back(open_as, owner_api, project_i
     page.locator("#deploy-now").click()
     expect(page.locator("#deploy-message")).to_contain_text("Release #3 failed", timeout=90_000)
     expect(page.locator("#deploy-message")).to_contain_text("The previous release keeps serving.")
+    expect(page.locator("#deploy-failure")).to_be_visible()  # the log tail as lines, apart from the message
     expect(page.locator('#deploy-releases li[data-status="failed"]')).to_contain_text("#3")
     expect(page.locator("#deploy-status")).to_have_text("Live")
     assert "version one" in httpx.get(url, timeout=10).text

@@ -52,6 +52,13 @@ function inProgress(deployment: Deployment | null): boolean {
   return deployment !== null && (deployment.status === "deploying" || deployment.releases.some((r) => r.status === "building" || r.status === "starting"));
 }
 
+/** How serious a log line is: by the level it names (servers log INFO to stderr), else by its stream. */
+function severity(frame: LogFrame): "info" | "warning" | "error" {
+  const level = /\b(DEBUG|INFO|WARN(?:ING)?|ERROR|CRITICAL|FATAL)\b/.exec(frame.data)?.[1];
+  if (level) return level === "DEBUG" || level === "INFO" ? "info" : level.startsWith("WARN") ? "warning" : "error";
+  return frame.stream === "stderr" ? "error" : "info";
+}
+
 export class DeployPanel {
   readonly element = h("dialog", { id: "deploy-dialog", class: "card dialog wide" });
   /** For the top bar: Deploy (editors), and a badge with the deployment's state that opens the panel (members). */
@@ -63,6 +70,7 @@ export class DeployPanel {
   private readonly releases = h("ol", { class: "releases", id: "deploy-releases" });
   private readonly logs = h("pre", { class: "deploy-logs", id: "deploy-logs", "aria-live": "off" });
   private readonly message = h("p", { class: "status", id: "deploy-message" });
+  private readonly failure = h("pre", { class: "deploy-failure", id: "deploy-failure", hidden: "" }); // a failed release's log tail
   private readonly deployButton = h("button", { type: "button", id: "deploy-now" }, "Deploy now");
   private readonly stopButton = h("button", { type: "button", class: "secondary", id: "deploy-stop" }, "Stop");
   private readonly instances = h("select", { id: "deploy-instances", "aria-label": "Instances", title: "Instances (round-robin)" });
@@ -93,6 +101,7 @@ export class DeployPanel {
       h("div", { class: "row deploy-head" }, this.statusLine, this.link, this.progress),
       h("div", { class: "row" }, this.deployButton, this.stopButton, this.instances),
       this.message,
+      this.failure,
       h("h3", {}, "Releases"),
       this.releases,
       h("h3", {}, "Logs"),
@@ -228,8 +237,10 @@ export class DeployPanel {
     const release = deployment.releases.find((r) => r.id === this.awaited);
     if (!release || (release.status !== "live" && release.status !== "failed" && !(release.status === "retired" && release.message))) return;
     this.awaited = null;
+    this.failure.hidden = release.status === "live" || !release.message;
+    this.failure.textContent = release.message; // its lines as lines, not one paragraph
     if (release.status === "live") showStatus(this.message, `Release #${release.number} is live.`);
-    else showStatus(this.message, `Release #${release.number} failed: ${release.message || "see the logs"}. The previous release keeps serving.`, "error");
+    else showStatus(this.message, `Release #${release.number} failed${release.message ? "" : " (see the logs)"}. The previous release keeps serving.`, "error");
   }
 
   private item(release: Release, current: boolean): HTMLElement {
@@ -277,7 +288,7 @@ export class DeployPanel {
   private appendLog(frame: LogFrame): void {
     if (frame.type !== "log") return;
     const atBottom = this.logs.scrollTop + this.logs.clientHeight >= this.logs.scrollHeight - 4;
-    this.logs.append(h("span", { class: `log-${frame.stream}` }, frame.data.endsWith("\n") ? frame.data : `${frame.data}\n`));
+    this.logs.append(h("span", { class: `log-${frame.stream} log-${severity(frame)}` }, frame.data.endsWith("\n") ? frame.data : `${frame.data}\n`));
     while (this.logs.childElementCount > MAX_LOG_LINES) this.logs.firstElementChild?.remove();
     if (atBottom) this.logs.scrollTop = this.logs.scrollHeight;
     if (inProgress(this.deployment) && frame.stream === "system") void this.load();
