@@ -33,6 +33,7 @@ from ide_server.errors import InvalidInput, NotAuthenticated, PermissionDenied
 from ide_server.models import Role, User
 from ide_server.services.projects import project_dir
 from ide_server.settings import Settings
+from ide_server.wiring import required, services_of
 
 CLOSE_UNAUTHENTICATED = 4401
 # The user's role changed: reconnect (and get the new role). Clients stop only on 4401/4403.
@@ -43,11 +44,11 @@ router = APIRouter()
 
 
 def rooms_of(app: FastAPI) -> RoomManager:
-    return app.state.collab_rooms
+    return required(services_of(app.state).rooms, "collab")
 
 
 def histories_of(app: FastAPI) -> Histories:
-    return app.state.collab_histories
+    return required(services_of(app.state).histories, "collab")
 
 
 def file_on_disk(settings: Settings, key: RoomKey) -> Path:
@@ -126,7 +127,7 @@ class AppEvents:
 
 def _setup(app: FastAPI) -> None:
     settings: Settings = app.state.settings
-    app.state.collab_histories = Histories(
+    services_of(app.state).histories = Histories(
         lambda project_id: project_dir(settings.projects_dir, project_id),
         lambda project_id: settings.data_dir / "history" / f"{project_id}.git",  # never inside the project
     )
@@ -140,11 +141,11 @@ async def collab_lifespan(app: FastAPI) -> AsyncIterator[None]:
     events = AppEvents(app, rooms)
     checkpoints = AutoCheckpointer(rooms, histories_of(app).of, events.author)
     rooms.on_edit = checkpoints.edited  # before any room opens
-    if (hub := getattr(app.state, "project_events", None)) is not None:
+    services = services_of(app.state)
+    if (hub := services.events) is not None:
         hub.on_files_changed(events.files_changed)
         hub.on_access_changed(events.access_changed)
-    app.state.collab_rooms = rooms
-    app.state.collab_checkpoints = checkpoints
+    services.rooms, services.checkpoints = rooms, checkpoints
     try:
         yield
     finally:

@@ -28,12 +28,13 @@ from deploy_service.schemas import DeploymentPublic, RollbackCreate, ScaleUpdate
 from deploy_service.service import DeployService
 from ide_server.components import Component
 from ide_server.deps import ProjectEditor, ProjectMember, ProjectOwner, authenticate_websocket
-from ide_server.error_handlers import ERROR_RESPONSES
+from ide_server.error_handlers import ERROR_RESPONSES, answer_like_domain_errors
 from ide_server.errors import DomainError, NotAuthenticated
 from ide_server.models import Role
 from ide_server.services import projects
+from ide_server.wiring import required, services_of
 from sandbox.engine import make_backend
-from sandbox.errors import SandboxUnavailable
+from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.frames import CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, SOCKET_GONE
 from sandbox.packages.install import bubblewrap_installer
 
@@ -43,7 +44,7 @@ router = APIRouter(tags=["deployments"], responses={**ERROR_RESPONSES, 503: {"de
 
 
 def deploys_of(conn: HTTPConnection) -> DeployService:
-    return conn.app.state.deploys
+    return required(services_of(conn.app.state).deploys, "deploys")
 
 
 async def _deploys(conn: HTTPConnection) -> DeployService:
@@ -133,13 +134,15 @@ async def logs_socket(websocket: WebSocket, project_id: str) -> None:
 def deploy_setup(app: FastAPI) -> None:
     app.add_middleware(AppsGateway)  # everyone reaches the apps at /apps/{slug}/; the app decides what it serves
     app.add_middleware(PreviewGateway)  # runs' Webviews at /preview/{token}/, for those who know the run's token
+    answer_like_domain_errors(app, SandboxError)  # deploys raise them too (no backend, no free app uid)
 
 
 @asynccontextmanager
 async def deploy_lifespan(app: FastAPI) -> AsyncIterator[None]:
     """A sandbox backend for the apps (or the reason there is none), then bring back what was deployed."""
     settings = app.state.settings
-    runs = getattr(app.state, "sandbox_runs", None)
+    services = services_of(app.state)
+    runs = services.runs
     try:  # the runs' choice (auto: Docker where an engine answers with the runner image, else bubblewrap)
         # Apps are not placed on runner nodes yet: with the runners backend they run on this replica's own sandbox.
         local = "auto" if settings.sandbox_backend == "runners" else settings.sandbox_backend
@@ -150,15 +153,14 @@ async def deploy_lifespan(app: FastAPI) -> AsyncIterator[None]:
     installer = getattr(runs, "installer", None)
     if installer is None and backend is not None:
         installer = bubblewrap_installer(settings.effective_packages_dir)
-    secrets = getattr(app.state, "project_secrets", None)
+    secrets = services.secrets
     deploys = DeployService(
         sessions=app.state.sessionmaker, projects_dir=settings.projects_dir, root=settings.data_dir / "deploy",
         backend=backend, unavailable=unavailable, installer=installer,
-        editors=OpenEditors(lambda: getattr(app.state, "collab_rooms", None),
-                            lambda: getattr(app.state, "collab_checkpoints", None)),
+        editors=OpenEditors(lambda: services.rooms, lambda: services.checkpoints),
         secrets_of=secrets.environment_for if secrets is not None else None,
         apps_host=settings.deploy_apps_host, https=settings.secure_cookies)
-    app.state.deploys = deploys
+    services.deploys = deploys
     if backend is not None and (stale := await run_in_threadpool(remove_stale_cgroups)):
         log.warning("removed %d cgroups of app instances a previous server left", len(stale))
     app.state.apps_edge = edge = AppsEdge(deploys) if settings.deploy_apps_port is not None else None

@@ -25,6 +25,7 @@ from deploy_service.proxy import (
     relay_websocket,
 )
 from deploy_service.upstream import READ_CHUNK, Upstream
+from ide_server.wiring import services_of
 from sandbox.preview import Preview
 from sandbox.service import RunRecord
 
@@ -58,7 +59,7 @@ class PreviewGateway:
             await self.app(scope, receive, send)
             return
         match = PREVIEW_PATH.match(raw)
-        runs = getattr(scope["app"].state, "sandbox_runs", None)
+        runs = services_of(scope["app"].state).runs
         live = runs.previews.get(match.group(1).decode()) if match and runs else None
         if scope["type"] == "websocket":
             await self._websocket(WebSocket(scope, receive, send), live, match)

@@ -32,6 +32,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from deploy_service.instance import AppInstance
 from deploy_service.owner import Replica
 from deploy_service.upstream import Upstream, UpstreamError
+from ide_server.wiring import required, services_of
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ class AppsProxy:
     """/apps/{slug}/... to a live instance of the slug's app (an ASGI app)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        routes: Routes = scope["app"].state.deploys.routes
+        routes: Routes = required(services_of(scope["app"].state).deploys, "deploys").routes
         match = APP_PATH.match(scope.get("raw_path") or scope["path"].encode())
         if scope["type"] == "websocket":
             websocket = WebSocket(scope, receive, send)
@@ -336,7 +337,7 @@ class AppsGateway:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
-            deploys = getattr(scope["app"].state, "deploys", None) if "app" in scope else None
+            deploys = services_of(scope["app"].state).deploys if "app" in scope else None
             if deploys is None:
                 await self.app(scope, receive, send)
                 return

@@ -3,8 +3,8 @@
 The rules live here: names are environment variable names that cannot shadow what the sandbox or
 the deploy runner sets (PATH, PORT, ...), values are bounded, and nothing here logs a value.
 Deploys read every variable with `environment_for(db, project_id)` (the instance lives at
-`app.state.project_secrets`); runs get them only when the owner turned on `expose_to_runs`
-(`run_environment_for`, wired into the sandbox's run path by `secrets_api`).
+`app.state.services.secrets`); runs get them only when the owner turned on `expose_to_runs`
+(`run_environment_for`, which the sandbox's run path reads through `app.state.services`).
 """
 
 import logging

@@ -1,12 +1,10 @@
 """The secrets API, /api/projects/{id}/secrets: thin handlers over ProjectSecrets.
 
 Editors list names and write values (values are never sent back, only that one is set); viewers
-see nothing, not even names. Only owners decide whether runs get the secrets too. The component
-also hands the sandbox its hook for a run's environment (`ProjectRuns.environment_of`).
+see nothing, not even names. Only owners decide whether runs get the secrets too. The sandbox reads
+`run_environment_for` for a run's environment (see sandbox/component.py).
 """
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated
 
@@ -19,6 +17,7 @@ from deploy_service.secrets import MAX_VALUE_BYTES, ProjectSecrets, SecretInfo
 from ide_server.components import Component
 from ide_server.deps import DbSession, ProjectEditor, ProjectOwner
 from ide_server.error_handlers import ERROR_RESPONSES
+from ide_server.wiring import required, services_of
 
 router = APIRouter(prefix="/api/projects/{project_id}/secrets", tags=["secrets"], responses=ERROR_RESPONSES)
 
@@ -44,7 +43,7 @@ class SecretSettingsUpdate(BaseModel):
 
 
 async def _secrets(conn: HTTPConnection) -> ProjectSecrets:
-    return conn.app.state.project_secrets
+    return required(services_of(conn.app.state).secrets, "secrets")
 
 
 Secrets = Annotated[ProjectSecrets, Depends(_secrets)]
@@ -89,22 +88,7 @@ def delete_secret(name: str, ctx: ProjectEditor, db: DbSession, secrets: Secrets
 
 
 def setup(app: FastAPI) -> None:
-    app.state.project_secrets = ProjectSecrets(SecretBox(app.state.settings.secret_key.get_secret_value()))
+    services_of(app.state).secrets = ProjectSecrets(SecretBox(app.state.settings.secret_key.get_secret_value()))
 
 
-@asynccontextmanager
-async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Runs get the secrets their owner exposes (the sandbox calls this hook, in a worker thread)."""
-    runs = getattr(app.state, "sandbox_runs", None)
-    if runs is not None:
-        secrets: ProjectSecrets = app.state.project_secrets
-
-        def run_environment(project_id: str) -> dict[str, str]:
-            with app.state.sessionmaker() as db:
-                return secrets.run_environment_for(db, project_id)
-
-        runs.environment_of = run_environment
-    yield
-
-
-component = Component(name="secrets", router=router, setup=setup, lifespan=lifespan)
+component = Component(name="secrets", router=router, setup=setup)

@@ -11,6 +11,7 @@ from ide_server import __version__, components, db, log
 from ide_server.access import unguarded_routes
 from ide_server.error_handlers import install_error_handlers
 from ide_server.settings import Settings
+from ide_server.wiring import Services
 
 # Threads of the event loop's default executor (asyncio.to_thread): collab's stores and file writes,
 # run planning, git checkpoints. Python's default (CPU count + 4, so 6 here) let a few slow calls
@@ -52,6 +53,7 @@ def create_app(settings: Settings | None = None, component_specs: list[str] | No
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = db.make_sessionmaker(engine)
+    app.state.services = Services()
     install_error_handlers(app)
     app.add_middleware(log.RequestLogMiddleware)
     for component in loaded:

@@ -52,8 +52,8 @@ COMPONENTS: list[str] = [
     "ide_server.api.events:component",
     "collab.history_api:component",
     "sandbox.component:component",
-    "deploy_service.secrets_api:component",  # after sandbox: its lifespan hooks into the runs
-    "deploy_service.component:component",  # after secrets_api (it injects the secrets) and sandbox (packages)
+    "deploy_service.secrets_api:component",
+    "deploy_service.component:component",  # after sandbox: its lifespan uses the runs' installer
     "tutorials.component:component",
     "ide_server.api.pages:component",  # browser pages last: they own "/" and "/static"
 ]

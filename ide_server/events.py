@@ -17,6 +17,8 @@ from typing import Annotated
 from fastapi import Depends, WebSocket
 from starlette.requests import HTTPConnection
 
+from ide_server.wiring import services_of
+
 # (project_id, action, path, to) and (project_id, user_id): the in-process subscribers' signatures.
 FilesSubscriber = Callable[[str, str, str, str | None], Awaitable[None]]
 AccessSubscriber = Callable[[str, int], Awaitable[None]]
@@ -114,7 +116,7 @@ class ProjectEvents:
 
 async def events_of(conn: HTTPConnection) -> ProjectEvents | None:
     """The app's event hub, or None when the events component is not loaded (nothing listens then)."""
-    return getattr(conn.app.state, "project_events", None)
+    return services_of(conn.app.state).events
 
 
 EventsDep = Annotated[ProjectEvents | None, Depends(events_of)]

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Annotated
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Query, WebSocket, status
+from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
@@ -26,6 +27,7 @@ from ide_server.errors import DomainError, NotAuthenticated, PermissionDenied
 from ide_server.models import Role, User
 from ide_server.schemas import RandomId
 from ide_server.services import projects
+from ide_server.wiring import Services, required, services_of
 from sandbox.dockerd import docker_client
 from sandbox.engine import make_backend
 from sandbox.errors import SandboxError, SandboxUnavailable
@@ -53,7 +55,7 @@ router = APIRouter(tags=["runs"], responses={**ERROR_RESPONSES, 503: {"descripti
 
 
 def runs_of(conn: HTTPConnection) -> ProjectRuns:
-    return conn.app.state.sandbox_runs
+    return required(services_of(conn.app.state).runs, "sandbox")
 
 
 async def _runs(conn: HTTPConnection) -> ProjectRuns:
@@ -206,10 +208,23 @@ async def shell_socket(websocket: WebSocket, project_id: str, rows: int = Query(
         runs.files_changed(project_id)
 
 
+def _run_environment(sessions: sessionmaker, services: Services) -> Callable[[str], dict[str, str]]:
+    """A run's extra environment: the secrets its project's owner exposes to runs (none without secrets)."""
+    secrets = services.secrets
+
+    def environment(project_id: str) -> dict[str, str]:
+        if secrets is None:
+            return {}
+        with sessions() as db:
+            return secrets.run_environment_for(db, project_id)
+
+    return environment
+
+
 @asynccontextmanager
 async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Pick the backend (or remember why there is none), clear what a crash left, start the queue."""
-    settings = app.state.settings
+    settings, services = app.state.settings, services_of(app.state)
     try:
         backend, unavailable = make_backend(settings.sandbox_backend, pool_size=settings.sandbox_warm_containers,
                                              redis_url=settings.redis_url), ""
@@ -229,16 +244,15 @@ async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
     else:
         installer = bubblewrap_installer(settings.effective_packages_dir) if backend is not None else None
     runs = ProjectRuns(backend, unavailable, sessions=app.state.sessionmaker, projects_dir=settings.projects_dir,
-                       editors=OpenEditors(lambda: getattr(app.state, "collab_rooms", None),
-                                           lambda: getattr(app.state, "collab_checkpoints", None)),
+                       editors=OpenEditors(lambda: services.rooms, lambda: services.checkpoints),
+                       announce=services.events.announce if services.events else None,
+                       environment_of=_run_environment(app.state.sessionmaker, services),
                        installer=installer, max_running=settings.sandbox_max_running,
                        max_running_per_user=settings.sandbox_max_running_per_user,
                        max_per_user=settings.sandbox_max_runs_per_user)
     await run_in_threadpool(runs.close_interrupted)
     own_runner = await start_own_runner(settings) if backend is not None and backend.name == "runners" else None
-    if (events := getattr(app.state, "project_events", None)) is not None:
-        runs.announce = events.announce
-    app.state.sandbox_runs = runs
+    services.runs = runs
     try:
         yield
     finally:

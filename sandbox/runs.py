@@ -68,7 +68,12 @@ class ProjectRuns:
 
     def __init__(self, backend: Backend | None, unavailable: str, *, sessions: sessionmaker, projects_dir: Path,
                  editors: OpenEditors, installer: Installer | None = None, max_running: int, max_running_per_user: int,
-                 max_per_user: int, max_queued: int = 64, max_shells: int = 16, max_shells_per_user: int = 2) -> None:
+                 max_per_user: int, max_queued: int = 64, max_shells: int = 16, max_shells_per_user: int = 2,
+                 announce: Callable[[str, dict], None] | None = None,
+                 environment_of: Callable[[str], dict[str, str]] | None = None) -> None:
+        """announce: tells a project's open workspaces something (the events hub): a run started (so every
+        member's console follows it), or a run wrote files (so their trees re-read). environment_of: a
+        project's extra run environment (the secrets its owner exposes to runs), called in a worker thread."""
         self.backend, self.unavailable = backend, unavailable
         self.sessions, self.projects_dir, self.editors = sessions, projects_dir, editors
         self.installer = installer
@@ -79,12 +84,8 @@ class ProjectRuns:
         self.max_shells, self.max_shells_per_user = max_shells, max_shells_per_user
         self._shells: list[int] = []  # user id of each open shell
         self.previews: dict[str, tuple[RunRecord, Preview]] = {}  # Webview token -> the live run serving it
-        # Hook: a project's extra run environment (deploy_service.secrets_api sets it to the secrets
-        # the owner exposes to runs); called in a worker thread.
-        self.environment_of: Callable[[str], dict[str, str]] = lambda project_id: {}
-        # Hook: tell a project's open workspaces something (ide_server.api.events sets it): a run started
-        # (so every member's console follows it), or a run wrote files (so their trees re-read).
-        self.announce: Callable[[str, dict], None] = lambda project_id, event: None
+        self.announce: Callable[[str, dict], None] = announce or (lambda project_id, event: None)
+        self.environment_of: Callable[[str], dict[str, str]] = environment_of or (lambda project_id: {})
 
     def claim_shell(self, user: User) -> None:
         """Take one of the open-shell places (give it back with release_shell); QueueFull when none is free."""

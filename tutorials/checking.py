@@ -16,6 +16,7 @@ from starlette.requests import HTTPConnection
 from ide_server.errors import InvalidInput
 from ide_server.models import Project, User
 from ide_server.services import files, projects
+from ide_server.wiring import services_of
 from sandbox.errors import SandboxUnavailable
 from sandbox.runs import ProjectRuns
 from tutorials import grader, service
@@ -83,7 +84,7 @@ class Checker:
 
 async def _checker(conn: HTTPConnection) -> Checker:
     state = conn.app.state
-    return Checker(state.sessionmaker, state.settings.projects_dir, getattr(state, "sandbox_runs", None))
+    return Checker(state.sessionmaker, state.settings.projects_dir, services_of(state).runs)
 
 
 CheckerDep = Annotated[Checker, Depends(_checker)]

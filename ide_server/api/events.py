@@ -28,6 +28,7 @@ from ide_server.errors import DomainError, NotAuthenticated
 from ide_server.events import Listener, ProjectEvents
 from ide_server.models import Role
 from ide_server.services import projects
+from ide_server.wiring import required, services_of
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -57,7 +58,7 @@ async def project_events_socket(websocket: WebSocket, project_id: str) -> None:
     except DomainError as exc:
         await websocket.close(CLOSE_FORBIDDEN, exc.detail[:120])
         return
-    hub: ProjectEvents = websocket.app.state.project_events
+    hub = required(services_of(websocket.app.state).events, "events")
     listener = Listener(websocket, username, role)
     await hub.join(project_id, listener)
     try:
@@ -79,12 +80,12 @@ async def project_events_socket(websocket: WebSocket, project_id: str) -> None:
 
 
 def _setup(app: FastAPI) -> None:
-    app.state.project_events = ProjectEvents()
+    services_of(app.state).events = ProjectEvents()
 
 
 @asynccontextmanager
 async def events_lifespan(app: FastAPI) -> AsyncIterator[None]:
-    app.state.project_events.start(asyncio.get_running_loop())
+    required(services_of(app.state).events, "events").start(asyncio.get_running_loop())
     yield
 
 

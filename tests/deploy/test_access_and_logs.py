@@ -78,7 +78,7 @@ def test_bad_deploy_settings_fail_with_the_field_named(owner):
 def test_apps_answer_on_their_own_host_name_when_configured(owner, served):
     project_id = new_project(owner, SITE)
     slug = deploy(owner, project_id)["slug"]
-    deploys = served.app.state.deploys
+    deploys = served.app.state.services.deploys
     deploys.apps_host = "codeyard.test"
     try:
         assert owner.get(f"/api/projects/{project_id}/deployment").json()["url"] == f"http://{slug}.apps.codeyard.test/"

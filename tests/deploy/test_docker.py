@@ -18,7 +18,7 @@ def served(runner_image, tmp_path_factory) -> Iterator[TestClient]:
 
 
 def test_flask_fastapi_node_and_static_apps_run_in_containers(owner, served, docker_engine):
-    assert served.app.state.deploys.backend.name == "docker"
+    assert served.app.state.services.deploys.backend.name == "docker"
     flask_project = new_project(owner, {"app.py": FLASK_APP})
     flask = deploy(owner, flask_project)
     assert flask["status"] == "running", flask["releases"][0]["message"]

@@ -90,7 +90,7 @@ def test_a_visitor_leaving_mid_answer_frees_the_request(owner, served, edge):
     project_id = new_project(owner, {"app.py": APP})
     deployment = deploy(owner, project_id)
     url = deployment["url"]
-    [instance] = served.app.state.deploys.routes.get(deployment["slug"]).instances
+    [instance] = served.app.state.services.deploys.routes.get(deployment["slug"]).instances
     with socket.create_connection(("127.0.0.1", edge.base_url.port), timeout=10) as sock:
         sock.sendall(f"GET {url}drip HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
@@ -103,7 +103,7 @@ def test_a_visitor_leaving_mid_answer_frees_the_request(owner, served, edge):
 def test_apps_on_their_own_host_name_at_the_apps_port(owner, served, edge):
     project_id = new_project(owner, {"app.py": APP})
     slug = deploy(owner, project_id)["slug"]
-    deploys = served.app.state.deploys
+    deploys = served.app.state.services.deploys
     deploys.apps_host = f"codeyard.test:{edge.base_url.port}"
     try:
         page = edge.get("/", headers={"Host": f"{slug}.apps.codeyard.test:{edge.base_url.port}"})

@@ -147,7 +147,7 @@ def test_scaling_spreads_requests_round_robin(owner, served):
     assert response.json()["healthy_instances"] == 1
     assert len({owner.client.get(f"{url}instance").text for _ in range(4)}) == 1
     assert owner.post(f"/api/projects/{project_id}/deployment/scale", json={"instances": 99}).status_code == 422
-    deploys = served.app.state.deploys
+    deploys = served.app.state.services.deploys
     deploys.max_instances, cap = 1, deploys.max_instances
     try:
         refused = owner.post(f"/api/projects/{project_id}/deployment/scale", json={"instances": 2})

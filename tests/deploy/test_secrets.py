@@ -147,7 +147,7 @@ def test_sealed_at_rest_and_given_only_to_that_projects_deploys(new_user, app):
     value = secret_value()
     owner.put(f"/api/projects/{pid}/secrets/DATABASE_URL", json={"value": value})
     owner.put(f"/api/projects/{other}/secrets/OTHER", json={"value": "other"})
-    store = app.state.project_secrets
+    store = app.state.services.secrets
     with app.state.sessionmaker() as db:
         row = db.get(ProjectSecret, (pid, "DATABASE_URL"))
         assert value.encode() not in row.sealed
@@ -175,7 +175,7 @@ def test_forks_start_without_the_secrets(new_user, app):
         assert fork.status_code == 201, fork.text
         assert who.get(f"/api/projects/{fork.json()['id']}/secrets").json()["secrets"] == []
         with app.state.sessionmaker() as db:
-            assert app.state.project_secrets.environment_for(db, fork.json()["id"]) == {}
+            assert app.state.services.secrets.environment_for(db, fork.json()["id"]) == {}
 
 
 def test_deleting_the_project_deletes_its_secrets(new_user, app):

@@ -9,8 +9,13 @@ from llm_engine import LLM, SamplingParams
 from llm_engine.config import EngineConfig
 from llm_engine.layers import native
 from llm_engine.layers.linear import ReplicatedLinear
-from llm_engine.layers.quantization import (QuantScheme, WeightOnlyLinearMethod, dequantize, quantize_activations,
-                                            quantize_fp8)
+from llm_engine.layers.quantization import (
+    QuantScheme,
+    WeightOnlyLinearMethod,
+    dequantize,
+    quantize_activations,
+    quantize_fp8,
+)
 
 FP8_SCHEMES = [QuantScheme("fp8"), QuantScheme("fp8", 32), QuantScheme("fp8", per_tensor=True)]
 # (scheme, K): K multiples of 32; 576 with g128 ends in a 64-input group, 320 with g64 in a 0-length one

@@ -16,7 +16,7 @@ from ide_server.settings import Settings
 def docker_served(runner_image, tmp_path_factory):
     application = make_app(tmp_path_factory.mktemp("docker-data"), backend="docker")
     with TestClient(application) as client:
-        assert application.state.sandbox_runs.backend.name == "docker"
+        assert application.state.services.runs.backend.name == "docker"
         yield client
     application.state.engine.dispose()
 

@@ -47,7 +47,7 @@ def test_no_sandbox_means_503_with_how_to_install(tmp_path, monkeypatch):
 
 def test_written_files_reach_an_open_editor(owner, served):
     pid = new_project(owner, {"notes.md": "draft\n", "main.py": "open('notes.md', 'a').write('from the program\\n')\n"})
-    rooms = served.app.state.collab_rooms
+    rooms = served.app.state.services.rooms
     room = served.portal.call(rooms.acquire, RoomKey(pid, "notes.md"))  # as an editor tab holds it
     try:
         assert str(room.text) == "draft\n"

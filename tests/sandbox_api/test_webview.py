@@ -88,7 +88,7 @@ def test_a_web_app_is_served_in_the_webview_to_members_only(owner, person, serve
 def test_a_program_listening_on_no_port_answers_503(owner, served):
     pid = new_project(owner, {"main.py": "input()\n"})
     run = owner.post(f"/api/projects/{pid}/runs", json={"interactive": True}).json()
-    runs = served.app.state.sandbox_runs
+    runs = served.app.state.services.runs
     deadline = time.monotonic() + 30
     while not (live := [p for r, p in runs.previews.values() if r.id == run["id"]]):
         assert time.monotonic() < deadline

@@ -110,7 +110,7 @@ def docker_client_app(tmp_path_factory, packages_root, runner_image) -> TestClie
     app = create_app(Settings(data_dir=data, database_url=f"sqlite:///{data / 'codeyard.db'}", sandbox_backend="docker",
                               packages_dir=packages_root, log_level="warning"), component_specs=COMPONENTS)
     with TestClient(app) as served:
-        assert app.state.sandbox_runs.backend.name == "docker"
+        assert app.state.services.runs.backend.name == "docker"
         yield served
     app.state.engine.dispose()
 
