@@ -11,7 +11,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from browser_kit import api_client, join, open_shell, workspace_pages
+from browser_kit import api_client, each_look, join, open_shell, workspace_pages
 from serve_process import codeyard_serve
 
 OWNER, PARTNER = "rjowner", "rjpartner"
@@ -198,7 +198,7 @@ def test_a_flask_app_shows_in_the_webview(server_url, owner, open_as, screenshot
     page.locator("input[name=name]").fill("Ada")
     page.locator("button").click()
     expect(page.locator("#greeting")).to_have_text("Hello, Ada!")
-    screenshot(ada, "runs-webview-flask")
+    each_look(ada, screenshot, "runs-webview-flask")
     expect(bob.locator("#webview-tab")).to_be_visible(timeout=20_000)  # a viewer watching the run sees its page too
     bob.locator("#webview-tab").click()
     expect(bob.frame_locator("#webview-frame").locator("h1")).to_have_text("Hello from Flask")
