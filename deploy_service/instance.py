@@ -16,6 +16,7 @@ import asyncio
 import os
 import secrets
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -173,6 +174,7 @@ class AppInstance:
         self._output: _Output | None = None
         self._cgroup: RunCgroup | None = None
         self._uid: int | None = None
+        self._sealed = False  # the socket folder taken back from the app (see _socket_ready)
 
     async def start(self) -> None:
         """Launch the sandbox (returns once it runs; `wait_healthy` says when the app answers)."""
@@ -220,7 +222,11 @@ class AppInstance:
                 status = self._exit.result()
                 how = f"signal {status.signal}" if status.signal else f"exit code {status.exit_code}"
                 return f"the app exited ({how}) before answering its health check"
-            if self.socket_path.exists():
+            try:
+                ready = self._socket_ready()
+            except PermissionError as exc:
+                return str(exc)
+            if ready:
                 try:
                     response = await asyncio.wait_for(self._get(self.launch.health_path), 5.0)
                     if response < 500:
@@ -233,6 +239,24 @@ class AppInstance:
         if errors >= HEALTH_ERRORS:
             return f"the health check failed: {last} ({errors} times)"
         return f"the health check of {self.launch.health_path} did not pass within {timeout:.0f} s (last: {last})"
+
+    def _socket_ready(self) -> bool:
+        """Whether the bridge has bound its socket. The first time it has, the folder is taken back
+        from the app (root's, and read-only to it), so the name can no longer be swapped for a link
+        to a host socket (the Docker daemon's, say), where every visitor's request would then go.
+        PermissionError if what stands there is not a socket of the app's own."""
+        if self._sealed:
+            return True
+        if not os.path.lexists(self.socket_path):
+            return False
+        os.chown(self.socket_dir, 0, 0)
+        os.chmod(self.socket_dir, 0o755)
+        found = os.lstat(self.socket_path)
+        if not stat.S_ISSOCK(found.st_mode) or found.st_uid != self._uid:
+            raise PermissionError(f"the app replaced its socket ({SOCKET_DIR}/{SOCKET_NAME}) with something else; "
+                                  "only the bridge may listen there")
+        self._sealed = True
+        return True
 
     async def _get(self, path: str) -> int:
         """The status of GET path (its body read and dropped)."""

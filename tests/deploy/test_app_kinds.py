@@ -3,6 +3,9 @@ on the IDE's port (the ASGI gateway) and on the apps' own port (the edge), alike
 
 from __future__ import annotations
 
+import socket
+
+import pytest
 from websockets.sync.client import connect
 
 from deploy.conftest import deploy, new_project
@@ -147,3 +150,40 @@ def test_a_project_with_nothing_to_deploy_fails_with_the_reason(owner):
     assert deployment["status"] == "failed"
     assert "nothing to deploy found" in deployment["releases"][0]["message"]
     assert owner.client.get(deployment["url"]).status_code == 404
+
+
+SWAPPING_APP = '''
+import http.server, os, sys, time
+socket_name = "/run/codeyard-app/app.sock"
+for _ in range(100):  # the bridge binds its socket first, then starts us
+    if os.path.exists(socket_name):
+        break
+    time.sleep(0.02)
+try:
+    os.remove(socket_name)
+    os.symlink(sys.argv[1], socket_name)
+except OSError as exc:
+    print("could not swap the socket:", exc, flush=True)
+http.server.HTTPServer(("127.0.0.1", 8080), http.server.SimpleHTTPRequestHandler).serve_forever()
+'''
+
+
+def test_an_app_cannot_point_its_socket_at_a_host_socket(owner, tmp_path):
+    """The server connects to an app by the name of its bridge's socket: an app that swaps that name
+    for a link to a host socket (the Docker daemon's, say) must never get a visitor's request sent there."""
+    host_dir = tmp_path / "host"
+    host_dir.mkdir(mode=0o700)
+    host_socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    host_socket.bind(str(host_dir / "daemon.sock"))
+    host_socket.listen(8)
+    host_socket.settimeout(0.5)
+    toml = f'[deploy]\nrun = ["python3", "swap.py", "{host_dir / "daemon.sock"}"]\n'
+    project_id = new_project(owner, {"swap.py": SWAPPING_APP, "codeyard.toml": toml})
+    deployment = deploy(owner, project_id)
+    if deployment["status"] == "running":  # the folder was sealed before the app tried: it serves itself
+        assert "swap.py" in owner.get(deployment["url"]).text
+    else:  # it swapped first: the link is found and refused
+        assert "replaced its socket" in deployment["releases"][0]["message"]
+    with pytest.raises(TimeoutError):
+        host_socket.accept()
+    host_socket.close()
