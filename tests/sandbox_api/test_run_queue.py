@@ -28,10 +28,10 @@ def test_a_sleeping_user_leaves_a_slot_for_someone_else(person, app):
 
     with hog.websocket_connect(f"/ws/runs/{hogged[-1]['id']}") as ws:
         assert ws.receive_json() == {"type": "status", "status": "queued", "queue_position": 4 - per_user,
-                                     "waiting_for_input": False}
+                                     "waiting_for_input": False, "listening_port": None, "preview_url": None}
         hog.post(f"/api/runs/{hogged[0]['id']}/cancel")  # its slot goes to the hog's next run: one place up
         assert ws.receive_json() == {"type": "status", "status": "queued", "queue_position": 4 - per_user - 1,
-                                     "waiting_for_input": False}
+                                     "waiting_for_input": False, "listening_port": None, "preview_url": None}
     for r in hogged:
         hog.post(f"/api/runs/{r['id']}/cancel")
     assert {wait_finished(hog, r["id"])["verdict"] for r in hogged} == {"cancelled"}
