@@ -7,7 +7,7 @@ trap stop_services EXIT
 start_postgres
 start_redis
 set +e
-.venv/bin/python -m pytest -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -p no:cacheprovider --durations=30 "$@"
 rc=$?
 set -e
 exit $rc
