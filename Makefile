@@ -26,7 +26,7 @@ system-deps:
 
 # The gates CI runs before the tests (.ci/run): ruff (pyflakes, import order, bugbear, pyupgrade),
 # the import contracts between packages, and mypy; tests/architecture/test_gates.py proves each fails on a planted violation.
-lint: venv
+lint: system-deps venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
