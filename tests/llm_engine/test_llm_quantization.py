@@ -83,6 +83,15 @@ def test_kernel_matches_dequantized_float_matmul(scheme, rows):
     assert rows <= KERNEL_MAX_ROWS or rows == 64
 
 
+@pytest.mark.parametrize("scheme", [QuantScheme("int8", 32), QuantScheme("int4", 32, True), QuantScheme("int4", 32, False)],
+                         ids=QuantScheme.describe)
+def test_one_row_decode_path_of_32_input_groups_matches_the_dequantized_matmul(scheme):
+    """K a multiple of 32 with one row takes the kernel's buffer-free decode path (GGUF's shape)."""
+    layer, weight = quantized_layer(scheme, k_in=320, n_out=37, bias=False)
+    x = torch.randn(1, 320)
+    torch.testing.assert_close(layer(x), (x.double() @ weight.double().t()).float(), atol=2e-4, rtol=1e-4)
+
+
 def test_bfloat16_activations_run_the_kernel_and_return_bfloat16():
     layer, weight = quantized_layer(QuantScheme("int4", 32, False), 64, 48, bias=False)
     x = torch.randn(2, 64, dtype=torch.bfloat16)
