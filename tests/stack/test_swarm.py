@@ -31,7 +31,7 @@ def swarm():
         docker("swarm", "init", "--advertise-addr", "127.0.0.1")
     node = docker("node", "ls", "--format", "{{json .}}").stdout.splitlines()[0]
     docker("node", "update", "--label-add", "codeyard.runner=true", json.loads(node)["ID"])
-    deployed = docker("stack", "deploy", "-c", "docker-compose.yml", STACK, check=False)
+    deployed = docker("stack", "deploy", "-c", "docker-compose.yml", "-c", "docker/stack-host-network.yml", STACK, check=False)
     assert deployed.returncode == 0, deployed.stderr[-3000:]
     try:
         eventually(lambda: httpx.get("http://127.0.0.1:8780/readyz", timeout=5).status_code == 200, 300,
