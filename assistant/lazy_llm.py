@@ -7,7 +7,6 @@ import threading
 from assistant.remote import RemoteLLM
 from llm_engine import EngineConfig
 from llm_engine.entrypoints import LLMService, OpenAIError, resolve_model
-from llm_engine.speculative import PROMPT_LOOKUP
 
 
 class LazyLLM:
@@ -30,6 +29,8 @@ class LazyLLM:
                     path, name = resolve_model(self.setting)
                 except ValueError as exc:
                     raise OpenAIError(503, f"the LLM is not available: {exc}", code="model_not_available") from None
+                from llm_engine.speculative import PROMPT_LOOKUP  # numpy: only when the model loads
+
                 config = EngineConfig(model=path, max_num_seqs=32, speculative_config=PROMPT_LOOKUP)
                 self.service = LLMService(config, name)
                 self.service.start()

@@ -9,7 +9,7 @@ import binascii
 import re
 
 from llm_engine.entrypoints.protocol import ChatCompletionRequest, OpenAIError
-from llm_engine.multimodal.image import ImageLimits
+from llm_engine.multimodal.limits import ImageLimits
 
 _DATA_URL = re.compile(r"data:image/[a-z0-9.+-]+;base64,(?P<data>.*)", re.IGNORECASE | re.DOTALL)
 MAX_IMAGES = 8

@@ -14,14 +14,17 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from llm_engine.async_engine import EngineNotReady
 from llm_engine.entrypoints.chat_images import request_images, with_placeholders
 from llm_engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from llm_engine.entrypoints.service import LLMService, as_openai_error
-from llm_engine.multimodal.inputs import ImageInputs, ImagePrompt
 from llm_engine.outputs import CompletionOutput, Logprob, RequestOutput
 from llm_engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # torch and Pillow load only when an image comes (the IDE imports this without them)
+    from llm_engine.multimodal.inputs import ImageInputs, ImagePrompt
 
 
 @dataclass
@@ -135,6 +138,8 @@ class _Serving:
             expanded, items = await asyncio.to_thread(inputs, ids, images)
         except ValueError as exc:
             raise as_openai_error(exc) from None
+        from llm_engine.multimodal.inputs import ImagePrompt  # torch: only once images come
+
         return expanded, ImagePrompt(expanded, items)
 
     def tokenize(self, prompt: str | list[int]) -> list[int]:

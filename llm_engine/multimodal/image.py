@@ -11,22 +11,16 @@ from __future__ import annotations
 import hashlib
 import io
 import warnings
-from dataclasses import dataclass
 
 from PIL import Image, ImageOps
+
+from llm_engine.multimodal.limits import ImageLimits
 
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF")
 
 
 class ImageInputError(ValueError):
     """An image that cannot be used: corrupt, too large, wrong format (a 400 to a client)."""
-
-
-@dataclass(frozen=True)
-class ImageLimits:
-    max_bytes: int = 20 * 1024 * 1024
-    max_pixels: int = 36_000_000  # width * height of the decoded picture
-    max_side: int = 16_384
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:

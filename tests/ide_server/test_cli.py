@@ -93,6 +93,28 @@ def test_cli_startup_does_not_import_heavy_packages():
     assert result.stdout.strip() == "[]", result.stderr
 
 
+# The app image leaves out the [llm] extra (the model runs in its own service): creating the IDE
+# app must not need it. numpy stays: the KServe glue decodes tensors with it (a core dependency).
+CREATE_APP_WITHOUT_THE_LLM_EXTRA = """
+import sys
+class NotInstalled:
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("torch", "transformers", "PIL", "safetensors", "gguf", "accelerate", "triton"):
+            raise ImportError(f"{name} is not installed here")
+sys.meta_path.insert(0, NotInstalled())
+from ide_server.app import create_app
+from ide_server.settings import Settings
+create_app(Settings())
+print("created")
+"""
+
+
+def test_the_ide_app_is_created_without_the_llm_extra(tmp_path):
+    result = subprocess.run([sys.executable, "-c", CREATE_APP_WITHOUT_THE_LLM_EXTRA], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "CODEYARD_DATA_DIR": str(tmp_path)})
+    assert result.stdout.strip().endswith("created"), result.stderr[-2000:]
+
+
 def test_sub_commands_are_registered_in_one_place_and_imported_lazily(tmp_path, monkeypatch, capsys):
     (tmp_path / "codeyard_demo_cli.py").write_text(textwrap.dedent('''
         import typer
