@@ -29,9 +29,9 @@ class LazyLLM:
                     path, name = resolve_model(self.setting)
                 except ValueError as exc:
                     raise OpenAIError(503, f"the LLM is not available: {exc}", code="model_not_available") from None
-                from llm_engine.speculative import PROMPT_LOOKUP  # numpy: only when the model loads
-
-                config = EngineConfig(model=path, max_num_seqs=32, speculative_config=PROMPT_LOOKUP)
+                # No prompt lookup yet: verifying a draft still costs more than the tokens it saves
+                # here (benchmarks/llm_spec.py: 0.45x on code edits), so it stays opt-in.
+                config = EngineConfig(model=path, max_num_seqs=32)
                 self.service = LLMService(config, name)
                 self.service.start()
             return self.service

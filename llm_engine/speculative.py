@@ -17,8 +17,6 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 _METHODS = ("ngram",)
-# What the IDE's own engine runs with (its assistant's completions copy the open file a lot).
-PROMPT_LOOKUP = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
 _MAX_PAUSE = 64  # steps without proposals after repeated fully rejected drafts
 
 
