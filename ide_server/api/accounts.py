@@ -73,10 +73,12 @@ def me(user: CurrentUser) -> UserPublic:
 
 
 @router.post("/me/password")
-def change_password(body: PasswordChange, response: Response, user: CurrentUser, db: DbSession,
+def change_password(body: PasswordChange, request: Request, response: Response, user: CurrentUser, db: DbSession,
                     settings: SettingsDep) -> LoginPublic:
-    """Change your password (the current one first). Every other browser session ends; this one goes on."""
-    user = accounts.change_password(db, settings, user, body.current_password, body.new_password)
+    """Change your password (the current one first; wrong guesses are throttled like sign-in). Every
+    other browser session ends; this one goes on."""
+    client_ip = request.client.host if request.client else "unknown"
+    user = accounts.change_password(db, settings, user, body.current_password, body.new_password, client_ip)
     return _sign_in(response, db, settings, user)
 
 

@@ -59,10 +59,12 @@ def set_password(db: Session, settings: Settings, username: str, password: str) 
     return user
 
 
-def change_password(db: Session, settings: Settings, user: User, current: str, new: str) -> User:
-    """A signed-in user's own change: the current password first, then every browser session ends (the
-    caller starts a new one for the browser that asked)."""
-    if not security.verify_password(user.password_hash, current):
+def change_password(db: Session, settings: Settings, user: User, current: str, new: str, client_ip: str) -> User:
+    """A signed-in user's own change: the current password first (throttled like sign-in, so a stolen
+    session cannot guess it), then every browser session ends (the caller starts a new one for the
+    browser that asked)."""
+    if not _password_matches(db, settings, login_throttle.throttle_key(user.username, client_ip),
+                             user.password_hash, current):
         raise InvalidInput("the current password is not right")
     return set_password(db, settings, user.username, new)
 
@@ -77,16 +79,23 @@ def register(db: Session, settings: Settings, username: str, password: str) -> U
 def authenticate(db: Session, settings: Settings, username: str, password: str, client_ip: str) -> User:
     """Check a password, throttled per username and client address."""
     key = login_throttle.throttle_key(username.strip(), client_ip)
-    login_throttle.check(db, key, settings.login_max_failures, settings.login_window_seconds)
     user = db.scalar(select(User).where(User.username == username.strip().lower()))
-    if not security.verify_password(user.password_hash if user else None, password):
-        login_throttle.record_failure(db, key, settings.login_window_seconds)
+    if not _password_matches(db, settings, key, user.password_hash if user else None, password):
         raise NotAuthenticated("wrong username or password")
-    login_throttle.clear(db, key)
     if security.needs_rehash(user.password_hash):
         user.password_hash = security.hash_password(password)
         db.commit()
     return user
+
+
+def _password_matches(db: Session, settings: Settings, key: str, password_hash: str | None, password: str) -> bool:
+    """Check a password, counting failures under key; too many in the window answer 429 first."""
+    login_throttle.check(db, key, settings.login_max_failures, settings.login_window_seconds)
+    if not security.verify_password(password_hash, password):
+        login_throttle.record_failure(db, key, settings.login_window_seconds)
+        return False
+    login_throttle.clear(db, key)
+    return True
 
 
 def start_session(db: Session, settings: Settings, user: User) -> str:

@@ -156,3 +156,13 @@ def test_changing_your_password_keeps_this_browser_and_signs_out_the_others(app,
     fresh = TestClient(app)
     assert fresh.post("/api/auth/login", json={"username": alice.username, "password": alice.password}).status_code == 401
     assert fresh.post("/api/auth/login", json={"username": alice.username, "password": "a new long password"}).status_code == 200
+
+
+def test_guessing_the_current_password_is_throttled_like_sign_in(app, new_user, settings):
+    """A stolen session must not become a way to guess the password without the sign-in throttle."""
+    alice = new_user()
+    for _ in range(settings.login_max_failures):
+        wrong = alice.post("/api/me/password", json={"current_password": "guess-guess", "new_password": "a new long password"})
+        assert wrong.status_code == 400
+    blocked = alice.post("/api/me/password", json={"current_password": alice.password, "new_password": "a new long password"})
+    assert blocked.status_code == 429 and "Retry-After" in blocked.headers
