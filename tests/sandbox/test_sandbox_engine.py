@@ -27,5 +27,5 @@ def test_no_sandbox_means_no_running(monkeypatch, tmp_path):
 
 
 def test_unknown_backend_name():
-    with pytest.raises(ValueError, match="sandbox backend must be auto, docker or bwrap"):
+    with pytest.raises(ValueError, match="sandbox backend must be auto, docker, bwrap or runners"):
         make_backend("none")
