@@ -145,6 +145,7 @@ class Student:
         self.name = f"s{int(time.time() * 1000) % 10**9}x{index}"
         self.project = ""
         self.random = random.Random(index)
+        self._tasks: list[asyncio.Task] = []  # its sockets' receive loops, cancelled when it leaves
 
     async def call(self, op: str, method: str, url: str, **kwargs) -> httpx.Response | None:
         """One request, timed under `op`; None (and a tally entry) on a timeout or an error."""
@@ -197,7 +198,6 @@ class Student:
         return client
 
     async def live(self) -> None:
-        self._tasks: list[asyncio.Task] = []
         try:
             if not await self.join():
                 return

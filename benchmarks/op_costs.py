@@ -51,7 +51,6 @@ async def measure_all(base: str, server: psutil.Process, args: argparse.Namespac
     tally = Tally()
     settings = argparse.Namespace(run_every=1)
     student = Student(base, 0, tally, settings, stop_at=float("inf"), partner=base)
-    student._tasks = []
     if not await student.join():
         raise SystemExit(f"could not sign up: {tally.errors[:3]}")
     files = f"/api/projects/{student.project}/files"
@@ -74,7 +73,6 @@ async def measure_all(base: str, server: psutil.Process, args: argparse.Namespac
     ]
     others = [Student(base, i, tally, settings, stop_at=float("inf"), partner=base) for i in range(1, args.idle_editors + 1)]
     for other in others:
-        other._tasks = []
         await other.join()
         await other.socket("main.py")
     await asyncio.sleep(12)  # past the disk mirror's quick-poll window after the joins
