@@ -16,9 +16,9 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,25 @@ def write_text_atomic(path: Path, text: str, expected: FileStamp | None) -> None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+async def _to_the_end(step: Coroutine[Any, Any, None]) -> None:
+    """Run step to its end even if the caller is cancelled (a room closing stops its mirror task).
+
+    A write cut off between the file's rename and recording its stamp and text would make the
+    next look take our own write for an outside edit and merge it again: duplicated lines.
+    """
+    task = asyncio.ensure_future(step)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_log_failure)  # nobody awaits it any more
+        raise
+
+
+def _log_failure(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("disk mirror step failed after its caller left", exc_info=task.exception())
 
 
 def file_stamp(path: Path) -> FileStamp | None:
@@ -153,6 +172,9 @@ class DiskMirror:
         A change made on disk since the last look is merged first, so a write never overwrites it;
         one that lands while we write is merged and the write made again.
         """
+        await _to_the_end(self._flush())
+
+    async def _flush(self) -> None:
         async with self._io_lock:
             self._first_dirty = None
             for _ in range(WRITE_ATTEMPTS):
@@ -204,8 +226,12 @@ class DiskMirror:
             self.owner = False
         self._owner_checked = time.monotonic()
         if self.owner and not was_owner:
-            await self._guarded(self.host.reconcile_disk)
+            await self._guarded(lambda: _to_the_end(self._reconcile()))
         return self.owner
+
+    async def _reconcile(self) -> None:
+        async with self._io_lock:
+            await self.host.reconcile_disk()
 
     async def _guarded(self, step: Callable[[], Awaitable[None]]) -> None:
         try:
@@ -216,6 +242,9 @@ class DiskMirror:
 
     async def check_now(self) -> None:
         """Merge a change made on disk now instead of at the next poll (the files API wrote it)."""
+        await _to_the_end(self._check_now())
+
+    async def _check_now(self) -> None:
         async with self._io_lock:
             await self._merge_outside_change()
 

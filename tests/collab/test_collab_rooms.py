@@ -12,6 +12,8 @@ from collab_testkit import PyClient, eventually
 from pycrdt import Doc, Text
 from sqlalchemy.exc import OperationalError
 
+from collab import disk
+from collab.disk import write_text_atomic
 from collab.protocol import AwarenessEntry, Decoder, encode_awareness
 from collab.room import RoomKey, sha256_text
 from collab.rooms import RoomManager
@@ -242,6 +244,35 @@ async def test_an_outside_write_landing_during_our_write_is_merged_not_overwritt
     await room.mirror.flush()
     assert file_path.read_text(encoding="utf-8") == "typed hello 😀\nsaved meanwhile\n"
     await eventually(lambda: str(alice.text) == "typed hello 😀\nsaved meanwhile\n")
+    await alice.leave()
+
+
+async def test_a_write_cut_off_by_closing_the_room_is_not_merged_back_as_an_outside_edit(
+    manager: RoomManager, key: RoomKey, file_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server stops while the mirror writes: the rename still happens in its thread, and the
+    write must still be recorded, or the closing flush merges our own text again (a line twice)."""
+    alice = await joined(manager, key)
+    room = manager.rooms[key]
+    room.mirror.debounce_s = room.mirror.max_delay_s = room.mirror.poll_s = 60.0
+    await asyncio.sleep(0.3)
+    alice.type(len("hello 😀\n".encode()), "- two\n")
+    await eventually(lambda: "two" in str(room.text))
+    renaming = threading.Event()
+
+    def slow_write(path: Path, text: str, expected: disk.FileStamp | None) -> None:
+        renaming.set()
+        time.sleep(0.5)
+        write_text_atomic(path, text, expected)
+
+    monkeypatch.setattr(disk, "write_text_atomic", slow_write)
+    writing = asyncio.create_task(room.mirror.flush())
+    await eventually(renaming.is_set)
+    writing.cancel()
+    await asyncio.gather(writing, return_exceptions=True)
+    await manager.shutdown()  # unloads: stops the mirror and flushes
+    assert file_path.read_text(encoding="utf-8") == "hello 😀\n- two\n"
+    assert str(room.text) == "hello 😀\n- two\n"
     await alice.leave()
 
 
