@@ -81,7 +81,7 @@ async def add_packages(body: PackagesAdd, ctx: ProjectEditor, runs: Runs) -> Pac
 @router.get("/api/projects/{project_id}/runs")
 def list_runs(ctx: ProjectMember, db: DbSession, runs: Runs) -> list[RunPublic]:
     """The project's latest 50 runs, newest first."""
-    return runs.list(db, ctx.project.id)
+    return runs.list(db, ctx.project.id, ctx.user)
 
 
 @router.get("/api/runs/{run_id}")
@@ -132,7 +132,7 @@ async def run_socket(websocket: WebSocket, run_id: str) -> None:
     except (DomainError, SandboxError) as exc:
         await _close_denied(websocket, exc)
         return
-    await _stream_run(websocket, runs.service, run_id, can_write)
+    await _stream_run(websocket, runs, run_id, user, can_write)
 
 
 async def _read_stdin(websocket: WebSocket, service: RunService, run_id: str, can_write: bool) -> None:
@@ -151,8 +151,10 @@ async def _read_stdin(websocket: WebSocket, service: RunService, run_id: str, ca
             await websocket.send_json({"type": "error", "message": str(exc)})
 
 
-async def _stream_run(websocket: WebSocket, service: RunService, run_id: str, can_write: bool) -> None:
+async def _stream_run(websocket: WebSocket, runs: ProjectRuns, run_id: str, user: User, can_write: bool) -> None:
     """Replay and follow the run's output, pass input on, and end with its exit frame."""
+    service = runs.service
+    assert service is not None  # runs.check found the run live
     record = service.get(run_id)
     followed = False
 
@@ -160,7 +162,7 @@ async def _stream_run(websocket: WebSocket, service: RunService, run_id: str, ca
         async def pump() -> None:
             nonlocal followed
             with suppress(*SOCKET_GONE):
-                await send_chunks(websocket, service.updates(record.id))
+                await send_chunks(websocket, runs.updates_for(record, user))
                 followed = True
             tasks.cancel_scope.cancel()
 
@@ -251,6 +253,8 @@ async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
                        max_running_per_user=settings.sandbox_max_running_per_user,
                        max_per_user=settings.sandbox_max_runs_per_user)
     await run_in_threadpool(runs.close_interrupted)
+    if services.events is not None:
+        services.events.on_access_changed(runs.access_changed)  # a removed member's Webviews close at once
     own_runner = await start_own_runner(settings) if backend is not None and backend.name == "runners" else None
     services.runs = runs
     try:

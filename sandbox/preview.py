@@ -5,7 +5,8 @@ the run gets a folder of its own mounted at /run/codeyard-preview, where a small
 of the program listens on a unix socket and joins each connection to the port the program listens on,
 which the server reads from /proc (sandbox.waiting.listening_ports) and writes into that folder. The
 server's preview proxy (deploy_service.preview) is the only thing that opens the socket, for requests
-under /preview/{token}/, where the token is a random secret the run's watchers (project members) get.
+under /preview/{token}/. Each member who watches the run gets a token of their own, so one member's
+way in can be taken back (removed from the project) while the others' keep working.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import secrets
 import shutil
 import socket
 import struct
+from collections.abc import Callable
 
 from sandbox.backend import PREFERRED_PORT, Mount
 from sandbox.socket_relay import UNIX_TO_TCP
@@ -48,20 +50,46 @@ os.execvp(argv[0], argv)
 """
 
 
+def preview_path(token: str) -> str:
+    """Where a browser opens a Webview (under the IDE's own host)."""
+    return f"/preview/{token}/"
+
+
 class Preview:
-    """One run's Webview: its folder on the host (socket and port file), its secret and its address."""
+    """One run's Webview: its folder on the host (socket and port file) and each watching member's secret."""
 
     def __init__(self) -> None:
-        self.token = secrets.token_urlsafe(24)
+        self._tokens: dict[str, str] = {}  # member's user id -> their token
+        self._members: dict[str, str] = {}  # token -> the member's user id
+        self._sockets: dict[str, set[Callable[[], object]]] = {}  # token -> how to end each WebSocket open with it
         self.folder = runs_root() / f"preview-{secrets.token_hex(8)}"
         self.folder.mkdir(mode=0o700)
         self.socket_path = str(self.folder / SOCKET_NAME)
         self._port: int | None = None
 
-    @property
-    def path(self) -> str:
-        """Where a browser opens it (under the IDE's own host)."""
-        return f"/preview/{self.token}/"
+    def token_for(self, user_id: str) -> str:
+        """The member's own secret (the same each time they ask)."""
+        if (token := self._tokens.get(user_id)) is None:
+            token = self._tokens[user_id] = secrets.token_urlsafe(24)
+            self._members[token] = user_id
+        return token
+
+    def user_of(self, token: str) -> str | None:
+        return self._members.get(token)
+
+    def revoke(self, user_id: str) -> str | None:
+        """Take the member's token back and end the WebSockets they opened with it; the token, if they had one."""
+        token = self._tokens.pop(user_id, None)
+        if token is not None:
+            del self._members[token]
+            for end in self._sockets.pop(token, set()):
+                end()
+        return token
+
+    def hold(self, token: str, end: Callable[[], object]) -> Callable[[], None]:
+        """Remember how to end a WebSocket opened with `token` (revoke calls it); returns what forgets it."""
+        self._sockets.setdefault(token, set()).add(end)
+        return lambda: self._sockets.get(token, set()).discard(end)
 
     def mount(self) -> Mount:
         return Mount(self.folder, PREVIEW_DIR, writable=True, owned_by_run=True)

@@ -8,8 +8,9 @@ wrote going back into open editors through the collab rooms.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from collab.editors import OpenEditors
 from ide_server.errors import InvalidInput, PermissionDenied
 from ide_server.models import Role, User
 from ide_server.services import projects
-from sandbox.backend import Backend, RunSpec
+from sandbox.backend import Backend, OutputChunk, RunSpec
 from sandbox.errors import QueueFull, RunNotFound, SandboxUnavailable
 from sandbox.languages import plan_run
 from sandbox.limits import SERVER_MAXIMA
@@ -29,9 +30,9 @@ from sandbox.packages.first import PackagesFirst
 from sandbox.packages.install import Installer, InstallFailed
 from sandbox.packages.project import REQUIREMENTS, PreparedPackages, add_packages, installed_for
 from sandbox.packages.resolve import auto_install
-from sandbox.preview import Preview
+from sandbox.preview import Preview, preview_path
 from sandbox.schemas import PackagesPublic, RunCreate, RunPublic
-from sandbox.service import RunRecord, RunService
+from sandbox.service import RunRecord, RunService, RunState
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class ProjectRuns:
         self._finishers: set[asyncio.Task] = set()
         self.max_shells, self.max_shells_per_user = max_shells, max_shells_per_user
         self._shells: list[int] = []  # user id of each open shell
-        self.previews: dict[str, tuple[RunRecord, Preview]] = {}  # Webview token -> the live run serving it
+        self._previews: dict[str, tuple[RunRecord, Preview]] = {}  # run id -> the live run and its Webview
         self.announce: Callable[[str, dict], None] = announce or (lambda project_id, event: None)
         self.environment_of: Callable[[str], dict[str, str]] = environment_of or (lambda project_id: {})
 
@@ -141,8 +142,7 @@ class ProjectRuns:
                 preview.close()
             raise
         if preview is not None:
-            record.preview_path = preview.path
-            self.previews[preview.token] = (record, preview)
+            self._previews[record.id] = (record, preview)
         with self.sessions() as db, db.begin():
             db.add(RunRow(id=record.id, project_id=project_id, user_id=user.id, argv=record.argv, status="queued",
                           created_at=_time(record.created_at)))
@@ -154,7 +154,52 @@ class ProjectRuns:
         task.add_done_callback(self._finishers.discard)
         self.announce(project_id, {"type": "run", "id": record.id, "username": user.username, "argv": record.argv,
                                    "interactive": interactive})
-        return public_of_record(record)
+        return self._public(record, user)
+
+    def preview_url(self, record: RunRecord, user_id: str) -> str | None:
+        """While the run serves HTTP: where its Webview opens it for this member (their own token)."""
+        live = self._previews.get(record.id)
+        if live is None or record.listening_port is None:
+            return None
+        return preview_path(live[1].token_for(user_id))
+
+    def preview_of(self, token: str) -> tuple[RunRecord, Preview, str] | None:
+        """The live run a Webview token opens, its Webview and the member the token was given to."""
+        for record, preview in self._previews.values():
+            if (user_id := preview.user_of(token)) is not None:
+                return record, preview, user_id
+        return None
+
+    def still_member(self, record: RunRecord, user_id: str) -> bool:
+        """Whether a Webview token's member is still a member of the run's project (asked on each Webview
+        request, in a worker thread: the events hub's notice may come late, or from another replica)."""
+        return self._role(record.project_id, int(user_id)) is not None
+
+    def revoke_previews(self, project_id: str, user_id: str) -> None:
+        """A member left the project: their Webview tokens of its runs stop working, their WebSockets end."""
+        for record, preview in list(self._previews.values()):
+            if record.project_id == project_id:
+                preview.revoke(user_id)
+
+    async def access_changed(self, project_id: str, user_id: int) -> None:
+        """The events hub's notice of a membership change: a removed member's Webviews close at once."""
+        if await asyncio.to_thread(self._role, project_id, user_id) is None:
+            self.revoke_previews(project_id, str(user_id))
+
+    def _role(self, project_id: str, user_id: int) -> Role | None:
+        with self.sessions() as db:
+            return projects.role_of(db, project_id, db.get(User, user_id))
+
+    async def updates_for(self, record: RunRecord, user: User) -> AsyncIterator[OutputChunk | RunState]:
+        """The run's output and state changes as `user` sees them (with their own Webview address)."""
+        assert self.service is not None
+        async for update in self.service.updates(record.id):
+            if isinstance(update, RunState):
+                update = dataclasses.replace(update, preview_url=self.preview_url(record, str(user.id)))
+            yield update
+
+    def _public(self, record: RunRecord, user: User) -> RunPublic:
+        return public_of_record(record).model_copy(update={"preview_url": self.preview_url(record, str(user.id))})
 
     async def add_packages(self, project_id: str, names: list[str]) -> PackagesPublic:
         """Install PyPI packages into the project's environment and list them in its requirements.txt."""
@@ -174,7 +219,7 @@ class ProjectRuns:
         assert self.service is not None
         await self.service.wait(record.id)
         if preview is not None:
-            del self.previews[preview.token]
+            del self._previews[record.id]
             preview.close()
         self.files_changed(record.project_id)  # what it wrote, and declarations its package installs pinned
         try:
@@ -217,7 +262,7 @@ class ProjectRuns:
 
     def get(self, db: Session, run_id: str, user: User) -> RunPublic:
         _, record, row = self._visible(db, run_id, user, Role.viewer)
-        return public_of_record(record) if record else public_of_row(row)
+        return self._public(record, user) if record else public_of_row(row)
 
     def check(self, db: Session, run_id: str, user: User, min_role: Role = Role.viewer) -> None:
         """Raise RunNotFound/PermissionDenied unless `user` may see (or steer) the live run."""
@@ -230,9 +275,9 @@ class ProjectRuns:
         if record is None:
             return public_of_row(row)  # already over: nothing to cancel
         assert self.service is not None
-        return public_of_record(self.service.cancel(run_id))
+        return self._public(self.service.cancel(run_id), user)
 
-    def list(self, db: Session, project_id: str) -> list[RunPublic]:
+    def list(self, db: Session, project_id: str, user: User) -> list[RunPublic]:
         """The project's latest runs, newest first (live ones with their current state)."""
         rows = db.execute(select(RunRow, User.username).outerjoin(User, User.id == RunRow.user_id)
                           .where(RunRow.project_id == project_id).order_by(RunRow.created_at.desc()).limit(LIST_LIMIT)).all()
@@ -242,7 +287,7 @@ class ProjectRuns:
                 record = self.service.get(row.id) if self.service else None
             except RunNotFound:
                 record = None
-            public = public_of_record(record) if record else public_of_row(row)
+            public = self._public(record, user) if record else public_of_row(row)
             answer.append(public.model_copy(update={"username": username}))
         return answer
 

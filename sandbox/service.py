@@ -38,7 +38,7 @@ REMEMBERED_TURNS = 10_000  # users whose last turn is remembered; beyond, the id
 class RunState:
     """What watchers are told when it changes: the status, while queued the place in the queue (1: next), and
     while running whether the program waits for input (an interactive run's clock stands still then) and
-    the port it serves HTTP on, with where its Webview opens it."""
+    the port it serves HTTP on, with where its Webview opens it (each watcher's own address: sandbox.runs fills it in)."""
 
     status: Status
     queue_position: int | None
@@ -67,7 +67,6 @@ class RunRecord:
     _pending_stdin: list[bytes | None] = field(default_factory=list)
     _cancelled: bool = False
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
-    preview_path: str | None = None  # where the run's Webview opens it once it listens on a port
 
     @property
     def waiting_for_input(self) -> bool:
@@ -77,19 +76,15 @@ class RunRecord:
     def listening_port(self) -> int | None:
         return self._run.listening_port if self._run is not None else None
 
-    @property
-    def preview_url(self) -> str | None:
-        return self.preview_path if self.listening_port is not None else None
-
     def state(self) -> RunState:
-        return RunState(self.status, self.queue_position, self.waiting_for_input, self.listening_port, self.preview_url)
+        return RunState(self.status, self.queue_position, self.waiting_for_input, self.listening_port)
 
     def public(self) -> dict:
         result = self.result
         return {
             "id": self.id, "project_id": self.project_id, "status": self.status, "queue_position": self.queue_position,
             "waiting_for_input": self.waiting_for_input, "listening_port": self.listening_port,
-            "preview_url": self.preview_url, "argv": self.argv,
+            "argv": self.argv,
             "created_at": self.created_at, "started_at": self.started_at, "finished_at": self.finished_at,
             "verdict": result.verdict.value if result else None,
             "exit_code": result.exit_code if result else None, "signal": result.signal if result else None,

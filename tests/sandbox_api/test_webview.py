@@ -1,5 +1,5 @@
 """The Webview: a web app started with Run is reached through /preview/{token}/ (HTTP and WebSocket), only by
-those who may watch the run, through the run's own bridge (a socket the program swaps for a host one is refused),
+those who may watch the run (each member their own token, taken back when they leave the project), through the run's own bridge (a socket the program swaps for a host one is refused),
 and its clock stands still while it waits for requests."""
 
 from __future__ import annotations
@@ -12,12 +12,17 @@ from collections.abc import Iterator
 import pytest
 from conftest import COMPONENTS, add_member, make_app, new_project, wait_finished
 from fastapi.testclient import TestClient
+from sqlalchemy import select
+from starlette.websockets import WebSocketDisconnect
+
+from ide_server.models import User
+from sandbox.preview import preview_path
 
 # A stdlib web app on $PORT: GET answers with the path it got and the prefix it is served under; an
 # Upgrade: websocket request gets a handshake and its first (short, masked) frame echoed back in capitals.
 SERVER = r'''
 import base64, hashlib, os, sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -38,7 +43,7 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         print("request", self.path, flush=True)
 print("serving on", os.environ["PORT"], flush=True)
-HTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
+ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
 '''
 
 
@@ -67,6 +72,7 @@ def test_a_web_app_is_served_in_the_webview_to_members_only(owner, person, serve
     viewer, stranger = person(), person()
     add_member(owner, pid, viewer, "viewer")
     url = serving(viewer, run["id"])["preview_url"]
+    assert url != serving(owner, run["id"])["preview_url"]  # each member's own
     assert url.startswith("/preview/") and run["argv"] == ["python3", "./main.py"]  # the bridge in front is not shown
     time.sleep(2.5)  # past the wall limit: waiting for requests does not count
     answer = served.get(url + "hello?x=1")  # no cookie or token needed: the secret path is the key
@@ -90,11 +96,13 @@ def test_a_program_listening_on_no_port_answers_503(owner, served):
     run = owner.post(f"/api/projects/{pid}/runs", json={"interactive": True}).json()
     runs = served.app.state.services.runs
     deadline = time.monotonic() + 30
-    while not (live := [p for r, p in runs.previews.values() if r.id == run["id"]]):
+    while not (live := [p for r, p in runs._previews.values() if r.id == run["id"]]):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert owner.get(f"/api/runs/{run['id']}").json()["preview_url"] is None
-    answer = served.get(live[0].path)
+    with served.app.state.sessionmaker() as db:
+        owner_id = str(db.scalar(select(User.id).where(User.username == owner.username)))
+    answer = served.get(preview_path(live[0].token_for(owner_id)))
     assert answer.status_code == 503 and "listens on no port" in answer.text
     owner.post(f"/api/runs/{run['id']}/cancel")
 
@@ -119,3 +127,25 @@ def test_a_socket_swapped_for_a_host_one_is_refused(owner, served, tmp_path):
     connection.close()
     owner.post(f"/api/runs/{run['id']}/cancel")
     listener.close()
+
+
+def test_a_member_who_leaves_loses_the_webview_at_once(owner, person, served):
+    pid = new_project(owner, {"main.py": SERVER})
+    run = owner.post(f"/api/projects/{pid}/runs", json={"interactive": True}).json()
+    leaving, staying = person(), person()
+    add_member(owner, pid, leaving, "editor")
+    add_member(owner, pid, staying, "viewer")
+    theirs, kept = serving(leaving, run["id"])["preview_url"], serving(staying, run["id"])["preview_url"]
+    assert served.get(theirs + "a").status_code == 200
+    with served.websocket_connect(theirs + "echo") as ws:
+        ws.send_text("ping")
+        assert ws.receive_text() == "PING"
+        assert owner.delete(f"/api/projects/{pid}/members/{leaving.username}").status_code == 204
+        assert served.get(theirs + "a").status_code == 404  # the very next request
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_text()  # the open WebSocket ends too
+        assert closed.value.code == 4403
+    assert served.get(theirs + "b").status_code == 404
+    assert served.get(kept + "c").text == f"path=/c prefix={kept.rstrip('/')}"  # the others keep theirs
+    assert owner.get(f"/api/runs/{run['id']}").json()["preview_url"] is not None
+    owner.post(f"/api/runs/{run['id']}/cancel")
