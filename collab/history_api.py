@@ -48,7 +48,7 @@ class CheckpointPublic(BaseModel):
 
 class CheckpointCreate(BaseModel):
     message: str = Field(default="Checkpoint", min_length=1, max_length=200)
-    name: str | None = Field(default=None, max_length=64)
+    name: str | None = Field(default=None, min_length=1, max_length=64)
 
 
 class CheckpointName(BaseModel):

@@ -191,8 +191,16 @@ def test_restore_from_history_is_seen_by_both(open_as, screenshot):
     ada.keyboard.press("Control+a")
     ada.keyboard.type("print('version one')\n")
     expect(bob.locator(".cm-content")).to_contain_text("version one")
-    ada.keyboard.press("Control+s")
-    expect(ada.locator("#message")).to_contain_text("Checkpoint saved")
+    ada.click("#history")  # saved under a name: a bad one is refused with the rule, a good one shows in the list
+    ada.fill("#checkpoint-name", "my first")
+    ada.click("#checkpoint-save-as button")
+    expect(ada.locator("#history-dialog .status")).to_contain_text("letters, digits")
+    ada.fill("#checkpoint-name", "first-try")
+    ada.click("#checkpoint-save-as button")
+    expect(ada.locator("#history-dialog .status")).to_contain_text("saved as “first-try”")
+    expect(ada.locator("#checkpoints li[data-version]").first.locator(".checkpoint-name")).to_have_text("first-try")
+    ada.click("#history-close")
+    ada.locator(".cm-content").click()
     ada.keyboard.press("Control+a")
     ada.keyboard.type("print('version two')\n")
     expect(bob.locator(".cm-content")).to_contain_text("version two")
@@ -203,6 +211,7 @@ def test_restore_from_history_is_seen_by_both(open_as, screenshot):
     checkpoints = ada.locator("#checkpoints li[data-version]")
     expect(checkpoints.nth(1)).to_be_visible()
     newest, older = checkpoints.nth(0), checkpoints.nth(1)
+    expect(older.locator(".checkpoint-name")).to_have_text("first-try")
     newest.locator(".show-diff").click()
     expect(ada.locator("#diff .diff-add")).to_contain_text("version two")
     expect(ada.locator("#diff .diff-del")).to_contain_text("version one")
@@ -221,6 +230,13 @@ def test_history_api_refuses_viewers_and_bad_versions(server_url, project_id):
     refused = viewer.post(f"/api/projects/{project_id}/history", json={})
     assert refused.status_code == 403 and "editor" in refused.json()["detail"]
     assert viewer.post(f"/api/projects/{project_id}/history/restore", json={"version": "abcd"}).status_code == 403
+    newest = viewer.get(f"/api/projects/{project_id}/history").json()[0]["version"]
+    named = viewer.post(f"/api/projects/{project_id}/history/{newest}/name", json={"name": "mine"})
+    assert named.status_code == 403 and "editor" in named.json()["detail"]
+    editor = api_client(server_url, EDITOR, register=False)
+    for name, code in (("has space", 400), ("../up", 400), ("", 422), ("x" * 65, 422)):
+        answer = editor.post(f"/api/projects/{project_id}/history", json={"name": name})
+        assert answer.status_code == code, (name, answer.text)
     bad = viewer.get(f"/api/projects/{project_id}/history/diff", params={"old": "no such", "new": "HEAD"})
     assert bad.status_code == 400 and "version" in bad.json()["detail"]
     anonymous = httpx.get(f"{server_url}/api/projects/{project_id}/history")

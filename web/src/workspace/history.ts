@@ -1,4 +1,4 @@
-/** The history panel: checkpoints of the open file (or the project), their changes, and restore. */
+/** The history panel: checkpoints of the open file (or the project), their names, their changes, and restore. */
 import { api, ApiError } from "../api";
 import { h, showStatus } from "../dom";
 
@@ -17,6 +17,10 @@ export class HistoryPanel {
   private readonly status = h("p", { class: "status" });
   private readonly title = h("h2", {});
   private readonly wholeProject = h("input", { type: "checkbox", id: "history-project" });
+  private readonly newName = h("input", {
+    type: "text", id: "checkpoint-name", maxlength: "64", placeholder: "e.g. before-loops",
+    "aria-label": "Checkpoint name", required: "",
+  });
   private readonly base: string;
   private path: string | null = null;
 
@@ -30,10 +34,26 @@ export class HistoryPanel {
       showStatus(this.status, await this.checkpoint());
       await this.load();
     });
+    const saveAs = h("form", { class: "row", id: "checkpoint-save-as" }, this.newName,
+      h("button", { type: "submit", class: "secondary" }, "Save checkpoint as…"));
+    saveAs.hidden = !canWrite;
+    saveAs.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const name = this.newName.value.trim();
+      try {
+        await api("POST", this.base, { message: "Checkpoint", name });  // names the last one when nothing changed
+        this.newName.value = "";
+        showStatus(this.status, `Checkpoint saved as “${name}”.`);
+        await this.load();
+      } catch (error) {
+        showStatus(this.status, (error as ApiError).message, "error");
+      }
+    });
     this.wholeProject.addEventListener("change", () => void this.load());
     this.element.append(
       this.title,
       h("div", { class: "row" }, h("label", { class: "inline" }, this.wholeProject, "Whole project"), save),
+      saveAs,
       this.list,
       this.diff,
       this.status,
@@ -80,7 +100,7 @@ export class HistoryPanel {
   private item(checkpoint: Checkpoint, previous: Checkpoint | null): HTMLElement {
     const when = new Date(checkpoint.created_at).toLocaleString();
     const who = checkpoint.authors.map((author) => author.name).join(", ");
-    const names = checkpoint.names.map((name) => h("span", { class: "badge" }, name));
+    const names = checkpoint.names.map((name) => h("span", { class: "badge checkpoint-name" }, name));
     const item = h(
       "li",
       { "data-version": checkpoint.version },
@@ -93,9 +113,11 @@ export class HistoryPanel {
       actions.append(show);
     }
     if (this.canWrite) {
+      const name = h("button", { type: "button", class: "secondary small name-checkpoint" }, "Name…");
+      name.addEventListener("click", () => void this.name(checkpoint));
       const restore = h("button", { type: "button", class: "small restore" }, "Restore");
       restore.addEventListener("click", () => void this.restore(checkpoint));
-      actions.append(restore);
+      actions.append(name, restore);
     }
     item.append(actions);
     return item;
@@ -114,6 +136,18 @@ export class HistoryPanel {
       );
       if (!diff) this.diff.textContent = "No changes to this file in that checkpoint.";
       this.diff.hidden = false;
+    } catch (error) {
+      showStatus(this.status, (error as ApiError).message, "error");
+    }
+  }
+
+  private async name(checkpoint: Checkpoint): Promise<void> {
+    const name = prompt("Name this checkpoint (letters, digits, '.', '_' or '-'):")?.trim();
+    if (!name) return;
+    try {
+      await api("POST", `${this.base}/${checkpoint.version}/name`, { name });
+      showStatus(this.status, `Named it “${name}”.`);
+      await this.load();
     } catch (error) {
       showStatus(this.status, (error as ApiError).message, "error");
     }
