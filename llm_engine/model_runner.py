@@ -103,9 +103,11 @@ class ModelRunner:
         model_class = resolve_model_class(getattr(hf_config, "architectures", None))
         with torch.device(self.device):
             self.model = model_class(hf_config, self.backend, self.dtype)
-        self.quantization, keep = assign_quantization(self.model, config.quantization, source.gguf_tensor_types())
+        checkpoint = source.checkpoint_quant(hf_config)
+        self.quantization, keep = assign_quantization(self.model, config.quantization, source.gguf_tensor_types(),
+                                                      checkpoint)
         logger.info("quantization (%s): %s", config.quantization, summarize(self.quantization))
-        self.model.load_weights(source.weights(hf_config, keep))
+        self.model.load_weights(source.weights(hf_config, keep, checkpoint))
         for module in self.model.modules():
             if isinstance(module, LinearBase):
                 module.quant_method.process_weights_after_loading(module)

@@ -38,7 +38,7 @@ class LinearBase(nn.Module):
         self.quant_method = quant_method
         quant_method.create_weights(self, self.input_size, self.output_size, self.dtype)
         for name, param in self.named_parameters(recurse=False):
-            if name != "bias":
+            if name != "bias" and not hasattr(param, "weight_loader"):  # a method may bring its own
                 param.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:

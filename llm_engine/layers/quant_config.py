@@ -9,6 +9,8 @@
   "fp8"         float8 E4M3 weights, a scale per output channel;
   "w8a8"        int8 weights per channel, each token's activations rounded to int8 at run time;
   "w4a8"        int4 g32 asym weights, activations rounded to int8 per 32 inputs;
+  "awq"/"gptq"  the checkpoint must be one (config.json's quantization_config); "auto" loads those,
+                and vLLM's fp8 checkpoints, the same way (loader/quantized_checkpoint.py), kept packed;
   a dict, or a path to a YAML/JSON file holding one, in compressed-tensors' shape:
       config_groups:
         attention: {targets: ["re:.*self_attn.*"], method: int8}
@@ -34,12 +36,13 @@ from torch import nn
 from llm_engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from llm_engine.layers.linear import LinearBase
 from llm_engine.layers.quantization import QuantScheme, WeightOnlyLinearMethod
+from llm_engine.layers.quantization_formats import CheckpointQuant
 
 logger = logging.getLogger(__name__)
 
 METHODS = ("int8", "int4", "fp8", "w8a8", "w4a8")
-MODES = ("auto", "gguf", *METHODS)
-PLANNED = ("awq", "gptq")  # named in the API, not implemented yet
+CHECKPOINT_METHODS = ("awq", "gptq")  # only ever read from a checkpoint quantized by those tools
+MODES = ("auto", "gguf", *CHECKPOINT_METHODS, *METHODS)
 _DEFAULT_SCHEMES = {"int8": QuantScheme("int8"), "int4": QuantScheme("int4", 128, symmetric=False),
                     "fp8": QuantScheme("fp8"), "w8a8": QuantScheme("w8a8"),
                     "w4a8": QuantScheme("w4a8", 32, symmetric=False)}
@@ -55,8 +58,9 @@ def _scheme(entry: dict, where: str) -> QuantScheme:
     if unknown:
         raise ValueError(f"quantization: {where} has unknown keys {sorted(unknown)}")
     method = entry.get("method")
-    if method in PLANNED:
-        raise ValueError(f"quantization: method {method!r} ({where}) is not supported yet; use one of {METHODS}")
+    if method in CHECKPOINT_METHODS:
+        raise ValueError(f"quantization: {method!r} ({where}) is read from a checkpoint quantized by {method.upper()}, "
+                         f"not set per layer; load such a checkpoint with quantization={method!r} or 'auto'")
     if method not in METHODS:
         raise ValueError(f"quantization: {where} needs a method in {METHODS}, got {method!r}")
     base = _DEFAULT_SCHEMES[method]
@@ -154,10 +158,8 @@ def _read_file(path: str) -> dict:
 
 def validate(value) -> None:
     """Fail at config time on a malformed quantization setting (EngineConfig calls this)."""
-    if value is None or value in ("auto", "gguf"):
+    if value is None or value in ("auto", "gguf", *CHECKPOINT_METHODS):
         return
-    if isinstance(value, str) and value in PLANNED:
-        raise ValueError(f"quantization: {value!r} is not supported yet; use one of {MODES} or None")
     QuantConfig.parse(value)
 
 
@@ -168,11 +170,17 @@ def checkpoint_names(model: nn.Module, name: str) -> list[str]:
     return [name, *(f"{prefix}.{part}" for part in parts)]
 
 
-def assign_quantization(model: nn.Module, value, gguf_types: dict[str, str] | None) -> tuple[dict[str, str], set[str]]:
+def assign_quantization(model: nn.Module, value, gguf_types: dict[str, str] | None,
+                        checkpoint: CheckpointQuant | None = None) -> tuple[dict[str, str], set[str]]:
     """Give every linear layer of `model` (built, not yet loaded) its QuantMethod.
 
     Returns the effective map {module name: scheme or "float"} and the checkpoint weights to load
     still quantized (GGUF tensors whose block type the layer keeps)."""
+    if checkpoint is not None:
+        return _assign_checkpoint(model, value, checkpoint), set()
+    if value in CHECKPOINT_METHODS:
+        raise ValueError(f"quantization: {value!r} needs a checkpoint whose config.json has a quantization_config "
+                         f"with quant_method {value!r}")
     if value == "gguf" and gguf_types is None:
         raise ValueError("quantization: 'gguf' needs a .gguf model file")
     keep_gguf = value in ("auto", "gguf") and gguf_types is not None
@@ -205,6 +213,28 @@ def assign_quantization(model: nn.Module, value, gguf_types: dict[str, str] | No
         module.set_quant_method(WeightOnlyLinearMethod(scheme))
         effective[name] = scheme.describe()
     return effective, keep
+
+
+def _assign_checkpoint(model: nn.Module, value, checkpoint: CheckpointQuant) -> dict[str, str]:
+    """Layers the checkpoint stores quantized keep its tensors (repacked); the rest stay float."""
+    if value not in ("auto", checkpoint.method):
+        raise ValueError(f"quantization: the checkpoint is already quantized ({checkpoint.describe()}); "
+                         f"load it with quantization='auto' or {checkpoint.method!r}, not {value!r}")
+    effective: dict[str, str] = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, LinearBase):
+            continue
+        parts = checkpoint_names(model, name)[1:] or [name]
+        stored = {part in checkpoint.modules for part in parts}
+        if stored == {False}:
+            effective[name] = "float"
+            continue
+        if stored != {True}:
+            raise ValueError(f"quantization: {name} fuses {parts}, which the checkpoint stores partly quantized")
+        module.set_quant_method(WeightOnlyLinearMethod(checkpoint.scheme, prequantized=True,
+                                                       act_order=checkpoint.act_order))
+        effective[name] = f"{checkpoint.describe()} -> {checkpoint.scheme.describe()}"
+    return effective
 
 
 def _keep_gguf_tables(model: nn.Module, gguf_types: dict[str, str], effective: dict[str, str],

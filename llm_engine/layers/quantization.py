@@ -216,13 +216,15 @@ class WeightOnlyLinearMethod(QuantMethod):
     the native kernel multiplies without a float copy; without a compiler, and for prefill-sized
     inputs, one dequantized F.linear per call (w8a8/w4a8: on activations rounded the same way).
 
-    `prequantized`: the checkpoint holds these tensors (GGUF Q4_0/Q4_1/Q8_0 blocks); otherwise
-    the layer loads a float `weight` and rounds it to nearest once loaded."""
+    `prequantized`: the checkpoint holds these tensors (GGUF Q4_0/Q4_1/Q8_0 blocks, AWQ/GPTQ
+    repacked); otherwise the layer loads a float `weight` and rounds it to nearest once loaded.
+    `act_order`: the weight's inputs are stored in another order (GPTQ's desc_act), `input_perm`,
+    in which the layer gathers its activations first."""
 
-    def __init__(self, scheme: QuantScheme, prequantized: bool = False) -> None:
+    def __init__(self, scheme: QuantScheme, prequantized: bool = False, act_order: bool = False) -> None:
         if scheme.weights not in _QWEIGHT_DTYPES:
             raise ValueError(f"quantization: unknown weight-only method {scheme.method!r}")
-        self.scheme, self.prequantized = scheme, prequantized
+        self.scheme, self.prequantized, self.act_order = scheme, prequantized, act_order
 
     def group(self, layer: nn.Module) -> int:
         return self.scheme.group_size or layer.input_size
@@ -246,6 +248,11 @@ class WeightOnlyLinearMethod(QuantMethod):
         layer.scales = nn.Parameter(torch.empty(output_size, groups, dtype=torch.float16), requires_grad=False)
         if int4:
             layer.offsets = nn.Parameter(torch.empty(output_size, groups, dtype=torch.float16), requires_grad=False)
+        if self.act_order:
+            if layer.tp_size > 1:
+                raise ValueError("quantization: act-order (desc_act) weights run with tensor_parallel_size 1 only")
+            layer.input_perm = nn.Parameter(torch.empty(input_size, dtype=torch.int64), requires_grad=False)
+            layer.input_perm.weight_loader = load_input_perm
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         if not self.prequantized:
@@ -265,6 +272,8 @@ class WeightOnlyLinearMethod(QuantMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         offsets = getattr(layer, "offsets", None)
+        if self.act_order:
+            x = x.index_select(-1, layer.input_perm)
         rows = x.numel() // x.shape[-1]
         act_block = self.scheme.act_block(layer.input_size)
         if layer.kernels is not None and rows <= KERNEL_MAX_ROWS:
@@ -280,3 +289,12 @@ class WeightOnlyLinearMethod(QuantMethod):
             x = quantize_activations(x.reshape(rows, -1), act_block).view(x.shape).to(x.dtype)
         weight = dequantize(layer.qweight, layer.scales, offsets, self.group(layer)).to(x.dtype)
         return F.linear(x, weight, bias)
+
+
+def load_input_perm(param: nn.Parameter, loaded: torch.Tensor, *shard: object) -> None:
+    """One input order for the whole layer: projections fused into it (q/k/v, gate/up) share
+    their input, so they must share the order too (GPTQ derives it from that input)."""
+    if getattr(param, "loaded", False) and not torch.equal(param.data, loaded):
+        raise ValueError("model: act-order projections fused into one layer have different input orders (g_idx)")
+    param.data.copy_(loaded)
+    param.loaded = True

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import torch
 
+from llm_engine.layers.quantization_formats import CheckpointQuant
 from llm_engine.loader.gguf_weights import iter_gguf, tensor_types
+from llm_engine.loader.quantized_checkpoint import read_checkpoint_quant, repack
 from llm_engine.loader.safetensors_weights import iter_safetensors
 
 _GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
@@ -49,11 +51,17 @@ class ModelSource:
         """{weight name: GGML block type} for a GGUF model, None for safetensors."""
         return None if self.gguf_file is None else tensor_types(self.folder / self.gguf_file)
 
-    def weights(self, config, keep_quantized: set[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
+    def checkpoint_quant(self, config) -> CheckpointQuant | None:
+        """An AWQ/GPTQ/fp8 checkpoint's quantization (config.json's quantization_config), else None."""
+        return None if self.gguf_file is not None else read_checkpoint_quant(config, self.folder)
+
+    def weights(self, config, keep_quantized: set[str] = frozenset(),
+                checkpoint: CheckpointQuant | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """The checkpoint's tensors; GGUF weights named in `keep_quantized` come as their
-        qweight/scales/offsets parts."""
+        qweight/scales/offsets parts, and so do an AWQ/GPTQ/fp8 `checkpoint`'s, repacked."""
         if self.gguf_file is None:
-            return iter_safetensors(self.folder)
+            return iter_safetensors(self.folder) if checkpoint is None else repack(iter_safetensors(self.folder),
+                                                                                   checkpoint)
         return iter_gguf(self.folder / self.gguf_file, config, keep_quantized)
 
     def tokenizer(self):
