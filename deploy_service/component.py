@@ -25,7 +25,7 @@ from deploy_service.owner import Ownership, this_replica
 from deploy_service.preview import PreviewGateway
 from deploy_service.proxy import AppsGateway
 from deploy_service.schemas import DeploymentPublic, RollbackCreate, ScaleUpdate
-from deploy_service.service import DeployService
+from deploy_service.service import DeploymentNotFound, DeployService
 from ide_server.components import Component
 from ide_server.deps import ProjectEditor, ProjectMember, ProjectOwner, authenticate_websocket
 from ide_server.error_handlers import ERROR_RESPONSES, answer_like_domain_errors
@@ -62,9 +62,13 @@ async def deploy(ctx: ProjectEditor, deploys: Deploys) -> DeploymentPublic:
 
 
 @router.get("/api/projects/{project_id}/deployment")
-def get_deployment(ctx: ProjectMember, deploys: Deploys) -> DeploymentPublic:
-    """Status, URL, instances and releases (newest first) of the project's deployment."""
-    return deploys.status(ctx.project.id)
+def get_deployment(ctx: ProjectMember, deploys: Deploys) -> DeploymentPublic | None:
+    """Status, URL, instances and releases (newest first) of the project's deployment; null when it has none
+    (most projects: every workspace asks, and "none" is no error)."""
+    try:
+        return deploys.status(ctx.project.id)
+    except DeploymentNotFound:
+        return None
 
 
 @router.post("/api/projects/{project_id}/deployment/rollback", status_code=status.HTTP_202_ACCEPTED)

@@ -112,9 +112,11 @@ def lesson_public(work: service.LessonWork) -> LessonPublic:
 
 
 @lesson_router.get("")
-def get_lesson(ctx: ProjectMember, db: DbSession) -> LessonPublic:
-    """The lesson this project was started for: description, tasks, hints revealed, progress."""
-    return lesson_public(service.work_of_project(db, ctx.project))
+def get_lesson(ctx: ProjectMember, db: DbSession) -> LessonPublic | None:
+    """The lesson this project was started for: description, tasks, hints revealed, progress; null when the
+    project is not a lesson (most are: every workspace asks, and "none" is no error)."""
+    work = service.lesson_of_project(db, ctx.project)
+    return lesson_public(work) if work is not None else None
 
 
 @lesson_router.post("/check", responses={503: {"model": ErrorBody, "description": "No sandbox on this server"}})

@@ -108,13 +108,20 @@ def _replace_files(folder: Path, starter: dict[str, str], max_bytes: int) -> Non
         files.write(folder, name, text.encode(), max_bytes)
 
 
-def work_of_project(db: Session, project: Project) -> LessonWork:
-    """The lesson a project was started for; NotFound when it is not a lesson project."""
+def lesson_of_project(db: Session, project: Project) -> LessonWork | None:
+    """The lesson a project was started for; None when it is not a lesson project."""
     progress = db.scalar(select(LessonProgress).where(LessonProgress.project_id == project.id))
     if progress is None:
-        raise NotFound("this project is not a lesson")
+        return None
     course = catalog.find_course(progress.course_slug)
     return LessonWork(course, catalog.find_lesson(course, progress.lesson_slug), progress)
+
+
+def work_of_project(db: Session, project: Project) -> LessonWork:
+    """The lesson a project was started for; NotFound when it is not a lesson project."""
+    if (work := lesson_of_project(db, project)) is None:
+        raise NotFound("this project is not a lesson")
+    return work
 
 
 def record_check(db: Session, work: LessonWork, status: str, public_result: dict) -> None:

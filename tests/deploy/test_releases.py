@@ -165,7 +165,8 @@ def test_stop_then_delete(owner):
     assert stopped.status_code == 200 and stopped.json()["status"] == "stopped"
     assert owner.client.get(url).status_code == 503
     assert owner.delete(f"/api/projects/{project_id}/deployment").status_code == 204
-    assert owner.get(f"/api/projects/{project_id}/deployment").status_code == 404
+    gone = owner.get(f"/api/projects/{project_id}/deployment")
+    assert gone.status_code == 200 and gone.json() is None
     assert owner.client.get(url).status_code == 404
 
 

@@ -163,9 +163,11 @@ def test_bad_input_answers_4xx_with_a_message(served):
         response = learner.request(method, url)
         assert response.status_code == status, (url, response.text)
         assert words in str(response.json()["detail"])
-    # A project that is not a lesson: every lesson route says so.
+    # A project that is not a lesson: reading its lesson gives null (every workspace asks), the other routes say so.
     plain = learner.post("/api/projects", json={"name": "plain"}).json()["id"]
-    for method, suffix in (("GET", ""), ("POST", "/check"), ("POST", "/hints"), ("GET", "/solution")):
+    none = learner.get(f"/api/projects/{plain}/lesson")
+    assert none.status_code == 200 and none.json() is None
+    for method, suffix in (("POST", "/check"), ("POST", "/hints"), ("GET", "/solution")):
         response = learner.request(method, f"/api/projects/{plain}/lesson{suffix}")
         assert response.status_code == 404 and response.json()["detail"] == "this project is not a lesson"
     assert served.get(f"/api/tutorials/courses/{COURSE.slug}").status_code == 401

@@ -137,6 +137,34 @@ def test_run_a_program_that_reads_input(open_as, screenshot):
     screenshot(ada, "workspace-run-console")
 
 
+def test_a_normal_session_answers_no_errors(server_url, browser, project_id):
+    """Opening the workspace, running the program and opening files asks nothing that answers 4xx/5xx (a project
+    with no deployment or lesson is no error) and logs no error in the browser's console."""
+    owner = api_client(server_url, OWNER, register=False)
+    owner.put(f"/api/projects/{project_id}/files/content/main.py", content=b'print("no errors here")\n').raise_for_status()
+    owner.put(f"/api/projects/{project_id}/files/content/notes.md", content=b"# Notes\n").raise_for_status()
+    context = signed_in_context(browser, server_url, OWNER)
+    page = context.new_page()
+    problems: list[str] = []
+    page.on("response", lambda response: response.status >= 400 and problems.append(f"{response.status} {response.url}"))
+    page.on("console", lambda message: message.type == "error" and problems.append(f"console: {message.text}"))
+    page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+    page.goto(f"{server_url}/projects/{project_id}")
+    expect(page.locator("#connection")).to_have_text("Synced")
+    page.locator('#file-tree li[data-path="main.py"]').click()
+    expect(page.locator(".cm-content")).to_contain_text("no errors here")
+    page.click("#run")
+    expect(page.locator("#console")).to_contain_text("no errors here", timeout=20000)
+    expect(page.locator("#run-summary")).to_contain_text("Finished")
+    page.locator('#file-tree li[data-path="notes.md"]').click()
+    expect(page.locator(".tab.active")).to_have_attribute("data-path", "notes.md")
+    expect(page.get_by_label("Contents of notes.md")).to_contain_text("# Notes")
+    page.reload()  # and once more from the start, as after a break
+    expect(page.locator("#connection")).to_have_text("Synced")
+    context.close()
+    assert problems == []
+
+
 def test_shell_pane_runs_commands_in_the_sandbox(open_as, screenshot):
     ada = open_as(OWNER)
     shell = open_shell(ada)

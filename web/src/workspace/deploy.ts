@@ -115,7 +115,7 @@ export class DeployPanel {
   async refreshBadge(): Promise<void> {
     this.badge.hidden = false;
     try {
-      this.show(await api<Deployment>("GET", `${this.base}/deployment`));
+      this.show(await api<Deployment | null>("GET", `${this.base}/deployment`));
     } catch {
       this.show(null);
     }
@@ -177,7 +177,7 @@ export class DeployPanel {
 
   private async load(): Promise<void> {
     try {
-      this.show(await api<Deployment>("GET", `${this.base}/deployment`));
+      this.show(await api<Deployment | null>("GET", `${this.base}/deployment`));
     } catch (error) {
       if (error instanceof ApiError && error.status === 404) {
         this.show(null);

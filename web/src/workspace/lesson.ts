@@ -224,14 +224,15 @@ export class LessonPane {
   }
 }
 
-/** Adds the lesson pane to a workspace when its project is a lesson (other projects: nothing). */
+/** Adds the lesson pane to a workspace when its project is a lesson (other projects: nothing). Members only. */
 export async function attachLesson(workspace: HTMLElement, projectId: string, canWrite: boolean): Promise<LessonPane | null> {
-  let lesson: Lesson;
+  let lesson: Lesson | null;
   try {
-    lesson = await api<Lesson>("GET", `/api/projects/${encodeURIComponent(projectId)}/lesson`);
+    lesson = await api<Lesson | null>("GET", `/api/projects/${encodeURIComponent(projectId)}/lesson`);
   } catch {
-    return null; // not a lesson (404), or a visitor who may not see it
+    return null; // the server could not answer: the workspace works without the lesson pane
   }
+  if (lesson === null) return null; // not a lesson
   const pane = new LessonPane(lesson, projectId, canWrite);
   workspace.classList.add("with-lesson");
   workspace.prepend(pane.element);

@@ -107,7 +107,7 @@ export class Workspace {
     this.layout();
     void this.assistant?.start();
     const main = this.root.querySelector<HTMLElement>("main.workspace");
-    if (main) void attachLesson(main, this.project.id, this.canWrite);
+    if (main && this.project.role !== null) void attachLesson(main, this.project.id, this.canWrite); // visitors may not read lessons
     this.connectEvents();
     void this.followLiveRun();
     document.addEventListener("keydown", (event) => this.shortcut(event));
