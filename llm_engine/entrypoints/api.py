@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
 
 from llm_engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, parse_request
 from llm_engine.entrypoints.service import LLMService
@@ -25,8 +26,31 @@ ServiceGetter = Callable[[Request], LLMService]
 _DISCONNECT_POLL_S = 0.25
 
 
-def _body_schema(model) -> dict:
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    schema = _inlined(model.model_json_schema())
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with its `$defs` written in place. Placed in the OpenAPI document, its local
+    "#/$defs/..." references would resolve against the whole document and point nowhere (Swagger
+    UI and openapi-typescript fail on them); a discriminator's mapping names such references too,
+    so it goes (the `oneOf` it sits beside still lists every variant)."""
+    definitions = schema.pop("$defs", {})
+
+    def expand(node: Any) -> Any:
+        if isinstance(node, list):
+            return [expand(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref", "")
+        if ref.startswith("#/$defs/"):
+            return expand({**definitions[ref.removeprefix("#/$defs/")], **{k: v for k, v in node.items() if k != "$ref"}})
+        return {key: {k: v for k, v in value.items() if k != "mapping"} if key == "discriminator" else expand(value)
+                for key, value in node.items()}
+
+    expanded: dict[str, Any] = expand(schema)
+    return expanded
 
 
 async def json_body(request: Request) -> Any:
