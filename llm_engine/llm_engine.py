@@ -20,6 +20,7 @@ from llm_engine.sampling_params import SamplingParams
 from llm_engine.scheduler import Scheduler, SchedulerOutput
 from llm_engine.sequence import Request, Sequence, SequenceStatus
 from llm_engine.speculative import SpecThrottle, propose_ngram
+from llm_engine.structured_outputs import Grammar, GrammarCompiler
 
 
 @dataclass
@@ -106,6 +107,7 @@ class LLMEngine:
         self.finished_by_reason: dict[str, int] = {}
         self.speculative = config.speculative_config
         self.spec_counters = SpecDecodeCounters()
+        self._grammar_compiler: GrammarCompiler | None = None  # built by the first constrained request
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> LLMEngine:
@@ -176,8 +178,10 @@ class LLMEngine:
         text, token_ids, images = self._prompt_inputs(prompt)
         if not token_ids:
             raise ValueError("prompt: must not be empty")
+        grammar = self._compile_grammar(params)
         request = Request(request_id, text, token_ids, params, priority, arrival_time,
-                          use_priority=self.config.scheduling_policy == "priority", images=images)
+                          use_priority=self.config.scheduling_policy == "priority", images=images,
+                          grammar=grammar)
         self.requests[request_id] = request
         self._updated.add(request_id)
         if len(token_ids) >= self.max_model_len:
@@ -186,6 +190,15 @@ class LLMEngine:
             self._finish(request.seqs[0], SequenceStatus.FINISHED_IGNORED)
             return
         self.scheduler.add(request.seqs[0])
+
+    def _compile_grammar(self, params: SamplingParams) -> Grammar | None:
+        if params.structured_outputs is None:
+            return None
+        if self.tokenizer is None:
+            raise ValueError("structured_outputs: this model has no tokenizer to build token masks from")
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        return self._grammar_compiler.compile(params.structured_outputs)
 
     def abort_request(self, request_id: str | list[str], reason: str = "abort") -> None:
         """Abort requests by id (unknown or finished ids are ignored); their blocks are freed now."""
@@ -312,8 +325,8 @@ class LLMEngine:
         for seq in self.scheduler.running:
             params = seq.request.params
             if (seq.num_computed_tokens != seq.num_tokens - 1 or seq.num_output_tokens == 0
-                    or adjusts_logits(seq)):  # penalties depend on each token before: no drafts
-                continue
+                    or adjusts_logits(seq) or seq.grammar is not None):
+                continue  # penalties and grammars depend on each token before: no drafts
             room = self.max_model_len - seq.num_tokens - 1
             if params.max_tokens is not None:
                 room = min(room, params.max_tokens - seq.num_output_tokens - 1)
@@ -352,6 +365,10 @@ class LLMEngine:
         if seq.index == 0:
             metrics.last_token_time = now
         token = result.token_id
+        if seq.grammar is not None and not seq.grammar.accept(token):
+            request.error = f"structured_outputs: token {token} is not allowed by the grammar here"
+            self._finish(seq, SequenceStatus.FINISHED_ERROR)
+            return
         seq.token_ids.append(token)
         self.generation_tokens_total += 1
         if result.top_logprobs is not None:
@@ -370,6 +387,9 @@ class LLMEngine:
 
     def _stop_status(self, seq: Sequence, token: int, new_text: str) -> SequenceStatus | None:
         params = seq.request.params
+        if seq.grammar is not None and seq.grammar.is_terminated:
+            seq.stop_reason = None
+            return SequenceStatus.FINISHED_STOPPED
         if seq.num_output_tokens >= params.min_tokens:
             if not params.ignore_eos and token in self.eos_token_ids:
                 seq.stop_reason = None

@@ -1,7 +1,8 @@
 """Batched sampling with per-request parameters.
 
 Penalties, min_tokens suppression, temperature, top-k, top-p and min-p are applied as tensor ops
-over the whole batch. Each seeded request draws its noise from its own torch.Generator, one draw
+over the whole batch, then each constrained row's structured-outputs mask (other rows untouched).
+Each seeded request draws its noise from its own torch.Generator, one draw
 per step, so its samples do not depend on what else is in the batch. Logprobs are those of the
 model's raw distribution (before penalties and temperature), as in vLLM.
 """
@@ -14,6 +15,7 @@ import torch
 
 from llm_engine.outputs import Logprob
 from llm_engine.sequence import Sequence
+from llm_engine.structured_outputs import apply_grammar_masks
 
 
 @dataclass
@@ -51,10 +53,14 @@ class Sampler:
         params = [s.request.params for s in seqs]
         raw_logprobs = (torch.log_softmax(logits, dim=-1)
                         if any(p.logprobs is not None for p in params) else None)
-        if any(adjusts_logits(seq) for seq in seqs):  # otherwise the logits are used as they are
+        grammars = [(i, seq.grammar) for i, seq in enumerate(seqs) if seq.grammar is not None]
+        constrained = [i for i, _ in grammars]
+        if constrained or any(adjusts_logits(seq) for seq in seqs):  # else the logits are used as they are
             logits = logits.clone()
             self._apply_penalties(logits, seqs)
             self._suppress_stops_before_min_tokens(logits, seqs, eos_token_ids)
+            if constrained:
+                apply_grammar_masks(logits, constrained, [grammar for _, grammar in grammars])
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
@@ -99,7 +105,7 @@ class Sampler:
                                           eos_token_ids: set[int]) -> None:
         for i, seq in enumerate(seqs):
             p = seq.request.params
-            if seq.num_output_tokens >= p.min_tokens:
+            if seq.num_output_tokens >= p.min_tokens or seq.grammar is not None:  # its grammar says when
                 continue
             banned = set(p.stop_token_ids or []) | (set() if p.ignore_eos else eos_token_ids)
             ids = [t for t in banned if t < logits.shape[-1]]

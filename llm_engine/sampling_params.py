@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llm_engine.structured_outputs import StructuredOutputsParams
+
 _GREEDY_EPS = 1e-5
 
 
@@ -14,6 +16,7 @@ class SamplingParams:
     temperature == 0 means greedy. top_k <= 0 (or -1) disables top-k. `timeout` is seconds from
     arrival after which the request is aborted. `logprobs` / `prompt_logprobs`: how many top
     alternatives to return next to each sampled / prompt token's own logprob (0: just its own).
+    `structured_outputs` constrains the output to a JSON schema, regex, choice or grammar.
     """
 
     n: int = 1
@@ -35,6 +38,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     timeout: float | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     stop_list: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +74,8 @@ class SamplingParams:
               "must be an integer >= 0 or None")
         check(self.prompt_logprobs is None or (is_int(self.prompt_logprobs) and self.prompt_logprobs >= 0),
               "prompt_logprobs", "must be an integer >= 0 or None")
+        check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+              "structured_outputs", "must be a StructuredOutputsParams or None")
         check(self.timeout is None or (is_num(self.timeout) and self.timeout > 0), "timeout",
               "must be a positive number of seconds or None")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

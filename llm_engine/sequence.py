@@ -16,6 +16,7 @@ from llm_engine.multimodal.inputs import ImageItem, block_extra_keys
 from llm_engine.outputs import RequestMetrics
 from llm_engine.sampling_params import SamplingParams
 from llm_engine.speculative import SpecThrottle
+from llm_engine.structured_outputs import Grammar, GrammarState
 
 
 class InvalidTransition(RuntimeError):
@@ -80,6 +81,8 @@ class Sequence:
         self.detokenizer_state: object | None = None
         self.spec_token_ids: list[int] = []  # this step's draft tokens, verified after the forward
         self.spec_throttle: SpecThrottle | None = None  # its SpecThrottle under speculative decoding
+        # Where this sample is in its request's grammar (each sample walks its own).
+        self.grammar: GrammarState | None = request.grammar.new_state() if request.grammar else None
         self.generator: torch.Generator | None = None
         seed = request.params.seed
         if seed is not None:
@@ -139,12 +142,14 @@ class Request:
 
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                  params: SamplingParams, priority: int = 0, arrival_time: float | None = None,
-                 use_priority: bool = False, images: list[ImageItem] | None = None) -> None:
+                 use_priority: bool = False, images: list[ImageItem] | None = None,
+                 grammar: Grammar | None = None) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.images = images or []  # image placeholders in the prompt, in order
         self.params = params
+        self.grammar = grammar  # the compiled structured_outputs constraint
         self.priority = priority
         self.priority_key = priority if use_priority else 0
         self.order = next(_request_counter)

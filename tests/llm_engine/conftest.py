@@ -72,3 +72,22 @@ def smollm_gguf_path() -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
     return build_tiny_model("LlamaForCausalLM", tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_smollm_vocab(tmp_path_factory) -> Path:
+    """A tiny random Llama over SmolLM2's real vocabulary, saved with that tokenizer (for features
+    that work on text: structured outputs, stop strings)."""
+    from transformers import AutoTokenizer
+
+    path = smollm_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    folder = tmp_path_factory.mktemp("tiny-llama-smollm-vocab")
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, initializer_range=0.1)
+    config.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(3)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

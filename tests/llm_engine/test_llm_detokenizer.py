@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from conftest import smollm_gguf_path
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+from transformers import AutoTokenizer
 
 from llm_engine import LLM, SamplingParams
 from llm_engine.detokenizer import IncrementalDetokenizer, find_stop_string
@@ -39,17 +38,8 @@ def test_find_stop_string_across_boundaries():
 
 
 @pytest.fixture(scope="module")
-def model_with_tokenizer(tmp_path_factory, tokenizer):
-    """A tiny random Llama using SmolLM2's vocabulary, saved with its tokenizer."""
-    folder = tmp_path_factory.mktemp("tiny-with-tokenizer")
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, initializer_range=0.1)
-    config.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(3)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return LLM(model=str(folder), dtype="float32")
+def model_with_tokenizer(tiny_llama_smollm_vocab):
+    return LLM(model=str(tiny_llama_smollm_vocab), dtype="float32")
 
 
 def test_stop_string_spanning_tokens_is_trimmed(model_with_tokenizer):
