@@ -1,4 +1,5 @@
-"""`codeyard llm ...`: run the standalone server (OpenAI /v1, KServe v2 /v2 and optionally gRPC)."""
+"""`codeyard llm ...`: run the standalone server (OpenAI /v1, KServe v2 /v2 and optionally gRPC), or
+quantize a checkpoint."""
 
 from __future__ import annotations
 
@@ -86,3 +87,18 @@ def serve(
                             grpc_address=f"{host}:{grpc_port}" if grpc_port else None,
                             ensembles=tuple(Ensemble.load(p) for p in ensemble or ()))
     uvicorn.run(create_app(config, served_model_name or name, options), host=host, port=port, log_level="info")
+
+
+@app.command()
+def quantize(
+    source: Annotated[Path, typer.Argument(help="Local Hugging Face model folder (config.json + safetensors).")],
+    out: Annotated[Path, typer.Option(help="Folder to write the quantized checkpoint to (new or empty).")],
+    method: Annotated[str, typer.Option(help="int8, int4, gptq, awq or fp8 (layouts: see llm_engine/quantize.py).")],
+    group_size: Annotated[int | None, typer.Option(help="Inputs per scale (-1: per output channel; default: "
+                                                        "128 for 4 bits, per channel for int8).")] = None,
+) -> None:
+    """Write a quantized copy of SOURCE (round to nearest, one line of progress per layer)."""
+    from llm_engine.quantize import quantize_checkpoint
+
+    quant = quantize_checkpoint(source, out, method, group_size, progress=typer.echo)
+    typer.echo(f"wrote {out} ({json.dumps(quant)}); load it with LLM({str(out)!r})")

@@ -1,0 +1,163 @@
+"""`codeyard llm quantize`: write a quantized copy of a local Hugging Face checkpoint, in layouts
+other tools read too (the engine loads them through loader/quantized_checkpoint.py):
+
+  int8  GPTQ's layout, 8 bits, symmetric, per output channel unless a group size is given;
+  int4  GPTQ's layout, 4 bits with zero points, groups of 128 by default;
+  gptq  GPTQ's layout, 4 bits symmetric (AutoGPTQ's default), groups of 128;
+  awq   AWQ's GEMM layout, 4 bits with zero points, groups of 128;
+  fp8   vLLM's fp8 form: float8 E4M3 weights, one float32 scale per matrix.
+
+Every 2-D weight inside the decoder layers is rounded to nearest (no calibration); embeddings,
+norms and the LM head are copied as they are. GPTQ's zero points are written in its v1 form (z - 1),
+so a zero point is at least 1.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from llm_engine.layers.quantization import quantize_fp8
+from llm_engine.layers.quantization_formats import awq_pack, pack_int32, quantize_rtn
+from llm_engine.loader.safetensors_weights import safetensors_files
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What one --method writes: the checkpoint format, bits, default group (None: per channel), symmetry."""
+
+    quant_method: str
+    bits: int
+    group_size: int | None
+    symmetric: bool
+
+
+RECIPES = {"int8": Recipe("gptq", 8, None, True), "int4": Recipe("gptq", 4, 128, False),
+           "gptq": Recipe("gptq", 4, 128, True), "awq": Recipe("awq", 4, 128, False),
+           "fp8": Recipe("fp8", 8, None, True)}
+_COPIED = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+           "merges.txt", "generation_config.json", "added_tokens.json", "chat_template.jinja")
+
+
+def quantize_checkpoint(source: Path, out: Path, method: str, group_size: int | None = None,
+                        progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Quantize the checkpoint in `source` into `out` (created, must not hold files); returns the
+    quantization_config written. Raises ValueError on bad input before writing anything."""
+    if method not in RECIPES:
+        raise ValueError(f"quantize: --method must be one of {', '.join(RECIPES)}, got {method!r}")
+    recipe = RECIPES[method]
+    config = _read_config(source)
+    group = _group(recipe, method, group_size)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"quantize: {out} exists and is not an empty folder")
+    files = safetensors_files(source)
+    if not files:
+        raise ValueError(f"quantize: no .safetensors weights in {source}")
+    targets = _targets(files)
+    for name, shape in targets.items():
+        _check_shape(name, shape, recipe, group)
+    tensors: dict[str, torch.Tensor] = {}
+    done = 0
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                tensor = handle.get_tensor(name)
+                if name not in targets:
+                    tensors[name] = tensor
+                    continue
+                done += 1
+                progress(f"[{done}/{len(targets)}] {name.removesuffix('.weight')} {tensor.shape[0]}x{tensor.shape[1]} "
+                         f"-> {method}")
+                prefix = name.removesuffix(".weight")
+                for part, value in _quantize(tensor, recipe, group).items():
+                    tensors[f"{prefix}.{part}"] = value
+    quant = _quantization_config(recipe, group)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps({**config, "quantization_config": quant}, indent=2) + "\n")
+    for extra in _COPIED:
+        if (source / extra).is_file():
+            shutil.copy2(source / extra, out / extra)
+    return quant
+
+
+def _read_config(source: Path) -> dict[str, Any]:
+    if not source.is_dir() or not (source / "config.json").is_file():
+        raise ValueError(f"quantize: {source} is not a Hugging Face model folder (no config.json)")
+    try:
+        config: dict[str, Any] = json.loads((source / "config.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"quantize: {source / 'config.json'} is not valid JSON ({exc})") from None
+    if "quantization_config" in config:
+        raise ValueError(f"quantize: {source} is already quantized "
+                         f"({config['quantization_config'].get('quant_method', '?')})")
+    return config
+
+
+def _group(recipe: Recipe, method: str, group_size: int | None) -> int | None:
+    if group_size is None:
+        return recipe.group_size
+    if method == "fp8":
+        raise ValueError("quantize: fp8 takes no --group-size (one scale per matrix)")
+    if group_size == -1:
+        return None
+    if group_size < 2 or group_size % 2:
+        raise ValueError(f"quantize: --group-size must be -1 (per channel) or a positive even number, got {group_size}")
+    return group_size
+
+
+def _targets(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """{name: shape} of the weights to quantize: every 2-D weight inside the decoder layers."""
+    targets: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                shape = tuple(handle.get_slice(name).get_shape())
+                if ".layers." in name and name.endswith(".weight") and len(shape) == 2:
+                    targets[name] = shape
+    if not targets:
+        raise ValueError("quantize: the checkpoint has no decoder-layer linear weights to quantize")
+    return targets
+
+
+def _check_shape(name: str, shape: tuple[int, ...], recipe: Recipe, group: int | None) -> None:
+    n_out, k_in = shape
+    per = 32 // recipe.bits
+    if recipe.quant_method == "fp8":
+        return
+    if k_in % per or n_out % per:
+        raise ValueError(f"quantize: {name} is {n_out}x{k_in}; {recipe.quant_method} packs {per} values "
+                         f"per int32, so both sizes must be multiples of {per}")
+    if group is not None and recipe.quant_method == "awq" and k_in % group:
+        raise ValueError(f"quantize: {name} has {k_in} inputs, not a multiple of the AWQ group size {group}")
+
+
+def _quantize(weight: torch.Tensor, recipe: Recipe, group: int | None) -> dict[str, torch.Tensor]:
+    k_in = weight.shape[1]
+    if recipe.quant_method == "fp8":
+        q, scales = quantize_fp8(weight, k_in, per_tensor=True)
+        return {"weight": q, "weight_scale": scales[0, 0].float().clone()}
+    group_len = group or k_in
+    if recipe.quant_method == "awq":
+        codes, zeros, scales = quantize_rtn(weight, 4, group_len, symmetric=False)
+        return {"qweight": awq_pack(codes), "qzeros": awq_pack(zeros), "scales": scales}
+    codes, zeros, scales = quantize_rtn(weight, recipe.bits, group_len, recipe.symmetric, min_zero=1)
+    return {"qweight": pack_int32(codes, recipe.bits, dim=0), "qzeros": pack_int32(zeros - 1, recipe.bits, dim=1),
+            "scales": scales, "g_idx": (torch.arange(k_in) // group_len).to(torch.int32)}
+
+
+def _quantization_config(recipe: Recipe, group: int | None) -> dict[str, Any]:
+    if recipe.quant_method == "fp8":
+        return {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    config: dict[str, Any] = {"quant_method": recipe.quant_method, "bits": recipe.bits, "group_size": group or -1}
+    if recipe.quant_method == "awq":
+        return {**config, "zero_point": True, "version": "gemm"}
+    return {**config, "desc_act": False, "sym": recipe.symmetric, "checkpoint_format": "gptq"}
