@@ -1,23 +1,7 @@
 /** Dashboard: my projects, projects shared with me, create from a template, fork, delete. */
 import { api, ApiError } from "../api";
+import type { ProjectPublic as Project, TemplatePublic as Template, UserPublic as Me } from "../api/types";
 import { h, showStatus } from "../dom";
-
-interface Project {
-  id: string;
-  name: string;
-  visibility: "private" | "public";
-  role: "owner" | "editor" | "viewer" | null;
-  template: string | null;
-}
-
-interface Me {
-  username: string;
-}
-
-interface Template {
-  id: string;
-  title: string;
-}
 
 function projectRow(project: Project, refresh: () => void, status: HTMLElement): HTMLElement {
   const fork = h("button", { type: "button", class: "secondary" }, "Fork");

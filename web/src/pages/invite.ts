@@ -1,15 +1,7 @@
 /** Invite page: shows which project and role a link grants, and accepts it. */
 import { api, ApiError } from "../api";
+import type { InviteAccepted, InvitePreview } from "../api/types";
 import { h, showStatus } from "../dom";
-
-interface InvitePreview {
-  project_name: string;
-  role: string;
-}
-
-interface Project {
-  id: string;
-}
 
 export async function renderInvite(root: HTMLElement, token: string): Promise<void> {
   const status = h("p", { class: "status" });
@@ -27,7 +19,7 @@ export async function renderInvite(root: HTMLElement, token: string): Promise<vo
   card.insertBefore(accept, status);
   accept.addEventListener("click", async () => {
     try {
-      const accepted = await api<{ project: Project }>("POST", `/api/invites/${encodeURIComponent(token)}/accept`);
+      const accepted = await api<InviteAccepted>("POST", `/api/invites/${encodeURIComponent(token)}/accept`);
       location.assign(`/projects/${accepted.project.id}`);
     } catch (error) {
       if (error instanceof ApiError && error.status === 401) location.assign(`/login?next=${encodeURIComponent(location.pathname)}`);

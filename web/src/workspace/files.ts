@@ -1,16 +1,8 @@
 /** The files API of one project, as the workspace uses it. */
 import { api, send } from "../api";
+import type { FileEntry, SearchResults } from "../api/types";
 
-export interface FileEntry {
-  path: string;
-  kind: "file" | "directory" | "symlink";
-  size: number;
-}
-
-export interface SearchResults {
-  matches: { path: string; line: number; column: number; text: string }[];
-  truncated: boolean;
-}
+export type { FileEntry, SearchResults };
 
 export function encodePath(path: string): string {
   return path.split("/").map(encodeURIComponent).join("/");
