@@ -66,6 +66,11 @@ class _Stream:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
+def _put_each(handed: list[tuple[_Stream, RequestOutput]]) -> None:
+    for stream, output in handed:
+        stream.queue.put_nowait(output)
+
+
 StepCallback = Callable[["EngineStats", list[RequestOutput]], None]
 
 
@@ -240,8 +245,7 @@ class AsyncLLMEngine:
                 self._fail_all(RuntimeError(f"engine step failed: {type(exc).__name__}: {exc}"))
                 continue
             self._stats = engine.get_stats()
-            for output in outputs:
-                self._deliver(output)
+            self._deliver(outputs)
             if self.on_step is not None:
                 self.on_step(self._stats, outputs)
 
@@ -268,13 +272,20 @@ class AsyncLLMEngine:
             else:
                 self._stats = engine.get_stats()
 
-    def _deliver(self, output: RequestOutput) -> None:
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        """Hand a step's outputs over with one wake-up per event loop, not one per request: each
+        wake-up is a write to the loop's self-pipe and a GIL hand-off, and a step may feed dozens."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput]]] = {}
         with self._lock:
-            stream = self._streams.get(output.request_id)
-            if output.finished:
-                self._streams.pop(output.request_id, None)
-        if stream is not None:
-            stream.put(output)
+            for output in outputs:
+                stream = self._streams.get(output.request_id)
+                if output.finished:
+                    self._streams.pop(output.request_id, None)
+                if stream is not None:
+                    by_loop.setdefault(stream.loop, []).append((stream, output))
+        for loop, handed in by_loop.items():
+            with suppress(RuntimeError):  # that caller's event loop has closed: it is gone
+                loop.call_soon_threadsafe(_put_each, handed)
 
     def _fail(self, request_id: str, exc: Exception) -> None:
         with self._lock:
