@@ -61,7 +61,7 @@ def create_app(settings: Settings | None = None, component_specs: list[str] | No
             app.include_router(component.router)
         if component.setup is not None:
             component.setup(app)
-    missing = unguarded_routes(app.routes, exempt={app.openapi_url, app.docs_url})
+    missing = unguarded_routes(app.routes, exempt={url for url in (app.openapi_url, app.docs_url) if url})
     if missing:
         raise RuntimeError(f"routes without an access rule (see ide_server/deps.py): {', '.join(missing)}")
     log.get_logger("codeyard").info(

@@ -42,7 +42,8 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # sync dependency in a worker thread, and under a class's load every such hop waited its turn on
 # the event loop, several times per request.
 async def get_settings(conn: HTTPConnection) -> Settings:
-    return conn.app.state.settings
+    settings: Settings = conn.app.state.settings
+    return settings
 
 
 async def get_db(conn: HTTPConnection) -> AsyncIterator[Session]:
@@ -94,8 +95,7 @@ def identify(conn: HTTPConnection, db: Session, settings: Settings) -> Identity:
         if origin is not None and urlsplit(origin).netloc != conn.headers.get("host"):
             raise PermissionDenied("cross-site WebSocket refused")
     elif conn.scope.get("method", "GET") not in SAFE_METHODS:
-        secret = settings.secret_key.get_secret_value()
-        if not security.csrf_ok(secret, session_token, conn.headers.get(CSRF_HEADER)):
+        if not security.csrf_ok(settings.secret, session_token, conn.headers.get(CSRF_HEADER)):
             raise PermissionDenied(f"missing or wrong {CSRF_HEADER} header (read it from the {CSRF_COOKIE} cookie)")
     return Identity(user, "cookie")
 
@@ -128,7 +128,8 @@ def _identify_and_release(conn: HTTPConnection, db: Session, settings: Settings)
 
 async def _identity(conn: HTTPConnection, db: DbSession, settings: SettingsDep) -> Identity:
     """Resolved once per request; the query runs in a worker thread."""
-    if (identity := conn.scope.get(IDENTITY_KEY)) is not None:
+    identity: Identity | None = conn.scope.get(IDENTITY_KEY)
+    if identity is not None:
         return identity
     return await run_in_threadpool(_identify_and_release, conn, db, settings)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, WebSocket
 from starlette.requests import HTTPConnection
@@ -20,8 +20,9 @@ from starlette.requests import HTTPConnection
 from ide_server.wiring import services_of
 
 # (project_id, action, path, to) and (project_id, user_id): the in-process subscribers' signatures.
-FilesSubscriber = Callable[[str, str, str, str | None], Awaitable[None]]
-AccessSubscriber = Callable[[str, int], Awaitable[None]]
+FilesSubscriber = Callable[[str, str, str, str | None], Coroutine[Any, Any, None]]
+AccessSubscriber = Callable[[str, int], Coroutine[Any, Any, None]]
+Event = dict[str, Any]
 
 
 @dataclass(eq=False)
@@ -47,7 +48,7 @@ class ProjectEvents:
         self._listeners: dict[str, set[Listener]] = {}
         self._files_subscribers: list[FilesSubscriber] = []
         self._access_subscribers: list[AccessSubscriber] = []
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -64,7 +65,7 @@ class ProjectEvents:
         self._submit(lambda: [self._broadcast(project_id, event)]
                      + [subscriber(project_id, action, path, to) for subscriber in self._files_subscribers])
 
-    def announce(self, project_id: str, event: dict) -> None:
+    def announce(self, project_id: str, event: Event) -> None:
         """Send an event to the project's open workspaces only (runs: one started, one wrote files); the
         in-process subscribers are not told, as the collab rooms notice files written by runs on disk."""
         self._submit(lambda: [self._broadcast(project_id, event)])
@@ -73,11 +74,11 @@ class ProjectEvents:
         """A member was removed or their role changed (called after the change is committed)."""
         self._submit(lambda: [subscriber(project_id, user_id) for subscriber in self._access_subscribers])
 
-    def _submit(self, make: Callable[[], list[Coroutine]]) -> None:
+    def _submit(self, make: Callable[[], list[Coroutine[Any, Any, None]]]) -> None:
         if self._loop is not None and not self._loop.is_closed():  # else the app is not serving
             self._loop.call_soon_threadsafe(self._spawn, make)
 
-    def _spawn(self, make: Callable[[], list[Coroutine]]) -> None:
+    def _spawn(self, make: Callable[[], list[Coroutine[Any, Any, None]]]) -> None:
         for coroutine in make():
             task = asyncio.create_task(coroutine)
             self._tasks.add(task)
@@ -105,7 +106,7 @@ class ProjectEvents:
         ]
         await self._broadcast(project_id, {"type": "presence", "users": users})
 
-    async def _broadcast(self, project_id: str, event: dict) -> None:
+    async def _broadcast(self, project_id: str, event: Event) -> None:
         text = json.dumps(event)
         for listener in list(self._listeners.get(project_id, ())):
             try:

@@ -5,14 +5,22 @@ import hmac
 import os
 import secrets
 import threading
+from typing import TypedDict
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+
+class Argon2Parameters(TypedDict):
+    time_cost: int
+    memory_cost: int
+    parallelism: int
+
+
 # Argon2id with OWASP's recommended minimum (19 MiB, 2 passes, 1 lane): ~35 ms of CPU here. The
 # library's default (64 MiB, 3 passes, 4 lanes) cost ~0.3 s, so a class of 100 signing up at once
 # needed half a minute of both cores. Hashes made with other parameters are redone at sign-in.
-ARGON2_PARAMETERS = {"time_cost": 2, "memory_cost": 19 * 1024, "parallelism": 1}
+ARGON2_PARAMETERS: Argon2Parameters = {"time_cost": 2, "memory_cost": 19 * 1024, "parallelism": 1}
 _hasher = PasswordHasher(**ARGON2_PARAMETERS)
 # Verified against when the username is unknown, so a miss costs as much as a wrong password.
 _DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))

@@ -91,6 +91,13 @@ class Settings(BaseSettings):
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'codeyard.db').resolve()}"
 
+    @property
+    def secret(self) -> str:
+        """The server key (`prepare`, which create_app runs, loads or creates it when not configured)."""
+        if self.secret_key is None:
+            raise RuntimeError("the secret key is not loaded: call Settings.prepare() first")
+        return self.secret_key.get_secret_value()
+
     def prepare(self) -> "Settings":
         """Create the data dir and make sure a secret key exists; returns self for chaining."""
         self.data_dir.mkdir(parents=True, exist_ok=True)

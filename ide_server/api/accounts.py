@@ -34,11 +34,10 @@ router = APIRouter(prefix="/api", tags=["accounts"], responses=ERROR_RESPONSES)
 def _sign_in(response: Response, db: DbSession, settings: Settings, user: User) -> LoginPublic:
     """Start a session and set its cookies: the HttpOnly session and the readable CSRF token."""
     token = accounts.start_session(db, settings, user)
-    csrf = security.csrf_token(settings.secret_key.get_secret_value(), token)
-    max_age = settings.session_days * 86400
-    common = dict(max_age=max_age, path="/", samesite="lax", secure=settings.secure_cookies)
-    response.set_cookie(SESSION_COOKIE, token, httponly=True, **common)
-    response.set_cookie(CSRF_COOKIE, csrf, httponly=False, **common)
+    csrf = security.csrf_token(settings.secret, token)
+    for name, value, httponly in ((SESSION_COOKIE, token, True), (CSRF_COOKIE, csrf, False)):
+        response.set_cookie(name, value, max_age=settings.session_days * 86400, path="/", samesite="lax",
+                            secure=settings.secure_cookies, httponly=httponly)
     return LoginPublic(user=UserPublic.model_validate(user), csrf_token=csrf)
 
 
