@@ -11,6 +11,7 @@ import time
 
 import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from structlog.typing import FilteringBoundLogger, Processor
 
 SECRET_PATH_PARAMS = frozenset({"token"})
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -18,7 +19,7 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
 
 def configure(level: str = "info") -> None:
     """JSON lines on stderr, for structlog loggers and stdlib ones (uvicorn, alembic) alike."""
-    shared = [
+    shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -47,8 +48,9 @@ def configure(level: str = "info") -> None:
     )
 
 
-def get_logger(name: str):
-    return structlog.get_logger(name)
+def get_logger(name: str) -> FilteringBoundLogger:
+    logger: FilteringBoundLogger = structlog.get_logger(name)
+    return logger
 
 
 class RequestLogMiddleware:
@@ -91,7 +93,7 @@ class RequestLogMiddleware:
 
 
 def _masked_path(scope: Scope) -> str:
-    path = scope["path"]
+    path: str = scope["path"]
     for name, value in (scope.get("path_params") or {}).items():
         if name in SECRET_PATH_PARAMS and isinstance(value, str) and value:
             path = path.replace(value, "***")

@@ -3,7 +3,7 @@
 import mimetypes
 import tempfile
 from pathlib import Path
-from typing import Annotated, BinaryIO
+from typing import IO, Annotated
 from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request, status
@@ -38,7 +38,7 @@ def _publish(events: ProjectEvents | None, ctx: ProjectAccess, action: str, path
         events.files_changed(ctx.project.id, action, path, to)
 
 
-async def _body_to_file(request: Request, limit: int) -> BinaryIO:
+async def _body_to_file(request: Request, limit: int) -> IO[bytes]:
     """Stream the request body into a temporary file, refusing it as soon as it passes `limit`."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:

@@ -80,7 +80,8 @@ def authenticate(db: Session, settings: Settings, username: str, password: str, 
     """Check a password, throttled per username and client address."""
     key = login_throttle.throttle_key(username.strip(), client_ip)
     user = db.scalar(select(User).where(User.username == username.strip().lower()))
-    if not _password_matches(db, settings, key, user.password_hash if user else None, password):
+    matches = _password_matches(db, settings, key, user.password_hash if user else None, password)
+    if user is None or not matches:  # an unknown name was checked against a dummy hash all the same
         raise NotAuthenticated("wrong username or password")
     if security.needs_rehash(user.password_hash):
         user.password_hash = security.hash_password(password)
@@ -126,7 +127,8 @@ def user_for_session(db: Session, token: str) -> User | None:
     found = db.execute(_SESSION_USER, {"token_hash": security.token_hash(token)}).first()
     if found is None or found.expires_at <= utcnow():
         return None
-    return found.User
+    user: User = found.User
+    return user
 
 
 def end_session(db: Session, token: str) -> None:

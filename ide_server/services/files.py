@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import IO, Literal
 
 from ide_server import paths
 from ide_server.errors import Conflict, InvalidInput, NotFound, TooLarge
@@ -38,7 +38,7 @@ def _shown(rel: str) -> str:
 
 
 @contextmanager
-def _os_errors(rel: str):
+def _os_errors(rel: str) -> Iterator[None]:
     try:
         yield
     except FileNotFoundError:
@@ -187,7 +187,7 @@ def _entry(target: Path, rel: str) -> Entry:
     return Entry(rel, "file", info.st_size)
 
 
-def zip_project(root: Path) -> BinaryIO:
+def zip_project(root: Path) -> IO[bytes]:
     """The project's files (symlinks left out) as a zip in a temporary file, rewound. Escaped names are
     left out too: a zip holds text names, and one with a '\\' would not upload again."""
     out = tempfile.SpooledTemporaryFile(max_size=16 * CHUNK)
@@ -203,13 +203,13 @@ def zip_project(root: Path) -> BinaryIO:
     return out
 
 
-def iter_file(f: BinaryIO) -> Iterator[bytes]:
+def iter_file(f: IO[bytes]) -> Iterator[bytes]:
     with f:
         while chunk := f.read(CHUNK):
             yield chunk
 
 
-def unzip_into(root: Path, archive: BinaryIO, max_total: int, max_files: int, max_file: int) -> int:
+def unzip_into(root: Path, archive: IO[bytes], max_total: int, max_files: int, max_file: int) -> int:
     """Extract an uploaded zip into the project; returns the number of files written.
 
     Every name is checked before anything is written (no `..`, absolute names or symlink

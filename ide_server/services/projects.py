@@ -165,9 +165,9 @@ def _membership(db: Session, project: Project, username: str) -> Membership:
 def _check_not_last_owner(db: Session, member: Membership) -> None:
     if member.role != Role.owner:
         return
-    owners = db.scalar(
+    owners = db.execute(
         select(func.count()).where(Membership.project_id == member.project_id, Membership.role == Role.owner)
-    )
+    ).scalar_one()
     if owners <= 1:
         raise Conflict("a project needs at least one owner: make someone else owner first")
 
@@ -221,7 +221,10 @@ def find_invite(db: Session, token: str) -> tuple[Invite, Project]:
     invite = db.scalar(select(Invite).where(Invite.token_hash == security.token_hash(token)))
     if invite is None:
         raise NotFound("this invite link is not valid (it may have been revoked)")
-    return invite, db.get(Project, invite.project_id)
+    project = db.get(Project, invite.project_id)
+    if project is None:  # deleted with its invites; only a race gets here
+        raise NotFound("this invite link is not valid (its project was deleted)")
+    return invite, project
 
 
 def accept_invite(db: Session, token: str, user: User) -> tuple[Project, Role]:
@@ -232,7 +235,9 @@ def accept_invite(db: Session, token: str, user: User) -> tuple[Project, Role]:
     if current is None:
         db.add(Membership(project_id=project.id, user_id=user.id, role=role))
     elif not current.at_least(role):
-        db.get(Membership, (project.id, user.id)).role = role
+        membership = db.get(Membership, (project.id, user.id))
+        assert membership is not None  # role_of just found it
+        membership.role = role
     else:
         role = current
     db.commit()
