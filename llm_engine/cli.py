@@ -96,9 +96,11 @@ def quantize(
     method: Annotated[str, typer.Option(help="int8, int4, gptq, awq or fp8 (layouts: see llm_engine/quantize.py).")],
     group_size: Annotated[int | None, typer.Option(help="Inputs per scale (-1: per output channel; default: "
                                                         "128 for 4 bits, per channel for int8).")] = None,
+    calibration: Annotated[list[Path] | None, typer.Option(help="Text file for gptq's calibration (repeatable; "
+                                                           "default: Python standard library sources).")] = None,
 ) -> None:
-    """Write a quantized copy of SOURCE (round to nearest, one line of progress per layer)."""
+    """Write a quantized copy of SOURCE (one line of progress per layer)."""
     from llm_engine.quantize import quantize_checkpoint
 
-    quant = quantize_checkpoint(source, out, method, group_size, progress=typer.echo)
+    quant = quantize_checkpoint(source, out, method, group_size, calibration, progress=typer.echo)
     typer.echo(f"wrote {out} ({json.dumps(quant)}); load it with LLM({str(out)!r})")

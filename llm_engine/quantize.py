@@ -3,12 +3,13 @@ other tools read too (the engine loads them through loader/quantized_checkpoint.
 
   int8  GPTQ's layout, 8 bits, symmetric, per output channel unless a group size is given;
   int4  GPTQ's layout, 4 bits with zero points, groups of 128 by default;
-  gptq  GPTQ's layout, 4 bits symmetric (AutoGPTQ's default), groups of 128;
+  gptq  GPTQ's layout, 4 bits symmetric (AutoGPTQ's default), groups of 128, rounded by GPTQ's
+        error-compensating algorithm over calibration text (layers/quantization_gptq.py, calibration.py);
   awq   AWQ's GEMM layout, 4 bits with zero points, groups of 128;
   fp8   vLLM's fp8 form: float8 E4M3 weights, one float32 scale per matrix.
 
-Every 2-D weight inside the decoder layers is rounded to nearest (no calibration); embeddings,
-norms and the LM head are copied as they are. GPTQ's zero points are written in its v1 form (z - 1),
+Every 2-D weight inside the decoder layers is quantized (the others round to nearest, no
+calibration); embeddings, norms and the LM head are copied as they are. GPTQ's zero points are written in its v1 form (z - 1),
 so a zero point is at least 1.
 """
 
@@ -25,8 +26,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from llm_engine.calibration import calibration_batches, default_calibration_files, input_moments
 from llm_engine.layers.quantization import quantize_fp8
 from llm_engine.layers.quantization_formats import awq_pack, pack_int32, quantize_rtn
+from llm_engine.layers.quantization_gptq import gptq_quantize
 from llm_engine.loader.safetensors_weights import safetensors_files
 
 
@@ -38,19 +41,22 @@ class Recipe:
     bits: int
     group_size: int | None
     symmetric: bool
+    calibrated: bool = False
 
 
 RECIPES = {"int8": Recipe("gptq", 8, None, True), "int4": Recipe("gptq", 4, 128, False),
-           "gptq": Recipe("gptq", 4, 128, True), "awq": Recipe("awq", 4, 128, False),
+           "gptq": Recipe("gptq", 4, 128, True, calibrated=True), "awq": Recipe("awq", 4, 128, False),
            "fp8": Recipe("fp8", 8, None, True)}
 _COPIED = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
            "merges.txt", "generation_config.json", "added_tokens.json", "chat_template.jinja")
 
 
 def quantize_checkpoint(source: Path, out: Path, method: str, group_size: int | None = None,
+                        calibration: list[Path] | None = None,
                         progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Quantize the checkpoint in `source` into `out` (created, must not hold files); returns the
-    quantization_config written. Raises ValueError on bad input before writing anything."""
+    quantization_config written. `calibration`: text files for gptq (default: standard library
+    sources). Raises ValueError on bad input before writing anything."""
     if method not in RECIPES:
         raise ValueError(f"quantize: --method must be one of {', '.join(RECIPES)}, got {method!r}")
     recipe = RECIPES[method]
@@ -64,6 +70,9 @@ def quantize_checkpoint(source: Path, out: Path, method: str, group_size: int | 
     targets = _targets(files)
     for name, shape in targets.items():
         _check_shape(name, shape, recipe, group)
+    if calibration and not recipe.calibrated:
+        raise ValueError(f"quantize: --calibration is for --method gptq; {method} rounds to nearest")
+    moments = _calibrate(source, set(targets), calibration, progress) if recipe.calibrated else {}
     tensors: dict[str, torch.Tensor] = {}
     done = 0
     for file in files:
@@ -77,7 +86,7 @@ def quantize_checkpoint(source: Path, out: Path, method: str, group_size: int | 
                 progress(f"[{done}/{len(targets)}] {name.removesuffix('.weight')} {tensor.shape[0]}x{tensor.shape[1]} "
                          f"-> {method}")
                 prefix = name.removesuffix(".weight")
-                for part, value in _quantize(tensor, recipe, group).items():
+                for part, value in _quantize(tensor, recipe, group, moments.get(name)).items():
                     tensors[f"{prefix}.{part}"] = value
     quant = _quantization_config(recipe, group)
     out.mkdir(parents=True, exist_ok=True)
@@ -140,7 +149,20 @@ def _check_shape(name: str, shape: tuple[int, ...], recipe: Recipe, group: int |
         raise ValueError(f"quantize: {name} has {k_in} inputs, not a multiple of the AWQ group size {group}")
 
 
-def _quantize(weight: torch.Tensor, recipe: Recipe, group: int | None) -> dict[str, torch.Tensor]:
+def _calibrate(source: Path, names: set[str], files: list[Path] | None,
+               progress: Callable[[str], None]) -> dict[str, torch.Tensor]:
+    files = files or default_calibration_files()
+    batches = calibration_batches(source, files)
+    progress(f"calibrating on {sum(b.numel() for b in batches)} tokens")
+    moments = input_moments(source, names, batches)
+    missing = sorted(names - set(moments))
+    if missing:
+        raise ValueError(f"quantize: calibration did not reach {missing[0]} (not a linear layer of the model)")
+    return moments
+
+
+def _quantize(weight: torch.Tensor, recipe: Recipe, group: int | None,
+              moments: torch.Tensor | None) -> dict[str, torch.Tensor]:
     k_in = weight.shape[1]
     if recipe.quant_method == "fp8":
         q, scales = quantize_fp8(weight, k_in, per_tensor=True)
@@ -149,9 +171,13 @@ def _quantize(weight: torch.Tensor, recipe: Recipe, group: int | None) -> dict[s
     if recipe.quant_method == "awq":
         codes, zeros, scales = quantize_rtn(weight, 4, group_len, symmetric=False)
         return {"qweight": awq_pack(codes), "qzeros": awq_pack(zeros), "scales": scales}
-    codes, zeros, scales = quantize_rtn(weight, recipe.bits, group_len, recipe.symmetric, min_zero=1)
+    if moments is not None:
+        codes, zeros, scales, g_idx = gptq_quantize(weight, moments, recipe.bits, group, recipe.symmetric, min_zero=1)
+    else:
+        codes, zeros, scales = quantize_rtn(weight, recipe.bits, group_len, recipe.symmetric, min_zero=1)
+        g_idx = (torch.arange(k_in) // group_len).to(torch.int32)
     return {"qweight": pack_int32(codes, recipe.bits, dim=0), "qzeros": pack_int32(zeros - 1, recipe.bits, dim=1),
-            "scales": scales, "g_idx": (torch.arange(k_in) // group_len).to(torch.int32)}
+            "scales": scales, "g_idx": g_idx}
 
 
 def _quantization_config(recipe: Recipe, group: int | None) -> dict[str, Any]:

@@ -122,22 +122,32 @@ def to_engine_layout(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Ten
     return {"qweight": (codes_nk - 128).to(torch.int8).contiguous(), "scales": scales_ng}
 
 
-def quantize_rtn(w: torch.Tensor, bits: int, group: int, symmetric: bool, min_zero: int = 0
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Round-to-nearest into the AWQ/GPTQ form, GPTQ's quantizer without its error compensation:
-    each group's range widened to include 0; symmetric: z = 2^(bits-1), s = 2 max|w| / (2^bits - 1);
-    else s = (max - min) / (2^bits - 1), z = round(-min / s), at least `min_zero` (GPTQ's v1 format
-    cannot store z = 0). Returns codes [K, N] and zero points
-    and float16 scales [groups, N] for w [N, K] (the transposed, checkpoint orientation)."""
+def grid(values: torch.Tensor, bits: int, symmetric: bool, min_zero: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTQ's quantizer: float16 scales and int32 zero points for the last dim of `values`, its
+    range widened to include 0; symmetric: z = 2^(bits-1), s = 2 max|w| / (2^bits - 1); else
+    s = (max - min) / (2^bits - 1), z = round(-min / s), at least `min_zero` (GPTQ's v1 format
+    cannot store z = 0)."""
     maxq = 2**bits - 1
-    g = _grouped(w.float(), group)
-    low, high = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
+    low, high = values.amin(-1).clamp(max=0), values.amax(-1).clamp(min=0)
     if symmetric:
         scales = (torch.maximum(-low, high) * 2 / maxq).clamp(min=1e-7).half()
-        zeros = torch.full_like(scales, (maxq + 1) // 2, dtype=torch.int32)
-    else:
-        scales = ((high - low) / maxq).clamp(min=1e-7).half()
-        zeros = torch.round(-low / scales.float()).clamp(min_zero, maxq).to(torch.int32)
-    codes = torch.round(g / scales.float().unsqueeze(-1)) + zeros.unsqueeze(-1)
-    codes = codes.clamp(0, maxq).to(torch.int32).reshape(w.shape[0], -1)[:, :w.shape[1]]
+        return scales, torch.full_like(scales, (maxq + 1) // 2, dtype=torch.int32)
+    scales = ((high - low) / maxq).clamp(min=1e-7).half()
+    return scales, torch.round(-low / scales.float()).clamp(min_zero, maxq).to(torch.int32)
+
+
+def round_to_grid(values: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int) -> torch.Tensor:
+    """Codes of `values` on the grid (scales and zeros broadcast against it)."""
+    return (torch.round(values / scales.float()) + zeros).clamp(0, 2**bits - 1)
+
+
+def quantize_rtn(w: torch.Tensor, bits: int, group: int, symmetric: bool, min_zero: int = 0
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Round-to-nearest on `grid`'s scales, GPTQ's quantizer without its error compensation.
+    Returns codes [K, N] and zero points and float16 scales [groups, N] for w [N, K] (the
+    transposed, checkpoint orientation)."""
+    g = _grouped(w.float(), group)
+    scales, zeros = grid(g, bits, symmetric, min_zero)
+    codes = round_to_grid(g, scales.unsqueeze(-1), zeros.unsqueeze(-1), bits)
+    codes = codes.to(torch.int32).reshape(w.shape[0], -1)[:, :w.shape[1]]
     return codes.t().contiguous(), zeros.t().contiguous(), scales.t().contiguous()

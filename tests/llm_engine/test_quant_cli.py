@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 
 import pytest
 import torch
 
 from ide_server.cli import main
 from llm_engine import LLM, SamplingParams
+from llm_engine.calibration import default_calibration_files
 from llm_engine.layers.quantization import dequantize
+from llm_engine.layers.quantization_formats import quantize_rtn, unpack_int32
+from llm_engine.layers.quantization_gptq import gptq_quantize
 from llm_engine.loader.safetensors_weights import iter_safetensors
 
 PROMPTS = [list(range(3, 60, 2)), [7, 100, 200, 31, 5, 9, 250]]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 # --method: (checkpoint format the engine reports, --group-size, bound on |w - dequantized| in steps: half a
 # step of rounding, up to one at a range's end, which can fall past the grid once the scale is rounded to float16)
-METHODS = {"int8": ("gptq 8-bit", None, 1.01), "int4": ("gptq 4-bit g32", 32, 1.01),
-           "gptq": ("gptq 4-bit g64", 64, 1.01), "awq": ("awq 4-bit g32", 32, 1.01), "fp8": ("fp8", None, None)}
+METHODS = {"int8": ("gptq 8-bit", None, 1.01), "int4": ("gptq 4-bit g32", 32, 1.01), "awq": ("awq 4-bit g32", 32, 1.01), "fp8": ("fp8", None, None)}
 
 
 def run_cli(*argv: str) -> int:
@@ -62,7 +66,7 @@ def test_quantized_checkpoint_loads_close_to_float(tiny_llama, tmp_path, capsys,
         assert [t[:4] for t in tokens] == [t[:4] for t in float_tokens]
 
 
-def test_bad_input_is_one_line_and_exit_2(tiny_llama, tmp_path, capsys):
+def test_bad_input_is_one_line_and_exit_2(tiny_llama, tmp_path, capsys):  # gptq: further down
     quantized = tmp_path / "done"
     assert run_cli("quantize", str(tiny_llama), "--out", str(quantized), "--method", "int8") == 0
     capsys.readouterr()
@@ -76,6 +80,7 @@ def test_bad_input_is_one_line_and_exit_2(tiny_llama, tmp_path, capsys):
         ([str(tiny_llama), "--method", "fp8", "--group-size", "32"], "no --group-size"),
         ([str(tiny_llama), "--method", "int4", "--out", str(occupied)], "not an empty folder"),
         ([str(quantized), "--method", "int4"], "already quantized"),
+        ([str(tiny_llama), "--method", "gptq"], "needs the model's tokenizer"),
     ]
     for args, message in cases:
         if "--out" not in args:
@@ -97,3 +102,59 @@ def test_written_config_is_the_published_shape(tiny_llama, tmp_path):
     assert tensors[f"{prefix}.qweight"].shape == (128, 8) and tensors[f"{prefix}.qweight"].dtype == torch.int32
     assert tensors[f"{prefix}.qzeros"].shape == (4, 8) and tensors[f"{prefix}.scales"].shape == (4, 64)
     assert tensors[f"{prefix}.scales"].dtype == torch.float16 and f"{prefix}.weight" not in tensors
+
+
+def test_gptq_rounding_moves_outputs_less_than_round_to_nearest():
+    torch.manual_seed(0)
+    k_in = 256
+    w = torch.randn(96, k_in) * 0.05
+    x = torch.randn(2048, k_in) @ (torch.eye(k_in) + 0.3 * torch.randn(k_in, k_in)) * torch.rand(k_in) * 3
+    for group, symmetric, act_order in [(32, False, False), (64, True, True), (None, True, False)]:
+        length = group or k_in
+        codes, zeros, scales = quantize_rtn(w, 4, length, symmetric)
+        rtn = (codes - zeros[torch.arange(k_in) // length]) * scales.float()[torch.arange(k_in) // length]
+        codes, zeros, scales, g_idx = gptq_quantize(w, x.T @ x, 4, group, symmetric, act_order)
+        if not act_order:
+            assert torch.equal(g_idx, (torch.arange(k_in) // length).int())
+        assert torch.equal(torch.bincount(g_idx).unique(), torch.tensor([length]))  # whole groups, any order
+        gptq = (codes - zeros[g_idx.long()]) * scales.float()[g_idx.long()]
+        error = {name: float((x @ (w.T - deq)).norm()) for name, deq in (("rtn", rtn), ("gptq", gptq))}
+        assert error["gptq"] < 0.85 * error["rtn"], (group, error)
+
+
+@pytest.fixture
+def tiny_llama_with_tokenizer(tiny_llama, tmp_path):
+    """The tiny Llama with a byte-level BPE tokenizer of its 320-token vocabulary, trained here."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    folder = tmp_path / "with-tokenizer"
+    shutil.copytree(tiny_llama, folder)
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel()
+    text = default_calibration_files()[0].read_text()[:20000]
+    tokenizer.train_from_iterator([text], trainers.BpeTrainer(vocab_size=320, special_tokens=["<unk>"],
+                                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    return folder
+
+
+def test_gptq_method_calibrates_on_text_files(tiny_llama_with_tokenizer, tmp_path, capsys):
+    calibration = tmp_path / "calibration.py"
+    calibration.write_text(default_calibration_files()[-1].read_text()[:2000])
+    out = tmp_path / "gptq"
+    assert run_cli("quantize", str(tiny_llama_with_tokenizer), "--out", str(out), "--method", "gptq",
+                   "--group-size", "32", "--calibration", str(calibration)) == 0
+    assert re.search(r"^calibrating on [1-9]\d* tokens$", capsys.readouterr().out, re.MULTILINE)
+    tensors = dict(iter_safetensors(out))
+    w = dict(iter_safetensors(tiny_llama_with_tokenizer))["model.layers.0.mlp.down_proj.weight"]
+    rtn_codes, _, _ = quantize_rtn(w, 4, 32, symmetric=True, min_zero=1)
+    gptq_codes = unpack_int32(tensors["model.layers.0.mlp.down_proj.qweight"], 4, dim=0)
+    assert not torch.equal(gptq_codes, rtn_codes)  # the error compensation changed some roundings
+    llm = LLM(str(out), dtype="float32", num_kv_blocks=16)
+    assert llm.engine.model_runner.quantization["model.layers.0.mlp.down_proj"].startswith("gptq 4-bit g32")
+    assert len(llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 12
+    assert run_cli("quantize", str(tiny_llama_with_tokenizer), "--out", str(tmp_path / "x"), "--method", "gptq",
+                   "--calibration", str(tmp_path / "missing.txt")) == 2
+    assert run_cli("quantize", str(tiny_llama_with_tokenizer), "--out", str(tmp_path / "y"), "--method", "int8",
+                   "--calibration", str(calibration)) == 2
