@@ -99,7 +99,7 @@ class ProjectSecrets:
         row = db.get(ProjectSecret, (project_id, name))
         created = row is None
         if row is None:
-            count = db.scalar(select(func.count()).where(ProjectSecret.project_id == project_id))
+            count = db.execute(select(func.count()).where(ProjectSecret.project_id == project_id)).scalar_one()
             if count >= MAX_SECRETS_PER_PROJECT:
                 raise Conflict(f"a project can have at most {MAX_SECRETS_PER_PROJECT} secrets; delete one first")
             row = ProjectSecret(project_id=project_id, name=name)

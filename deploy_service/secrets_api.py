@@ -50,7 +50,7 @@ Secrets = Annotated[ProjectSecrets, Depends(_secrets)]
 
 
 def _public(info: SecretInfo) -> SecretPublic:
-    return SecretPublic(name=info.name, updated_at=info.updated_at, updated_by=info.updated_by)
+    return SecretPublic(name=info.name, is_set=True, updated_at=info.updated_at, updated_by=info.updated_by)
 
 
 def _listing(secrets: ProjectSecrets, db: DbSession, project_id: str) -> SecretsPublic:

@@ -6,6 +6,7 @@ import codecs
 import dataclasses
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -22,7 +23,7 @@ CLOSE_UNAVAILABLE = 4503
 SOCKET_GONE = (WebSocketDisconnect, RuntimeError, OSError)
 
 
-async def receive_frame(websocket: WebSocket) -> dict:
+async def receive_frame(websocket: WebSocket) -> dict[str, Any]:
     """The next client frame; ValueError (with the reason) for one that is not a JSON object with a type.
 
     Raises WebSocketDisconnect when the client has gone."""
@@ -47,7 +48,7 @@ async def send_chunks(websocket: WebSocket, chunks: AsyncIterator[OutputChunk | 
     """Send output as {"type": stream (or frame_type), "data": text}; UTF-8 split across chunks stays whole.
     A run's state changes go as {"type": "status", "status", "queue_position", "waiting_for_input", "listening_port",
     "preview_url"}."""
-    decoders = {}
+    decoders: dict[str, codecs.IncrementalDecoder] = {}
     async for chunk in chunks:
         if isinstance(chunk, RunState):
             await websocket.send_json({"type": "status", **dataclasses.asdict(chunk)})

@@ -206,7 +206,12 @@ class HostProcess:
         """Exit status (as os.wait4 reports it) and rusage, after the output pipes closed."""
         loop = asyncio.get_running_loop()
         exited: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(self.pidfd, lambda: exited.done() or exited.set_result(None))
+
+        def note_exit() -> None:
+            if not exited.done():
+                exited.set_result(None)
+
+        loop.add_reader(self.pidfd, note_exit)
         try:
             await exited
         finally:

@@ -31,7 +31,8 @@ def runner_command(
     from sandbox.runner import Runner, live_runners
 
     settings = Settings()
-    if not settings.redis_url:
+    redis_url = settings.redis_url
+    if not redis_url:
         typer.echo("error: a runner needs CODEYARD_REDIS_URL (the replicas' Redis)", err=True)
         raise typer.Exit(2)
     if settings.sandbox_backend == "runners":
@@ -45,7 +46,7 @@ def runner_command(
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     async def main() -> None:
-        redis = connect(settings.redis_url, 2 * slots + 8)  # per run: its input reader and its output
+        redis = connect(redis_url, 2 * slots + 8)  # per run: its input reader and its output
         try:
             try:
                 await redis.ping()
