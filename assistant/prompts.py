@@ -4,6 +4,8 @@ The built-in SmolLM2 has no fill-in-the-middle tokens, so a completion prompt is
 other open files (each under a comment naming it), then the current file up to the cursor. Each
 part is trimmed to a character budget, keeping the text nearest the cursor (or, for a run's
 output, its end, where tracebacks are), so prompts stay short and answers fast on a CPU.
+The model reads and writes code indented by four spaces (as most Python it learnt from), so code
+indented otherwise in the editor is re-indented on the way in and the suggestion on the way out.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ FILE_CHARS = 3000
 OUTPUT_CHARS = 2000
 
 _HASH_COMMENTS = {".py", ".sh", ".rb", ".toml", ".yaml", ".yml", ".r", ".pl", ""}
+MODEL_INDENT = "    "
+TAB_COLUMNS = 4
+CONTINUE = "Continue your answer from exactly where it stopped, without repeating any of it."
 SYSTEM = ("You are a helpful programming assistant inside a code editor. "
           "Answer briefly and concretely, for a student.")
 
@@ -55,6 +60,18 @@ def ghost_text(generated: str, line_after_cursor: str) -> str:
     return line
 
 
+def reindent(text: str, unit: str, to: str, first_line: bool = True) -> str:
+    """Each line's leading whitespace, read as levels of `unit`, written as levels of `to` (columns left over
+    stay spaces). first_line=False leaves the first line alone (a suggestion that goes on after code)."""
+    width = len(unit.expandtabs(TAB_COLUMNS))
+    lines = text.split("\n")
+    for index in range(0 if first_line else 1, len(lines)):
+        body = lines[index].lstrip(" \t")
+        levels, rest = divmod(len(lines[index][: len(lines[index]) - len(body)].expandtabs(TAB_COLUMNS)), width)
+        lines[index] = to * levels + " " * rest + body
+    return "\n".join(lines)
+
+
 def line_is_complete(generated: str) -> bool:
     """Whether more tokens can no longer change `ghost_text` (so generation can stop)."""
     return "```" in generated or "\n" in generated.lstrip("\n")
@@ -76,3 +93,8 @@ def chat_messages(path: str, content: str, conversation: list[tuple[str, str]]) 
     context = f"The student is working on this file.\n\n{_file_block(path, content)}"
     return ([{"role": "system", "content": f"{SYSTEM}\n\n{context}"}]
             + [{"role": role, "content": text} for role, text in conversation])
+
+
+def continued(messages: list[dict], answer: str) -> list[dict]:
+    """The messages of an answer that the length cap cut short, asking for the rest of it."""
+    return [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": CONTINUE}]

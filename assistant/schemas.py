@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, StrictBool
 
 Path = Annotated[str, Field(min_length=1, max_length=1024)]
 Text = Annotated[str, Field(max_length=200_000)]
+Answer = Annotated[str, Field(min_length=1, max_length=20_000)]
 
 
 class OpenFile(BaseModel):
@@ -22,13 +23,20 @@ class CompletionCreate(BaseModel):
     prefix: Text
     suffix: Text = ""
     open_files: Annotated[list[OpenFile], Field(max_length=20)] = []
+    indent: str | None = Field(default=None, pattern=r"^( {1,8}|\t)$", description=(
+        "The editor's indentation unit (spaces or a tab): the suggestion is indented with it."))
 
 
 class CompletionPublic(BaseModel):
     text: str = Field(description="Ghost text to insert at the cursor (empty: no suggestion).")
 
 
-class ExplainCreate(BaseModel):
+class Continuable(BaseModel):
+    continue_answer: Answer | None = Field(default=None, description=(
+        "The answer so far, when the length cap cut it short: the reply continues it."))
+
+
+class ExplainCreate(Continuable):
     """A failed run's output and the file it ran."""
 
     path: Path
@@ -38,10 +46,10 @@ class ExplainCreate(BaseModel):
 
 class ChatMessage(BaseModel):
     role: Literal["user", "assistant"]
-    content: Annotated[str, Field(min_length=1, max_length=20_000)]
+    content: Answer
 
 
-class ChatCreate(BaseModel):
+class ChatCreate(Continuable):
     """The conversation so far (ending with the user's question) about the current file."""
 
     path: Path

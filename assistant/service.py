@@ -128,22 +128,38 @@ class Assistant:
     # ----- the calls -----
 
     async def complete(self, model: Model, body: CompletionCreate) -> str:
-        """Ghost text for the cursor: greedy, a few tokens, stopped once its line is complete."""
-        prompt = prompts.completion_prompt(body.path, body.prefix, [(f.path, f.content) for f in body.open_files])
+        """Ghost text for the cursor: greedy, a few tokens, stopped once its line is complete, indented as the
+        editor indents (the model sees the code as it reads it best)."""
+        unit = body.indent or prompts.MODEL_INDENT
+
+        def for_model(text: str) -> str:
+            return prompts.reindent(text, unit, prompts.MODEL_INDENT) if unit != prompts.MODEL_INDENT else text
+
+        prompt = prompts.completion_prompt(body.path, for_model(body.prefix),
+                                           [(f.path, for_model(f.content)) for f in body.open_files])
         try:
             text = await model.complete(prompt, self.config.completion_tokens, prompts.line_is_complete)
         except OpenAIError as exc:
             raise _domain_error(exc) from None
-        return prompts.ghost_text(text, body.suffix.split("\n", 1)[0])
+        ghost = prompts.ghost_text(text, body.suffix.split("\n", 1)[0])
+        if unit == prompts.MODEL_INDENT:
+            return ghost
+        in_indentation = not body.prefix.rsplit("\n", 1)[-1].strip()  # the cursor has only whitespace before it
+        return prompts.reindent(ghost, prompts.MODEL_INDENT, unit, first_line=in_indentation)
 
     async def explain(self, model: Model, body: ExplainCreate) -> AsyncIterator[bytes]:
-        return await self._answer(model, prompts.explain_messages(body.path, body.content, body.output))
+        return await self._answer(model, prompts.explain_messages(body.path, body.content, body.output),
+                                  body.continue_answer)
 
     async def chat(self, model: Model, body: ChatCreate) -> AsyncIterator[bytes]:
         conversation = [(m.role, m.content) for m in body.messages]
-        return await self._answer(model, prompts.chat_messages(body.path, body.content, conversation))
+        return await self._answer(model, prompts.chat_messages(body.path, body.content, conversation),
+                                  body.continue_answer)
 
-    async def _answer(self, model: Model, messages: list[dict]) -> AsyncIterator[bytes]:
+    async def _answer(self, model: Model, messages: list[dict], continue_answer: str | None) -> AsyncIterator[bytes]:
+        """The streamed answer (or, given the answer so far that the length cap cut, the rest of it)."""
+        if continue_answer is not None:
+            messages = prompts.continued(messages, continue_answer)
         try:
             return await model.chat(messages, self.config.answer_tokens)
         except OpenAIError as exc:

@@ -25,13 +25,31 @@ def test_completion_uses_the_other_open_files(model_app):
     assert text.startswith("of_circle"), text
 
 
-def test_explain_streams_an_answer(model_app):
+def test_explain_streams_an_answer_and_its_continuation(model_app):
     client = signed_in(model_app)
     project_id = new_project(client)
-    text, chunks = stream_text(client, f"/api/projects/{project_id}/assistant/explain", bodies()["explain"])
+    url = f"/api/projects/{project_id}/assistant/explain"
+    text, chunks = stream_text(client, url, bodies()["explain"])
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert len(chunks) >= 5 and chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert len(chunks) >= 5 and chunks[-1]["choices"][0]["finish_reason"] == "length"  # 10 tokens: cut short
     assert len(text.split()) >= 3
+    other = signed_in(model_app)  # an answer costs the test's whole burst: the next one is another user's
+    more, _ = stream_text(other, f"/api/projects/{new_project(other)}/assistant/explain",
+                          {**bodies()["explain"], "continue_answer": text})  # the rest of it
+    assert more.strip() and not more.startswith(text)
+
+
+def test_completion_follows_the_editors_indentation(model_app):
+    """Code indented by two spaces reaches the model as four (as it writes best), and its next line comes back
+    indented by two."""
+    client = signed_in(model_app)
+    project_id = new_project(client)
+    body = {"path": "main.py", "prefix": "def add(a, b):\n  return a + b\n\n\ndef sub(a, b):", "suffix": "\n",
+            "indent": "  "}
+    text = client.post(f"/api/projects/{project_id}/assistant/complete", json=body).json()["text"]
+    assert text.startswith("\n  ") and text[3:4].strip(), repr(text)
+    bad = client.post(f"/api/projects/{project_id}/assistant/complete", json={**body, "indent": "x"})
+    assert bad.status_code == 422 and "indent" in bad.text
 
 
 def test_chat_about_the_file_streams_and_the_rate_limit_is_per_user(model_app):
@@ -47,3 +65,4 @@ def test_chat_about_the_file_streams_and_the_rate_limit_is_per_user(model_app):
     # Someone else is not held back by it.
     theirs = new_project(other)
     assert other.post(f"/api/projects/{theirs}/assistant/complete", json=bodies()["complete"]).status_code == 200
+

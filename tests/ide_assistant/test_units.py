@@ -1,10 +1,10 @@
-"""The token bucket (with a fake clock) and the ghost text cut from completions."""
+"""The token bucket (with a fake clock), the ghost text cut from completions and its indentation, continued answers."""
 
 from __future__ import annotations
 
 import pytest
 
-from assistant.prompts import completion_prompt, ghost_text, line_is_complete
+from assistant.prompts import CONTINUE, completion_prompt, continued, ghost_text, line_is_complete, reindent
 from assistant.ratelimit import RateLimiter
 
 
@@ -61,3 +61,21 @@ def test_completion_prompt_puts_other_files_first_and_keeps_the_text_near_the_cu
     assert prompt.startswith("// file: shapes.js\nfunction area_of() {}\n")
     assert "stale" not in prompt  # the current file comes from the editor, not from its tab list entry
     assert prompt.endswith("# file: main.py\n…" + prefix[-2000:])
+
+
+@pytest.mark.parametrize(("text", "unit", "to", "first_line", "expected"), [
+    ("def f():\n  if x:\n    y()\n  ", "  ", "    ", True, "def f():\n    if x:\n        y()\n    "),  # editor -> model
+    ("\n        return x", "    ", "  ", False, "\n    return x"),      # model -> editor, on the next line
+    ("\n        return x", "    ", "\t", False, "\n\t\treturn x"),     # tabs
+    ("    return x", "    ", "  ", True, "  return x"),                  # the cursor was in the indentation
+    ("    # note", "    ", "  ", False, "    # note"),                   # after code: spacing, not indentation
+    ("\tif x:\n\t\t  y", "\t", "    ", True, "    if x:\n          y"), # columns past the levels stay spaces
+])
+def test_reindent(text, unit, to, first_line, expected):
+    assert reindent(text, unit, to, first_line) == expected
+
+
+def test_a_continued_answer_asks_for_the_rest_after_what_was_said():
+    asked = [{"role": "user", "content": "Why?"}]
+    assert continued(asked, "Because the") == [*asked, {"role": "assistant", "content": "Because the"},
+                                               {"role": "user", "content": CONTINUE}]
