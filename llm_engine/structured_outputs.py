@@ -61,7 +61,7 @@ class StructuredOutputsParams:
             return "grammar", "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in self.choice)
         if self.grammar is not None:
             return "grammar", self.grammar
-        return "json_object", ""
+        return "json_object", '{"type": "object"}'  # any object, with any properties
 
 
 # xgrammar's errors start with "[time] file.cc:line: " and sometimes "Check failed: (...) is false: ".
@@ -94,17 +94,16 @@ class GrammarCompiler:
         """The compiled constraint; ValueError naming what is wrong with it."""
         kind, text = params.key()
         try:
-            if kind == "json":
+            if kind in ("json", "json_object"):
                 if not isinstance(json.loads(text), dict):
                     raise ValueError("a JSON schema must be an object")
-                grammar = self._xgr.Grammar.from_json_schema(text, any_whitespace=params.whitespace_flexible)
+                grammar = self._xgr.Grammar.from_json_schema(text, any_whitespace=params.whitespace_flexible,
+                                                             strict_mode=kind == "json")
                 compiled = self._compiler.compile_grammar(str(grammar).replace(_BOUNDED_CHAR, _JSON_CHAR))
             elif kind == "regex":
                 compiled = self._compiler.compile_regex(text)
-            elif kind == "grammar":
-                compiled = self._compiler.compile_grammar(text)
             else:
-                compiled = self._compiler.compile_builtin_json_grammar()
+                compiled = self._compiler.compile_grammar(text)
         except (RuntimeError, ValueError) as exc:
             raise ValueError(f"structured_outputs: invalid {_KIND_NAMES[kind]}: {_reason(exc)}") from None
         return Grammar(self._xgr, compiled, self.vocab_size)

@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from llm_engine.structured_outputs import StructuredOutputsParams
+
 
 class OpenAIError(Exception):
     """An error answer in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
@@ -31,6 +33,24 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JSONSchemaFormat(BaseModel):
+    name: str = "response"
+    description: str | None = None
+    schema_: Annotated[dict, Field(alias="schema")]
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_for_json_schema(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required with type 'json_schema' (and only then)")
+        return self
+
+
 class _SamplingFields(BaseModel):
     """Fields shared by completions and chat; unknown fields are ignored, as OpenAI clients send many."""
 
@@ -54,6 +74,35 @@ class _SamplingFields(BaseModel):
     priority: int = 0
     ignore_eos: bool = False
     min_tokens: Annotated[int, Field(ge=0)] = 0
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict | None = None  # vLLM's: {"json" | "regex" | "choice" | "grammar": ...}
+    guided_json: dict | str | None = None  # vLLM's older names for the same
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """The one output constraint asked for in any of the accepted shapes (ValueError if several)."""
+        asked: list[tuple[str, StructuredOutputsParams]] = []
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            asked.append(("response_format", StructuredOutputsParams(json_object=True)))
+        if fmt is not None and fmt.json_schema is not None:
+            asked.append(("response_format", StructuredOutputsParams(json=fmt.json_schema.schema_)))
+        if self.structured_outputs is not None:
+            unknown = sorted(set(self.structured_outputs) - {"json", "regex", "choice", "grammar", "json_object"})
+            if unknown:
+                raise ValueError(f"structured_outputs: unknown keys {unknown}")
+            asked.append(("structured_outputs", StructuredOutputsParams(**self.structured_outputs)))
+        guided = {"json": self.guided_json, "regex": self.guided_regex, "choice": self.guided_choice,
+                  "grammar": self.guided_grammar}
+        for kind, value in guided.items():
+            if value is not None:
+                asked.append((f"guided_{kind}", StructuredOutputsParams(**{kind: value})))
+        if len(asked) > 1:
+            raise ValueError(f"{asked[1][0]}: only one output constraint per request "
+                             f"({', '.join(name for name, _ in asked)} were given)")
+        return asked[0][1] if asked else None
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self):

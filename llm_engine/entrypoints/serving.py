@@ -82,7 +82,7 @@ class _Serving:
                 repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
                 frequency_penalty=req.frequency_penalty, seed=req.seed, stop=req.stop, max_tokens=max_tokens,
                 min_tokens=req.min_tokens, logprobs=logprobs, ignore_eos=req.ignore_eos,
-                timeout=self.service.options.request_timeout)
+                timeout=self.service.options.request_timeout, structured_outputs=req.structured_outputs_params())
         except ValueError as exc:
             raise as_openai_error(exc) from None
 

@@ -100,11 +100,12 @@ def test_regex_choice_grammar_and_json_object(llm):
             assert text in choices
         else:
             assert re.fullmatch(r"\([1-9]\d{0,2}( \+ [1-9]\d{0,2}){0,3}\)", text), text
-    json_object = llm.generate("{", constrained(0.0, max_tokens=100, json_object=True), use_tqdm=False)[0]
-    if json_object.outputs[0].finish_reason == "stop":  # a random model may write one string forever
-        assert isinstance(json.loads(json_object.outputs[0].text), dict)
-    else:
-        assert json_object.outputs[0].text.startswith("{")
+    # Any object: a random model may write one unbounded string until max_tokens, some samples end.
+    objects = llm.generate(["{"] * 2, [constrained(1.0, seed=s, max_tokens=40, json_object=True) for s in (1, 2)],
+                           use_tqdm=False)
+    ended = [o.outputs[0].text for o in objects if o.outputs[0].finish_reason == "stop"]
+    assert ended and all(isinstance(json.loads(text), dict) for text in ended)
+    assert all(o.outputs[0].text.startswith("{") for o in objects)
 
 
 def test_unconstrained_rows_are_unchanged_by_constrained_neighbours(llm):
@@ -140,10 +141,10 @@ def test_preemption_prefix_caching_and_speculation_keep_outputs(tiny_llama_smoll
     """A pool of a few blocks forces preemptions (recomputed from the cached prefix); prompt
     lookup is on but skips constrained rows. Greedy outputs equal a roomy engine's."""
     rng = random.Random(7)
-    schemas = [top_schema(rng) for _ in range(8)]
+    schemas = [top_schema(rng) for _ in range(5)]
     shared = "You are a careful assistant. Answer only with JSON that matches the schema. " * 2
     prompts = [shared + str(i) for i in range(len(schemas))]
-    params = [constrained(0.0, json=s) for s in schemas] + [SamplingParams(temperature=0, max_tokens=40,
+    params = [constrained(0.0, json=s) for s in schemas] + [SamplingParams(temperature=0, max_tokens=30,
                                                                            ignore_eos=True)]
     prompts.append(shared + " def f(x): return f(x) + f(x) + f(x)")
     roomy = LLM(model=str(tiny_llama_smollm_vocab), dtype="float32")
