@@ -96,7 +96,11 @@ class UpdateStore:
             return
         now = datetime.now(UTC)
         rows = [{"room": room, "data": data, "created_at": now} for data in updates]
-        self._write(lambda conn: conn.execute(insert(DocUpdate), rows))
+
+        def append(conn: Connection) -> None:
+            conn.execute(insert(DocUpdate), rows)
+
+        self._write(append)
 
     def _write(self, write: Write) -> None:
         """Run `write` in the writer thread's next transaction and wait for its commit."""
@@ -210,8 +214,8 @@ class UpdateStore:
             ).one_or_none()
         return {value for value in (row or ()) if value}
 
-    def _set_written(self, room: str, **values: str | None) -> None:
-        values["updated_at"] = datetime.now(UTC)
+    def _set_written(self, room: str, **hashes: str | None) -> None:
+        values: dict[str, str | datetime | None] = {**hashes, "updated_at": datetime.now(UTC)}
 
         def upsert(conn: Connection) -> None:
             if conn.execute(update(WrittenFile).where(WrittenFile.room == room).values(**values)).rowcount:

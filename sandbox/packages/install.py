@@ -160,7 +160,7 @@ def _installed_node(modules: Path) -> dict[str, str]:
 
 
 def _installed_python(site: Path) -> dict[str, str]:
-    pins = {}
+    pins: dict[str, str] = {}
     for info in site.glob("*.dist-info"):
         metadata = info / "METADATA"
         if metadata.is_file() and not metadata.is_symlink():
