@@ -11,12 +11,13 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="Serve the LLM engine over an OpenAI-compatible HTTP API.", no_args_is_help=True)
+app = typer.Typer(help="Serve the LLM engine over an OpenAI-compatible HTTP API, or quantize a checkpoint.",
+                  no_args_is_help=True)
 
 
 @app.callback()
 def llm() -> None:
-    """Serve the LLM engine over an OpenAI-compatible HTTP API."""
+    """Serve the LLM engine over an OpenAI-compatible HTTP API, or quantize a checkpoint."""
 
 
 def parse_json_option(value: str | None, option: str) -> dict | None:
