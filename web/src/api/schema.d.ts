@@ -1164,6 +1164,11 @@ export interface components {
         ChatCreate: {
             /** Content */
             content: string;
+            /**
+             * Continue Answer
+             * @description The answer so far, when the length cap cut it short: the reply continues it.
+             */
+            continue_answer?: string | null;
             /** Messages */
             messages: components["schemas"]["ChatMessage"][];
             /** Path */
@@ -1255,6 +1260,11 @@ export interface components {
          * @description The current file split at the cursor, and the other open tabs.
          */
         CompletionCreate: {
+            /**
+             * Indent
+             * @description The editor's indentation unit (spaces or a tab): the suggestion is indented with it.
+             */
+            indent?: string | null;
             /**
              * Open Files
              * @default []
@@ -1352,6 +1362,11 @@ export interface components {
         ExplainCreate: {
             /** Content */
             content: string;
+            /**
+             * Continue Answer
+             * @description The answer so far, when the length cap cut it short: the reply continues it.
+             */
+            continue_answer?: string | null;
             /** Output */
             output: string;
             /** Path */
