@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from llm_engine.async_engine import AsyncLLMEngine, EngineNotReady, EngineOverloaded
+    from llm_engine.beam_search import BeamSearchParams
     from llm_engine.config import EngineConfig
     from llm_engine.llm import LLM
     from llm_engine.llm_engine import EngineStats, LLMEngine
     from llm_engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
     from llm_engine.sampling_params import SamplingParams
     from llm_engine.sequence import SequenceStatus
+    from llm_engine.structured_outputs import StructuredOutputsParams
 
 _EXPORTS = {
     "LLM": "llm_engine.llm", "LLMEngine": "llm_engine.llm_engine", "EngineConfig": "llm_engine.config",
@@ -24,10 +26,12 @@ _EXPORTS = {
     "RequestOutput": "llm_engine.outputs", "CompletionOutput": "llm_engine.outputs",
     "RequestMetrics": "llm_engine.outputs", "Logprob": "llm_engine.outputs", "SequenceStatus": "llm_engine.sequence",
     "AsyncLLMEngine": "llm_engine.async_engine", "EngineNotReady": "llm_engine.async_engine",
-    "EngineOverloaded": "llm_engine.async_engine",
+    "EngineOverloaded": "llm_engine.async_engine", "BeamSearchParams": "llm_engine.beam_search",
+    "StructuredOutputsParams": "llm_engine.structured_outputs",
 }
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "EngineStats", "SamplingParams", "RequestOutput", "CompletionOutput",
-           "RequestMetrics", "Logprob", "SequenceStatus", "AsyncLLMEngine", "EngineNotReady", "EngineOverloaded"]
+           "RequestMetrics", "Logprob", "SequenceStatus", "AsyncLLMEngine", "EngineNotReady", "EngineOverloaded",
+           "BeamSearchParams", "StructuredOutputsParams"]
 
 
 def __getattr__(name: str) -> Any:

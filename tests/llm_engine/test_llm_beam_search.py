@@ -1,0 +1,50 @@
+"""Beam search against Transformers' generate(num_beams=..., do_sample=False) in float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from llm_engine import LLM
+from llm_engine.beam_search import BeamSearchParams
+
+PROMPTS = [[1, 17, 42, 99, 5], [1, 250, 3, 3, 8, 77, 120]]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama):
+    return LLM(model=str(tiny_llama), dtype="float32", block_size=4)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_llama):
+    return AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize(("width", "length_penalty"), [(2, 1.0), (4, 0.5), (8, 1.0)])
+def test_beams_and_scores_match_transformers(llm, hf, width, length_penalty):
+    free_before = llm.engine.block_manager.num_free_blocks
+    outputs = llm.beam_search(PROMPTS, BeamSearchParams(beam_width=width, max_tokens=6, ignore_eos=True,
+                                                        length_penalty=length_penalty))
+    for prompt, out in zip(PROMPTS, outputs):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt]), num_beams=width, num_return_sequences=width, do_sample=False,
+                              max_new_tokens=6, length_penalty=length_penalty, eos_token_id=None, pad_token_id=0,
+                              output_scores=True, return_dict_in_generate=True)
+        assert len(out.sequences) == width
+        ours = [(beam.output_tokens, beam.score(length_penalty)) for beam in out.sequences]
+        theirs = [(seq[len(prompt):].tolist(), float(score)) for seq, score in zip(ref.sequences, ref.sequences_scores)]
+        assert [tokens for tokens, _ in ours] == [tokens for tokens, _ in theirs]
+        for (_, a), (_, b) in zip(ours, theirs):
+            assert abs(a - b) < 1e-4, (a, b)
+        assert all(beam.finish_reason == "length" and beam.tokens[:len(prompt)] == prompt for beam in out.sequences)
+    assert llm.engine.block_manager.num_free_blocks == free_before  # no block leaked
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_bad_params():
+    with pytest.raises(ValueError, match="beam_width"):
+        BeamSearchParams(beam_width=0, max_tokens=4)
+    with pytest.raises(ValueError, match="temperature"):
+        BeamSearchParams(beam_width=2, max_tokens=4, temperature=0.5)
