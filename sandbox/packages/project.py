@@ -13,7 +13,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from sandbox.backend import Mount
-from sandbox.packages.install import Environment, Installer
+from sandbox.packages.install import Ecosystem, Environment, Installer
 from sandbox.packages.resolve import (
     PACKAGE_JSON,
     Resolution,
@@ -126,7 +126,9 @@ def installed_for(installer: Installer, project_dir: Path) -> PreparedPackages:
     so `pip list` and `python3 -c "import x"` there see what runs see."""
     mounts: list[Mount] = []
     env: dict[str, str] = {}
-    for resolve, ecosystem in ((resolve_python, "python"), (resolve_node, "node")):
+    resolvers: tuple[tuple[Callable[[Path], Resolution], Ecosystem], ...] = (
+        (resolve_python, "python"), (resolve_node, "node"))
+    for resolve, ecosystem in resolvers:
         try:
             resolution = resolve(project_dir)
         except ValueError:  # a bad declaration: the next run says what is wrong
