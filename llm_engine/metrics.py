@@ -8,6 +8,7 @@ in one process (tests) don't clash.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -81,6 +82,7 @@ class EngineMetrics:
                        self.e2e, self.queue_time, self.iteration_tokens):
             metric.labels(model_name)  # export zeros from the start, so every name exists
         self._previous: dict[str, int] = {field: 0 for field in _COUNTED}
+        self.sections: list[Callable[[], bytes]] = []  # more text for the same /metrics (Triton's names)
         self._previous_per_pos: list[int] = []
 
     def on_step(self, stats: EngineStats, outputs: list[RequestOutput]) -> None:
@@ -119,4 +121,4 @@ class EngineMetrics:
             self.itl.labels(name).observe(gap)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + b"".join(section() for section in self.sections)

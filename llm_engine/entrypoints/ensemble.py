@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from llm_engine.entrypoints import kserve
+from llm_engine.entrypoints.kserve_metrics import RequestStats
 from llm_engine.entrypoints.protocol import OpenAIError
 from llm_engine.entrypoints.service import LLMService
 
@@ -89,7 +90,8 @@ class Ensemble:
         return {"name": self.name, "versions": [kserve.VERSION], "platform": "ensemble",
                 "inputs": [tensor(t) for t in self.inputs], "outputs": [tensor(t) for t in self.outputs]}
 
-    async def infer(self, service: LLMService, tensors: Tensors, parameters: dict | None = None) -> Tensors:
+    async def infer(self, service: LLMService, tensors: Tensors, parameters: dict | None = None,
+                    stats: RequestStats | None = None) -> Tensors:
         """Run the steps in order over a pool of named tensors; the LLM step is one batched request."""
         allowed = {t["name"] for t in self.inputs}
         for name in tensors:
@@ -99,7 +101,7 @@ class Ensemble:
         for step in self.steps:
             args = {inner: pool[outer] for inner, outer in step.get("input_map", {}).items() if outer in pool}
             if step["model_name"] == LLM_STEP:
-                serving = kserve.ServingV2(service)
+                serving = kserve.ServingV2(service, stats)
                 requests = kserve.requests_from_tensors(service, args, parameters)
                 results = kserve.output_arrays(await serving.complete(await serving.start_rows(requests)))
             else:

@@ -18,6 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 import numpy as np
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, triton_to_np_dtype
 
+from llm_engine.entrypoints.kserve_metrics import RequestStats
 from llm_engine.entrypoints.protocol import CompletionRequest, OpenAIError, parse_request
 from llm_engine.entrypoints.service import LLMService
 from llm_engine.entrypoints.serving import _Run, _Serving
@@ -127,13 +128,20 @@ def find_model(service: LLMService, name: str, version: str | None):
     return None
 
 
+def request_stats(service: LLMService, name: str, version: str | None, arrived: float | None = None) -> RequestStats:
+    """Triton's metrics for a request to `name`, received at `arrived` (time.time(); default now).
+    An unknown model is a 404 before anything is counted, as in Triton (and no label is made for it)."""
+    ensemble = find_model(service, name, version)
+    return service.triton_metrics.request(service.served_name if ensemble is None else ensemble.name, arrived)
+
+
 async def infer(service: LLMService, name: str, version: str | None, tensors: dict[str, np.ndarray],
-                parameters: dict | None) -> dict[str, np.ndarray]:
+                parameters: dict | None, stats: RequestStats | None = None) -> dict[str, np.ndarray]:
     """Output tensors of a (non-streaming) inference on the LLM or an ensemble."""
     ensemble = find_model(service, name, version)
     if ensemble is not None:
-        return await ensemble.infer(service, tensors, parameters)
-    serving = ServingV2(service)
+        return await ensemble.infer(service, tensors, parameters, stats)
+    serving = ServingV2(service, stats)
     tensors = dict(tensors)
     images = tensors.pop("image_bytes_input", None)
     requests = requests_from_tensors(service, tensors, parameters)
@@ -271,7 +279,12 @@ class RowResult:
 
 
 class ServingV2(_Serving):
-    """The rows of a v2 request through the same admission, length checks and merge as /v1."""
+    """The rows of a v2 request through the same admission, length checks and merge as /v1; with
+    `stats`, the engine's timestamps of each row go to Triton's metrics."""
+
+    def __init__(self, service: LLMService, stats: RequestStats | None = None) -> None:
+        super().__init__(service)
+        self.stats = stats
 
     async def start_rows(self, requests: list[CompletionRequest], priority: int = 0,
                          images: list[list[bytes]] | None = None) -> _Run:
@@ -282,7 +295,10 @@ class ServingV2(_Serving):
         prompt_ids = [ids for ids, _ in prompts]
         params = [self.sampling_params(r, self.check_length(ids, r.max_tokens), None)
                   for r, ids in zip(requests, prompt_ids)]
-        return await self.start(prompt_ids, params, priority, f"v2-{uuid.uuid4().hex}", [p for _, p in prompts])
+        run = await self.start(prompt_ids, params, priority, f"v2-{uuid.uuid4().hex}", [p for _, p in prompts])
+        if self.stats is not None:
+            self.stats.admitted(len(requests))
+        return run
 
     async def deltas(self, run: _Run) -> AsyncIterator[RowResult]:
         """Each row's new text as the engine produces it; closing this aborts the rows still running."""
@@ -291,6 +307,8 @@ class ServingV2(_Serving):
                 if output.error:
                     raise OpenAIError(500 if output.outputs and output.outputs[0].finish_reason == "error"
                                       else 400, output.error)
+                if self.stats is not None:
+                    self.stats.row_output(row, output.metrics, output.finished)
                 part = self.new_part(run, row, output.outputs[0])
                 if part is not None:
                     choice, text, tokens = part

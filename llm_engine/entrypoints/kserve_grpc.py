@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -117,37 +118,40 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.ModelConfigResponse(config=config)
 
     async def ModelInfer(self, request, context):
+        arrived = time.time()
         await self._model(context, request.model_name, request.model_version)
         try:
-            tensors = _tensors(request)
-            stream = tensors.get("stream")
-            if stream is not None and stream.any():
-                raise OpenAIError(400, "stream=true needs ModelStreamInfer")
-            arrays = await kserve.infer(self.service, request.model_name, request.model_version, tensors,
-                                        _parameters(request.parameters))
-            return _response(request, arrays)
+            with kserve.request_stats(self.service, request.model_name, request.model_version, arrived) as stats:
+                tensors = _tensors(request)
+                stream = tensors.get("stream")
+                if stream is not None and stream.any():
+                    raise OpenAIError(400, "stream=true needs ModelStreamInfer")
+                arrays = await kserve.infer(self.service, request.model_name, request.model_version, tensors,
+                                            _parameters(request.parameters), stats)
+                return _response(request, arrays)
         except Exception as exc:
             await _abort(context, as_openai_error(exc))
 
     async def _stream_one(self, request: pb.ModelInferRequest) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """The responses to one request on a stream: deltas when it asks to stream, else one."""
         try:
-            tensors = _tensors(request)
-            stream = tensors.pop("stream", None)
-            if stream is None or not stream.any():
-                arrays = await kserve.infer(self.service, request.model_name, request.model_version, tensors,
-                                            _parameters(request.parameters))
-                yield pb.ModelStreamInferResponse(infer_response=_response(request, arrays, True))
-                return
-            kserve.llm_only(self.service, request.model_name, request.model_version)
-            requests = kserve.requests_from_tensors(self.service, tensors, _parameters(request.parameters))
-            if len(requests) != 1:
-                raise OpenAIError(400, "streaming takes one prompt per request")
-            serving = kserve.ServingV2(self.service)
-            async for delta in serving.deltas(await serving.start_rows(requests)):
-                arrays = kserve.output_arrays([delta])
-                yield pb.ModelStreamInferResponse(
-                    infer_response=_response(request, arrays, final=delta.finish_reason is not None))
+            with kserve.request_stats(self.service, request.model_name, request.model_version) as stats:
+                tensors = _tensors(request)
+                stream = tensors.pop("stream", None)
+                if stream is None or not stream.any():
+                    arrays = await kserve.infer(self.service, request.model_name, request.model_version, tensors,
+                                                _parameters(request.parameters), stats)
+                    yield pb.ModelStreamInferResponse(infer_response=_response(request, arrays, True))
+                    return
+                kserve.llm_only(self.service, request.model_name, request.model_version)
+                requests = kserve.requests_from_tensors(self.service, tensors, _parameters(request.parameters))
+                if len(requests) != 1:
+                    raise OpenAIError(400, "streaming takes one prompt per request")
+                serving = kserve.ServingV2(self.service, stats)
+                async for delta in serving.deltas(await serving.start_rows(requests)):
+                    arrays = kserve.output_arrays([delta])
+                    yield pb.ModelStreamInferResponse(
+                        infer_response=_response(request, arrays, final=delta.finish_reason is not None))
         except Exception as exc:
             yield pb.ModelStreamInferResponse(error_message=as_openai_error(exc).message)
 

@@ -10,6 +10,7 @@ engine, as on /v1.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,7 +23,7 @@ from llm_engine.entrypoints import kserve
 from llm_engine.entrypoints.api import ServiceGetter, json_body, unless_disconnected
 from llm_engine.entrypoints.protocol import OpenAIError
 from llm_engine.entrypoints.service import LLMService
-from llm_engine.entrypoints.serving import sse
+from llm_engine.entrypoints.serving import _Run, sse
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -161,6 +162,7 @@ def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: lis
 
     @model_route("POST", "/infer")
     async def infer(request: Request, model_name: str, version: str | None = None) -> Response:
+        arrived = time.time()
         service = model_service(request, model_name, version)
         raw = await request.body()
         length = request.headers.get(HEADER_LENGTH)
@@ -171,43 +173,56 @@ def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: lis
             raise OpenAIError(400, "the request header is not valid JSON") from None
         if not isinstance(header, dict):
             raise OpenAIError(400, "the request body must be a JSON object")
-        tensors = _tensors(header, raw[split:])
 
         async def work() -> Response:
-            arrays = await kserve.infer(service, model_name, version, tensors, header.get("parameters"))
-            return _infer_response(header, arrays, model_name)
+            with kserve.request_stats(service, model_name, version, arrived) as stats:
+                tensors = _tensors(header, raw[split:])
+                arrays = await kserve.infer(service, model_name, version, tensors, header.get("parameters"), stats)
+                return _infer_response(header, arrays, model_name)
         return await unless_disconnected(request, work())
 
     @model_route("POST", "/generate")
     async def generate(request: Request, model_name: str, version: str | None = None) -> Response:
+        arrived = time.time()
         service = llm_service(request, model_name, version)
         body = await json_body(request)
-        tensors, parameters = _generate_tensors(body)
-        requests = kserve.requests_from_tensors(service, tensors, parameters)
-        serving = kserve.ServingV2(service)
 
         async def work() -> Response:
-            [result] = await serving.complete(await serving.start_rows(requests))
-            return JSONResponse(_generate_body(service, result, body.get("id")))
+            with kserve.request_stats(service, model_name, version, arrived) as stats:
+                tensors, parameters = _generate_tensors(body)
+                serving = kserve.ServingV2(service, stats)
+                [result] = await serving.complete(
+                    await serving.start_rows(kserve.requests_from_tensors(service, tensors, parameters)))
+                return JSONResponse(_generate_body(service, result, body.get("id")))
         return await unless_disconnected(request, work())
 
     @model_route("POST", "/generate_stream")
     async def generate_stream(request: Request, model_name: str, version: str | None = None) -> Response:
+        arrived = time.time()
         service = llm_service(request, model_name, version)
         body = await json_body(request)
-        tensors, parameters = _generate_tensors(body)
-        tensors.pop("stream", None)  # this route streams whatever the body says
-        requests = kserve.requests_from_tensors(service, tensors, parameters)
-        serving = kserve.ServingV2(service)
+        stats = kserve.request_stats(service, model_name, version, arrived)
+        serving = kserve.ServingV2(service, stats)
+
+        async def start() -> _Run:
+            try:
+                tensors, parameters = _generate_tensors(body)
+                tensors.pop("stream", None)  # this route streams whatever the body says
+                return await serving.start_rows(kserve.requests_from_tensors(service, tensors, parameters))
+            except BaseException as exc:  # refused, bad input, or the client left while it waited
+                stats.failed(exc)
+                raise
 
         async def events(run) -> AsyncIterator[bytes]:
-            try:
-                async for delta in serving.deltas(run):
-                    yield sse(_generate_body(service, delta, body.get("id")))
-            except OpenAIError as exc:
-                yield sse({"error": exc.message})
+            with stats:  # a success once the last event is out; cancelled if the client leaves
+                try:
+                    async for delta in serving.deltas(run):
+                        yield sse(_generate_body(service, delta, body.get("id")))
+                except OpenAIError as exc:
+                    stats.failed(exc)
+                    yield sse({"error": exc.message})
 
-        run = await unless_disconnected(request, serving.start_rows(requests))
+        run = await unless_disconnected(request, start())
         if isinstance(run, Response):
             return run
         return StreamingResponse(events(run), media_type="text/event-stream",

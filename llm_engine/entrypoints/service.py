@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from llm_engine.async_engine import AsyncLLMEngine, EngineNotReady, EngineOverloaded
 from llm_engine.config import EngineConfig
+from llm_engine.entrypoints.kserve_metrics import TritonMetrics
 from llm_engine.entrypoints.protocol import OpenAIError
 from llm_engine.metrics import EngineMetrics
 
@@ -29,6 +30,8 @@ class LLMService:
         self.served_name = served_name
         self.model_path = config.model
         self.metrics = EngineMetrics(served_name)
+        self.triton_metrics = TritonMetrics([served_name, *(e.name for e in self.options.ensembles)])
+        self.metrics.sections.append(self.triton_metrics.render)  # nv_inference_* on the same /metrics
         self.engine = AsyncLLMEngine(config, self.options.max_waiting, on_step=self.metrics.on_step)
         self.started_at = time.time()
 
