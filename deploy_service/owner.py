@@ -15,8 +15,9 @@ import json
 import logging
 import secrets
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -56,18 +57,18 @@ class Ownership:
     def is_owner(self) -> bool:
         return self.owner == self.here
 
-    async def keep(self, gained: Callable[[], Awaitable[object]], lost: Callable[[], Awaitable[object]]) -> None:
+    async def keep(self, gained: Callable[[], Coroutine[Any, Any, object]], lost: Callable[[], Awaitable[object]]) -> None:
         """Forever: renew or try to take the lease, and learn who holds it. `gained` runs as its own task
         (bringing many apps back may outlast the lease, which keeps being renewed meanwhile)."""
         assert self.redis is not None
-        tasks: set[asyncio.Task] = set()
+        tasks: set[asyncio.Task[object]] = set()
         while True:
             try:
                 held = self.can_own and await leases.claim(self.redis, LEASE_KEY, self._holder, LEASE_MS)
                 if held and not self.is_owner:
                     log.info("this replica runs the deployed apps now")
                     self.owner = self.here
-                    task = asyncio.create_task(gained())
+                    task: asyncio.Task[object] = asyncio.create_task(gained())
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                 elif not held:
