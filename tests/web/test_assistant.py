@@ -8,7 +8,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from browser_kit import api_client, editor_text, join, workspace_pages
+from browser_kit import api_client, editor_text, join, signed_in_context, workspace_pages
 from serve_process import codeyard_serve
 
 OWNER, EDITOR = "aiowner", "aieditor"
@@ -97,6 +97,33 @@ def test_a_failed_run_offers_a_streamed_explanation(open_as, owner_api, project_
     panel_box, console_box = panel.bounding_box(), ada.locator("#console").bounding_box()
     assert console_box["x"] + console_box["width"] <= panel_box["x"], "the panel is beside the traceback, not over it"
     screenshot(ada, "assistant-explain-error")
+    # 24 tokens cannot hold the two or three sentences asked for: cut at its last natural stop, then continued
+    cut = answer.inner_text().removesuffix("Continue").strip()
+    assert re.search(r"[.!?:`]$", cut) or "\n" not in cut, cut
+    answer.locator(".assistant-continue").click()
+    expect(answer).to_have_class(re.compile("streaming"))
+    expect(answer).not_to_have_class(re.compile("streaming"), timeout=120_000)
+    expect(panel.locator(".assistant-answer")).to_have_count(1)  # the same answer, longer
+    assert answer.inner_text().startswith(cut) and len(answer.inner_text().removesuffix("Continue").strip()) > len(cut)
+
+
+def test_completions_follow_the_indentation_set_in_settings(server_url, browser, owner_api, project_id):
+    owner_api.put(f"/api/projects/{project_id}/files/content/main.py",
+                  content=b"def add(a, b):\n  return a + b\n\n\n").raise_for_status()
+    context = signed_in_context(browser, server_url, OWNER)
+    context.add_init_script("localStorage.setItem('codeyard-editor', JSON.stringify({indent: 2}))")  # as Settings saves it
+    page = context.new_page()
+    page.goto(f"{server_url}/projects/{project_id}")
+    expect(page.locator("#connection")).to_have_text("Synced")
+    page.locator(".cm-content").click()
+    page.keyboard.press("Control+End")
+    page.keyboard.type("def sub(a, b):")
+    ghost = page.locator(".cm-ghost-text")
+    expect(ghost).to_be_visible(timeout=60_000)
+    page.keyboard.press("Tab")
+    lines = editor_text(page).split("\n")
+    assert lines[1] == "  return a + b" and lines[-1].startswith("  ") and lines[-1][2:3].strip(), lines
+    context.close()
 
 
 def test_chat_about_the_current_file(open_as):

@@ -7,11 +7,36 @@
 import type { EditorView } from "@codemirror/view";
 import { ApiError } from "../api";
 import { h } from "../dom";
-import { AssistantClient, type AssistantState, type ChatTurn, type OpenFile } from "./assistant-client";
+import { AssistantClient, type AssistantState, type ChatTurn, type FinishReason, type OpenFile } from "./assistant-client";
 import { ghostText } from "./assistant-ghost";
 import { renderMarkdown } from "./lesson-markdown";
 
 const POLL_MS = 2000;
+
+/** Streams an answer (or, given the answer so far, the rest of it) to `onText`; resolves to why it ended. */
+type Answerer = (soFar: string | null, onText: (text: string) => void, signal: AbortSignal) => Promise<FinishReason>;
+
+/** The answer up to its last natural stop: the end of a line or a closed code block, or of the last sentence
+ * (outside code); all of it when it has none. */
+export function naturalEnd(text: string): string {
+  let end = 0;
+  let inCode = false;
+  let offset = 0;
+  const lines = text.split("\n");
+  lines.forEach((line, index) => {
+    if (line.trimStart().startsWith("```")) {
+      inCode = !inCode;
+      if (!inCode) end = offset + line.length;
+    } else if (!inCode && index < lines.length - 1) {
+      end = offset + line.length; // a finished line
+    } else if (!inCode) {
+      const sentence = /^.*[.!?:](?=\s|$)/.exec(line); // the last line: up to its last finished sentence
+      if (sentence) end = offset + sentence[0].length;
+    }
+    offset += line.length + 1;
+  });
+  return end > 0 ? text.slice(0, end).trimEnd() : text;
+}
 
 /** What the assistant needs from the workspace. */
 export interface AssistantContext {
@@ -175,8 +200,8 @@ export class AssistantUi {
     const file = this.context.openFiles()[0];
     if (output === null) return;
     this.toggle(true);
-    await this.answer("Explain this error.", (onText, signal) =>
-      this.client.explain(file?.path ?? "program", file?.content ?? "", output, onText, signal),
+    await this.answer("Explain this error.", (soFar, onText, signal) =>
+      this.client.explain(file?.path ?? "program", file?.content ?? "", output, soFar, onText, signal),
     );
   }
 
@@ -187,28 +212,44 @@ export class AssistantUi {
     if (!file) return this.say("Open a file to ask about it.");
     this.input.value = "";
     const history = [...this.conversation, { role: "user" as const, content: question }];
-    await this.answer(question, (onText, signal) => this.client.chat(file.path, file.content, history, onText, signal), history);
+    await this.answer(question, (soFar, onText, signal) => this.client.chat(file.path, file.content, history, soFar, onText, signal), history);
   }
 
   /** Shows the question and streams the answer into the panel; a new question stops the old answer. */
-  private async answer(
-    question: string,
-    run: (onText: (text: string) => void, signal: AbortSignal) => Promise<void>,
-    history?: ChatTurn[],
-  ): Promise<void> {
+  private async answer(question: string, run: Answerer, history?: ChatTurn[]): Promise<void> {
+    this.messages.append(h("p", { class: "assistant-question" }, question));
+    const reply = h("div", { class: "assistant-answer" });
+    this.messages.append(reply);
+    await this.stream(reply, "", run, history);
+  }
+
+  /** Streams (the rest of) an answer into `reply`. One the length cap cut short ends at its last natural stop,
+   * with a Continue button that streams the rest into the same answer. */
+  private async stream(reply: HTMLElement, soFar: string, run: Answerer, history?: ChatTurn[]): Promise<void> {
     this.answering?.abort();
     const controller = new AbortController();
     this.answering = controller;
-    this.messages.append(h("p", { class: "assistant-question" }, question));
-    const reply = h("div", { class: "assistant-answer streaming" });
-    this.messages.append(reply);
-    let text = "";
+    reply.classList.add("streaming");
+    let text = soFar && !/\s$/.test(soFar) ? `${soFar} ` : soFar;
+    const show = () => {
+      reply.replaceChildren(renderMarkdown(text)); // built from text nodes: a model's answer can't inject markup
+      this.messages.scrollTop = this.messages.scrollHeight;
+    };
     try {
-      await run((piece) => {
+      const finish = await run(soFar || null, (piece) => {
         text += piece;
-        reply.replaceChildren(renderMarkdown(text)); // built from text nodes: a model's answer can't inject markup
-        this.messages.scrollTop = this.messages.scrollHeight;
+        show();
       }, controller.signal);
+      if (finish === "length") {
+        text = naturalEnd(text);
+        show();
+        const more = h("button", { type: "button", class: "secondary small assistant-continue" }, "Continue");
+        more.addEventListener("click", () => {
+          more.remove();
+          void this.stream(reply, text, run, history);
+        });
+        reply.append(more);
+      }
       if (history) this.conversation = [...history, { role: "assistant", content: text }];
     } catch (error) {
       if (!controller.signal.aborted) reply.textContent = text ? `${text} [stopped: ${this.failed(error)}]` : this.failed(error) ?? "";
