@@ -25,9 +25,9 @@ Callers (the private project unless marked /pub):
 
 Writes are sent `[]` as their JSON body: valid JSON that no body model accepts, so a caller who gets
 through sees 422 and nothing is changed, since FastAPI resolves the access dependencies before it
-validates the body. The things named in a path are real (a file, a run, a token, an invite, a secret,
-a checkpoint, a classroom of the owner's) except an invite's link token (accepting one would change
-who is a member) and the LLM's model names (the LLM is switched off here: 503 past the check).
+validates the body. The things named in a path are real: lesson projects, a file, a finished run, a
+token, an invite and its link, a secret, a checkpoint, a classroom of the owner's with a student; only
+the LLM's model names are not (the LLM is switched off here: its 503 comes past the check).
 Rows whose allowed call uses up what it names (DELETE, logout, accepting an invite) get fresh things after each "ok".
 """
 
@@ -82,6 +82,7 @@ DELETE /api/projects/{project_id}/members/{username}                       401  
 GET    /api/projects/{project_id}/invites                                  401  404   404   403    403    ok    403   ok    401      403
 POST   /api/projects/{project_id}/invites                                  401  404   404   403    403    ok    403   403   401      403
 DELETE /api/projects/{project_id}/invites/{invite_id}                      401  404   404   403    403    ok    403   403   401      403
+# an invite link is its own secret: whoever holds it may see and accept it
 GET    /api/invites/{token}                                                401  ok    ok    ok     ok     ok    ok    ok    401      ok
 POST   /api/invites/{token}/accept                                         401  ok    ok    ok     ok     ok    ok    403   401      ok
 GET    /api/projects/{project_id}/files                                    401  404   404   ok     ok     ok    ok    ok    ok       ok
@@ -117,6 +118,7 @@ PUT    /api/projects/{project_id}/assistant                                401  
 POST   /api/projects/{project_id}/assistant/complete                       401  404   404   403    ok     ok    ok    403   401      403
 POST   /api/projects/{project_id}/assistant/explain                        401  404   404   403    ok     ok    ok    403   401      403
 POST   /api/projects/{project_id}/assistant/chat                           401  404   404   403    ok     ok    ok    403   401      403
+# the sockets close non-members with 4403 whether or not the project exists, so nothing leaks
 WS     /ws/collab/{project_id}/{file_path:path}                            401  403   403   ok     ok     ok    ok    403   401      403
 WS     /ws/projects/{project_id}/events                                    401  403   403   ok     ok     ok    ok    403   ok       ok
 GET    /api/projects/{project_id}/history                                  401  404   404   ok     ok     ok    ok    ok    ok       ok
@@ -128,6 +130,7 @@ POST   /api/projects/{project_id}/history/restore                          401  
 POST   /api/projects/{project_id}/runs                                     401  404   404   403    ok     ok    ok    403   401      403
 POST   /api/projects/{project_id}/packages                                 401  404   404   403    ok     ok    ok    403   401      403
 GET    /api/projects/{project_id}/runs                                     401  404   404   ok     ok     ok    ok    ok    401      403
+# runs are for members only, even on a public project; an outsider's run id is hidden (404)
 GET    /api/runs/{run_id}                                                  401  404   404   ok     ok     ok    ok    ok    401      404
 POST   /api/runs/{run_id}/cancel                                           401  404   404   403    ok     ok    ok    403   401      404
 WS     /ws/runs/{run_id}                                                   401  404   404   ok     ok     ok    ok    403   401      404
@@ -141,7 +144,7 @@ GET    /api/projects/{project_id}/deployment                               401  
 POST   /api/projects/{project_id}/deployment/rollback                      401  404   404   403    ok     ok    ok    403   401      403
 POST   /api/projects/{project_id}/deployment/scale                         401  404   404   403    ok     ok    ok    403   401      403
 POST   /api/projects/{project_id}/deployment/stop                          401  404   404   403    ok     ok    ok    403   401      403
-# the owner's 404: the project has no deployment to delete (a deploy is too slow to make here)
+# the owner's 404: the project was never deployed (a real deploy would make this row build and start an app)
 DELETE /api/projects/{project_id}/deployment                               401  404   404   403    403    404   403   403   401      403
 WS     /ws/projects/{project_id}/deployment/logs                           401  404   404   403    ok     ok    ok    403   401      403
 GET    /api/tutorials/courses                                              401  ok    ok    ok     ok     ok    ok    ok    401      ok
@@ -158,6 +161,7 @@ GET    /api/projects/{project_id}/lesson                                   401  
 POST   /api/projects/{project_id}/lesson/check                             401  404   404   403    ok     ok    ok    403   401      403
 POST   /api/projects/{project_id}/lesson/hints                             401  404   404   403    ok     ok    ok    403   401      403
 GET    /api/projects/{project_id}/lesson/solution                          401  404   404   ok     ok     ok    ok    ok    401      403
+# page shells: the pages ask the API, which decides
 GET    /                                                                   ok   ok    ok    ok     ok     ok    ok    ok    ok       ok
 GET    /login                                                              ok   ok    ok    ok     ok     ok    ok    ok    ok       ok
 GET    /register                                                           ok   ok    ok    ok     ok     ok    ok    ok    ok       ok
