@@ -97,7 +97,7 @@ def quantize(
     method: Annotated[str, typer.Option(help="int8, int4, gptq, awq or fp8 (layouts: see llm_engine/quantize.py).")],
     group_size: Annotated[int | None, typer.Option(help="Inputs per scale (-1: per output channel; default: "
                                                         "128 for 4 bits, per channel for int8).")] = None,
-    calibration: Annotated[list[Path] | None, typer.Option(help="Text file for gptq's calibration (repeatable; "
+    calibration: Annotated[list[Path] | None, typer.Option(help="Text file for gptq/awq calibration (repeatable; "
                                                            "default: Python standard library sources).")] = None,
 ) -> None:
     """Write a quantized copy of SOURCE (one line of progress per layer)."""

@@ -5,11 +5,12 @@ other tools read too (the engine loads them through loader/quantized_checkpoint.
   int4  GPTQ's layout, 4 bits with zero points, groups of 128 by default;
   gptq  GPTQ's layout, 4 bits symmetric (AutoGPTQ's default), groups of 128, rounded by GPTQ's
         error-compensating algorithm over calibration text (layers/quantization_gptq.py, calibration.py);
-  awq   AWQ's GEMM layout, 4 bits with zero points, groups of 128;
+  awq   AWQ's GEMM layout, 4 bits with zero points, groups of 128, columns scaled by AWQ's
+        activation-aware search over calibration text first (layers/quantization_awq.py);
   fp8   vLLM's fp8 form: float8 E4M3 weights, one float32 scale per matrix.
 
-Every 2-D weight inside the decoder layers is quantized (the others round to nearest, no
-calibration); embeddings, norms and the LM head are copied as they are. GPTQ's zero points are written in its v1 form (z - 1),
+Every 2-D weight inside the decoder layers is quantized (int8, int4 and fp8 round to nearest,
+no calibration); embeddings, norms and the LM head are copied as they are. GPTQ's zero points are written in its v1 form (z - 1),
 so a zero point is at least 1.
 """
 
@@ -28,6 +29,7 @@ from safetensors.torch import save_file
 
 from llm_engine.calibration import calibration_batches, default_calibration_files, input_moments
 from llm_engine.layers.quantization import quantize_fp8
+from llm_engine.layers.quantization_awq import search_scales
 from llm_engine.layers.quantization_formats import awq_pack, pack_int32, quantize_rtn
 from llm_engine.layers.quantization_gptq import gptq_quantize
 from llm_engine.loader.safetensors_weights import safetensors_files
@@ -45,7 +47,7 @@ class Recipe:
 
 
 RECIPES = {"int8": Recipe("gptq", 8, None, True), "int4": Recipe("gptq", 4, 128, False),
-           "gptq": Recipe("gptq", 4, 128, True, calibrated=True), "awq": Recipe("awq", 4, 128, False),
+           "gptq": Recipe("gptq", 4, 128, True, calibrated=True), "awq": Recipe("awq", 4, 128, False, calibrated=True),
            "fp8": Recipe("fp8", 8, None, True)}
 _COPIED = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
            "merges.txt", "generation_config.json", "added_tokens.json", "chat_template.jinja")
@@ -55,8 +57,8 @@ def quantize_checkpoint(source: Path, out: Path, method: str, group_size: int | 
                         calibration: list[Path] | None = None,
                         progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Quantize the checkpoint in `source` into `out` (created, must not hold files); returns the
-    quantization_config written. `calibration`: text files for gptq (default: standard library
-    sources). Raises ValueError on bad input before writing anything."""
+    quantization_config written. `calibration`: text files for gptq/awq (default: standard
+    library sources). Raises ValueError on bad input before writing anything."""
     if method not in RECIPES:
         raise ValueError(f"quantize: --method must be one of {', '.join(RECIPES)}, got {method!r}")
     recipe = RECIPES[method]
@@ -71,14 +73,17 @@ def quantize_checkpoint(source: Path, out: Path, method: str, group_size: int | 
     for name, shape in targets.items():
         _check_shape(name, shape, recipe, group)
     if calibration and not recipe.calibrated:
-        raise ValueError(f"quantize: --calibration is for --method gptq; {method} rounds to nearest")
+        raise ValueError(f"quantize: --calibration is for --method gptq or awq; {method} rounds to nearest")
     moments = _calibrate(source, set(targets), calibration, progress) if recipe.calibrated else {}
+    factors = _awq_factors(files, targets, moments, group, progress) if recipe.quant_method == "awq" else {}
     tensors: dict[str, torch.Tensor] = {}
     done = 0
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
             for name in handle.keys():
                 tensor = handle.get_tensor(name)
+                if name in factors:
+                    tensor = (tensor.float() * factors[name]).to(tensor.dtype)
                 if name not in targets:
                     tensors[name] = tensor
                     continue
@@ -159,6 +164,41 @@ def _calibrate(source: Path, names: set[str], files: list[Path] | None,
     if missing:
         raise ValueError(f"quantize: calibration did not reach {missing[0]} (not a linear layer of the model)")
     return moments
+
+
+def _awq_factors(files: list[Path], targets: dict[str, tuple[int, ...]], moments: dict[str, torch.Tensor],
+                 group: int | None, progress: Callable[[str], None]) -> dict[str, torch.Tensor]:
+    """AWQ's scales as {tensor name: factor}: the projections reading an input get s on their
+    columns, the RMSNorm (or up_proj's rows, for down_proj) that produces it 1/s. Layers not
+    named as Llama's are rounded unscaled."""
+    where: dict[str, Path] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            where.update(dict.fromkeys(handle.keys(), file))
+
+    def read(name: str) -> torch.Tensor:
+        with safe_open(str(where[name]), framework="pt") as handle:
+            tensor: torch.Tensor = handle.get_tensor(name)
+        return tensor
+
+    factors: dict[str, torch.Tensor] = {}
+    layers = sorted({name.split(".self_attn.")[0] for name in targets if ".self_attn.q_proj." in name})
+    for index, layer in enumerate(layers):
+        attention, mlp = f"{layer}.self_attn", f"{layer}.mlp"
+        for members, producer, rows in (
+                ([f"{attention}.{p}_proj.weight" for p in "qkv"], f"{layer}.input_layernorm.weight", False),
+                ([f"{mlp}.gate_proj.weight", f"{mlp}.up_proj.weight"], f"{layer}.post_attention_layernorm.weight",
+                 False),
+                ([f"{mlp}.down_proj.weight"], f"{mlp}.up_proj.weight", True)):
+            if not all(m in targets for m in members) or producer not in where:
+                continue
+            scales = search_scales([read(m) for m in members], moments[members[0]], 4, group)
+            for member in members:
+                factors[member] = factors.get(member, torch.tensor(1.0)) * scales
+            inverse = (1 / scales).unsqueeze(1) if rows else 1 / scales
+            factors[producer] = factors.get(producer, torch.tensor(1.0)) * inverse
+        progress(f"AWQ scales for layer {index + 1}/{len(layers)}")
+    return factors
 
 
 def _quantize(weight: torch.Tensor, recipe: Recipe, group: int | None,

@@ -13,6 +13,7 @@ from ide_server.cli import main
 from llm_engine import LLM, SamplingParams
 from llm_engine.calibration import default_calibration_files
 from llm_engine.layers.quantization import dequantize
+from llm_engine.layers.quantization_awq import output_error, rtn_dequantized, search_scales
 from llm_engine.layers.quantization_formats import quantize_rtn, unpack_int32
 from llm_engine.layers.quantization_gptq import gptq_quantize
 from llm_engine.loader.safetensors_weights import iter_safetensors
@@ -21,7 +22,7 @@ PROMPTS = [list(range(3, 60, 2)), [7, 100, 200, 31, 5, 9, 250]]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 # --method: (checkpoint format the engine reports, --group-size, bound on |w - dequantized| in steps: half a
 # step of rounding, up to one at a range's end, which can fall past the grid once the scale is rounded to float16)
-METHODS = {"int8": ("gptq 8-bit", None, 1.01), "int4": ("gptq 4-bit g32", 32, 1.01), "awq": ("awq 4-bit g32", 32, 1.01), "fp8": ("fp8", None, None)}
+METHODS = {"int8": ("gptq 8-bit", None, 1.01), "int4": ("gptq 4-bit g32", 32, 1.01), "fp8": ("fp8", None, None)}
 
 
 def run_cli(*argv: str) -> int:
@@ -91,19 +92,6 @@ def test_bad_input_is_one_line_and_exit_2(tiny_llama, tmp_path, capsys):  # gptq
     assert not (tmp_path / "out").exists()
 
 
-def test_written_config_is_the_published_shape(tiny_llama, tmp_path):
-    out = tmp_path / "awq"
-    assert run_cli("quantize", str(tiny_llama), "--out", str(out), "--method", "awq", "--group-size", "32") == 0
-    config = json.loads((out / "config.json").read_text())
-    assert config["quantization_config"] == {"quant_method": "awq", "bits": 4, "group_size": 32,
-                                             "zero_point": True, "version": "gemm"}
-    tensors = dict(iter_safetensors(out))
-    prefix = "model.layers.0.mlp.down_proj"  # 64 outputs, 128 inputs
-    assert tensors[f"{prefix}.qweight"].shape == (128, 8) and tensors[f"{prefix}.qweight"].dtype == torch.int32
-    assert tensors[f"{prefix}.qzeros"].shape == (4, 8) and tensors[f"{prefix}.scales"].shape == (4, 64)
-    assert tensors[f"{prefix}.scales"].dtype == torch.float16 and f"{prefix}.weight" not in tensors
-
-
 def test_gptq_rounding_moves_outputs_less_than_round_to_nearest():
     torch.manual_seed(0)
     k_in = 256
@@ -139,22 +127,48 @@ def tiny_llama_with_tokenizer(tiny_llama, tmp_path):
     return folder
 
 
-def test_gptq_method_calibrates_on_text_files(tiny_llama_with_tokenizer, tmp_path, capsys):
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_calibrated_methods_run_on_text_files(tiny_llama_with_tokenizer, tmp_path, capsys, method):
     calibration = tmp_path / "calibration.py"
     calibration.write_text(default_calibration_files()[-1].read_text()[:2000])
-    out = tmp_path / "gptq"
-    assert run_cli("quantize", str(tiny_llama_with_tokenizer), "--out", str(out), "--method", "gptq",
+    out = tmp_path / method
+    assert run_cli("quantize", str(tiny_llama_with_tokenizer), "--out", str(out), "--method", method,
                    "--group-size", "32", "--calibration", str(calibration)) == 0
     assert re.search(r"^calibrating on [1-9]\d* tokens$", capsys.readouterr().out, re.MULTILINE)
     tensors = dict(iter_safetensors(out))
-    w = dict(iter_safetensors(tiny_llama_with_tokenizer))["model.layers.0.mlp.down_proj.weight"]
-    rtn_codes, _, _ = quantize_rtn(w, 4, 32, symmetric=True, min_zero=1)
-    gptq_codes = unpack_int32(tensors["model.layers.0.mlp.down_proj.qweight"], 4, dim=0)
-    assert not torch.equal(gptq_codes, rtn_codes)  # the error compensation changed some roundings
+    source = dict(iter_safetensors(tiny_llama_with_tokenizer))
+    w = source["model.layers.0.mlp.down_proj.weight"]
+    down = "model.layers.0.mlp.down_proj"
+    if method == "gptq":
+        rtn_codes, _, _ = quantize_rtn(w, 4, 32, symmetric=True, min_zero=1)
+        assert not torch.equal(unpack_int32(tensors[f"{down}.qweight"], 4, dim=0), rtn_codes)  # errors compensated
+    else:  # scaled: the norm divides what the projections' columns multiply
+        assert config_of(out) == {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True,
+                                  "version": "gemm"}
+        assert tensors[f"{down}.qweight"].shape == (128, 8) and tensors[f"{down}.qweight"].dtype == torch.int32
+        assert tensors[f"{down}.qzeros"].shape == (4, 8) and tensors[f"{down}.scales"].shape == (4, 64)
+        norm = "model.layers.0.input_layernorm.weight"
+        assert not torch.equal(tensors[norm], source[norm])
     llm = LLM(str(out), dtype="float32", num_kv_blocks=16)
-    assert llm.engine.model_runner.quantization["model.layers.0.mlp.down_proj"].startswith("gptq 4-bit g32")
+    assert llm.engine.model_runner.quantization[down].startswith(f"{method} 4-bit g32")
     assert len(llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 12
-    assert run_cli("quantize", str(tiny_llama_with_tokenizer), "--out", str(tmp_path / "x"), "--method", "gptq",
+    assert run_cli("quantize", str(tiny_llama_with_tokenizer), "--out", str(tmp_path / "x"), "--method", method,
                    "--calibration", str(tmp_path / "missing.txt")) == 2
     assert run_cli("quantize", str(tiny_llama_with_tokenizer), "--out", str(tmp_path / "y"), "--method", "int8",
                    "--calibration", str(calibration)) == 2
+
+
+def config_of(folder):
+    return json.loads((folder / "config.json").read_text())["quantization_config"]
+
+
+def test_awq_scales_protect_inputs_with_large_activations():
+    torch.manual_seed(0)
+    k_in = 256
+    w = torch.randn(96, k_in) * 0.05
+    x = torch.randn(2048, k_in) * torch.exp(torch.randn(k_in) * 1.5)  # a few inputs carry most of the signal
+    moments = x.T @ x
+    scales = search_scales([w[:48], w[48:]], moments, 4, 64)
+    plain = output_error(w, rtn_dequantized(w, 4, 64), moments)
+    scaled = output_error(w, rtn_dequantized(w * scales, 4, 64) / scales, moments)
+    assert not torch.equal(scales, torch.ones(k_in)) and scaled < 0.8 * plain, (scaled, plain)
