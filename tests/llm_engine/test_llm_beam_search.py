@@ -48,3 +48,18 @@ def test_bad_params():
         BeamSearchParams(beam_width=0, max_tokens=4)
     with pytest.raises(ValueError, match="temperature"):
         BeamSearchParams(beam_width=2, max_tokens=4, temperature=0.5)
+
+
+def test_a_beam_ending_with_eos_ranks_as_in_transformers(llm, hf):
+    prompt = [1, 184, 225]  # with this model one of the 4 best beams ends with EOS (2) at step 7
+    out = llm.beam_search(prompt, BeamSearchParams(beam_width=4, max_tokens=10))[0]
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), num_beams=4, num_return_sequences=4, do_sample=False,
+                          max_new_tokens=10, eos_token_id=2, pad_token_id=0, output_scores=True,
+                          return_dict_in_generate=True)
+    theirs = [seq[len(prompt):].tolist() for seq in ref.sequences]
+    theirs = [tokens[:tokens.index(2) + 1] if 2 in tokens else tokens for tokens in theirs]  # drop the padding
+    assert [beam.output_tokens for beam in out.sequences] == theirs
+    assert any(beam.finish_reason == "stop" for beam in out.sequences)
+    for beam, score in zip(out.sequences, ref.sequences_scores.tolist()):
+        assert abs(beam.score(1.0) - score) < 1e-4
