@@ -227,6 +227,7 @@ def test_restore_from_history_is_seen_by_both(open_as, screenshot):
     ada.click("#checkpoint-save-as button")
     expect(ada.locator("#history-dialog .status")).to_contain_text("saved as “first-try”")
     expect(ada.locator("#checkpoints li[data-version]").first.locator(".checkpoint-name")).to_have_text("first-try")
+    screenshot(ada, "workspace-history-named")
     ada.click("#history-close")
     ada.locator(".cm-content").click()
     ada.keyboard.press("Control+a")
