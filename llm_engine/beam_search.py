@@ -10,6 +10,10 @@ finished. Final order is Transformers': cum_logprob / generated_length ** length
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from llm_engine.outputs import Logprob
+from llm_engine.sampling_params import SamplingParams
 
 
 @dataclass
@@ -52,12 +56,48 @@ class BeamSearchOutput:
     sequences: list[BeamSearchSequence] = field(default_factory=list)  # best first
 
 
-def expand(beam: BeamSearchSequence, top: dict[int, float], eos_token_ids: set[int],
-           ignore_eos: bool) -> list[BeamSearchSequence]:
-    """The beam's candidates for its next token (`top`: token -> logprob)."""
-    out = []
-    for token, logprob in top.items():
-        done = not ignore_eos and token in eos_token_ids
-        out.append(BeamSearchSequence(beam.tokens + [token], beam.cum_logprob + logprob, beam.num_prompt_tokens,
-                                      finish_reason="stop" if done else None))
-    return out
+class BeamSearch:
+    """The beams of one prompt: what to extend next and, at the end, the ranking."""
+
+    def __init__(self, prompt_ids: list[int], params: BeamSearchParams, eos_token_ids: set[int]) -> None:
+        self.params = params
+        self.eos_token_ids = eos_token_ids
+        self.live = [BeamSearchSequence(list(prompt_ids), 0.0, len(prompt_ids))]
+        self.finished: list[BeamSearchSequence] = []
+        self.steps = 0
+        # One more token of a beam, with the logprobs of its 2 x beam_width likeliest tokens.
+        self.step_params = SamplingParams(temperature=0, max_tokens=1, logprobs=2 * params.beam_width,
+                                          ignore_eos=True)
+
+    @property
+    def done(self) -> bool:
+        return not self.live or self.steps >= self.params.max_tokens
+
+    def advance(self, tops: list[dict[int, Logprob]]) -> None:
+        """Extend the live beams, given each one's next-token logprobs (in the order of `live`)."""
+        width = self.params.beam_width
+        candidates = []
+        for beam, top in zip(self.live, tops):
+            best = sorted(top.items(), key=lambda item: item[1].logprob, reverse=True)[:2 * width]
+            for token, logprob in best:
+                ended = not self.params.ignore_eos and token in self.eos_token_ids
+                candidates.append(BeamSearchSequence(beam.tokens + [token], beam.cum_logprob + logprob.logprob,
+                                                     beam.num_prompt_tokens, finish_reason="stop" if ended else None))
+        candidates.sort(key=lambda b: b.cum_logprob, reverse=True)
+        self.live = []
+        for rank, candidate in enumerate(candidates):
+            if candidate.finish_reason is not None:
+                if rank < width:  # an ended beam counts if it ranks among the best, as in Transformers
+                    self.finished.append(candidate)
+            elif len(self.live) < width:
+                self.live.append(candidate)
+        self.steps += 1
+
+    def result(self, tokenizer: Any) -> BeamSearchOutput:
+        for beam in self.live:
+            beam.finish_reason = "length"
+        ranked = sorted(self.finished + self.live, key=lambda b: b.score(self.params.length_penalty),
+                        reverse=True)[:self.params.beam_width]
+        for beam in ranked:
+            beam.text = tokenizer.decode(beam.tokens) if tokenizer is not None else None
+        return BeamSearchOutput(ranked)

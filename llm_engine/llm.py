@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
-from llm_engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence, expand
+from llm_engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from llm_engine.config import EngineConfig
 from llm_engine.llm_engine import LLMEngine
 from llm_engine.outputs import RequestOutput
@@ -63,39 +63,10 @@ class LLM:
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         engine = self.engine
-        width = params.beam_width
-        live: list[list[BeamSearchSequence]] = []
-        for prompt in prompts:
-            _, ids = engine.tokenize(prompt)  # type: ignore[arg-type]
-            live.append([BeamSearchSequence(list(ids), 0.0, len(ids))])
-        finished: list[list[BeamSearchSequence]] = [[] for _ in live]
-        step = SamplingParams(temperature=0, max_tokens=1, logprobs=2 * width, ignore_eos=True)
-        for _ in range(params.max_tokens):
-            beams = [(p, beam) for p, group in enumerate(live) for beam in group]
-            if not beams:
-                break
-            outputs = self.generate([beam.tokens for _, beam in beams], step, use_tqdm=False)
-            candidates: list[list[BeamSearchSequence]] = [[] for _ in live]
-            for (p, beam), out in zip(beams, outputs):
-                top = {token: lp.logprob for token, lp in (out.outputs[0].logprobs or [{}])[0].items()}
-                best = sorted(top, key=top.__getitem__, reverse=True)[:2 * width]
-                candidates[p] += expand(beam, {t: top[t] for t in best}, engine.eos_token_ids, params.ignore_eos)
-            for p, group in enumerate(candidates):
-                group.sort(key=lambda b: b.cum_logprob, reverse=True)
-                live[p] = []
-                for rank, cand in enumerate(group):
-                    if cand.finish_reason is not None:
-                        if rank < width:  # an ended beam counts if it ranks among the best
-                            finished[p].append(cand)
-                    elif len(live[p]) < width:
-                        live[p].append(cand)
-        results = []
-        for done, running in zip(finished, live):
-            for beam in running:
-                beam.finish_reason = "length"
-            ranked = sorted(done + running, key=lambda b: b.score(params.length_penalty), reverse=True)[:width]
-            for beam in ranked:
-                beam.text = engine.tokenizer.decode(beam.tokens) if engine.tokenizer is not None else None
-            results.append(BeamSearchOutput(ranked))
-        return results
-
+        searches = [BeamSearch(engine.tokenize(p)[1], params, engine.eos_token_ids) for p in prompts]  # type: ignore[arg-type]
+        while running := [search for search in searches if not search.done]:
+            outputs = iter(self.generate([beam.tokens for search in running for beam in search.live],
+                                         running[0].step_params, use_tqdm=False))
+            for search in running:
+                search.advance([(next(outputs).outputs[0].logprobs or [{}])[0] for _ in search.live])
+        return [search.result(engine.tokenizer) for search in searches]
