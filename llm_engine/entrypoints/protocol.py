@@ -120,6 +120,9 @@ class CompletionRequest(_SamplingFields):
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     echo: bool = False
     suffix: str | None = None
+    use_beam_search: bool = False  # vLLM's: beam width best_of (or n), the n best beams returned
+    best_of: Annotated[int, Field(ge=1, le=16)] | None = None
+    length_penalty: float = 1.0
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a list of single prompts (text or token ids)."""

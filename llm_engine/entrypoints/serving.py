@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from llm_engine.async_engine import EngineNotReady
+from llm_engine.beam_search import BeamSearch, BeamSearchParams
 from llm_engine.entrypoints.chat_images import request_images, with_placeholders
 from llm_engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from llm_engine.entrypoints.service import LLMService, as_openai_error
@@ -252,13 +253,56 @@ class ServingCompletion(_Serving):
         if req.echo and req.logprobs is not None:
             raise OpenAIError(400, "echo with logprobs is not supported (no prompt logprobs)", param="echo")
         prompt_ids = [self.tokenize(p) for p in req.prompts()]
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        if req.use_beam_search:
+            return await self._beam_search(req, prompt_ids, request_id)
         params = [self.sampling_params(req, self.check_length(ids, req.max_tokens), req.logprobs)
                   for ids in prompt_ids]
-        request_id = f"cmpl-{uuid.uuid4().hex}"
         run = await self.start(prompt_ids, params, req.priority, request_id)
         if req.stream:
             return self._stream(req, run, request_id)
         return await self._full(req, run, request_id)
+
+    async def _beam_search(self, req: CompletionRequest, prompt_ids: list[list[int]], request_id: str) -> dict:
+        """Each step runs one more token of every live beam of every prompt, concurrently."""
+        for name, unsupported in (("stream", req.stream), ("echo", req.echo), ("logprobs", req.logprobs is not None)):
+            if unsupported:
+                raise OpenAIError(400, f"{name} is not supported with use_beam_search", param=name)
+        width = req.best_of or req.n
+        if width < req.n:
+            raise OpenAIError(400, f"best_of ({width}) must be at least n ({req.n})", param="best_of")
+        eos = self.engine.require_engine().eos_token_ids
+        searches = [BeamSearch(ids, BeamSearchParams(beam_width=width, max_tokens=self.check_length(ids, req.max_tokens),
+                                                     ignore_eos=req.ignore_eos, length_penalty=req.length_penalty),
+                               eos) for ids in prompt_ids]
+        step = 0
+        while running := [search for search in searches if not search.done]:
+            beams = [(search, beam) for search in running for beam in search.live]
+            finals = await asyncio.gather(*(self._last(beam.tokens, search.step_params, f"{request_id}-{step}-{i}",
+                                                       req.priority) for i, (search, beam) in enumerate(beams)))
+            outputs = iter(finals)
+            for search in running:
+                search.advance([(next(outputs).outputs[0].logprobs or [{}])[0] for _ in search.live])
+            step += 1
+        choices, completion_tokens = [], 0
+        for p, search in enumerate(searches):
+            for k, beam in enumerate(search.result(None).sequences[:req.n]):
+                completion_tokens += len(beam.output_tokens)
+                choices.append({"index": p * req.n + k, "text": self.engine.tokenizer.decode(beam.output_tokens),
+                                "logprobs": None, "finish_reason": beam.finish_reason})
+        prompt_tokens = sum(len(ids) for ids in prompt_ids)
+        return {"id": request_id, "object": "text_completion", "created": self.created(), "model": req.model,
+                "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                                              "total_tokens": prompt_tokens + completion_tokens}}
+
+    async def _last(self, prompt: list[int], params: SamplingParams, request_id: str, priority: int) -> RequestOutput:
+        try:
+            async for output in self.engine.generate(prompt, params, request_id, priority=priority):
+                last = output
+        except Exception as exc:
+            raise as_openai_error(exc) from None
+        _check_output(last)
+        return last
 
     def _echo(self, req: CompletionRequest, run: _Run, prompt_index: int) -> str:
         prompt = req.prompts()[prompt_index]
