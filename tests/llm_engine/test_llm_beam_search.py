@@ -63,3 +63,13 @@ def test_a_beam_ending_with_eos_ranks_as_in_transformers(llm, hf):
     assert any(beam.finish_reason == "stop" for beam in out.sequences)
     for beam, score in zip(out.sequences, ref.sequences_scores.tolist()):
         assert abs(beam.score(1.0) - score) < 1e-4
+
+
+def test_hundred_beam_requests_in_a_small_pool_leak_no_block(tiny_llama):
+    llm = LLM(model=str(tiny_llama), dtype="float32", block_size=4, num_kv_blocks=48)
+    total = llm.engine.block_manager.num_free_blocks
+    prompts = [[1] + [(7 * i + j) % 300 + 3 for j in range(4 + i % 9)] for i in range(100)]
+    outputs = llm.beam_search(prompts, BeamSearchParams(beam_width=2, max_tokens=3))
+    assert all(len(out.sequences) == 2 for out in outputs)
+    assert llm.engine.get_stats().prefix_cache_hits > 0  # a beam's history comes from the cache
+    assert llm.engine.block_manager.num_free_blocks == total
