@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import build_tiny_model
 from transformers import AutoModelForCausalLM
 
 from llm_engine import LLM
@@ -73,3 +74,19 @@ def test_hundred_beam_requests_in_a_small_pool_leak_no_block(tiny_llama):
     assert all(len(out.sequences) == 2 for out in outputs)
     assert llm.engine.get_stats().prefix_cache_hits > 0  # a beam's history comes from the cache
     assert llm.engine.block_manager.num_free_blocks == total
+
+
+@pytest.mark.parametrize("arch", ["MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"])
+def test_other_architectures_match_transformers(tmp_path, arch):
+    folder = build_tiny_model(arch, tmp_path / arch)
+    llm = LLM(model=str(folder), dtype="float32")
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompt = PROMPTS[1]
+    out = llm.beam_search(prompt, BeamSearchParams(beam_width=4, max_tokens=5, ignore_eos=True))[0]
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), num_beams=4, num_return_sequences=4, do_sample=False,
+                          max_new_tokens=5, eos_token_id=None, pad_token_id=0, output_scores=True,
+                          return_dict_in_generate=True)
+    assert [beam.output_tokens for beam in out.sequences] == [s[len(prompt):].tolist() for s in ref.sequences]
+    for beam, score in zip(out.sequences, ref.sequences_scores.tolist()):
+        assert abs(beam.score(1.0) - score) < 1e-4
