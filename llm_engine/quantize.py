@@ -2,7 +2,8 @@
 other tools read too (the engine loads them through loader/quantized_checkpoint.py):
 
   int8  GPTQ's layout, 8 bits, symmetric, per output channel unless a group size is given;
-  int4  GPTQ's layout, 4 bits with zero points, groups of 128 by default;
+  int4  GPTQ's layout, 4 bits with zero points, groups of 128 by default (64 or 32 where the
+        input sizes need it; groups are whole, as vLLM and AutoAWQ require);
   gptq  GPTQ's layout, 4 bits symmetric (AutoGPTQ's default), groups of 128, rounded by GPTQ's
         error-compensating algorithm over calibration text (layers/quantization_gptq.py, calibration.py);
   awq   AWQ's GEMM layout, 4 bits with zero points, groups of 128, columns scaled by AWQ's
@@ -63,13 +64,13 @@ def quantize_checkpoint(source: Path, out: Path, method: str, group_size: int | 
         raise ValueError(f"quantize: --method must be one of {', '.join(RECIPES)}, got {method!r}")
     recipe = RECIPES[method]
     config = _read_config(source)
-    group = _group(recipe, method, group_size)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"quantize: {out} exists and is not an empty folder")
     files = safetensors_files(source)
     if not files:
         raise ValueError(f"quantize: no .safetensors weights in {source}")
     targets = _targets(files)
+    group = _group(recipe, method, group_size, [shape[1] for shape in targets.values()])
     for name, shape in targets.items():
         _check_shape(name, shape, recipe, group)
     if calibration and not recipe.calibrated:
@@ -116,9 +117,14 @@ def _read_config(source: Path) -> dict[str, Any]:
     return config
 
 
-def _group(recipe: Recipe, method: str, group_size: int | None) -> int | None:
+def _group(recipe: Recipe, method: str, group_size: int | None, input_sizes: list[int]) -> int | None:
+    """The group size: as given, or the default (128) halved until it divides every input size
+    (vLLM and AutoAWQ load whole groups only; SmolLM2's 576 inputs take 64)."""
     if group_size is None:
-        return recipe.group_size
+        group = recipe.group_size
+        while group is not None and group > 32 and any(k % group for k in input_sizes):
+            group //= 2
+        return group
     if method == "fp8":
         raise ValueError("quantize: fp8 takes no --group-size (one scale per matrix)")
     if group_size == -1:
@@ -150,8 +156,8 @@ def _check_shape(name: str, shape: tuple[int, ...], recipe: Recipe, group: int |
     if k_in % per or n_out % per:
         raise ValueError(f"quantize: {name} is {n_out}x{k_in}; {recipe.quant_method} packs {per} values "
                          f"per int32, so both sizes must be multiples of {per}")
-    if group is not None and recipe.quant_method == "awq" and k_in % group:
-        raise ValueError(f"quantize: {name} has {k_in} inputs, not a multiple of the AWQ group size {group}")
+    if group is not None and k_in % group:
+        raise ValueError(f"quantize: {name} has {k_in} inputs, not a multiple of the group size {group}")
 
 
 def _calibrate(source: Path, names: set[str], files: list[Path] | None,

@@ -78,6 +78,7 @@ def test_bad_input_is_one_line_and_exit_2(tiny_llama, tmp_path, capsys):  # gptq
         ([str(tmp_path / "missing"), "--method", "int8"], "not a Hugging Face model folder"),
         ([str(tiny_llama), "--method", "int3"], "--method must be one of"),
         ([str(tiny_llama), "--method", "int4", "--group-size", "33"], "--group-size"),
+        ([str(tiny_llama), "--method", "int4", "--group-size", "96"], "not a multiple of the group size 96"),
         ([str(tiny_llama), "--method", "fp8", "--group-size", "32"], "no --group-size"),
         ([str(tiny_llama), "--method", "int4", "--out", str(occupied)], "not an empty folder"),
         ([str(quantized), "--method", "int4"], "already quantized"),
