@@ -54,7 +54,7 @@ class StructuredOutputsParams:
     def key(self) -> tuple[str, str]:
         """(kind, text) of the constraint, what the compiler compiles."""
         if self.json is not None:
-            return "json", self.json if isinstance(self.json, str) else json.dumps(self.json, sort_keys=True)
+            return "json", self.json if isinstance(self.json, str) else json.dumps(self.json)  # keeps property order
         if self.regex is not None:
             return "regex", self.regex
         if self.choice is not None:  # a grammar of quoted literals: JSON escapes are EBNF's too
@@ -146,8 +146,8 @@ def apply_grammar_masks(logits: torch.Tensor, rows: list[int], states: list[Gram
     import xgrammar
 
     bitmask = xgrammar.allocate_token_bitmask(len(rows), states[0].vocab_size)
-    for i, state in enumerate(states):
+    vocab_size = min(states[0].vocab_size, logits.shape[-1])
+    for i, (row, state) in enumerate(zip(rows, states)):
         state.fill(bitmask, i)
-    view = logits[rows]
-    xgrammar.apply_token_bitmask_inplace(view, bitmask, vocab_size=min(states[0].vocab_size, logits.shape[-1]))
-    logits[rows] = view
+        # On a view of the row: indexing with a list would copy (and writing back is slow).
+        xgrammar.apply_token_bitmask_inplace(logits[row:row + 1], bitmask[i:i + 1], vocab_size=vocab_size)
