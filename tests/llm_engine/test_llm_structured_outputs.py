@@ -149,7 +149,7 @@ def test_preemption_prefix_caching_and_speculation_keep_outputs(tiny_llama_smoll
     prompts.append(shared + " def f(x): return f(x) + f(x) + f(x)")
     roomy = LLM(model=str(tiny_llama_smollm_vocab), dtype="float32")
     reference = [o.outputs[0].token_ids for o in roomy.generate(prompts, params, use_tqdm=False)]
-    tight = LLM(model=str(tiny_llama_smollm_vocab), dtype="float32", num_kv_blocks=16, block_size=8,
+    tight = LLM(model=str(tiny_llama_smollm_vocab), dtype="float32", num_kv_blocks=24, block_size=8,
                 speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3})
     outputs = tight.generate(prompts, params, use_tqdm=False)
     stats = tight.engine.get_stats()  # taken after the last step, before anything else runs
