@@ -5,7 +5,7 @@ disables it) loads in the background on first use, so the IDE starts at once and
 until the model is ready /v1 answers 503 "model is loading". Callers sign in as for /api: a
 session cookie (with the CSRF header on POST) or a personal API token as Bearer. With
 CODEYARD_LLM_URL set (app replicas in compose), no model loads here: /v1, /v2 and /llm/metrics are
-forwarded to that LLM server (see remote.py).
+forwarded to that LLM server (see remote.py). CODEYARD_LLM_GRPC_PORT adds KServe v2 gRPC (llm_grpc.py).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 
 from assistant.lazy_llm import LazyLLM
+from assistant.llm_grpc import serve_grpc
 from assistant.remote import RemoteLLM
 from ide_server.components import Component
 from ide_server.deps import require_user
@@ -66,7 +67,8 @@ def _setup(app: FastAPI) -> None:
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
-        yield
+        async with serve_grpc(app, llm_of(app)):  # stopped before the model it serves
+            yield
     finally:
         llm_of(app).stop()
 

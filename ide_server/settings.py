@@ -55,6 +55,10 @@ class Settings(BaseSettings):
         "running the apps); default: the listen address, or this host's own address when listening on all interfaces."
     )
     llm_model: str | None = None
+    llm_grpc_port: int | None = Field(
+        default=None, ge=0, le=65535, description="Also serve the LLM's KServe v2 gRPC API (Triton's "
+        "GRPCInferenceService) on this port of `host` (0: any free one), for personal API tokens. Unset: no gRPC."
+    )
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"

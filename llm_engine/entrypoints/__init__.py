@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from llm_engine.entrypoints.api import build_router as build_openai_router
     from llm_engine.entrypoints.api import install as install_error_handler
     from llm_engine.entrypoints.app import create_app
+    from llm_engine.entrypoints.kserve_grpc import start_server as start_grpc_server
     from llm_engine.entrypoints.kserve_http import build_router as build_kserve_router
     from llm_engine.entrypoints.models import resolve_model
     from llm_engine.entrypoints.protocol import ChatCompletionRequest, OpenAIError
@@ -22,12 +23,13 @@ _EXPORTS = {
     "answer": ("api", "answer"), "unless_disconnected": ("api", "unless_disconnected"),
     "build_openai_router": ("api", "build_router"), "install_error_handler": ("api", "install"),
     "create_app": ("app", "create_app"), "build_kserve_router": ("kserve_http", "build_router"),
+    "start_grpc_server": ("kserve_grpc", "start_server"),
     "resolve_model": ("models", "resolve_model"), "ChatCompletionRequest": ("protocol", "ChatCompletionRequest"),
     "OpenAIError": ("protocol", "OpenAIError"), "LLMService": ("service", "LLMService"),
     "as_openai_error": ("service", "as_openai_error"), "ServingChat": ("serving", "ServingChat"),
 }
 __all__ = ["answer", "unless_disconnected", "build_openai_router", "install_error_handler", "create_app",
-           "build_kserve_router", "resolve_model", "ChatCompletionRequest", "OpenAIError", "LLMService", "as_openai_error",
+           "build_kserve_router", "start_grpc_server", "resolve_model", "ChatCompletionRequest", "OpenAIError", "LLMService", "as_openai_error",
            "ServingChat"]
 
 

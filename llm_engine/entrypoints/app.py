@@ -43,8 +43,9 @@ def app_for(service: LLMService, own_service: bool = True) -> FastAPI:
             service.start()
         grpc_server = None
         if service.options.grpc_address:  # on this event loop, so both protocols share the engine's
-            from llm_engine.entrypoints.kserve_grpc import start_server
-            grpc_server = await start_server(service, service.options.grpc_address)
+            from llm_engine.entrypoints.kserve_grpc import api_key_check, start_server
+            grpc_server, _ = await start_server(lambda: service, api_key_check(service.options.api_keys),
+                                                service.options.grpc_address)
         try:
             yield
         finally:

@@ -3,9 +3,11 @@
 Served with grpc.aio on the HTTP server's event loop, from the protos tritonclient ships (so
 tritonclient.grpc and this server can never disagree). ModelStreamInfer is Triton's decoupled
 streaming: with the `stream` input true, one response per new piece of text, the last carrying
-`triton_final_response`. The same API keys as /v1 are checked on `authorization` metadata (not
-for ServerLive/ServerReady, as HTTP health), and a
-cancelled call (client gone, stream stopped) aborts its engine requests.
+`triton_final_response`. Callers are checked on `authorization` metadata (not for
+ServerLive/ServerReady, as HTTP health) by an `Authorize` function: the standalone server's API
+keys (`api_key_check`), or the IDE's personal API tokens. The service comes from a getter, so the
+IDE can hand over its LLM that loads on first use. A cancelled call (client gone, stream stopped)
+aborts its engine requests.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 import numpy as np
@@ -25,6 +27,9 @@ from tritonclient.utils import np_to_triton_dtype
 from llm_engine.entrypoints import kserve
 from llm_engine.entrypoints.protocol import OpenAIError
 from llm_engine.entrypoints.service import LLMService, as_openai_error
+
+Authorize = Callable[[str], Awaitable[bool]]  # the `authorization` metadata ("" when absent) -> let in?
+ServiceGetter = Callable[[], LLMService]  # raises OpenAIError when there is none (switched off, not loadable)
 
 _STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
            404: grpc.StatusCode.NOT_FOUND, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -70,84 +75,103 @@ def _response(request: pb.ModelInferRequest, arrays: dict[str, np.ndarray],
     return response
 
 
+def api_key_check(keys: frozenset[str]) -> Authorize:
+    """With API keys configured, every call needs `authorization: Bearer <one of them>`."""
+    async def authorize(authorization: str) -> bool:
+        scheme, _, token = authorization.partition(" ")
+        return not keys or (scheme.lower() == "bearer" and any(hmac.compare_digest(token.strip(), k) for k in keys))
+    return authorize
+
+
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, service: LLMService) -> None:
-        self.service = service
+    def __init__(self, get_service: ServiceGetter, authorize: Authorize) -> None:
+        self.get_service = get_service
+        self.authorize = authorize
 
     async def _admit(self, context: grpc.aio.ServicerContext) -> None:
-        keys = self.service.options.api_keys
-        if not keys:
-            return
-        scheme, _, token = dict(context.invocation_metadata()).get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not any(hmac.compare_digest(token.strip(), k) for k in keys):
+        if not await self.authorize(dict(context.invocation_metadata()).get("authorization", "")):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                 "missing or invalid API key (send authorization: Bearer <key>)")
 
-    async def _model(self, context, name: str, version: str) -> None:
+    async def _service(self, context: grpc.aio.ServicerContext) -> LLMService:
+        """The caller's service, once let in."""
         await self._admit(context)
         try:
-            kserve.find_model(self.service, name, version)
+            return self.get_service()
         except OpenAIError as exc:
             await _abort(context, exc)
+            raise
+
+    async def _model(self, context, name: str, version: str) -> LLMService:
+        service = await self._service(context)
+        try:
+            kserve.find_model(service, name, version)
+        except OpenAIError as exc:
+            await _abort(context, exc)
+        return service
 
     async def ServerLive(self, request, context):  # health needs no key, as on HTTP (probes)
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request, context):
-        return pb.ServerReadyResponse(ready=self.service.engine.is_ready)
+        try:
+            return pb.ServerReadyResponse(ready=self.get_service().engine.is_ready)
+        except OpenAIError:  # no model here (switched off, or not loadable)
+            return pb.ServerReadyResponse(ready=False)
 
     async def ModelReady(self, request, context):
-        await self._admit(context)
+        service = await self._service(context)
         try:
-            kserve.find_model(self.service, request.name, request.version)
+            kserve.find_model(service, request.name, request.version)
         except OpenAIError:
             return pb.ModelReadyResponse(ready=False)
-        return pb.ModelReadyResponse(ready=self.service.engine.is_ready)
+        return pb.ModelReadyResponse(ready=service.engine.is_ready)
 
     async def ServerMetadata(self, request, context):
-        await self._admit(context)
+        await self._service(context)
         return json_format.ParseDict(kserve.server_metadata(), pb.ServerMetadataResponse())
 
     async def ModelMetadata(self, request, context):
-        await self._model(context, request.name, request.version)
-        return json_format.ParseDict(kserve.model_metadata(self.service, request.name, request.version), pb.ModelMetadataResponse())
+        service = await self._model(context, request.name, request.version)
+        return json_format.ParseDict(kserve.model_metadata(service, request.name, request.version), pb.ModelMetadataResponse())
 
     async def ModelConfig(self, request, context):
-        await self._model(context, request.name, request.version)
-        config = json_format.ParseDict(kserve.model_config(self.service, request.name, request.version), model_config_pb2.ModelConfig())
+        service = await self._model(context, request.name, request.version)
+        config = json_format.ParseDict(kserve.model_config(service, request.name, request.version), model_config_pb2.ModelConfig())
         return pb.ModelConfigResponse(config=config)
 
     async def ModelInfer(self, request, context):
         arrived = time.time()
-        await self._model(context, request.model_name, request.model_version)
+        service = await self._model(context, request.model_name, request.model_version)
         try:
-            with kserve.request_stats(self.service, request.model_name, request.model_version, arrived) as stats:
+            with kserve.request_stats(service, request.model_name, request.model_version, arrived) as stats:
                 tensors = _tensors(request)
                 stream = tensors.get("stream")
                 if stream is not None and stream.any():
                     raise OpenAIError(400, "stream=true needs ModelStreamInfer")
-                arrays = await kserve.infer(self.service, request.model_name, request.model_version, tensors,
+                arrays = await kserve.infer(service, request.model_name, request.model_version, tensors,
                                             _parameters(request.parameters), stats)
                 return _response(request, arrays)
         except Exception as exc:
             await _abort(context, as_openai_error(exc))
 
-    async def _stream_one(self, request: pb.ModelInferRequest) -> AsyncIterator[pb.ModelStreamInferResponse]:
+    async def _stream_one(self, service: LLMService,
+                          request: pb.ModelInferRequest) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """The responses to one request on a stream: deltas when it asks to stream, else one."""
         try:
-            with kserve.request_stats(self.service, request.model_name, request.model_version) as stats:
+            with kserve.request_stats(service, request.model_name, request.model_version) as stats:
                 tensors = _tensors(request)
                 stream = tensors.pop("stream", None)
                 if stream is None or not stream.any():
-                    arrays = await kserve.infer(self.service, request.model_name, request.model_version, tensors,
+                    arrays = await kserve.infer(service, request.model_name, request.model_version, tensors,
                                                 _parameters(request.parameters), stats)
                     yield pb.ModelStreamInferResponse(infer_response=_response(request, arrays, True))
                     return
-                kserve.llm_only(self.service, request.model_name, request.model_version)
-                requests = kserve.requests_from_tensors(self.service, tensors, _parameters(request.parameters))
+                kserve.llm_only(service, request.model_name, request.model_version)
+                requests = kserve.requests_from_tensors(service, tensors, _parameters(request.parameters))
                 if len(requests) != 1:
                     raise OpenAIError(400, "streaming takes one prompt per request")
-                serving = kserve.ServingV2(self.service, stats)
+                serving = kserve.ServingV2(service, stats)
                 async for delta in serving.deltas(await serving.start_rows(requests)):
                     arrays = kserve.output_arrays([delta])
                     yield pb.ModelStreamInferResponse(
@@ -157,12 +181,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests on one stream run concurrently; their responses interleave as they come."""
-        await self._admit(context)
+        service = await self._service(context)
         responses: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         tasks: set[asyncio.Task] = set()
 
         async def serve(request: pb.ModelInferRequest) -> None:
-            async for response in self._stream_one(request):
+            async for response in self._stream_one(service, request):
                 await responses.put(response)
 
         async def read() -> None:
@@ -186,11 +210,13 @@ async def _abort(context: grpc.aio.ServicerContext, exc: OpenAIError) -> None:
     await context.abort(_STATUS.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
 
 
-async def start_server(service: LLMService, address: str) -> grpc.aio.Server:
-    """Listen on `address` (host:port) and serve; stop with `await server.stop(grace)`."""
+async def start_server(get_service: ServiceGetter, authorize: Authorize, address: str) -> tuple[grpc.aio.Server, int]:
+    """Listen on `address` (host:port; port 0: any free one) and serve; returns the server and the
+    port it listens on. Stop with `await server.stop(grace)`."""
     server = grpc.aio.server()
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), server)
-    if server.add_insecure_port(address) == 0:
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(get_service, authorize), server)
+    port = server.add_insecure_port(address)
+    if port == 0:
         raise OSError(f"cannot listen for gRPC on {address}")
     await server.start()
-    return server
+    return server, port

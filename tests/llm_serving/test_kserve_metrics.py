@@ -158,37 +158,34 @@ def test_ensemble_requests_count_under_the_ensemble(tiny_server, grpc_triton):
     assert llm.moved() == {}
 
 
-def test_pending_until_the_engine_takes_it_and_a_full_queue_is_rejected(tiny_chat_model):
-    """One sequence at a time and one waiting: a second request is pending while the first runs, a
-    third is refused (REJECTED), and nothing stays pending."""
+def test_pending_while_queued_rejected_when_full_canceled_when_left(tiny_chat_model):
+    """One sequence at a time and one waiting: while a long stream runs, a second request is pending,
+    a third is refused (REJECTED); leaving the stream cancels it (CANCELED), the second then runs."""
     running = serve_model(tiny_chat_model, "one-at-a-time", ServerOptions(max_waiting=1), max_num_seqs=1,
-                          num_kv_blocks=32, max_model_len=512)
-    url = f"{running.url}/v2/models/one-at-a-time/generate"
+                          num_kv_blocks=256, max_model_len=4096)
+    url = f"{running.url}/v2/models/one-at-a-time"
+    counts = Counts(running.url, "one-at-a-time")
     answers: queue.Queue = queue.Queue()
-
-    def generate(max_tokens: int) -> threading.Thread:
-        body = {"text_input": "go on", "max_tokens": max_tokens, "ignore_eos": True}
-        thread = threading.Thread(target=lambda: answers.put(httpx.post(url, json=body, timeout=120).status_code))
-        thread.start()
-        return thread
-
     try:
-        counts = Counts(running.url, "one-at-a-time")
-        engine = running.service.engine
-        first = generate(60)  # long enough to see the second one wait
-        while (stats := engine.stats()) is None or stats.num_running != 1 or engine.num_waiting():
-            time.sleep(0.01)
-        second = generate(1)
-        deadline = time.monotonic() + 30
-        while counts.moved().get("nv_inference_pending_request_count") != 1:
-            assert time.monotonic() < deadline and answers.empty(), "the second request never waited"
-            time.sleep(0.05)
-        assert httpx.post(url, json={"text_input": "c"}, timeout=30).status_code == 429
-        first.join(120)
+        with httpx.stream("POST", url + "/generate_stream", timeout=60,
+                          json={"text_input": "go on", "max_tokens": 4000, "ignore_eos": True}) as first:
+            assert first.status_code == 200, first.read()
+            lines = first.iter_lines()  # kept: a dropped iterator closes the response
+            assert "text_output" in next(lines)  # it runs, and will run for long
+            second = threading.Thread(target=lambda: answers.put(
+                httpx.post(url + "/generate", json={"text_input": "b", "max_tokens": 1}, timeout=120).status_code))
+            second.start()
+            deadline = time.monotonic() + 30
+            while (counts.moved().get("nv_inference_pending_request_count") != 1
+                   or running.service.engine.num_waiting() != 1):
+                assert time.monotonic() < deadline, "the second request never waited"
+                time.sleep(0.05)
+            assert httpx.post(url + "/generate", json={"text_input": "c"}, timeout=30).status_code == 429
+            assert answers.empty()
         second.join(120)
-        assert [answers.get(), answers.get()] == [200, 200]
+        assert answers.get_nowait() == 200
         moved = counts.moved()
-        assert moved.pop("REJECTED") == 1
-        counts_moved(moved, success=2, inferences=2, executions=2)
+        assert moved.pop("REJECTED") == 1 and moved.pop("CANCELED") == 1
+        counts_moved(moved)
     finally:
         running.stop()
