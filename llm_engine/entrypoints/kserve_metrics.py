@@ -182,6 +182,10 @@ class RequestStats:
         else:
             self.failed(exc)
 
+    def __del__(self) -> None:  # dropped with no outcome (a stream that never started): the client left
+        if not self.done:
+            self.failed(asyncio.CancelledError())
+
     def _end(self) -> None:
         self.done = True
         self._not_pending()
