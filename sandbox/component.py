@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Annotated
 
@@ -104,6 +104,27 @@ def _caller(websocket: WebSocket) -> User:
     return user
 
 
+async def _until_revoked(revoked: asyncio.Event, work: Callable[[], Awaitable[None]]) -> bool:
+    """Run work until it ends or the socket's access is revoked (work is then cancelled); True when revoked."""
+    async with anyio.create_task_group() as tasks:
+        async def run() -> None:
+            await work()
+            tasks.cancel_scope.cancel()
+
+        async def watch() -> None:
+            await revoked.wait()
+            tasks.cancel_scope.cancel()
+
+        tasks.start_soon(run)
+        tasks.start_soon(watch)
+    return revoked.is_set()
+
+
+async def _close_revoked(websocket: WebSocket) -> None:
+    with suppress(*SOCKET_GONE):
+        await websocket.close(CLOSE_FORBIDDEN, "access revoked")
+
+
 async def _close_denied(websocket: WebSocket, exc: DomainError | SandboxError) -> None:
     code = {401: CLOSE_UNAUTHENTICATED, 403: CLOSE_FORBIDDEN, 429: CLOSE_BUSY, 503: CLOSE_UNAVAILABLE}.get(exc.status_code, CLOSE_NOT_FOUND)
     await websocket.close(code, exc.detail[:120])
@@ -132,7 +153,16 @@ async def run_socket(websocket: WebSocket, run_id: str) -> None:
     except (DomainError, SandboxError) as exc:
         await _close_denied(websocket, exc)
         return
-    await _stream_run(websocket, runs, run_id, user, can_write)
+
+    def still_allowed() -> bool:  # a non-member is told RunNotFound, like for a run that is over
+        try:
+            with websocket.app.state.sessionmaker() as db:
+                runs.check(db, run_id, user, Role.editor if can_write else Role.viewer)
+        except (DomainError, SandboxError):
+            return False
+        return True
+
+    await _stream_run(websocket, runs, run_id, user, can_write, still_allowed)
 
 
 async def _read_stdin(websocket: WebSocket, service: RunService, run_id: str, can_write: bool) -> None:
@@ -151,28 +181,36 @@ async def _read_stdin(websocket: WebSocket, service: RunService, run_id: str, ca
             await websocket.send_json({"type": "error", "message": str(exc)})
 
 
-async def _stream_run(websocket: WebSocket, runs: ProjectRuns, run_id: str, user: User, can_write: bool) -> None:
-    """Replay and follow the run's output, pass input on, and end with its exit frame."""
+async def _stream_run(websocket: WebSocket, runs: ProjectRuns, run_id: str, user: User, can_write: bool,
+                      still_allowed: Callable[[], bool]) -> None:
+    """Replay and follow the run's output, pass input on, and end with its exit frame (or 4403 when a
+    membership change takes away the access the socket was opened with)."""
     service = runs.service
     assert service is not None  # runs.check found the run live
     record = service.get(run_id)
     followed = False
 
-    async with anyio.create_task_group() as tasks:
-        async def pump() -> None:
-            nonlocal followed
-            with suppress(*SOCKET_GONE):
-                await send_chunks(websocket, runs.updates_for(record, user))
-                followed = True
-            tasks.cancel_scope.cancel()
+    async def follow() -> None:
+        async with anyio.create_task_group() as tasks:
+            async def pump() -> None:
+                nonlocal followed
+                with suppress(*SOCKET_GONE):
+                    await send_chunks(websocket, runs.updates_for(record, user))
+                    followed = True
+                tasks.cancel_scope.cancel()
 
-        async def read() -> None:
-            with suppress(*SOCKET_GONE):
-                await _read_stdin(websocket, service, run_id, can_write)
-            tasks.cancel_scope.cancel()  # the client left; the run goes on
+            async def read() -> None:
+                with suppress(*SOCKET_GONE):
+                    await _read_stdin(websocket, service, run_id, can_write)
+                tasks.cancel_scope.cancel()  # the client left; the run goes on
 
-        tasks.start_soon(pump)
-        tasks.start_soon(read)
+            tasks.start_soon(pump)
+            tasks.start_soon(read)
+
+    with runs.holding(record.project_id, user.id, still_allowed) as revoked:
+        if await _until_revoked(revoked, follow):
+            await _close_revoked(websocket)
+            return
     if not followed:
         return
     exit_frame = public_of_record(record).model_dump(mode="json", exclude={"stdout", "stderr"})
@@ -200,11 +238,25 @@ async def shell_socket(websocket: WebSocket, project_id: str, rows: int = Query(
     except (DomainError, SandboxError) as exc:
         await _close_denied(websocket, exc)
         return
+
+    def still_editor() -> bool:
+        try:
+            authorize()
+        except DomainError:
+            return False
+        return True
+
     try:
         await runs.editors.flush(project_id)
         packages = await runs.shell_packages(project_id)
-        await serve_shell(websocket, backend, runs.project_dir(project_id), rows, cols, packages.env, packages.mounts,
-                          on_files=lambda: runs.files_changed(project_id))
+
+        async def shell() -> None:
+            await serve_shell(websocket, backend, runs.project_dir(project_id), rows, cols, packages.env,
+                              packages.mounts, on_files=lambda: runs.files_changed(project_id))
+
+        with runs.holding(project_id, user.id, still_editor) as revoked:
+            if await _until_revoked(revoked, shell):  # the shell, and all it started, ended with the cancel
+                await _close_revoked(websocket)
     finally:
         runs.release_shell(user)
         runs.files_changed(project_id)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -60,6 +61,16 @@ def public_of_record(record: RunRecord) -> RunPublic:
     })
 
 
+@dataclasses.dataclass(eq=False)
+class HeldSocket:
+    """A run or shell socket, open while its user keeps the access it was opened with."""
+
+    project_id: str
+    user_id: int
+    still_allowed: Callable[[], bool]  # asks the database, in a worker thread
+    revoked: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+
 def public_of_row(row: RunRow) -> RunPublic:
     return RunPublic.model_validate(row, from_attributes=True)
 
@@ -85,6 +96,7 @@ class ProjectRuns:
         self.max_shells, self.max_shells_per_user = max_shells, max_shells_per_user
         self._shells: list[int] = []  # user id of each open shell
         self._previews: dict[str, tuple[RunRecord, Preview]] = {}  # run id -> the live run and its Webview
+        self._sockets: set[HeldSocket] = set()
         self.announce: Callable[[str, dict], None] = announce or (lambda project_id, event: None)
         self.environment_of: Callable[[str], dict[str, str]] = environment_of or (lambda project_id: {})
 
@@ -182,9 +194,24 @@ class ProjectRuns:
                 preview.revoke(user_id)
 
     async def access_changed(self, project_id: str, user_id: int) -> None:
-        """The events hub's notice of a membership change: a removed member's Webviews close at once."""
+        """The events hub's notice of a membership change: a removed member's Webviews close at once, and
+        their run and shell sockets too (a downgraded editor's shell and typing sockets as well)."""
         if await asyncio.to_thread(self._role, project_id, user_id) is None:
             self.revoke_previews(project_id, str(user_id))
+        for held in [h for h in self._sockets if h.project_id == project_id and h.user_id == user_id]:
+            if not await asyncio.to_thread(held.still_allowed):
+                held.revoked.set()
+
+    @contextmanager
+    def holding(self, project_id: str, user_id: int, still_allowed: Callable[[], bool]) -> Iterator[asyncio.Event]:
+        """Register a run or shell socket for the time it is open; the event is set when a membership change
+        takes away the access it was opened with (the socket then closes with 4403)."""
+        held = HeldSocket(project_id, user_id, still_allowed)
+        self._sockets.add(held)
+        try:
+            yield held.revoked
+        finally:
+            self._sockets.discard(held)
 
     def _role(self, project_id: str, user_id: int) -> Role | None:
         with self.sessions() as db:

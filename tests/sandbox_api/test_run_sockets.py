@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import add_member, new_project, wait_finished
+from starlette.websockets import WebSocketDisconnect
 
 
 def next_output(ws) -> dict:
@@ -105,3 +107,40 @@ def test_open_shells_are_capped_per_user(owner):
         assert closed["code"] == 4429 and "2 shells open" in closed["reason"]
     with owner.websocket_connect(url) as again:  # places are given back when shells close
         assert again.receive_json()["type"] == "output"
+
+
+def closed_with(ws) -> int:
+    """Read until the server closes the socket; its close code."""
+    with pytest.raises(WebSocketDisconnect) as closed:
+        while True:
+            ws.receive_json()
+    return closed.value.code
+
+
+@pytest.mark.timeout(120)  # a socket left open would block its read forever
+def test_sockets_close_when_the_member_loses_the_access_they_were_opened_with(owner, person):
+    """A removed member's run and shell sockets end at once (4403); a downgraded editor loses the shell
+    and the run socket they could type into, and may follow the run again as a viewer."""
+    pid = new_project(owner, {"main.py": "print(input())\n"})
+    leaving, downgraded = person(), person()
+    add_member(owner, pid, leaving, "editor")
+    add_member(owner, pid, downgraded, "editor")
+    run_id = owner.post(f"/api/projects/{pid}/runs", json={"interactive": True}).json()["id"]  # waits for input
+    for member, change in ((leaving, lambda: owner.delete(f"/api/projects/{pid}/members/{leaving.username}")),
+                           (downgraded, lambda: owner.request("PATCH", f"/api/projects/{pid}/members/{downgraded.username}",
+                                                            json={"role": "viewer"}))):
+        with member.websocket_connect(f"/ws/runs/{run_id}") as run_ws, \
+                member.websocket_connect(f"/ws/projects/{pid}/shell") as shell_ws:
+            seen = ""
+            while "$ " not in seen:
+                seen += next_output(shell_ws)["data"]
+            assert change().status_code in (200, 204)
+            assert closed_with(shell_ws) == 4403
+            assert closed_with(run_ws) == 4403
+    with downgraded.websocket_connect(f"/ws/runs/{run_id}") as ws:  # as a viewer now: output only
+        ws.send_json({"type": "stdin", "data": "sneaky\n"})
+        assert next_output(ws) == {"type": "error", "message": "only editors of the project can type into a run"}
+    with owner.websocket_connect(f"/ws/runs/{run_id}") as ws:  # the owner's access never changed
+        ws.send_json({"type": "stdin", "data": "still here\n"})
+        assert frames_until_exit(ws)[-1]["verdict"] == "ok"
+    assert wait_finished(owner, run_id)["stdout"] == "still here\n"
