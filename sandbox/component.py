@@ -154,15 +154,11 @@ async def run_socket(websocket: WebSocket, run_id: str) -> None:
         await _close_denied(websocket, exc)
         return
 
-    def still_allowed() -> bool:  # a non-member is told RunNotFound, like for a run that is over
-        try:
-            with websocket.app.state.sessionmaker() as db:
-                runs.check(db, run_id, user, Role.editor if can_write else Role.viewer)
-        except (DomainError, SandboxError):
-            return False
-        return True
+    def check_access() -> None:  # a non-member is told RunNotFound, like for a run that is over
+        with websocket.app.state.sessionmaker() as db:
+            runs.check(db, run_id, user, Role.editor if can_write else Role.viewer)
 
-    await _stream_run(websocket, runs, run_id, user, can_write, still_allowed)
+    await _stream_run(websocket, runs, run_id, user, can_write, check_access)
 
 
 async def _read_stdin(websocket: WebSocket, service: RunService, run_id: str, can_write: bool) -> None:
@@ -182,7 +178,7 @@ async def _read_stdin(websocket: WebSocket, service: RunService, run_id: str, ca
 
 
 async def _stream_run(websocket: WebSocket, runs: ProjectRuns, run_id: str, user: User, can_write: bool,
-                      still_allowed: Callable[[], bool]) -> None:
+                      check_access: Callable[[], None]) -> None:
     """Replay and follow the run's output, pass input on, and end with its exit frame (or 4403 when a
     membership change takes away the access the socket was opened with)."""
     service = runs.service
@@ -207,7 +203,7 @@ async def _stream_run(websocket: WebSocket, runs: ProjectRuns, run_id: str, user
             tasks.start_soon(pump)
             tasks.start_soon(read)
 
-    with runs.holding(record.project_id, user.id, still_allowed) as revoked:
+    with runs.holding(record.project_id, user.id, check_access) as revoked:
         if await _until_revoked(revoked, follow):
             await _close_revoked(websocket)
             return
@@ -239,13 +235,6 @@ async def shell_socket(websocket: WebSocket, project_id: str, rows: int = Query(
         await _close_denied(websocket, exc)
         return
 
-    def still_editor() -> bool:
-        try:
-            authorize()
-        except DomainError:
-            return False
-        return True
-
     try:
         await runs.editors.flush(project_id)
         packages = await runs.shell_packages(project_id)
@@ -254,7 +243,7 @@ async def shell_socket(websocket: WebSocket, project_id: str, rows: int = Query(
             await serve_shell(websocket, backend, runs.project_dir(project_id), rows, cols, packages.env,
                               packages.mounts, on_files=lambda: runs.files_changed(project_id))
 
-        with runs.holding(project_id, user.id, still_editor) as revoked:
+        with runs.holding(project_id, user.id, authorize) as revoked:
             if await _until_revoked(revoked, shell):  # the shell, and all it started, ended with the cancel
                 await _close_revoked(websocket)
     finally:

@@ -19,11 +19,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from collab.editors import OpenEditors
-from ide_server.errors import InvalidInput, PermissionDenied
+from ide_server.errors import DomainError, InvalidInput, PermissionDenied
 from ide_server.models import Role, User
 from ide_server.services import projects
 from sandbox.backend import Backend, OutputChunk, RunSpec
-from sandbox.errors import QueueFull, RunNotFound, SandboxUnavailable
+from sandbox.errors import QueueFull, RunNotFound, SandboxError, SandboxUnavailable
 from sandbox.languages import plan_run
 from sandbox.limits import SERVER_MAXIMA
 from sandbox.models import RunRow
@@ -67,7 +67,7 @@ class HeldSocket:
 
     project_id: str
     user_id: int
-    still_allowed: Callable[[], bool]  # asks the database, in a worker thread
+    check_access: Callable[[], None]  # asks the database (in a worker thread); raises once the access is gone
     revoked: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
 
@@ -199,14 +199,16 @@ class ProjectRuns:
         if await asyncio.to_thread(self._role, project_id, user_id) is None:
             self.revoke_previews(project_id, str(user_id))
         for held in [h for h in self._sockets if h.project_id == project_id and h.user_id == user_id]:
-            if not await asyncio.to_thread(held.still_allowed):
+            try:
+                await asyncio.to_thread(held.check_access)
+            except (DomainError, SandboxError):
                 held.revoked.set()
 
     @contextmanager
-    def holding(self, project_id: str, user_id: int, still_allowed: Callable[[], bool]) -> Iterator[asyncio.Event]:
+    def holding(self, project_id: str, user_id: int, check_access: Callable[[], None]) -> Iterator[asyncio.Event]:
         """Register a run or shell socket for the time it is open; the event is set when a membership change
         takes away the access it was opened with (the socket then closes with 4403)."""
-        held = HeldSocket(project_id, user_id, still_allowed)
+        held = HeldSocket(project_id, user_id, check_access)
         self._sockets.add(held)
         try:
             yield held.revoked
