@@ -1,16 +1,17 @@
 """Architecture facts for review: the import graph between packages, the largest files and
 classes, and the test/code ratio per package (lines of code, blank lines and comments aside).
 
-    python scripts/arch_facts.py
+    python scripts/arch_facts.py [TREE]   (TREE: another checkout, e.g. a `git worktree` of an older commit)
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent
 PACKAGES = ["ide_server", "collab", "sandbox", "deploy_service", "tutorials", "assistant", "llm_engine"]
 
 
@@ -38,19 +39,21 @@ def _runtime_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
-def import_graph() -> dict[str, dict[str, int]]:
-    """package -> {imported package: number of import statements run at import or call time}."""
-    graph: dict[str, dict[str, int]] = {p: defaultdict(int) for p in PACKAGES if (ROOT / p).is_dir()}
-    for package in graph:
+def import_graph() -> dict[str, dict[str, tuple[int, int]]]:
+    """package -> {imported package: (import statements run at import or call time, distinct modules named)}."""
+    statements: dict[str, dict[str, int]] = {p: defaultdict(int) for p in PACKAGES if (ROOT / p).is_dir()}
+    modules: dict[str, dict[str, set[str]]] = {p: defaultdict(set) for p in statements}
+    for package in statements:
         for path in _sources(package):
             for node in _runtime_imports(ast.parse(path.read_text())):
                 names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                          else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
                 for name in names:
                     top = name.split(".")[0]
-                    if top in graph and top != package:
-                        graph[package][top] += 1
-    return graph
+                    if top in statements and top != package:
+                        statements[package][top] += 1
+                        modules[package][top].add(name)
+    return {p: {d: (n, len(modules[p][d])) for d, n in deps.items()} for p, deps in statements.items()}
 
 
 def largest(n: int = 10) -> tuple[list[tuple[int, str]], list[tuple[int, int, str]]]:
@@ -82,9 +85,10 @@ def ratios() -> dict[str, tuple[int, int]]:
 
 
 def main() -> None:
-    print("## Imports between packages (statements)")
+    print("## Imports between packages (statements/distinct modules)")
     for package, deps in import_graph().items():
-        print(f"{package:15} -> " + ", ".join(f"{d} ({n})" for d, n in sorted(deps.items())) if deps else f"{package:15} -> (none)")
+        edges = ", ".join(f"{d} ({n}/{m})" for d, (n, m) in sorted(deps.items()))
+        print(f"{package:15} -> {edges or '(none)'}")
     files, classes = largest()
     print("\n## Largest files (code lines)")
     for lines, name in files:
