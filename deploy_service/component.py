@@ -1,8 +1,8 @@
 """Deploys as an ide_server component: the deployments API, the logs WebSocket, the apps' proxy, the lifespan.
 
-Handlers are thin; DeployService holds the rules. Editors deploy, roll back, scale, stop and read
-the logs (an app may print its secrets); the owner deletes; members read the status; everyone
-reaches the app at /apps/{slug}/.
+Handlers are thin; DeployService (over rules.py, rollout.py, supervisor.py) does the work. Editors
+deploy, roll back, scale, stop and read the logs (an app may print its secrets); the owner deletes;
+members read the status; everyone reaches the app at /apps/{slug}/.
 """
 
 from __future__ import annotations

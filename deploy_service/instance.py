@@ -27,7 +27,7 @@ from typing import Literal
 
 from deploy_service.detect import PORT
 from deploy_service.upstream import Upstream, UpstreamError
-from sandbox.backend import Backend, Mount, RunContext, RunSpec, SandboxRun
+from sandbox.backend import Backend, ExitStatus, Mount, RunContext, RunSpec, SandboxRun
 from sandbox.cgroups import RunCgroup, cgroup_dirs, remove_cgroup
 from sandbox.errors import SandboxUnavailable
 from sandbox.files import copy_in
@@ -168,7 +168,7 @@ class AppInstance:
         self.started_at = 0.0
         self.stopping = False
         self.upstream: Upstream | None = None
-        self._exit: asyncio.Task | None = None
+        self._exit: asyncio.Future[ExitStatus] | None = None
         self._stack = ExitStack()
         self._execution = None
         self._output: _Output | None = None
@@ -207,7 +207,7 @@ class AppInstance:
     def exited(self) -> bool:
         return self._exit is not None and self._exit.done()
 
-    async def wait_exit(self):
+    async def wait_exit(self) -> ExitStatus:
         """The ExitStatus once the app (and its sandbox) ended."""
         assert self._exit is not None
         return await asyncio.shield(self._exit)

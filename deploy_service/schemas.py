@@ -21,10 +21,13 @@ class ReleasePublic(BaseModel):
     finished_at: datetime | None
 
 
+DeploymentStatus = Literal["deploying", "running", "unhealthy", "stopped", "failed"]
+
+
 class DeploymentPublic(BaseModel):
     slug: str
     url: str
-    status: Literal["deploying", "running", "unhealthy", "stopped", "failed"]
+    status: DeploymentStatus
     instances: int
     healthy_instances: int
     current_release: ReleasePublic | None

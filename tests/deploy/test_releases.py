@@ -148,11 +148,11 @@ def test_scaling_spreads_requests_round_robin(owner, served):
     assert len({owner.client.get(f"{url}instance").text for _ in range(4)}) == 1
     assert owner.post(f"/api/projects/{project_id}/deployment/scale", json={"instances": 99}).status_code == 422
     deploys = served.app.state.services.deploys
-    deploys.max_instances, cap = 1, deploys.max_instances
+    deploys.supervisor.max_instances, cap = 1, deploys.supervisor.max_instances
     try:
         refused = owner.post(f"/api/projects/{project_id}/deployment/scale", json={"instances": 2})
     finally:
-        deploys.max_instances = cap
+        deploys.supervisor.max_instances = cap
     assert refused.status_code == 409 and "its maximum is 1" in refused.json()["detail"]
     assert owner.get(f"/api/projects/{project_id}/deployment").json()["instances"] == 1  # unchanged
     assert owner.client.get(f"{url}instance").status_code == 200
