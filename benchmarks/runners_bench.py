@@ -27,9 +27,9 @@ import redis.asyncio as aioredis  # noqa: E402
 
 from ide_server.leases import connect  # noqa: E402
 from sandbox.backend import Backend, RunSpec  # noqa: E402
-from sandbox.bwrap import BwrapBackend  # noqa: E402
-from sandbox.dispatch import heartbeat_key  # noqa: E402
-from sandbox.remote import RemoteBackend  # noqa: E402
+from sandbox.backends.bwrap import BwrapBackend  # noqa: E402
+from sandbox.backends.dispatch import heartbeat_key  # noqa: E402
+from sandbox.backends.remote import RemoteBackend  # noqa: E402
 from sandbox.verdict import Verdict  # noqa: E402
 
 CODEYARD = str(Path(sys.executable).with_name("codeyard"))

@@ -86,12 +86,12 @@ async def main() -> None:
     dockerd = None
     for name in args.backends.split(","):
         if name == "bwrap":
-            from sandbox.bwrap import BwrapBackend
+            from sandbox.backends.bwrap import BwrapBackend
 
             backend: Backend = BwrapBackend()
         else:
-            from sandbox.docker_backend import DockerBackend
-            from sandbox.dockerd import LocalDockerd, docker_client
+            from sandbox.backends.docker import DockerBackend
+            from sandbox.backends.dockerd import LocalDockerd, docker_client
             from sandbox.image import build_image
 
             client = docker_client()

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sandbox.backend import Backend, RunSpec  # noqa: E402
-from sandbox.engine import make_backend  # noqa: E402
+from sandbox.backends.choice import make_backend  # noqa: E402
 from tutorials.format import builtin_courses  # noqa: E402
 from tutorials.grader import grade  # noqa: E402
 

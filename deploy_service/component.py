@@ -24,8 +24,9 @@ from deploy_service.instance import remove_stale_cgroups
 from deploy_service.owner import Ownership, this_replica
 from deploy_service.preview import PreviewGateway
 from deploy_service.proxy import AppsGateway
+from deploy_service.rules import DeploymentNotFound
 from deploy_service.schemas import DeploymentPublic, RollbackCreate, ScaleUpdate
-from deploy_service.service import DeploymentNotFound, DeployService
+from deploy_service.service import DeployService
 from ide_server.components import Component
 from ide_server.deps import ProjectEditor, ProjectMember, ProjectOwner, authenticate_websocket
 from ide_server.error_handlers import ERROR_RESPONSES, answer_like_domain_errors
@@ -33,7 +34,7 @@ from ide_server.errors import DomainError, NotAuthenticated
 from ide_server.models import Role
 from ide_server.services import projects
 from ide_server.wiring import required, services_of
-from sandbox.engine import make_backend
+from sandbox.backends.choice import make_backend
 from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.frames import CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, SOCKET_GONE
 from sandbox.packages.install import bubblewrap_installer

@@ -17,7 +17,7 @@ def build_command(
 ) -> None:
     """Make the Debian base (debootstrap + docker import) unless --base names one, then build the images on it."""
     from ide_server.images import build_images
-    from sandbox.dockerd import docker_client
+    from sandbox.backends.dockerd import docker_client
     from sandbox.image import ImageBuildError
 
     client = docker_client(timeout=1800)

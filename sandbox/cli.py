@@ -22,7 +22,7 @@ def build_image_command(
     """Build the Docker runner image locally (debootstrap + docker import; no registry needed)."""
     import time
 
-    from sandbox.dockerd import docker_client
+    from sandbox.backends.dockerd import docker_client
     from sandbox.image import ImageBuildError, build_image
 
     client = docker_client(timeout=600)
@@ -38,7 +38,7 @@ def build_image_command(
 @app.command("check")
 def check_command(backend: Annotated[str, typer.Option(help="auto, docker or bwrap")] = "auto") -> None:
     """Say which backend would run code here, or why none can."""
-    from sandbox.engine import make_backend
+    from sandbox.backends.choice import make_backend
     from sandbox.errors import SandboxUnavailable
 
     try:
@@ -50,7 +50,7 @@ def check_command(backend: Annotated[str, typer.Option(help="auto, docker or bwr
 @app.command("cleanup")
 def cleanup_command() -> None:
     """Remove what crashed runs left behind (run it while the server is stopped)."""
-    from sandbox.dockerd import docker_client
+    from sandbox.backends.dockerd import docker_client
     from sandbox.sweep import sweep
 
     removed = sweep(docker_client(timeout=10))

@@ -28,8 +28,8 @@ from ide_server.models import Role, User
 from ide_server.schemas import RandomId
 from ide_server.services import projects
 from ide_server.wiring import Services, required, services_of
-from sandbox.dockerd import docker_client
-from sandbox.engine import make_backend
+from sandbox.backends.choice import make_backend
+from sandbox.backends.dockerd import docker_client
 from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.frames import (
     CLOSE_BUSY,

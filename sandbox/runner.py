@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from sandbox.backend import Backend, RunSpec, SandboxRun
-from sandbox.dispatch import (
+from sandbox.backends.dispatch import (
     GROUP,
     HEARTBEAT_S,
     HEARTBEAT_TTL_MS,
@@ -263,7 +263,7 @@ async def start_own_runner(settings) -> Callable[[], Awaitable[None]] | None:
     """With settings.runner_slots, a runner in this process (the replica is a runner node too, through Redis
     like any other); returns what drains and stops it, or None."""
     from ide_server.leases import connect
-    from sandbox.engine import make_backend
+    from sandbox.backends.choice import make_backend
     from sandbox.errors import SandboxUnavailable
 
     if not settings.runner_slots:

@@ -26,7 +26,7 @@ def runner_command(
 
     from ide_server.leases import connect
     from ide_server.settings import Settings
-    from sandbox.engine import make_backend
+    from sandbox.backends.choice import make_backend
     from sandbox.errors import SandboxUnavailable
     from sandbox.runner import Runner, live_runners
 

@@ -29,7 +29,7 @@ def sweep(docker=None) -> list[str]:
         finally:
             os.close(lease)
     if docker is not None:
-        from sandbox.docker_backend import LABEL, POOL_LABEL
+        from sandbox.backends.docker import LABEL, POOL_LABEL
 
         for label in (LABEL, POOL_LABEL):
             for container in docker.containers.list(all=True, filters={"label": label}):

@@ -34,7 +34,7 @@ def _say(line: str) -> None:
 @pytest.fixture(scope="session")
 def docker_engine():
     """A Docker client: the engine that answers, or a dockerd this session starts and stops."""
-    from sandbox.dockerd import LocalDockerd, docker_client
+    from sandbox.backends.dockerd import LocalDockerd, docker_client
     from sandbox.errors import SandboxUnavailable
 
     client = docker_client()
@@ -70,11 +70,11 @@ TEST_LIMITS = dict(cpu_seconds=3, wall_seconds=6, memory_bytes=128 << 20, pids=6
 async def backend(request):
     """Each backend; docker-warm is Docker with a warm pool sized for make_spec's default limits."""
     if request.param == "bwrap":
-        from sandbox.bwrap import BwrapBackend
+        from sandbox.backends.bwrap import BwrapBackend
 
         yield BwrapBackend()
         return
-    from sandbox.docker_backend import DockerBackend
+    from sandbox.backends.docker import DockerBackend
 
     request.getfixturevalue("runner_image")
     client = request.getfixturevalue("docker_engine")
@@ -121,7 +121,7 @@ def leftovers(client=None) -> list[str]:
         for d in cgroup_dirs(base):
             found += [f"cgroup {p}" for p in d.iterdir() if p.is_dir()]
     if client is not None:
-        from sandbox.docker_backend import LABEL, POOL_LABEL
+        from sandbox.backends.docker import LABEL, POOL_LABEL
 
         for label in (LABEL, POOL_LABEL):  # ours: made under our cgroup (another session's engine may be shared)
             found += [f"container {c.name}" for c in client.containers.list(all=True, filters={"label": label})

@@ -34,7 +34,7 @@ from typing import Literal
 from packaging.utils import canonicalize_name
 
 from sandbox.backend import Backend, Mount, RunSpec
-from sandbox.bwrap import BwrapBackend
+from sandbox.backends.bwrap import BwrapBackend
 from sandbox.limits import MIB, Limits
 from sandbox.packages.proxy import NPM_HOSTS, PYPI_HOSTS, SOCKET_NAME, IndexProxy
 from sandbox.packages.verify import share_verified

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from deploy.conftest import deploy, new_project, serve
 from deploy.test_app_kinds import FASTAPI_APP, FLASK_APP, NODE_PACKAGE, NODE_SERVER, STATIC
-from sandbox.docker_backend import LABEL
+from sandbox.backends.docker import LABEL
 
 
 @pytest.fixture(scope="module")

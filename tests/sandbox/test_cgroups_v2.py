@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sandbox import cgroups
-from sandbox.bwrap import JOIN_CGROUPS
+from sandbox.backends.bwrap import JOIN_CGROUPS
 from sandbox.cgroups import CgroupV2, RunCgroup
 
 

@@ -7,7 +7,7 @@ import dataclasses
 
 from conftest import make_spec
 
-from sandbox.bwrap import BwrapBackend
+from sandbox.backends.bwrap import BwrapBackend
 from sandbox.service import RunService
 from sandbox.verdict import Verdict
 

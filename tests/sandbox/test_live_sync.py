@@ -7,7 +7,7 @@ import dataclasses
 
 from conftest import make_spec
 
-from sandbox.bwrap import BwrapBackend
+from sandbox.backends.bwrap import BwrapBackend
 
 
 async def test_files_come_back_while_the_run_goes_on(project):

@@ -8,7 +8,7 @@ import asyncio
 from conftest import make_spec
 
 from sandbox import service as service_module
-from sandbox.bwrap import BwrapBackend
+from sandbox.backends.bwrap import BwrapBackend
 from sandbox.service import RunService, RunState
 
 RUN_SECONDS = 1.5  # how long each of user A's runs sleeps

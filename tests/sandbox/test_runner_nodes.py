@@ -1,5 +1,5 @@
 """Runner nodes for real: a Redis server of the test's own, `codeyard runner` processes on bubblewrap, and
-runs dispatched to them through the runners backend (sandbox.remote), as an IDE replica dispatches them."""
+runs dispatched to them through the runners backend (sandbox.backends.remote), as an IDE replica dispatches them."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from redis_server import RedisServer
 
 from ide_server.leases import connect
 from sandbox.backend import RunSpec
+from sandbox.backends.dispatch import GROUP, RUNS_STREAM, heartbeat_key
+from sandbox.backends.remote import RemoteBackend, runner_of
 from sandbox.cgroups import RunCgroup, cgroup_dirs, remove_cgroup
-from sandbox.dispatch import GROUP, RUNS_STREAM, heartbeat_key
 from sandbox.limits import Limits
-from sandbox.remote import RemoteBackend, runner_of
 from sandbox.verdict import Verdict
 from sandbox.workspace import umount
 

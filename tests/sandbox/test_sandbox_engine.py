@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.engine import make_backend
+from sandbox.backends.choice import make_backend
 from sandbox.errors import SandboxUnavailable
 
 

@@ -100,7 +100,7 @@ def test_bad_argv_is_refused(project, argv):
 
 
 async def test_warm_pool_serves_runs_and_leaves_nothing(docker_engine, runner_image, project):
-    from sandbox.docker_backend import DockerBackend
+    from sandbox.backends.docker import DockerBackend
     from sandbox.limits import Limits
 
     backend = DockerBackend(docker_engine, pool_limits=Limits(**TEST_LIMITS), pool_size=2)

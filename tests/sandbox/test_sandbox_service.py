@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from conftest import make_spec
 
-from sandbox.bwrap import BwrapBackend
+from sandbox.backends.bwrap import BwrapBackend
 from sandbox.errors import QueueFull, RunNotFound
 from sandbox.service import RunService
 

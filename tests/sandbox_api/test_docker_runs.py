@@ -33,7 +33,7 @@ def test_a_run_in_docker(docker_served):
 def test_runs_take_warm_containers_and_the_pool_goes_with_the_server(docker_engine, runner_image, tmp_path):
     """CODEYARD_SANDBOX_WARM_CONTAINERS: idle containers wait for runs with the default limits; a run
     takes one (it is not reused), and stopping the server removes the rest."""
-    from sandbox.docker_backend import POOL_LABEL
+    from sandbox.backends.docker import POOL_LABEL
 
     def pool(**filters) -> set[str]:  # the low-level list: no inspect of a container being removed
         return {c["Id"] for c in docker_engine.api.containers(all=True, filters={"label": POOL_LABEL, **filters})}

@@ -22,7 +22,7 @@ from redis_server import RedisServer
 
 from ide_server.app import create_app
 from ide_server.settings import Settings
-from sandbox.dispatch import heartbeat_key
+from sandbox.backends.dispatch import heartbeat_key
 
 
 @contextmanager

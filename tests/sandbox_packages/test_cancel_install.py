@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sandbox_fixtures import make_spec
 
-from sandbox.bwrap import BwrapBackend
+from sandbox.backends.bwrap import BwrapBackend
 from sandbox.packages.first import PackagesFirst
 from sandbox.packages.install import Installer
 

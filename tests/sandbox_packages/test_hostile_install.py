@@ -25,7 +25,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 from sandbox_fixtures import make_spec
 
-from sandbox.bwrap import BwrapBackend
+from sandbox.backends.bwrap import BwrapBackend
 from sandbox.packages.install import PROXY_TARGET, Installer, InstallFailed
 from sandbox.packages.proxy import SOCKET_NAME
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sandbox_fixtures import make_spec
 
-from sandbox.bwrap import BwrapBackend
+from sandbox.backends.bwrap import BwrapBackend
 from sandbox.packages.install import INSTALL_LIMITS, Installer, InstallFailed
 from sandbox.packages.project import add_packages, installed_for, prepare_node, prepare_python
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from sandbox_fixtures import nothing_left_behind  # noqa: F401  (autouse: every run cleans up)
 
-from sandbox.bwrap import BwrapBackend
+from sandbox.backends.bwrap import BwrapBackend
 from sandbox.limits import Limits
 from sandbox.service import RunService
 from tutorials.format import parse_lesson

@@ -1,4 +1,4 @@
-"""The `runners` backend: runs go to runner nodes through Redis (sandbox.dispatch) instead of starting here.
+"""The `runners` backend: runs go to runner nodes through Redis (sandbox.backends.dispatch) instead of starting here.
 
 It is a Backend like bubblewrap and Docker, so RunService, package installs, the runs API, shells and
 graders use it unchanged: its `_drive` queues the spec on the runs stream and replays what the runner
@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from sandbox.backend import Backend, Execution, ExitStatus, RunContext, RunSpec, SandboxRun
-from sandbox.dispatch import (
+from sandbox.backends.dispatch import (
     RUN_KEYS_TTL_S,
     RUNS_STREAM,
     decode_result,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from sandbox.backend import Backend
-from sandbox.bwrap import BwrapBackend
-from sandbox.docker_backend import DockerBackend
+from sandbox.backends.bwrap import BwrapBackend
+from sandbox.backends.docker import DockerBackend
 from sandbox.errors import SandboxUnavailable
 from sandbox.limits import Limits
 
@@ -42,7 +42,7 @@ REMOTE_CONNECTIONS = 1024
 
 def _runners(redis_url: str | None) -> Backend:
     from ide_server.leases import connect
-    from sandbox.remote import RemoteBackend
+    from sandbox.backends.remote import RemoteBackend
 
     if not redis_url:
         raise SandboxUnavailable("the runners sandbox backend needs Redis (set CODEYARD_REDIS_URL)")

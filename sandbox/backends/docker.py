@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox.backend import WORKSPACE, Backend, Execution, ExitStatus, Mount, RunContext, SandboxRun
+from sandbox.backends.dockerd import docker_client
 from sandbox.cgroups import RunCgroup, remove_cgroup
-from sandbox.dockerd import docker_client
 from sandbox.image import RUNNER_IMAGE
 from sandbox.limits import Limits
 from sandbox.seccomp import docker_profile
