@@ -34,10 +34,16 @@ from ide_server.errors import DomainError, NotAuthenticated
 from ide_server.models import Role
 from ide_server.services import projects
 from ide_server.wiring import required, services_of
-from sandbox.backends.choice import make_backend
-from sandbox.errors import SandboxError, SandboxUnavailable
-from sandbox.frames import CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, SOCKET_GONE
-from sandbox.packages.install import bubblewrap_installer
+from sandbox import (
+    CLOSE_FORBIDDEN,
+    CLOSE_NOT_FOUND,
+    CLOSE_UNAUTHENTICATED,
+    SOCKET_GONE,
+    SandboxError,
+    SandboxUnavailable,
+    bubblewrap_installer,
+    make_backend,
+)
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from sandbox.languages import CONFIG_FILE, read_config_table
+from sandbox import CONFIG_FILE, read_config_table
 
 PORT = 8080
 MAX_INSTANCES = 4

@@ -27,12 +27,10 @@ from typing import Literal
 
 from deploy_service.detect import PORT
 from deploy_service.upstream import Upstream, UpstreamError
-from sandbox.backend import Backend, ExitStatus, Mount, RunContext, RunSpec, SandboxRun
+from sandbox import MIB, Backend, Limits, Mount, RunSpec, SandboxUnavailable, copy_in
+from sandbox.backend import ExitStatus, RunContext, SandboxRun
 from sandbox.cgroups import RunCgroup, cgroup_dirs, remove_cgroup
-from sandbox.errors import SandboxUnavailable
-from sandbox.files import copy_in
 from sandbox.host_lease import lease_uid
-from sandbox.limits import MIB, Limits
 from sandbox.socket_relay import UNIX_TO_TCP
 from sandbox.workspace import kill_uid, runs_root, scratch
 

@@ -27,13 +27,21 @@ from deploy_service.rules import DeployFailed, DeployRules
 from deploy_service.supervisor import AppSupervisor, LiveApp
 from ide_server.errors import DomainError, InvalidInput
 from ide_server.services import projects
-from sandbox.backend import Backend, Mount, RunSpec
-from sandbox.files import WorkspaceTooLarge, copy_in
-from sandbox.limits import MIB, Limits
-from sandbox.packages.install import Installer, InstallFailed
-from sandbox.packages.project import prepare_node, unknown_message
-from sandbox.packages.resolve import resolve_python
-from sandbox.verdict import Verdict
+from sandbox import (
+    MIB,
+    Backend,
+    Installer,
+    InstallFailed,
+    Limits,
+    Mount,
+    RunSpec,
+    Verdict,
+    WorkspaceTooLarge,
+    copy_in,
+    prepare_node,
+    resolve_python,
+    unknown_message,
+)
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,7 @@ from deploy_service.schemas import DeploymentPublic, DeploymentStatus
 from deploy_service.supervisor import MAX_RUNNING_INSTANCES, AppSupervisor
 from ide_server.errors import Conflict
 from ide_server.models import User
-from sandbox.backend import Backend
-from sandbox.errors import SandboxUnavailable
-from sandbox.packages.install import Installer
+from sandbox import Backend, Installer, SandboxUnavailable
 
 log = logging.getLogger(__name__)
 

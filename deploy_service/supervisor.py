@@ -21,8 +21,7 @@ from deploy_service.logs import DeployLog
 from deploy_service.proxy import Route, Routes
 from deploy_service.rules import DeployFailed, DeployRules
 from ide_server.errors import Conflict
-from sandbox.backend import Backend
-from sandbox.errors import SandboxUnavailable
+from sandbox import Backend, SandboxUnavailable
 
 log = logging.getLogger(__name__)
 

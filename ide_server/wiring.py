@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # types only: ide_server imports no feature package at run ti
     from deploy_service.secrets import ProjectSecrets
     from deploy_service.service import DeployService
     from ide_server.events import ProjectEvents
-    from sandbox.runs import ProjectRuns
+    from sandbox import ProjectRuns
 
 
 @dataclass

@@ -17,8 +17,7 @@ from ide_server.errors import InvalidInput
 from ide_server.models import Project, User
 from ide_server.services import files, projects
 from ide_server.wiring import services_of
-from sandbox.errors import SandboxUnavailable
-from sandbox.runs import ProjectRuns
+from sandbox import ProjectRuns, SandboxUnavailable
 from tutorials import grader, service
 from tutorials.schemas import GradePublic
 

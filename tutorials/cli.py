@@ -51,8 +51,7 @@ def check_command(
     format_only: Annotated[bool, typer.Option("--format-only", help="Only validate the format; run nothing.")] = False,
 ) -> None:
     """Validate the format, then grade every lesson's solution (must pass) and starter (must fail) in the sandbox."""
-    from sandbox.backends.choice import make_backend
-    from sandbox.errors import SandboxUnavailable
+    from sandbox import SandboxUnavailable, make_backend
     from tutorials.format import LessonFormatError, load_course
 
     try:

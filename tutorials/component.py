@@ -4,7 +4,7 @@ from fastapi import APIRouter, FastAPI
 
 from ide_server.components import Component
 from ide_server.error_handlers import answer_like_domain_errors
-from sandbox.errors import SandboxError
+from sandbox import SandboxError
 from tutorials.api import lesson_router, router
 
 routes = APIRouter()

@@ -22,10 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from sandbox.backend import Backend, RunSpec
-from sandbox.limits import MIB, Limits
-from sandbox.service import RunService
-from sandbox.verdict import RunResult, Verdict
+from sandbox import MIB, Backend, Limits, RunResult, RunService, RunSpec, Verdict
 from tutorials.format import Lesson, check_file_name
 from tutorials.friendly import ErrorInfo, error_from_output, explain
 

@@ -1,5 +1,6 @@
 """The gates of `make lint` fail on a planted violation and pass without it: ruff (an unused import),
-the import contracts (llm_engine importing ide_server, a package importing another's routes), mypy
+the import contracts (llm_engine importing ide_server, a package importing another's routes or a module behind
+the sandbox's face), mypy
 (a type error). Each runs the real tool with the repository's own configuration (pyproject.toml)."""
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def test_ruff_fails_on_an_unused_import(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("path", "code", "contract"), [
     ("llm_engine/planted.py", "from ide_server import models\n", "llm_engine is a library"),
     ("tutorials/planted.py", "from sandbox import component\n", "sandbox's route module is its own"),
+    ("deploy_service/planted.py", "from sandbox.limits import MIB\n", "the sandbox through its face"),
     ("ide_server/planted.py", "import tutorials.service\n", "packages form layers"),
     ("sandbox/planted_a.py", "from sandbox import planted_b\n", "no import cycle"),
 ])
