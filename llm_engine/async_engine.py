@@ -235,6 +235,8 @@ class AsyncLLMEngine:
             if not self._apply_commands(engine, block):
                 return
             if not engine.has_unfinished_requests():
+                if engine.release_kv_holds():  # a prefill instance's transfers end while it idles
+                    self._stats = engine.get_stats()
                 continue
             try:
                 outputs = engine.step()

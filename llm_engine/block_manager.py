@@ -163,6 +163,17 @@ class BlockManager:
             self._release(block_id)
         del seq.block_table[keep:]
 
+    def hold(self, block_ids: list[int]) -> list[int]:
+        """One more reference on each block (kept for a KV transfer after its sequence is freed)."""
+        for block_id in block_ids:
+            self.blocks[block_id].ref_count += 1
+        return list(block_ids)
+
+    def release(self, block_ids: list[int]) -> None:
+        """Drop references taken by `hold`, tail blocks first."""
+        for block_id in reversed(block_ids):
+            self._release(block_id)
+
     def _release(self, block_id: int) -> None:
         block = self.blocks[block_id]
         block.ref_count -= 1

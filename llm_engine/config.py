@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from llm_engine.kv_connector import KVTransferConfig
     from llm_engine.speculative import SpeculativeConfig
 
 _MEMORY_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
@@ -64,6 +65,7 @@ class EngineConfig:
     quantization: str | dict | None = "auto"
     encoder_cache_memory: int | str = "256MiB"
     speculative_config: dict | SpeculativeConfig | None = None
+    kv_transfer_config: dict | KVTransferConfig | None = None  # disaggregated prefill/decode
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -100,3 +102,9 @@ class EngineConfig:
             from llm_engine.speculative import SpeculativeConfig
 
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        if self.kv_transfer_config is not None:
+            from llm_engine.kv_connector import KVTransferConfig
+
+            if self.tensor_parallel_size > 1 or self.device != "cpu":
+                raise ValueError("kv_transfer_config: disaggregated serving runs on one CPU rank so far")
+            self.kv_transfer_config = KVTransferConfig.from_dict(self.kv_transfer_config)

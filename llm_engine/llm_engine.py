@@ -9,6 +9,7 @@ from llm_engine.block_manager import BlockManager
 from llm_engine.config import EngineConfig
 from llm_engine.detokenizer import IncrementalDetokenizer, find_stop_string
 from llm_engine.executor import MultiprocExecutor, WorkerGroupError
+from llm_engine.kv_connector import KVConnector, KVTransferConfig, KVTransferError
 from llm_engine.loader import ModelSource
 from llm_engine.model_runner import ModelRunner
 from llm_engine.models.registry import resolve_model_class
@@ -108,6 +109,14 @@ class LLMEngine:
         self.speculative = config.speculative_config
         self.spec_counters = SpecDecodeCounters()
         self._grammar_compiler: GrammarCompiler | None = None  # built by the first constrained request
+        self.kv_connector = self._make_kv_connector()
+
+    def _make_kv_connector(self) -> KVConnector | None:
+        """Disaggregated serving's side of this engine (config checked: one rank, a ModelRunner)."""
+        config = self.config.kv_transfer_config
+        if not isinstance(config, KVTransferConfig) or not isinstance(self.model_runner, ModelRunner):
+            return None
+        return KVConnector(config, self.model_runner.kv_cache, self.model_runner.kv_pool_path)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> LLMEngine:
@@ -179,6 +188,7 @@ class LLMEngine:
         if not token_ids:
             raise ValueError("prompt: must not be empty")
         grammar = self._compile_grammar(params)
+        self._check_kv_transfer(params, token_ids)
         request = Request(request_id, text, token_ids, params, priority, arrival_time,
                           use_priority=self.config.scheduling_policy == "priority", images=images,
                           grammar=grammar)
@@ -199,6 +209,18 @@ class LLMEngine:
         if self._grammar_compiler is None:
             self._grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         return self._grammar_compiler.compile(params.structured_outputs)
+
+    def _check_kv_transfer(self, params: SamplingParams, token_ids: list[int]) -> None:
+        if params.kv_transfer_params is None:
+            return
+        if self.kv_connector is None:
+            raise ValueError("kv_transfer_params: this engine is not a prefill or decode instance "
+                             "(it has no kv_transfer_config)")
+        self.kv_connector.check_params(params.kv_transfer_params, token_ids)
+        if self.kv_connector.config.is_producer and params.n != 1:
+            raise ValueError("kv_transfer_params: a prefill instance computes one sample (n=1)")
+        if params.prompt_logprobs is not None:
+            raise ValueError("kv_transfer_params: prompt logprobs need the whole prompt computed in one place")
 
     def abort_request(self, request_id: str | list[str], reason: str = "abort") -> None:
         """Abort requests by id (unknown or finished ids are ignored); their blocks are freed now."""
@@ -223,9 +245,12 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule, run one forward pass, sample, and report requests that changed."""
         self._abort_timed_out()
+        self.release_kv_holds()
         if self.speculative is not None:
             self._propose_drafts()
         out = self.scheduler.schedule()
+        for seq, first_block in out.loads:
+            self._load_remote_kv(seq, first_block)
         self.last_iteration_tokens = out.num_batched_tokens
         if out.scheduled:
             self._run(out)
@@ -270,6 +295,36 @@ class LLMEngine:
         for seq, draft_results in verified:
             self._accept_draft(seq, draft_results)
 
+    def release_kv_holds(self) -> int:
+        """Free the blocks of KV transfers that ended (a prefill instance); returns how many."""
+        if self.kv_connector is None:
+            return 0
+        released = self.kv_connector.take_released()
+        self.block_manager.release(released)
+        return len(released)
+
+    def _load_remote_kv(self, seq: Sequence, first_block: int) -> None:
+        """A decode instance: pull the prompt's KV from the prefill instance into the blocks its
+        prefix cache did not have; the last prompt token is computed here, so it samples as usual."""
+        assert self.kv_connector is not None
+        params = seq.request.params.kv_transfer_params
+        assert params is not None
+        try:
+            self.kv_connector.receive(params, first_block, seq.block_table[first_block:])
+        except KVTransferError as exc:
+            seq.request.error = f"KVTransferError: {exc}"
+            self._finish(seq, SequenceStatus.FINISHED_ERROR)
+            return
+        seq.num_computed_tokens = seq.num_tokens - 1
+        self.block_manager.cache_full_blocks(seq)
+
+    def _keep_kv_for_decode(self, seq: Sequence) -> None:
+        """A prefill instance: keep the finished prompt's blocks for the decode instance to pull."""
+        assert self.kv_connector is not None
+        request = seq.request
+        held = self.block_manager.hold(seq.block_table)
+        request.kv_transfer_params = self.kv_connector.send(held, request.prompt_token_ids)
+
     def _restart_worker_group(self, exc: WorkerGroupError) -> None:
         """The KV of every running request was in the lost group: fail those requests, forget
         the prefix cache, and start a fresh group (waiting requests run on it)."""
@@ -282,9 +337,11 @@ class LLMEngine:
         self.model_runner.restart()
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers (nothing to do for an in-process engine)."""
+        """Stop the tensor-parallel workers and the KV connector's port."""
         if isinstance(self.model_runner, MultiprocExecutor):
             self.model_runner.shutdown()
+        if self.kv_connector is not None:
+            self.kv_connector.close()
 
     def _record_prompt_logprobs(self, request: Request, start: int, logits) -> None:
         """Logits of positions start.. predict prompt tokens start+1..; positions already recorded
@@ -410,6 +467,10 @@ class LLMEngine:
         return None
 
     def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        if (self.kv_connector is not None and self.kv_connector.config.is_producer and seq.block_table
+                and seq.request.params.kv_transfer_params is not None
+                and status in (SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH_CAPPED)):
+            self._keep_kv_for_decode(seq)
         self.scheduler.finish(seq, status)
         request = seq.request
         self._updated.add(request.request_id)
@@ -447,7 +508,8 @@ class LLMEngine:
                 finish_reason=seq.status.finish_reason, stop_reason=seq.stop_reason))
         prompt_logprobs = list(request.prompt_logprobs) if request.prompt_logprobs is not None else None
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, completions,
-                             request.is_finished, request.metrics, request.error, prompt_logprobs)
+                             request.is_finished, request.metrics, request.error, prompt_logprobs,
+                             request.kv_transfer_params)
 
     def kv_cache_occupancy(self) -> tuple[int, int]:
         """(slots in blocks held by live sequences, of those the slots holding a computed token).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -63,3 +64,4 @@ class RequestOutput:
     error: str | None = None
     # With SamplingParams.prompt_logprobs: one entry per prompt token, None for the first one.
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    kv_transfer_params: dict[str, Any] | None = None  # a prefill instance's: where a decode instance pulls the KV

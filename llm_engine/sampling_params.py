@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from llm_engine.structured_outputs import StructuredOutputsParams
 
@@ -39,6 +40,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     timeout: float | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    # Disaggregated serving (vLLM's field): {"do_remote_decode": true} asks a prefill instance to
+    # keep the prompt's KV; a prefill instance's answer makes a decode instance pull it.
+    kv_transfer_params: dict[str, Any] | None = None
     stop_list: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -7,7 +7,9 @@ its blocks are freed and it is recomputed from its tokens later, reusing cached 
 Under the priority policy a waiting request that does not fit (blocks or `max_num_seqs`)
 preempts running ones of lower priority, as in vLLM. Images are budgeted like tokens: a prefill
 chunk stops before an image whose encoding would take the step's image placeholders past
-`max_num_batched_tokens` (the step's first image always runs).
+`max_num_batched_tokens` (the step's first image always runs). On a decode instance of
+disaggregated serving, a request prefilled elsewhere is admitted with blocks for its prompt but
+nothing to compute: its KV is loaded into them (`loads`) and it decodes from the next step.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class SchedulerOutput:
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, new tokens)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
     preempted: list[Sequence] = field(default_factory=list)
+    loads: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, first block to load)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -39,6 +42,7 @@ class Scheduler:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.encoder_budget = config.max_num_batched_tokens  # left this step, in image placeholders
         self.block_manager = block_manager
+        self.loads_remote_kv = getattr(config.kv_transfer_config, "kv_role", None) == "kv_consumer"
         self.waiting: list[Sequence] = []  # kept sorted by Sequence.sort_key
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -117,6 +121,14 @@ class Scheduler:
             copies = None
             if len(self.running) + group <= self.max_num_seqs:
                 cached = [] if seq.request.needs_prompt_logits else bm.find_cached_prefix(seq)
+                if self._prefilled_elsewhere(seq):
+                    # blocks up to the last prompt token, which is computed here to sample from
+                    copies = bm.allocate_slots(seq, seq.num_tokens - 1 - len(cached) * bm.block_size, cached)
+                    if copies is None:
+                        break
+                    self._admit(seq, cached)
+                    out.loads.append((seq, len(cached)))
+                    continue
                 num_new = min(seq.num_tokens - len(cached) * bm.block_size, budget)
                 num_new = self._fit_encoder_budget(seq, len(cached) * bm.block_size, num_new)
                 if num_new == 0:
@@ -128,15 +140,26 @@ class Scheduler:
                     break
                 budget += self._unschedule(victim, out)
                 continue
-            bm.record_prefix_lookup(seq.num_tokens, len(cached) * bm.block_size)
-            if seq.status is SequenceStatus.WAITING:
-                seq.request.metrics.num_cached_tokens = len(cached) * bm.block_size
-            self.waiting.pop(0)
-            seq.set_status(SequenceStatus.RUNNING)
-            self.running.append(seq)
+            self._admit(seq, cached)
             out.scheduled.append((seq, num_new))
             out.block_copies.extend(copies)
             budget -= num_new
+
+    def _prefilled_elsewhere(self, seq: Sequence) -> bool:
+        """A decode instance's request whose prompt KV waits on the prefill instance (not once
+        preempted: then it is recomputed here)."""
+        return (self.loads_remote_kv and seq.status is SequenceStatus.WAITING
+                and seq.request.params.kv_transfer_params is not None)
+
+    def _admit(self, seq: Sequence, cached: list[int]) -> None:
+        """Move the head of the waiting queue, which got its blocks, into the running set."""
+        bm = self.block_manager
+        bm.record_prefix_lookup(seq.num_tokens, len(cached) * bm.block_size)
+        if seq.status is SequenceStatus.WAITING:
+            seq.request.metrics.num_cached_tokens = len(cached) * bm.block_size
+        self.waiting.pop(0)
+        seq.set_status(SequenceStatus.RUNNING)
+        self.running.append(seq)
 
     def _priority_victim(self, seq: Sequence) -> Sequence | None:
         """Under the priority policy: the running sequence that a waiting one of strictly higher

@@ -156,6 +156,7 @@ class Request:
         self.arrival_time = time.time() if arrival_time is None else arrival_time
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
         self.error: str | None = None
+        self.kv_transfer_params: dict | None = None  # a prefill instance's handle to the KV it keeps
         self.seqs: list[Sequence] = [Sequence(self, 0, self.prompt_token_ids)]
         # Entry i is prompt token i's logprob (the first token has none); filled as prefill goes.
         self.prompt_logprobs: list[dict | None] | None = [None] if params.prompt_logprobs is not None else None

@@ -1,0 +1,329 @@
+"""Moving a request's KV blocks from a prefill instance's pool into a decode instance's pool.
+
+The shape of vLLM's KV connector and TensorRT-LLM's cache transceiver, for disaggregated serving.
+The prefill instance (the producer) computes a prompt and `send` keeps the request's filled blocks,
+returning the `kv_transfer_params` the proxy hands to the decode instance. The decode instance (the
+consumer) gives the prompt blocks, keeps those its own prefix cache already holds, and `receive`
+pulls the rest. The consumer pulls because only it knows which blocks it has.
+
+- Control: one TCP connection per transfer to the producer's KV port. The consumer sends a JSON
+  line (shared key, transfer id, first block, count, transport) and the producer answers with one.
+- "shm" (one host): the producer's pool lives in a file under /dev/shm (mode 0600). The answer names
+  the file and the block ids, the consumer copies those blocks out of its own mapping of the file,
+  then says it is done.
+- "socket" (between hosts): the blocks' bytes follow the answer.
+
+The producer lets go of a transfer's blocks when its connection ends (done, an error or a dead
+consumer) or when nobody asked for them within `hold_timeout_s`. The engine frees them on its own
+thread (`take_released`), because the block manager is not shared between threads. Held blocks are
+never written: the engine only writes blocks it has just handed out.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import hmac
+import json
+import math
+import os
+import queue
+import secrets
+import socket
+import socketserver
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from io import BufferedIOBase
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROLES = ("kv_producer", "kv_consumer")
+TRANSPORTS = ("shm", "socket")
+CONNECT_TIMEOUT_S = 5.0
+TRANSFER_TIMEOUT_S = 60.0
+
+
+class KVTransferError(RuntimeError):
+    """A transfer that could not be done: the request fails, its blocks are freed."""
+
+
+@dataclass
+class KVTransferConfig:
+    """vLLM's `kv_transfer_config` fields that apply here. For a producer, `kv_ip`/`kv_port` are the
+    address its KV port listens on (port 0: any free one). For a consumer, they are the producer's
+    address. `kv_key` is the shared secret of the KV port (None: none)."""
+
+    kv_role: str
+    kv_ip: str = "127.0.0.1"
+    kv_port: int = 0
+    kv_transport: str = "shm"
+    kv_key: str | None = None
+    hold_timeout_s: float = 30.0
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any] | KVTransferConfig) -> KVTransferConfig:
+        if isinstance(value, KVTransferConfig):
+            config = value
+        elif isinstance(value, dict):
+            unknown = sorted(set(value) - set(cls.__dataclass_fields__))
+            if unknown:
+                raise ValueError(f"kv_transfer_config: unknown keys {unknown}")
+            if "kv_role" not in value:
+                raise ValueError("kv_transfer_config: kv_role is required (kv_producer or kv_consumer)")
+            config = cls(**value)
+        else:
+            raise ValueError(f"kv_transfer_config: expected a dict, got {value!r}")
+        if config.kv_role not in ROLES:
+            raise ValueError(f"kv_transfer_config: kv_role must be one of {ROLES}, got {config.kv_role!r}")
+        if config.kv_transport not in TRANSPORTS:
+            raise ValueError(f"kv_transfer_config: kv_transport must be one of {TRANSPORTS}, "
+                             f"got {config.kv_transport!r}")
+        if not isinstance(config.kv_port, int) or not 0 <= config.kv_port <= 65535:
+            raise ValueError(f"kv_transfer_config: kv_port must be a port number, got {config.kv_port!r}")
+        if config.kv_role == "kv_consumer" and config.kv_port == 0:
+            raise ValueError("kv_transfer_config: a kv_consumer needs the producer's kv_port")
+        if config.hold_timeout_s <= 0:
+            raise ValueError(f"kv_transfer_config: hold_timeout_s must be positive, got {config.hold_timeout_s!r}")
+        return config
+
+    @property
+    def is_producer(self) -> bool:
+        return self.kv_role == "kv_producer"
+
+
+def shared_kv_pool(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, Path]:
+    """A zeroed pool in a new file that only this user can map (under /dev/shm where it exists).
+    The file is removed when the process exits normally. A killed process leaves it behind."""
+    folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    path = folder / f"codeyard-kv-{os.getpid()}-{secrets.token_hex(6)}"
+    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+    atexit.register(path.unlink, missing_ok=True)
+    pool = torch.from_file(str(path), shared=True, size=math.prod(shape), dtype=dtype)
+    return pool.view(shape), path
+
+
+def token_hash(token_ids: list[int]) -> str:
+    """Names a prompt's token ids, so a decode instance refuses KV computed for other tokens."""
+    return hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()[:32]
+
+
+def _write_json(stream: BufferedIOBase, message: dict[str, Any]) -> None:
+    stream.write(json.dumps(message).encode() + b"\n")
+    stream.flush()
+
+
+def _read_json(stream: BufferedIOBase) -> dict[str, Any]:
+    line = stream.readline(1 << 20)
+    if not line:
+        raise KVTransferError("the connection closed before an answer came")
+    message = json.loads(line)
+    if not isinstance(message, dict):
+        raise KVTransferError("a malformed message came")
+    return message
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise KVTransferError(f"unknown dtype {name!r}")
+    return dtype
+
+
+@dataclass
+class _Hold:
+    block_ids: list[int]
+    deadline: float
+
+
+class KVConnector:
+    """One instance's side of KV transfers: `send` on a producer, `receive` on a consumer.
+
+    `pool` is the engine's KV pool, shaped (2, layers, blocks, kv heads, block size, head dim).
+    A producer's pool must be the file `pool_path` for the shm transport.
+    """
+
+    def __init__(self, config: KVTransferConfig, pool: torch.Tensor, pool_path: Path | None = None) -> None:
+        self.config = config
+        self.pool = pool
+        self.pool_path = pool_path
+        self.blocks_sent = 0
+        self.blocks_received = 0
+        self._holds: dict[str, _Hold] = {}
+        self._lock = threading.Lock()
+        self._released: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
+        self._mapped: dict[str, torch.Tensor] = {}  # a consumer's mappings of producers' pool files
+        self._server: socketserver.ThreadingTCPServer | None = None
+        if config.is_producer:
+            self._server = _KVServer((config.kv_ip, config.kv_port), _KVHandler, self)
+            threading.Thread(target=self._server.serve_forever, name="kv-connector", daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        """The port a producer's KV is served on."""
+        assert self._server is not None
+        return int(self._server.server_address[1])
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    # ----- producer -----------------------------------------------------------------------------
+
+    def check_params(self, params: dict[str, Any], token_ids: list[int]) -> None:
+        """ValueError unless `params` fit this side: {"do_remote_decode": true} on a producer, a
+        producer's answer for these very tokens on a consumer."""
+        if not isinstance(params, dict):
+            raise ValueError(f"kv_transfer_params: expected an object, got {params!r}")
+        if self.config.is_producer:
+            if params != {"do_remote_decode": True}:
+                raise ValueError('kv_transfer_params: a prefill instance takes {"do_remote_decode": true}')
+            return
+        if not isinstance(params.get("transfer_id"), str):
+            raise ValueError("kv_transfer_params: a decode instance takes a prefill instance's "
+                             "kv_transfer_params (transfer_id, num_tokens, token_hash)")
+        if params.get("num_tokens") != len(token_ids) or params.get("token_hash") != token_hash(token_ids):
+            raise ValueError("kv_transfer_params: the prompt is not the one the prefill instance computed")
+
+    def send(self, block_ids: list[int], token_ids: list[int]) -> dict[str, Any]:
+        """Keep a computed prompt's blocks (the caller holds a reference on each) for one consumer to
+        pull; returns the kv_transfer_params that name them."""
+        transfer_id = secrets.token_urlsafe(16)
+        with self._lock:
+            self._holds[transfer_id] = _Hold(list(block_ids), time.monotonic() + self.config.hold_timeout_s)
+        return {"transfer_id": transfer_id, "num_tokens": len(token_ids), "token_hash": token_hash(token_ids)}
+
+    def take_released(self) -> list[int]:
+        """Blocks the engine may free now: those of finished transfers, and of holds nobody pulled
+        in time."""
+        released: list[int] = []
+        while True:
+            try:
+                released.extend(self._released.get_nowait())
+            except queue.Empty:
+                break
+        now = time.monotonic()
+        with self._lock:
+            for transfer_id in [t for t, hold in self._holds.items() if hold.deadline <= now]:
+                released.extend(self._holds.pop(transfer_id).block_ids)
+        return released
+
+    def num_held_blocks(self) -> int:
+        with self._lock:
+            return sum(len(hold.block_ids) for hold in self._holds.values())
+
+    def _serve(self, rfile: BufferedIOBase, wfile: BufferedIOBase) -> None:
+        """One pull: check the key, take the hold, answer, and release its blocks whatever happens."""
+        ask = _read_json(rfile)
+        key = self.config.kv_key
+        if key is not None and not hmac.compare_digest(str(ask.get("key", "")), key):
+            _write_json(wfile, {"ok": False, "error": "wrong kv key"})
+            return
+        with self._lock:
+            hold = self._holds.pop(str(ask.get("transfer_id")), None)
+        if hold is None:
+            _write_json(wfile, {"ok": False, "error": "unknown or expired transfer"})
+            return
+        try:
+            first, count = ask.get("first_block"), ask.get("count")
+            if (not isinstance(first, int) or not isinstance(count, int) or first < 0 or count < 0
+                    or first + count > len(hold.block_ids)):
+                _write_json(wfile, {"ok": False, "error": f"blocks {first}+{count} are not in the transfer "
+                                                           f"({len(hold.block_ids)} blocks)"})
+                return
+            block_ids = hold.block_ids[first:first + count]
+            layout = {"ok": True, "pool_shape": list(self.pool.shape), "dtype": str(self.pool.dtype)}
+            if ask.get("transport") == "shm" and self.pool_path is not None:
+                _write_json(wfile, {**layout, "path": str(self.pool_path), "block_ids": block_ids})
+                _read_json(rfile)  # done (or the connection ends): the blocks are copied
+            else:
+                blocks = self.pool[:, :, block_ids].contiguous()
+                _write_json(wfile, {**layout, "nbytes": blocks.numel() * blocks.element_size()})
+                wfile.write(blocks.view(-1).view(torch.uint8).numpy().data)
+                wfile.flush()
+            self.blocks_sent += count
+        finally:
+            self._released.put(hold.block_ids)
+
+    # ----- consumer -----------------------------------------------------------------------------
+
+    def receive(self, params: dict[str, Any], first_block: int, dst_block_ids: list[int]) -> None:
+        """Fill `dst_block_ids` with the transfer's blocks from `first_block` on (the ones before
+        are in this pool's prefix cache). KVTransferError when the producer cannot give them."""
+        ask = {"key": self.config.kv_key, "transfer_id": params["transfer_id"], "first_block": first_block,
+               "count": len(dst_block_ids), "transport": self.config.kv_transport}
+        address = (self.config.kv_ip, self.config.kv_port)
+        try:
+            with socket.create_connection(address, timeout=CONNECT_TIMEOUT_S) as sock:
+                sock.settimeout(TRANSFER_TIMEOUT_S)
+                with sock.makefile("rwb") as stream:
+                    _write_json(stream, ask)
+                    answer = _read_json(stream)
+                    if not answer.get("ok"):
+                        raise KVTransferError(f"the prefill instance refused: {answer.get('error')}")
+                    self._check_layout(answer)
+                    dst = torch.tensor(dst_block_ids, dtype=torch.long)
+                    if "path" in answer:
+                        source = self._map(answer["path"], answer["pool_shape"], _dtype(answer["dtype"]))
+                        self.pool[:, :, dst] = source[:, :, answer["block_ids"]]
+                        _write_json(stream, {"done": True})
+                    else:
+                        self.pool[:, :, dst] = self._read_blocks(stream, answer, len(dst_block_ids))
+        except (OSError, ValueError, KeyError) as exc:
+            raise KVTransferError(f"the prefill instance at {address[0]}:{address[1]} failed: "
+                                  f"{type(exc).__name__}: {exc}") from None
+        self.blocks_received += len(dst_block_ids)
+
+    def _check_layout(self, answer: dict[str, Any]) -> None:
+        theirs, ours = list(answer["pool_shape"]), list(self.pool.shape)
+        if theirs[:2] + theirs[3:] != ours[:2] + ours[3:] or answer["dtype"] != str(self.pool.dtype):
+            raise KVTransferError(f"the prefill instance's KV blocks are {theirs} {answer['dtype']}, "
+                                  f"this pool's {ours} {self.pool.dtype}: the two must serve the same model and dtype")
+
+    def _map(self, path: str, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+        """The producer's pool file, mapped once per file."""
+        if path not in self._mapped:
+            pool = torch.from_file(path, shared=True, size=math.prod(shape), dtype=dtype)
+            self._mapped[path] = pool.view(shape)
+        return self._mapped[path]
+
+    def _read_blocks(self, stream: BufferedIOBase, answer: dict[str, Any], count: int) -> torch.Tensor:
+        shape = list(self.pool.shape)
+        shape[2] = count
+        data = bytearray(answer["nbytes"])
+        if len(data) != math.prod(shape) * self.pool.element_size():
+            raise KVTransferError(f"{len(data)} bytes announced for {count} blocks")
+        view, got = memoryview(data), 0
+        while got < len(data):
+            read = stream.readinto(view[got:])
+            if not read:
+                raise KVTransferError(f"the connection closed after {got} of {len(data)} bytes")
+            got += read
+        if not data:
+            return self.pool[:, :, :0]
+        return torch.frombuffer(data, dtype=torch.uint8).view(self.pool.dtype).view(shape)
+
+
+class _KVServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], handler: type, connector: KVConnector) -> None:
+        self.connector = connector
+        super().__init__(address, handler)
+
+
+class _KVHandler(socketserver.StreamRequestHandler):
+    server: _KVServer
+
+    def handle(self) -> None:
+        self.connection.settimeout(TRANSFER_TIMEOUT_S)
+        try:
+            self.server.connector._serve(self.rfile, self.wfile)
+        except (OSError, ValueError, KVTransferError):
+            pass  # the consumer is gone or spoke nonsense; the hold was released in _serve
+

@@ -1,0 +1,128 @@
+"""Disaggregated prefill/decode at the engine level: a prefill engine keeps a prompt's KV, a
+decode engine pulls it over the KV connector (shared memory and socket transports) and gives
+the same greedy tokens as one engine. The decode side pulls only the blocks its prefix cache
+lacks. Every block is freed on both sides, after failed transfers too. The served pair behind
+the proxy is tested in tests/llm_serving/test_llm_parallel_disagg.py."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from llm_engine import LLM, SamplingParams
+from llm_engine.kv_connector import token_hash
+
+KEY = "kv-secret"
+BS = 16
+# a mixed batch: short and long, one block exactly, two sharing a 48-token prefix
+PROMPTS = [[5, 9, 13], list(range(3, 20)), [7] * 16 + [8], list(range(10, 80)),
+           list(range(100, 148)) + [3, 4, 5], list(range(100, 148)) + [9, 9, 9, 9, 9, 9, 9, 9, 9]]
+GREEDY = dict(temperature=0, max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_llama) -> list[list[int]]:
+    """What one engine generates for PROMPTS."""
+    outs = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64).generate(PROMPTS, SamplingParams(**GREEDY),
+                                                                            use_tqdm=False)
+    return [out.outputs[0].token_ids for out in outs]
+
+
+@pytest.fixture(scope="module")
+def producer(tiny_llama):
+    llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64,
+              kv_transfer_config={"kv_role": "kv_producer", "kv_key": KEY})
+    yield llm
+    llm.engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def consumer(tiny_llama, producer):
+    return consumer_for(tiny_llama, producer)
+
+
+def consumer_for(folder, producer: LLM, **config) -> LLM:
+    kv = {"kv_role": "kv_consumer", "kv_port": producer.engine.kv_connector.port, "kv_key": KEY, **config}
+    return LLM(str(folder), dtype="float32", num_kv_blocks=64, kv_transfer_config=kv)
+
+
+def prefill(producer: LLM, prompts: list[list[int]]) -> list[dict]:
+    outs = producer.generate(prompts, SamplingParams(temperature=0, max_tokens=1,
+                                                     kv_transfer_params={"do_remote_decode": True}), use_tqdm=False)
+    return [out.kv_transfer_params for out in outs]
+
+
+def decode(consumer: LLM, prompts: list[list[int]], transfers: list[dict]) -> list:
+    params = [SamplingParams(**GREEDY, kv_transfer_params=t) for t in transfers]
+    return consumer.generate(prompts, params, use_tqdm=False)
+
+
+def assert_all_free(*llms: LLM) -> None:
+    for llm in llms:
+        llm.engine.release_kv_holds()
+        stats = llm.engine.get_stats()
+        assert stats.num_free_blocks == stats.num_total_blocks
+
+
+def pull(producer: LLM, ask: dict) -> dict:
+    """One raw pull request on the producer's KV port; its first answer (the socket then closes)."""
+    with socket.create_connection(("127.0.0.1", producer.engine.kv_connector.port)) as sock:
+        sock.sendall(json.dumps(ask).encode() + b"\n")
+        return json.loads(sock.makefile("rb").readline())
+
+
+def test_shared_memory_transfers_give_one_engines_tokens_and_skip_cached_blocks(expected, producer, consumer):
+    outs = decode(consumer, PROMPTS, prefill(producer, PROMPTS))
+    assert [out.outputs[0].token_ids for out in outs] == expected
+    assert all(out.error is None for out in outs)
+    first_pass = consumer.engine.kv_connector.blocks_received
+    # the two prompts sharing a prefix were admitted in the same step: both pulled it
+    assert first_pass == sum(-(-(len(p) - 1) // BS) for p in PROMPTS)
+
+    hits_before = producer.engine.get_stats().prefix_cache_hits
+    outs = decode(consumer, PROMPTS, prefill(producer, PROMPTS))  # both sides cache these prompts now
+    assert [out.outputs[0].token_ids for out in outs] == expected
+    assert producer.engine.get_stats().prefix_cache_hits > hits_before
+    # only each prompt's partial last block comes again; full blocks are in the decode side's cache
+    assert consumer.engine.kv_connector.blocks_received - first_pass == sum(1 for p in PROMPTS if (len(p) - 1) % BS)
+    assert_all_free(producer, consumer)
+    assert producer.engine.kv_connector.num_held_blocks() == 0
+
+
+def test_socket_transfers_give_one_engines_tokens(tiny_llama, expected, producer):
+    consumer = consumer_for(tiny_llama, producer, kv_transport="socket")
+    outs = decode(consumer, PROMPTS, prefill(producer, PROMPTS))
+    assert [out.outputs[0].token_ids for out in outs] == expected
+    assert consumer.engine.kv_connector.blocks_received == sum(-(-(len(p) - 1) // BS) for p in PROMPTS)
+    assert_all_free(producer, consumer)
+
+
+def test_failed_transfers_free_every_block_and_say_why(tiny_llama, producer, consumer):
+    prompt = list(range(30, 70))
+    bogus = {"transfer_id": "no-such-transfer", "num_tokens": len(prompt), "token_hash": token_hash(prompt)}
+    out = decode(consumer, [prompt], [bogus])[0]
+    assert out.outputs[0].finish_reason == "error" and "unknown or expired transfer" in out.error
+    assert_all_free(consumer)
+
+    transfer = prefill(producer, [prompt])
+    ask = {"key": "guess", "transfer_id": transfer[0]["transfer_id"], "first_block": 0, "count": 2, "transport": "shm"}
+    assert pull(producer, ask) == {"ok": False, "error": "wrong kv key"}
+    assert producer.engine.kv_connector.num_held_blocks() == 3  # a refused pull leaves the hold
+    with pytest.raises(ValueError, match="not the one the prefill instance computed"):
+        decode(consumer, [prompt[:-1]], transfer)
+    assert decode(consumer, [prompt], transfer)[0].error is None  # the right consumer still can
+    with pytest.raises(ValueError, match="not a prefill or decode instance"):
+        LLM(str(tiny_llama), num_kv_blocks=8).generate([prompt], SamplingParams(kv_transfer_params={}), use_tqdm=False)
+
+    # a consumer that dies in the middle of a pull (never says done): the producer lets go
+    transfer = prefill(producer, [prompt])
+    assert pull(producer, {**ask, "key": KEY, "transfer_id": transfer[0]["transfer_id"]})["ok"]
+    connector = producer.engine.kv_connector
+    connector.config.hold_timeout_s = 0.01
+    prefill(producer, [[1, 2, 3]])  # never pulled: the hold expires
+    time.sleep(0.05)
+    assert_all_free(producer, consumer)
+    connector.config.hold_timeout_s = 30.0
