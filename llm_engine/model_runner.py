@@ -129,8 +129,14 @@ class ModelRunner:
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory: {config.kv_cache_memory} bytes is less than one block "
                              f"({bytes_per_block} bytes)")
-        self.kv_cache = torch.zeros(2, len(layers), num_blocks, first.num_kv_heads, self.block_size,
-                                    first.head_dim, dtype=self.dtype, device=self.device)
+        shape = (2, len(layers), num_blocks, first.num_kv_heads, self.block_size, first.head_dim)
+        self.kv_pool_path: Path | None = None  # a prefill instance's pool is a file decode instances map
+        if getattr(config.kv_transfer_config, "kv_role", None) == "kv_producer":
+            from llm_engine.kv_connector import shared_kv_pool
+
+            self.kv_cache, self.kv_pool_path = shared_kv_pool(shape, self.dtype)
+        else:
+            self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         for i, layer in enumerate(layers):
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
         return num_blocks
