@@ -1,6 +1,8 @@
-"""`python -m benchmarks`: the benchmark framework's command line (run from the repository root).
+"""`python -m benchmarks` (or `codeyard bench`): the benchmark framework's command line, run from the
+repository root.
 
     python -m benchmarks list
+    python -m benchmarks run throughput --single-stream --out results/single.json   # a self-timed suite
     python -m benchmarks run poisson --targets offline,v1,v2,grpc --repeats 3 --out results/x.json
     python -m benchmarks run grid --set batch=1,8 --set input_len=64 --url http://host:8001 --targets v1,v2
     python -m benchmarks compare baseline.json current.json          # exit 1 on a regression
@@ -12,10 +14,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
+import json
 import sys
+from importlib import import_module
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.suites import SUITES  # noqa: E402
+
+TARGETS = ("offline", "v1", "v2", "grpc")
+
+
+class UsageError(Exception):
+    """Bad input on the command line: printed as one line, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse prints the usage too and exits; one line is enough
+        raise UsageError(message)
 
 
 def _value(text: str):
@@ -43,11 +61,22 @@ def cmd_run(args) -> int:
     from benchmarks.framework.workloads import WORKLOADS, Corpus
     from llm_engine.entrypoints.models import resolve_model
 
-    model_path, _ = resolve_model(args.model)
-    settings = dict(s.split("=", 1) for s in args.set)
-    workload = WORKLOADS[args.workload](Corpus(load_tokenizer(model_path)), args.seed,
-                                        **{k: _value(v) for k, v in settings.items()})
+    build = WORKLOADS.get(args.workload)
+    if build is None:
+        raise UsageError(f"unknown workload {args.workload!r}; choose from {', '.join([*WORKLOADS, *SUITES])}")
+    if any("=" not in s for s in args.set):
+        raise UsageError("--set takes KEY=VALUE")
+    settings = {k: _value(v) for k, v in (s.split("=", 1) for s in args.set)}
+    unknown = sorted(set(settings) - set(inspect.signature(build).parameters) - {"corpus", "seed"})
+    if unknown:
+        raise UsageError(f"workload {args.workload} has no setting {', '.join(unknown)}")
     kinds = args.targets.split(",")
+    if not kinds or set(kinds) - set(TARGETS):
+        raise UsageError(f"--targets: choose from {','.join(TARGETS)}")
+    if args.repeats < 1:
+        raise UsageError("--repeats must be at least 1")
+    model_path, _ = resolve_model(args.model)
+    workload = build(Corpus(load_tokenizer(model_path)), args.seed, **settings)
     server = None
     if any(k != "offline" for k in kinds):
         server = Server(model_path, args.max_num_seqs, url=args.url, grpc=args.grpc, api_key=args.api_key)
@@ -86,10 +115,49 @@ def overhead_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def run_suite(name: str, argv: list[str], prog: str) -> int:
+    """A self-timed suite: its own options, `--repeats` measurements, one result JSON."""
+    from benchmarks.framework import results
+
+    module = import_module(SUITES[name])
+    parser = Parser(prog=f"{prog} run {name}", description=module.__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=1, help="measure this many times (compare needs 4+)")
+    parser.add_argument("--out", "--json", dest="out", help="write the result JSON here")
+    args = module.parse_args(argv, parser)
+    if args.repeats < 1:
+        raise UsageError("--repeats must be at least 1")
+    result = results.new_result("suite", name, json.loads(json.dumps(vars(args), default=str)))
+    result["directions"] = module.DIRECTIONS
+    for repeat in range(args.repeats):
+        if args.repeats > 1:
+            print(f"== {name}: repeat {repeat + 1} of {args.repeats} ==", flush=True)
+        report = module.run(args)
+        for key, figures in module.figures(report).items():
+            results.add_repeat(result, key, figures)
+    result["report"] = report  # the last repeat's every detail, as the suite printed it
+    if args.out:
+        results.save(result, args.out)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def load_results(*paths: str) -> list[dict]:
+    from benchmarks.framework import results
+
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        raise UsageError(f"no result file {missing[0]}")
+    try:
+        return [results.load(p) for p in paths]
+    except (ValueError, KeyError) as exc:
+        raise UsageError(f"not a result file: {exc}") from None
+
+
 def cmd_compare(args) -> int:
     from benchmarks.framework import results
 
-    baseline, current = results.load(args.baseline), results.load(args.current)
+    baseline, current = load_results(args.baseline, args.current)
     verdicts = results.compare(baseline, current, args.figures.split(",") if args.figures else None,
                                args.alpha, args.min_change)
     print(results.table(verdicts, baseline, current))
@@ -107,19 +175,32 @@ def cmd_gate(args) -> int:
 def cmd_report(args) -> int:
     from benchmarks.framework import report
 
+    load_results(*args.results)
     report.write(args.results, args.out)
     print(f"wrote {args.out}")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python -m benchmarks") -> int:
+    """Run one command; bad input prints one line and returns 2."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv[:1] == ["run"] and len(argv) > 1 and argv[1] in SUITES:
+            return run_suite(argv[1], argv[2:], prog)
+        return dispatch(argv, prog)
+    except UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def dispatch(argv: list[str], prog: str) -> int:
+    parser = Parser(prog=prog, description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the named workloads")
 
-    run = sub.add_parser("run", help="run a workload against targets")
+    run = sub.add_parser("run", help="run a workload against targets, or a self-timed suite (`run NAME --help`)")
     run.add_argument("workload")
-    run.add_argument("--targets", default="offline", help="comma list of offline, v1, v2, grpc")
+    run.add_argument("--targets", default="offline", help=f"comma list of {', '.join(TARGETS)}")
     run.add_argument("--model", help="local HF folder or .gguf (default: the built-in SmolLM2)")
     run.add_argument("--url", help="an existing server's base URL (else one is started)")
     run.add_argument("--grpc", help="that server's gRPC host:port")
@@ -158,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
 
         for name, fn in WORKLOADS.items():
             print(f"{name:<16} {(fn.__doc__ or '').strip().splitlines()[0]}")
+        for name, module in SUITES.items():
+            print(f"{name:<16} (self-timed) {(import_module(module).__doc__ or '').strip().splitlines()[0]}")
         return 0
     return {"run": cmd_run, "compare": cmd_compare, "gate": cmd_gate, "report": cmd_report}[args.command](args)
 

@@ -1,108 +1,12 @@
-"""Router benchmark (issue 19): prefix-cache hit rate of data-parallel replicas on a
-shared-preamble workload (a class's students asking about a few exercises, each exercise's
-instructions a long common preamble), for one replica, two behind the cache-aware router, and two
-behind round-robin; each replica's KV pool is the same size. Goal: two cache-aware replicas keep
-at least 90% of one replica's hit rate; round-robin is the baseline they should beat.
+"""Moved: the framework's `router` suite (benchmarks/suites/router.py);
+this path takes the same options."""
 
-    .venv/bin/python benchmarks/llm_router.py                       # built-in SmolLM2
-    .venv/bin/python benchmarks/llm_router.py --preambles 8 --rounds 4 --kv-cache-memory 64MiB
-
-Replicas are real `codeyard llm serve` processes (the --data-parallel-size launcher's); the
-router runs in this process over httpx's ASGI transport. Hit rates come from each replica's
-`vllm:prefix_cache_hits/queries` counters.
-"""
-
-from __future__ import annotations
-
-import argparse
-import asyncio
-import json
-import random
 import sys
-import time
 from pathlib import Path
-
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llm_engine.entrypoints.models import resolve_model  # noqa: E402
-from llm_engine.entrypoints.replicas import replica_servers  # noqa: E402
-from llm_engine.entrypoints.router import create_router_app  # noqa: E402
-
-TOPICS = ["loops", "recursion", "dictionaries", "file handling", "classes", "exceptions", "list comprehensions",
-          "string formatting", "sorting", "generators", "closures", "unit tests"]
-
-
-def workload(num_preambles: int, rounds: int, seed: int) -> list[str]:
-    """rounds x preambles prompts, a round visiting every exercise in a shuffled order."""
-    rng = random.Random(seed)
-    preambles = [f"You are the teaching assistant for the exercise on {TOPICS[i % len(TOPICS)]} (part {i}). "
-                 + " ".join(f"Rule {j}: explain {TOPICS[(i + j) % len(TOPICS)]} step by step, with a short "
-                            f"example the student can run, and never give the full solution." for j in range(8))
-                 for i in range(num_preambles)]
-    prompts = []
-    for r in range(rounds):
-        order = list(range(num_preambles))
-        rng.shuffle(order)
-        prompts += [preambles[i] + f"\nStudent {r}: why does my code for part {i} fail?" for i in order]
-    return prompts
-
-
-def prefix_counters(url: str, key: str) -> tuple[float, float]:
-    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=30).text
-    values = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
-    return values.get("vllm:prefix_cache_hits_total", 0.0), values.get("vllm:prefix_cache_queries_total", 0.0)
-
-
-async def send_all(app, prompts: list[str], model: str) -> float:
-    started = time.perf_counter()
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://router", timeout=600) as client:
-        for prompt in prompts:
-            answer = await client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 1})
-            answer.raise_for_status()
-    return time.perf_counter() - started
-
-
-def run(label: str, serve_args: list[str], replicas: int, policy: str, prompts: list[str], model: str) -> dict:
-    with replica_servers(serve_args, replicas) as (urls, key):
-        app = create_router_app(urls, replica_key=key, policy=policy)
-        seconds = asyncio.run(send_all(app, prompts, model))
-        counters = [prefix_counters(url, key) for url in urls]
-    hits, queries = sum(h for h, _ in counters), sum(q for _, q in counters)
-    row = {"setup": label, "replicas": replicas, "policy": policy, "hit_rate": hits / queries if queries else 0.0,
-           "hit_tokens": hits, "prompt_tokens": queries, "seconds": seconds}
-    print(f"{label:<28} hit rate {row['hit_rate']:6.1%}  ({hits:.0f} of {queries:.0f} prompt tokens)  "
-          f"{seconds:6.1f} s", flush=True)
-    return row
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="local HF folder or .gguf (default: the built-in SmolLM2)")
-    parser.add_argument("--preambles", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--kv-cache-memory", default="64MiB", help="each replica's KV pool")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", help="write the rows here")
-    args = parser.parse_args()
-    path, name = resolve_model(args.model)
-    serve_args = ["--model", path, "--served-model-name", name, "--kv-cache-memory", args.kv_cache_memory,
-                  "--max-num-seqs", "8"]
-    prompts = workload(args.preambles, args.rounds, args.seed)
-    print(f"{len(prompts)} requests, {args.preambles} preambles, KV pool {args.kv_cache_memory} per replica")
-    rows = [run("1 replica", serve_args, 1, "prefix", prompts, name),
-            run("2 replicas, cache-aware", serve_args, 2, "prefix", prompts, name),
-            run("2 replicas, round-robin", serve_args, 2, "round_robin", prompts, name)]
-    single, aware, rr = (row["hit_rate"] for row in rows)
-    print(f"cache-aware / 1 replica: {aware / single:.2f} (goal >= 0.90); "
-          f"round-robin / 1 replica: {rr / single:.2f}; cache-aware / round-robin: {aware / rr:.2f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
-    return 0
-
+from benchmarks.__main__ import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["run", "router", *sys.argv[1:]]))

@@ -39,6 +39,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "secrets": ("deploy_service.secrets_cli:app", "Re-seal project secrets after the server's secret key changed."),
     "images": ("ide_server.images_cli:app", "Build the app, runner, LLM, PostgreSQL and Redis images without a registry."),
     "runner": ("sandbox.runner_cli:app", "Run as a runner node: execute sandbox runs dispatched through Redis."),
+    "bench": ("ide_server.bench_cli:app", "Benchmark the LLM engine and its servers (python -m benchmarks)."),
 }
 
 

@@ -77,6 +77,14 @@ def history(items: list[dict], figure: str) -> bytes:
     return data
 
 
+def _suite_figures(result: dict, runs: list[dict]) -> str:
+    """A self-timed suite's own figures (medians), which the fixed columns do not name."""
+    if result["kind"] != "suite":
+        return ""
+    return ", ".join(f"{f} {_median(runs, f):.4g}" for f in result.get("directions", {})
+                     if all(isinstance(run.get(f), (int, float)) for run in runs))
+
+
 def write(paths: list[str], out: str) -> list[Path]:
     """Write the PNGs and the HTML page; returns the PNG paths."""
     import matplotlib
@@ -89,7 +97,8 @@ def write(paths: list[str], out: str) -> list[Path]:
         if r["kind"] == "workload":
             images.append((f"{r['name']} at {r['git']['commit'][:7]}", curve(r)))
     if len(items) > 1:
-        figure = "throughput_ratio" if items[-1]["kind"] == "gate" else "output_tokens_per_s"
+        figure = {"gate": "throughput_ratio", "suite": next(iter(items[-1].get("directions", {})), "")}.get(
+            items[-1]["kind"], "output_tokens_per_s")
         images.append((f"{figure} over commits", history(items, figure)))
     pngs = []
     for i, (_, data) in enumerate(images):
@@ -102,7 +111,7 @@ def write(paths: list[str], out: str) -> list[Path]:
         f"<td>{html.escape(key)}</td><td>{len(entry['runs'])}</td>"
         + "".join(f"<td>{_median(entry['runs'], f):.2f}</td>" if f in entry["runs"][0] else "<td></td>"
                   for f in ("output_tokens_per_s", "ttft_p50_ms", "tpot_p50_ms", "throughput_ratio"))
-        + f"<td>{html.escape(r['machine']['id'])}</td></tr>"
+        + f"<td>{html.escape(_suite_figures(r, entry['runs']))}</td><td>{html.escape(r['machine']['id'])}</td></tr>"
         for r in items for key, entry in r["figures"].items())
     figures = "".join(f"<figure><img alt=\"{html.escape(title)}\" src=\"data:image/png;base64,"
                       f"{base64.b64encode(data).decode()}\"><figcaption>{html.escape(title)}</figcaption></figure>"
@@ -116,7 +125,7 @@ img{{max-width:100%}}figure{{margin:1em 0}}</style></head><body>
 <p>{len(items)} result file(s); medians over repeats.</p>
 {figures}
 <table><thead><tr><th>created</th><th>commit</th><th>run</th><th>target / phase</th><th>repeats</th>
-<th>tok/s</th><th>TTFT p50 ms</th><th>TPOT p50 ms</th><th>ratio</th><th>machine</th></tr></thead>
+<th>tok/s</th><th>TTFT p50 ms</th><th>TPOT p50 ms</th><th>ratio</th><th>suite figures</th><th>machine</th></tr></thead>
 <tbody>{rows}</tbody></table></body></html>
 """)
     return pngs

@@ -145,8 +145,9 @@ class Verdict:
 
 
 def compare_figure(key: str, figure: str, base: list[float], cur: list[float], alpha: float,
-                   min_change: float) -> Verdict:
-    higher_is_better = DIRECTIONS[figure]
+                   min_change: float, higher_is_better: bool | None = None) -> Verdict:
+    if higher_is_better is None:
+        higher_is_better = DIRECTIONS[figure]
     b, c = statistics.median(base), statistics.median(cur)
     change = c / b - 1 if b else 0.0
     p = mann_whitney_p(base, cur)
@@ -164,16 +165,17 @@ def compare_figure(key: str, figure: str, base: list[float], cur: list[float], a
 
 def compare(baseline: dict, current: dict, figures: list[str] | None = None, alpha: float = 0.05,
             min_change: float = 0.05) -> list[Verdict]:
+    directions = {**DIRECTIONS, **current.get("directions", {})}  # a suite names its own figures' directions
     verdicts = []
     for key, entry in current["figures"].items():
         if key not in baseline["figures"]:
             continue
         base_runs, cur_runs = baseline["figures"][key]["runs"], entry["runs"]
-        for figure in figures or [f for f in DIRECTIONS if f in cur_runs[0]]:
-            base = [r[figure] for r in base_runs if figure in r and not math.isnan(r[figure])]
-            cur = [r[figure] for r in cur_runs if figure in r and not math.isnan(r[figure])]
-            if base and cur:
-                verdicts.append(compare_figure(key, figure, base, cur, alpha, min_change))
+        for figure in figures or [f for f in directions if f in cur_runs[0]]:
+            base = [r[figure] for r in base_runs if figure in r and r[figure] is not None and not math.isnan(r[figure])]
+            cur = [r[figure] for r in cur_runs if figure in r and r[figure] is not None and not math.isnan(r[figure])]
+            if base and cur and figure in directions:
+                verdicts.append(compare_figure(key, figure, base, cur, alpha, min_change, directions[figure]))
     return verdicts
 
 

@@ -10,7 +10,7 @@ from benchmarks._workload import (
     shared_prefix_workload,
     summarize,
 )
-from benchmarks.llm_throughput import parse_args, throughput_ratios
+from benchmarks.suites.throughput import parse_args, throughput_ratios
 
 
 def test_random_workload_is_seeded_and_within_bounds():

@@ -76,6 +76,8 @@ def test_every_target_answers_the_same_workload(bench_results):
             assert run["failed"] == 0 and run["completed"] == int(phase[1])
             assert run["output_tokens_per_s"] > 0 and run["ttft_p50_ms"] > 0 and run["tpot_p50_ms"] > 0
         assert result["figures"]["offline / b3 in24 out6"]["runs"][0]["peak_kv_usage"] > 0
+    # each target warmed up on the whole workload before its timed runs, not only the first target
+    assert result["warmup_requests"] == {"offline": 4, "v1": 4, "v2": 4, "grpc": 4}
 
 
 def test_compare_cli_exits_1_only_on_a_regression(bench_results, tmp_path, capsys):

