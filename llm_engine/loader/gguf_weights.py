@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -52,9 +51,9 @@ def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weight.shape))
 
 
-def tensor_types(path: Path) -> dict[str, str]:
+def tensor_types(reader: GGUFReader) -> dict[str, str]:
     """{Hugging Face name: GGML block type name} of every tensor in the file."""
-    return {hf_name(t.name): t.tensor_type.name for t in GGUFReader(str(path)).tensors}
+    return {hf_name(t.name): t.tensor_type.name for t in reader.tensors}
 
 
 def split_blocks(blocks: np.ndarray, kind: GGMLQuantizationType) -> dict[str, torch.Tensor]:
@@ -108,8 +107,7 @@ def _split_q6_k(blocks: np.ndarray) -> dict[str, torch.Tensor]:
             "scales": torch.from_numpy(scales.astype(np.float16).reshape(rows, -1))}
 
 
-def iter_gguf(path: Path, config, keep: set[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
-    reader = GGUFReader(str(path))
+def iter_gguf(reader: GGUFReader, config, keep: set[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
     arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
     num_heads = config.num_attention_heads
     num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import torch
+from gguf import GGUFReader
 
 from llm_engine.layers.quantization_formats import CheckpointQuant
+from llm_engine.loader.gguf_conversion import config_and_tokenizer
 from llm_engine.loader.gguf_weights import iter_gguf, tensor_types
 from llm_engine.loader.quantized_checkpoint import read_checkpoint_quant, repack
 from llm_engine.loader.safetensors_weights import iter_safetensors
@@ -41,7 +45,7 @@ class ModelSource:
 
         if self.gguf_file is None:
             return AutoConfig.from_pretrained(self.folder, local_files_only=True)
-        config = AutoConfig.from_pretrained(self.folder, gguf_file=self.gguf_file, local_files_only=True)
+        config = self._gguf_metadata[0]
         if not getattr(config, "architectures", None):
             arch = _GGUF_ARCHITECTURES.get(config.model_type)
             config.architectures = [arch] if arch else [config.model_type]
@@ -49,7 +53,7 @@ class ModelSource:
 
     def gguf_tensor_types(self) -> dict[str, str] | None:
         """{weight name: GGML block type} for a GGUF model, None for safetensors."""
-        return None if self.gguf_file is None else tensor_types(self.folder / self.gguf_file)
+        return None if self.gguf_file is None else tensor_types(self._gguf_reader)
 
     def checkpoint_quant(self, config) -> CheckpointQuant | None:
         """An AWQ/GPTQ/fp8 checkpoint's quantization (config.json's quantization_config), else None."""
@@ -62,14 +66,27 @@ class ModelSource:
         if self.gguf_file is None:
             return iter_safetensors(self.folder) if checkpoint is None else repack(iter_safetensors(self.folder),
                                                                                    checkpoint)
-        return iter_gguf(self.folder / self.gguf_file, config, keep_quantized)
+        return iter_gguf(self._gguf_reader, config, keep_quantized)
 
     def tokenizer(self):
         """The tokenizer from the same local files, or None when the folder has none."""
         from transformers import AutoTokenizer
 
         if self.gguf_file is not None and self.tokenizer_path == self.folder:
-            return AutoTokenizer.from_pretrained(self.folder, gguf_file=self.gguf_file, local_files_only=True)
+            return self._gguf_metadata[1]
         if not any((self.tokenizer_path / name).is_file() for name in _TOKENIZER_FILES):
             return None
         return AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
+
+    @cached_property
+    def _gguf_metadata(self) -> tuple[Any, Any]:
+        """The GGUF's config and tokenizer, converted together (see gguf_conversion)."""
+        assert self.gguf_file is not None
+        return config_and_tokenizer(self.folder / self.gguf_file)
+
+    @cached_property
+    def _gguf_reader(self) -> GGUFReader:
+        """One parse of the file's header for both the tensor types and the weights: the reader
+        decodes every metadata field in Python, seconds for a large vocabulary."""
+        assert self.gguf_file is not None
+        return GGUFReader(str(self.folder / self.gguf_file))

@@ -10,6 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
+from llm_engine.loader.gguf_conversion import config_and_tokenizer
+
 # The heavier tensor-parallel tests (many worker groups) run under `make test-llm-parallel`.
 collect_ignore = [] if os.environ.get("CODEYARD_TP_MORE") == "1" else ["test_llm_tensor_parallel_more.py"]
 
@@ -78,10 +80,7 @@ def tiny_llama(tmp_path_factory) -> Path:
 def tiny_llama_smollm_vocab(tmp_path_factory) -> Path:
     """A tiny random Llama over SmolLM2's real vocabulary, saved with that tokenizer (for features
     that work on text: structured outputs, stop strings)."""
-    from transformers import AutoTokenizer
-
-    path = smollm_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    tokenizer = config_and_tokenizer(smollm_gguf_path())[1]
     folder = tmp_path_factory.mktemp("tiny-llama-smollm-vocab")
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,

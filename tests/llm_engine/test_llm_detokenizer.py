@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import pytest
 from conftest import smollm_gguf_path
-from transformers import AutoTokenizer
 
 from llm_engine import LLM, SamplingParams
 from llm_engine.detokenizer import IncrementalDetokenizer, find_stop_string
+from llm_engine.loader.gguf_conversion import config_and_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    path = smollm_gguf_path()
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return config_and_tokenizer(smollm_gguf_path())[1]
 
 
 def test_incremental_text_equals_full_decode(tokenizer):

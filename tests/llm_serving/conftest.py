@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 import uvicorn
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+from transformers import AutoModelForCausalLM, LlamaConfig
 
 from llm_engine.config import EngineConfig
 from llm_engine.entrypoints.app import create_app
 from llm_engine.entrypoints.ensemble import Ensemble
 from llm_engine.entrypoints.models import builtin_model_path
 from llm_engine.entrypoints.service import ServerOptions
+from llm_engine.loader.gguf_conversion import config_and_tokenizer
 
 # Served tensor parallelism starts worker groups: it runs under `make test-llm-parallel`.
 collect_ignore = [] if os.environ.get("CODEYARD_TP_MORE") == "1" else ["test_cli_tensor_parallel.py"]
@@ -34,8 +35,7 @@ ENSEMBLE_CONFIG = Path(__file__).resolve().parents[2] / "llm_engine/entrypoints/
 
 @pytest.fixture(scope="session")
 def smollm_tokenizer():
-    path = builtin_model_path()
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    return config_and_tokenizer(builtin_model_path())[1]
 
 
 @pytest.fixture(scope="session")
