@@ -65,6 +65,7 @@ Deploys = Annotated[DeployService, Depends(_deploys)]
 @router.post("/api/projects/{project_id}/deployments", status_code=status.HTTP_202_ACCEPTED)
 async def deploy(ctx: ProjectEditor, deploys: Deploys) -> DeploymentPublic:
     """Deploy the project as it is now (a fresh checkpoint); the new release goes live once healthy."""
+    assert ctx.user is not None  # an editor is signed in
     return await deploys.deploy(ctx.user, ctx.project.id)
 
 

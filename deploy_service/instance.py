@@ -28,7 +28,7 @@ from typing import Literal
 from deploy_service.detect import PORT
 from deploy_service.upstream import Upstream, UpstreamError
 from sandbox import MIB, Backend, Limits, Mount, RunSpec, SandboxUnavailable, copy_in
-from sandbox.backend import ExitStatus, RunContext, SandboxRun
+from sandbox.backend import Execution, ExitStatus, RunContext, SandboxRun
 from sandbox.cgroups import RunCgroup, cgroup_dirs, remove_cgroup
 from sandbox.host_lease import lease_uid
 from sandbox.socket_relay import UNIX_TO_TCP
@@ -66,7 +66,7 @@ def app_cgroup(name: str, limits: Limits, cpus: float = 1.0) -> RunCgroup | None
 
 def remove_stale_cgroups() -> list[str]:
     """At start-up: remove instance cgroups (v1) a server that died left, those whose uid nobody leases now."""
-    removed = []
+    removed: list[str] = []
     base = RunCgroup.base_relpath(APPS_CGROUP)
     if base is None:
         return removed
@@ -168,7 +168,7 @@ class AppInstance:
         self.upstream: Upstream | None = None
         self._exit: asyncio.Future[ExitStatus] | None = None
         self._stack = ExitStack()
-        self._execution = None
+        self._execution: Execution | None = None
         self._output: _Output | None = None
         self._cgroup: RunCgroup | None = None
         self._uid: int | None = None
@@ -216,7 +216,7 @@ class AppInstance:
         deadline = time.monotonic() + timeout
         last, errors = "no answer", 0
         while time.monotonic() < deadline and errors < HEALTH_ERRORS:
-            if self.exited:
+            if self._exit is not None and self._exit.done():
                 status = self._exit.result()
                 how = f"signal {status.signal}" if status.signal else f"exit code {status.exit_code}"
                 return f"the app exited ({how}) before answering its health check"

@@ -19,14 +19,15 @@ import asyncio
 import itertools
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
-from websockets.asyncio.client import connect, unix_connect
+from websockets.asyncio.client import ClientConnection, connect, unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from deploy_service.instance import AppInstance
@@ -147,7 +148,7 @@ def app_response_headers(headers: list[tuple[bytes, bytes]], own_host: bool) -> 
     return kept
 
 
-async def plain_response(send: Send, status: int, text: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+async def plain_response(send: Send, status: int, text: str, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     body = text.encode()
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode()), *headers]})
@@ -251,7 +252,7 @@ def _upstream_path(scope: Scope, slug: str) -> tuple[str, str]:
 
 
 def _target(scope: Scope) -> str:
-    raw = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+    raw: str = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
     query = scope.get("query_string", b"").decode("latin-1")
     return raw + (f"?{query}" if query else "")
 
@@ -271,7 +272,7 @@ async def proxy_websocket(websocket: WebSocket, routes: Routes, slug: str) -> No
         instance.in_flight -= 1
 
 
-async def relay_websocket(websocket: WebSocket, prefix: str, connect_upstream: Callable[..., Awaitable]) -> None:
+async def relay_websocket(websocket: WebSocket, prefix: str, connect_upstream: Callable[..., Awaitable[Any]]) -> None:
     """Open the upstream WebSocket (with the visitor's subprotocols and headers), accept, relay frames."""
     protocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     headers = [(k, v) for k, v in websocket.headers.items() if k not in WS_REQUEST_HEADERS_DROPPED
@@ -289,7 +290,7 @@ async def relay_websocket(websocket: WebSocket, prefix: str, connect_upstream: C
         await _relay(websocket, upstream)
 
 
-async def _relay(websocket: WebSocket, upstream) -> None:
+async def _relay(websocket: WebSocket, upstream: ClientConnection) -> None:
     async def client_to_app() -> None:
         while True:
             message = await websocket.receive()

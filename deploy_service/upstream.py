@@ -51,7 +51,8 @@ class Response:
 
     def __init__(self, upstream: Upstream, connection: tuple[asyncio.StreamReader, asyncio.StreamWriter],
                  parser: httptools.HttpResponseParser, answer: _Answer, head_only: bool) -> None:
-        self._upstream, self._connection, self._parser, self._answer = upstream, connection, parser, answer
+        self._upstream, self._parser, self._answer = upstream, parser, answer
+        self._connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = connection  # None once given back
         self.status = parser.get_status_code()
         self.headers = answer.headers
         self._reusable = parser.should_keep_alive() and not head_only
@@ -67,6 +68,7 @@ class Response:
         return body
 
     async def body(self) -> AsyncIterator[bytes]:
+        assert self._connection is not None, "the body was read already"
         reader = self._connection[0]
         try:
             while True:

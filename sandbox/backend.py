@@ -300,7 +300,7 @@ async def _watch(run: SandboxRun, execution: Execution, waiter: asyncio.Future[E
     while not waiter.done():
         now = time.monotonic()
         used, cpu = cpu, meter.cpu_seconds() if meter is not None else 0.0
-        pids = meter.pids() if watched else []
+        pids = meter.pids() if watched and meter is not None else []
         ports = listening_ports(pids)
         port = (PREFERRED_PORT if PREFERRED_PORT in ports else min(ports)) if ports else None
         # Idle too: a thread blocked on input must not pause the clock for another that works.
@@ -315,7 +315,7 @@ async def _watch(run: SandboxRun, execution: Execution, waiter: asyncio.Future[E
         if (waiting, port) != (run.waiting_for_input, run.listening_port):
             run.waiting_for_input, run.listening_port = waiting, port
             run.on_change()
-        if waiting_since is not None and now - waiting_since >= patience:
+        if waiting_since is not None and patience is not None and now - waiting_since >= patience:
             what = "input or request" if port is not None else "input"
             run.limit_message = f"no {what} for {_duration(patience)}: the program was stopped"
             break

@@ -32,7 +32,7 @@ class RunCreate(BaseModel):
     entry: str | None = Field(default=None, max_length=1000)
     stdin: str | None = Field(default=None, max_length=1 << 20)
     interactive: StrictBool = False
-    limits: dict[LimitName, float] = Field(default_factory=dict, description=(
+    limits: dict[LimitName, float] = Field(default_factory=dict, description=(  # type: ignore[valid-type]
         "Each a finite number above 0 (at least 1 for counts and bytes) and at most 2**53; "
         "above the server maximum it is lowered to it."))
 

@@ -87,7 +87,8 @@ def join(db: Session, user: User, code: str) -> Classroom:
             )
         )
         for project_id in projects:
-            _grant_viewer(db, project_id, classroom.teacher_id)
+            if project_id is not None:  # (the query leaves none out; the column may be NULL)
+                _grant_viewer(db, project_id, classroom.teacher_id)
         db.commit()
     return classroom
 
@@ -132,8 +133,10 @@ def _revoke_teacher(db: Session, classroom: Classroom, student_id: int) -> list[
             LessonProgress.project_id.is_not(None),
         )
     )
-    revoked = []
+    revoked: list[str] = []
     for project_id in project_ids:
+        if project_id is None:  # (the query leaves none out; the column may be NULL)
+            continue
         member = db.get(Membership, (project_id, classroom.teacher_id))
         if member is not None and member.role == Role.viewer:
             db.delete(member)
@@ -147,8 +150,7 @@ def remove_student(db: Session, classroom: Classroom, username: str, by: User) -
     student = db.scalar(select(User).where(User.username == username.strip().lower()))
     if by.id != classroom.teacher_id and (student is None or student.id != by.id):
         raise PermissionDenied("only the teacher can remove other students")
-    row = db.get(ClassroomStudent, (classroom.id, student.id)) if student is not None else None
-    if row is None:
+    if student is None or (row := db.get(ClassroomStudent, (classroom.id, student.id))) is None:
         raise NotFound(f"{username!r} is not a student of this classroom")
     revoked = _revoke_teacher(db, classroom, student.id)
     db.delete(row)
@@ -194,7 +196,9 @@ def get_for_teacher(db: Session, classroom_id: str, user: User) -> Classroom:
 
 
 def teacher_name(db: Session, classroom: Classroom) -> str:
-    return db.get(User, classroom.teacher_id).username
+    teacher = db.get(User, classroom.teacher_id)
+    assert teacher is not None  # a teacher's classrooms are deleted with them (cascade)
+    return teacher.username
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 WORKSPACE = "/workspace/"
 
@@ -30,7 +31,7 @@ class ErrorInfo:
     test_file: str | None = None  # set when the error happened while loading this test file
 
     @classmethod
-    def from_dict(cls, data: dict) -> ErrorInfo:
+    def from_dict(cls, data: dict[str, Any]) -> ErrorInfo:
         names = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in names})
 
@@ -80,12 +81,13 @@ def _from_traceback(text: str, files: Mapping[str, str]) -> ErrorInfo | None:
     if exc_index is None:
         return None
     match = _PY_EXCEPTION.match(lines[exc_index])
+    assert match is not None  # (exc_index is a line it matches)
     error = ErrorInfo(type=match.group(1).rsplit(".", 1)[-1], message=(match.group(2) or "").strip())
     for line in lines[:exc_index]:
         frame = _PY_FRAME.match(line)
         if frame and _relative(frame.group(1)) in files:
             error.file, error.line, error.in_learner_file = _relative(frame.group(1)), int(frame.group(2)), True
-    if error.file:
+    if error.file and error.line:
         error.code = _source_line(files, error.file, error.line)
     return error
 
@@ -109,13 +111,14 @@ def _from_node_report(text: str, files: Mapping[str, str]) -> ErrorInfo | None:
             error.file, error.line, error.in_learner_file = _relative(found.group(1)), int(found.group(2)), True
             error.column = int(frame.group(3)) if frame else None
             break
-    if error.file:
+    if error.file and error.line:
         error.code = _source_line(files, error.file, error.line)
     return error
 
 
 # (exception type, pattern searched in its message, advice): the first match wins.
-_PYTHON = [
+Advice = list[tuple[str, str, Callable[[re.Match[str]], str]]]
+_PYTHON: Advice = [
     ("IndentationError", r"expected an indented block", lambda m: (
         "Python expected the lines after a ':' (if, for, while, def, class) to be indented. "
         "Put 4 spaces at the start of each line that belongs inside.")),
@@ -200,7 +203,7 @@ _PYTHON = [
     ("FileNotFoundError", r"No such file or directory: (.*)", lambda m: f"There is no file {m.group(1)}. Check the name and folder."),
 ]
 
-_JAVASCRIPT = [
+_JAVASCRIPT: Advice = [
     ("ReferenceError", r"(\S+) is not defined", lambda m: (
         f"JavaScript doesn't know '{m.group(1)}'. Check the spelling (capitals matter), and declare it with let or "
         "const before using it, or put it in quotes if you meant text.")),

@@ -8,8 +8,9 @@ workspace, runs, history and sharing all work on it unchanged.
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any, cast
 
-from sqlalchemy import func, select, update
+from sqlalchemy import CursorResult, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -124,7 +125,7 @@ def work_of_project(db: Session, project: Project) -> LessonWork:
     return work
 
 
-def record_check(db: Session, work: LessonWork, status: str, public_result: dict) -> None:
+def record_check(db: Session, work: LessonWork, status: str, public_result: dict[str, Any]) -> None:
     """Count one attempt (in SQL, so concurrent checks each count); passed stays passed.
     `public_result` is the learner's view of the result (no hidden test in it)."""
     now = utcnow()
@@ -150,11 +151,11 @@ def revealed_hints(lesson: Lesson, count: int) -> list[tuple[int, str]]:
 def reveal_hint(db: Session, work: LessonWork) -> None:
     """One more hint; hints come one at a time, in order (two quick clicks reveal two, never more
     than there are)."""
-    revealed = db.execute(
+    revealed = cast(CursorResult[Any], db.execute(
         update(LessonProgress)
         .where(LessonProgress.id == work.progress.id, LessonProgress.hints_used < hints_total(work.lesson))
         .values(hints_used=LessonProgress.hints_used + 1)
-    ).rowcount
+    )).rowcount
     db.commit()
     if not revealed:
         raise Conflict("there are no more hints for this lesson")

@@ -8,11 +8,12 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from sandbox.errors import SandboxUnavailable
 
 
-def docker_client(timeout: int = 60):
+def docker_client(timeout: int = 60) -> Any:  # a docker.DockerClient (the library ships no types) or None
     """A client for the engine named by DOCKER_HOST (or the default socket), or None if none answers."""
     import docker.errors
 
@@ -20,7 +21,8 @@ def docker_client(timeout: int = 60):
 
     try:
         # one HTTP connection per concurrent API call (the Docker backend's thread pool has 64)
-        client = docker.from_env(timeout=timeout, max_pool_size=64)
+        # mypy takes `docker` for the repository's docker/ folder (the compose files): hence the ignore
+        client = docker.from_env(timeout=timeout, max_pool_size=64)  # type: ignore[attr-defined]
         client.ping()
         return client
     except (docker.errors.DockerException, OSError):
@@ -35,7 +37,7 @@ class LocalDockerd:
         self.proc: subprocess.Popen[bytes] | None = None
         self._previous_host = os.environ.get("DOCKER_HOST")
 
-    def start(self, timeout: float = 60):
+    def start(self, timeout: float = 60) -> Any:
         """Start dockerd, point DOCKER_HOST at it, and return a client once it answers."""
         if shutil.which("dockerd") is None:
             raise SandboxUnavailable("dockerd is not installed (apt-get install docker.io)")

@@ -17,8 +17,10 @@ import re
 import sys
 import tomllib
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -108,7 +110,7 @@ def local_modules(project_dir: Path) -> set[str]:
 
 def python_imports(project_dir: Path) -> set[str]:
     """Top-level names of absolute imports in the project's .py files (files that don't parse are skipped)."""
-    names = set()
+    names: set[str] = set()
     for _, text in _files(project_dir, (".py",)):
         try:
             tree = ast.parse(text)
@@ -130,7 +132,7 @@ def auto_install(project_dir: Path) -> bool:
     return value
 
 
-def _added(needed: set[str], table: dict[str, str], declared: set[str]) -> tuple[tuple[str, str], ...]:
+def _added(needed: set[str], table: dict[str, str], declared: AbstractSet[str]) -> tuple[tuple[str, str], ...]:
     """(import, package) for each vetted package the code needs that is not declared, by package name."""
     found: dict[str, str] = {}
     for name in sorted(needed & table.keys()):
@@ -140,7 +142,7 @@ def _added(needed: set[str], table: dict[str, str], declared: set[str]) -> tuple
 
 
 def _resolution(declared: tuple[str, ...] | None, added: tuple[tuple[str, str], ...], unknown: tuple[str, ...],
-                project_dir: Path, **extra) -> Resolution:
+                project_dir: Path, **extra: tuple[str, ...]) -> Resolution:
     auto = auto_install(project_dir)
     requirements = (*(declared or ()), *(package for _, package in added if auto))
     return Resolution(requirements, unknown, declared is not None, added, auto, **extra)
@@ -166,7 +168,7 @@ def _node_package(specifier: str) -> str | None:
     return None if name in _NODE_BUILTINS else name
 
 
-def read_package_json(project_dir: Path) -> dict | None:
+def read_package_json(project_dir: Path) -> dict[str, Any] | None:
     """The project's package.json (None without one; ValueError when it is not an object with object dependencies)."""
     path = project_dir / PACKAGE_JSON
     if not path.is_file() or path.is_symlink():
