@@ -18,9 +18,11 @@ import secrets
 import socket
 import struct
 import threading
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 from sandbox.backend import WORKSPACE, Backend, Execution, ExitStatus, Mount, RunContext, SandboxRun
 from sandbox.backends.dockerd import docker_client
@@ -34,14 +36,14 @@ LABEL = "codeyard.sandbox"
 POOL_LABEL = "codeyard.sandbox.pool"
 IDLE_USER = "65534:65534"
 SIZE_TERMINAL = 'stty rows "$1" cols "$2"; shift 2; exec "$@"'
-_STREAMS = {1: "stdout", 2: "stderr"}
+_STREAMS: dict[int, Literal["stdout", "stderr"]] = {1: "stdout", 2: "stderr"}
 # Docker API calls block; they get their own pool so many runs don't starve asyncio's default one.
 _pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="codeyard-docker")
 
 
 def container_config(limits: Limits, image: str, *, command: list[str], user: str, environment: dict[str, str],
                      workspace: str, propagation: str, cgroup_parent: str | None, labels: dict[str, str],
-                     tty: bool = False, mounts: tuple[Mount, ...] = ()) -> dict:
+                     tty: bool = False, mounts: tuple[Mount, ...] = ()) -> dict[str, Any]:
     """Keyword arguments for containers.create: the hardening lives here, in one place."""
     import docker.types
 
@@ -81,7 +83,7 @@ def container_config(limits: Limits, image: str, *, command: list[str], user: st
     )
 
 
-def _pool_key(limits: Limits) -> tuple:
+def _pool_key(limits: Limits) -> tuple[object, ...]:
     """The limits baked into a container at creation; a warm container fits runs with the same ones."""
     return (limits.memory_bytes, limits.pids, limits.open_files, limits.file_bytes, math.ceil(limits.cpu_seconds), limits.disk_bytes)
 
@@ -96,7 +98,7 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
     return bytes(buf)
 
 
-def _remove(container) -> None:
+def _remove(container: Any) -> None:  # a docker Container (the library ships no types)
     import docker.errors
 
     try:
@@ -120,7 +122,11 @@ class _Attached(Execution):
         threading.Thread(target=reader, name=f"codeyard-attach-{run.id}", daemon=True).start()
 
     def _done(self) -> None:
-        self.loop.call_soon_threadsafe(lambda: self.output_done.done() or self.output_done.set_result(None))
+        self.loop.call_soon_threadsafe(self._set_output_done)
+
+    def _set_output_done(self) -> None:
+        if not self.output_done.done():
+            self.output_done.set_result(None)
 
     def _read_raw(self) -> None:
         """A terminal's stream is not multiplexed: everything is the terminal's output."""
@@ -160,7 +166,7 @@ class _Attached(Execution):
 class _ContainerExecution(_Attached):
     """A run that is a container's own command (the cold path)."""
 
-    def __init__(self, container, sock: socket.socket, run: SandboxRun, loop: asyncio.AbstractEventLoop, tty: bool) -> None:
+    def __init__(self, container: Any, sock: socket.socket, run: SandboxRun, loop: asyncio.AbstractEventLoop, tty: bool) -> None:
         super().__init__(sock, run, loop, tty)
         self.container = container
         self._killed = False
@@ -212,7 +218,7 @@ class _ContainerExecution(_Attached):
 class _Warm:
     """A started container idling (as nobody) with an empty propagating /workspace."""
 
-    container: object
+    container: Any  # a docker Container
     slot: Path  # host mount point bound at /workspace with rslave propagation
 
 
@@ -254,7 +260,7 @@ class _ExecExecution(_Attached):
 class DockerBackend(Backend):
     name = "docker"
 
-    def __init__(self, client=None, image: str = RUNNER_IMAGE, *, pool_limits: Limits | None = None, pool_size: int = 0) -> None:
+    def __init__(self, client: Any = None, image: str = RUNNER_IMAGE, *, pool_limits: Limits | None = None, pool_size: int = 0) -> None:
         self.client = client or docker_client()
         if self.client is None:
             raise RuntimeError("no Docker engine answers")
@@ -264,7 +270,7 @@ class DockerBackend(Backend):
         self.pool_hits = 0
         self._ready: list[_Warm] = []
         self._filling = 0
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -339,7 +345,7 @@ class DockerBackend(Backend):
             self._filling += 1
             self._spawn(self._add_warm())
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
