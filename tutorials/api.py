@@ -19,6 +19,7 @@ from tutorials.schemas import (
     ClassroomPublic,
     CoursePublic,
     CourseSummary,
+    GradePublic,
     GridCell,
     GridColumn,
     GridPublic,
@@ -80,7 +81,9 @@ def start_lesson(course_slug: Slug, lesson_slug: Slug, user: CurrentUser, db: Db
     course = catalog.find_course(course_slug)
     lesson = catalog.find_lesson(course, lesson_slug)
     work = service.start_lesson(db, settings, user, course, lesson)
-    return LessonStarted(project_id=work.progress.project_id, url=f"/projects/{work.progress.project_id}")
+    project_id = work.progress.project_id
+    assert project_id is not None  # start_lesson gives the lesson its project
+    return LessonStarted(project_id=project_id, url=f"/projects/{project_id}")
 
 
 # ----- the lesson of a project -----
@@ -104,7 +107,7 @@ def lesson_public(work: service.LessonWork) -> LessonPublic:
         hints_total=service.hints_total(lesson),
         attempts=progress.attempts,
         status=service.status_of(progress),
-        last_result=progress.last_result,
+        last_result=GradePublic.model_validate(progress.last_result) if progress.last_result is not None else None,
         solution_available=service.solution_unlocked(work),
         solution_after_attempts=lesson.solution_after_attempts,
         next_lesson=following.slug if following else None,
@@ -122,6 +125,7 @@ def get_lesson(ctx: ProjectMember, db: DbSession) -> LessonPublic | None:
 @lesson_router.post("/check", responses={503: {"model": ErrorBody, "description": "No sandbox on this server"}})
 async def check_lesson(ctx: ProjectEditor, checker: CheckerDep) -> CheckPublic:
     """Grade the project's current files (open editors are saved first); counts one attempt."""
+    assert ctx.user is not None  # an editor is signed in
     work, result = await checker.check(ctx.project, ctx.user)
     return CheckPublic(result=result, lesson=lesson_public(work))
 

@@ -21,12 +21,13 @@ from ide_server.settings import Settings
 from tutorials import catalog, classrooms
 from tutorials.format import Course, Lesson
 from tutorials.models import LessonProgress
+from tutorials.schemas import LessonStatus
 
 # Language of a course -> the project template whose run settings fit its files.
 TEMPLATE_OF_LANGUAGE = {"python": "python", "javascript": "node"}
 
 
-def status_of(progress: LessonProgress | None) -> str:
+def status_of(progress: LessonProgress | None) -> LessonStatus:
     """not_started, started (never checked), failing (last check failed) or passed (ever passed)."""
     if progress is None:
         return "not_started"
