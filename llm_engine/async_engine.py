@@ -236,7 +236,7 @@ class AsyncLLMEngine:
                 return
             if not engine.has_unfinished_requests():
                 if engine.release_kv_holds():  # a prefill instance's transfers end while it idles
-                    self._stats = engine.get_stats()
+                    self._report(engine, [])
                 continue
             try:
                 outputs = engine.step()
@@ -246,10 +246,14 @@ class AsyncLLMEngine:
                 engine.step()
                 self._fail_all(RuntimeError(f"engine step failed: {type(exc).__name__}: {exc}"))
                 continue
-            self._stats = engine.get_stats()
-            self._deliver(outputs)
-            if self.on_step is not None:
-                self.on_step(self._stats, outputs)
+            self._report(engine, outputs)
+
+    def _report(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
+        """After a step: the stats snapshot, the outputs to their callers, the step callback."""
+        self._stats = engine.get_stats()
+        self._deliver(outputs)
+        if self.on_step is not None:
+            self.on_step(self._stats, outputs)
 
     def _apply_commands(self, engine: LLMEngine, block: bool) -> bool:
         """Apply every queued command (waiting for one when idle); False when asked to stop."""

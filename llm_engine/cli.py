@@ -56,6 +56,16 @@ def serve(
     speculative_config: Annotated[str | None, typer.Option(help='Speculative decoding as JSON, e.g. '
                                                            '\'{"method": "ngram", "num_speculative_tokens": 5}\' '
                                                            '(prompt lookup; default: none).')] = None,
+    num_threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: one per core).")] = None,
+    disaggregated: Annotated[bool, typer.Option(help="Serve a prefill and a decode instance (a core each) "
+                                                     "behind a proxy on this port.")] = False,
+    role: Annotated[str | None, typer.Option(help="prefill or decode: one side of disaggregated serving "
+                                                  "(behind the --disaggregated proxy).")] = None,
+    kv_host: Annotated[str, typer.Option(help="prefill: address its KV port listens on; decode: the "
+                                              "prefill instance's host.")] = "127.0.0.1",
+    kv_port: Annotated[int | None, typer.Option(min=1, max=65535, help="prefill: port its KV is pulled from; "
+                                                "decode: the prefill instance's KV port.")] = None,
+    kv_transport: Annotated[str, typer.Option(help="decode: shm (same host) or socket (between hosts).")] = "shm",
 ) -> None:
     """Serve MODEL on HOST:PORT (/v1 and /v2; gRPC on --grpc-port); it loads in the background (503 until ready)."""
     import uvicorn
@@ -69,25 +79,54 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path, name = resolve_model(model or os.environ.get("CODEYARD_LLM_MODEL"))
     keys = api_key or [k for k in [os.environ.get("CODEYARD_LLM_API_KEY")] if k]
+    check_disaggregation(disaggregated, role, kv_port, kv_transport, data_parallel_size, tensor_parallel_size)
+    serve_args = ["--model", path, "--served-model-name", served_model_name or name, "--device", device,
+                  "--max-num-seqs", str(max_num_seqs), "--max-waiting", str(max_waiting),
+                  "--kv-cache-memory", kv_cache_memory, "--request-timeout", str(request_timeout),
+                  "--quantization", quantization, "--tensor-parallel-size", str(tensor_parallel_size)]
     if data_parallel_size > 1:
         from llm_engine.entrypoints.replicas import replica_servers
         from llm_engine.entrypoints.router import create_router_app
 
-        serve_args = ["--model", path, "--served-model-name", served_model_name or name, "--device", device,
-                      "--max-num-seqs", str(max_num_seqs), "--max-waiting", str(max_waiting),
-                      "--kv-cache-memory", kv_cache_memory, "--request-timeout", str(request_timeout),
-                      "--quantization", quantization, "--tensor-parallel-size", str(tensor_parallel_size)]
         with replica_servers(serve_args, data_parallel_size) as (urls, replica_key):
             uvicorn.run(create_router_app(urls, frozenset(keys), replica_key), host=host, port=port, log_level="info")
         return
+    if disaggregated:
+        from llm_engine.entrypoints.disagg_proxy import create_disagg_app
+        from llm_engine.entrypoints.disagg_servers import disaggregated_servers
+
+        with disaggregated_servers(serve_args, kv_transport) as pair:
+            app = create_disagg_app(pair.urls[0], pair.urls[1], frozenset(keys), pair.key)
+            uvicorn.run(app, host=host, port=port, log_level="info")
+        return
+    kv_transfer = None if role is None else {
+        "kv_role": "kv_producer" if role == "prefill" else "kv_consumer", "kv_ip": kv_host,
+        "kv_port": kv_port or 0, "kv_transport": kv_transport, "kv_key": keys[0] if keys else None}
     config = EngineConfig(model=path, device=device, max_num_seqs=max_num_seqs, kv_cache_memory=kv_cache_memory,
-                          tensor_parallel_size=tensor_parallel_size,
+                          tensor_parallel_size=tensor_parallel_size, num_threads=num_threads,
                           quantization=None if quantization == "none" else quantization,
-                          speculative_config=parse_json_option(speculative_config, "--speculative-config"))
+                          speculative_config=parse_json_option(speculative_config, "--speculative-config"),
+                          kv_transfer_config=kv_transfer)
     options = ServerOptions(max_waiting=max_waiting, request_timeout=request_timeout, api_keys=frozenset(keys),
                             grpc_address=f"{host}:{grpc_port}" if grpc_port else None,
                             ensembles=tuple(Ensemble.load(p) for p in ensemble or ()))
     uvicorn.run(create_app(config, served_model_name or name, options), host=host, port=port, log_level="info")
+
+
+def check_disaggregation(disaggregated: bool, role: str | None, kv_port: int | None, kv_transport: str,
+                         data_parallel_size: int, tensor_parallel_size: int) -> None:
+    """Usage errors (exit 2) in the disaggregated serving options."""
+    if role not in (None, "prefill", "decode"):
+        raise typer.BadParameter(f"must be prefill or decode, got {role!r}", param_hint="--role")
+    if kv_transport not in ("shm", "socket"):
+        raise typer.BadParameter(f"must be shm or socket, got {kv_transport!r}", param_hint="--kv-transport")
+    if role == "decode" and kv_port is None:
+        raise typer.BadParameter("a decode instance needs the prefill instance's KV port", param_hint="--kv-port")
+    if (disaggregated or role) and (data_parallel_size > 1 or tensor_parallel_size > 1):
+        raise typer.BadParameter("disaggregated serving runs one rank per instance, one instance per role so far",
+                                 param_hint="--disaggregated/--role")
+    if disaggregated and role:
+        raise typer.BadParameter("--disaggregated starts both roles itself", param_hint="--role")
 
 
 @app.command()

@@ -80,6 +80,7 @@ class _SamplingFields(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    kv_transfer_params: dict | None = None  # disaggregated serving, between the proxy and its instances
 
     def structured_outputs_params(self) -> StructuredOutputsParams | None:
         """The one output constraint asked for in any of the accepted shapes (ValueError if several)."""

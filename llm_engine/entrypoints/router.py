@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import httpx
 from fastapi import Depends, FastAPI, Request
@@ -114,12 +115,45 @@ async def open_upstream(url: str, key: str | None, method: str, path: str, body:
         raise Unreachable(f"{url}: {type(exc).__name__}") from None
 
 
-def create_router_app(replica_urls: list[str], api_keys: frozenset[str] = frozenset(),
-                      replica_key: str | None = None, policy: str = "prefix") -> FastAPI:
-    router = PrefixRouter(len(replica_urls), policy)
+Route = Callable[[bytes, dict, str], Awaitable[Response]]  # (body, its JSON object, path) -> answer
+
+
+def openai_front(title: str, api_keys: frozenset[str], route: Route) -> tuple[FastAPI, list[Any]]:
+    """An app whose /v1/completions and /v1/chat/completions check the key and the body (a JSON
+    object, else 400) and hand them to `route`, and the key check for the routes the router and
+    the disaggregated proxy add."""
 
     def guard(request: Request) -> None:
         check_bearer(request, api_keys)
+
+    async def parsed(request: Request, path: str) -> Response:
+        body = await request.body()
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            raise OpenAIError(400, "the body is not JSON") from None
+        if not isinstance(payload, dict):
+            raise OpenAIError(400, "the body must be a JSON object")
+        return await route(body, payload, path)
+
+    app = FastAPI(title=title)
+    install(app)
+    dependencies = [Depends(guard)]
+
+    @app.post("/v1/completions", dependencies=dependencies)
+    async def completions(request: Request) -> Response:
+        return await parsed(request, "/v1/completions")
+
+    @app.post("/v1/chat/completions", dependencies=dependencies)
+    async def chat(request: Request) -> Response:
+        return await parsed(request, "/v1/chat/completions")
+
+    return app, dependencies
+
+
+def create_router_app(replica_urls: list[str], api_keys: frozenset[str] = frozenset(),
+                      replica_key: str | None = None, policy: str = "prefix") -> FastAPI:
+    router = PrefixRouter(len(replica_urls), policy)
 
     async def relay(client: httpx.AsyncClient, answer: httpx.Response, replica: int | None) -> AsyncIterator[bytes]:
         """The replica's body as it arrives; leaving early closes its connection (it aborts)."""
@@ -151,28 +185,11 @@ def create_router_app(replica_urls: list[str], api_keys: frozenset[str] = frozen
                                      media_type=answer.headers.get("content-type"))
         raise OpenAIError(503, "no replica is reachable", code="llm_unreachable", retry_after=5)
 
-    async def route(request: Request, path: str) -> Response:
-        body = await request.body()
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            raise OpenAIError(400, "the body is not JSON") from None
-        if not isinstance(payload, dict):
-            raise OpenAIError(400, "the body must be a JSON object")
+    async def route(body: bytes, payload: dict, path: str) -> Response:
         return await forward("POST", path, body, routing_key(payload))
 
-    app = FastAPI(title="Codeyard LLM router")
+    app, dependencies = openai_front("Codeyard LLM router", api_keys, route)
     app.state.router = router
-    install(app)
-    dependencies = [Depends(guard)]
-
-    @app.post("/v1/completions", dependencies=dependencies)
-    async def completions(request: Request) -> Response:
-        return await route(request, "/v1/completions")
-
-    @app.post("/v1/chat/completions", dependencies=dependencies)
-    async def chat(request: Request) -> Response:
-        return await route(request, "/v1/chat/completions")
 
     @app.get("/v1/models", dependencies=dependencies)
     async def models() -> Response:

@@ -83,7 +83,8 @@ class _Serving:
                 repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
                 frequency_penalty=req.frequency_penalty, seed=req.seed, stop=req.stop, max_tokens=max_tokens,
                 min_tokens=req.min_tokens, logprobs=logprobs, ignore_eos=req.ignore_eos,
-                timeout=self.service.options.request_timeout, structured_outputs=req.structured_outputs_params())
+                timeout=self.service.options.request_timeout, structured_outputs=req.structured_outputs_params(),
+                kv_transfer_params=req.kv_transfer_params)
         except ValueError as exc:
             raise as_openai_error(exc) from None
 
@@ -240,6 +241,11 @@ def _check_output(output: RequestOutput) -> None:
         raise OpenAIError(status, output.error)
 
 
+def _kv_transfer(output: RequestOutput) -> dict:
+    """A prefill instance's answer names the KV it keeps for the decode instance (vLLM's field)."""
+    return {"kv_transfer_params": output.kv_transfer_params} if output.kv_transfer_params else {}
+
+
 def _top(logprobs: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
     return sorted(((t, lp) for t, lp in logprobs.items() if lp.rank <= k), key=lambda item: item[1].rank)
 
@@ -253,6 +259,8 @@ class ServingCompletion(_Serving):
         if req.echo and req.logprobs is not None:
             raise OpenAIError(400, "echo with logprobs is not supported (no prompt logprobs)", param="echo")
         prompt_ids = [self.tokenize(p) for p in req.prompts()]
+        if req.kv_transfer_params is not None and len(prompt_ids) > 1:
+            raise OpenAIError(400, "kv_transfer_params: one prompt per request", param="kv_transfer_params")
         request_id = f"cmpl-{uuid.uuid4().hex}"
         if req.use_beam_search:
             return await self._beam_search(req, prompt_ids, request_id)
@@ -338,7 +346,7 @@ class ServingCompletion(_Serving):
                 choices.append({"index": choice.index, "text": prefix + out.text, "logprobs": logprobs,
                                 "finish_reason": choice.finish_reason})
         return {"id": request_id, "object": "text_completion", "created": self.created(), "model": req.model,
-                "choices": choices, "usage": run.usage()}
+                "choices": choices, "usage": run.usage(), **_kv_transfer(finals[0])}
 
     def _stream(self, req: CompletionRequest, run: _Run, request_id: str) -> AsyncIterator[bytes]:
         async def events(chunk: ChunkFn) -> AsyncIterator[bytes]:
@@ -417,7 +425,7 @@ class ServingChat(_Serving):
                     "logprobs": self._logprobs(out, slice(0, None), req.top_logprobs or 0) if req.logprobs else None,
                     "finish_reason": run.choices[out.index].finish_reason} for out in final.outputs]
         return {"id": request_id, "object": "chat.completion", "created": self.created(), "model": req.model,
-                "choices": choices, "usage": run.usage()}
+                "choices": choices, "usage": run.usage(), **_kv_transfer(final)}
 
     def _stream(self, req: ChatCompletionRequest, run: _Run, request_id: str) -> AsyncIterator[bytes]:
         async def events(chunk: ChunkFn) -> AsyncIterator[bytes]:

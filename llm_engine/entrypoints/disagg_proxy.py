@@ -1,0 +1,161 @@
+"""The proxy of disaggregated serving (`codeyard llm serve --disaggregated`).
+
+Each OpenAI request runs in two parts. The prefill instance runs it with max_tokens=1 and keeps the
+prompt's KV (`kv_transfer_params: {"do_remote_decode": true}`). The decode instance then gets the
+client's own request plus the prefill instance's `kv_transfer_params`, pulls that KV, computes
+only the last prompt token and streams the answer, which the proxy relays as it comes. Long
+prompts then cost the prefill instance's time, not the decode instance's running streams.
+
+Requests that cannot be split go whole to the prefill instance: several prompts, echo, prompt
+logprobs, beam search, max_tokens=1. So do all requests while the decode instance cannot be
+reached; it is tried again after DEAD_FOR_S. A decode instance that dies mid-stream ends that
+stream with an error event. Its KV went with the process, and the prefill instance released
+its blocks once they were pulled.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+from fastapi.responses import Response, StreamingResponse
+
+from llm_engine.entrypoints.protocol import OpenAIError
+from llm_engine.entrypoints.router import DEAD_FOR_S, Unreachable, open_upstream, openai_front
+from llm_engine.entrypoints.serving import sse
+
+
+def splittable(payload: dict[str, Any]) -> bool:
+    """Whether the request's prompt KV can be computed on one instance and used on the other."""
+    if any(payload.get(name) for name in ("echo", "prompt_logprobs", "use_beam_search")):
+        return False
+    prompt = payload.get("prompt")
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) and len(prompt) != 1:
+        return False
+    return (payload.get("max_completion_tokens") or payload.get("max_tokens")) != 1
+
+
+def prefill_payload(payload: dict[str, Any]) -> dict[str, Any]:
+    """The request as the prefill instance runs it: one token, one sample, not streamed, its KV kept."""
+    body = {k: v for k, v in payload.items()
+            if k not in ("stream", "stream_options", "max_completion_tokens", "n", "best_of", "logprobs",
+                         "top_logprobs")}
+    return {**body, "max_tokens": 1, "min_tokens": 0, "kv_transfer_params": {"do_remote_decode": True}}
+
+
+class _Decode:
+    """Whether the decode instance is thought alive (a failed one is tried again after DEAD_FOR_S)."""
+
+    def __init__(self) -> None:
+        self.dead_until = 0.0
+
+    @property
+    def alive(self) -> bool:
+        return self.dead_until <= time.monotonic()
+
+    def mark_dead(self) -> None:
+        self.dead_until = time.monotonic() + DEAD_FOR_S
+
+
+def decode_failed(exc: Exception) -> OpenAIError:
+    return OpenAIError(502, f"the decode instance failed during this request ({type(exc).__name__}); "
+                            "the answer is incomplete", code="decode_instance_failed")
+
+
+async def read_whole(client: httpx.AsyncClient, answer: httpx.Response) -> bytes:
+    try:
+        return await answer.aread()
+    finally:
+        await answer.aclose()
+        await client.aclose()
+
+
+def create_disagg_app(prefill_url: str, decode_url: str, api_keys: frozenset[str] = frozenset(),
+                      instance_key: str | None = None) -> FastAPI:
+    decode = _Decode()
+
+    async def open_at(url: str, path: str, payload: dict[str, Any]) -> tuple[httpx.AsyncClient, httpx.Response]:
+        return await open_upstream(url, instance_key, "POST", path, json.dumps(payload).encode())
+
+    async def relay(client: httpx.AsyncClient, answer: httpx.Response, from_decode: bool) -> AsyncIterator[bytes]:
+        """The instance's SSE events as they come, whole events only, so that a failure can end the
+        stream with an error event of its own."""
+        pending = b""
+        try:
+            async for chunk in answer.aiter_raw():
+                pending += chunk
+                end = pending.rfind(b"\n\n") + 2
+                if end > 1:
+                    yield pending[:end]
+                    pending = pending[end:]
+        except httpx.HTTPError as exc:
+            if from_decode:
+                decode.mark_dead()
+            yield sse(decode_failed(exc).body()) + sse("[DONE]")
+        finally:
+            await answer.aclose()
+            await client.aclose()
+
+    async def answer_of(client: httpx.AsyncClient, answer: httpx.Response, stream: bool, from_decode: bool) -> Response:
+        if stream and answer.status_code == 200:
+            return StreamingResponse(relay(client, answer, from_decode), media_type=answer.headers.get("content-type"))
+        try:
+            content = await read_whole(client, answer)
+        except httpx.HTTPError as exc:
+            if from_decode:
+                decode.mark_dead()
+            raise decode_failed(exc) from None
+        headers = {k: v for k, v in answer.headers.items() if k == "retry-after"}
+        return Response(content, answer.status_code, headers, media_type=answer.headers.get("content-type"))
+
+    async def whole_on_prefill(path: str, payload: dict[str, Any]) -> Response:
+        try:
+            client, answer = await open_at(prefill_url, path, payload)
+        except Unreachable:
+            raise OpenAIError(503, "the prefill instance is unreachable", code="llm_unreachable", retry_after=5) from None
+        return await answer_of(client, answer, bool(payload.get("stream")), from_decode=False)
+
+    async def route(_body: bytes, payload: dict[str, Any], path: str) -> Response:
+        payload.pop("kv_transfer_params", None)  # set by the proxy only
+        if not splittable(payload) or not decode.alive:
+            return await whole_on_prefill(path, payload)
+        try:
+            client, answer = await open_at(prefill_url, path, prefill_payload(payload))
+        except Unreachable:
+            raise OpenAIError(503, "the prefill instance is unreachable", code="llm_unreachable", retry_after=5) from None
+        try:
+            content = await read_whole(client, answer)
+        except httpx.HTTPError as exc:
+            raise OpenAIError(502, f"the prefill instance failed ({type(exc).__name__})", code="prefill_failed") from None
+        if answer.status_code != 200:  # the request's own errors (400s, 429), as the instance said them
+            return Response(content, answer.status_code, media_type=answer.headers.get("content-type"))
+        transfer = json.loads(content).get("kv_transfer_params")
+        if transfer is None:
+            raise OpenAIError(502, "the prefill instance kept no KV for this request", code="prefill_failed")
+        try:
+            client, answer = await open_at(decode_url, path, {**payload, "kv_transfer_params": transfer})
+        except Unreachable:  # the prefill instance's hold expires on its own
+            decode.mark_dead()
+            return await whole_on_prefill(path, payload)
+        return await answer_of(client, answer, bool(payload.get("stream")), from_decode=True)
+
+    app, dependencies = openai_front("Codeyard LLM disaggregated proxy", api_keys, route)
+
+    @app.get("/v1/models", dependencies=dependencies)
+    async def models() -> Response:
+        try:
+            client, answer = await open_upstream(prefill_url, instance_key, "GET", "/v1/models", None)
+        except Unreachable:
+            raise OpenAIError(503, "the prefill instance is unreachable", code="llm_unreachable") from None
+        return Response(await read_whole(client, answer), answer.status_code, media_type="application/json")
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        """200 while the proxy runs; says whether requests are split or run whole on the prefill instance."""
+        return {"status": "ok", "decode_instance": "alive" if decode.alive else "unreachable"}
+
+    return app

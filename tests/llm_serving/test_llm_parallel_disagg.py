@@ -1,0 +1,102 @@
+"""Disaggregated serving for real: `codeyard llm serve --role prefill` and `--role decode` as two
+processes (each pinned to a core), the proxy in front, through the official openai client. A mixed
+batch, streamed and not, completions and chat, gives one engine's greedy answers. Killing the
+decode instance mid-stream ends that stream with a clear error, the prefill instance's blocks are
+all free, and the service keeps answering. One pair serves the whole module (processes are slow
+to start); the engine-level transfers are in tests/llm_engine/test_llm_parallel_kv_connector.py."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from llm_engine.entrypoints.disagg_proxy import create_disagg_app
+from llm_engine.entrypoints.disagg_servers import disaggregated_servers
+
+from .conftest import start_server
+from .test_cli import CODEYARD
+
+NAME = "tiny"
+PROMPTS = ["def add(a, b):", "The quick brown fox " * 12, "Write a haiku about compilers.\n" * 5,
+           "x = [i * i for i in range(10)]\n" * 9, "Hello"]
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_chat_model):
+    args = ["--model", str(tiny_chat_model), "--served-model-name", NAME, "--kv-cache-memory", "8MiB",
+            "--max-num-seqs", "8"]
+    with disaggregated_servers(args, pin=False, ready_timeout_s=300) as children:  # pinned: slower to start
+        proxy = start_server(create_disagg_app(children.urls[0], children.urls[1], frozenset({"outer"}), children.key))
+        try:
+            yield children, proxy
+        finally:
+            proxy.stop()
+
+
+def client_for(url: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def complete(client: openai.OpenAI, prompt: str, max_tokens: int, stream: bool) -> str:
+    kwargs = dict(model=NAME, prompt=prompt, max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True})
+    if stream:
+        return "".join(chunk.choices[0].text for chunk in client.completions.create(stream=True, **kwargs))
+    return client.completions.create(**kwargs).choices[0].text
+
+
+def chat(client: openai.OpenAI, text: str) -> str:
+    out = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": text}], max_tokens=12,
+                                         temperature=0, extra_body={"ignore_eos": True})
+    return out.choices[0].message.content
+
+
+def metric(url: str, key: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=10).text
+    return float(re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M).group(1))
+
+
+def test_a_mixed_batch_gets_one_engines_greedy_answers(pair):
+    children, proxy = pair
+    split = client_for(proxy.url, "outer")
+    whole = client_for(children.urls[0], children.key)  # the prefill instance alone: one engine
+    jobs = [(p, 6 + 3 * i, i % 2 == 0) for i, p in enumerate(PROMPTS)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        answers = list(pool.map(lambda job: complete(split, *job), jobs))
+    assert answers == [complete(whole, *job) for job in jobs]
+    assert chat(split, "What is a closure?") == chat(whole, "What is a closure?")
+    decode_url = children.urls[1]
+    assert metric(decode_url, children.key, "vllm:prompt_tokens_total") > 0  # the decode side served them
+    with pytest.raises(openai.AuthenticationError):
+        complete(client_for(proxy.url, "wrong"), "hi", 2, False)
+
+
+def test_killing_the_decode_instance_mid_stream_fails_only_that_request(pair):
+    children, proxy = pair
+    split = client_for(proxy.url, "outer")
+    stream = split.completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=3000, temperature=0, stream=True,
+                                      extra_body={"ignore_eos": True})
+    received = [next(iter(stream)).choices[0].text for _ in range(3)]
+    children.procs[1].kill()
+    with pytest.raises(openai.APIError, match="decode instance failed"):
+        for chunk in stream:
+            received.append(chunk.choices[0].text)
+    assert len(received) < 3000
+    deadline = time.monotonic() + 15  # the prefill instance frees pulled blocks within its idle second
+    while metric(children.urls[0], children.key, "vllm:kv_cache_usage_perc") > 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert metric(children.urls[0], children.key, "vllm:kv_cache_usage_perc") == 0
+    assert httpx.get(proxy.url + "/health", timeout=10).json()["decode_instance"] == "unreachable"
+    assert complete(split, "Still there?", 4, True)  # whole on the prefill instance meanwhile
+
+
+def test_a_decode_instance_without_the_prefill_kv_port_is_exit_2(tiny_chat_model):
+    result = subprocess.run([*CODEYARD, "llm", "serve", "--model", str(tiny_chat_model), "--role", "decode"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "--kv-port" in result.stderr
