@@ -11,6 +11,7 @@ import torch
 from llm_engine.config import EngineConfig
 from llm_engine.distributed import get_tp_size
 from llm_engine.layers.attention import Attention, AttentionBackend, NativePagedAttention, SeqSlice, TorchPagedAttention
+from llm_engine.layers.decode_stack import DecodeStack
 from llm_engine.layers.embedding import ParallelLMHead
 from llm_engine.layers.linear import LinearBase
 from llm_engine.layers.native import KernelBuildError
@@ -116,6 +117,8 @@ class ModelRunner:
         self.model.eval()
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())  # tied: once
         self.num_blocks = self._allocate_kv_cache(config)
+        # one sequence decoding runs the whole stack in one native call (None: layer by layer)
+        self.decode_stack = DecodeStack.prepare(self.model, self.block_size) if self.device.type == "cpu" else None
         self.sampler = Sampler(config.seed)
         self.encoder_cache = EncoderCache(config.encoder_cache_memory)
 
@@ -158,10 +161,13 @@ class ModelRunner:
         Tensor-parallel workers run this on every rank with the same `step`."""
         for src, dst in step.block_copies:
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
-        metadata = self.backend.build_metadata(step.slices, self.block_size, self.device)
-        extra = {} if step.mm_embeds is None else {"mm_embeds": step.mm_embeds}
-        hidden = self.model(torch.tensor(step.input_ids, device=self.device),
-                            torch.tensor(step.positions, device=self.device), metadata, **extra)
+        if self.decode_stack is not None and len(step.input_ids) == 1 and step.mm_embeds is None:
+            hidden = self.decode_stack(step.input_ids[0], step.positions[0], step.slices[0].block_table)
+        else:
+            metadata = self.backend.build_metadata(step.slices, self.block_size, self.device)
+            extra = {} if step.mm_embeds is None else {"mm_embeds": step.mm_embeds}
+            hidden = self.model(torch.tensor(step.input_ids, device=self.device),
+                                torch.tensor(step.positions, device=self.device), metadata, **extra)
         rows = torch.tensor(step.logit_rows, dtype=torch.long, device=self.device)  # may be empty
         prompt_logits = [(index, start, self.model.compute_logits(hidden[row:row + count]))
                          for index, start, row, count in step.prompt_rows]

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "paged_attention.cpp", CSRC / "elementwise.cpp", CSRC / "quant_gemm.cpp"]
+SOURCES = [CSRC / "paged_attention.cpp", CSRC / "elementwise.cpp", CSRC / "quant_gemm.cpp", CSRC / "decode_stack.cpp"]
 HEADERS = [CSRC / "simd.h"]
 # -ffp-contract=off: a*b - c*d stays two roundings, as in the PyTorch code the kernels replace.
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
@@ -88,7 +88,8 @@ def load_kernels() -> ctypes.CDLL:
                            "fp8_gemm_f32": [pointer] * 4 + [i64] * 4,
                            "quantize_rows_q8": [pointer] + [i64] * 3 + [pointer] * 3,
                            "int8_gemm_q8": [pointer] * 6 + [i64] * 4,
-                           "int4_gemm_q8": [pointer] * 7 + [i64] * 4}.items():
+                           "int4_gemm_q8": [pointer] * 7 + [i64] * 4,
+                           "decode_stack_f32": [pointer, pointer, i64, pointer, i32, pointer]}.items():
         getattr(library, name).argtypes = argtypes
         getattr(library, name).restype = None
     return library

@@ -1,0 +1,134 @@
+"""A single sequence's decode step through the whole decoder stack in one native call.
+
+One stream decoding on the CPU spends most of its step in dispatch, not arithmetic: each of 30
+layers makes ~10 Python module calls, each a few torch ops and a ctypes call. `DecodeStack`
+describes the model's layers once (pointers to the packed weights, norms, KV pools, rotary
+tables, in ctypes structures that live as long as the model) and each step passes only the token's
+embedding, its position and the block table to csrc/decode_stack.cpp, which runs the same
+kernels in the same order as the layers would. It applies to float32 Llama-family models on
+one CPU rank whose linear layers are all weight-only quantized (the built-in GGUF model's
+default); anything else keeps the per-layer path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Any
+
+import torch
+
+from llm_engine.layers.attention import NativePagedAttention
+from llm_engine.layers.native import KernelBuildError, load_kernels
+from llm_engine.layers.quantization import WeightOnlyLinearMethod
+
+logger = logging.getLogger(__name__)
+
+_KINDS = {"int8": 0, "int4": 1, "fp8": 2}
+# csrc/decode_stack.cpp's Phase order
+PHASES = ("norms", "qkv", "rotary+kv write", "attention", "o_proj", "gate_up", "silu*up", "down")
+
+
+class _QuantLinear(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int32), ("act_block", ctypes.c_int32), ("n_out", ctypes.c_int64),
+                ("k_in", ctypes.c_int64), ("group", ctypes.c_int64), ("qweight", ctypes.c_void_p),
+                ("scales", ctypes.c_void_p), ("offsets", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
+
+
+class _DecodeLayer(ctypes.Structure):
+    _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("qkv", _QuantLinear),
+                ("o", _QuantLinear), ("gate_up", _QuantLinear), ("down", _QuantLinear),
+                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
+
+
+class _DecodeModel(ctypes.Structure):
+    _fields_ = [("hidden", ctypes.c_int64), ("intermediate", ctypes.c_int64), ("heads", ctypes.c_int32),
+                ("kv_heads", ctypes.c_int32), ("head_dim", ctypes.c_int32), ("block_size", ctypes.c_int32),
+                ("num_layers", ctypes.c_int32), ("eps", ctypes.c_float), ("scale", ctypes.c_float),
+                ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("final_norm", ctypes.c_void_p),
+                ("layers", ctypes.POINTER(_DecodeLayer))]
+
+
+def _pointer(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _quant_linear(layer: Any) -> _QuantLinear:
+    method = layer.quant_method
+    assert isinstance(method, WeightOnlyLinearMethod)
+    return _QuantLinear(_KINDS[method.scheme.weights], method.scheme.act_block(layer.input_size) or 0,
+                        layer.output_size, layer.input_size, method.group(layer), layer.qweight.data_ptr(),
+                        layer.scales.data_ptr(), _pointer(getattr(layer, "offsets", None)), _pointer(layer.bias))
+
+
+def unsupported_reason(model: Any, block_size: int) -> str | None:
+    """Why `model` cannot run the fused decode step, or None if it can."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or not hasattr(model, "compute_logits"):
+        return "not a Llama-family decoder"
+    first = layers[0]
+    attention = first.self_attn
+    if attention.q_norm is not None:
+        return "per-head q/k norms (Qwen3)"
+    if not isinstance(attention.attn.backend, NativePagedAttention):
+        return "the attention backend is not the native one"
+    if first.input_layernorm.weight.dtype != torch.float32 or first.input_layernorm.weight.device.type != "cpu":
+        return "not float32 on the CPU"
+    for layer in layers:
+        for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            method = linear.quant_method
+            if linear.tp_size > 1:
+                return "tensor parallel"
+            if not isinstance(method, WeightOnlyLinearMethod) or method.act_order or linear.kernels is None:
+                return f"linear layers not all weight-only quantized ({type(method).__name__})"
+    if attention.rotary_emb.kernels is None or block_size <= 0:
+        return "no native kernels"
+    return None
+
+
+class DecodeStack:
+    """The prepared decode step of one model (build with `DecodeStack.prepare`)."""
+
+    def __init__(self, model: Any) -> None:
+        inner = model.model
+        first = inner.layers[0].self_attn
+        layers = (_DecodeLayer * len(inner.layers))()
+        for i, layer in enumerate(inner.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            layers[i] = _DecodeLayer(layer.input_layernorm.weight.data_ptr(),
+                                     layer.post_attention_layernorm.weight.data_ptr(),
+                                     _quant_linear(attn.qkv_proj), _quant_linear(attn.o_proj),
+                                     _quant_linear(mlp.gate_up_proj), _quant_linear(mlp.down_proj),
+                                     attn.attn.k_cache.data_ptr(), attn.attn.v_cache.data_ptr())
+        self._layers = layers  # kept alive: _model points into it
+        self._model = _DecodeModel(inner.norm.weight.shape[0], inner.layers[0].mlp.down_proj.input_size,
+                                   first.num_heads, first.num_kv_heads, first.head_dim,
+                                   first.attn.k_cache.shape[2], len(inner.layers), inner.norm.eps, first.attn.scale,
+                                   first.rotary_emb.cos.data_ptr(), first.rotary_emb.sin.data_ptr(),
+                                   inner.norm.weight.data_ptr(), layers)
+        self._embed = inner.embed_tokens
+        self._function = load_kernels().decode_stack_f32
+        self.seconds = torch.zeros(len(PHASES), dtype=torch.float64)  # filled while `timing` is on
+        self.timing = False
+
+    @classmethod
+    def prepare(cls, model: Any, block_size: int) -> DecodeStack | None:
+        """The fused step for `model` once its weights and KV cache are in place, or None (logged why)."""
+        reason = unsupported_reason(model, block_size)
+        if reason is None:
+            try:
+                return cls(model)
+            except KernelBuildError as exc:
+                reason = str(exc)
+        logger.info("single-sequence decode runs layer by layer: %s", reason)
+        return None
+
+    def __call__(self, token_id: int, position: int, block_table: list[int]) -> torch.Tensor:
+        """The final-normed hidden state [1, hidden] of one token at `position`."""
+        x: torch.Tensor = self._embed(torch.tensor([token_id])).contiguous()
+        num_blocks = position // self._model.block_size + 1
+        table = (ctypes.c_int32 * num_blocks)(*block_table[:num_blocks])
+        self._function(ctypes.byref(self._model), x.data_ptr(), position, table, num_blocks,
+                       self.seconds.data_ptr() if self.timing else None)
+        return x

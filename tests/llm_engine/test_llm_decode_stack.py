@@ -1,0 +1,53 @@
+"""The fused single-sequence decode step (layers/decode_stack.py) against the layer-by-layer path:
+the same kernels in the same order, so the same greedy tokens and the same logprobs, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import build_tiny_model
+
+from llm_engine import LLM, SamplingParams
+
+PROMPT = [5, 6, 7, 8, 9, 10, 11]
+PARAMS = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
+
+
+def fused_and_layered(llm: LLM):
+    runner = llm.engine.model_runner
+    stack = runner.decode_stack
+    assert stack is not None
+    fused = llm.generate([PROMPT], PARAMS, use_tqdm=False)[0].outputs[0]
+    runner.decode_stack = None
+    try:
+        layered = llm.generate([PROMPT], PARAMS, use_tqdm=False)[0].outputs[0]
+    finally:
+        runner.decode_stack = stack
+    return fused, layered
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2(tmp_path_factory):
+    return build_tiny_model("Qwen2ForCausalLM", tmp_path_factory.mktemp("tiny-qwen2"))  # q/k/v biases
+
+
+@pytest.mark.parametrize("arch, quantization", [
+    ("llama", "int4"),  # group 32 asym: the GGUF Q4_1 layout
+    ("llama", "fp8"),
+    ("qwen2", "w8a8"),  # int8 weights, activations rounded to int8; q/k/v biases
+])
+def test_fused_decode_equals_layer_by_layer(tiny_llama, tiny_qwen2, arch, quantization):
+    llm = LLM(model=str(tiny_llama if arch == "llama" else tiny_qwen2), dtype="float32", quantization=quantization,
+              kv_cache_memory="8MiB", block_size=4,  # small blocks: the table grows
+              enable_prefix_caching=False)  # (a cached prompt would be computed differently)
+    fused, layered = fused_and_layered(llm)
+    assert fused.token_ids == layered.token_ids
+    assert fused.logprobs == layered.logprobs
+
+
+def test_batches_and_unquantized_models_stay_layer_by_layer(tiny_llama):
+    llm = LLM(model=str(tiny_llama), dtype="float32", quantization=None, kv_cache_memory="8MiB")
+    assert llm.engine.model_runner.decode_stack is None  # float weights: the fused step needs packed ones
+    quantized = LLM(model=str(tiny_llama), dtype="float32", quantization="int4", kv_cache_memory="8MiB")
+    alone = quantized.generate([PROMPT], PARAMS, use_tqdm=False)[0].outputs[0]
+    batch = quantized.generate([PROMPT, [3, 4]], PARAMS, use_tqdm=False)  # two sequences: layer by layer
+    assert batch[0].outputs[0].token_ids == alone.token_ids
