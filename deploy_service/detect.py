@@ -20,6 +20,7 @@ import json
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from sandbox import CONFIG_FILE, read_config_table
 
@@ -90,7 +91,7 @@ def _health(value: object) -> str:
     return value
 
 
-def _read_config(project_dir: Path) -> dict:
+def _read_config(project_dir: Path) -> dict[str, Any]:
     deploy = read_config_table(project_dir, "deploy")
     known = ("build", "run", "health", "instances", "memory_mb", "cpus")
     if unknown := set(deploy) - set(known):
@@ -148,7 +149,7 @@ def detect(project_dir: Path) -> AppPlan:
     return replace(plan, memory_mb=memory, cpus=float(cpus))
 
 
-def _plan(project_dir: Path, config: dict, build: list[str] | None, health: str, instances: int | None) -> AppPlan:
+def _plan(project_dir: Path, config: dict[str, Any], build: list[str] | None, health: str, instances: int | None) -> AppPlan:
     if "run" in config:
         return AppPlan("custom", _command(config["run"], "run"), build, health, instances)
     for entry in PYTHON_ENTRIES:

@@ -14,20 +14,21 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 MAX_FILE_BYTES = 1 << 20
 MAX_ENTRY_CHARS = 8192
 TAIL_ENTRIES = 500
 FOLLOWER_QUEUE = 2000
 FILE_POLL_SECONDS = 0.25
+LogEntry = dict[str, Any]  # {"type": "log", "release", "stream", "data", "time"}, as the logs socket sends it
 
 
 class DeployLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._file: TextIO | None = None
-        self._followers: set[asyncio.Queue[dict]] = set()
+        self._followers: set[asyncio.Queue[LogEntry]] = set()
 
     def write(self, stream: str, data: str, release: str | None = None) -> None:
         """Keep and broadcast one entry (the text is cut to MAX_ENTRY_CHARS)."""
@@ -47,7 +48,7 @@ class DeployLog:
             if queue.qsize() < FOLLOWER_QUEUE:
                 queue.put_nowait(entry)
 
-    def tail(self, entries: int = TAIL_ENTRIES) -> list[dict]:
+    def tail(self, entries: int = TAIL_ENTRIES) -> list[LogEntry]:
         """The newest kept entries, oldest first."""
         lines: list[str] = []
         for path in (self.path.with_name(self.path.name + ".1"), self.path):
@@ -65,10 +66,10 @@ class DeployLog:
         """The last entries (of one release) as plain text, for failure messages."""
         return "".join(e["data"] for e in self.tail() if release is None or e["release"] == release)[-entries * 120:]
 
-    async def follow(self, from_file: bool = False) -> AsyncIterator[dict]:
+    async def follow(self, from_file: bool = False) -> AsyncIterator[LogEntry]:
         """The kept tail, then new entries as they come (until the consumer stops). `from_file`: another
         replica writes this log (onto the shared data dir), so new entries are read as the file grows."""
-        queue: asyncio.Queue[dict] = asyncio.Queue()
+        queue: asyncio.Queue[LogEntry] = asyncio.Queue()
         if from_file:  # (the size before the tail is read: nothing written in between is lost)
             new = self._file_growth(self.path.stat().st_size if self.path.exists() else 0)
         else:
@@ -85,7 +86,7 @@ class DeployLog:
         finally:
             self._followers.discard(queue)
 
-    async def _file_growth(self, offset: int) -> AsyncIterator[dict]:
+    async def _file_growth(self, offset: int) -> AsyncIterator[LogEntry]:
         """Entries appended to the file past offset, polled."""
         pending = b""
         while True:
@@ -117,6 +118,6 @@ class DeployLog:
             path.unlink(missing_ok=True)
 
 
-async def _drained(queue: asyncio.Queue[dict]) -> AsyncIterator[dict]:
+async def _drained(queue: asyncio.Queue[LogEntry]) -> AsyncIterator[LogEntry]:
     while True:
         yield await queue.get()

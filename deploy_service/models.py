@@ -1,6 +1,7 @@
 """Deployments and their releases, kept so that a restarted server brings every app back as it was."""
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
@@ -34,7 +35,7 @@ class Release(Base):
     number: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16))  # building | starting | live | retired | failed
     kind: Mapped[str | None] = mapped_column(String(16), default=None)
-    plan: Mapped[dict] = mapped_column(JSON, default=dict)  # argv, health path, package mounts and env
+    plan: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # argv, health path, package mounts and env
     message: Mapped[str] = mapped_column(Text, default="")
     user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

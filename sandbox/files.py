@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,7 +71,7 @@ def _listing(dir_fd: int) -> list[tuple[str, os.stat_result]]:
     return sorted(items)
 
 
-def _walk(root_fd: int, prefix: str = ""):
+def _walk(root_fd: int, prefix: str = "") -> Iterator[tuple[int, str, str, os.stat_result]]:
     """Yield (dir_fd, name, relpath, stat) for every entry under root_fd, without following links."""
     for name, st in _listing(root_fd):
         if name in EXCLUDED_NAMES:

@@ -17,6 +17,7 @@ import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from ide_server import paths
 from sandbox.limits import SERVER_MAXIMA, Limits
@@ -84,7 +85,7 @@ def _check_entry(project_dir: Path, entry: str) -> str:
     return str(path)
 
 
-def read_config_table(project_dir: Path, table: str) -> dict:
+def read_config_table(project_dir: Path, table: str) -> dict[str, Any]:
     """The `[table]` section of the project's codeyard.toml ({} without the file; ValueError if malformed).
     Runs read [run], deploys [deploy]."""
     path = project_dir / CONFIG_FILE

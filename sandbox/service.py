@@ -24,7 +24,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Literal
+from typing import Any, Literal
 
 from sandbox.backend import Backend, OutputChunk, RunSpec, SandboxRun
 from sandbox.errors import QueueFull, RunNotFound
@@ -79,7 +79,7 @@ class RunRecord:
     def state(self) -> RunState:
         return RunState(self.status, self.queue_position, self.waiting_for_input, self.listening_port)
 
-    def public(self) -> dict:
+    def public(self) -> dict[str, Any]:
         result = self.result
         return {
             "id": self.id, "project_id": self.project_id, "status": self.status, "queue_position": self.queue_position,
@@ -310,4 +310,4 @@ class RunService:
 @dataclass
 class RecordTask:
     record: RunRecord
-    task: asyncio.Task
+    task: asyncio.Task[None]

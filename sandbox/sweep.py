@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from sandbox.cgroups import RunCgroup, cgroup_dirs, remove_cgroup
 from sandbox.host_lease import lease_uid
 from sandbox.workspace import UID_BASE, UID_COUNT, kill_uid, processes_by_uid, processes_of_uid, runs_root, umount
 
 
-def sweep(docker=None) -> list[str]:
+def sweep(docker: Any = None) -> list[str]:  # docker: a DockerClient (untyped library)
     """Remove every leftover; returns one line per thing removed."""
     removed: list[str] = []
     for uid in sorted(processes_by_uid(range(UID_BASE, UID_BASE + UID_COUNT))):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import HTTPConnection
 
 from ide_server.errors import InvalidInput
@@ -50,7 +50,7 @@ def learner_files(folder: Path, lesson_files: set[str]) -> dict[str, str]:
 class Checker:
     """Checks lesson projects of one app."""
 
-    def __init__(self, sessions: sessionmaker, projects_dir: Path, runs: ProjectRuns | None) -> None:
+    def __init__(self, sessions: sessionmaker[Session], projects_dir: Path, runs: ProjectRuns | None) -> None:
         self.sessions, self.projects_dir, self.runs = sessions, projects_dir, runs
 
     async def check(self, project: Project, user: User) -> tuple[service.LessonWork, GradePublic]:

@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import yaml
 
@@ -218,7 +219,7 @@ def _read(file: Path) -> str:
         raise LessonFormatError(file, "encoding", "must be UTF-8 text") from None
 
 
-def _yaml_mapping(text: str, file: Path | str, field: str) -> dict:
+def _yaml_mapping(text: str, file: Path | str, field: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
@@ -240,7 +241,7 @@ def _text(value: object, file: Path | str, field: str) -> str:
     return value.strip()
 
 
-def _split_front_matter(text: str, file: Path | str) -> tuple[dict, str]:
+def _split_front_matter(text: str, file: Path | str) -> tuple[dict[str, Any], str]:
     lines = text.replace("\r\n", "\n").split("\n")
     if not lines or lines[0].strip() != "---":
         raise LessonFormatError(file, "front matter", "a lesson starts with a '---' line, YAML (title: ...), and another '---'")

@@ -1,6 +1,7 @@
 """Tables: each learner's progress per lesson, and classrooms (teacher, courses, students)."""
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import JSON, ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
@@ -28,7 +29,7 @@ class LessonProgress(Base):
     hints_used: Mapped[int] = mapped_column(Integer, default=0)
     last_status: Mapped[str | None] = mapped_column(String(16), default=None)  # pass, fail, error
     # The learner's view of the last check (hidden tests already left out), shown again on reload.
-    last_result: Mapped[dict | None] = mapped_column(JSON, default=None)
+    last_result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_checked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     passed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
