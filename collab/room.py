@@ -94,7 +94,7 @@ class Room:
         self.store = store
         self.publisher = publisher
         self.compact_every = compact_every
-        self.doc = Doc()
+        self.doc: Doc[Text] = Doc()
         self.text = self.doc.get(TEXT_NAME, type=Text)
         self.peers: set[Peer] = set()
         self.presence = Presence()
@@ -108,8 +108,8 @@ class Room:
         self._stored_changed = asyncio.Condition()
         self._wake = asyncio.Event()
         self._log_rows = 0
-        self._compacting: asyncio.Task | None = None
-        self._flusher: asyncio.Task | None = None
+        self._compacting: asyncio.Task[bool] | None = None
+        self._flusher: asyncio.Task[None] | None = None
         self._loaded = False
         self._remote_backlog: list[bytes] = []
         self.doc.observe(self._capture)
@@ -380,7 +380,7 @@ class Room:
 def _rebase(base_state: bytes, base_text: str, new_text: str) -> tuple[bytes, bytes] | None:
     """(the update that turns base into new_text, the resulting state), or None when base_state
     does not read base_text. Works on a document of its own, so it may run in any thread."""
-    base = Doc()
+    base: Doc[Text] = Doc()
     content = base.get(TEXT_NAME, type=Text)
     base.apply_update(base_state)
     if str(content) != base_text:
