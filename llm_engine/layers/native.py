@@ -1,6 +1,7 @@
 """Builds and loads the engine's C++ CPU kernels (csrc/) on first use: paged decode attention and
 the decoder layer's fused elementwise steps (RMSNorm with the residual add, rotary, SiLU * up) and
-the int8/int4 weight-only matmuls of the quantized linear layers.
+the int8/int4 weight-only matmuls of the quantized linear layers, and the single-sequence decode
+step that chains them for a whole decoder stack (decode_stack.cpp).
 
 The sources are compiled once per machine with the system C++ compiler (-march=native, OpenMP) into
 a cache folder keyed by the sources, the flags and the CPU's features, then loaded with ctypes. The
