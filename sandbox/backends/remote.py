@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+from redis.typing import EncodableT, FieldT
 
 from sandbox.backend import Backend, Execution, ExitStatus, RunContext, RunSpec, SandboxRun
 from sandbox.backends.dispatch import (
@@ -59,10 +61,11 @@ class RemoteExecution(Execution):
     async def wait(self) -> ExitStatus:
         raise NotImplementedError("a remote run's end comes from its out stream (RemoteBackend._drive)")
 
-    async def _tell(self, **fields) -> None:
+    async def _tell(self, **fields: EncodableT) -> None:
+        entry: dict[FieldT, EncodableT] = {name: value for name, value in fields.items()}
         async def tell() -> None:
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.xadd(in_key(self.run_id), fields)
+                pipe.xadd(in_key(self.run_id), entry)
                 pipe.expire(in_key(self.run_id), RUN_KEYS_TTL_S)
                 await pipe.execute()
 
@@ -98,7 +101,7 @@ class RemoteBackend(Backend):
         execution = RemoteExecution(self.redis, run.id)
         try:
             deadline = time.time() + self.start_timeout
-            job = {"id": run.id, "spec": encode_spec(spec), "deadline": repr(deadline)}
+            job: dict[FieldT, EncodableT] = {"id": run.id, "spec": encode_spec(spec), "deadline": repr(deadline)}
             await patiently(lambda: self.redis.xadd(RUNS_STREAM, job))
             await run._bind(execution)
             outcome = await self._follow(run, execution, deadline)
@@ -117,7 +120,8 @@ class RemoteBackend(Backend):
         """Replay the run's out stream until its result, or why it will never come."""
         last = "0"
         while True:
-            answer = await patiently(lambda: self.redis.xread({out_key(run.id): last}, count=256, block=READ_BLOCK_MS))
+            answer = cast(list[Any], await patiently(  # RESP2: [[stream, [(id, fields), ...]]]
+                lambda: self.redis.xread({out_key(run.id): last}, count=256, block=READ_BLOCK_MS)))
             entries = answer[0][1] if answer else []
             for entry_id, fields in entries:
                 last = entry_id
@@ -132,7 +136,8 @@ class RemoteBackend(Backend):
             if time.time() < deadline:
                 return None
             return f"no runner started the run within {self.start_timeout:g} s (are runner nodes up? `codeyard runner`)"
-        if await patiently(lambda: self.redis.exists(heartbeat_key(execution.runner))):
+        runner = execution.runner
+        if await patiently(lambda: self.redis.exists(heartbeat_key(runner))):
             return None
         return f"runner {execution.runner} stopped during the run (its process or machine went away); run it again"
 
