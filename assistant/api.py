@@ -1,14 +1,16 @@
 """The assistant API, for editors of a project (its owner changes the switch; every member reads it).
 
-    GET/PUT /api/projects/{id}/assistant   the switch and the model's state (reading it never loads the model)
+    GET     /api/assistant/model            the model's status, for any signed-in user (never loads it)
+    GET/PUT /api/projects/{id}/assistant   the switch, and the model's status
     POST    .../assistant/complete          ghost text for the cursor (JSON)
     POST    .../assistant/explain           why a run failed (OpenAI chat chunks over SSE)
     POST    .../assistant/chat              an answer about the current file (SSE, the same chunks)
 
-The first generating call starts loading the model and answers 503 "model is loading" (so does
-every call until it is ready); a switched-off project answers 403; a user over the rate, 429 with
-Retry-After. Closing the connection aborts the generation. Viewers get none of it: they watch a
-project but don't work in it (they can't run it either), and POSTs on a project need an editor.
+The model starts loading when the server starts (or, with CODEYARD_LLM_EAGER=0, on the first
+generating call); until it is ready, generating calls answer 503 "model is loading" with
+Retry-After. A switched-off project answers 403; a user over the rate, 429 with Retry-After.
+Closing the connection aborts the generation. Viewers get none of it: they watch a project but
+don't work in it (they can't run it either), and POSTs on a project need an editor.
 """
 
 from __future__ import annotations
@@ -28,18 +30,20 @@ from assistant.schemas import (
     CompletionCreate,
     CompletionPublic,
     ExplainCreate,
+    ModelStatus,
 )
 from assistant.service import ANSWER_COST, Assistant, AssistantConfig, Model
 from ide_server.components import Component
-from ide_server.deps import DbSession, ProjectEditor, ProjectMember, ProjectOwner
+from ide_server.deps import CurrentUser, DbSession, ProjectEditor, ProjectMember, ProjectOwner
 from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.services.projects import ProjectAccess
 from llm_engine.entrypoints import answer, unless_disconnected
 
 STREAM_RESPONSES: dict[int | str, dict] = {200: {"description": "OpenAI chat completion chunks, then [DONE]",
                                                  "content": {"text/event-stream": {}}}}
-router = APIRouter(prefix="/api/projects/{project_id}/assistant", tags=["assistant"],
-                   responses={**ERROR_RESPONSES, 503: {"description": "The model is loading or unavailable"}})
+router = APIRouter(tags=["assistant"], responses=ERROR_RESPONSES)
+project_router = APIRouter(prefix="/api/projects/{project_id}/assistant",
+                           responses={503: {"description": "The model is loading or unavailable"}})
 
 
 async def _assistant(conn: HTTPConnection) -> Assistant:
@@ -58,20 +62,26 @@ async def _admit(assistant: Assistant, db: DbSession, ctx: ProjectAccess, cost: 
         db.close()
 
 
-@router.get("")
+@router.get("/api/assistant/model")
+def model_status(_user: CurrentUser, assistant: AssistantDep) -> ModelStatus:
+    """Whether the model is loading (and how far), ready, failed (and why), deferred or off."""
+    return assistant.llm.status()
+
+
+@project_router.get("")
 def get_assistant(ctx: ProjectMember, db: DbSession, assistant: AssistantDep) -> AssistantPublic:
-    """Whether the assistant is on for this project, and whether the model is loaded."""
+    """Whether the assistant is on for this project, and the model's status."""
     return assistant.describe(db, ctx)
 
 
-@router.put("")
+@project_router.put("")
 def update_assistant(body: AssistantUpdate, ctx: ProjectOwner, db: DbSession, assistant: AssistantDep) -> AssistantPublic:
     """Switch the assistant on or off for everyone in the project (owners)."""
     assistant.set_enabled(db, ctx.project.id, body.enabled)
     return assistant.describe(db, ctx)
 
 
-@router.post("/complete")
+@project_router.post("/complete")
 async def complete(body: CompletionCreate, ctx: ProjectEditor, db: DbSession, request: Request,
                    assistant: AssistantDep) -> CompletionPublic:
     """Ghost text to show at the cursor: the rest of the line (or the next line)."""
@@ -80,7 +90,7 @@ async def complete(body: CompletionCreate, ctx: ProjectEditor, db: DbSession, re
     return result if isinstance(result, Response) else CompletionPublic(text=result)
 
 
-@router.post("/explain", responses=STREAM_RESPONSES, response_class=Response)
+@project_router.post("/explain", responses=STREAM_RESPONSES, response_class=Response)
 async def explain(body: ExplainCreate, ctx: ProjectEditor, db: DbSession, request: Request,
                   assistant: AssistantDep) -> Response:
     """A streamed explanation of a failed run's output, given the file it ran."""
@@ -88,12 +98,15 @@ async def explain(body: ExplainCreate, ctx: ProjectEditor, db: DbSession, reques
     return answer(await unless_disconnected(request, assistant.explain(model, body)))
 
 
-@router.post("/chat", responses=STREAM_RESPONSES, response_class=Response)
+@project_router.post("/chat", responses=STREAM_RESPONSES, response_class=Response)
 async def chat(body: ChatCreate, ctx: ProjectEditor, db: DbSession, request: Request,
                assistant: AssistantDep) -> Response:
     """A streamed answer to the conversation's last question, about the current file."""
     model = await _admit(assistant, db, ctx, ANSWER_COST)
     return answer(await unless_disconnected(request, assistant.chat(model, body)))
+
+
+router.include_router(project_router)
 
 
 def _setup(app: FastAPI) -> None:

@@ -1,8 +1,9 @@
 """The LLM as an IDE-server component: /v1 (OpenAI API), /v2 (KServe v2) and /llm/metrics for signed-in users.
 
 The model (CODEYARD_LLM_MODEL: a local folder or .gguf; unset means the built-in SmolLM2; "off"
-disables it) loads in the background on first use, so the IDE starts at once and stays usable:
-until the model is ready /v1 answers 503 "model is loading". Callers sign in as for /api: a
+disables it) starts loading in the background when the server starts (CODEYARD_LLM_EAGER=0: on
+first use instead), so the IDE starts at once and stays usable: until the model is ready /v1
+answers 503 "model is loading", and GET /api/assistant/model says how far it is. Callers sign in as for /api: a
 session cookie (with the CSRF header on POST) or a personal API token as Bearer. With
 CODEYARD_LLM_URL set (app replicas in compose), no model loads here: /v1, /v2 and /llm/metrics are
 forwarded to that LLM server (see remote.py). CODEYARD_LLM_GRPC_PORT adds KServe v2 gRPC (llm_grpc.py).
@@ -66,6 +67,8 @@ def _setup(app: FastAPI) -> None:
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    if app.state.settings.llm_eager:
+        llm_of(app).load()  # returns at once: the engine loads in a thread of its own
     try:
         async with serve_grpc(app, llm_of(app)):  # stopped before the model it serves
             yield

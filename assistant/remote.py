@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Literal
 
 import httpx
 from fastapi import Request
@@ -70,6 +71,9 @@ class RemoteLLM:
             return None
         return cls(settings.url, settings.api_key.get_secret_value() if settings.api_key else None)
 
+    def _refused(self) -> str:
+        return f"the LLM server at {self.url} refused this server's key (CODEYARD_LLM_API_KEY)"
+
     def _unreachable(self, exc: Exception) -> OpenAIError:
         return OpenAIError(503, f"the LLM server at {self.url} is unreachable ({type(exc).__name__})",
                            code="llm_unreachable", retry_after=5)
@@ -88,8 +92,7 @@ class RemoteLLM:
             raise self._unreachable(exc) from None
         if upstream.response.status_code == 401:
             await upstream.aclose()
-            raise OpenAIError(503, f"the LLM server at {self.url} refused this server's key (CODEYARD_LLM_API_KEY)",
-                              code="llm_key_refused")
+            raise OpenAIError(503, self._refused(), code="llm_key_refused")
         return upstream
 
     async def forward(self, request: Request, path: str) -> Response:
@@ -131,14 +134,15 @@ class RemoteLLM:
                 await upstream.aclose()
         return self._model
 
-    def state(self) -> tuple[str, str]:
-        """("ready" | "loading" | "unavailable", why), asked synchronously with a short timeout."""
+    def state(self) -> tuple[Literal["ready", "loading", "failed"], str]:
+        """(state, why), from the LLM server's model list, asked synchronously with a short timeout."""
         try:
             answer = httpx.get(f"{self.url}/v1/models", headers=self.headers, timeout=STATE_TIMEOUT_S)
             if answer.status_code != 200:
-                return "unavailable", f"the LLM server at {self.url} answered {answer.status_code}"
+                return "failed", self._refused() if answer.status_code == 401 else \
+                    f"the LLM server at {self.url} answered {answer.status_code}"
             ready = answer.json()["data"][0].get("ready", True)
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
-            return "unavailable", self._unreachable(exc).message
-        return ("ready", "ready") if ready else ("loading", "model is loading on the LLM server")
+            return "failed", self._unreachable(exc).message
+        return ("ready", f"ready on the LLM server at {self.url}") if ready else ("loading", "the model is loading on the LLM server")
 

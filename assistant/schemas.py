@@ -57,14 +57,19 @@ class ChatCreate(Continuable):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=40)]
 
 
-ModelState = Literal["ready", "loading", "not_loaded", "unavailable"]
+class ModelStatus(BaseModel):
+    """Where the IDE's LLM stands (the same for every project: one model serves them all)."""
+
+    state: Literal["loading", "ready", "failed", "deferred", "off"] = Field(description=(
+        "deferred: it loads on the first request (CODEYARD_LLM_EAGER=0); off: CODEYARD_LLM_MODEL=off."))
+    detail: str = Field(description="The state in words, e.g. 'the model is loading (10%, 12 s so far)' or why it failed.")
+    progress: int | None = Field(default=None, ge=0, le=100, description="Percent loaded (coarse), for a local model.")
 
 
 class AssistantPublic(BaseModel):
     enabled: bool = Field(description="The project's switch (owners change it).")
     can_change: bool = Field(description="Whether the caller may change the switch.")
-    model: ModelState = Field(description="not_loaded: it loads on the first request.")
-    detail: str = Field(description="The model state in words, e.g. 'model is loading (10%)'.")
+    model: ModelStatus
 
 
 class AssistantUpdate(BaseModel):

@@ -83,30 +83,14 @@ class Assistant:
         db.commit()
 
     def describe(self, db: Session, access: ProjectAccess) -> AssistantPublic:
-        state, detail = self.model_state()
         return AssistantPublic(enabled=self.is_enabled(db, access.project.id), can_change=access.role == Role.owner,
-                               model=state, detail=detail)
-
-    def model_state(self) -> tuple[str, str]:
-        """The model's state without loading it (status checks must not start a load)."""
-        if self.llm.remote is not None:
-            return self.llm.remote.state()
-        if self.llm.setting == "off":
-            return "unavailable", "the LLM is switched off on this server"
-        service = self.llm.service
-        if service is None:
-            return "not_loaded", "the model loads on the first request"
-        try:
-            service.require_ready()
-        except OpenAIError as exc:
-            return ("unavailable" if service.engine.load_error else "loading"), exc.message
-        return "ready", "ready"
+                               model=self.llm.status())
 
     # ----- admission -----
 
     def admit(self, db: Session, access: ProjectAccess, cost: float) -> Model:
-        """The model for one call, or AssistantOff (403), ModelUnavailable (503; a local model
-        starts loading), Throttled (429). Loading answers don't use up the caller's rate."""
+        """The model for one call, or AssistantOff (403), ModelUnavailable (503; a deferred local
+        model starts loading), Throttled (429). Loading answers don't use up the caller's rate."""
         if not self.is_enabled(db, access.project.id):
             raise AssistantOff("the assistant is switched off for this project by its owner")
         model: Model

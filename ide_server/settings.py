@@ -55,6 +55,8 @@ class Settings(BaseSettings):
         "running the apps); default: the listen address, or this host's own address when listening on all interfaces."
     )
     llm_model: str | None = None
+    llm_eager: bool = Field(default=True, description="Start loading the LLM's model in the background when the "
+                            "server starts, so the assistant is ready when first asked; false: on the first request.")
     llm_grpc_port: int | None = Field(
         default=None, ge=0, le=65535, description="Also serve the LLM's KServe v2 gRPC API (Triton's "
         "GRPCInferenceService) on this port of `host` (0: any free one), for personal API tokens. Unset: no gRPC."

@@ -22,6 +22,10 @@ from ide_server.settings import Settings
 
 PASSWORD = "correct horse battery"
 
+# Apps made here (and the servers they start) load the LLM on first use, not at start-up: most tests
+# never ask it, and each load is a minute of CPU. The tests of the eager load set it to 1 themselves.
+os.environ.setdefault("CODEYARD_LLM_EAGER", "0")
+
 
 def postgres_base_url() -> str:
     url = os.environ.get("CODEYARD_TEST_POSTGRES_URL")

@@ -24,7 +24,9 @@ def codeyard_serve(data_dir: Path, settings: dict[str, str] | None = None, log_n
     variables, say); yields its base URL."""
     port = free_port()
     # bwrap: runs start in well under a second and need no Docker daemon.
-    env = {**os.environ, "CODEYARD_DATA_DIR": str(data_dir), "CODEYARD_SANDBOX_BACKEND": "bwrap"}
+    # The LLM loads on first use unless `settings` say otherwise: benchmarks and tests that never ask it
+    # should not share the CPU with a minute of loading.
+    env = {"CODEYARD_LLM_EAGER": "0", **os.environ, "CODEYARD_DATA_DIR": str(data_dir), "CODEYARD_SANDBOX_BACKEND": "bwrap"}
     env.pop("CODEYARD_DATABASE_URL", None)
     env.update(settings or {})
     cli = [sys.executable, "-m", "ide_server.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]

@@ -29,8 +29,9 @@ def test_reading_the_state_never_loads_the_model(app, new_user):
     project_id, users = project_with_members(new_user)
     for who in ("owner", "editor", "viewer"):
         state = users[who].get(url(project_id)).json()
-        assert state == {"enabled": True, "can_change": who == "owner", "model": "not_loaded",
-                         "detail": "the model loads on the first request"}
+        assert state == {"enabled": True, "can_change": who == "owner", "model": {
+            "state": "deferred", "detail": "the model loads on the first request", "progress": None}}
+        assert users[who].get("/api/assistant/model").json() == state["model"]
     assert app.state.llm_lazy.service is None
     assert users["stranger"].get(url(project_id)).status_code == 404
 
@@ -55,7 +56,7 @@ def test_owner_switches_it_off_for_everyone_and_on_again(app, new_user, unloaded
 
 def test_generating_calls_answer_503_while_the_model_loads(app, new_user, unloaded):
     project_id, users = project_with_members(new_user)
-    assert users["viewer"].get(url(project_id)).json()["model"] == "loading"
+    assert users["viewer"].get(url(project_id)).json()["model"]["state"] == "loading"
     for route, body in bodies().items():
         r = users["editor"].post(url(project_id, route), json=body)
         assert r.status_code == 503, (route, r.text)

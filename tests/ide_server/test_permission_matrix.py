@@ -113,6 +113,7 @@ POST   /v2/models/{model_name}/generate                                    401  
 POST   /v2/models/{model_name}/versions/{version}/generate                 401  ok    ok    ok     ok     ok    ok    403   401      ok
 POST   /v2/models/{model_name}/generate_stream                             401  ok    ok    ok     ok     ok    ok    403   401      ok
 POST   /v2/models/{model_name}/versions/{version}/generate_stream          401  ok    ok    ok     ok     ok    ok    403   401      ok
+GET    /api/assistant/model                                                401  ok    ok    ok     ok     ok    ok    ok    401      ok
 GET    /api/projects/{project_id}/assistant                                401  404   404   ok     ok     ok    ok    ok    401      403
 PUT    /api/projects/{project_id}/assistant                                401  404   404   403    403    ok    403   403   401      403
 POST   /api/projects/{project_id}/assistant/complete                       401  404   404   403    ok     ok    ok    403   401      403

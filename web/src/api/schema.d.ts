@@ -4,6 +4,26 @@
  */
 
 export interface paths {
+    "/api/assistant/model": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Model Status
+         * @description Whether the model is loading (and how far), ready, failed (and why), deferred or off.
+         */
+        get: operations["model_status_api_assistant_model_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/auth/login": {
         parameters: {
             query?: never;
@@ -191,7 +211,7 @@ export interface paths {
         };
         /**
          * Get Assistant
-         * @description Whether the assistant is on for this project, and whether the model is loaded.
+         * @description Whether the assistant is on for this project, and the model's status.
          */
         get: operations["get_assistant_api_projects__project_id__assistant_get"];
         /**
@@ -1129,21 +1149,11 @@ export interface components {
              */
             can_change: boolean;
             /**
-             * Detail
-             * @description The model state in words, e.g. 'model is loading (10%)'.
-             */
-            detail: string;
-            /**
              * Enabled
              * @description The project's switch (owners change it).
              */
             enabled: boolean;
-            /**
-             * Model
-             * @description not_loaded: it loads on the first request.
-             * @enum {string}
-             */
-            model: "ready" | "loading" | "not_loaded" | "unavailable";
+            model: components["schemas"]["ModelStatus"];
         };
         /** AssistantUpdate */
         AssistantUpdate: {
@@ -1686,6 +1696,28 @@ export interface components {
         MemberUpdate: {
             role: components["schemas"]["Role"];
         };
+        /**
+         * ModelStatus
+         * @description Where the IDE's LLM stands (the same for every project: one model serves them all).
+         */
+        ModelStatus: {
+            /**
+             * Detail
+             * @description The state in words, e.g. 'the model is loading (10%, 12 s so far)' or why it failed.
+             */
+            detail: string;
+            /**
+             * Progress
+             * @description Percent loaded (coarse), for a local model.
+             */
+            progress?: number | null;
+            /**
+             * State
+             * @description deferred: it loads on the first request (CODEYARD_LLM_EAGER=0); off: CODEYARD_LLM_MODEL=off.
+             * @enum {string}
+             */
+            state: "loading" | "ready" | "failed" | "deferred" | "off";
+        };
         /** OpenFile */
         OpenFile: {
             /** Content */
@@ -2164,6 +2196,98 @@ export interface components {
 }
 export type $defs = Record<string, never>;
 export interface operations {
+    model_status_api_assistant_model_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ModelStatus"];
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not signed in, or a bad API token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Signed in, but not allowed (role, CSRF token) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such thing, or not visible to you */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflicts with the current state */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many attempts; see Retry-After */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Busy or not ready; see Retry-After */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     login_api_auth_login_post: {
         parameters: {
             query?: never;

@@ -11,3 +11,5 @@ export type InvitePreview = Schemas["InvitePreview"];
 export type InviteAccepted = Schemas["InviteAccepted"];
 export type FileEntry = Schemas["FileEntry"];
 export type SearchResults = Schemas["SearchResults"];
+export type AssistantPublic = Schemas["AssistantPublic"];
+export type ModelStatus = Schemas["ModelStatus"];

@@ -1,13 +1,10 @@
-/** The assistant API: the project's switch, ghost-text completions, and streamed answers. */
+/** The assistant API: the model's status, the project's switch, ghost-text completions, and streamed answers. */
 import { api, send } from "../api";
+import type { AssistantPublic, ModelStatus } from "../api/types";
 import { editorSettings, indentText } from "../settings";
 
-export interface AssistantState {
-  enabled: boolean;
-  can_change: boolean;
-  model: "ready" | "loading" | "not_loaded" | "unavailable";
-  detail: string;
-}
+export type AssistantState = AssistantPublic;
+export type { ModelStatus };
 
 export interface OpenFile {
   path: string;
@@ -31,6 +28,11 @@ export class AssistantClient {
 
   state(): Promise<AssistantState> {
     return api<AssistantState>("GET", this.base);
+  }
+
+  /** The model's status alone (the same for every project), polled while it loads. */
+  model(): Promise<ModelStatus> {
+    return api<ModelStatus>("GET", "/api/assistant/model");
   }
 
   setEnabled(enabled: boolean): Promise<AssistantState> {

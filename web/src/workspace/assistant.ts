@@ -1,17 +1,27 @@
 /** The assistant in the workspace: ghost text in editors, "Explain this error" after a failed run,
- * a chat panel about the current file, the owner's on/off switch, and the model's state.
+ * a chat panel about the current file, the owner's on/off switch, and the model's status.
  *
  * Everything hides while the project's owner has switched it off (a 403 from any call means the
- * same); owners keep the panel button, to switch it back on. The first call loads the model:
- * until then calls answer 503 and the status line says "loading", polling until it is ready. */
+ * same); owners keep the panel button, to switch it back on. The server starts loading the model when
+ * it starts (or, deferred, on the first call, which answers 503): while it loads, the status line says
+ * how far it is (polled), and a question or "Explain" waits in the panel, then goes once it is ready. */
 import type { EditorView } from "@codemirror/view";
 import { ApiError } from "../api";
 import { h } from "../dom";
-import { AssistantClient, type AssistantState, type ChatTurn, type FinishReason, type OpenFile } from "./assistant-client";
+import { AssistantClient, type AssistantState, type ChatTurn, type FinishReason, type ModelStatus, type OpenFile } from "./assistant-client";
 import { ghostText } from "./assistant-ghost";
 import { renderMarkdown } from "./lesson-markdown";
 
 const POLL_MS = 2000;
+const TRIES = 3; // a call that finds the model loading waits for it, then tries again (a few times at most)
+
+const MODEL_TEXT: Record<ModelStatus["state"], (model: ModelStatus) => string> = {
+  loading: (model) => `Assistant: model loading… ${model.progress ?? 0}%`,
+  ready: () => "Assistant ready",
+  failed: () => "Assistant unavailable",
+  off: () => "Assistant unavailable",
+  deferred: () => "Assistant: the model loads on first use",
+};
 
 /** Streams an answer (or, given the answer so far, the rest of it) to `onText`; resolves to why it ended. */
 type Answerer = (soFar: string | null, onText: (text: string) => void, signal: AbortSignal) => Promise<FinishReason>;
@@ -64,6 +74,7 @@ export class AssistantUi {
   private answering: AbortController | null = null;
   private polling = false;
   private waitingEditor: EditorView | null = null;
+  private modelWaiters: ((model: ModelStatus) => void)[] = [];
 
   constructor(projectId: string, private readonly context: AssistantContext) {
     this.client = new AssistantClient(projectId);
@@ -121,14 +132,33 @@ export class AssistantUi {
     this.form.hidden = !on;
     this.explainButton.hidden = !on || this.failedOutput === null;
     if (this.button.hidden) this.panel.hidden = true;
-    this.showModel(state);
+    if (state) this.modelChanged(state.model);
+    else this.status.textContent = "";
   }
 
-  private showModel(state: AssistantState | null): void {
-    const text = !state?.enabled ? "" : state.model === "loading" ? "Assistant: model is loading…" : state.model === "unavailable" ? "Assistant unavailable" : state.model === "ready" ? "Assistant ready" : "";
-    this.status.textContent = text;
-    this.status.title = state?.detail ?? "";
-    this.status.dataset.model = state?.model ?? "";
+  private get model(): ModelStatus | null {
+    return this.state?.model ?? null;
+  }
+
+  /** Shows the model's status; while it loads, watches it; once it settles, lets waiting calls go. */
+  private modelChanged(model: ModelStatus): void {
+    if (this.state) this.state = { ...this.state, model };
+    this.status.textContent = this.enabled ? MODEL_TEXT[model.state](model) : "";
+    this.status.title = model.detail;
+    this.status.dataset.model = model.state;
+    this.explainButton.title = model.state === "loading" ? "The model is still loading: the answer comes once it is ready" : "";
+    if (model.state === "loading") {
+      void this.pollUntilReady();
+    } else {
+      for (const settled of this.modelWaiters.splice(0)) settled(model);
+    }
+  }
+
+  /** The model's status once it is no longer loading. */
+  private settledModel(): Promise<ModelStatus> {
+    const model = this.model;
+    if (model && model.state !== "loading") return Promise.resolve(model);
+    return new Promise((resolve) => this.modelWaiters.push(resolve));
   }
 
   private toggle(open = this.panel.hidden): void {
@@ -144,36 +174,36 @@ export class AssistantUi {
     }
   }
 
-  /** Handles an error of a call: off (hide everything), loading (wait for it), or a message. */
-  private failed(error: unknown): string | null {
-    if (error instanceof ApiError && error.status === 403 && this.state) {
-      this.apply({ ...this.state, enabled: false });
-      return error.message;
-    }
-    if (error instanceof ApiError && error.status === 503) {
-      if (this.state) this.showModel({ ...this.state, model: "loading", detail: error.message });
-      void this.pollUntilReady();
-      return "The model is loading; try again in a moment.";
-    }
+  /** Handles an error of a call: off (hide everything), or its message. */
+  private failed(error: unknown): string {
+    if (error instanceof ApiError && error.status === 403 && this.state) this.apply({ ...this.state, enabled: false });
     return error instanceof Error ? error.message : String(error);
+  }
+
+  /** A 503 says the model is loading (a deferred model's first call starts it), or why it cannot: find out. */
+  private isLoading(error: unknown): boolean {
+    if (!(error instanceof ApiError && error.status === 503)) return false;
+    this.modelChanged({ state: "loading", detail: error.message, progress: 0 });
+    return true;
   }
 
   private async pollUntilReady(): Promise<void> {
     if (this.polling) return;
     this.polling = true;
+    let model: ModelStatus | null = null;
     try {
-      for (;;) {
+      while (model === null || model.state === "loading") {
         await new Promise((resolve) => setTimeout(resolve, POLL_MS));
-        const state = await this.client.state().catch(() => null);
-        if (state) this.apply(state);
-        if (!state || state.model !== "loading") break;
+        model = await this.client.model().catch(() => null);
+        if (model?.state === "loading") this.modelChanged(model); // its progress (polling goes on here)
       }
     } finally {
       this.polling = false;
     }
+    this.modelChanged(model);
     const waiting = this.waitingEditor;
     this.waitingEditor = null;
-    if (waiting && this.state?.model === "ready") this.ghost.retry(waiting);
+    if (waiting && model.state === "ready") this.ghost.retry(waiting);
   }
 
   private async complete(view: EditorView, signal: AbortSignal): Promise<string | null> {
@@ -182,15 +212,18 @@ export class AssistantUi {
     const head = view.state.selection.main.head;
     const doc = view.state.doc;
     const others = this.context.openFiles().filter((file) => file.path !== path);
+    if (this.model?.state === "loading") {
+      this.waitingEditor = view; // asked again once the model is ready
+      return null;
+    }
     try {
       const text = await this.client.complete(path, doc.sliceString(0, head), doc.sliceString(head), others, signal);
-      if (this.state?.model !== "ready") void this.start();
+      if (this.model?.state !== "ready") void this.client.model().then((model) => this.modelChanged(model), () => undefined);
       return text;
     } catch (error) {
       if (signal.aborted) throw error;
-      if (error instanceof ApiError && error.status === 503) this.waitingEditor = view;
-      const message = this.failed(error);
-      if (message && !(error instanceof ApiError && error.status === 503)) this.status.textContent = `Assistant: ${message}`;
+      if (this.isLoading(error)) this.waitingEditor = view;
+      else this.status.textContent = `Assistant: ${this.failed(error)}`;
       return null;
     }
   }
@@ -236,10 +269,12 @@ export class AssistantUi {
       this.messages.scrollTop = this.messages.scrollHeight;
     };
     try {
-      const finish = await run(soFar || null, (piece) => {
-        text += piece;
-        show();
-      }, controller.signal);
+      const finish = await this.whenReady(reply, controller.signal, () =>
+        run(soFar || null, (piece) => {
+          text += piece;
+          show();
+        }, controller.signal),
+      );
       if (finish === "length") {
         text = naturalEnd(text);
         show();
@@ -252,11 +287,32 @@ export class AssistantUi {
       }
       if (history) this.conversation = [...history, { role: "assistant", content: text }];
     } catch (error) {
-      if (!controller.signal.aborted) reply.textContent = text ? `${text} [stopped: ${this.failed(error)}]` : this.failed(error) ?? "";
+      if (!controller.signal.aborted) reply.textContent = text ? `${text} [stopped: ${this.failed(error)}]` : this.failed(error);
       reply.classList.add("assistant-error");
     } finally {
-      reply.classList.remove("streaming");
+      reply.classList.remove("streaming", "assistant-waiting");
       if (this.answering === controller) this.answering = null;
+    }
+  }
+
+  /** Makes the call once the model is ready: while it loads, the reply says so and waits (so does a call that
+   * finds it loading: a deferred model's first call starts the load), then the call goes (again). */
+  private async whenReady(reply: HTMLElement, signal: AbortSignal, call: () => Promise<FinishReason>): Promise<FinishReason> {
+    for (let tries = 1; ; tries++) {
+      if (this.model?.state === "loading") {
+        reply.classList.add("assistant-waiting");
+        reply.replaceChildren(h("p", { class: "status status-info" }, "Waiting for the model to load: the answer starts once it is ready…"));
+        const model = await this.settledModel();
+        reply.classList.remove("assistant-waiting");
+        reply.replaceChildren();
+        if (signal.aborted) throw new DOMException("The question was replaced", "AbortError");
+        if (model.state !== "ready") throw new Error(model.detail);
+      }
+      try {
+        return await call();
+      } catch (error) {
+        if (signal.aborted || tries === TRIES || !this.isLoading(error)) throw error;
+      }
     }
   }
 
