@@ -10,10 +10,12 @@ from functools import lru_cache
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.types import Scope
+
+from ide_server.deps import OptionalUser
 
 ASSETS_DIR = Path(__file__).parent / "webassets"
 STATIC_PREFIX = "/static/"
@@ -64,9 +66,12 @@ def render_page(request: Request, page: str, title: str, param: str = "") -> HTM
     return response
 
 
-@router.get("/")
-def home() -> RedirectResponse:
-    return RedirectResponse("/dashboard", status_code=303)
+@router.get("/", response_model=None)
+def home(request: Request, user: OptionalUser) -> Response:
+    """Signed-in users go on to their projects; a visitor reads what Codeyard is, with the way in."""
+    if user is not None:
+        return RedirectResponse("/dashboard", status_code=303)
+    return render_page(request, "landing", "Write, run and share code together")
 
 
 @router.get("/login")

@@ -1,6 +1,7 @@
 """Debian's Chromium flags and signed-in helpers (shared by the browser tests and benchmarks/web_bench.py);
 `codeyard serve` as a subprocess comes from tests/serve_process.py."""
 
+import time
 from contextlib import contextmanager
 
 import httpx
@@ -96,13 +97,32 @@ LOOKS = {"laptop": (1366, 768), "phone": (390, 844)}
 
 
 def each_look(page, screenshot, name: str) -> None:
-    """Screenshots of a workspace page as it is, light and dark, on a laptop and a phone (`name-dark-phone`...);
-    it ends light, at 1366x768."""
+    """Screenshots of a page as it is, light and dark, on a laptop and a phone (`name-dark-phone`...); it ends light,
+    at 1366x768. The workspace switches with its theme button; other pages follow the system's scheme, emulated."""
+    toggle = page.locator("#theme").count() > 0
     for size, (width, height) in LOOKS.items():
         page.set_viewport_size({"width": width, "height": height})
         for theme in ("light", "dark"):
-            if page.evaluate("document.documentElement.dataset.theme") != theme:
+            if not toggle:
+                page.emulate_media(color_scheme=theme)
+            elif page.evaluate("document.documentElement.dataset.theme") != theme:
                 page.locator("#theme").click()
             screenshot(page, f"{name}-{theme}-{size}")
-    page.locator("#theme").click()
+    if toggle:
+        page.locator("#theme").click()
+    else:
+        page.emulate_media(color_scheme="light")
     page.set_viewport_size({"width": 1366, "height": 768})
+
+
+def wait_for_file(context, server_url: str, project_id: str, path: str, text: str, timeout: float = 15) -> None:
+    """The project's file on the server (where the collaborative document is saved) becomes `text`."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        answer = context.request.get(f"{server_url}/api/projects/{project_id}/files/content/{path}")
+        last = answer.text() if answer.ok else f"HTTP {answer.status}"
+        if last == text:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{path} is {last!r}, never {text!r}")

@@ -2,28 +2,16 @@
 the check, reads a hint, fixes the code in the editor, passes, and the teacher's grid shows it."""
 
 import re
-import time
 
 from playwright.sync_api import expect
 
-from browser_kit import each_look, signed_in_context
+from browser_kit import each_look, signed_in_context, wait_for_file
 from tutorials.format import builtin_courses
 
 COURSE = builtin_courses()["python-from-zero"]
 LESSON = COURSE.lessons[0]
 ENTRY = LESSON.entry
 JOIN_CODE = re.compile(r"^[A-Z2-9]{8}$")
-
-
-def wait_for_file(server_url: str, context, project_id: str, text: str) -> None:
-    """The editor's text reaches the server's file within a second or so."""
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        answer = context.request.get(f"{server_url}/api/projects/{project_id}/files/content/{ENTRY}")
-        if answer.ok and answer.text() == text:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{ENTRY} never became the fixed code")
 
 
 def test_learner_passes_lesson_one_and_the_teacher_sees_it(server_url, browser, screenshot):
@@ -82,7 +70,7 @@ def test_learner_passes_lesson_one_and_the_teacher_sees_it(server_url, browser, 
     page.locator(".editor-host:not([hidden]) .cm-content").click()
     page.keyboard.press("Control+A")
     page.keyboard.insert_text(solution)
-    wait_for_file(server_url, learner, project_id, solution)
+    wait_for_file(learner, server_url, project_id, ENTRY, solution)
 
     page.locator("#lesson-check").click()
     expect(page.locator("#lesson-result")).to_have_attribute("data-status", "pass", timeout=30_000)

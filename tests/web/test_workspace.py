@@ -89,6 +89,17 @@ def test_file_tree_updates_live_for_everyone(open_as, screenshot):
     expect(bob.locator('#file-tree li[data-path="notes/done.md"]')).to_be_visible()
     expect(bob.locator('#file-tree li[data-path="notes/todo.md"]')).to_have_count(0)
     expect(ada.locator(".tab.active")).to_have_attribute("data-path", "notes/done.md")
+    # Each file shows its type's icon; a folder folds and unfolds (for this person only).
+    expect(bob.locator('#file-tree li[data-path="main.py"] .file-icon[data-type="python"]')).to_have_count(1)
+    expect(bob.locator('#file-tree li[data-path="notes/done.md"] .file-icon[data-type="markdown"]')).to_have_count(1)
+    folder = bob.locator('#file-tree li[data-path="notes"] .folder')
+    expect(folder).to_have_attribute("aria-expanded", "true")
+    folder.click()
+    expect(bob.locator('#file-tree li[data-path="notes/done.md"]')).to_have_count(0)
+    expect(folder).to_have_attribute("aria-expanded", "false")
+    expect(ada.locator('#file-tree li[data-path="notes/done.md"]')).to_be_visible()
+    folder.click()
+    expect(bob.locator('#file-tree li[data-path="notes/done.md"]')).to_be_visible()
     screenshot(bob, "workspace-tree-live")
 
     ada.locator("#upload-input").set_input_files([{"name": "data.txt", "mimeType": "text/plain", "buffer": b"1 2 3\n"}])

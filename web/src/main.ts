@@ -3,13 +3,15 @@ import "./style.css";
 import { renderAuth } from "./pages/auth";
 import { renderDashboard } from "./pages/dashboard";
 import { renderInvite } from "./pages/invite";
+import { renderLanding } from "./pages/landing";
 import { renderProject } from "./pages/project";
 
 const root = document.getElementById("app");
 const { page, param = "" } = document.body.dataset;
 
 if (root) {
-  if (page === "login" || page === "register") renderAuth(root, page);
+  if (page === "landing") renderLanding(root);
+  else if (page === "login" || page === "register") renderAuth(root, page);
   else if (page === "dashboard") void renderDashboard(root);
   else if (page === "project") void renderProject(root, param);
   else if (page === "invite") void renderInvite(root, param);

@@ -2,6 +2,7 @@
 import { api, ApiError } from "../api";
 import type { ProjectPublic as Project, TemplatePublic as Template, UserPublic as Me } from "../api/types";
 import { h, showStatus } from "../dom";
+import { withIcon } from "../icons";
 
 function projectRow(project: Project, refresh: () => void, status: HTMLElement): HTMLElement {
   const fork = h("button", { type: "button", class: "secondary" }, "Fork");
@@ -46,12 +47,12 @@ export async function renderDashboard(root: HTMLElement): Promise<void> {
   const shared = h("ul", { class: "projects", id: "shared-projects" });
   const name = h("input", { name: "name", required: "", placeholder: "my-project", maxlength: "100" });
   const template = h("select", { name: "template", "aria-label": "Template" });
-  const create = h("form", { class: "card create" }, h("h2", {}, "New project"), name, template, h("button", { type: "submit" }, "Create"));
-  const logout = h("button", { type: "button", class: "secondary" }, "Sign out");
+  const create = h("form", { class: "card create" }, h("h2", {}, "New project"), name, template, withIcon(h("button", { type: "submit" }, "Create"), "plus"));
+  const logout = withIcon(h("button", { type: "button", class: "secondary" }, "Sign out"), "signOut");
   const greeting = h("span", {});
   root.replaceChildren(
     h("header", { class: "topbar" }, h("strong", {}, "Codeyard"), h("a", { href: "/courses" }, "Courses"),
-      h("a", { href: "/classrooms" }, "Classrooms"), h("a", { href: "/settings", id: "settings-link" }, "Settings"), greeting, logout),
+      h("a", { href: "/classrooms" }, "Classrooms"), withIcon(h("a", { href: "/settings", id: "settings-link" }, "Settings"), "settings"), greeting, logout),
     h("main", { class: "dashboard" }, create, status, h("h2", {}, "My projects"), mine, h("h2", {}, "Shared with me"), shared),
   );
 

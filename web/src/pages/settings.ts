@@ -1,6 +1,7 @@
 /** Settings: the editor's preferences (this browser) and the account (password, API tokens). */
 import { api, ApiError } from "../api";
 import { h, showStatus } from "../dom";
+import { withIcon } from "../icons";
 import { editorSettings, saveEditorSettings, type EditorSettings } from "../settings";
 
 interface Token {
@@ -25,6 +26,7 @@ function editorSection(): HTMLElement {
     h("h2", {}, "Editor"),
     choice("indent", "Indentation", [["2", "2 spaces"], ["4", "4 spaces"], ["8", "8 spaces"], ["0", "Tabs"]], String(current.indent)),
     choice("fontSize", "Font size", [12, 13, 14, 16, 18, 20, 24].map((n) => [String(n), `${n} px`]), String(current.fontSize)),
+    choice("keys", "Key bindings", [["default", "Default"], ["vim", "Vim"], ["emacs", "Emacs"]], current.keys),
     choice("theme", "Theme", [["system", "Same as the system"], ["light", "Light"], ["dark", "Dark"]], current.theme),
     h("button", { type: "submit" }, "Save"),
     status,
@@ -35,10 +37,11 @@ function editorSection(): HTMLElement {
     const settings: EditorSettings = {
       indent: Number(data.get("indent")),
       fontSize: Number(data.get("fontSize")),
+      keys: data.get("keys") as EditorSettings["keys"],
       theme: data.get("theme") as EditorSettings["theme"],
     };
     saveEditorSettings(settings);
-    showStatus(status, "Saved. Open editors use it when they next load.");
+    showStatus(status, "Saved. Open editors follow at once.");
   });
   return form;
 }
@@ -115,7 +118,7 @@ export async function renderSettings(root: HTMLElement): Promise<void> {
     throw error;
   }
   root.replaceChildren(
-    h("header", { class: "topbar" }, h("a", { href: "/dashboard" }, "← Projects"), h("strong", {}, "Settings"), h("span", {}, `Signed in as ${username}`)),
+    h("header", { class: "topbar" }, withIcon(h("a", { href: "/dashboard" }, "Projects"), "back"), h("strong", {}, "Settings"), h("span", {}, `Signed in as ${username}`)),
     h("main", { class: "dashboard" }, editorSection(), passwordSection(), tokensSection()),
   );
 }

@@ -24,7 +24,8 @@ import { encodePath } from "./files";
 import { yCollab, yUndoManagerKeymap } from "y-codemirror.next";
 import { languageFor } from "./languages";
 import { colorFor } from "./colors";
-import { editorSettings, indentText } from "../settings";
+import { editorSettings, indentText, type EditorSettings, type KeyBindings } from "../settings";
+import { keyBindings } from "./keybindings";
 
 export type Connection = "connecting" | "synced" | "offline" | "denied" | "snapshot";
 
@@ -42,6 +43,17 @@ export interface EditorOptions {
 }
 
 const themeCompartment = new Compartment();
+const keysCompartment = new Compartment();
+const preferencesCompartment = new Compartment();
+
+/** Indentation and font size as chosen in Settings. */
+function preferences(settings: EditorSettings): Extension {
+  return [
+    EditorState.tabSize.of(settings.indent || 4),
+    indentUnit.of(indentText(settings)),
+    EditorView.theme({ "&": { fontSize: `${settings.fontSize}px` } }),
+  ];
+}
 
 function collabUrl(projectId: string): string {
   const scheme = location.protocol === "https:" ? "wss" : "ws";
@@ -54,6 +66,7 @@ export class FileEditor {
   readonly doc = new Y.Doc();
   readonly provider: WebsocketProvider | null = null;
   readonly undoManager: Y.UndoManager;
+  private keys: KeyBindings | null = "default"; // null once destroyed
 
   constructor(readonly options: EditorOptions, parent: HTMLElement) {
     const ytext = this.doc.getText("content");
@@ -75,6 +88,7 @@ export class FileEditor {
       state: EditorState.create({
         doc: ytext.toString(),
         extensions: [
+          keysCompartment.of([]),
           lineNumbers(),
           highlightActiveLineGutter(),
           highlightSpecialChars(),
@@ -87,9 +101,7 @@ export class FileEditor {
           rectangularSelection(),
           crosshairCursor(),
           highlightActiveLine(),
-          EditorState.tabSize.of(settings.indent || 4),
-          indentUnit.of(indentText(settings)),
-          EditorView.theme({ "&": { fontSize: `${settings.fontSize}px` } }),
+          preferencesCompartment.of(preferences(settings)),
           EditorState.readOnly.of(options.readOnly),
           EditorView.contentAttributes.of({ "aria-label": `Contents of ${options.path}` }),
           options.extensions,
@@ -102,6 +114,18 @@ export class FileEditor {
         ],
       }),
     });
+    if (settings.keys !== "default") void this.applySettings(settings);
+  }
+
+  /** Follows the Settings page: indentation and font size at once, Vim or Emacs once their package has loaded. */
+  async applySettings(settings: EditorSettings): Promise<void> {
+    if (this.keys === null) return;
+    this.view.dispatch({ effects: preferencesCompartment.reconfigure(preferences(settings)) });
+    this.keys = settings.keys;
+    const bindings = await keyBindings(settings.keys);
+    if (this.keys !== settings.keys) return; // changed again while the package loaded
+    this.view.dispatch({ effects: keysCompartment.reconfigure(bindings) });
+    this.view.dom.dataset.keys = settings.keys; // which bindings are live (the tests wait for it)
   }
 
   /** Put the cursor at the start of `line` (1-based) and scroll to it, once the text has arrived (up to 3 s). */
@@ -162,6 +186,7 @@ export class FileEditor {
   }
 
   destroy(): void {
+    this.keys = null;
     this.view.destroy();
     this.provider?.destroy();
     this.undoManager.destroy();

@@ -1,12 +1,13 @@
 /** Search across the project's files: a box in the file pane and a list of matching lines; a click opens the line. */
 import { ApiError } from "../api";
 import { h } from "../dom";
+import { icon } from "../icons";
 import type { ProjectFiles } from "./files";
 
 export class ProjectSearch {
   private readonly input = h("input", { type: "search", id: "project-search", placeholder: "Search in files…", "aria-label": "Search in files" });
   private readonly results = h("ul", { class: "search-results", id: "search-results", "aria-label": "Search results" });
-  readonly element = h("form", { class: "project-search", role: "search" }, this.input, this.results);
+  readonly element = h("form", { class: "project-search", role: "search" }, h("label", { class: "search-box" }, icon("search"), this.input), this.results);
 
   constructor(private readonly files: ProjectFiles, private readonly openAt: (path: string, line: number) => void) {
     this.element.addEventListener("submit", (event) => {

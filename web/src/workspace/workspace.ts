@@ -16,6 +16,8 @@ import { DeployPanel } from "./deploy";
 import { ShareDialog } from "./share";
 import { ShellPane } from "./shell";
 import { socketUrl } from "./terminal";
+import { onEditorSettingsSaved } from "../settings";
+import { icon, withIcon } from "../icons";
 
 interface Project {
   id: string;
@@ -64,7 +66,7 @@ export class Workspace {
   private readonly presence = h("div", { class: "presence", id: "presence", "aria-label": "People in this project" });
   private readonly tabs = h("div", { class: "tabs", id: "tabs", role: "tablist" });
   private readonly editorArea = h("div", { class: "editor-area", id: "editor" });
-  private readonly runButton = h("button", { type: "button", id: "run", title: RUN_TITLE }, "▶ Run");
+  private readonly runButton = withIcon(h("button", { type: "button", id: "run", title: RUN_TITLE }, "Run"), "run");
   private readonly runSummary = h("span", { class: "run-summary", id: "run-summary" });
   private runConsole: RunConsole | null = null;
   private history: HistoryPanel | null = null;
@@ -111,6 +113,11 @@ export class Workspace {
     this.connectEvents();
     void this.followLiveRun();
     document.addEventListener("keydown", (event) => this.shortcut(event));
+    onEditorSettingsSaved((settings) => {
+      for (const { editor } of this.editors.values()) void editor.applySettings(settings);
+      this.dark = preferredDark();
+      this.applyTheme();
+    });
     await this.refreshTree();
     const saved = JSON.parse(localStorage.getItem(this.storageKey) ?? "null") as { open: string[]; active: string | null } | null;
     const existing = new Set(this.tree.paths());
@@ -124,22 +131,24 @@ export class Workspace {
   }
 
   private layout(): void {
-    const themeButton = h("button", { type: "button", class: "secondary", id: "theme", title: "Switch light/dark theme" }, "◐");
+    const themeButton = h("button", { type: "button", class: "secondary icon-only", id: "theme", title: "Switch light/dark theme", "aria-label": "Switch light/dark theme" }, icon("theme"));
     themeButton.addEventListener("click", () => {
       this.dark = !this.dark;
       localStorage.setItem("codeyard-theme", this.dark ? "dark" : "light");
       this.applyTheme();
     });
     const share = new ShareDialog(this.project, this.username);
-    const shareButton = h("button", { type: "button", class: "secondary", id: "share" }, "Share");
+    const shareButton = withIcon(h("button", { type: "button", class: "secondary", id: "share" }, "Share"), "share");
     shareButton.hidden = this.project.role === null;
     shareButton.addEventListener("click", () => void share.open());
     const history = new HistoryPanel(this.project.id, this.canWrite);
     this.history = history;
-    const historyButton = h("button", { type: "button", class: "secondary", id: "history" }, "History");
+    const historyButton = withIcon(h("button", { type: "button", class: "secondary", id: "history" }, "History"), "history");
     historyButton.addEventListener("click", () => void history.open(this.active));
     const deploy = new DeployPanel(this.project.id, this.canWrite, this.project.role === "owner");
     if (this.project.role !== null) void deploy.refreshBadge();
+    withIcon(deploy.button, "deploy");
+    if (this.assistant) withIcon(this.assistant.button, "assistant");
     this.runButton.hidden = !this.canWrite;
     this.runButton.addEventListener("click", () => void (this.runConsole?.running ? this.runConsole.stop() : this.run()));
     const roleBadge = h("span", { class: "badge", id: "role" }, this.project.role ?? "visitor");
@@ -172,7 +181,7 @@ export class Workspace {
       h(
         "header",
         { class: "topbar workspace-bar" },
-        h("a", { href: "/dashboard" }, "← Projects"),
+        withIcon(h("a", { href: "/dashboard" }, "Projects"), "back"),
         h("strong", { id: "project-name" }, this.project.name),
         roleBadge,
         this.presence,
@@ -198,7 +207,7 @@ export class Workspace {
       ),
     );
     this.runConsole = new RunConsole(consoleHost, this.dark, this.project.id, this.username, this.canWrite, (running, summary, failedOutput) => {
-      this.runButton.textContent = running ? "■ Stop" : "▶ Run";
+      this.runButton.replaceChildren(icon(running ? "stop" : "run"), running ? "Stop" : "Run");
       this.runButton.title = running ? STOP_TITLE : RUN_TITLE;
       this.runButton.classList.toggle("danger", running);
       this.runSummary.textContent = summary;
