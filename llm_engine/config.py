@@ -102,6 +102,8 @@ class EngineConfig:
             from llm_engine.speculative import SpeculativeConfig
 
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+            if self.speculative_config.model and self.tensor_parallel_size > 1:
+                raise ValueError("speculative_config: a draft model runs with tensor_parallel_size 1 so far")
         if self.kv_transfer_config is not None:
             from llm_engine.kv_connector import KVTransferConfig
 

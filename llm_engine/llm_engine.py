@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from llm_engine.block_manager import BlockManager
 from llm_engine.config import EngineConfig
 from llm_engine.detokenizer import IncrementalDetokenizer, find_stop_string
+from llm_engine.draft_model import DraftModelProposer
 from llm_engine.executor import MultiprocExecutor, WorkerGroupError
 from llm_engine.kv_connector import KVConnector, KVTransferConfig, KVTransferError
 from llm_engine.loader import ModelSource
@@ -108,6 +109,8 @@ class LLMEngine:
         self.finished_by_reason: dict[str, int] = {}
         self.speculative = config.speculative_config
         self.spec_counters = SpecDecodeCounters()
+        self.drafter = (DraftModelProposer(config, self.speculative.model, num_blocks, self.vocab_size)
+                        if self.speculative is not None and self.speculative.model else None)
         self._grammar_compiler: GrammarCompiler | None = None  # built by the first constrained request
         self.kv_connector = self._make_kv_connector()
 
@@ -249,6 +252,9 @@ class LLMEngine:
         if self.speculative is not None:
             self._propose_drafts()
         out = self.scheduler.schedule()
+        if self.drafter is not None:
+            for seq in out.preempted:  # recomputed later: by the draft too
+                self.drafter.free(seq)
         for seq, first_block in out.loads:
             self._load_remote_kv(seq, first_block)
         self.last_iteration_tokens = out.num_batched_tokens
@@ -377,8 +383,9 @@ class LLMEngine:
         return to_sample
 
     def _propose_drafts(self) -> None:
-        """Prompt-lookup drafts for running sequences that decode this step."""
+        """Drafts (prompt lookup or the draft model's) for running sequences that decode this step."""
         config = self.speculative
+        wanted: list[tuple[Sequence, int]] = []
         for seq in self.scheduler.running:
             params = seq.request.params
             if (seq.num_computed_tokens != seq.num_tokens - 1 or seq.num_output_tokens == 0
@@ -393,8 +400,12 @@ class LLMEngine:
                 seq.spec_throttle = SpecThrottle(config.num_speculative_tokens)
             k = min(seq.spec_throttle.allowed(), room)
             if k:
-                seq.spec_token_ids = propose_ngram(seq.token_ids, k, config.prompt_lookup_max,
-                                                   config.prompt_lookup_min)
+                wanted.append((seq, k))
+        if self.drafter is not None:
+            self.drafter.propose(wanted)
+            return
+        for seq, k in wanted:
+            seq.spec_token_ids = propose_ngram(seq.token_ids, k, config.prompt_lookup_max, config.prompt_lookup_min)
 
     def _accept_draft(self, seq: Sequence, results: list[SampleResult]) -> None:
         """Append the verified tokens; the accepted drafts' KV slots stay, the rest are rolled back."""
@@ -472,6 +483,8 @@ class LLMEngine:
                 and status in (SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH_CAPPED)):
             self._keep_kv_for_decode(seq)
         self.scheduler.finish(seq, status)
+        if self.drafter is not None:
+            self.drafter.free(seq)
         request = seq.request
         self._updated.add(request.request_id)
         if request.is_finished and request.metrics.finished_time is None:

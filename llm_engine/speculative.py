@@ -1,4 +1,5 @@
-"""Speculative decoding by n-gram prompt lookup: the config, the proposer and its throttle.
+"""Speculative decoding by n-gram prompt lookup: the config, the proposer and its throttle
+(the other method, a draft model, is `draft_model.DraftModelProposer`).
 
 An edit or a completion mostly copies text that is already in the context. The proposer looks
 for the latest earlier occurrence of the sequence's last n tokens (longest n first) and proposes
@@ -12,22 +13,26 @@ nothing is accepted: on free text speculation turns itself down.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-_METHODS = ("ngram",)
+_METHODS = ("ngram", "draft_model")
+_NGRAM_FIELDS = ("prompt_lookup_max", "prompt_lookup_min")
 _MAX_PAUSE = 64  # steps without proposals after repeated fully rejected drafts
 
 
 @dataclass
 class SpeculativeConfig:
-    """vLLM's `speculative_config` for the "ngram" method (prompt lookup)."""
+    """vLLM's `speculative_config`: "ngram" (prompt lookup) or "draft_model" (`model`: a local
+    folder or .gguf of a smaller model sharing the target's vocabulary)."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 5
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
+    model: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in _METHODS:
@@ -36,6 +41,14 @@ class SpeculativeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"speculative_config.{name}: must be a positive integer, got {value!r}")
+        if self.model is not None and not isinstance(self.model, str):
+            raise ValueError(f"speculative_config.model: must be a path, got {self.model!r}")
+        if (self.method == "draft_model") != bool(self.model):
+            raise ValueError("speculative_config.model: required for method 'draft_model' (a local folder "
+                             "or .gguf), and only for it")
+        if self.model and not Path(self.model).exists():
+            raise ValueError(f"speculative_config.model: path {self.model!r} does not exist "
+                             "(only local models are loaded)")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError("speculative_config.prompt_lookup_min: must not exceed prompt_lookup_max")
 
@@ -45,12 +58,15 @@ class SpeculativeConfig:
             return value
         if not isinstance(value, dict):
             raise ValueError(f"speculative_config: expected a dict, got {type(value).__name__}")
-        if value.get("method") == "draft_model":
-            raise ValueError("speculative_config.method: 'draft_model' is not supported yet; use 'ngram'")
-        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+        known = {"method", "num_speculative_tokens", "model", *_NGRAM_FIELDS}
         unknown = sorted(set(value) - known)
         if unknown:
             raise ValueError(f"speculative_config: unknown field(s) {unknown}; known: {sorted(known)}")
+        if "method" not in value and value.get("model"):  # as vLLM: a model means a draft model
+            value = {**value, "method": "draft_model"}
+        if value.get("method") == "draft_model" and set(value) & set(_NGRAM_FIELDS):
+            raise ValueError(f"speculative_config: {sorted(set(value) & set(_NGRAM_FIELDS))} only apply to "
+                             "method 'ngram'")
         return cls(**value)
 
 

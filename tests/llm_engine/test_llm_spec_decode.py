@@ -54,7 +54,7 @@ def test_throttle_pauses_longer_after_each_fully_rejected_draft_and_recovers():
 
 @pytest.mark.parametrize("config, message", [
     ({"method": "eagle"}, "method"),
-    ({"method": "draft_model", "model": "x"}, "not supported yet"),
+    ({"method": "draft_model", "model": "/no/such/draft"}, "does not exist"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
     ({"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2}, "prompt_lookup_min"),
     ({"method": "ngram", "lookahead": 2}, "unknown field"),
