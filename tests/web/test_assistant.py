@@ -41,7 +41,7 @@ def project_id(server_url, owner_api) -> str:
 @pytest.fixture
 def open_as(server_url, browser, project_id):
     with workspace_pages(browser, server_url) as open_page:
-        yield lambda username: open_page(username, project_id)
+        yield lambda username, **look: open_page(username, project_id, **look)
 
 
 def test_the_first_explain_after_start_up_waits_for_the_model_and_answers(open_as, owner_api, project_id, screenshot):
@@ -114,7 +114,7 @@ def test_typing_shows_ghost_text_and_tab_accepts_it(open_as, screenshot):
     assert editor_text(ada).endswith("print(add(1, ")
 
 
-def test_completions_follow_the_indentation_set_in_settings(server_url, browser, owner_api, project_id):
+def test_completions_follow_the_indentation_set_in_settings(server_url, browser, owner_api, project_id, screenshot):
     owner_api.put(f"/api/projects/{project_id}/files/content/main.py",
                   content=b"def add(a, b):\n  return a + b\n\n\n").raise_for_status()
     context = signed_in_context(browser, server_url, OWNER)
@@ -130,6 +130,7 @@ def test_completions_follow_the_indentation_set_in_settings(server_url, browser,
     page.keyboard.press("Tab")
     lines = editor_text(page).split("\n")
     assert lines[1] == "  return a + b" and lines[-1].startswith("  ") and lines[-1][2:3].strip(), lines
+    each_look(page, screenshot, "assistant-completion-indent")
     context.close()
 
 
