@@ -50,9 +50,11 @@ test-llm-parallel: venv
 	CODEYARD_TP_MORE=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_tensor_parallel.py \
 	  tests/llm_engine/test_llm_tensor_parallel_more.py tests/llm_serving/test_cli_tensor_parallel.py
 
-# Speculative decoding's greedy identity over the issue's 200 mixed prompts (the default suite runs 32): ~5 min.
+# Speculative decoding's greedy identity over the issue's 200 mixed prompts, prompt lookup and draft model
+# (the default suite runs 32 and 16): ~10 min.
 test-llm-decoding: venv
-	CODEYARD_DECODING_FULL=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_spec_decode.py
+	CODEYARD_DECODING_FULL=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_spec_decode.py \
+	  tests/llm_engine/test_llm_spec_draft.py
 
 # Vision-language models: LLaVA-NeXT, LLaVA-OneVision and SigLIP/Qwen2 parity besides the default LLaVA-1.5 runs: ~2 min.
 test-llm-vision: venv
