@@ -15,4 +15,5 @@ SUITES = {
     "router": "benchmarks.suites.router",
     "vision-ttft": "benchmarks.suites.vision_ttft",
     "structured": "benchmarks.suites.structured",
+    "disagg": "benchmarks.llm_disagg",
 }
