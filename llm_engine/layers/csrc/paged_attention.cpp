@@ -7,7 +7,8 @@
 // head. Scores, softmax and the weighted sum are accumulated in float32 whatever the storage type
 // (float32 or bfloat16). The inner loops (dot products, exp, value accumulation) use AVX-512
 // where the compiler targets it (bf16 dot products with AVX512-BF16: exact products, float32
-// sums); plain loops handle other CPUs and the tails of head sizes that are not multiples of 16.
+// sums), float32 dot products and value sums with AVX2+FMA on CPUs without AVX-512; plain loops
+// handle the rest and the tails of head sizes that are not multiples of 16 (32 for value sums).
 //
 // Layouts (all contiguous): q, out [batch, heads, dim]; k_cache, v_cache
 // [num_blocks, kv_heads, block_size, dim]; block_tables [batch, max_blocks]; context_lens [batch].
@@ -17,9 +18,21 @@
 
 #include "simd.h"
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 using namespace codeyard;
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#endif
 
 // Dot product of a query row and a key row, float32 accumulation.
 template <typename T>
@@ -39,6 +52,15 @@ inline float dot(const T* q, const T* k, int dim) {
 #endif
   for (; d + 16 <= dim; d += 16) acc = _mm512_fmadd_ps(load16(q + d), load16(k + d), acc);
   sum = _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+  if constexpr (sizeof(T) == sizeof(float)) {  // float32 on AVX2-only CPUs: 8 lanes, 2 accumulators
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (; d + 16 <= dim; d += 16) {
+      acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), acc0);
+      acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), acc1);
+    }
+    sum = hsum8(_mm256_add_ps(acc0, acc1));
+  }
 #endif
   for (; d < dim; ++d) sum += load(q[d]) * load(k[d]);
   return sum;
@@ -71,6 +93,25 @@ inline void weighted_sum(const float* p, const T* rows, int n, int dim, float* a
     for (int i = 0; i < n; ++i)
       a = _mm512_fmadd_ps(_mm512_set1_ps(p[i]), load16(rows + static_cast<int64_t>(i) * dim + d), a);
     _mm512_storeu_ps(acc + d, a);
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  if constexpr (sizeof(T) == sizeof(float)) {
+    for (; d + 32 <= dim; d += 32) {
+      __m256 a0 = _mm256_loadu_ps(acc + d), a1 = _mm256_loadu_ps(acc + d + 8);
+      __m256 a2 = _mm256_loadu_ps(acc + d + 16), a3 = _mm256_loadu_ps(acc + d + 24);
+      for (int i = 0; i < n; ++i) {
+        const __m256 w = _mm256_set1_ps(p[i]);
+        const float* row = rows + static_cast<int64_t>(i) * dim + d;
+        a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row), a0);
+        a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8), a1);
+        a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 16), a2);
+        a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 24), a3);
+      }
+      _mm256_storeu_ps(acc + d, a0);
+      _mm256_storeu_ps(acc + d + 8, a1);
+      _mm256_storeu_ps(acc + d + 16, a2);
+      _mm256_storeu_ps(acc + d + 24, a3);
+    }
   }
 #endif
   for (; d < dim; ++d)
