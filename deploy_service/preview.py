@@ -4,7 +4,8 @@ The apps proxy's relay, header policy and sandboxing CSP serve it (deploy_servic
 preview is what the app will be once deployed, in an opaque origin of its own that cannot use the
 visitor's IDE session. Only the run's watchers, the project's members, learn a token, each their own
 (sandbox.preview); it dies with the run, or when its member leaves the project: each request checks
-that the token's member still is one, and the events hub's notice ends their open WebSockets.
+that the token's member still is one, and the events hub's notice ends their open WebSockets (the
+notice reaches every replica, whichever one the member was removed through).
 The session cookie cannot be the check, as the page's own requests come from its opaque origin
 (cross-site: no cookie). Requests reach the run through its bridge's unix socket (the run's network
 stays empty), on the replica that runs it.

@@ -2,7 +2,8 @@
 
 Services publish here (files changed, a run started, a member's access changed) and in-process
 parts subscribe (the collab rooms merge a file written through the API, and close the sockets of
-a member who was removed); it lives outside the API modules so every package can import it.
+a member who was removed); it lives outside the API modules so every package can import it. With
+replicas, access changes also reach the other replicas' subscribers (events_fanout.py).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class ProjectEvents:
         self._files_subscribers: list[FilesSubscriber] = []
         self._access_subscribers: list[AccessSubscriber] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        # With replicas (events_fanout): tells the other replicas of a membership change made here.
+        self.publish_access: AccessSubscriber | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -71,8 +74,17 @@ class ProjectEvents:
         self._submit(lambda: [self._broadcast(project_id, event)])
 
     def access_changed(self, project_id: str, user_id: int) -> None:
-        """A member was removed or their role changed (called after the change is committed)."""
-        self._submit(lambda: [subscriber(project_id, user_id) for subscriber in self._access_subscribers])
+        """A member was removed or their role changed (called after the change is committed): the subscribers
+        here are told, and those of every other replica."""
+        publish = self.publish_access
+        self._submit(lambda: self._tell_access(project_id, user_id) + ([publish(project_id, user_id)] if publish else []))
+
+    def access_changed_elsewhere(self, project_id: str, user_id: int) -> None:
+        """Another replica's membership change (its fan-out calls this on the serving loop)."""
+        self._spawn(lambda: self._tell_access(project_id, user_id))
+
+    def _tell_access(self, project_id: str, user_id: int) -> list[Coroutine[Any, Any, None]]:
+        return [subscriber(project_id, user_id) for subscriber in self._access_subscribers]
 
     def _submit(self, make: Callable[[], list[Coroutine[Any, Any, None]]]) -> None:
         if self._loop is not None and not self._loop.is_closed():  # else the app is not serving

@@ -8,8 +8,9 @@ the list of connected users with the file each one has open; clients announce th
 when one starts (every member's console follows it) and a `files` event when one wrote files. Parts of the app subscribe in-process to the same
 notifications (`on_files_changed`, `on_access_changed`): the collab rooms merge a file written
 through the API at once, and close the sockets of a member who was removed or downgraded.
-The hub lives in this process (one replica); with several replicas, events would need the Redis
-fan-out the collab rooms use (the rooms already share access revocations that way).
+The hub lives in this process (one replica). With several replicas (Redis), membership changes reach
+every replica's subscribers (`ide_server.events_fanout`), so a removed member's sockets close wherever
+they are; files and presence events stay per replica (the collab rooms share edits themselves).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ide_server.components import Component
 from ide_server.deps import authenticate_websocket
 from ide_server.errors import DomainError, NotAuthenticated
 from ide_server.events import Listener, ProjectEvents
+from ide_server.events_fanout import AccessFanout
 from ide_server.models import Role
 from ide_server.services import projects
 from ide_server.wiring import required, services_of
@@ -85,8 +87,20 @@ def _setup(app: FastAPI) -> None:
 
 @asynccontextmanager
 async def events_lifespan(app: FastAPI) -> AsyncIterator[None]:
-    required(services_of(app.state).events, "events").start(asyncio.get_running_loop())
-    yield
+    hub = required(services_of(app.state).events, "events")
+    hub.start(asyncio.get_running_loop())
+    redis_url = app.state.settings.redis_url
+    if not redis_url:
+        yield
+        return
+    fanout = AccessFanout(redis_url, hub.access_changed_elsewhere)
+    await fanout.start()
+    hub.publish_access = fanout.publish
+    try:
+        yield
+    finally:
+        hub.publish_access = None
+        await fanout.close()
 
 
 component = Component(name="events", router=router, setup=_setup, lifespan=events_lifespan)
