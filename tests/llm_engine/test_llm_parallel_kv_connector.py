@@ -1,6 +1,6 @@
 """Disaggregated prefill/decode at the engine level: a prefill engine keeps a prompt's KV, a
-decode engine pulls it over the KV connector (shared memory and socket transports) and gives
-the same greedy tokens as one engine. The decode side pulls only the blocks its prefix cache
+decode engine pulls it over the KV connector's shared memory and gives the same greedy tokens as
+one engine; the socket transport brings the very same bytes. The decode side pulls only the blocks its prefix cache
 lacks. Every block is freed on both sides, after failed transfers too. The served pair behind
 the proxy is tested in tests/llm_serving/test_llm_parallel_disagg.py."""
 
@@ -11,9 +11,11 @@ import socket
 import time
 
 import pytest
+import torch
 
 from llm_engine import LLM, SamplingParams
-from llm_engine.kv_connector import token_hash
+from llm_engine.kv_connector import KVConnector, KVTransferConfig, token_hash
+from llm_engine.sequence import Request
 
 KEY = "kv-secret"
 BS = 16
@@ -74,7 +76,7 @@ def pull(producer: LLM, ask: dict) -> dict:
         return json.loads(sock.makefile("rb").readline())
 
 
-def test_shared_memory_transfers_give_one_engines_tokens_and_skip_cached_blocks(expected, producer, consumer):
+def test_transfers_give_one_engines_tokens_and_skip_cached_blocks(expected, producer, consumer):
     outs = decode(consumer, PROMPTS, prefill(producer, PROMPTS))
     assert [out.outputs[0].token_ids for out in outs] == expected
     assert all(out.error is None for out in outs)
@@ -92,12 +94,19 @@ def test_shared_memory_transfers_give_one_engines_tokens_and_skip_cached_blocks(
     assert producer.engine.kv_connector.num_held_blocks() == 0
 
 
-def test_socket_transfers_give_one_engines_tokens(tiny_llama, expected, producer):
-    consumer = consumer_for(tiny_llama, producer, kv_transport="socket")
-    outs = decode(consumer, PROMPTS, prefill(producer, PROMPTS))
-    assert [out.outputs[0].token_ids for out in outs] == expected
-    assert consumer.engine.kv_connector.blocks_received == sum(-(-(len(p) - 1) // BS) for p in PROMPTS)
-    assert_all_free(producer, consumer)
+def test_socket_transfers_bring_the_same_bytes(producer):
+    """The socket transport (between hosts) fills a pool with exactly the producer's blocks."""
+    source = producer.engine.kv_connector.pool
+    prompt = PROMPTS[3]  # 70 tokens: 4 full blocks and a partial one
+    transfer = prefill(producer, [prompt])[0]
+    full = producer.engine.block_manager.find_cached_prefix(Request("probe", None, prompt, SamplingParams()).seqs[0])
+    config = KVTransferConfig(kv_role="kv_consumer", kv_port=producer.engine.kv_connector.port,
+                              kv_transport="socket", kv_key=KEY)
+    consumer = KVConnector(config, torch.zeros_like(source))
+    consumer.receive(transfer, 1, [7, 3, 9])  # blocks 1..3; block 0 as if cached on this side
+    assert len(full) == 4 and torch.equal(consumer.pool[:, :, [7, 3, 9]], source[:, :, full[1:4]])
+    assert consumer.pool[:, :, [7, 3, 9]].abs().sum() > 0 and consumer.blocks_received == 3
+    assert_all_free(producer)
 
 
 def test_failed_transfers_free_every_block_and_say_why(tiny_llama, producer, consumer):
