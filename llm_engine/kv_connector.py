@@ -48,7 +48,7 @@ TRANSFER_TIMEOUT_S = 60.0
 
 
 class KVTransferError(RuntimeError):
-    """A transfer that could not be done: the request fails, its blocks are freed."""
+    """A transfer that could not be done (the decode side then computes the prompt itself)."""
 
 
 @dataclass
@@ -152,6 +152,7 @@ class KVConnector:
         self.pool_path = pool_path
         self.blocks_sent = 0
         self.blocks_received = 0
+        self.failed_pulls = 0  # a consumer's pulls that raised (their prompts were computed instead)
         self._holds: dict[str, _Hold] = {}
         self._lock = threading.Lock()
         self._released: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
@@ -258,25 +259,31 @@ class KVConnector:
                "count": len(dst_block_ids), "transport": self.config.kv_transport}
         address = (self.config.kv_ip, self.config.kv_port)
         try:
-            with socket.create_connection(address, timeout=CONNECT_TIMEOUT_S) as sock:
-                sock.settimeout(TRANSFER_TIMEOUT_S)
-                with sock.makefile("rwb") as stream:
-                    _write_json(stream, ask)
-                    answer = _read_json(stream)
-                    if not answer.get("ok"):
-                        raise KVTransferError(f"the prefill instance refused: {answer.get('error')}")
-                    self._check_layout(answer)
-                    dst = torch.tensor(dst_block_ids, dtype=torch.long)
-                    if "path" in answer:
-                        source = self._map(answer["path"], answer["pool_shape"], _dtype(answer["dtype"]))
-                        self.pool[:, :, dst] = source[:, :, answer["block_ids"]]
-                        _write_json(stream, {"done": True})
-                    else:
-                        self.pool[:, :, dst] = self._read_blocks(stream, answer, len(dst_block_ids))
-        except (OSError, ValueError, KeyError) as exc:
+            self._pull(address, ask, dst_block_ids)
+        except (OSError, ValueError, KeyError, KVTransferError) as exc:
+            self.failed_pulls += 1
+            if isinstance(exc, KVTransferError):
+                raise
             raise KVTransferError(f"the prefill instance at {address[0]}:{address[1]} failed: "
                                   f"{type(exc).__name__}: {exc}") from None
         self.blocks_received += len(dst_block_ids)
+
+    def _pull(self, address: tuple[str, int], ask: dict[str, Any], dst_block_ids: list[int]) -> None:
+        with socket.create_connection(address, timeout=CONNECT_TIMEOUT_S) as sock:
+            sock.settimeout(TRANSFER_TIMEOUT_S)
+            with sock.makefile("rwb") as stream:
+                _write_json(stream, ask)
+                answer = _read_json(stream)
+                if not answer.get("ok"):
+                    raise KVTransferError(f"the prefill instance refused: {answer.get('error')}")
+                self._check_layout(answer)
+                dst = torch.tensor(dst_block_ids, dtype=torch.long)
+                if "path" in answer:
+                    source = self._map(answer["path"], answer["pool_shape"], _dtype(answer["dtype"]))
+                    self.pool[:, :, dst] = source[:, :, answer["block_ids"]]
+                    _write_json(stream, {"done": True})
+                else:
+                    self.pool[:, :, dst] = self._read_blocks(stream, answer, len(dst_block_ids))
 
     def _check_layout(self, answer: dict[str, Any]) -> None:
         theirs, ours = list(answer["pool_shape"]), list(self.pool.shape)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -23,6 +24,8 @@ from llm_engine.scheduler import Scheduler, SchedulerOutput
 from llm_engine.sequence import Request, Sequence, SequenceStatus
 from llm_engine.speculative import SpecThrottle, propose_ngram
 from llm_engine.structured_outputs import Grammar, GrammarCompiler
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -311,15 +314,16 @@ class LLMEngine:
 
     def _load_remote_kv(self, seq: Sequence, first_block: int) -> None:
         """A decode instance: pull the prompt's KV from the prefill instance into the blocks its
-        prefix cache did not have; the last prompt token is computed here, so it samples as usual."""
+        prefix cache did not have; the last prompt token is computed here, so it samples as usual.
+        A failed pull leaves the prompt to be computed here (vLLM's "recompute" policy)."""
         assert self.kv_connector is not None
         params = seq.request.params.kv_transfer_params
         assert params is not None
         try:
             self.kv_connector.receive(params, first_block, seq.block_table[first_block:])
         except KVTransferError as exc:
-            seq.request.error = f"KVTransferError: {exc}"
-            self._finish(seq, SequenceStatus.FINISHED_ERROR)
+            logger.warning("request %s: KV transfer failed, computing its prompt here: %s",
+                           seq.request.request_id, exc)
             return
         seq.num_computed_tokens = seq.num_tokens - 1
         self.block_manager.cache_full_blocks(seq)
