@@ -41,14 +41,18 @@ def project_id(server_url, owner_api) -> str:
 @pytest.fixture
 def open_as(server_url, browser, project_id):
     with workspace_pages(browser, server_url) as open_page:
-        yield lambda username, **look: open_page(username, project_id, **look)
+        yield lambda username: open_page(username, project_id)
 
 
-def test_the_first_explain_after_start_up_waits_for_the_model_and_answers(open_as, owner_api, project_id, screenshot):
+def test_the_first_explain_after_start_up_waits_for_the_model_and_answers(server_url, browser, owner_api, project_id,
+                                                                          screenshot):
     assert owner_api.get("/api/assistant/model").json()["state"] == "loading"  # the server started it; it takes a minute
     owner_api.put(f"/api/projects/{project_id}/files/content/main.py",
                   content=b'total = 0\nfor n in [1, 2, "3"]:\n    total = total + n\nprint(total)\n').raise_for_status()
-    ada = open_as(OWNER, width=1366, height=768)
+    context = signed_in_context(browser, server_url, OWNER, width=1366, height=768)
+    ada = context.new_page()
+    ada.goto(f"{server_url}/projects/{project_id}")
+    expect(ada.locator("#connection")).to_have_text("Synced", timeout=60_000)  # the loading model shares the CPU
     status = ada.locator("#assistant-status")
     expect(status).to_have_text(re.compile(r"^Assistant: model loading… \d+%$"))
     explain = ada.locator("#explain-error")
@@ -87,6 +91,7 @@ def test_the_first_explain_after_start_up_waits_for_the_model_and_answers(open_a
     expect(answer).not_to_have_class(re.compile("streaming"), timeout=120_000)
     expect(panel.locator(".assistant-answer")).to_have_count(1)  # the same answer, longer
     assert answer.inner_text().startswith(cut) and len(answer.inner_text().removesuffix("Continue").strip()) > len(cut)
+    context.close()
 
 
 def test_typing_shows_ghost_text_and_tab_accepts_it(open_as, screenshot):
