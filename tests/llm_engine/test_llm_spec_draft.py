@@ -77,6 +77,21 @@ def test_a_draft_equal_to_the_target_gets_every_token_accepted_and_aborts_free_i
     assert drafter.num_free_blocks == drafter.runner.num_blocks and not drafter.kv
 
 
+def test_sampled_verification_of_draft_tokens_keeps_the_target_s_choice(tiny_llama, tiny_draft):
+    """top_k=1 makes the target's distribution a point mass: sampling through rejection of the
+    draft's tokens must then give exactly the greedy tokens."""
+    llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64, block_size=8,
+              speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3})
+    rng = random.Random(7)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(6)] * 3 for _ in range(4)]
+    greedy = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True), use_tqdm=False)
+    sampled = llm.generate(prompts, SamplingParams(temperature=1.0, top_k=1, seed=3, max_tokens=20, ignore_eos=True),
+                           use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in greedy] == [o.outputs[0].token_ids for o in sampled]
+    stats = llm.engine.get_stats()
+    assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
+
+
 def test_a_draft_with_another_vocabulary_is_a_clear_error(tiny_llama, tmp_path):
     config = LlamaConfig(**{**COMMON, "vocab_size": VOCAB // 2, "num_hidden_layers": 1})
     config.architectures = ["LlamaForCausalLM"]
