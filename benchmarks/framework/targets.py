@@ -252,25 +252,43 @@ class V2(_OverServer):
 
 
 class Grpc:
-    """ModelStreamInfer with stream=true through tritonclient.grpc, one stream per request.
+    """ModelStreamInfer with stream=true through tritonclient.grpc: every request on one stream
+    (the server runs a stream's requests concurrently, as Triton does), its responses routed back
+    by request id. One stream, not one per request: tritonclient starts a thread per stream, and
+    the client's CPU is not what is measured.
 
     The threaded client, not grpc.aio: grpc.aio allows one event loop per process, and a test
-    may already run the server's there. Idle clients are pooled (a stream holds its client)."""
+    may already run the server's there."""
 
     name = "grpc"
 
     def __init__(self, server: Server) -> None:
         self.server = server
-        self.idle: list = []
+        self.client = None
+        self.pending: dict[str, asyncio.Queue] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def probe(self) -> tuple[int, float]:
         return self.server.probe()
+
+    def _on_response(self, result, error) -> None:
+        """tritonclient's stream thread: hand the piece to its request's queue on the event loop."""
+        request_id = result.get_response().id if result is not None else None
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self._route, request_id, result, error)
+
+    def _route(self, request_id, result, error) -> None:
+        for key in [request_id] if request_id in self.pending else list(self.pending):  # an error names no id
+            self.pending[key].put_nowait((result, error))
 
     async def send(self, item: Item) -> Sample:
         import numpy as np
         import tritonclient.grpc as grpcclient
 
-        client = self.idle.pop() if self.idle else grpcclient.InferenceServerClient(self.server.grpc)
+        if self.client is None:
+            self.loop = asyncio.get_running_loop()
+            self.client = grpcclient.InferenceServerClient(self.server.grpc)
+            self.client.start_stream(self._on_response, headers=self.server.headers or None)
         tensors = []
         for name, datatype, value in (("text_input", "BYTES", np.array([[item.prompt.encode()]], dtype=object)),
                                       ("max_tokens", "INT32", np.array([[item.max_tokens]], dtype=np.int32)),
@@ -280,13 +298,12 @@ class Grpc:
             tensor = grpcclient.InferInput(name, list(value.shape), datatype)
             tensor.set_data_from_numpy(value)
             tensors.append(tensor)
-        loop = asyncio.get_running_loop()
+        request_id = uuid.uuid4().hex
         pieces: asyncio.Queue = asyncio.Queue()
+        self.pending[request_id] = pieces
         clock = _Clock()
-        client.start_stream(lambda result, error: loop.call_soon_threadsafe(pieces.put_nowait, (result, error)),
-                            headers=self.server.headers or None)
         try:
-            client.async_stream_infer(self.server.name, tensors)
+            self.client.async_stream_infer(self.server.name, tensors, request_id=request_id)
             while True:
                 result, error = await pieces.get()
                 if error is not None:
@@ -295,12 +312,12 @@ class Grpc:
                 if result.get_response().parameters["triton_final_response"].bool_param:
                     return clock.done()
         finally:
-            client.stop_stream()
-            self.idle.append(client)
+            del self.pending[request_id]
 
     async def aclose(self) -> None:
-        for client in self.idle:
-            client.close()
+        if self.client is not None:
+            self.client.stop_stream()
+            self.client.close()
 
 
 def make_target(kind: str, server: Server | None, offline_args: dict):

@@ -119,7 +119,8 @@ class _Serving:
             if isinstance(exc, Exception):
                 raise as_openai_error(exc) from None
             raise
-        run = _Run(prompt_ids, params[0].n, _merge(generators, firsts))
+        updates = _single(generators[0], firsts[0]) if len(generators) == 1 else _merge(generators, firsts)
+        run = _Run(prompt_ids, params[0].n, updates)
         run.choices = [_Choice(i) for i in range(len(prompt_ids) * run.n)]
         return run
 
@@ -194,6 +195,20 @@ class _Serving:
 
     def created(self) -> int:
         return int(time.time())
+
+
+async def _single(generator, first: RequestOutput) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """One prompt's stream (most requests): its outputs straight through, without the task and
+    queue hop per output that interleaving several streams needs; closing it aborts the request."""
+    try:
+        yield 0, first
+        if not first.finished:
+            async for out in generator:
+                yield 0, out
+    except Exception as exc:
+        raise as_openai_error(exc) from None
+    finally:
+        await generator.aclose()
 
 
 async def _merge(generators, firsts: list[RequestOutput]) -> AsyncIterator[tuple[int, RequestOutput]]:

@@ -10,6 +10,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from llm_engine.entrypoints import kserve, kserve_grpc
+from llm_engine.entrypoints.kserve import RowResult
+
 from .conftest import TINY_NAME
 from .test_kserve_http import v1_text
 
@@ -107,3 +110,9 @@ def test_stopping_a_stream_aborts_its_request(triton, tiny_server):
     while engine.engine.has_unfinished_requests():
         assert time.monotonic() < deadline, "the request kept running after the stream was cancelled"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("delta", [RowResult(0, " héllo", None, 1), RowResult(0, "", "length", 3)])
+def test_streamed_piece_packs_the_same_tensors_as_numpy(delta):
+    """The per-token fast path writes exactly what the numpy arrays and tritonclient's serializer do."""
+    assert kserve_grpc.delta_outputs(delta) == kserve_grpc.raw_outputs(kserve.output_arrays([delta]))
