@@ -180,9 +180,11 @@ export class AssistantUi {
     return error instanceof Error ? error.message : String(error);
   }
 
-  /** A 503 says the model is loading (a deferred model's first call starts it), or why it cannot: find out. */
+  /** Whether a call's error says the model is loading (a deferred model's first call starts the load); one
+   * known to have failed (or be off) stays so, and the call's error says why. */
   private isLoading(error: unknown): boolean {
-    if (!(error instanceof ApiError && error.status === 503)) return false;
+    const settled = this.model?.state === "failed" || this.model?.state === "off";
+    if (!(error instanceof ApiError && error.status === 503) || settled) return false;
     this.modelChanged({ state: "loading", detail: error.message, progress: 0 });
     return true;
   }
