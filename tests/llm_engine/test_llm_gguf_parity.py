@@ -45,4 +45,21 @@ def test_smollm2_gguf_greedy_matches_transformers_kept_quantized_and_dequantized
             for step, token in enumerate(ref_tokens):
                 assert abs(completion.logprobs[step][token].logprob - ref_logprobs[step]) < 2e-3
             assert completion.text == tokenizer.decode(ref_tokens, skip_special_tokens=True)
+        if quantization:
+            check_fused_decode(llm, prompt_ids[1], ref[1][0])
         del llm
+
+
+def check_fused_decode(llm: LLM, prompt_ids: list[int], ref_tokens: list[int]) -> None:
+    """One sequence alone decodes through the fused stack (layers/decode_stack.py): Transformers'
+    tokens again, and the very logprobs of the layer-by-layer path."""
+    runner = llm.engine.model_runner
+    stack = runner.decode_stack
+    assert stack is not None
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
+    fused = llm.generate([prompt_ids], params, use_tqdm=False)[0].outputs[0]
+    runner.decode_stack = None
+    layered = llm.generate([prompt_ids], params, use_tqdm=False)[0].outputs[0]
+    runner.decode_stack = stack
+    assert fused.token_ids == layered.token_ids == ref_tokens
+    assert fused.logprobs == layered.logprobs
