@@ -97,7 +97,7 @@ class KVTransferConfig:
 
 def shared_kv_pool(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, Path]:
     """A zeroed pool in a new file that only this user can map (under /dev/shm where it exists).
-    The file is removed when the process exits normally. A killed process leaves it behind."""
+    The file is removed by `KVConnector.close` or at exit. A killed process leaves it behind."""
     folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
     path = folder / f"codeyard-kv-{os.getpid()}-{secrets.token_hex(6)}"
     os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
@@ -169,9 +169,13 @@ class KVConnector:
         return int(self._server.server_address[1])
 
     def close(self) -> None:
+        """Stop serving pulls and remove the pool's file (here, not only at exit: uvicorn ends a
+        server stopped by SIGTERM with that signal's default action, which skips atexit)."""
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+        if self.pool_path is not None:
+            self.pool_path.unlink(missing_ok=True)
 
     # ----- producer -----------------------------------------------------------------------------
 
