@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -84,6 +86,10 @@ def serve(
                   "--max-num-seqs", str(max_num_seqs), "--max-waiting", str(max_waiting),
                   "--kv-cache-memory", kv_cache_memory, "--request-timeout", str(request_timeout),
                   "--quantization", quantization, "--tensor-parallel-size", str(tensor_parallel_size)]
+    if data_parallel_size > 1 or disaggregated:
+        # uvicorn re-raises the SIGTERM that stopped it once it has shut down: as SystemExit, so that
+        # the launchers below stop their children (the default action would orphan them)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if data_parallel_size > 1:
         from llm_engine.entrypoints.replicas import replica_servers
         from llm_engine.entrypoints.router import create_router_app
