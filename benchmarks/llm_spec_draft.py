@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.suites.spec import parse_args, run_one, workloads  # noqa: E402
+from benchmarks.suites.spec import measure, parse_args, run_one, workloads  # noqa: E402
 from benchmarks.suites.throughput import find_smollm2_gguf  # noqa: E402
 
 
@@ -57,28 +57,6 @@ def cut_gguf(source: Path, num_layers: int, folder: Path) -> Path:
         writer.write_tensor_data(tensor.data)
     writer.close()
     return path
-
-
-def measure(plain, spec, requests: list[tuple[list[int], int]]) -> dict:
-    """Both engines on each request in turn; tokens/s, identity and the draft's acceptance."""
-    before = spec.engine.get_stats()
-    tokens, plain_s, spec_s, identical = 0, 0.0, 0.0, 0
-    for prompt, max_tokens in requests:
-        ours, t_plain = run_one(plain, prompt, max_tokens)
-        theirs, t_spec = run_one(spec, prompt, max_tokens)
-        tokens += len(ours)
-        plain_s += t_plain
-        spec_s += t_spec
-        identical += ours == theirs
-    after = spec.engine.get_stats()
-    drafts = after.spec_decode_num_drafts - before.spec_decode_num_drafts
-    drafted = after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens
-    accepted = after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
-    return {"requests": len(requests), "output_tokens": tokens, "plain_tok_s": tokens / plain_s,
-            "spec_tok_s": tokens / spec_s, "ratio": plain_s / spec_s, "drafts": drafts,
-            "draft_tokens": drafted, "accepted_tokens": accepted,
-            "acceptance_rate": accepted / drafted if drafted else None,
-            "mean_acceptance_length": 1 + accepted / drafts if drafts else None, "identical": identical}
 
 
 def main(argv: list[str] | None = None) -> None:

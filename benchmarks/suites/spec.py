@@ -77,6 +77,29 @@ def run_one(llm, prompt: list[int], max_tokens: int) -> tuple[list[int], float]:
     return out.outputs[0].token_ids, time.perf_counter() - start
 
 
+
+def measure(plain, spec, requests: list[tuple[list[int], int]]) -> dict:
+    """Both engines on each request in turn; tokens/s, identity and the draft's acceptance."""
+    before = spec.engine.get_stats()
+    tokens, plain_s, spec_s, identical = 0, 0.0, 0.0, 0
+    for prompt, max_tokens in requests:
+        ours, t_plain = run_one(plain, prompt, max_tokens)
+        theirs, t_spec = run_one(spec, prompt, max_tokens)
+        tokens += len(ours)
+        plain_s += t_plain
+        spec_s += t_spec
+        identical += ours == theirs
+    after = spec.engine.get_stats()
+    drafts = after.spec_decode_num_drafts - before.spec_decode_num_drafts
+    drafted = after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens
+    accepted = after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
+    return {"requests": len(requests), "output_tokens": tokens, "plain_tok_s": tokens / plain_s,
+            "spec_tok_s": tokens / spec_s, "ratio": plain_s / spec_s, "drafts": drafts,
+            "draft_tokens": drafted, "accepted_tokens": accepted,
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "mean_acceptance_length": 1 + accepted / drafts if drafts else None, "identical": identical}
+
+
 def parse_args(argv: list[str] | None, parser: argparse.ArgumentParser) -> argparse.Namespace:
     parser.add_argument("--model", type=Path, help="local HF folder or .gguf (default: the built-in SmolLM2)")
     parser.add_argument("--quick", action="store_true", help="3 code edits and 3 free-text prompts")
@@ -108,24 +131,10 @@ def run(args: argparse.Namespace) -> dict:
           f"{'goal':>7}{'accept len':>11}{'drafts':>8}{'accepted/drafted':>18}{'identical':>10}")
     report: dict = {"model": gguf.name, "threads": args.threads, "speculative_config": spec_config, "workloads": {}}
     for name, requests in loads.items():
-        before = spec.engine.get_stats()
-        tokens, plain_s, spec_s, identical = 0, 0.0, 0.0, 0
-        for prompt, max_tokens in requests:
-            ours, t_plain = run_one(plain, prompt, max_tokens)
-            theirs, t_spec = run_one(spec, prompt, max_tokens)
-            tokens += len(ours)
-            plain_s += t_plain
-            spec_s += t_spec
-            identical += ours == theirs
-        after = spec.engine.get_stats()
-        drafts = after.spec_decode_num_drafts - before.spec_decode_num_drafts
-        drafted = after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens
-        accepted = after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
-        ratio = plain_s / spec_s
-        row = {"requests": len(requests), "output_tokens": tokens, "plain_tok_s": tokens / plain_s,
-               "spec_tok_s": tokens / spec_s, "ratio": ratio, "goal": GOALS[name], "met": ratio >= GOALS[name],
-               "drafts": drafts, "draft_tokens": drafted, "accepted_tokens": accepted,
-               "mean_acceptance_length": 1 + accepted / drafts if drafts else None, "identical": identical}
+        row = measure(plain, spec, requests)
+        row |= {"goal": GOALS[name], "met": row["ratio"] >= GOALS[name]}
+        ratio, tokens, drafts = row["ratio"], row["output_tokens"], row["drafts"]
+        accepted, drafted, identical = row["accepted_tokens"], row["draft_tokens"], row["identical"]
         report["workloads"][name] = row
         accept_len = f"{row['mean_acceptance_length']:.2f}" if drafts else "-"
         print(f"{name:<11}{len(requests):>9}{tokens:>8}{row['plain_tok_s']:>13.1f}{row['spec_tok_s']:>12.1f}"
