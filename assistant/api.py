@@ -3,6 +3,7 @@
     GET     /api/assistant/model            the model's status, for any signed-in user (never loads it)
     GET/PUT /api/projects/{id}/assistant   the switch, and the model's status
     POST    .../assistant/complete          ghost text for the cursor (JSON)
+    POST    .../assistant/plain-words       a failed run's error in plain words, as the grader gives it (JSON)
     POST    .../assistant/explain           why a run failed (OpenAI chat chunks over SSE)
     POST    .../assistant/chat              an answer about the current file (SSE, the same chunks)
 
@@ -30,7 +31,9 @@ from assistant.schemas import (
     CompletionCreate,
     CompletionPublic,
     ExplainCreate,
+    FailedRun,
     ModelStatus,
+    PlainWordsPublic,
 )
 from assistant.service import ANSWER_COST, Assistant, AssistantConfig, Model
 from ide_server.components import Component
@@ -88,6 +91,12 @@ async def complete(body: CompletionCreate, ctx: ProjectEditor, db: DbSession, re
     model = await _admit(assistant, db, ctx, 1)
     result = await unless_disconnected(request, assistant.complete(model, body))
     return result if isinstance(result, Response) else CompletionPublic(text=result)
+
+
+@project_router.post("/plain-words")
+async def plain_words(body: FailedRun, ctx: ProjectEditor, db: DbSession, assistant: AssistantDep) -> PlainWordsPublic:
+    """A failed run's error in plain words with its line (no model: at once, and right when the model is not)."""
+    return PlainWordsPublic(text=await run_in_threadpool(assistant.plain_words, db, ctx, body))
 
 
 @project_router.post("/explain", responses=STREAM_RESPONSES, response_class=Response)

@@ -81,10 +81,12 @@ def _file_block(path: str, content: str) -> str:
     return f"File `{path}`:\n```\n{_head(content, FILE_CHARS)}\n```"
 
 
-def explain_messages(path: str, content: str, output: str) -> list[dict]:
-    """Chat messages asking why a run failed, with the program and the end of its output."""
+def explain_messages(path: str, content: str, output: str, failing: tuple[int, str] | None = None) -> list[dict]:
+    """Chat messages asking why a run failed, with the program, the end of its output and the line
+    the error points at (a small model finds it in a long file less reliably than we do)."""
+    at = f"The error points at line {failing[0]}:\n```\n{failing[1].strip()}\n```\n\n" if failing else ""
     question = (f"{_file_block(path, content)}\n\nRunning it printed:\n```\n{_tail(output, OUTPUT_CHARS)}\n```\n\n"
-                "Explain this error in two or three sentences and say how to fix it.")
+                f"{at}Explain this error in two or three sentences and say how to fix it.")
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
 
 

@@ -36,12 +36,22 @@ class Continuable(BaseModel):
         "The answer so far, when the length cap cut it short: the reply continues it."))
 
 
-class ExplainCreate(Continuable):
+class FailedRun(BaseModel):
     """A failed run's output and the file it ran."""
 
     path: Path
     content: Text
     output: Annotated[str, Field(min_length=1, max_length=200_000)]
+
+
+class ExplainCreate(FailedRun, Continuable):
+    """A failed run to explain (or the explanation so far, to continue)."""
+
+
+class PlainWordsPublic(BaseModel):
+    text: str | None = Field(description=(
+        "The error in plain words with its line, as the tutorials' grader gives it; null when the output "
+        "holds no Python or Node error the IDE knows."))
 
 
 class ChatMessage(BaseModel):

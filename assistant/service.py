@@ -18,11 +18,12 @@ from assistant.backends import LocalModel, RemoteModel
 from assistant.lazy_llm import LazyLLM
 from assistant.models import AssistantSetting
 from assistant.ratelimit import RateLimiter
-from assistant.schemas import AssistantPublic, ChatCreate, CompletionCreate, ExplainCreate
+from assistant.schemas import AssistantPublic, ChatCreate, CompletionCreate, ExplainCreate, FailedRun
 from ide_server.errors import DomainError, InvalidInput, PermissionDenied, Throttled
 from ide_server.models import Role, utcnow
 from ide_server.services.projects import ProjectAccess
 from llm_engine.entrypoints import OpenAIError
+from sandbox import ErrorInfo, error_from_output, explain_error
 
 Model = LocalModel | RemoteModel
 ANSWER_COST = 5  # an explanation or a chat answer weighs as much as this many completions
@@ -132,8 +133,17 @@ class Assistant:
         return prompts.reindent(ghost, prompts.MODEL_INDENT, unit, first_line=in_indentation)
 
     async def explain(self, model: Model, body: ExplainCreate) -> AsyncIterator[bytes]:
-        return await self._answer(model, prompts.explain_messages(body.path, body.content, body.output),
+        return await self._answer(model, prompts.explain_messages(body.path, body.content, body.output,
+                                                                  failing_line(body)),
                                   body.continue_answer)
+
+    def plain_words(self, db: Session, access: ProjectAccess, body: FailedRun) -> str | None:
+        """The error in plain words, as the tutorials' grader explains it: right even when the small
+        model's own text is not, and there at once, while the model loads too."""
+        if not self.is_enabled(db, access.project.id):
+            raise AssistantOff("the assistant is switched off for this project by its owner")
+        error = _run_error(body)
+        return explain_error(error, _language(body.path), {body.path: body.content}) if error else None
 
     async def chat(self, model: Model, body: ChatCreate) -> AsyncIterator[bytes]:
         conversation = [(m.role, m.content) for m in body.messages]
@@ -148,3 +158,18 @@ class Assistant:
             return await model.chat(messages, self.config.answer_tokens)
         except OpenAIError as exc:
             raise _domain_error(exc) from None
+
+
+def _language(path: str) -> str:
+    return "javascript" if path.endswith((".js", ".mjs", ".cjs")) else "python"
+
+
+def _run_error(run: FailedRun) -> ErrorInfo | None:
+    """The error a failed run's output reports, located in the file it ran where it can be."""
+    return error_from_output(run.output, _language(run.path), {run.path: run.content})
+
+
+def failing_line(run: FailedRun) -> tuple[int, str] | None:
+    """The line of the student's file that the run's error points at, when its output names one."""
+    error = _run_error(run)
+    return (error.line, error.code) if error and error.in_learner_file and error.line and error.code else None

@@ -19,6 +19,7 @@ from sandbox.backends.choice import make_backend
 from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.files import WorkspaceTooLarge, copy_in
 from sandbox.frames import CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, SOCKET_GONE
+from sandbox.friendly import ErrorInfo, error_from_output, explain_error
 from sandbox.languages import CONFIG_FILE, read_config_table
 from sandbox.limits import MIB, Limits
 from sandbox.packages.install import Installer, InstallFailed, bubblewrap_installer
@@ -42,6 +43,8 @@ __all__ = [
     "copy_in", "WorkspaceTooLarge", "CONFIG_FILE", "read_config_table",
     # packages for runs and deploys
     "Installer", "InstallFailed", "bubblewrap_installer", "prepare_node", "unknown_message", "resolve_python",
+    # a run's error in plain words (the grader's feedback, the assistant's Explain)
+    "ErrorInfo", "error_from_output", "explain_error",
     # the WebSocket close codes and errors the sockets share
     "SOCKET_GONE", "CLOSE_FORBIDDEN", "CLOSE_NOT_FOUND", "CLOSE_UNAUTHENTICATED",
 ]

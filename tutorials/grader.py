@@ -22,9 +22,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from sandbox import MIB, Backend, Limits, RunResult, RunService, RunSpec, Verdict
+from sandbox import (
+    MIB,
+    Backend,
+    ErrorInfo,
+    Limits,
+    RunResult,
+    RunService,
+    RunSpec,
+    Verdict,
+    error_from_output,
+    explain_error,
+)
 from tutorials.format import Lesson, check_file_name
-from tutorials.friendly import ErrorInfo, error_from_output, explain
 
 Status = Literal["pass", "fail", "error"]
 RUNNERS = Path(__file__).resolve().parent / "runners"
@@ -200,7 +210,7 @@ def _result(lesson: Lesson, run: RunResult, marker: str, files: Mapping[str, str
         return _run_failed(lesson, run, files)
     if report.get("load_error"):
         error = ErrorInfo.from_dict(report["load_error"])
-        explanation = _timeout_message(lesson) if error.type == "Timeout" else explain(error, lesson.language, files)
+        explanation = _timeout_message(lesson) if error.type == "Timeout" else explain_error(error, lesson.language, files)
         failure = FirstFailure(test=error.test_file or "", task_id=None, message=explanation, explanation=explanation,
                                file=error.file if error.in_learner_file else None,
                                line=error.line if error.in_learner_file else None, hidden=bool(report.get("load_error_hidden")))
@@ -232,7 +242,7 @@ def _message(lesson: Lesson, item: dict, test: TestResult, files: Mapping[str, s
     if kind == "timeout":
         return _timeout_message(lesson)
     if test.error is not None:
-        return explain(test.error, lesson.language, files)
+        return explain_error(test.error, lesson.language, files)
     note = f" ({item['note']})" if item.get("note") else ""
     if kind == "io":
         program = f"When the input is {item['stdin']!r}, your program" if item.get("stdin") else "Your program"
@@ -297,7 +307,7 @@ def _run_failed(lesson: Lesson, run: RunResult, files: Mapping[str, str]) -> Gra
     error = None
     if message is None:
         error = error_from_output(run.stderr.decode("utf-8", "replace"), lesson.language, files)
-        message = explain(error, lesson.language, files) if error else (
+        message = explain_error(error, lesson.language, files) if error else (
             "The check stopped before it could report "
             f"({run.message or f'exit code {run.exit_code}, signal {run.signal}'}): {run.stderr.decode('utf-8', 'replace')[-500:]}")
     failure = FirstFailure(test="", task_id=None, message=message, explanation=message if error else "",

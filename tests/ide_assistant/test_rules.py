@@ -85,3 +85,26 @@ def test_bad_input_names_the_field(app, new_user, route, change, field):
     assert r.status_code == 422 and r.json()["detail"].startswith(field), r.text
     bad = users["owner"].put(url(project_id), json={"enabled": "maybe"})
     assert bad.status_code == 422 and "body.enabled" in bad.json()["detail"]
+
+
+def test_plain_words_explain_a_known_error_at_once_while_the_model_loads(app, new_user, unloaded):
+    """The grader's explanation of a failed run (with did-you-mean) needs no model: it answers while the model
+    loads, and says nothing for output without an error it knows; the owner's switch and roles apply."""
+    project_id, users = project_with_members(new_user)
+    content = "name = 'Ada'\npritn(name)\n"
+    output = ('Traceback (most recent call last):\n  File "/workspace/main.py", line 2, in <module>\n    pritn(name)\n'
+              "NameError: name 'pritn' is not defined. Did you mean: 'print'?\n")
+    route = url(project_id, "plain-words")
+    text = users["editor"].post(route, json={"path": "main.py", "content": content, "output": output}).json()["text"]
+    assert text.startswith("Your code stopped with a NameError on line 2 of main.py:\n    pritn(name)\n")
+    assert "Did you mean 'print'?" in text
+    node = users["editor"].post(route, json={"path": "index.js", "content": "console.log(nmae)\n", "output": (
+        "/workspace/index.js:1\nconsole.log(nmae)\n            ^\n\n"
+        "ReferenceError: nmae is not defined\n    at Object.<anonymous> (/workspace/index.js:1:13)\n")}).json()["text"]
+    assert node.startswith("Your code stopped with a ReferenceError on line 1 of index.js")
+    plain = users["editor"].post(route, json={"path": "main.py", "content": content, "output": "Hello\n"})
+    assert plain.status_code == 200 and plain.json() == {"text": None}
+    assert users["viewer"].post(route, json={"path": "main.py", "content": content, "output": output}).status_code == 403
+    users["owner"].put(url(project_id), json={"enabled": False})
+    off = users["editor"].post(route, json={"path": "main.py", "content": content, "output": output})
+    assert off.status_code == 403 and "switched off" in off.json()["detail"]

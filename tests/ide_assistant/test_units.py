@@ -1,11 +1,24 @@
-"""The token bucket (with a fake clock), the ghost text cut from completions and its indentation, continued answers."""
+"""The token bucket (with a fake clock), the ghost text cut from completions and its indentation, continued answers,
+the failing line given to Explain."""
 
 from __future__ import annotations
 
 import pytest
 
-from assistant.prompts import CONTINUE, completion_prompt, continued, ghost_text, line_is_complete, reindent
+from assistant.prompts import (
+    CONTINUE,
+    completion_prompt,
+    continued,
+    explain_messages,
+    ghost_text,
+    line_is_complete,
+    reindent,
+)
 from assistant.ratelimit import RateLimiter
+from assistant.schemas import ExplainCreate
+from assistant.service import failing_line
+
+from .helpers import bodies
 
 
 class FakeClock:
@@ -79,3 +92,12 @@ def test_a_continued_answer_asks_for_the_rest_after_what_was_said():
     asked = [{"role": "user", "content": "Why?"}]
     assert continued(asked, "Because the") == [*asked, {"role": "assistant", "content": "Because the"},
                                                {"role": "user", "content": CONTINUE}]
+
+
+def test_explain_points_the_model_at_the_failing_line_of_the_students_file():
+    body = ExplainCreate(**bodies()["explain"])  # a TypeError raised in add(), line 2
+    messages = explain_messages(body.path, body.content, body.output, failing_line(body))
+    assert "The error points at line 2:\n```\nreturn a + b\n```" in messages[-1]["content"]
+    no_trace = ExplainCreate(path="main.py", content="print(1)\n", output="Killed\n")
+    assert failing_line(no_trace) is None
+    assert "points at" not in explain_messages(no_trace.path, no_trace.content, no_trace.output, None)[-1]["content"]

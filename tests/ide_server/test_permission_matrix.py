@@ -118,6 +118,7 @@ GET    /api/projects/{project_id}/assistant                                401  
 PUT    /api/projects/{project_id}/assistant                                401  404   404   403    403    ok    403   403   401      403
 POST   /api/projects/{project_id}/assistant/complete                       401  404   404   403    ok     ok    ok    403   401      403
 POST   /api/projects/{project_id}/assistant/explain                        401  404   404   403    ok     ok    ok    403   401      403
+POST   /api/projects/{project_id}/assistant/plain-words                   401  404   404   403    ok     ok    ok    403   401      403
 POST   /api/projects/{project_id}/assistant/chat                           401  404   404   403    ok     ok    ok    403   401      403
 # the sockets close non-members with 4403 whether or not the project exists, so nothing leaks
 WS     /ws/collab/{project_id}/{file_path:path}                            401  403   403   ok     ok     ok    ok    403   401      403

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tutorials.friendly import ErrorInfo, error_from_output, explain
+from sandbox import ErrorInfo, error_from_output, explain_error
 
 PYTHON_CASES = [
     # (program, type, line, words the explanation must contain)
     ("greeting = 'Hi'\nprint(greting)\n", "NameError", 2, "Did you mean 'greeting'?"),
     ("print(pritn_me)\n", "NameError", 1, "doesn't know the name 'pritn_me'"),
-    ("age = 3\nprint('Age: ' + age)\n", "TypeError", 2, "str(...)"),
+    ("age = 3\nprint('Age: ' + age)\n", "TypeError", 2, "joined text and an int"),
+    ("total = 0\nfor n in [1, '2']:\n    total = total + n\n", "TypeError", 3, "can't combine an int and a str"),
     ("def area(w, h):\n    return w * h\n\narea(3)\n", "TypeError", 4, "too few values"),
     ("items = [1, 2, 3]\nprint(items[3])\n", "IndexError", 2, "Positions start at 0"),
     ("ages = {'Ada': 36}\nprint(ages['Alan'])\n", "KeyError", 2, "no key 'Alan'"),
@@ -54,7 +55,7 @@ def test_python_errors_are_explained_at_the_learners_line(tmp_path, source, kind
     error = error_from_output(stderr, "python", {"main.py": source})
     assert error is not None and error.type == kind
     assert (error.file, error.line, error.in_learner_file) == ("main.py", line, True)
-    text = explain(error, "python", {"main.py": source})
+    text = explain_error(error, "python", {"main.py": source})
     assert words in text
     assert text.startswith(f"Your code {'could not be read' if kind.endswith(('SyntaxError', 'IndentationError')) else 'stopped'}")
     assert f"line {line} of main.py:\n    {source.splitlines()[line - 1].strip()}" in text
@@ -69,19 +70,19 @@ def test_node_errors_are_explained(tmp_path, source, kind, line, words):
     assert error.file == "index.js"
     if line is not None:
         assert error.line == line
-    assert words in explain(error, "javascript", {"index.js": source})
+    assert words in explain_error(error, "javascript", {"index.js": source})
 
 
 def test_an_unknown_error_still_says_what_happened():
     error = ErrorInfo("OverflowError", "math range error", "main.py", 3, in_learner_file=True)
-    text = explain(error, "python", {"main.py": "a\nb\nx = math.exp(1000)\n"})
+    text = explain_error(error, "python", {"main.py": "a\nb\nx = math.exp(1000)\n"})
     assert text == ("Your code stopped with an OverflowError on line 3 of main.py:\n"
                     "    x = math.exp(1000)\n(OverflowError: math range error)")
 
 
 def test_an_error_outside_the_learners_files_names_no_line():
     error = ErrorInfo("ZeroDivisionError", "division by zero", "test_main.py", 4)
-    assert explain(error, "python").startswith("Your code stopped with a ZeroDivisionError.\n")
+    assert explain_error(error, "python").startswith("Your code stopped with a ZeroDivisionError.\n")
 
 
 def test_output_without_an_error_gives_none():

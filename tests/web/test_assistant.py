@@ -1,6 +1,6 @@
 """The assistant in a real browser, with the real built-in model (loaded once, by this module's
-server, from its start-up on): the first "Explain" after start-up waits for the model, with its
-status on show, then streams a markdown answer; ghost text accepted with Tab and dismissed with
+server, from its start-up on): the first "Explain" after start-up shows the error in plain words at once,
+waits for the model with its status on show, then streams a markdown answer; ghost text accepted with Tab and dismissed with
 Escape; chat about the open file; and the owner's switch hiding it all."""
 
 import re
@@ -72,6 +72,12 @@ def test_the_first_explain_after_start_up_waits_for_the_model_and_answers(server
     expect(answer).to_have_count(1)
     expect(answer).to_have_class(re.compile("assistant-waiting"))
     expect(answer).to_contain_text("Waiting for the model to load")
+    plain = panel.locator(".assistant-plain")  # the grader's plain words come at once, before the model's own text
+    expect(plain).to_contain_text("Your code stopped with a TypeError on line 3 of main.py")
+    expect(plain).to_contain_text("total = total + n")
+    assert ada.evaluate("""() => !!(document.querySelector('.assistant-plain').compareDocumentPosition(
+        document.querySelector('.assistant-answer')) & Node.DOCUMENT_POSITION_FOLLOWING)""")
+    expect(panel.locator(".assistant-label").last).to_have_text("The model's explanation (written by AI: it can be wrong)")
     each_look(ada, screenshot, "assistant-model-loading")
     expect(status).to_have_text("Assistant ready", timeout=MODEL_WAIT_MS)
     expect(answer).not_to_have_class(re.compile("streaming|assistant-waiting"), timeout=120_000)

@@ -286,6 +286,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/projects/{project_id}/assistant/plain-words": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Plain Words
+         * @description A failed run's error in plain words with its line (no model: at once, and right when the model is not).
+         */
+        post: operations["plain_words_api_projects__project_id__assistant_plain_words_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/projects/{project_id}/deployment": {
         parameters: {
             query?: never;
@@ -1367,7 +1387,7 @@ export interface components {
         };
         /**
          * ExplainCreate
-         * @description A failed run's output and the file it ran.
+         * @description A failed run to explain (or the explanation so far, to continue).
          */
         ExplainCreate: {
             /** Content */
@@ -1377,6 +1397,18 @@ export interface components {
              * @description The answer so far, when the length cap cut it short: the reply continues it.
              */
             continue_answer?: string | null;
+            /** Output */
+            output: string;
+            /** Path */
+            path: string;
+        };
+        /**
+         * FailedRun
+         * @description A failed run's output and the file it ran.
+         */
+        FailedRun: {
+            /** Content */
+            content: string;
             /** Output */
             output: string;
             /** Path */
@@ -1757,6 +1789,14 @@ export interface components {
             current_password: string;
             /** New Password */
             new_password: string;
+        };
+        /** PlainWordsPublic */
+        PlainWordsPublic: {
+            /**
+             * Text
+             * @description The error in plain words with its line, as the tutorials' grader gives it; null when the output holds no Python or Node error the IDE knows.
+             */
+            text: string | null;
         };
         /** ProjectCreate */
         ProjectCreate: {
@@ -3937,6 +3977,111 @@ export interface operations {
                 };
                 content: {
                     "text/event-stream": unknown;
+                };
+            };
+            /** @description Invalid input */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not signed in, or a bad API token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Signed in, but not allowed (role, CSRF token) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such thing, or not visible to you */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflicts with the current state */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+            /** @description Too many attempts; see Retry-After */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The model is loading or unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    plain_words_api_projects__project_id__assistant_plain_words_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                project_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["FailedRun"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PlainWordsPublic"];
                 };
             };
             /** @description Invalid input */

@@ -46,6 +46,11 @@ export class AssistantClient {
     return ((await response.json()) as { text: string }).text;
   }
 
+  /** The failed run's error in plain words (the grader's explanation), or null when it holds none the IDE knows. */
+  async plainWords(path: string, content: string, output: string): Promise<string | null> {
+    return (await api<{ text: string | null }>("POST", `${this.base}/plain-words`, { path, content, output })).text;
+  }
+
   /** Streams an explanation (or, given the answer so far, the rest of it); resolves to why it ended. */
   explain(path: string, content: string, output: string, soFar: string | null, onText: (text: string) => void, signal: AbortSignal): Promise<FinishReason> {
     return this.stream("explain", { path, content, output, continue_answer: soFar }, onText, signal);

@@ -235,9 +235,19 @@ export class AssistantUi {
     const file = this.context.openFiles()[0];
     if (output === null) return;
     this.toggle(true);
-    await this.answer("Explain this error.", (soFar, onText, signal) =>
-      this.client.explain(file?.path ?? "program", file?.content ?? "", output, soFar, onText, signal),
-    );
+    const path = file?.path ?? "program";
+    const content = file?.content ?? "";
+    this.messages.append(h("p", { class: "assistant-question" }, "Explain this error."));
+    // First what the error means in plain words (known errors, at once, right even when the model's text is not);
+    // then the model's own explanation, marked as such.
+    const plain = await this.client.plainWords(path, content, output).catch(() => null);
+    if (plain !== null) {
+      this.messages.append(h("div", { class: "assistant-plain" }, h("p", { class: "assistant-label" }, "What the error means"), h("pre", {}, plain)));
+      this.messages.append(h("p", { class: "assistant-label" }, "The model's explanation (written by AI: it can be wrong)"));
+    }
+    const reply = h("div", { class: "assistant-answer" });
+    this.messages.append(reply);
+    await this.stream(reply, "", (soFar, onText, signal) => this.client.explain(path, content, output, soFar, onText, signal));
   }
 
   private async ask(): Promise<void> {

@@ -1,5 +1,8 @@
 """Friendly explanations of errors for beginners, pointing at the line of *their* code.
 
+The tutorials' grader and the assistant's "Explain this error" both give them, so they live with the
+runs whose output they read.
+
 futurecoder-style: the raw error ("NameError: name 'pritn' is not defined") becomes what it means
 and what to try, with the learner's line quoted. Errors arrive either structured (from the
 in-sandbox runner) or as the text a crashed program left on stderr (a Python traceback, Node's
@@ -36,7 +39,7 @@ class ErrorInfo:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def explain(error: ErrorInfo, language: str, files: Mapping[str, str] | None = None) -> str:
+def explain_error(error: ErrorInfo, language: str, files: Mapping[str, str] | None = None) -> str:
     """What went wrong, where, and what to try, in a few plain lines, ending with the raw error."""
     table = _PYTHON if language == "python" else _JAVASCRIPT
     advice = next((text(match) for kind, pattern, text in table
@@ -57,8 +60,12 @@ def error_from_output(text: str, language: str, files: Mapping[str, str]) -> Err
 def _headline(error_type: str) -> str:
     if error_type in ("SyntaxError", "IndentationError", "TabError"):
         return "Your code could not be read"
-    article = "an" if error_type[:1] in "AEIOU" else "a"
-    return f"Your code stopped with {article} {error_type}"
+    return f"Your code stopped with {_a(error_type)}"
+
+
+def _a(noun: str) -> str:
+    """The noun with its indefinite article: "an int", "a str", "an IndexError"."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def _source_line(files: Mapping[str, str], name: str, line: int) -> str | None:
@@ -149,10 +156,10 @@ _PYTHON: Advice = [
     ("UnboundLocalError", r"'?(\w+)'?", lambda m: (
         f"'{m.group(1)}' is used inside a function before it gets a value there. Give it a value first, or pass it in as a parameter.")),
     ("TypeError", r'can only concatenate str \(not "(\w+)"\) to str', lambda m: (
-        f"You joined text and a {m.group(1)} with '+'. Turn the value into text first, with str(...), "
+        f"You joined text and {_a(m.group(1))} with '+'. Turn the value into text first, with str(...), "
         "or use an f-string: f\"Age: {age}\".")),
     ("TypeError", r"unsupported operand type\(s\) for (\S+): '(\w+)' and '(\w+)'", lambda m: (
-        f"'{m.group(1)}' can't combine a {m.group(2)} and a {m.group(3)}. Convert one of them first, "
+        f"'{m.group(1)}' can't combine {_a(m.group(2))} and {_a(m.group(3))}. Convert one of them first, "
         "for example int(text) to turn digits typed by a user into a number.")),
     ("TypeError", r"(\w+)\(\) missing (\d+) required positional argument", lambda m: (
         f"{m.group(1)}() was called with too few values: it needs {m.group(2)} more. Compare the call with the 'def' line.")),
