@@ -129,8 +129,11 @@ def test_completions_follow_the_indentation_set_in_settings(server_url, browser,
     owner_api.put(f"/api/projects/{project_id}/files/content/main.py",
                   content=b"def add(a, b):\n  return a + b\n\n\n").raise_for_status()
     context = signed_in_context(browser, server_url, OWNER)
-    context.add_init_script("localStorage.setItem('codeyard-editor', JSON.stringify({indent: 2}))")  # as Settings saves it
     page = context.new_page()
+    page.goto(f"{server_url}/settings")
+    page.select_option("#setting-indent", "2")
+    page.locator("#editor-settings button[type=submit]").click()
+    expect(page.locator("#editor-status")).to_contain_text("Saved")
     page.goto(f"{server_url}/projects/{project_id}")
     expect(page.locator("#connection")).to_have_text("Synced")
     page.locator(".cm-content").click()
