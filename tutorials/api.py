@@ -26,6 +26,7 @@ from tutorials.schemas import (
     GridRowPublic,
     HintPublic,
     IOCheckPublic,
+    LessonProjectPublic,
     LessonPublic,
     LessonStarted,
     LessonSummary,
@@ -50,6 +51,14 @@ def list_courses(user: CurrentUser, db: DbSession) -> list[CourseSummary]:
         CourseSummary(slug=c.slug, title=c.title, language=c.language, lessons=len(c.lessons), passed=passed.get(c.slug, 0))
         for c in catalog.courses().values()
     ]
+
+
+@router.get("/lesson-projects")
+def list_lesson_projects(user: CurrentUser, db: DbSession) -> list[LessonProjectPublic]:
+    """The caller's lesson projects, so the dashboard can group them apart from their own projects."""
+    return [LessonProjectPublic(project_id=row.project_id, course_slug=row.course_slug, lesson_slug=row.lesson_slug,
+                                status=service.status_of(row))
+            for row in service.lesson_projects(db, user) if row.project_id is not None]
 
 
 @router.get("/courses/{course_slug}")

@@ -39,6 +39,15 @@ class CoursePublic(BaseModel):
     lessons: list[LessonSummary]
 
 
+class LessonProjectPublic(BaseModel):
+    """A project the caller works on a lesson in (the dashboard lists these apart from their own projects)."""
+
+    project_id: str
+    course_slug: str
+    lesson_slug: str
+    status: LessonStatus
+
+
 class LessonStarted(BaseModel):
     project_id: str
     url: str = Field(description="The workspace page of the lesson project.")

@@ -49,6 +49,15 @@ def progress_by_lesson(db: Session, user: User, course_slug: str) -> dict[str, L
     return {row.lesson_slug: row for row in rows}
 
 
+def lesson_projects(db: Session, user: User) -> list[LessonProgress]:
+    """The caller's lessons that have a project, in the order they were started."""
+    return list(db.scalars(
+        select(LessonProgress)
+        .where(LessonProgress.user_id == user.id, LessonProgress.project_id.is_not(None))
+        .order_by(LessonProgress.started_at, LessonProgress.id)
+    ))
+
+
 def passed_counts(db: Session, user: User) -> dict[str, int]:
     """Lessons passed per course slug."""
     counts: dict[str, int] = {}

@@ -150,6 +150,7 @@ POST   /api/projects/{project_id}/deployment/stop                          401  
 DELETE /api/projects/{project_id}/deployment                               401  404   404   403    403    404   403   403   401      403
 WS     /ws/projects/{project_id}/deployment/logs                           401  404   404   403    ok     ok    ok    403   401      403
 GET    /api/tutorials/courses                                              401  ok    ok    ok     ok     ok    ok    ok    401      ok
+GET    /api/tutorials/lesson-projects                                      401  ok    ok    ok     ok     ok    ok    ok    401      ok
 GET    /api/tutorials/courses/{course_slug}                                401  ok    ok    ok     ok     ok    ok    ok    401      ok
 POST   /api/tutorials/courses/{course_slug}/lessons/{lesson_slug}/start    401  ok    ok    ok     ok     ok    ok    403   401      ok
 POST   /api/tutorials/classrooms                                           401  ok    ok    ok     ok     ok    ok    403   401      ok

@@ -65,3 +65,18 @@ def test_two_starts_at_once_make_one_lesson_project(app, new_user):
         assert len(rows) == 1
     names = [p["name"] for p in user.get("/api/projects").json()]
     assert names == [f"{COURSE.title}: {LESSON.title}"]  # the loser's project was removed
+
+
+def test_each_learner_sees_their_own_lesson_projects_with_their_status(app, new_user):
+    ada, bob = new_user(), new_user()
+    assert ada.get("/api/tutorials/lesson-projects").json() == []
+    project_id = lesson_project(ada)
+    ada.post("/api/projects", json={"name": "own"}).raise_for_status()  # not a lesson: not listed
+    listed = ada.get("/api/tutorials/lesson-projects").json()
+    assert listed == [{"project_id": project_id, "course_slug": COURSE.slug, "lesson_slug": LESSON.slug, "status": "started"}]
+    assert bob.get("/api/tutorials/lesson-projects").json() == []
+    with app.state.sessionmaker() as db:
+        service.record_check(db, service.work_of_project(db, db.get(Project, project_id)), "pass", {"status": "pass", "tests": []})
+    assert ada.get("/api/tutorials/lesson-projects").json()[0]["status"] == "passed"
+    ada.delete(f"/api/projects/{project_id}").raise_for_status()
+    assert ada.get("/api/tutorials/lesson-projects").json() == []  # the progress stays; its project is gone

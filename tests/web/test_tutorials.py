@@ -99,6 +99,10 @@ def test_learner_passes_lesson_one_and_the_teacher_sees_it(server_url, browser, 
     page.goto(f"{server_url}/courses/{COURSE.slug}")
     expect(page.locator(f"li[data-lesson='{LESSON.slug}']")).to_have_attribute("data-status", "passed")
     expect(page.locator("#course-progress")).to_contain_text(f"1 of {len(COURSE.lessons)} lessons passed")
+    # The dashboard lists the lesson's project under Lessons, apart from the learner's own projects.
+    page.goto(f"{server_url}/dashboard")
+    expect(page.locator(f"#lesson-projects li[data-project-id='{project_id}']")).to_contain_text("Passed")
+    expect(page.locator(f"#my-projects li[data-project-id='{project_id}']")).to_have_count(0)
     teacher.close()
     learner.close()
 

@@ -7,6 +7,7 @@ type Schemas = components["schemas"];
 export type UserPublic = Schemas["UserPublic"];
 export type TemplatePublic = Schemas["TemplatePublic"];
 export type ProjectPublic = Schemas["ProjectPublic"];
+export type LessonProjectPublic = Schemas["LessonProjectPublic"];
 export type InvitePreview = Schemas["InvitePreview"];
 export type InviteAccepted = Schemas["InviteAccepted"];
 export type FileEntry = Schemas["FileEntry"];

@@ -29,7 +29,7 @@ interface Course {
   lessons: LessonSummary[];
 }
 
-const STATUS_TEXT = { not_started: "Not started", started: "Started", failing: "Not passing yet", passed: "Passed ✓" };
+export const STATUS_TEXT = { not_started: "Not started", started: "Started", failing: "Not passing yet", passed: "Passed ✓" };
 
 export function topbar(...links: [string, string][]): HTMLElement {
   return h("header", { class: "topbar" }, h("strong", {}, "Codeyard"), ...links.map(([href, text]) => h("a", { href }, text)), h("span", {}));

@@ -1,10 +1,12 @@
-/** Dashboard: my projects, projects shared with me, create from a template, fork, delete. */
+/** Dashboard: my projects, my lessons' projects (apart, so they do not clutter the list), projects shared with me,
+ * create from a template, fork, delete. */
 import { api, ApiError } from "../api";
-import type { ProjectPublic as Project, TemplatePublic as Template, UserPublic as Me } from "../api/types";
+import type { LessonProjectPublic as LessonProject, ProjectPublic as Project, TemplatePublic as Template, UserPublic as Me } from "../api/types";
 import { h, showStatus } from "../dom";
 import { withIcon } from "../icons";
+import { STATUS_TEXT } from "./courses";
 
-function projectRow(project: Project, refresh: () => void, status: HTMLElement): HTMLElement {
+function projectRow(project: Project, refresh: () => void, status: HTMLElement, lesson?: LessonProject): HTMLElement {
   const fork = h("button", { type: "button", class: "secondary" }, "Fork");
   fork.addEventListener("click", async () => {
     showStatus(status, `Forking ${project.name}…`);
@@ -36,7 +38,7 @@ function projectRow(project: Project, refresh: () => void, status: HTMLElement):
     { class: "project", "data-project-id": project.id },
     h("a", { href: `/projects/${project.id}` }, project.name),
     h("span", { class: "badge" }, project.visibility),
-    h("span", { class: "badge" }, project.role ?? ""),
+    lesson ? h("span", { class: "badge" }, STATUS_TEXT[lesson.status]) : h("span", { class: "badge" }, project.role ?? ""),
     actions,
   );
 }
@@ -45,6 +47,8 @@ export async function renderDashboard(root: HTMLElement): Promise<void> {
   const status = h("p", { class: "status" });
   const mine = h("ul", { class: "projects", id: "my-projects" });
   const shared = h("ul", { class: "projects", id: "shared-projects" });
+  const lessons = h("ul", { class: "projects", id: "lesson-projects" });
+  const lessonsHeading = h("h2", { hidden: "" }, "Lessons");
   const name = h("input", { name: "name", required: "", placeholder: "my-project", maxlength: "100" });
   const template = h("select", { name: "template", "aria-label": "Template" });
   const create = h("form", { class: "card create" }, h("h2", {}, "New project"), name, template, withIcon(h("button", { type: "submit" }, "Create"), "plus"));
@@ -53,13 +57,21 @@ export async function renderDashboard(root: HTMLElement): Promise<void> {
   root.replaceChildren(
     h("header", { class: "topbar" }, h("strong", {}, "Codeyard"), h("a", { href: "/courses" }, "Courses"),
       h("a", { href: "/classrooms" }, "Classrooms"), withIcon(h("a", { href: "/settings", id: "settings-link" }, "Settings"), "settings"), greeting, logout),
-    h("main", { class: "dashboard" }, create, status, h("h2", {}, "My projects"), mine, h("h2", {}, "Shared with me"), shared),
+    h("main", { class: "dashboard" }, create, status, h("h2", {}, "My projects"), mine, lessonsHeading, lessons,
+      h("h2", {}, "Shared with me"), shared),
   );
 
   async function refresh(): Promise<void> {
     try {
-      const projects = await api<Project[]>("GET", "/api/projects");
-      mine.replaceChildren(...projects.filter((p) => p.role === "owner").map((p) => projectRow(p, refresh, status)));
+      const [projects, lessonProjects] = await Promise.all([
+        api<Project[]>("GET", "/api/projects"),
+        api<LessonProject[]>("GET", "/api/tutorials/lesson-projects"),
+      ]);
+      const lessonOf = new Map(lessonProjects.map((lesson) => [lesson.project_id, lesson]));
+      const own = projects.filter((p) => p.role === "owner");
+      mine.replaceChildren(...own.filter((p) => !lessonOf.has(p.id)).map((p) => projectRow(p, refresh, status)));
+      lessons.replaceChildren(...own.filter((p) => lessonOf.has(p.id)).map((p) => projectRow(p, refresh, status, lessonOf.get(p.id))));
+      lessonsHeading.hidden = lessons.childElementCount === 0;
       shared.replaceChildren(...projects.filter((p) => p.role !== "owner").map((p) => projectRow(p, refresh, status)));
       if (mine.childElementCount === 0) mine.append(h("li", { class: "empty" }, "No projects yet. Create one above."));
     } catch (error) {
