@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from pathlib import Path
@@ -174,6 +175,12 @@ async def test_outside_change_merges_with_unsaved_concurrent_typing(
     await alice.leave()
 
 
+def write_like_the_files_api(path: Path, text: str) -> None:
+    scratch = path.with_name(f".{path.name}.tmp")
+    scratch.write_text(text, encoding="utf-8")
+    os.replace(scratch, path)
+
+
 async def test_a_write_never_overwrites_a_change_on_disk_it_has_not_seen(
     manager: RoomManager, key: RoomKey, file_path: Path
 ) -> None:
@@ -182,15 +189,16 @@ async def test_a_write_never_overwrites_a_change_on_disk_it_has_not_seen(
     room.mirror.debounce_s = room.mirror.max_delay_s = 5.0
     alice.type(0, "typed ")
     await eventually(lambda: "typed" in str(room.text))
-    # A run or the files API writes the file; a write (before a run, on unload) comes before the poll.
-    file_path.write_text("hello 😀\nfrom a program\n", encoding="utf-8")
+    # A run or the files API writes the file (atomically, as both do: a plain write_text could be polled
+    # truncated, seen once in CI); a write (before a run, on unload) comes before the poll.
+    write_like_the_files_api(file_path, "hello 😀\nfrom a program\n")
     await manager.flush_project(key.project_id)
     assert file_path.read_text(encoding="utf-8") == "typed hello 😀\nfrom a program\n"
     await eventually(lambda: str(alice.text) == "typed hello 😀\nfrom a program\n")
     # The files API says so at once: merged without waiting for the poll.
     room.mirror.poll_s = 60.0
     await asyncio.sleep(0.3)  # the mirror's loop is now waiting out the long poll
-    file_path.write_text("typed hello 😀\nfrom a program\nand the API\n", encoding="utf-8")
+    write_like_the_files_api(file_path, "typed hello 😀\nfrom a program\nand the API\n")
     await manager.file_changed(key)
     assert str(room.text) == "typed hello 😀\nfrom a program\nand the API\n"
     await eventually(lambda: str(alice.text) == str(room.text))
