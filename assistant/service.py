@@ -77,6 +77,10 @@ class Assistant:
         row = db.get(AssistantSetting, project_id)
         return row is None or row.enabled
 
+    def require_enabled(self, db: Session, project_id: str) -> None:
+        if not self.is_enabled(db, project_id):
+            raise AssistantOff("the assistant is switched off for this project by its owner")
+
     def set_enabled(self, db: Session, project_id: str, enabled: bool) -> None:
         row = db.get(AssistantSetting, project_id) or AssistantSetting(project_id=project_id)
         row.enabled, row.updated_at = enabled, utcnow()
@@ -92,8 +96,7 @@ class Assistant:
     def admit(self, db: Session, access: ProjectAccess, cost: float) -> Model:
         """The model for one call, or AssistantOff (403), ModelUnavailable (503; a deferred local
         model starts loading), Throttled (429). Loading answers don't use up the caller's rate."""
-        if not self.is_enabled(db, access.project.id):
-            raise AssistantOff("the assistant is switched off for this project by its owner")
+        self.require_enabled(db, access.project.id)
         model: Model
         if self.llm.remote is not None:
             model = RemoteModel(self.llm.remote)
@@ -140,8 +143,7 @@ class Assistant:
     def plain_words(self, db: Session, access: ProjectAccess, body: FailedRun) -> str | None:
         """The error in plain words, as the tutorials' grader explains it: right even when the small
         model's own text is not, and there at once, while the model loads too."""
-        if not self.is_enabled(db, access.project.id):
-            raise AssistantOff("the assistant is switched off for this project by its owner")
+        self.require_enabled(db, access.project.id)
         error = _run_error(body)
         return explain_error(error, _language(body.path), {body.path: body.content}) if error else None
 

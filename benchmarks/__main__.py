@@ -49,9 +49,11 @@ def _value(text: str):
 def load_tokenizer(model_path: str):
     from transformers import AutoTokenizer
 
+    from llm_engine.loader.gguf_conversion import config_and_tokenizer
+
     path = Path(model_path)
     if path.is_file():
-        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+        return config_and_tokenizer(path)[1]  # converted once, then read from the cache
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 

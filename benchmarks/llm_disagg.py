@@ -46,12 +46,13 @@ MODEL_NAME = "disagg-bench"
 def build_model(folder: Path) -> Path:
     """A random-weight Llama with SmolLM2's tokenizer: real text handling, a cheap forward pass."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     from llm_engine.entrypoints.models import builtin_model_path
+    from llm_engine.loader.gguf_conversion import config_and_tokenizer
 
     gguf = builtin_model_path()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    tokenizer = config_and_tokenizer(gguf)[1]
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=768, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                          tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
