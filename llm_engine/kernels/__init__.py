@@ -1,0 +1,1 @@
+"""Triton kernels for the engine on GPUs; each module keeps a PyTorch reference it is tested against."""
