@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton_interpret  # noqa: F401  (sets TRITON_INTERPRET before any Triton kernel is defined)
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from llm_engine.loader.gguf_conversion import config_and_tokenizer
