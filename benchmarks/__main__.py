@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import inspect
 import json
+import os
 import sys
 from importlib import import_module
 from pathlib import Path
@@ -77,23 +78,44 @@ def cmd_run(args) -> int:
         raise UsageError(f"--targets: choose from {','.join(TARGETS)}")
     if args.repeats < 1:
         raise UsageError("--repeats must be at least 1")
+    engine_cpus, client_cpus = _cpus(args.engine_cpus, "--engine-cpus"), _cpus(args.client_cpus, "--client-cpus")
+    if bool(engine_cpus) != bool(client_cpus) or (engine_cpus and engine_cpus & client_cpus):
+        raise UsageError("--engine-cpus and --client-cpus go together and must not overlap")
     model_path, _ = resolve_model(args.model)
     workload = build(Corpus(load_tokenizer(model_path)), args.seed, **settings)
+    if client_cpus:
+        os.sched_setaffinity(0, client_cpus)
     server = None
     if any(k != "offline" for k in kinds):
-        server = Server(model_path, args.max_num_seqs, url=args.url, grpc=args.grpc, api_key=args.api_key)
-    offline = {"model": model_path, "max_num_seqs": args.max_num_seqs, "slowdown": args.inject_slowdown}
+        server = Server(model_path, args.max_num_seqs, url=args.url, grpc=args.grpc, api_key=args.api_key,
+                        cpus=engine_cpus)
+    offline = {"model": model_path, "max_num_seqs": args.max_num_seqs, "slowdown": args.inject_slowdown,
+               "cpus": engine_cpus}
     try:
         result = asyncio.run(runner.run(workload, kinds, args.repeats, server, offline,
                                         args.ttft_slo_ms, args.tpot_slo_ms))
     finally:
         if server is not None:
             server.close()
+    result["settings"].update(engine_cpus=sorted(engine_cpus or ()), client_cpus=sorted(client_cpus or ()))
     print(overhead_table(result))
     if args.out:
         results.save(result, args.out)
         print(f"wrote {args.out}")
     return 0
+
+
+def _cpus(text: str | None, option: str) -> set[int] | None:
+    """"0" or "0,2" or "0-3": CPUs of this machine."""
+    if not text:
+        return None
+    try:
+        cpus = {c for part in text.split(",") for c in (range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1))}
+    except ValueError:
+        raise UsageError(f"{option}: a CPU list such as 0 or 0,1 or 0-3, got {text!r}") from None
+    if not cpus or not cpus <= os.sched_getaffinity(0):
+        raise UsageError(f"{option}: CPUs {sorted(cpus)} are not all available here ({sorted(os.sched_getaffinity(0))})")
+    return cpus
 
 
 def overhead_table(result: dict) -> str:
@@ -214,6 +236,9 @@ def dispatch(argv: list[str], prog: str) -> int:
     run.add_argument("--ttft-slo-ms", type=float, default=1000.0)
     run.add_argument("--tpot-slo-ms", type=float, default=100.0)
     run.add_argument("--inject-slowdown", type=float, default=0.0, help="offline: sleep this fraction of each step")
+    run.add_argument("--engine-cpus", help="pin the engine (offline: its thread; a server: its whole process) "
+                     "here, with one torch thread per CPU, so every target's engine gets the same CPU")
+    run.add_argument("--client-cpus", help="pin this benchmark's client here (with --engine-cpus)")
     run.add_argument("--out", help="write the result JSON here")
 
     comp = sub.add_parser("compare", help="compare a result with a baseline; exit 1 on a regression")

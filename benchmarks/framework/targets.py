@@ -77,13 +77,17 @@ class Offline:
 
     name = "offline"
 
-    def __init__(self, model: str, max_num_seqs: int, slowdown: float = 0.0, **engine_kwargs) -> None:
+    def __init__(self, model: str, max_num_seqs: int, slowdown: float = 0.0, cpus: set[int] | None = None,
+                 **engine_kwargs) -> None:
         from llm_engine.async_engine import AsyncLLMEngine
         from llm_engine.config import EngineConfig
 
         if slowdown:
             inject_slowdown(slowdown)
         self.peak_kv = 0.0
+        self.cpus = cpus  # the engine thread moves there at its first step (see `pinned`)
+        if cpus:
+            engine_kwargs["num_threads"] = len(cpus)
         self.engine = AsyncLLMEngine(EngineConfig(model=model, max_num_seqs=max_num_seqs, **engine_kwargs),
                                      max_waiting=1_000_000, on_step=self._on_step)
         self.engine.start()
@@ -101,6 +105,9 @@ class Offline:
         return clock.done()
 
     def _on_step(self, stats, _outputs) -> None:
+        if self.cpus:  # called on the engine's thread: pid 0 is this thread alone (Linux)
+            os.sched_setaffinity(0, self.cpus)
+            self.cpus = None
         self.peak_kv = max(self.peak_kv, stats.kv_cache_usage)
 
     def probe(self) -> tuple[int, float]:
@@ -134,7 +141,8 @@ class Server:
     """A `codeyard llm serve` subprocess with HTTP and gRPC, or an existing server's addresses."""
 
     def __init__(self, model: str | None = None, max_num_seqs: int = 32, url: str | None = None,
-                 grpc: str | None = None, api_key: str | None = None, name: str = "bench") -> None:
+                 grpc: str | None = None, api_key: str | None = None, name: str = "bench",
+                 cpus: set[int] | None = None) -> None:
         self.proc: subprocess.Popen | None = None
         self.api_key = api_key
         self.name = name
@@ -149,7 +157,10 @@ class Server:
                "--served-model-name", name]
         if model:
             cmd += ["--model", model]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if cpus:
+            cmd += ["--num-threads", str(len(cpus))]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         deadline = time.monotonic() + 600
         while True:
             if self.proc.poll() is not None:

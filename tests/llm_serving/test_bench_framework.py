@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 from pathlib import Path
 
@@ -113,3 +114,26 @@ def test_html_report_in_chromium(bench_results, tmp_path):
         finally:
             browser.close()
     assert (ARTIFACTS / "bench-report.png").stat().st_size > 10_000
+
+
+def test_pinning_gives_the_offline_engine_its_own_cpu(tiny_chat_model, capsys):
+    """--engine-cpus/--client-cpus: the offline engine's thread runs on its CPU with one torch thread,
+    so an offline target and a server target's engine get the same CPU; a bad list is exit 2."""
+    from benchmarks.framework.targets import Offline
+    from benchmarks.framework.workloads import Item
+
+    before = os.sched_getaffinity(0)
+    target = Offline(str(tiny_chat_model), 2, cpus={0}, num_kv_blocks=16, max_model_len=128)
+    try:
+        assert asyncio.run(target.send(Item("def add(a, b):", 3))).ok
+        thread = target.engine._thread
+        assert thread is not None and thread.native_id is not None
+        assert os.sched_getaffinity(thread.native_id) == {0}
+        assert os.sched_getaffinity(0) == before  # only the engine's thread moved
+        assert target.engine.engine is not None and target.engine.engine.config.num_threads == 1
+    finally:
+        asyncio.run(target.aclose())
+    for engine, client in (("0", "0"), ("0", None), ("0-99", "1"), ("zero", "1")):
+        argv = ["run", "grid", "--engine-cpus", engine] + (["--client-cpus", client] if client else [])
+        assert bench_main(argv) == 2
+        assert "cpus" in capsys.readouterr().err.lower()
