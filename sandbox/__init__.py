@@ -4,7 +4,7 @@ This is the package's face: other packages import these names from `sandbox` and
 modules (an import-linter contract in pyproject.toml says so, with its listed exceptions), so the
 modules behind it can move and split without touching their users.
 
-The run services (ProjectRuns, RunService and its RunRecord) load the IDE's database and collab
+The run services (ProjectRuns, RunQueue and its RunRecord) load the IDE's database and collab
 layers, so they are imported when first asked for: a runner node or a CLI that imports the sandbox
 does not pay for them.
 """
@@ -28,17 +28,17 @@ from sandbox.packages.resolve import resolve_python
 from sandbox.verdict import RunResult, Verdict
 
 if TYPE_CHECKING:
+    from sandbox.run_queue import RunQueue, RunRecord
     from sandbox.runs import ProjectRuns
-    from sandbox.service import RunRecord, RunService
 
-_RUN_SERVICES = {"ProjectRuns": "sandbox.runs", "RunService": "sandbox.service", "RunRecord": "sandbox.service"}
+_RUN_SERVICES = {"ProjectRuns": "sandbox.runs", "RunQueue": "sandbox.run_queue", "RunRecord": "sandbox.run_queue"}
 
 __all__ = [
     # running code: a backend (chosen from the settings), what to run, with which limits, and its result
     "Backend", "Mount", "RunSpec", "make_backend", "Limits", "MIB", "RunResult", "Verdict",
     "SandboxError", "SandboxUnavailable",
     # the IDE's runs: the app-facing service, the queue and its records (loaded on first use)
-    "ProjectRuns", "RunService", "RunRecord",
+    "ProjectRuns", "RunQueue", "RunRecord",
     # files in and out of a sandbox; a project's codeyard.toml
     "copy_in", "WorkspaceTooLarge", "CONFIG_FILE", "read_config_table",
     # packages for runs and deploys

@@ -43,10 +43,10 @@ from sandbox.frames import (
 )
 from sandbox.host_lease import HostLease
 from sandbox.packages.install import bubblewrap_installer, runners_installer
+from sandbox.run_queue import RunQueue
 from sandbox.runner import start_own_runner
 from sandbox.runs import ProjectRuns, public_of_record
 from sandbox.schemas import PackagesAdd, PackagesPublic, RunCreate, RunPublic
-from sandbox.service import RunService
 from sandbox.shell import serve_shell
 from sandbox.sweep import sweep
 
@@ -161,16 +161,16 @@ async def run_socket(websocket: WebSocket, run_id: str) -> None:
     await _stream_run(websocket, runs, run_id, user, can_write, check_access)
 
 
-async def _read_stdin(websocket: WebSocket, service: RunService, run_id: str, can_write: bool) -> None:
+async def _read_stdin(websocket: WebSocket, queue: RunQueue, run_id: str, can_write: bool) -> None:
     while True:
         try:
             frame = await receive_frame(websocket)
             if not can_write:
                 raise ValueError("only editors of the project can type into a run")
             if frame["type"] == "stdin" and isinstance(frame.get("data"), str):
-                await service.send_stdin(run_id, frame["data"].encode())
+                await queue.send_stdin(run_id, frame["data"].encode())
             elif frame["type"] == "stdin_eof":
-                await service.close_stdin(run_id)
+                await queue.close_stdin(run_id)
             else:
                 raise ValueError('frames are {"type": "stdin", "data": ...} or {"type": "stdin_eof"}')
         except ValueError as exc:
@@ -181,9 +181,9 @@ async def _stream_run(websocket: WebSocket, runs: ProjectRuns, run_id: str, user
                       check_access: Callable[[], None]) -> None:
     """Replay and follow the run's output, pass input on, and end with its exit frame (or 4403 when a
     membership change takes away the access the socket was opened with)."""
-    service = runs.service
-    assert service is not None  # runs.check found the run live
-    record = service.get(run_id)
+    queue = runs.queue
+    assert queue is not None  # runs.check found the run live
+    record = queue.get(run_id)
     followed = False
 
     async def follow() -> None:
@@ -197,7 +197,7 @@ async def _stream_run(websocket: WebSocket, runs: ProjectRuns, run_id: str, user
 
             async def read() -> None:
                 with suppress(*SOCKET_GONE):
-                    await _read_stdin(websocket, service, run_id, can_write)
+                    await _read_stdin(websocket, queue, run_id, can_write)
                 tasks.cancel_scope.cancel()  # the client left; the run goes on
 
             tasks.start_soon(pump)

@@ -11,7 +11,7 @@ from typing import Any
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from sandbox.backend import OutputChunk
-from sandbox.service import RunState
+from sandbox.run_queue import RunState
 
 MAX_FRAME = 64 * 1024
 CLOSE_UNAUTHENTICATED = 4401

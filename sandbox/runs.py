@@ -1,6 +1,6 @@
 """ProjectRuns: the service behind the runs API and the shell.
 
-It joins the sandbox library (RunService, plan_run) to the app: who may see or steer a run (the
+It joins the sandbox library (RunQueue, plan_run) to the app: who may see or steer a run (the
 run's project decides), the run record kept in the database once it ends, and files the program
 wrote going back into open editors through the collab rooms.
 """
@@ -32,8 +32,8 @@ from sandbox.packages.install import Installer, InstallFailed
 from sandbox.packages.project import REQUIREMENTS, PreparedPackages, add_packages, installed_for
 from sandbox.packages.resolve import auto_install
 from sandbox.preview import Preview, preview_path
+from sandbox.run_queue import RunQueue, RunRecord, RunState
 from sandbox.schemas import PackagesPublic, RunCreate, RunPublic
-from sandbox.service import RunRecord, RunService, RunState
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +90,8 @@ class ProjectRuns:
         self.sessions, self.projects_dir, self.editors = sessions, projects_dir, editors
         self.installer = installer
         runner = PackagesFirst(backend, installer) if backend and installer else backend
-        self.service = RunService(runner, max_running=max_running, max_running_per_user=max_running_per_user,
-                                  max_queued=max_queued, max_per_user=max_per_user) if backend else None
+        self.queue = RunQueue(runner, max_running=max_running, max_running_per_user=max_running_per_user,
+                                max_queued=max_queued, max_per_user=max_per_user) if backend else None
         self._finishers: set[asyncio.Task] = set()
         self.max_shells, self.max_shells_per_user = max_shells, max_shells_per_user
         self._shells: list[int] = []  # user id of each open shell
@@ -132,7 +132,7 @@ class ProjectRuns:
     async def start(self, user: User, project_id: str, body: RunCreate) -> RunPublic:
         """Plan and queue a run of the project; QueueFull (429) when too many are waiting."""
         self.require_backend()
-        assert self.service is not None
+        assert self.queue is not None
         await self.editors.checkpoint(project_id, "Checkpoint before a run")
         project_dir = self.project_dir(project_id)
         try:
@@ -148,7 +148,7 @@ class ProjectRuns:
             spec = RunSpec(plan.argv, project_dir, limits, {**(preview.environment() if preview else {}), **env},
                            mounts=(preview.mount(),) if preview else (), wrapper=preview.wrapper() if preview else (),
                            input_wait_seconds=INPUT_WAIT_SECONDS if interactive else None)
-            record = await self.service.submit(str(user.id), project_id, spec)
+            record = await self.queue.submit(str(user.id), project_id, spec)
         except BaseException:
             if preview is not None:
                 preview.close()
@@ -159,8 +159,8 @@ class ProjectRuns:
             db.add(RunRow(id=record.id, project_id=project_id, user_id=user.id, argv=record.argv, status="queued",
                           created_at=_time(record.created_at)))
         if body.stdin is not None:
-            await self.service.send_stdin(record.id, body.stdin.encode())
-            await self.service.close_stdin(record.id)
+            await self.queue.send_stdin(record.id, body.stdin.encode())
+            await self.queue.close_stdin(record.id)
         task = asyncio.create_task(self._finish(record, preview))
         self._finishers.add(task)
         task.add_done_callback(self._finishers.discard)
@@ -221,8 +221,8 @@ class ProjectRuns:
 
     async def updates_for(self, record: RunRecord, user: User) -> AsyncIterator[OutputChunk | RunState]:
         """The run's output and state changes as `user` sees them (with their own Webview address)."""
-        assert self.service is not None
-        async for update in self.service.updates(record.id):
+        assert self.queue is not None
+        async for update in self.queue.updates(record.id):
             if isinstance(update, RunState):
                 update = dataclasses.replace(update, preview_url=self.preview_url(record, str(user.id)))
             yield update
@@ -245,8 +245,8 @@ class ProjectRuns:
 
     async def _finish(self, record: RunRecord, preview: Preview | None) -> None:
         """When the run ends, close its Webview and store its outcome."""
-        assert self.service is not None
-        await self.service.wait(record.id)
+        assert self.queue is not None
+        await self.queue.wait(record.id)
         if preview is not None:
             del self._previews[record.id]
             preview.close()
@@ -273,9 +273,9 @@ class ProjectRuns:
 
         Runs of projects the caller is not a member of answer 404, as if they didn't exist."""
         record = None
-        if self.service is not None:
+        if self.queue is not None:
             try:
-                record = self.service.get(run_id)
+                record = self.queue.get(run_id)
             except RunNotFound:
                 pass
         row = db.get(RunRow, run_id) if record is None else None
@@ -303,8 +303,8 @@ class ProjectRuns:
         _, record, row = self._visible(db, run_id, user, Role.editor)
         if record is None:
             return public_of_row(row)  # already over: nothing to cancel
-        assert self.service is not None
-        return self._public(self.service.cancel(run_id), user)
+        assert self.queue is not None
+        return self._public(self.queue.cancel(run_id), user)
 
     def list(self, db: Session, project_id: str, user: User) -> list[RunPublic]:
         """The project's latest runs, newest first (live ones with their current state)."""
@@ -313,7 +313,7 @@ class ProjectRuns:
         answer = []
         for row, username in rows:
             try:
-                record = self.service.get(row.id) if self.service else None
+                record = self.queue.get(row.id) if self.queue else None
             except RunNotFound:
                 record = None
             public = self._public(record, user) if record else public_of_row(row)
@@ -330,6 +330,6 @@ class ProjectRuns:
             return len(rows)
 
     async def shutdown(self) -> None:
-        if self.service is not None:
-            await self.service.shutdown()
+        if self.queue is not None:
+            await self.queue.shutdown()
         await asyncio.gather(*self._finishers, return_exceptions=True)

@@ -56,14 +56,14 @@ class Checker:
     async def check(self, project: Project, user: User) -> tuple[service.LessonWork, GradePublic]:
         """Grade as one of `user`'s runs (the sandbox's per-user queue limits apply)."""
         work = await asyncio.to_thread(self._work, project)
-        if self.runs is None or self.runs.service is None:
+        if self.runs is None or self.runs.queue is None:
             raise SandboxUnavailable(getattr(self.runs, "unavailable", "") or "this server has no sandbox to check lessons in")
         await self.runs.editors.flush(project.id)
         folder = projects.project_dir(self.projects_dir, project.id)
         own = set(work.lesson.starter_files) | set(work.lesson.solution_files)
         learner = await asyncio.to_thread(learner_files, folder, own)
         try:
-            result = await grader.grade(work.lesson, learner, sandbox=self.runs.service, user_id=str(user.id))
+            result = await grader.grade(work.lesson, learner, sandbox=self.runs.queue, user_id=str(user.id))
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
         public = GradePublic.model_validate(grader.to_public(result))

@@ -27,8 +27,8 @@ from sandbox import (
     Backend,
     ErrorInfo,
     Limits,
+    RunQueue,
     RunResult,
-    RunService,
     RunSpec,
     Verdict,
     error_from_output,
@@ -88,11 +88,11 @@ class GradeResult:
         return self.status == "pass"
 
 
-async def grade(lesson: Lesson, files: Mapping[str, str], *, sandbox: Backend | RunService,
+async def grade(lesson: Lesson, files: Mapping[str, str], *, sandbox: Backend | RunQueue,
                 user_id: str = "tutorials", limits: Limits | None = None) -> GradeResult:
     """Check `files` (learner file name -> text) against every test of `lesson`, in one sandbox run.
 
-    sandbox: a Backend, or the app's RunService (then the run queues like any other of `user_id`
+    sandbox: a Backend, or the app's RunQueue (then the run queues like any other of `user_id`
     and QueueFull may be raised). Bad file names or sizes raise ValueError naming `files`."""
     _check_files(files)
     began = time.monotonic()
@@ -177,8 +177,8 @@ def _write_check(project: Path, lesson: Lesson, marker: str) -> list[str]:
     return [*interpreter, f"{CHECK_DIR}/{runner}", f"{CHECK_DIR}/spec.json"]
 
 
-async def _run(sandbox: Backend | RunService, spec: RunSpec, user_id: str, slug: str) -> RunResult:
-    if isinstance(sandbox, RunService):
+async def _run(sandbox: Backend | RunQueue, spec: RunSpec, user_id: str, slug: str) -> RunResult:
+    if isinstance(sandbox, RunQueue):
         record = await sandbox.submit(user_id, f"lesson:{slug}", spec)
         await sandbox.close_stdin(record.id)
         record = await sandbox.wait(record.id)

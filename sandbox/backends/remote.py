@@ -1,6 +1,6 @@
 """The `runners` backend: runs go to runner nodes through Redis (sandbox.backends.dispatch) instead of starting here.
 
-It is a Backend like bubblewrap and Docker, so RunService, package installs, the runs API, shells and
+It is a Backend like bubblewrap and Docker, so RunQueue, package installs, the runs API, shells and
 graders use it unchanged: its `_drive` queues the spec on the runs stream and replays what the runner
 says (output, waiting for input, files copied, the result) into the run, whose input, resizes and cancel
 go back through a RemoteExecution. A run no runner takes before its start deadline, or whose runner stops

@@ -19,7 +19,7 @@ PREPARE = {"python3": prepare_python, "python": prepare_python, "node": prepare_
 
 
 class PackagesFirst:
-    """What RunService starts runs on: `backend`, with a Python or Node run's packages prepared before it starts."""
+    """What RunQueue starts runs on: `backend`, with a Python or Node run's packages prepared before it starts."""
 
     def __init__(self, backend: Backend, installer: Installer) -> None:
         self.backend, self.installer = backend, installer

@@ -8,7 +8,7 @@ import dataclasses
 from conftest import make_spec
 
 from sandbox.backends.bwrap import BwrapBackend
-from sandbox.service import RunService
+from sandbox.run_queue import RunQueue
 from sandbox.verdict import Verdict
 
 WALL = 1.5  # the strict wall limit here; each program below waits for input longer than that
@@ -77,7 +77,7 @@ async def test_a_thread_at_input_does_not_pause_the_clock_for_a_busy_one(project
 async def test_a_run_waiting_for_input_lends_its_slot(project):
     (project / "main.py").write_text("print('hi', input())\n")
     (project / "quick.py").write_text("print('quick')\n")
-    service = RunService(BwrapBackend(), max_running=1)
+    service = RunQueue(BwrapBackend(), max_running=1)
     thinking = await service.submit("ada", "p", interactive(project, ["python3", "main.py"]))
     quick = await service.submit("bob", "p", make_spec(project, ["python3", "quick.py"]))
     async with asyncio.timeout(20):  # bob's run goes while ada's waits for input, in the only slot

@@ -7,9 +7,9 @@ import asyncio
 
 from conftest import make_spec
 
-from sandbox import service as service_module
+from sandbox import run_queue as queue_module
 from sandbox.backends.bwrap import BwrapBackend
-from sandbox.service import RunService, RunState
+from sandbox.run_queue import RunQueue, RunState
 
 RUN_SECONDS = 1.5  # how long each of user A's runs sleeps
 
@@ -21,7 +21,7 @@ def sleeper(project, seconds: float):
 async def test_a_newcomer_starts_within_one_slot_turnover_while_another_user_resubmits(project):
     """A keeps four runs waiting or running (resubmitting as each ends) on a server with two slots;
     B's print(1) takes the first slot that frees, not the one after A's queued runs."""
-    service = RunService(BwrapBackend(), max_running=2, max_per_user=4)
+    service = RunQueue(BwrapBackend(), max_running=2, max_per_user=4)
     stop = asyncio.Event()
 
     async def lane() -> None:
@@ -49,7 +49,7 @@ async def test_a_newcomer_starts_within_one_slot_turnover_while_another_user_res
 
 
 async def test_one_user_never_runs_more_than_their_share(project):
-    service = RunService(BwrapBackend(), max_running=3, max_running_per_user=2)
+    service = RunQueue(BwrapBackend(), max_running=3, max_running_per_user=2)
     try:
         records = [await service.submit("A", "pa", sleeper(project, 30)) for _ in range(3)]
         assert [r.status for r in records] == ["running", "running", "queued"]
@@ -60,7 +60,7 @@ async def test_one_user_never_runs_more_than_their_share(project):
 
 
 async def test_queue_positions_round_robin_between_users_and_follow_changes(project):
-    service = RunService(BwrapBackend(), max_running=1)
+    service = RunQueue(BwrapBackend(), max_running=1)
     try:
         a1, a2, a3 = [await service.submit("A", "pa", sleeper(project, 30)) for _ in range(3)]
         b1 = await service.submit("B", "pb", sleeper(project, 30))
@@ -84,8 +84,8 @@ async def test_queue_positions_round_robin_between_users_and_follow_changes(proj
 
 
 async def test_turns_of_idle_users_are_forgotten_beyond_a_bound(project, monkeypatch):
-    monkeypatch.setattr(service_module, "REMEMBERED_TURNS", 1)
-    service = RunService(BwrapBackend(), max_running=1)
+    monkeypatch.setattr(queue_module, "REMEMBERED_TURNS", 1)
+    service = RunQueue(BwrapBackend(), max_running=1)
     try:
         for user in ("A", "B"):
             await service.wait((await service.submit(user, "p", make_spec(project, ["true"]))).id)

@@ -1,4 +1,4 @@
-"""RunService on the real bubblewrap backend: queue bounds, records, watchers, stdin, cancel."""
+"""RunQueue on the real bubblewrap backend: queue bounds, records, watchers, stdin, cancel."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from conftest import make_spec
 
 from sandbox.backends.bwrap import BwrapBackend
 from sandbox.errors import QueueFull, RunNotFound
-from sandbox.service import RunService
+from sandbox.run_queue import RunQueue
 
 
 @pytest.fixture
 async def service():
-    svc = RunService(BwrapBackend(), max_running=1, max_queued=1, max_per_user=2)
+    svc = RunQueue(BwrapBackend(), max_running=1, max_queued=1, max_per_user=2)
     yield svc
     await svc.shutdown()
 

@@ -74,7 +74,7 @@ def wait_until_output(client, run_id: str, text: str) -> None:
 
 def test_queue_full_answers_429_with_a_message(owner, app):
     pid = new_project(owner, {"main.py": "import time\ntime.sleep(30)\n"})
-    service = app.state.services.runs.service
+    service = app.state.services.runs.queue
     ids = [owner.post(f"/api/projects/{pid}/runs", json={"stdin": ""}).json()["id"] for _ in range(service.max_per_user)]
     refused = owner.post(f"/api/projects/{pid}/runs", json={})
     assert refused.status_code == 429 and "runs waiting or running" in refused.json()["detail"]

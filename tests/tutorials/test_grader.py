@@ -11,7 +11,7 @@ from sandbox_fixtures import nothing_left_behind  # noqa: F401  (autouse: every 
 
 from sandbox.backends.bwrap import BwrapBackend
 from sandbox.limits import Limits
-from sandbox.service import RunService
+from sandbox.run_queue import RunQueue
 from tutorials.format import parse_lesson
 from tutorials.grader import grade, to_public
 
@@ -292,7 +292,7 @@ async def test_bad_file_names_are_refused(lesson, bwrap, name):
 
 
 async def test_grading_through_the_run_service_queues_as_the_user(lesson):
-    service = RunService(BwrapBackend())
+    service = RunQueue(BwrapBackend())
     try:
         result = await grade(lesson, lesson.solution_files, sandbox=service, user_id="learner-1")
         assert result.passed

@@ -1,4 +1,4 @@
-"""RunService: the API layer's one entry point for running code.
+"""RunQueue: the queue every run of the app goes through (ProjectRuns, in service.py, is the app-facing service).
 
 It owns a bounded queue (globally and per user, with a clear "queue full" answer), starts runs as
 slots free up, keeps a record of each run (status, queue position, verdict, output) for
@@ -100,7 +100,7 @@ class RunRecord:
         self._changed = asyncio.Event()
 
 
-class RunService:
+class RunQueue:
     """Queue, start, record and stream runs on one backend."""
 
     def __init__(self, backend: Backend, *, max_running: int = 4, max_running_per_user: int = 2, max_queued: int = 64,
