@@ -12,22 +12,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from llm_engine.cache_dir import cache_root
+
 log = logging.getLogger(__name__)
 
 _DONE = ".complete"  # written last: a folder without it is a conversion cut short
-
-
-def cache_root() -> Path:
-    """`CODEYARD_CACHE_DIR`, else `$XDG_CACHE_HOME/codeyard`, else `~/.cache/codeyard`."""
-    if explicit := os.environ.get("CODEYARD_CACHE_DIR"):
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "codeyard"
 
 
 def converted_folder(gguf: Path) -> Path:
