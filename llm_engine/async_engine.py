@@ -24,6 +24,8 @@ from llm_engine.outputs import RequestOutput
 from llm_engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # the engine (and torch) is imported by the loop thread, not by importers
+    from transformers import PreTrainedTokenizerBase
+
     from llm_engine.llm_engine import EngineStats, LLMEngine
     from llm_engine.multimodal.inputs import ImageInputs
 
@@ -121,12 +123,13 @@ class AsyncLLMEngine:
         return self.engine is not None
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> PreTrainedTokenizerBase | None:
         return self.require_engine().tokenizer
 
     @property
     def max_model_len(self) -> int:
-        return self.require_engine().max_model_len
+        length: int = self.require_engine().max_model_len  # an int the engine computes from the config
+        return length
 
     @property
     def num_kv_blocks(self) -> int | None:
@@ -201,7 +204,7 @@ class AsyncLLMEngine:
 
     def _main(self) -> None:
         try:
-            self._load()
+            engine = self._load()
         except Exception as exc:  # reported to every caller as EngineNotReady
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.error("LLM model %s failed to load: %s", self.config.model, self.load_error)
@@ -212,9 +215,9 @@ class AsyncLLMEngine:
             self._loop()
         finally:
             self._fail_all(EngineNotReady("the engine stopped"))
-            self.engine.shutdown()  # tensor-parallel workers end with the loop
+            engine.shutdown()  # tensor-parallel workers end with the loop
 
-    def _load(self) -> None:
+    def _load(self) -> LLMEngine:
         started = time.monotonic()
         log.info("LLM: loading %s: 0%%", self.config.model)
         from llm_engine.llm_engine import LLMEngine
@@ -226,6 +229,7 @@ class AsyncLLMEngine:
         self.engine = engine
         log.info("LLM: loading %s: 100%% (%.1f s, %d KV blocks of %d tokens)", self.config.model,
                  time.monotonic() - started, engine.block_manager.num_blocks, self.config.block_size)
+        return engine
 
     def _loop(self) -> None:
         engine = self.engine

@@ -102,6 +102,7 @@ class BlockManager:
             if block.ref_count == 0:
                 del self.free_cached[block_id]
             block.ref_count += 1
+            assert block.hash is not None  # found by its hash in self.cached
             seq.block_table.append(block_id)
             seq.block_hashes.append(block.hash)
         seq.num_computed_tokens = start
@@ -189,6 +190,7 @@ class BlockManager:
         else:
             block_id, _ = self.free_cached.popitem(last=False)
             block = self.blocks[block_id]
+            assert block.hash is not None  # free_cached holds only blocks with a hash
             del self.cached[block.hash]
             block.hash, block.parent_hash, block.token_ids = None, None, ()
         self.blocks[block_id].ref_count = 1

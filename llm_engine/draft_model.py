@@ -40,7 +40,7 @@ class DraftModelProposer:
             source = ModelSource(draft_model)
         except ValueError as exc:
             raise ValueError(f"speculative_config.{exc}") from exc
-        hf_config = source.hf_config()  # type: ignore[no-untyped-call]  # the loader is not strict-typed yet
+        hf_config = source.hf_config()
         text_config = hf_config.get_text_config()
         if text_config.vocab_size != vocab_size:
             raise ValueError(f"speculative_config.model: the draft's vocabulary has {text_config.vocab_size} "

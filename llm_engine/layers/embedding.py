@@ -16,6 +16,9 @@ from llm_engine.layers.quantization import WeightOnlyLinearMethod, dequantize, p
 
 
 class VocabParallelEmbedding(nn.Module):
+    qweight: torch.Tensor  # these two (and offsets) are made by create_weights of a quantized table
+    scales: torch.Tensor
+
     def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
@@ -25,7 +28,7 @@ class VocabParallelEmbedding(nn.Module):
         self.input_size, self.dtype = hidden_size, dtype
         self.quant_method: WeightOnlyLinearMethod | None = None
         self.weight = nn.Parameter(torch.zeros(self.shard_size, hidden_size, dtype=dtype), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # vLLM's convention: the loader rides on the parameter
 
     def set_quant_method(self, method: WeightOnlyLinearMethod) -> None:
         """Hold the table in `method`'s packed form instead of `weight` (before loading)."""
@@ -33,7 +36,7 @@ class VocabParallelEmbedding(nn.Module):
         self.quant_method = method
         method.create_weights(self, self.input_size, self.shard_size, self.dtype)
         for param in self.parameters(recurse=False):
-            param.weight_loader = self.weight_loader
+            param.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # as in __init__
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         if self.quant_method is None:

@@ -13,7 +13,8 @@ Hugging Face checkpoint exactly.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
+from typing import Any
 
 import numpy as np
 import torch
@@ -87,8 +88,7 @@ def _split_q4_k(blocks: np.ndarray) -> dict[str, torch.Tensor]:
     d, dmin = (b[:, i:i + 2].copy().view(np.float16).astype(np.float32) for i in (0, 2))
     sc, mins = Q4_K.get_scale_min(b[:, 4:16])
     codes = (b[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 15
-    codes = torch.from_numpy(codes.reshape(rows, -1))
-    return {"qweight": pack_int4(codes, 32),
+    return {"qweight": pack_int4(torch.from_numpy(codes.reshape(rows, -1)), 32),
             "scales": torch.from_numpy((d * sc).astype(np.float16).reshape(rows, -1)),
             "offsets": torch.from_numpy((-dmin * mins).astype(np.float16).reshape(rows, -1))}
 
@@ -107,7 +107,7 @@ def _split_q6_k(blocks: np.ndarray) -> dict[str, torch.Tensor]:
             "scales": torch.from_numpy(scales.astype(np.float16).reshape(rows, -1))}
 
 
-def iter_gguf(reader: GGUFReader, config, keep: set[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_gguf(reader: GGUFReader, config: Any, keep: Set[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
     arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
     num_heads = config.num_attention_heads
     num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads

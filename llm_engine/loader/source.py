@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from gguf import GGUFReader
@@ -15,6 +15,9 @@ from llm_engine.loader.gguf_conversion import config_and_tokenizer
 from llm_engine.loader.gguf_weights import iter_gguf, tensor_types
 from llm_engine.loader.quantized_checkpoint import read_checkpoint_quant, repack
 from llm_engine.loader.safetensors_weights import iter_safetensors
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 _GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                        "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -40,11 +43,12 @@ class ModelSource:
                 self.gguf_file = ggufs[0].name
         self.tokenizer_path = Path(tokenizer).expanduser() if tokenizer else self.folder
 
-    def hf_config(self):
+    def hf_config(self) -> PretrainedConfig:
         from transformers import AutoConfig
 
         if self.gguf_file is None:
-            return AutoConfig.from_pretrained(self.folder, local_files_only=True)
+            loaded: PretrainedConfig = AutoConfig.from_pretrained(self.folder, local_files_only=True)
+            return loaded
         config = self._gguf_metadata[0]
         if not getattr(config, "architectures", None):
             arch = _GGUF_ARCHITECTURES.get(config.model_type)
@@ -55,11 +59,11 @@ class ModelSource:
         """{weight name: GGML block type} for a GGUF model, None for safetensors."""
         return None if self.gguf_file is None else tensor_types(self._gguf_reader)
 
-    def checkpoint_quant(self, config) -> CheckpointQuant | None:
+    def checkpoint_quant(self, config: PretrainedConfig) -> CheckpointQuant | None:
         """An AWQ/GPTQ/fp8 checkpoint's quantization (config.json's quantization_config), else None."""
         return None if self.gguf_file is not None else read_checkpoint_quant(config, self.folder)
 
-    def weights(self, config, keep_quantized: set[str] = frozenset(),
+    def weights(self, config: PretrainedConfig, keep_quantized: Set[str] = frozenset(),
                 checkpoint: CheckpointQuant | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """The checkpoint's tensors; GGUF weights named in `keep_quantized` come as their
         qweight/scales/offsets parts, and so do an AWQ/GPTQ/fp8 `checkpoint`'s, repacked."""
@@ -68,7 +72,7 @@ class ModelSource:
                                                                                    checkpoint)
         return iter_gguf(self._gguf_reader, config, keep_quantized)
 
-    def tokenizer(self):
+    def tokenizer(self) -> PreTrainedTokenizerBase | None:
         """The tokenizer from the same local files, or None when the folder has none."""
         from transformers import AutoTokenizer
 
@@ -76,10 +80,11 @@ class ModelSource:
             return self._gguf_metadata[1]
         if not any((self.tokenizer_path / name).is_file() for name in _TOKENIZER_FILES):
             return None
-        return AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
+        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
+        return tokenizer
 
     @cached_property
-    def _gguf_metadata(self) -> tuple[Any, Any]:
+    def _gguf_metadata(self) -> tuple[PretrainedConfig, PreTrainedTokenizerBase]:
         """The GGUF's config and tokenizer, converted together (see gguf_conversion)."""
         assert self.gguf_file is not None
         return config_and_tokenizer(self.folder / self.gguf_file)

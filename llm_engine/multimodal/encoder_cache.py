@@ -7,8 +7,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from llm_engine.multimodal.inputs import ImageItem
+    from llm_engine.sequence import Sequence
 
 
 class EncoderCache:
@@ -37,9 +43,19 @@ class EncoderCache:
         return value
 
 
+class ImageEncoder(Protocol):
+    """A vision model: pixel values of one image (and its upright size) -> its features."""
+
+    def encode_image(self, pixel_values: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor: ...
+
+
+def _encode(model: ImageEncoder, item: ImageItem, device: torch.device) -> torch.Tensor:
+    return model.encode_image(item.pixel_values.to(device), item.image_size)
+
+
 @torch.inference_mode()
-def step_image_embeddings(model, cache: EncoderCache, scheduled: list, device: torch.device
-                          ) -> tuple[torch.Tensor, torch.Tensor] | None:
+def step_image_embeddings(model: ImageEncoder, cache: EncoderCache, scheduled: list[tuple[Sequence, int]],
+                          device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(rows, embeddings) for the image placeholders among this step's tokens, or None.
 
     `scheduled` is the step's (sequence, new tokens) list in row order. An image is encoded
@@ -54,8 +70,7 @@ def step_image_embeddings(model, cache: EncoderCache, scheduled: list, device: t
             lo, hi = max(start, item.offset), min(end, item.offset + item.num_tokens)
             if lo >= hi:
                 continue
-            features = cache.get_or_compute(
-                item.hash, lambda item=item: model.encode_image(item.pixel_values.to(device), item.image_size))
+            features = cache.get_or_compute(item.hash, partial(_encode, model, item, device))
             parts.append(features[lo - item.offset:hi - item.offset])
             rows.extend(range(row + lo - start, row + hi - start))
         row += num_new

@@ -61,16 +61,16 @@ def decode_image(data: bytes, limits: ImageLimits = ImageLimits()) -> Image.Imag
     return prepare_image(image, limits)
 
 
-def prepare_image(image: Image.Image, limits: ImageLimits = ImageLimits()) -> Image.Image:
+def prepare_image(image: object, limits: ImageLimits = ImageLimits()) -> Image.Image:
     """A PIL picture -> upright RGB within the limits (pictures passed in directly get the same)."""
     if not isinstance(image, Image.Image):
         raise ImageInputError(f"image: expected a PIL image or file bytes, got {type(image).__name__}")
     _check_size(image.width, image.height, limits)
     try:
-        image = ImageOps.exif_transpose(image)
+        upright = ImageOps.exif_transpose(image)
     except (OSError, SyntaxError, ValueError) as exc:
         raise ImageInputError(f"image: unreadable EXIF data ({exc})") from None
-    return _to_rgb(image)
+    return _to_rgb(upright)
 
 
 def image_hash(image: Image.Image) -> str:

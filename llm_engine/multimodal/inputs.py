@@ -9,12 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from PIL import Image
 
-from llm_engine.multimodal.image import ImageInputError, ImageLimits, decode_image, image_hash, prepare_image
+from llm_engine.multimodal.image import ImageInputError, decode_image, image_hash, prepare_image
+from llm_engine.multimodal.limits import ImageLimits
 from llm_engine.multimodal.processor import ImageProcessor
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 @dataclass
@@ -26,13 +31,17 @@ class ImageItem:
     num_tokens: int
 
 
+class VisionModelClass(Protocol):
+    """A vision model's class: how many placeholders (and which pixel values) an image gets."""
+
+    def image_inputs(self, config: Any, processor: ImageProcessor, image: Image.Image) -> tuple[torch.Tensor, int]: ...
+
+
 class ImageInputs:
-    """Turns (prompt token ids, images) into the expanded prompt and its ImageItems for one model.
+    """Turns (prompt token ids, images) into the expanded prompt and its ImageItems for one model."""
 
-    `model_class` supplies `image_inputs(config, processor, image) -> (pixel_values, num_tokens)`.
-    """
-
-    def __init__(self, hf_config, model_class, folder: Path, limits: ImageLimits = ImageLimits()) -> None:
+    def __init__(self, hf_config: PretrainedConfig, model_class: VisionModelClass, folder: Path,
+                 limits: ImageLimits = ImageLimits()) -> None:
         self.config = hf_config
         self.model_class = model_class
         self.processor = ImageProcessor.from_folder(folder)
@@ -66,7 +75,7 @@ class ImageInputs:
         return expanded, items
 
 
-def block_extra_keys(items: list[ImageItem], start: int, end: int) -> tuple:
+def block_extra_keys(items: list[ImageItem], start: int, end: int) -> tuple[tuple[str, int], ...]:
     """What besides token ids identifies positions [start, end): the images placed there."""
     return tuple((item.hash, max(start - item.offset, 0)) for item in items
                  if item.offset < end and start < item.offset + item.num_tokens)

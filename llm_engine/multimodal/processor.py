@@ -20,7 +20,7 @@ _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
-def _size(value: dict | int | None) -> dict:
+def _size(value: dict[str, int] | int | None) -> dict[str, int]:
     if isinstance(value, int):
         return {"height": value, "width": value}
     return dict(value or {})
@@ -28,8 +28,8 @@ def _size(value: dict | int | None) -> dict:
 
 @dataclass
 class ImageProcessor:
-    size: dict
-    crop_size: dict
+    size: dict[str, int]
+    crop_size: dict[str, int]
     resample: int = Image.Resampling.BICUBIC
     do_resize: bool = True
     do_center_crop: bool = True
@@ -110,6 +110,8 @@ def best_resolution(height: int, width: int, pinpoints: list[list[int]]) -> tupl
         wasted = grid_w * grid_h - kept
         if kept > most_kept or (kept == most_kept and wasted < least_wasted):
             best, most_kept, least_wasted = (grid_h, grid_w), kept, wasted
+    if best is None:
+        raise ValueError("image processor: no grid resolutions (image_grid_pinpoints) to choose from")
     return best
 
 
@@ -127,7 +129,7 @@ def anyres_tiles(processor: ImageProcessor, image: Image.Image) -> torch.Tensor:
     tile = processor.crop_size.get("height") or processor.size.get("height") or processor.size["shortest_edge"]
     side = processor.size.get("shortest_edge")
     base_h, base_w = (side, side) if side else (processor.size["height"], processor.size["width"])
-    grid_h, grid_w = best_resolution(image.height, image.width, processor.grid_pinpoints)
+    grid_h, grid_w = best_resolution(image.height, image.width, processor.grid_pinpoints or [])
     new_h, new_w = fit_inside(image.height, image.width, grid_h, grid_w)
     resized = np.asarray(processor.resize(image, new_w, new_h))
     top, left = (grid_h - new_h) // 2, (grid_w - new_w) // 2
