@@ -35,7 +35,7 @@ from ide_server.wiring import services_of
 from sandbox.frames import SOCKET_GONE
 from sandbox.preview import Preview, preview_path
 from sandbox.run_queue import RunRecord
-from sandbox.runs import ProjectRuns
+from sandbox.service import ProjectRuns
 
 PREVIEW_PATH = re.compile(rb"^/preview/([A-Za-z0-9_-]{16,64})(/[^?]*)?$")
 NO_PREVIEW = "No program is serving here: run it again from its workspace."

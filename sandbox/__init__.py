@@ -29,9 +29,9 @@ from sandbox.verdict import RunResult, Verdict
 
 if TYPE_CHECKING:
     from sandbox.run_queue import RunQueue, RunRecord
-    from sandbox.runs import ProjectRuns
+    from sandbox.service import ProjectRuns
 
-_RUN_SERVICES = {"ProjectRuns": "sandbox.runs", "RunQueue": "sandbox.run_queue", "RunRecord": "sandbox.run_queue"}
+_RUN_SERVICES = {"ProjectRuns": "sandbox.service", "RunQueue": "sandbox.run_queue", "RunRecord": "sandbox.run_queue"}
 
 __all__ = [
     # running code: a backend (chosen from the settings), what to run, with which limits, and its result

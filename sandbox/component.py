@@ -45,8 +45,8 @@ from sandbox.host_lease import HostLease
 from sandbox.packages.install import bubblewrap_installer, runners_installer
 from sandbox.run_queue import RunQueue
 from sandbox.runner import start_own_runner
-from sandbox.runs import ProjectRuns, public_of_record
 from sandbox.schemas import PackagesAdd, PackagesPublic, RunCreate, RunPublic
+from sandbox.service import ProjectRuns, public_of_record
 from sandbox.shell import serve_shell
 from sandbox.sweep import sweep
 

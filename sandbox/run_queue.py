@@ -38,7 +38,7 @@ REMEMBERED_TURNS = 10_000  # users whose last turn is remembered; beyond, the id
 class RunState:
     """What watchers are told when it changes: the status, while queued the place in the queue (1: next), and
     while running whether the program waits for input (an interactive run's clock stands still then) and
-    the port it serves HTTP on, with where its Webview opens it (each watcher's own address: sandbox.runs fills it in)."""
+    the port it serves HTTP on, with where its Webview opens it (each watcher's own address: sandbox.service fills it in)."""
 
     status: Status
     queue_position: int | None
