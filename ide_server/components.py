@@ -4,7 +4,7 @@ A component is a router plus optional setup and lifespan hooks. The core feature
 accounts, projects, files, web pages) are components too, so later features (collaboration,
 sandbox runs, deploys, tutorials, the LLM's /v1 API) plug in the same way:
 
-1. In your package, build a `Component`, e.g. in `collab/component.py`:
+1. In your package, build a `Component`, e.g. in `collab/api/editing.py`:
 
        router = APIRouter(prefix="/api/projects/{project_id}/collab", tags=["collab"])
 
@@ -13,7 +13,7 @@ sandbox runs, deploys, tutorials, the LLM's /v1 API) plug in the same way:
 
        component = Component(name="collab", router=router, lifespan=collab_lifespan)
 
-2. Append "collab.component:component" to `COMPONENTS` below.
+2. Append "collab.api.editing:component" to `COMPONENTS` below.
 
 Every route under /api, and every route in the OpenAPI document, must declare an access rule
 through the dependencies of `ide_server.deps` (`Public`, `CurrentUser`, `ProjectViewer`,
@@ -48,9 +48,9 @@ COMPONENTS: list[str] = [
     "ide_server.api.files:component",
     "assistant.llm_api:component",
     "assistant.api:component",  # after llm: it serves through the same model
-    "collab.component:component",
+    "collab.api.editing:component",
     "ide_server.api.events:component",
-    "collab.history_api:component",
+    "collab.api.history:component",
     "sandbox.component:component",
     "deploy_service.secrets_api:component",
     "deploy_service.component:component",  # after sandbox: its lifespan uses the runs' installer

@@ -6,10 +6,10 @@ load a few components). One place to see who provides what, and a typo is a type
 runtime None. Setups all run before any lifespan, so a lifespan may use what any setup built:
 
     events       ide_server.api.events (setup)       files API, projects API, collab, runs
-    histories    collab.component (setup)            history API, checkpoints
+    histories    collab.api.editing (setup)            history API, checkpoints
     secrets      deploy_service.secrets_api (setup)  runs (their environment), deploys
-    rooms        collab.component (lifespan)         runs and deploys (open editors), history API
-    checkpoints  collab.component (lifespan)         runs and deploys (checkpoint before a run)
+    rooms        collab.api.editing (lifespan)         runs and deploys (open editors), history API
+    checkpoints  collab.api.editing (lifespan)         runs and deploys (checkpoint before a run)
     runs         sandbox.component (lifespan)        deploys (installer), tutorials (checks), previews
     deploys      deploy_service.component (lifespan) the /apps gateway
 """

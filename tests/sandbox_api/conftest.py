@@ -22,9 +22,9 @@ COMPONENTS = [
     "ide_server.api.accounts:component",
     "ide_server.api.projects:component",
     "ide_server.api.files:component",
-    "collab.component:component",
+    "collab.api.editing:component",
     "ide_server.api.events:component",
-    "collab.history_api:component",
+    "collab.api.history:component",
     "sandbox.component:component",
 ]
 

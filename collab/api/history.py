@@ -17,7 +17,7 @@ from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel, Field
 from starlette.requests import HTTPConnection, Request
 
-from collab.component import histories_of, rooms_of
+from collab.api.editing import histories_of, rooms_of
 from collab.history import Author, Checkpoint, Histories, NameTaken, restore_file, restore_project, user_author
 from collab.room import RoomKey
 from ide_server import paths

@@ -1,0 +1,1 @@
+"""HTTP and WebSocket routes of collaboration: live editing (`editing.py`) and history (`history.py`)."""
