@@ -2,7 +2,7 @@
 
 Editors list names and write values (values are never sent back, only that one is set); viewers
 see nothing, not even names. Only owners decide whether runs get the secrets too. The sandbox reads
-`run_environment_for` for a run's environment (see sandbox/component.py).
+`run_environment_for` for a run's environment (see sandbox/api.py).
 """
 
 from datetime import datetime

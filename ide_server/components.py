@@ -51,7 +51,7 @@ COMPONENTS: list[str] = [
     "collab.api.editing:component",
     "ide_server.api.events:component",
     "collab.api.history:component",
-    "sandbox.component:component",
+    "sandbox.api:component",
     "deploy_service.secrets_api:component",
     "deploy_service.component:component",  # after sandbox: its lifespan uses the runs' installer
     "tutorials.component:component",

@@ -10,7 +10,7 @@ runtime None. Setups all run before any lifespan, so a lifespan may use what any
     secrets      deploy_service.secrets_api (setup)  runs (their environment), deploys
     rooms        collab.api.editing (lifespan)         runs and deploys (open editors), history API
     checkpoints  collab.api.editing (lifespan)         runs and deploys (checkpoint before a run)
-    runs         sandbox.component (lifespan)        deploys (installer), tutorials (checks), previews
+    runs         sandbox.api (lifespan)        deploys (installer), tutorials (checks), previews
     deploys      deploy_service.component (lifespan) the /apps gateway
 """
 

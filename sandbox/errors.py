@@ -1,5 +1,5 @@
 """The sandbox's errors, free of the IDE: each names the HTTP status the IDE answers with
-(`sandbox/component.py` hands them to the IDE's error handler, like its own domain errors)."""
+(`sandbox/api.py` hands them to the IDE's error handler, like its own domain errors)."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def test_ruff_fails_on_an_unused_import(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("path", "code", "contract"), [
     ("llm_engine/planted.py", "from ide_server import models\n", "llm_engine is a library"),
-    ("tutorials/planted.py", "from sandbox import component\n", "sandbox's route module is its own"),
+    ("tutorials/planted.py", "from sandbox import api\n", "sandbox's route module is its own"),
     ("deploy_service/planted.py", "from sandbox.limits import MIB\n", "the sandbox through its face"),
     ("ide_server/planted.py", "import tutorials.service\n", "packages form layers"),
     ("sandbox/planted_a.py", "from sandbox import planted_b\n", "no import cycle"),

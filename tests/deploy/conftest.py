@@ -30,7 +30,7 @@ COMPONENTS = [
     "ide_server.api.files:component",
     "collab.api.editing:component",
     "collab.api.history:component",
-    "sandbox.component:component",
+    "sandbox.api:component",
     "deploy_service.secrets_api:component",
     "deploy_service.component:component",
 ]

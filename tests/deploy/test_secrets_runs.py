@@ -18,7 +18,7 @@ COMPONENTS = [
     "ide_server.api.accounts:component",
     "ide_server.api.projects:component",
     "ide_server.api.files:component",
-    "sandbox.component:component",
+    "sandbox.api:component",
     "deploy_service.secrets_api:component",
 ]
 PROGRAM = "import os\nprint('API_KEY=' + os.environ.get('API_KEY', '<unset>'))\n"

@@ -25,7 +25,7 @@ COMPONENTS = [
     "collab.api.editing:component",
     "ide_server.api.events:component",
     "collab.api.history:component",
-    "sandbox.component:component",
+    "sandbox.api:component",
 ]
 
 

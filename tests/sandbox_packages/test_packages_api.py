@@ -13,7 +13,7 @@ from ide_server.app import create_app
 from ide_server.settings import Settings
 
 COMPONENTS = ["ide_server.api.health:component", "ide_server.api.accounts:component", "ide_server.api.projects:component",
-              "ide_server.api.files:component", "sandbox.component:component"]
+              "ide_server.api.files:component", "sandbox.api:component"]
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ COMPONENTS = [
     "collab.api.editing:component",
     "ide_server.api.events:component",
     "collab.api.history:component",
-    "sandbox.component:component",
+    "sandbox.api:component",
     "tutorials.component:component",
 ]
 TUTORIAL_PREFIXES = ("/api/tutorials", "/api/projects/{project_id}/lesson")
