@@ -52,8 +52,8 @@ COMPONENTS: list[str] = [
     "ide_server.api.events:component",
     "collab.api.history:component",
     "sandbox.api:component",
-    "deploy_service.secrets_api:component",
-    "deploy_service.component:component",  # after sandbox: its lifespan uses the runs' installer
+    "deploy_service.api.secrets:component",
+    "deploy_service.api.deployments:component",  # after sandbox: its lifespan uses the runs' installer
     "tutorials.component:component",
     "ide_server.api.pages:component",  # browser pages last: they own "/" and "/static"
 ]

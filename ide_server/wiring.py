@@ -7,11 +7,11 @@ runtime None. Setups all run before any lifespan, so a lifespan may use what any
 
     events       ide_server.api.events (setup)       files API, projects API, collab, runs
     histories    collab.api.editing (setup)            history API, checkpoints
-    secrets      deploy_service.secrets_api (setup)  runs (their environment), deploys
+    secrets      deploy_service.api.secrets (setup)  runs (their environment), deploys
     rooms        collab.api.editing (lifespan)         runs and deploys (open editors), history API
     checkpoints  collab.api.editing (lifespan)         runs and deploys (checkpoint before a run)
     runs         sandbox.api (lifespan)        deploys (installer), tutorials (checks), previews
-    deploys      deploy_service.component (lifespan) the /apps gateway
+    deploys      deploy_service.api.deployments (lifespan) the /apps gateway
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ COMPONENTS = [
     "collab.api.editing:component",
     "collab.api.history:component",
     "sandbox.api:component",
-    "deploy_service.secrets_api:component",
-    "deploy_service.component:component",
+    "deploy_service.api.secrets:component",
+    "deploy_service.api.deployments:component",
 ]
 
 

@@ -16,7 +16,7 @@ from ide_server.settings import Settings
 
 OLD_KEY, NEW_KEY = "the old server key", "the new server key"
 COMPONENTS = ["ide_server.api.accounts:component", "ide_server.api.projects:component",
-              "deploy_service.secrets_api:component"]
+              "deploy_service.api.secrets:component"]
 
 
 def codeyard(capsys, *args: str) -> tuple[int, str, str]:

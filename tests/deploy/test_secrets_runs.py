@@ -19,7 +19,7 @@ COMPONENTS = [
     "ide_server.api.projects:component",
     "ide_server.api.files:component",
     "sandbox.api:component",
-    "deploy_service.secrets_api:component",
+    "deploy_service.api.secrets:component",
 ]
 PROGRAM = "import os\nprint('API_KEY=' + os.environ.get('API_KEY', '<unset>'))\n"
 

@@ -51,7 +51,7 @@ ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forev
 def served(tmp_path_factory) -> Iterator[TestClient]:
     """The runs' app with the deploy component, which serves the Webview's proxy."""
     application = make_app(tmp_path_factory.mktemp("data"), components=[
-        *COMPONENTS, "deploy_service.secrets_api:component", "deploy_service.component:component"])
+        *COMPONENTS, "deploy_service.api.secrets:component", "deploy_service.api.deployments:component"])
     with TestClient(application) as client:
         yield client
     application.state.engine.dispose()

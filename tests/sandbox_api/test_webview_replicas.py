@@ -30,7 +30,7 @@ def replicas(tmp_path_factory) -> Iterator[tuple[TestClient, TestClient]]:
     settings = {"data_dir": data, "database_url": f"sqlite:///{data / 'codeyard.db'}", "sandbox_backend": "bwrap",
                 "log_level": "warning", "redis_url": redis.url}
     runs = create_app(Settings(**settings), component_specs=[*OTHER_REPLICA, "ide_server.api.files:component",
-                                                             "sandbox.api:component", "deploy_service.component:component"])
+                                                             "sandbox.api:component", "deploy_service.api.deployments:component"])
     other = create_app(Settings(**settings), component_specs=OTHER_REPLICA)
     try:
         with TestClient(runs) as on_runs, TestClient(other) as on_other:
