@@ -54,7 +54,7 @@ COMPONENTS: list[str] = [
     "sandbox.api:component",
     "deploy_service.api.secrets:component",
     "deploy_service.api.deployments:component",  # after sandbox: its lifespan uses the runs' installer
-    "tutorials.component:component",
+    "tutorials.api:component",
     "ide_server.api.pages:component",  # browser pages last: they own "/" and "/static"
 ]
 

@@ -1,14 +1,16 @@
 """Tutorials API: courses and progress, the lesson inside a project, classrooms. Thin routes over
 `tutorials.service` and `tutorials.classrooms`; the views below only shape their answers."""
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, FastAPI, status
 from sqlalchemy.orm import Session
 
+from ide_server.components import Component
 from ide_server.deps import CurrentUser, DbSession, ProjectEditor, ProjectMember, SettingsDep
-from ide_server.error_handlers import ERROR_RESPONSES, ErrorBody
+from ide_server.error_handlers import ERROR_RESPONSES, ErrorBody, answer_like_domain_errors
 from ide_server.events import EventsDep, ProjectEvents
 from ide_server.models import User
 from ide_server.schemas import RandomId, UsernameParam
+from sandbox import SandboxError
 from tutorials import catalog, classrooms, service
 from tutorials.checking import CheckerDep
 from tutorials.models import Classroom
@@ -236,3 +238,13 @@ def get_grid(classroom_id: RandomId, user: CurrentUser, db: DbSession) -> GridPu
             for row in rows
         ],
     )
+
+
+def _setup(app: FastAPI) -> None:
+    answer_like_domain_errors(app, SandboxError)  # checks raise them, with or without the sandbox component
+
+
+routes = APIRouter()
+routes.include_router(router)
+routes.include_router(lesson_router)
+component = Component(name="tutorials", router=routes, setup=_setup)

@@ -24,7 +24,7 @@ COMPONENTS = [
     "ide_server.api.events:component",
     "collab.api.history:component",
     "sandbox.api:component",
-    "tutorials.component:component",
+    "tutorials.api:component",
 ]
 TUTORIAL_PREFIXES = ("/api/tutorials", "/api/projects/{project_id}/lesson")
 
