@@ -46,8 +46,8 @@ COMPONENTS: list[str] = [
     "ide_server.api.accounts:component",
     "ide_server.api.projects:component",
     "ide_server.api.files:component",
-    "assistant.llm_api:component",
-    "assistant.api:component",  # after llm: it serves through the same model
+    "assistant.api.llm:component",
+    "assistant.api.assistant:component",  # after llm: it serves through the same model
     "collab.api.editing:component",
     "ide_server.api.events:component",
     "collab.api.history:component",

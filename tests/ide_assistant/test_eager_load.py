@@ -22,7 +22,7 @@ from ide_server.settings import Settings
 from .helpers import bodies, new_project, signed_in, stream_text
 
 COMPONENTS = ["ide_server.api.health:component", "ide_server.api.accounts:component",
-              "ide_server.api.projects:component", "assistant.llm_api:component", "assistant.api:component"]
+              "ide_server.api.projects:component", "assistant.api.llm:component", "assistant.api.assistant:component"]
 
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

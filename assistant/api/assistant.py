@@ -23,7 +23,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
-from assistant.llm_api import llm_of
+from assistant.api.llm import llm_of
 from assistant.schemas import (
     AssistantPublic,
     AssistantUpdate,
