@@ -30,6 +30,7 @@ import json
 import logging
 import re
 from pathlib import Path
+from typing import Any, cast
 
 from torch import nn
 
@@ -53,7 +54,7 @@ GGUF_SCHEMES = {"Q4_0": QuantScheme("int4", 32, symmetric=True), "Q4_1": QuantSc
 _SCHEME_KEYS = {"targets", "method", "group_size", "symmetric", "strategy"}
 
 
-def _scheme(entry: dict, where: str) -> QuantScheme:
+def _scheme(entry: dict[str, Any], where: str) -> QuantScheme:
     unknown = set(entry) - _SCHEME_KEYS
     if unknown:
         raise ValueError(f"quantization: {where} has unknown keys {sorted(unknown)}")
@@ -82,7 +83,7 @@ def _scheme(entry: dict, where: str) -> QuantScheme:
     return QuantScheme(method, group, symmetric, per_tensor=strategy == "tensor")
 
 
-def _targets(value, where: str) -> list[str]:
+def _targets(value: object, where: str) -> list[str]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
@@ -103,7 +104,8 @@ class QuantConfig:
         self.groups, self.ignore = groups, ignore
 
     @classmethod
-    def parse(cls, value: dict | str) -> QuantConfig:
+    def parse(cls, value: object) -> QuantConfig:
+        """A method name, a dict, or a YAML/JSON file's path (anything else is refused)."""
         if isinstance(value, str):
             if value in METHODS:
                 return cls([(["Linear"], _DEFAULT_SCHEMES[value])], [])
@@ -144,19 +146,21 @@ def _matches(target: str, name: str) -> bool:
     return name == target or name.endswith("." + target) or name.startswith(target + ".")
 
 
-def _read_file(path: str) -> dict:
+def _read_file(path: str) -> object:
     file = Path(path).expanduser()
     if not file.is_file():
         raise ValueError(f"quantization: {path!r} is neither a method {MODES} nor a config file")
     text = file.read_text()
     if file.suffix == ".json":
-        return json.loads(text)
+        loaded: object = json.loads(text)
+        return loaded
     import yaml
 
-    return yaml.safe_load(text)
+    loaded = yaml.safe_load(text)
+    return loaded
 
 
-def validate(value) -> None:
+def validate(value: object) -> None:
     """Fail at config time on a malformed quantization setting (EngineConfig calls this)."""
     if value is None or value in ("auto", "gguf", *CHECKPOINT_METHODS):
         return
@@ -170,7 +174,7 @@ def checkpoint_names(model: nn.Module, name: str) -> list[str]:
     return [name, *(f"{prefix}.{part}" for part in parts)]
 
 
-def assign_quantization(model: nn.Module, value, gguf_types: dict[str, str] | None,
+def assign_quantization(model: nn.Module, value: object, gguf_types: dict[str, str] | None,
                         checkpoint: CheckpointQuant | None = None) -> tuple[dict[str, str], set[str]]:
     """Give every linear layer of `model` (built, not yet loaded) its QuantMethod.
 
@@ -183,19 +187,19 @@ def assign_quantization(model: nn.Module, value, gguf_types: dict[str, str] | No
                          f"with quant_method {value!r}")
     if value == "gguf" and gguf_types is None:
         raise ValueError("quantization: 'gguf' needs a .gguf model file")
-    keep_gguf = value in ("auto", "gguf") and gguf_types is not None
+    kept_types = gguf_types if value in ("auto", "gguf") else None  # GGUF block types that stay quantized
     config = None if value in (None, "auto", "gguf") else QuantConfig.parse(value)
     effective: dict[str, str] = {}
     keep: set[str] = set()
-    if keep_gguf:
-        _keep_gguf_tables(model, gguf_types, effective, keep)
+    if kept_types is not None:
+        _keep_gguf_tables(model, kept_types, effective, keep)
     for name, module in model.named_modules():
         if not isinstance(module, LinearBase):
             continue
         names = checkpoint_names(model, name)
         parts = names[1:] or names
-        if keep_gguf:
-            types = {gguf_types.get(f"{part}.weight", "F32") for part in parts}
+        if kept_types is not None:
+            types = {kept_types.get(f"{part}.weight", "F32") for part in parts}
             scheme = GGUF_SCHEMES.get(next(iter(types))) if len(types) == 1 else None
             if scheme is None:
                 logger.info("quantization: %s is GGUF %s, dequantized to float (kept quantized: %s)",
@@ -215,7 +219,7 @@ def assign_quantization(model: nn.Module, value, gguf_types: dict[str, str] | No
     return effective, keep
 
 
-def _assign_checkpoint(model: nn.Module, value, checkpoint: CheckpointQuant) -> dict[str, str]:
+def _assign_checkpoint(model: nn.Module, value: object, checkpoint: CheckpointQuant) -> dict[str, str]:
     """Layers the checkpoint stores quantized keep its tensors (repacked); the rest stay float."""
     if value not in ("auto", checkpoint.method):
         raise ValueError(f"quantization: the checkpoint is already quantized ({checkpoint.describe()}); "
@@ -243,13 +247,14 @@ def _keep_gguf_tables(model: nn.Module, gguf_types: dict[str, str], effective: d
     for name, module in model.named_modules():
         if not isinstance(module, VocabParallelEmbedding):
             continue
-        tied = isinstance(module, ParallelLMHead) and getattr(model, "tied", False)
-        kind = gguf_types.get("model.embed_tokens.weight" if tied else f"{name}.weight", "F32")
+        tied_head = module if isinstance(module, ParallelLMHead) and getattr(model, "tied", False) else None
+        kind = gguf_types.get("model.embed_tokens.weight" if tied_head else f"{name}.weight", "F32")
         scheme = GGUF_SCHEMES.get(kind)
         if scheme is None:
             effective[name] = "float"
-        elif tied:
-            module.tie(model.get_submodule("model.embed_tokens"))
+        elif tied_head is not None:
+            # the decoder's token embedding, a VocabParallelEmbedding in every model the engine builds
+            tied_head.tie(cast(VocabParallelEmbedding, model.get_submodule("model.embed_tokens")))
             effective[name] = "tied to model.embed_tokens"
         else:
             module.set_quant_method(WeightOnlyLinearMethod(scheme, prequantized=True))

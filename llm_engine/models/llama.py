@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -14,8 +15,11 @@ from llm_engine.layers.linear import MergedColumnParallelLinear, QKVParallelLine
 from llm_engine.layers.norm import RMSNorm
 from llm_engine.layers.rotary import RotaryEmbedding
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
-def rope_parameters(config) -> dict:
+
+def rope_parameters(config: PretrainedConfig) -> dict[str, Any]:
     """Rope settings from a transformers config (v5 `rope_parameters` or the older fields)."""
     rope = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
     rope.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
@@ -23,7 +27,7 @@ def rope_parameters(config) -> dict:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config, backend: AttentionBackend, dtype: torch.dtype, qkv_bias: bool,
+    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, dtype: torch.dtype, qkv_bias: bool,
                  o_bias: bool, qk_norm: bool) -> None:
         super().__init__()
         hidden = config.hidden_size
@@ -46,14 +50,15 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:  # both or neither
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v.contiguous(), metadata))
+        out: torch.Tensor = self.o_proj(self.attn(q, k, v.contiguous(), metadata))
+        return out
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config, dtype: torch.dtype) -> None:
+    def __init__(self, config: PretrainedConfig, dtype: torch.dtype) -> None:
         super().__init__()
         hidden, inter = config.hidden_size, config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(hidden, [inter, inter], False, dtype)
@@ -61,11 +66,12 @@ class LlamaMLP(nn.Module):
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+        out: torch.Tensor = self.down_proj(self.act(self.gate_up_proj(x)))
+        return out
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, backend: AttentionBackend, dtype: torch.dtype, qkv_bias: bool,
+    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, dtype: torch.dtype, qkv_bias: bool,
                  o_bias: bool, qk_norm: bool) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, backend, dtype, qkv_bias, o_bias, qk_norm)
@@ -82,11 +88,12 @@ class LlamaDecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(positions, hidden, metadata)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        out: torch.Tensor = self.mlp(hidden)
+        return out, residual
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config, backend: AttentionBackend, dtype: torch.dtype, qkv_bias: bool,
+    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, dtype: torch.dtype, qkv_bias: bool,
                  o_bias: bool, qk_norm: bool) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype)
@@ -102,8 +109,8 @@ class LlamaModel(nn.Module):
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, metadata)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
+        normed: torch.Tensor = self.norm(hidden, residual)[0]
+        return normed
 
 
 class LlamaForCausalLM(nn.Module):
@@ -113,7 +120,7 @@ class LlamaForCausalLM(nn.Module):
                       "v_proj": ("qkv_proj", "v"), "gate_proj": ("gate_up_proj", 0),
                       "up_proj": ("gate_up_proj", 1)}
 
-    def __init__(self, config, backend: AttentionBackend, dtype: torch.dtype) -> None:
+    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, dtype: torch.dtype) -> None:
         super().__init__()
         self.config = config
         self.model = LlamaModel(config, backend, dtype, *self.attention_options(config))
@@ -123,13 +130,14 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     @staticmethod
-    def attention_options(config) -> tuple[bool, bool, bool]:
+    def attention_options(config: PretrainedConfig) -> tuple[bool, bool, bool]:
         """(q/k/v bias, o_proj bias, per-head q/k RMSNorm)."""
         bias = bool(getattr(config, "attention_bias", False))
         return bias, bias, False
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: object) -> torch.Tensor:
-        return self.model(input_ids, positions, metadata)
+        hidden: torch.Tensor = self.model(input_ids, positions, metadata)
+        return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)
@@ -145,7 +153,7 @@ class LlamaForCausalLM(nn.Module):
                 if f".{source}." in name:
                     name = name.replace(f".{source}.", f".{target}.")
                     param = params[name]
-                    param.weight_loader(param, tensor, shard)
+                    param.weight_loader(param, tensor, shard)  # type: ignore[attr-defined]  # set by the fused layer
                     break
             else:
                 if name not in params:

@@ -8,7 +8,8 @@ passes the rows that belong to image placeholders with each step (`mm_embeds`).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from PIL import Image
@@ -20,7 +21,10 @@ from llm_engine.models.qwen2 import Qwen2ForCausalLM
 from llm_engine.models.vision import VisionTransformer, activation
 from llm_engine.multimodal.processor import ImageProcessor
 
-TEXT_MODELS = {"llama": LlamaForCausalLM, "mistral": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+TEXT_MODELS: dict[str, type[LlamaForCausalLM]] = {"llama": LlamaForCausalLM, "mistral": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}
 # Checkpoint name forms (Hugging Face hub files, and what transformers 5 writes) -> ours.
 _RENAMES = [(re.compile(r"^model\.language_model\."), "language_model.model."),
             (re.compile(r"^lm_head\."), "language_model.lm_head."),
@@ -28,7 +32,7 @@ _RENAMES = [(re.compile(r"^model\.language_model\."), "language_model.model."),
             (re.compile(r"^vision_tower\.vision_model\."), "vision_tower.")]
 
 
-def text_model_class(config) -> type[nn.Module]:
+def text_model_class(config: PretrainedConfig) -> type[LlamaForCausalLM]:
     text = config.get_text_config()
     if text.model_type not in TEXT_MODELS:
         raise ValueError(f"model: language model type {text.model_type!r} is not supported; "
@@ -36,7 +40,7 @@ def text_model_class(config) -> type[nn.Module]:
     return TEXT_MODELS[text.model_type]
 
 
-def vision_tower(config, dtype: torch.dtype, final_norm: bool = False) -> VisionTransformer:
+def vision_tower(config: PretrainedConfig, dtype: torch.dtype, final_norm: bool = False) -> VisionTransformer:
     vision = config.vision_config
     if vision.model_type not in ("clip_vision_model", "siglip_vision_model"):
         raise ValueError(f"model: vision tower {vision.model_type!r} is not supported (CLIP or SigLIP)")
@@ -47,7 +51,7 @@ def vision_tower(config, dtype: torch.dtype, final_norm: bool = False) -> Vision
 
 
 class LlavaProjector(nn.Module):
-    def __init__(self, config, dtype: torch.dtype) -> None:
+    def __init__(self, config: PretrainedConfig, dtype: torch.dtype) -> None:
         super().__init__()
         text_hidden, bias = config.get_text_config().hidden_size, getattr(config, "multimodal_projector_bias", True)
         self.linear_1 = nn.Linear(config.vision_config.hidden_size, text_hidden, bias=bias, dtype=dtype)
@@ -55,11 +59,12 @@ class LlavaProjector(nn.Module):
         self.act = activation(config.projector_hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_2(self.act(self.linear_1(x)))
+        out: torch.Tensor = self.linear_2(self.act(self.linear_1(x)))
+        return out
 
 
 class LlavaForConditionalGeneration(nn.Module):
-    def __init__(self, config, backend: AttentionBackend, dtype: torch.dtype) -> None:
+    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, dtype: torch.dtype) -> None:
         super().__init__()
         self.config = config
         self.image_token_id = config.image_token_id
@@ -70,7 +75,7 @@ class LlavaForConditionalGeneration(nn.Module):
                                  and self.vision_tower.embeddings.class_embedding is not None)
 
     @staticmethod
-    def image_inputs(config, processor: ImageProcessor, image: Image.Image) -> tuple[torch.Tensor, int]:
+    def image_inputs(config: PretrainedConfig, processor: ImageProcessor, image: Image.Image) -> tuple[torch.Tensor, int]:
         """An upright RGB picture -> (pixel values [3, H, W], number of placeholder tokens)."""
         pixels = processor(image)
         vision = config.vision_config
@@ -87,7 +92,8 @@ class LlavaForConditionalGeneration(nn.Module):
         features = self.vision_tower(pixels.to(self.multi_modal_projector.linear_1.weight.dtype))
         if self.skip_class_token:
             features = features[:, 1:]
-        return self.multi_modal_projector(features)
+        projected: torch.Tensor = self.multi_modal_projector(features)
+        return projected
 
     def encode_image(self, pixels: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor:
         """One image's placeholder embeddings [tokens, text hidden]."""
@@ -97,11 +103,12 @@ class LlavaForConditionalGeneration(nn.Module):
                 mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """`mm_embeds`: (rows, embeddings) that replace the token embeddings of those rows."""
         decoder = self.language_model.model
-        embeds = decoder.embed_tokens(input_ids)
+        embeds: torch.Tensor = decoder.embed_tokens(input_ids)
         if mm_embeds is not None:
             rows, values = mm_embeds
             embeds[rows] = values.to(embeds.dtype)
-        return decoder(input_ids, positions, metadata, inputs_embeds=embeds)
+        hidden: torch.Tensor = decoder(input_ids, positions, metadata, inputs_embeds=embeds)
+        return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.language_model.compute_logits(hidden)
@@ -113,7 +120,7 @@ class LlavaForConditionalGeneration(nn.Module):
         depth = len(self.vision_tower.encoder.layers)
         loaded: set[str] = set()
 
-        def text_weights():
+        def text_weights() -> Iterator[tuple[str, torch.Tensor]]:
             for name, tensor in weights:
                 for pattern, replacement in _RENAMES:
                     name = pattern.sub(replacement, name)
