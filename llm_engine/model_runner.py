@@ -161,8 +161,9 @@ class ModelRunner:
         Tensor-parallel workers run this on every rank with the same `step`."""
         for src, dst in step.block_copies:
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
-        if self.decode_stack is not None and len(step.input_ids) == 1 and step.mm_embeds is None:
-            hidden = self.decode_stack(step.input_ids[0], step.positions[0], step.slices[0].block_table)
+        if (self.decode_stack is not None and step.mm_embeds is None
+                and self.decode_stack.fits(len(step.slices), len(step.input_ids), len(step.logit_rows))):
+            hidden = self.decode_stack(step.input_ids, step.positions[0], step.slices[0].block_table)
         else:
             metadata = self.backend.build_metadata(step.slices, self.block_size, self.device)
             extra = {} if step.mm_embeds is None else {"mm_embeds": step.mm_embeds}

@@ -3,11 +3,13 @@
 One stream decoding on the CPU spends most of its step in dispatch, not arithmetic: each of 30
 layers makes ~10 Python module calls, each a few torch ops and a ctypes call. `DecodeStack`
 describes the model's layers once (pointers to the packed weights, norms, KV pools, rotary
-tables, in ctypes structures that live as long as the model) and each step passes only the token's
-embedding, its position and the block table to csrc/decode_stack.cpp, which runs the same
-kernels in the same order as the layers would. It applies to float32 Llama-family models on
-one CPU rank whose linear layers are all weight-only quantized (the built-in GGUF model's
-default); anything else keeps the per-layer path.
+tables, in ctypes structures that live as long as the model) and each step passes only the tokens'
+embeddings, the first position and the block table to csrc/decode_stack.cpp, which runs the same
+kernels in the same order as the layers would. A step takes up to `MAX_TOKENS` tokens: the next
+token and a speculative draft are verified in one pass over the weights, each token's hidden
+state bit for bit the one a step of that token alone gives. It applies to float32 Llama-family
+models on one CPU rank whose linear layers are all weight-only quantized (the built-in GGUF
+model's default); anything else keeps the per-layer path.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 
 from llm_engine.layers.attention import NativePagedAttention
 from llm_engine.layers.native import KernelBuildError, load_kernels
-from llm_engine.layers.quantization import WeightOnlyLinearMethod
+from llm_engine.layers.quantization import KERNEL_MAX_ROWS, WeightOnlyLinearMethod
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +92,8 @@ def unsupported_reason(model: Any, block_size: int) -> str | None:
 class DecodeStack:
     """The prepared decode step of one model (build with `DecodeStack.prepare`)."""
 
+    MAX_TOKENS = KERNEL_MAX_ROWS  # tokens per step: the few-row matmul kernels take up to this many
+
     def __init__(self, model: Any) -> None:
         inner = model.model
         first = inner.layers[0].self_attn
@@ -124,11 +128,17 @@ class DecodeStack:
         logger.info("single-sequence decode runs layer by layer: %s", reason)
         return None
 
-    def __call__(self, token_id: int, position: int, block_table: list[int]) -> torch.Tensor:
-        """The final-normed hidden state [1, hidden] of one token at `position`."""
-        x: torch.Tensor = self._embed(torch.tensor([token_id])).contiguous()
-        num_blocks = position // self._model.block_size + 1
+    @classmethod
+    def fits(cls, num_seqs: int, num_tokens: int, num_logit_rows: int) -> bool:
+        """A step of one sequence's next token, alone or with a draft to verify (every row's logits
+        wanted); prompt chunks keep the per-layer path (causal SDPA over the chunk)."""
+        return num_tokens == 1 or (num_seqs == 1 and num_logit_rows == num_tokens <= cls.MAX_TOKENS)
+
+    def __call__(self, token_ids: list[int], position: int, block_table: list[int]) -> torch.Tensor:
+        """The final-normed hidden states [tokens, hidden] of consecutive tokens from `position`."""
+        x: torch.Tensor = self._embed(torch.tensor(token_ids)).contiguous()
+        num_blocks = (position + len(token_ids) - 1) // self._model.block_size + 1
         table = (ctypes.c_int32 * num_blocks)(*block_table[:num_blocks])
-        self._function(ctypes.byref(self._model), x.data_ptr(), position, table, num_blocks,
+        self._function(ctypes.byref(self._model), x.data_ptr(), len(token_ids), position, table, num_blocks,
                        self.seconds.data_ptr() if self.timing else None)
         return x

@@ -1,10 +1,16 @@
-// One decode step of a whole Llama-style decoder stack for a single sequence (batch 1), float32,
-// in one call: per layer RMSNorm (+ residual), the qkv matmul, rotary, the KV write, paged
-// attention, o_proj, RMSNorm (+ residual), gate_up, SiLU * up and down, then the final norm.
-// It calls the same kernels the layers call one by one from Python (quant_gemm.cpp,
-// elementwise.cpp, paged_attention.cpp) in the same order, so the hidden state it returns is
-// the one the per-layer path computes; what it removes is the per-op Python and torch dispatch
-// that dominated a single-stream step (about 10 calls per layer, 30 layers).
+// The decode step of a whole Llama-style decoder stack for one sequence, float32, in one call:
+// per layer RMSNorm (+ residual), the qkv matmul, rotary, the KV write, paged attention, o_proj,
+// RMSNorm (+ residual), gate_up, SiLU * up and down, then the final norm. It calls the same
+// kernels the layers call one by one from Python (quant_gemm.cpp, elementwise.cpp,
+// paged_attention.cpp) in the same order, so the hidden state it returns is the one the
+// per-layer path computes; what it removes is the per-op Python and torch dispatch that
+// dominated a single-stream step (about 10 calls per layer, 30 layers).
+// It takes M consecutive tokens (the next token and a speculative draft to verify): each matmul
+// reads the weights once for all M rows, and token t attends to the cache up to its own position,
+// as a decode step of that token alone would (the M rows are M queries of the decode kernel).
+// Every kernel treats a row the same whatever rows are beside it, so token t's hidden state is
+// bit for bit the one M one-token steps give (for float activations; int8-rounded ones go
+// through the integer kernels' multi-row path, equal up to float rounding).
 // Linear layers must hold weight-only quantized weights (int8/int4/fp8, with float or int8
 // activations); the Python side (decode_stack.py) checks that before choosing this path.
 
@@ -71,26 +77,30 @@ struct Scratch {
   std::vector<float> dx, sx;
 };
 
-void linear(const QuantLinear& l, const float* x, float* out, Scratch& scratch) {
+// out [rows, n_out] = x [rows, k_in] @ W^T (+ bias)
+void linear(const QuantLinear& l, const float* x, int64_t rows, float* out, Scratch& scratch) {
   if (l.act_block == 0) {
-    if (l.kind == 0) int8_gemm_f32(x, static_cast<const int8_t*>(l.qweight), l.scales, out, 1, l.n_out, l.k_in, l.group);
+    if (l.kind == 0)
+      int8_gemm_f32(x, static_cast<const int8_t*>(l.qweight), l.scales, out, rows, l.n_out, l.k_in, l.group);
     else if (l.kind == 1)
-      int4_gemm_f32(x, static_cast<const uint8_t*>(l.qweight), l.scales, l.offsets, out, 1, l.n_out, l.k_in, l.group);
-    else fp8_gemm_f32(x, static_cast<const uint8_t*>(l.qweight), l.scales, out, 1, l.n_out, l.k_in, l.group);
+      int4_gemm_f32(x, static_cast<const uint8_t*>(l.qweight), l.scales, l.offsets, out, rows, l.n_out, l.k_in,
+                    l.group);
+    else fp8_gemm_f32(x, static_cast<const uint8_t*>(l.qweight), l.scales, out, rows, l.n_out, l.k_in, l.group);
   } else {
-    scratch.xq.resize(l.k_in);
-    scratch.dx.resize(l.k_in / 32);
-    scratch.sx.resize(l.k_in / 32);
-    quantize_rows_q8(x, 1, l.k_in, l.act_block, scratch.xq.data(), scratch.dx.data(), scratch.sx.data());
+    scratch.xq.resize(rows * l.k_in);
+    scratch.dx.resize(rows * l.k_in / 32);
+    scratch.sx.resize(rows * l.k_in / 32);
+    quantize_rows_q8(x, rows, l.k_in, l.act_block, scratch.xq.data(), scratch.dx.data(), scratch.sx.data());
     if (l.kind == 0)
       int8_gemm_q8(scratch.xq.data(), scratch.dx.data(), scratch.sx.data(), static_cast<const int8_t*>(l.qweight),
-                   l.scales, out, 1, l.n_out, l.k_in, l.group);
+                   l.scales, out, rows, l.n_out, l.k_in, l.group);
     else
       int4_gemm_q8(scratch.xq.data(), scratch.dx.data(), scratch.sx.data(), static_cast<const uint8_t*>(l.qweight),
-                   l.scales, l.offsets, out, 1, l.n_out, l.k_in, l.group);
+                   l.scales, l.offsets, out, rows, l.n_out, l.k_in, l.group);
   }
   if (l.bias != nullptr)
-    for (int64_t n = 0; n < l.n_out; ++n) out[n] += l.bias[n];
+    for (int64_t m = 0; m < rows; ++m)
+      for (int64_t n = 0; n < l.n_out; ++n) out[m * l.n_out + n] += l.bias[n];
 }
 
 class Clock {
@@ -115,46 +125,60 @@ class Clock {
 
 extern "C" {
 
-// x: the token's embedding [hidden] in, the final-normed hidden state out (overwritten);
-// block_table: the sequence's blocks, holding `position` + 1 tokens once this one is written.
-void decode_stack_f32(const DecodeModel* m, float* x, int64_t position, const int32_t* block_table,
+// x: the embeddings [tokens, hidden] of the tokens at positions position.. in, their final-normed
+// hidden states out (overwritten); block_table: the sequence's blocks, holding position + tokens
+// tokens once these are written.
+void decode_stack_f32(const DecodeModel* m, float* x, int64_t tokens, int64_t position, const int32_t* block_table,
                       int32_t num_blocks, double* seconds) {
   const int64_t hidden = m->hidden, q_size = int64_t{m->heads} * m->head_dim,
                 kv_size = int64_t{m->kv_heads} * m->head_dim, qkv_size = q_size + 2 * kv_size;
-  std::vector<float> residual(x, x + hidden), normed(hidden), qkv(qkv_size), attn(q_size),
-      gate_up(2 * m->intermediate), act(m->intermediate);
+  const int rows = static_cast<int>(tokens), width = static_cast<int>(hidden);
+  std::vector<float> residual(x, x + tokens * hidden), normed(tokens * hidden), qkv(tokens * qkv_size),
+      attn(tokens * q_size), gate_up(tokens * 2 * m->intermediate), act(tokens * m->intermediate);
+  // token t: its position, its KV slot, and (as query t of the decode kernel) the whole table
+  // with a context of position + t + 1 tokens
+  std::vector<int64_t> positions(tokens), slot_blocks(tokens), slot_offsets(tokens);
+  std::vector<int32_t> tables(tokens * num_blocks), contexts(tokens);
+  for (int64_t t = 0; t < tokens; ++t) {
+    positions[t] = position + t;
+    slot_blocks[t] = block_table[positions[t] / m->block_size];
+    slot_offsets[t] = positions[t] % m->block_size;
+    contexts[t] = static_cast<int32_t>(positions[t] + 1);
+    std::memcpy(tables.data() + t * num_blocks, block_table, num_blocks * sizeof(int32_t));
+  }
   Scratch scratch;
-  const int64_t slot_block = block_table[position / m->block_size], slot_offset = position % m->block_size;
-  const int32_t context = static_cast<int32_t>(position + 1);
   Clock clock(seconds);
-  rms_norm_f32(x, nullptr, m->layers[0].input_norm, normed.data(), 1, static_cast<int>(hidden), m->eps);
+  rms_norm_f32(x, nullptr, m->layers[0].input_norm, normed.data(), rows, width, m->eps);
   for (int32_t i = 0; i < m->num_layers; ++i) {
     const DecodeLayer& layer = m->layers[i];
-    if (i > 0) rms_norm_f32(x, residual.data(), layer.input_norm, normed.data(), 1, static_cast<int>(hidden), m->eps);
+    if (i > 0) rms_norm_f32(x, residual.data(), layer.input_norm, normed.data(), rows, width, m->eps);
     clock.lap(NORMS);
-    linear(layer.qkv, normed.data(), qkv.data(), scratch);
+    linear(layer.qkv, normed.data(), tokens, qkv.data(), scratch);
     clock.lap(QKV);
     float *q = qkv.data(), *k = q + q_size, *v = k + kv_size;
-    rotary_f32(&position, q, k, m->cos, m->sin, 1, m->heads, m->kv_heads, m->head_dim, qkv_size, qkv_size);
-    write_kv_f32(k, v, layer.k_cache, layer.v_cache, &slot_block, &slot_offset, 1, m->kv_heads, m->block_size,
-                 m->head_dim, qkv_size, qkv_size);
+    rotary_f32(positions.data(), q, k, m->cos, m->sin, tokens, m->heads, m->kv_heads, m->head_dim, qkv_size,
+               qkv_size);
+    write_kv_f32(k, v, layer.k_cache, layer.v_cache, slot_blocks.data(), slot_offsets.data(), tokens, m->kv_heads,
+                 m->block_size, m->head_dim, qkv_size, qkv_size);
     clock.lap(ROTARY_KV);
-    paged_decode_f32(q, layer.k_cache, layer.v_cache, block_table, &context, attn.data(), 1, m->heads, m->kv_heads,
-                     m->block_size, m->head_dim, num_blocks, m->scale);
+    // the decode kernel wants its queries packed [tokens, heads, dim]: q rows sit in qkv's rows
+    for (int64_t t = 1; t < tokens; ++t) std::memmove(q + t * q_size, qkv.data() + t * qkv_size, q_size * sizeof(float));
+    paged_decode_f32(q, layer.k_cache, layer.v_cache, tables.data(), contexts.data(), attn.data(), rows, m->heads,
+                     m->kv_heads, m->block_size, m->head_dim, num_blocks, m->scale);
     clock.lap(ATTENTION);
-    linear(layer.o, attn.data(), x, scratch);
+    linear(layer.o, attn.data(), tokens, x, scratch);
     clock.lap(O_PROJ);
-    rms_norm_f32(x, residual.data(), layer.post_norm, normed.data(), 1, static_cast<int>(hidden), m->eps);
+    rms_norm_f32(x, residual.data(), layer.post_norm, normed.data(), rows, width, m->eps);
     clock.lap(NORMS);
-    linear(layer.gate_up, normed.data(), gate_up.data(), scratch);
+    linear(layer.gate_up, normed.data(), tokens, gate_up.data(), scratch);
     clock.lap(GATE_UP);
-    silu_and_mul_f32(gate_up.data(), act.data(), 1, static_cast<int>(m->intermediate));
+    silu_and_mul_f32(gate_up.data(), act.data(), tokens, static_cast<int>(m->intermediate));
     clock.lap(ACTIVATION);
-    linear(layer.down, act.data(), x, scratch);
+    linear(layer.down, act.data(), tokens, x, scratch);
     clock.lap(DOWN);
   }
-  rms_norm_f32(x, residual.data(), m->final_norm, normed.data(), 1, static_cast<int>(hidden), m->eps);
-  std::memcpy(x, normed.data(), hidden * sizeof(float));
+  rms_norm_f32(x, residual.data(), m->final_norm, normed.data(), rows, width, m->eps);
+  std::memcpy(x, normed.data(), tokens * hidden * sizeof(float));
   clock.lap(NORMS);
 }
 

@@ -11,6 +11,9 @@
 // dots every row of x with it: memory traffic is the packed bytes, and the widening is paid once
 // per channel however many rows x has. AVX2+FMA where the compiler targets it (plain loops
 // elsewhere and for tails); output channels are spread over torch's OpenMP threads.
+// Up to 16 rows against 32-input int4/int8 groups (GGUF's Q4/Q8 shape: decode steps, a
+// speculative draft's verification) skip the buffer and unpack each group into registers once
+// for all rows; each row's arithmetic is then the same whatever the number of rows.
 // A second pair of kernels (int4_gemm_q8/int8_gemm_q8, after quantize_rows_q8) multiplies in
 // integers, as llama.cpp does on the CPU: each row of x is first rounded to int8 with one float
 // scale per `block` inputs (32, or the whole row for per-token W8A8), then every 32 weights cost
@@ -145,35 +148,76 @@ inline float dot(const float* x, const float* w, int64_t n) {
 enum class Weights { INT8, INT4, FP8 };
 
 #if defined(__AVX2__) && defined(__FMA__)
-// A decode row against one weight row of 32-input int4/int8 groups, without the L1 buffer:
-// sum_k x_k (q_k s + o) = s * sum_k x_k q_k + o * sum_k x_k, with sum_k x_k per group given.
-template <Weights KIND>
-float row_dot_float_g32(const float* x, const float* x_sums, const uint8_t* qn, const uint16_t* scales,
-                        const uint16_t* offsets, int64_t groups) {
-  __m256 acc = _mm256_setzero_ps();
-  float offset_sum = 0.0f;
-  for (int64_t g = 0; g < groups; ++g) {
-    const float* xg = x + g * 32;
-    __m256 w0, w1, w2, w3;
-    if (KIND == Weights::INT4) {
-      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qn + g * 16)), m = _mm_set1_epi8(15);
-      const __m128i low = _mm_and_si128(bytes, m), high = _mm_and_si128(_mm_srli_epi16(bytes, 4), m);
-      w0 = widen(low, false), w1 = widen(_mm_srli_si128(low, 8), false);
-      w2 = widen(high, false), w3 = widen(_mm_srli_si128(high, 8), false);
-      offset_sum += f16(offsets[g]) * x_sums[g];
-    } else {
-      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qn + g * 32));
-      const __m128i first = _mm256_castsi256_si128(bytes), second = _mm256_extracti128_si256(bytes, 1);
-      w0 = widen(first, true), w1 = widen(_mm_srli_si128(first, 8), true);
-      w2 = widen(second, true), w3 = widen(_mm_srli_si128(second, 8), true);
+// R decode rows against one weight row of 32-input int4/int8 groups, without the L1 buffer:
+// sum_k x_k (q_k s + o) = s * sum_k x_k q_k + o * sum_k x_k, with sum_k x_k per group given
+// (x_sums [R, groups]). Each group is unpacked once for all R rows, and every row gets the
+// same operations in the same order whatever R is, so a row's result does not depend on the
+// rows beside it (a speculative verification step gives the very logits of one-token steps).
+template <Weights KIND, int R>
+void rows_dot_float_g32(const float* x, const float* x_sums, int64_t k_in, const uint8_t* q, const uint16_t* scales,
+                        const uint16_t* offsets, float* out, int64_t n_out) {
+  const int64_t groups = k_in / 32, row_bytes = KIND == Weights::INT4 ? k_in / 2 : k_in;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < n_out; ++n) {
+    const uint8_t* qn = q + n * row_bytes;
+    const uint16_t* scale_n = scales + n * groups;
+    __m256 acc[R];
+    float offset_sum[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offset_sum[r] = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) {
+      __m256 w0, w1, w2, w3;
+      if (KIND == Weights::INT4) {
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qn + g * 16)), m = _mm_set1_epi8(15);
+        const __m128i low = _mm_and_si128(bytes, m), high = _mm_and_si128(_mm_srli_epi16(bytes, 4), m);
+        w0 = widen(low, false), w1 = widen(_mm_srli_si128(low, 8), false);
+        w2 = widen(high, false), w3 = widen(_mm_srli_si128(high, 8), false);
+        const float offset = f16(offsets[n * groups + g]);
+        for (int r = 0; r < R; ++r) offset_sum[r] += offset * x_sums[r * groups + g];
+      } else {
+        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qn + g * 32));
+        const __m128i first = _mm256_castsi256_si128(bytes), second = _mm256_extracti128_si256(bytes, 1);
+        w0 = widen(first, true), w1 = widen(_mm_srli_si128(first, 8), true);
+        w2 = widen(second, true), w3 = widen(_mm_srli_si128(second, 8), true);
+      }
+      const __m256 scale = _mm256_set1_ps(f16(scale_n[g]));
+      for (int r = 0; r < R; ++r) {
+        const float* xg = x + r * k_in + g * 32;
+        __m256 sum = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));
+        sum = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), sum);
+        sum = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), sum);
+        sum = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), sum);
+        acc[r] = _mm256_fmadd_ps(sum, scale, acc[r]);
+      }
     }
-    __m256 sum = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));
-    sum = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), sum);
-    sum = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), sum);
-    sum = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), sum);
-    acc = _mm256_fmadd_ps(sum, _mm256_set1_ps(f16(scales[g])), acc);
+    for (int r = 0; r < R; ++r) out[r * n_out + n] = hsum(acc[r]) + offset_sum[r];
   }
-  return hsum(acc) + offset_sum;
+}
+
+constexpr int64_t G32_MAX_ROWS = 16;  // quantization.py's KERNEL_MAX_ROWS: larger calls dequantize
+constexpr int64_t G32_TILE = 8;       // rows per pass over the weights: 8 accumulators stay in registers
+
+template <Weights KIND>
+void rows_g32(const float* x, const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, float* out,
+              int64_t rows, int64_t n_out, int64_t k_in) {
+  const int64_t groups = k_in / 32;
+  float* x_sums = new float[rows * groups];  // int4's offset term: sum_k x_k per row and group
+  for (int64_t m = 0; m < rows && KIND == Weights::INT4; ++m)
+    for (int64_t g = 0; g < groups; ++g) {
+      float& sum = x_sums[m * groups + g];
+      sum = 0.0f;
+      for (int64_t k = g * 32; k < (g + 1) * 32; ++k) sum += x[m * k_in + k];
+    }
+  using Tile = void (*)(const float*, const float*, int64_t, const uint8_t*, const uint16_t*, const uint16_t*,
+                        float*, int64_t);
+  static constexpr Tile tiles[G32_TILE] = {
+      rows_dot_float_g32<KIND, 1>, rows_dot_float_g32<KIND, 2>, rows_dot_float_g32<KIND, 3>,
+      rows_dot_float_g32<KIND, 4>, rows_dot_float_g32<KIND, 5>, rows_dot_float_g32<KIND, 6>,
+      rows_dot_float_g32<KIND, 7>, rows_dot_float_g32<KIND, 8>};
+  for (int64_t m0 = 0; m0 < rows; m0 += G32_TILE) {
+    const int64_t tile = rows - m0 < G32_TILE ? rows - m0 : G32_TILE;
+    tiles[tile - 1](x + m0 * k_in, x_sums + m0 * groups, k_in, q, scales, offsets, out + m0 * n_out, n_out);
+  }
+  delete[] x_sums;
 }
 #endif
 
@@ -183,17 +227,8 @@ void gemm(const float* x, const uint8_t* q, const uint16_t* scales, const uint16
           int64_t rows, int64_t n_out, int64_t k_in, int64_t group) {
   const int64_t groups = (k_in + group - 1) / group, row_bytes = KIND == Weights::INT4 ? k_in / 2 : k_in;
 #if defined(__AVX2__) && defined(__FMA__)
-  if (rows == 1 && group == 32 && k_in % 32 == 0 && KIND != Weights::FP8) {
-    float* x_sums = new float[groups];
-    for (int64_t g = 0; g < groups; ++g) {
-      x_sums[g] = 0.0f;
-      for (int64_t k = g * 32; k < (g + 1) * 32; ++k) x_sums[g] += x[k];
-    }
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < n_out; ++n)
-      out[n] = row_dot_float_g32<KIND>(x, x_sums, q + n * row_bytes, scales + n * groups,
-                                       KIND == Weights::INT4 ? offsets + n * groups : nullptr, groups);
-    delete[] x_sums;
+  if (rows <= G32_MAX_ROWS && group == 32 && k_in % 32 == 0 && KIND != Weights::FP8) {
+    rows_g32<KIND>(x, q, scales, offsets, out, rows, n_out, k_in);
     return;
   }
 #endif
