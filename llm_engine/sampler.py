@@ -5,11 +5,18 @@ over the whole batch, then each constrained row's structured-outputs mask (other
 Each seeded request draws its noise from its own torch.Generator, one draw
 per step, so its samples do not depend on what else is in the batch. Logprobs are those of the
 model's raw distribution (before penalties and temperature), as in vLLM.
+
+On a GPU the logits stay on the device: penalties run as one Triton kernel (kernels/sampling.py),
+the noise comes from generators on the device (a seeded request's is seeded as its CPU one, so
+it is reproducible on that device, not identical to the CPU's draws), and only the sampled ids
+(and requested logprobs) come back. Rows constrained by a grammar take the host path, where the
+grammar's bitmask lives.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from weakref import WeakKeyDictionary
 
 import torch
 
@@ -44,12 +51,16 @@ def adjusts_logits(seq: Sequence) -> bool:
 
 
 class Sampler:
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, device: torch.device | str = "cpu") -> None:
         self.generator = torch.Generator().manual_seed(seed)
+        device = torch.device(device)
+        self.device_generator = self.generator if device.type == "cpu" else torch.Generator(device).manual_seed(seed)
+        self.seeded_on_device: WeakKeyDictionary[Sequence, torch.Generator] = WeakKeyDictionary()
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence],
                  eos_token_ids: set[int]) -> list[SampleResult]:
-        logits = logits.float().cpu()
+        on_device = logits.device.type != "cpu" and all(seq.grammar is None for seq in seqs)
+        logits = logits.float() if on_device else logits.float().cpu()
         params = [s.request.params for s in seqs]
         raw_logprobs = (torch.log_softmax(logits, dim=-1)
                         if any(p.logprobs is not None for p in params) else None)
@@ -57,14 +68,17 @@ class Sampler:
         constrained = [i for i, _ in grammars]
         if constrained or any(adjusts_logits(seq) for seq in seqs):  # else the logits are used as they are
             logits = logits.clone()
-            self._apply_penalties(logits, seqs)
+            if logits.device.type == "cpu":
+                self._apply_penalties(logits, seqs)
+            else:
+                self._apply_penalties_on_device(logits, seqs)
             self._suppress_stops_before_min_tokens(logits, seqs, eos_token_ids)
             if constrained:
                 apply_grammar_masks(logits, constrained, [grammar for _, grammar in grammars])
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
-            rows = torch.tensor(random_rows)
+            rows = torch.tensor(random_rows, device=logits.device)
             tokens[rows] = self._sample(logits[rows], [seqs[i] for i in random_rows])
         if raw_logprobs is None:
             return [SampleResult(token) for token in tokens.tolist()]
@@ -101,6 +115,24 @@ class Sampler:
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
 
     @staticmethod
+    def _apply_penalties_on_device(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        """The same penalties in one kernel launch, from the rows' token ids (no logits copied)."""
+        from llm_engine.kernels import sampling  # imports Triton: only when sampling on a GPU
+
+        params = [seq.request.params for seq in seqs]
+        outputs = [seq.output_token_ids for seq in seqs]
+        prompts = [seq.token_ids[:seq.num_prompt_tokens] if p.repetition_penalty != 1.0 else [] for seq, p in
+                   zip(seqs, params)]
+        counts, prompt = sampling.penalty_tables(outputs, prompts, logits.shape[-1], logits.device)
+
+        def per_row(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32).to(logits.device, non_blocking=True)
+
+        sampling.apply_penalties(logits, counts, prompt, per_row([p.repetition_penalty for p in params]),
+                                 per_row([p.frequency_penalty for p in params]),
+                                 per_row([p.presence_penalty for p in params]))
+
+    @staticmethod
     def _suppress_stops_before_min_tokens(logits: torch.Tensor, seqs: list[Sequence],
                                           eos_token_ids: set[int]) -> None:
         for i, seq in enumerate(seqs):
@@ -116,33 +148,44 @@ class Sampler:
         probs = self._probs(logits, seqs)
         noise = torch.empty_like(probs)
         unseeded = [i for i, s in enumerate(seqs) if s.generator is None]
+        on_cpu = probs.device.type == "cpu"
         if unseeded:
-            noise[unseeded] = torch.empty(len(unseeded), probs.shape[1]).exponential_(generator=self.generator)
+            noise[unseeded] = torch.empty(len(unseeded), probs.shape[1], device=probs.device).exponential_(
+                generator=self.generator if on_cpu else self.device_generator)
         for i, seq in enumerate(seqs):
             if seq.generator is not None:
-                noise[i].exponential_(generator=seq.generator)
+                noise[i].exponential_(generator=seq.generator if on_cpu else self._device_generator(seq, probs.device))
         return (probs / noise).argmax(dim=-1)
+
+    def _device_generator(self, seq: Sequence, device: torch.device) -> torch.Generator:
+        """A seeded sequence's generator on the device, seeded as its CPU one."""
+        generator = self.seeded_on_device.get(seq)
+        if generator is None:
+            assert seq.generator is not None
+            generator = self.seeded_on_device[seq] = torch.Generator(device).manual_seed(seq.generator.initial_seed())
+        return generator
 
     @staticmethod
     def _probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """The distribution each row samples from: temperature, top-k, top-p and min-p applied."""
         params = [s.request.params for s in seqs]
-        temperature = torch.tensor([p.temperature for p in params]).unsqueeze(1)
+        device = logits.device
+        temperature = torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
         logits = logits / temperature
-        top_k = torch.tensor([p.top_k for p in params])
-        top_p = torch.tensor([p.top_p for p in params])
-        if (top_k > 0).any() or (top_p < 1).any():
+        top_k = torch.tensor([p.top_k for p in params], device=device)
+        top_p = torch.tensor([p.top_p for p in params], device=device)
+        if any(p.top_k > 0 or p.top_p < 1 for p in params):  # decided on the host: no device sync
             sorted_logits, order = logits.sort(dim=-1, descending=True)
-            positions = torch.arange(logits.shape[-1]).unsqueeze(0)
+            positions = torch.arange(logits.shape[-1], device=device).unsqueeze(0)
             cut = (top_k > 0).unsqueeze(1) & (positions >= top_k.unsqueeze(1))
             sorted_logits = sorted_logits.masked_fill(cut, float("-inf"))
             probs = sorted_logits.softmax(dim=-1)
             cut = (probs.cumsum(dim=-1) - probs) >= top_p.unsqueeze(1)  # keeps at least the top one
             sorted_logits = sorted_logits.masked_fill(cut, float("-inf"))
             logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
-        min_p = torch.tensor([p.min_p for p in params]).unsqueeze(1)
+        min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)
         probs = logits.softmax(dim=-1)
-        if (min_p > 0).any():
+        if any(p.min_p > 0 for p in params):
             probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
         return probs
 
