@@ -1,5 +1,5 @@
 """Gated activation for SwiGLU MLPs: silu(gate) * up over a fused gate_up tensor (one native
-pass on the CPU, torch ops elsewhere)."""
+pass on the CPU, one Triton pass on CUDA, torch ops otherwise)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llm_engine.kernels.switch import use_triton
 from llm_engine.layers.native import cpu_kernels
 
 
@@ -16,6 +17,10 @@ class SiluAndMul(nn.Module):
         self.kernels = cpu_kernels()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_triton(x):
+            from llm_engine.kernels.fused import silu_and_mul  # imports Triton: only when a GPU path runs
+
+            return silu_and_mul(x)
         if self.kernels is not None and self.kernels.supports(x):
             return self.kernels.silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)

@@ -1,7 +1,8 @@
 """RMSNorm computed in float32 like the reference, with an optional fused residual add.
 
 On the CPU the native kernel does the same arithmetic in one pass (torch's version is six ops,
-each a pass over the tensor); elsewhere, or without a compiler, the PyTorch code runs.
+each a pass over the tensor); on CUDA the Triton kernel does (kernels/fused.py); without a
+compiler the PyTorch code runs.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from llm_engine.kernels.switch import use_triton
 from llm_engine.layers.native import cpu_kernels
 
 
@@ -28,7 +30,13 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Without a residual: norm(x). With one: (norm(x + residual), x + residual); on the
-        native path the residual tensor is updated in place and returned."""
+        native and Triton paths the residual tensor is updated in place and returned."""
+        if use_triton(x) and x.dtype == self.weight.dtype:
+            from llm_engine.kernels import fused  # imports Triton: only when a GPU path runs
+
+            if residual is None:
+                return fused.rms_norm(x, self.weight, self.eps)
+            return fused.fused_add_rms_norm(x, residual, self.weight, self.eps)
         if self.kernels is not None and self.kernels.supports(x) and x.dtype == self.weight.dtype:
             out = self.kernels.rms_norm(x, residual, self.weight, self.eps)
             return out if residual is None else (out, residual)

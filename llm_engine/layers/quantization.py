@@ -4,8 +4,9 @@
 channel or group-wise), int4 (group-wise, symmetric or with zero points) or float8 E4M3 weights
 and multiplies with them directly in the native kernel (csrc/quant_gemm.cpp), with float
 activations, or (w8a8, w4a8) with activations rounded to int8 at run time and integer dot
-products. Which layer gets which method is decided in `quant_config`; the layers and models stay
-unchanged.
+products. On CUDA the Triton GEMMs of kernels/quant_gemm.py read the same packed weights
+(w8a8/w4a8 round the activations first, as the PyTorch path does). Which layer gets which method
+is decided in `quant_config`; the layers and models stay unchanged.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llm_engine.kernels.switch import use_triton
 from llm_engine.layers.native import cpu_kernels
 
 # Above this many rows (prefill chunks) one dequantized copy per call and oneDNN's blocked matmul
@@ -276,7 +278,8 @@ class WeightOnlyLinearMethod(QuantMethod):
             x = x.index_select(-1, layer.input_perm)
         rows = x.numel() // x.shape[-1]
         act_block = self.scheme.act_block(layer.input_size)
-        if layer.kernels is not None and rows <= KERNEL_MAX_ROWS:
+        triton = use_triton(x)
+        if layer.kernels is not None and rows <= KERNEL_MAX_ROWS and not triton:
             flat = x.reshape(rows, -1).float()
             if act_block:
                 out = layer.kernels.quant_gemm_q8(flat, layer.qweight, layer.scales, offsets, self.group(layer),
@@ -287,6 +290,10 @@ class WeightOnlyLinearMethod(QuantMethod):
             return out if bias is None else out + bias
         if act_block:
             x = quantize_activations(x.reshape(rows, -1), act_block).view(x.shape).to(x.dtype)
+        if triton:
+            from llm_engine.kernels.quant_gemm import quant_gemm  # imports Triton: only when a GPU path runs
+
+            return quant_gemm(x, layer.qweight, layer.scales, offsets, self.group(layer), bias)
         weight = dequantize(layer.qweight, layer.scales, offsets, self.group(layer)).to(x.dtype)
         return F.linear(x, weight, bias)
 

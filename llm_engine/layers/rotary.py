@@ -1,7 +1,8 @@
 """Rotary position embedding (neox / rotate-half layout, as in Hugging Face Llama/Qwen).
 
 On the CPU the native kernel rotates q and k in place (in the fused qkv output) with the same
-float32 arithmetic; elsewhere, or without a compiler, the PyTorch code runs.
+float32 arithmetic, on CUDA the Triton kernel does (kernels/fused.py); without a compiler the
+PyTorch code runs.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 import torch
 from torch import nn
 
+from llm_engine.kernels.switch import use_triton
 from llm_engine.layers.native import cpu_kernels
 
 
@@ -49,6 +51,11 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]."""
+        if use_triton(q):
+            from llm_engine.kernels.fused import rotary_embedding  # imports Triton: only when a GPU path runs
+
+            rotary_embedding(positions, q, k, self.cos, self.sin)
+            return q, k
         if self.kernels is not None and self.kernels.supports(q):
             self.kernels.rotary(positions, q, k, self.cos, self.sin)
             return q, k

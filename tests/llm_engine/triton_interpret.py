@@ -25,3 +25,13 @@ DEVICES = [
     pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRETED, reason="Triton on CPU tensors needs TRITON_INTERPRET=1")),
     pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA device")),
 ]
+
+
+def assert_close_to_reference(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Equal up to rounding, relative to the output's scale: float32 to summation order; bf16 to
+    two bf16 steps, since the interpreter rounds float32 to bf16 toward zero (the GPU and torch
+    round to nearest)."""
+    tol = 2e-5 if expected.dtype == torch.float32 else 2e-2
+    expected = expected.float()
+    scale = float(expected.abs().max()) or 1.0
+    torch.testing.assert_close(actual.float().cpu(), expected.cpu(), rtol=tol, atol=tol * scale)
