@@ -35,10 +35,12 @@ FP8_MAX = 448.0
 @triton.jit  # type: ignore[untyped-decorator]
 def _quant_gemm_kernel(  # type: ignore[no-untyped-def]
         x_ptr, w_ptr, scales_ptr, offsets_ptr, bias_ptr, out_ptr, M, N, K, group, num_groups, x_stride, w_stride,
-        out_stride, INT4: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_DTYPE: tl.constexpr,
-        IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        out_stride, split_stride, INT4: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_BIAS: tl.constexpr,
+        DOT_DTYPE: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(2)  # with SPLIT_K > 1 this program takes every SPLIT_K-th group from `split`
     row_mask = rows < M
     col_mask = cols < N
     kk = tl.arange(0, BLOCK_K)
@@ -46,7 +48,7 @@ def _quant_gemm_kernel(  # type: ignore[no-untyped-def]
     w_cols = w_ptr + cols.to(tl.int64)[None, :] * w_stride
     w_dtype = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for g in range(0, num_groups):
+    for g in range(split, num_groups, SPLIT_K):
         start = g * group
         length = tl.minimum(group, K - start)
         scale = tl.load(scales_ptr + cols * num_groups + g, mask=col_mask, other=0.0).to(tl.float32)[None, :]
@@ -85,15 +87,21 @@ def _quant_gemm_kernel(  # type: ignore[no-untyped-def]
                 else:
                     acc = tl.dot(x, w, acc)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    out = out_ptr + rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
+        if split == 0:
+            acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + split * split_stride + rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
 
 
-# BLOCK_M, BLOCK_N and warps; BLOCK_K follows the group (see _block_k). The first is what the
-# interpreter and untuned devices use.
+# BLOCK_M, BLOCK_N, warps and SPLIT_K (default 1); BLOCK_K follows the group (see _block_k). The
+# first is what the interpreter and untuned devices use. Split-K is for decode-sized M: N / BLOCK_N
+# programs alone leave most of a large GPU idle while the weight streams through; each split sums
+# its share of the groups into a float32 partial, and the partials are added after.
 _TUNER = Autotuner("quant_gemm", [
     {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4},
+    {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4},
+    {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "SPLIT_K": 4},
+    {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 4, "SPLIT_K": 8},
     {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 4},
     {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4},
     {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4},
@@ -135,13 +143,17 @@ def _gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, offsets:
     block_k = _block_k(group_size // 2 if int4 else group_size)
 
     def launch(config: dict[str, int]) -> None:
-        grid = (triton.cdiv(rows.shape[0], config["BLOCK_M"]), triton.cdiv(n_out, config["BLOCK_N"]))
+        split = min(config.get("SPLIT_K", 1), num_groups)
+        target = out if split == 1 else torch.empty(split, *out.shape, dtype=torch.float32, device=x.device)
+        grid = (triton.cdiv(rows.shape[0], config["BLOCK_M"]), triton.cdiv(n_out, config["BLOCK_N"]), split)
         _quant_gemm_kernel[grid](
             rows, qweight, scales, offsets if offsets is not None else scales, bias if bias is not None else scales,
-            out, rows.shape[0], n_out, k_in, group_size, num_groups, rows.stride(0), qweight.stride(0), out.stride(0),
-            INT4=int4, HAS_OFFSETS=offsets is not None, HAS_BIAS=bias is not None, DOT_DTYPE=dot_dtype,
-            IEEE=dot_dtype == tl.float32, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=block_k,
-            num_warps=config["num_warps"])
+            target, rows.shape[0], n_out, k_in, group_size, num_groups, rows.stride(0), qweight.stride(0),
+            out.stride(0), target.stride(0) if split > 1 else 0, INT4=int4, HAS_OFFSETS=offsets is not None,
+            HAS_BIAS=bias is not None, DOT_DTYPE=dot_dtype, IEEE=dot_dtype == tl.float32, BLOCK_M=config["BLOCK_M"],
+            BLOCK_N=config["BLOCK_N"], BLOCK_K=block_k, SPLIT_K=split, num_warps=config["num_warps"])
+        if split > 1:
+            out.copy_(target.sum(0))
 
     key = (str(qweight.dtype), str(x.dtype), n_out, k_in, group_size, shape_bucket(rows.shape[0]))
     launch(_TUNER.pick(key, launch, x.device))

@@ -58,6 +58,18 @@ def test_int4_gemm_matches_the_dequantized_matmul(device, group, symmetric, dtyp
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_split_k_partials_add_up_to_the_unsplit_result(device, monkeypatch):
+    """SPLIT_K 3 over 4 groups (one split takes two), the bias added once."""
+    monkeypatch.setattr(quant_gemm._TUNER, "candidates", [{"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "SPLIT_K": 3}])
+    w, x, bias = inputs(torch.float32)
+    codes, scales, offsets = quantize_int4(w, 32, False)
+    qweight = pack_int4(codes, 32)
+    out = quant_gemm.int4_gemm(x.to(device), qweight.to(device), scales.to(device), offsets.to(device), 32,
+                               bias.to(device))
+    assert_close_to_reference(out, reference(x, qweight, scales, offsets, 32, bias))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("group,dtype", [(None, torch.float32), (32, torch.float32), (None, torch.bfloat16)])
 def test_int8_gemm_per_channel_and_grouped(device, group, dtype):
     w, x, _ = inputs(dtype)
