@@ -14,7 +14,7 @@ _MEMORY_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
                  "kib": 1024, "mib": 1024**2, "gib": 1024**3}
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
 _POLICIES = ("fcfs", "priority")
-_ATTENTION_BACKENDS = ("auto", "torch", "native")
+_ATTENTION_BACKENDS = ("auto", "torch", "native", "triton")
 
 
 def parse_memory(value: int | str, field: str) -> int:
@@ -39,8 +39,10 @@ class EngineConfig:
 
     `kv_cache_memory` is the byte budget for the paged KV pool; `num_kv_blocks` overrides it
     (tests use it to force preemption with a pool of a few blocks). `attention_backend`: "torch"
-    is the reference PyTorch attention, "native" the C++ CPU kernel, "auto" native on the CPU
-    when it builds (a C++ compiler is needed) and torch otherwise. `quantization`: "auto" keeps a
+    is the reference PyTorch attention, "native" the C++ CPU kernel, "triton" the GPU kernels
+    (on the CPU only under the Triton interpreter, TRITON_INTERPRET=1), "auto" triton on CUDA,
+    and on the CPU native when it builds (a C++ compiler is needed) and torch otherwise.
+    `quantization`: "auto" keeps a
     GGUF file's Q4_0/Q4_1/Q8_0 weights quantized, None loads floats, "int8"/"int4" or a per-layer
     config quantize at load (see layers/quant_config.py). `encoder_cache_memory` bounds the
     vision models' cache of image features (LRU by the image's content hash).
@@ -91,6 +93,10 @@ class EngineConfig:
                              f"got {self.attention_backend!r}")
         if self.attention_backend == "native" and self.device != "cpu":
             raise ValueError("attention_backend: 'native' is a CPU kernel; use 'torch' or 'auto' on CUDA")
+        if self.attention_backend == "triton":
+            from llm_engine.layers.attention_triton import check_runs_on  # imports triton: only when asked
+
+            check_runs_on(self.device)
         if self.tensor_parallel_size > 1 and self.device != "cpu":
             raise ValueError("tensor_parallel_size: more than 1 runs on the CPU (gloo) so far")
         self.kv_cache_memory = parse_memory(self.kv_cache_memory, "kv_cache_memory")

@@ -49,8 +49,13 @@ def resolve_dtype(config: EngineConfig, hf_config) -> torch.dtype:
 
 
 def make_attention_backend(config: EngineConfig) -> AttentionBackend:
-    """'auto' takes the native CPU kernel when it builds here and falls back to the reference."""
-    if config.attention_backend == "torch" or (config.attention_backend == "auto" and config.device != "cpu"):
+    """'auto' takes the Triton kernels on CUDA, and on the CPU the native kernel when it builds
+    here, else the reference."""
+    if config.attention_backend == "triton" or (config.attention_backend == "auto" and config.device != "cpu"):
+        from llm_engine.layers.attention_triton import TritonPagedAttention  # imports triton: only when used
+
+        return TritonPagedAttention()
+    if config.attention_backend == "torch":
         return TorchPagedAttention()
     try:
         return NativePagedAttention()
