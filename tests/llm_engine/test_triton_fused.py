@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from triton_interpret import DEVICES, assert_close_to_reference
 
-from llm_engine.kernels import fused
-from llm_engine.kernels.switch import ON_CPU_ENV, use_triton
+from llm_engine.kernels import fused, switch
+from llm_engine.kernels.switch import use_triton
 from llm_engine.layers.norm import RMSNorm
 from llm_engine.layers.rotary import RotaryEmbedding
 
@@ -79,7 +79,7 @@ def test_silu_and_mul_matches_torch(device, dtype, shape):
 def test_the_cpu_switch_needs_the_interpreter(monkeypatch):
     x = torch.zeros(2)
     assert not use_triton(x)  # the CPU path by default
-    monkeypatch.setenv(ON_CPU_ENV, "1")
+    monkeypatch.setattr(switch, "on_cpu", True)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         use_triton(x)

@@ -13,8 +13,7 @@ from conftest import check_logprobs_close
 from triton_interpret import CUDA, DEVICES, INTERPRETED, assert_close_to_reference
 
 from llm_engine import LLM, SamplingParams
-from llm_engine.kernels import fused, quant_gemm
-from llm_engine.kernels.switch import ON_CPU_ENV
+from llm_engine.kernels import fused, quant_gemm, switch
 from llm_engine.layers.linear import ReplicatedLinear
 from llm_engine.layers.quantization import (
     QuantScheme,
@@ -125,7 +124,7 @@ def triton_and_cpu(layer: ReplicatedLinear, x: torch.Tensor, monkeypatch) -> tup
     """The layer's output through the Triton path and through its CPU path (M > 16 rows: the
     dequantized F.linear, the engine's own dequantization)."""
     cpu = layer(x)
-    monkeypatch.setenv(ON_CPU_ENV, "1")
+    monkeypatch.setattr(switch, "on_cpu", True)
     return layer(x), cpu
 
 
@@ -214,7 +213,7 @@ def test_quantized_llama_through_the_triton_path_matches_the_cpu_path(tiny_llama
     calls: dict[str, int] = {}
     count_calls(monkeypatch, fused, ["rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul"], calls)
     count_calls(monkeypatch, quant_gemm, ["quant_gemm"], calls)
-    monkeypatch.setenv(ON_CPU_ENV, "1")
+    monkeypatch.setattr(switch, "on_cpu", True)
     ours = greedy(llm)
     assert all(calls.values()), calls
     check_logprobs_close(ours, [(tokens, [top[t].logprob for t, top in zip(tokens, logprobs)])
