@@ -45,6 +45,7 @@ def inputs(dtype: torch.dtype, k_in: int = K, seed: int = 0) -> tuple[torch.Tens
 @pytest.mark.parametrize("group,symmetric,dtype", [
     (32, True, torch.float32), (32, False, torch.float32), (64, True, torch.float32), (64, False, torch.float32),
     (128, True, torch.float32), (128, False, torch.float32), (32, True, torch.bfloat16), (64, False, torch.bfloat16),
+    (128, False, torch.float16),
 ])
 def test_int4_gemm_matches_the_dequantized_matmul(device, group, symmetric, dtype):
     w, x, bias = inputs(dtype, seed=group)
