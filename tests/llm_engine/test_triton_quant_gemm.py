@@ -121,12 +121,14 @@ def loaded_layer(method: WeightOnlyLinearMethod, k_in: int, n_out: int, tensors:
     return layer
 
 
-def triton_and_cpu(layer: ReplicatedLinear, x: torch.Tensor, monkeypatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """The layer's output through the Triton path and through its CPU path (M > 16 rows: the
-    dequantized F.linear, the engine's own dequantization)."""
+def triton_and_cpu(layer: ReplicatedLinear, x: torch.Tensor, device: str, monkeypatch
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's output through the Triton path (on `device`) and through its CPU path (M > 16
+    rows: the dequantized F.linear, the engine's own dequantization)."""
     cpu = layer(x)
-    monkeypatch.setattr(switch, "on_cpu", True)
-    return layer(x), cpu
+    if device == "cpu":
+        monkeypatch.setattr(switch, "on_cpu", True)
+    return layer.to(device)(x.to(device)), cpu
 
 
 def checkpoint(method: str, w: torch.Tensor, bits: int, group: int) -> tuple[CheckpointQuant, dict, torch.Tensor]:
@@ -150,9 +152,9 @@ def checkpoint(method: str, w: torch.Tensor, bits: int, group: int) -> tuple[Che
     return quant, {f"proj.{name}": tensor for name, tensor in tensors.items()}, exact
 
 
-@cpu_only
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("method,bits,group", [("awq", 4, 32), ("gptq", 4, 64), ("gptq", 8, 128)])
-def test_awq_and_gptq_checkpoints_repacked_at_load_run_in_the_kernel(method, bits, group, monkeypatch):
+def test_awq_and_gptq_checkpoints_repacked_at_load_run_in_the_kernel(device, method, bits, group, monkeypatch):
     torch.manual_seed(bits + group)
     k_in, n_out = 128, 40
     w, x = torch.randn(n_out, k_in), torch.randn(M, k_in)
@@ -160,26 +162,28 @@ def test_awq_and_gptq_checkpoints_repacked_at_load_run_in_the_kernel(method, bit
     engine = {name.removeprefix("proj."): tensor for name, tensor in repack(iter(tensors.items()), quant)}
     layer = loaded_layer(WeightOnlyLinearMethod(quant.scheme, prequantized=True, act_order=quant.act_order),
                          k_in, n_out, engine)
-    ours, cpu = triton_and_cpu(layer, x, monkeypatch)
+    ours, cpu = triton_and_cpu(layer, x, device, monkeypatch)
     assert_close_to_reference(ours, cpu)
+    ours = ours.cpu()
     # the layout's float16 offset -z * s moves results a little from an exact (q - z) * s
     torch.testing.assert_close(ours, F.linear(x, exact), rtol=1e-2, atol=1e-2 * float(ours.abs().max()))
 
 
-@cpu_only
-@pytest.mark.parametrize("scheme", [QuantScheme("w8a8"), QuantScheme("w4a8", 32), QuantScheme("fp8", per_tensor=True)])
-def test_activation_rounding_and_fp8_layers_take_the_triton_path(scheme, monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scheme", [QuantScheme("w8a8"), QuantScheme("w4a8", 32), QuantScheme("fp8", 32)])
+def test_activation_rounding_and_fp8_layers_take_the_triton_path(device, scheme, monkeypatch):
     torch.manual_seed(1)
     method = WeightOnlyLinearMethod(scheme)
     layer = loaded_layer(method, 64, 24, {"weight": torch.randn(24, 64)})
     x = torch.randn(M, 64)
-    ours, cpu = triton_and_cpu(layer, x, monkeypatch)
+    offsets = layer.offsets.data if scheme.weights == "int4" else None
+    weights = (layer.qweight.data, layer.scales.data, offsets, method.group(layer))  # CPU copies
+    ours, cpu = triton_and_cpu(layer, x, device, monkeypatch)
     assert_close_to_reference(ours, cpu)
     if scheme.act_block(64):  # the same activation rounding as the CPU path's, not float activations
-        assert not torch.allclose(ours, F.linear(x, dequantize(layer.qweight, layer.scales, getattr(
-            layer, "offsets", None), method.group(layer))), atol=1e-4)
-        assert_close_to_reference(ours, reference(quantize_activations(x, scheme.act_block(64)), layer.qweight,
-                                                  layer.scales, getattr(layer, "offsets", None), method.group(layer)))
+        ours = ours.cpu()
+        assert not torch.allclose(ours, reference(x, *weights), atol=1e-4)
+        assert_close_to_reference(ours, reference(quantize_activations(x, scheme.act_block(64)), *weights))
 
 
 MIXED = {"config_groups": {
