@@ -15,11 +15,11 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
 from assistant.lazy_llm import LazyLLM
 from ide_server.services import accounts
+from ide_server.wiring import Core
 from llm_engine.entrypoints import start_grpc_server
 
 log = logging.getLogger(__name__)
@@ -43,23 +43,21 @@ def _address(host: str, port: int) -> str:
 
 
 @asynccontextmanager
-async def serve_grpc(app: FastAPI, llm: LazyLLM) -> AsyncIterator[None]:
-    """Serve gRPC while the app runs, when a port is set; the port it got is app.state.llm_grpc_port."""
-    settings = app.state.settings
+async def serve_grpc(core: Core, llm: LazyLLM) -> AsyncIterator[int | None]:
+    """Serve gRPC while the app runs, when a port is set; yields the port it got (None: not served)."""
+    settings = core.settings
     port = settings.llm_grpc_port
-    app.state.llm_grpc_port = None
     if port is None:
-        yield
+        yield None
         return
     if llm.remote is not None:
         log.warning("CODEYARD_LLM_GRPC_PORT is ignored with CODEYARD_LLM_URL: serve gRPC from that LLM server "
                     "(codeyard llm serve --grpc-port)")
-        yield
+        yield None
         return
-    server, app.state.llm_grpc_port = await start_grpc_server(llm.get, token_check(app.state.sessionmaker),
-                                                              _address(settings.host, port))
-    log.info("LLM gRPC (KServe v2) on %s", _address(settings.host, app.state.llm_grpc_port))
+    server, bound = await start_grpc_server(llm.get, token_check(core.sessions), _address(settings.host, port))
+    log.info("LLM gRPC (KServe v2) on %s", _address(settings.host, bound))
     try:
-        yield
+        yield bound
     finally:
         await server.stop(GRACE_S)

@@ -11,7 +11,7 @@ from ide_server import __version__, components, db, log
 from ide_server.access import unguarded_routes
 from ide_server.error_handlers import install_error_handlers
 from ide_server.settings import Settings
-from ide_server.wiring import Services
+from ide_server.wiring import Core, Services, check, merge, open_services
 
 # Threads of the event loop's default executor (asyncio.to_thread): collab's stores and file writes,
 # run planning, git checkpoints. Python's default (CPU count + 4, so 6 here) let a few slow calls
@@ -23,18 +23,24 @@ def create_app(settings: Settings | None = None, component_specs: list[str] | No
     """Build the app: prepare the data dir and secret key, migrate the database, plug in components.
 
     component_specs: "module:attribute" names of Components; default `components.COMPONENTS`.
-    Raises RuntimeError if a component adds an /api or documented route without an access rule.
+    Raises RuntimeError if a component adds an /api or documented route without an access rule, or
+    needs a service that no loaded component builds.
     """
     settings = (settings or Settings()).prepare()
     log.configure(settings.log_level)
+    loaded = components.load_all(component_specs)
+    builders = merge((c.name, c.builds) for c in loaded)
+    check(builders, ((c.name, c.needs) for c in loaded))
     engine = db.make_engine(settings.effective_database_url)
     db.migrate(engine)
-    loaded = components.load_all(component_specs)
+    core = Core(settings, engine, db.make_sessionmaker(engine))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(IO_THREADS, thread_name_prefix="codeyard-io"))
         async with AsyncExitStack() as stack:
+            services = await stack.enter_async_context(open_services(core, builders, app.state.services))
+            log.get_logger("codeyard").info("services started", services=services.started)
             for component in loaded:
                 if component.lifespan is not None:
                     await stack.enter_async_context(component.lifespan(app))
@@ -52,7 +58,7 @@ def create_app(settings: Settings | None = None, component_specs: list[str] | No
     )
     app.state.settings = settings
     app.state.engine = engine
-    app.state.sessionmaker = db.make_sessionmaker(engine)
+    app.state.sessionmaker = core.sessions
     app.state.services = Services()
     install_error_handlers(app)
     app.add_middleware(log.RequestLogMiddleware)

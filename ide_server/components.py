@@ -1,19 +1,24 @@
 """Components: how features plug into the app (in the spirit of Datasette plugins).
 
-A component is a router plus optional setup and lifespan hooks. The core features (health,
-accounts, projects, files, web pages) are components too, so later features (collaboration,
-sandbox runs, deploys, tutorials, the LLM's /v1 API) plug in the same way:
+A component is a router plus optional setup and lifespan hooks, and the builder of the service
+behind its routes. The core features (health, accounts, projects, files, web pages) are components
+too, so later features (collaboration, sandbox runs, deploys, tutorials, the LLM's /v1 API) plug in
+the same way:
 
-1. In your package, build a `Component`, e.g. in `collab/api/editing.py`:
+1. In your package's route module (`<package>/api.py`, or `<package>/api/<area>.py`), build a
+   `Component`, e.g. in `collab/api/editing.py`:
 
-       router = APIRouter(prefix="/api/projects/{project_id}/collab", tags=["collab"])
+       router = APIRouter()
 
-       @router.websocket("/ws")
-       async def room(ws: WebSocket, ctx: ProjectEditor): ...
+       @router.websocket("/ws/collab/{project_id}/{file_path:path}")
+       async def collab_socket(websocket: WebSocket, project_id: str, file_path: str): ...
 
-       component = Component(name="collab", router=router, lifespan=collab_lifespan)
+       component = Component(name="collab", router=router, builds=Builders(collab=open_collab))
 
-2. Append "collab.api.editing:component" to `COMPONENTS` below.
+   A shared service is built by `ide_server.wiring.open_services`, in dependency order, from the
+   builders the loaded components give (a new shared service adds its field and protocol there).
+2. Append "collab.api.editing:component" to `COMPONENTS` below. The list's order is the order of
+   the routes (the browser pages own "/" last), never the order services start in.
 
 Every route under /api, and every route in the OpenAPI document, must declare an access rule
 through the dependencies of `ide_server.deps` (`Public`, `CurrentUser`, `ProjectViewer`,
@@ -23,21 +28,28 @@ CLI starts, so heavy imports in them don't slow down `codeyard --help`.
 
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import import_module
 
 from fastapi import APIRouter, FastAPI
+
+from ide_server.wiring import Builders
 
 
 @dataclass(frozen=True)
 class Component:
     """name: for logs and errors. router: included into the app as it is (give it its prefix).
-    setup: called with the app after the router is included (mounts, middleware, app.state).
-    lifespan: an async context manager factory run while the app serves (open/close clients)."""
+    setup: called with the app after the router is included (mounts, middleware, error handlers).
+    builds: the builder of the shared service it provides (see `ide_server.wiring`).
+    needs: the services its routes cannot work without (names of `Builders` fields), checked at start-up.
+    lifespan: an async context manager factory run while the app serves, after the shared services
+    started (a plugin's own clients)."""
 
     name: str
     router: APIRouter | None = None
     setup: Callable[[FastAPI], None] | None = None
+    builds: Builders = field(default_factory=Builders)
+    needs: tuple[str, ...] = ()
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None
 
 
@@ -47,13 +59,13 @@ COMPONENTS: list[str] = [
     "ide_server.api.projects:component",
     "ide_server.api.files:component",
     "assistant.api.llm:component",
-    "assistant.api.assistant:component",  # after llm: it serves through the same model
+    "assistant.api.assistant:component",
     "collab.api.editing:component",
     "ide_server.api.events:component",
     "collab.api.history:component",
     "sandbox.api:component",
     "deploy_service.api.secrets:component",
-    "deploy_service.api.deployments:component",  # after sandbox: its lifespan uses the runs' installer
+    "deploy_service.api.deployments:component",
     "tutorials.api:component",
     "ide_server.api.pages:component",  # browser pages last: they own "/" and "/static"
 ]

@@ -40,8 +40,8 @@ class Listener:
 class ProjectEvents:
     """The listeners of each project, and broadcasting to them (safe to call from worker threads).
 
-    Created with the app (so other components can subscribe in their setup or lifespan, in any
-    order); events are delivered once `start` has given it the serving event loop.
+    Built first by the composition root (`ide_server/wiring.py`), so the services built after it
+    subscribe as they are built; events are delivered once `start` has given it the serving event loop.
     """
 
     def __init__(self) -> None:

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Query, WebSocket, status
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
@@ -24,10 +24,11 @@ from ide_server.components import Component
 from ide_server.deps import CurrentUser, DbSession, ProjectEditor, ProjectMember, authenticate_websocket
 from ide_server.error_handlers import ERROR_RESPONSES, answer_like_domain_errors
 from ide_server.errors import DomainError, NotAuthenticated, PermissionDenied
+from ide_server.events import ProjectEvents
 from ide_server.models import Role, User
 from ide_server.schemas import RandomId
 from ide_server.services import projects
-from ide_server.wiring import Services, required, services_of
+from ide_server.wiring import Builders, Collab, Core, RunSecrets, required, services_of
 from sandbox.backends.choice import make_backend
 from sandbox.backends.dockerd import docker_client
 from sandbox.errors import SandboxError, SandboxUnavailable
@@ -251,9 +252,8 @@ async def shell_socket(websocket: WebSocket, project_id: str, rows: int = Query(
         runs.files_changed(project_id)
 
 
-def _run_environment(sessions: sessionmaker, services: Services) -> Callable[[str], dict[str, str]]:
+def _run_environment(sessions: sessionmaker[Session], secrets: RunSecrets | None) -> Callable[[str], dict[str, str]]:
     """A run's extra environment: the secrets its project's owner exposes to runs (none without secrets)."""
-    secrets = services.secrets
 
     def environment(project_id: str) -> dict[str, str]:
         if secrets is None:
@@ -265,9 +265,10 @@ def _run_environment(sessions: sessionmaker, services: Services) -> Callable[[st
 
 
 @asynccontextmanager
-async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
+async def open_runs(core: Core, *, events: ProjectEvents | None, collab: Collab | None,
+                    secrets: RunSecrets | None) -> AsyncIterator[ProjectRuns]:
     """Pick the backend (or remember why there is none), clear what a crash left, start the queue."""
-    settings, services = app.state.settings, services_of(app.state)
+    settings = core.settings
     try:
         backend, unavailable = make_backend(settings.sandbox_backend, pool_size=settings.sandbox_warm_containers,
                                              redis_url=settings.redis_url), ""
@@ -286,20 +287,19 @@ async def sandbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
         installer = runners_installer(backend, settings.effective_packages_dir)
     else:
         installer = bubblewrap_installer(settings.effective_packages_dir) if backend is not None else None
-    runs = ProjectRuns(backend, unavailable, sessions=app.state.sessionmaker, projects_dir=settings.projects_dir,
-                       editors=OpenEditors(lambda: services.rooms, lambda: services.checkpoints),
-                       announce=services.events.announce if services.events else None,
-                       environment_of=_run_environment(app.state.sessionmaker, services),
+    runs = ProjectRuns(backend, unavailable, sessions=core.sessions, projects_dir=settings.projects_dir,
+                       editors=OpenEditors.of(collab),
+                       announce=events.announce if events else None,
+                       environment_of=_run_environment(core.sessions, secrets),
                        installer=installer, max_running=settings.sandbox_max_running,
                        max_running_per_user=settings.sandbox_max_running_per_user,
                        max_per_user=settings.sandbox_max_runs_per_user)
     await run_in_threadpool(runs.close_interrupted)
-    if services.events is not None:
-        services.events.on_access_changed(runs.access_changed)  # a removed member's Webviews close at once
+    if events is not None:
+        events.on_access_changed(runs.access_changed)  # a removed member's Webviews close at once
     own_runner = await start_own_runner(settings) if backend is not None and backend.name == "runners" else None
-    services.runs = runs
     try:
-        yield
+        yield runs
     finally:
         if own_runner is not None:
             await own_runner()
@@ -316,4 +316,4 @@ def _setup(app: FastAPI) -> None:
     answer_like_domain_errors(app, SandboxError)
 
 
-component = Component(name="sandbox", router=router, setup=_setup, lifespan=sandbox_lifespan)
+component = Component(name="sandbox", router=router, setup=_setup, builds=Builders(runs=open_runs))

@@ -10,9 +10,10 @@ from ide_server.error_handlers import ERROR_RESPONSES, ErrorBody, answer_like_do
 from ide_server.events import EventsDep, ProjectEvents
 from ide_server.models import User
 from ide_server.schemas import RandomId, UsernameParam
+from ide_server.wiring import Builders
 from sandbox import SandboxError
 from tutorials import catalog, classrooms, service
-from tutorials.checking import CheckerDep
+from tutorials.checking import CheckerDep, lesson_checker
 from tutorials.models import Classroom
 from tutorials.schemas import (
     CheckPublic,
@@ -247,4 +248,4 @@ def _setup(app: FastAPI) -> None:
 routes = APIRouter()
 routes.include_router(router)
 routes.include_router(lesson_router)
-component = Component(name="tutorials", router=routes, setup=_setup)
+component = Component(name="tutorials", router=routes, setup=_setup, builds=Builders(checker=lesson_checker))

@@ -16,7 +16,7 @@ from starlette.requests import HTTPConnection
 from ide_server.errors import InvalidInput
 from ide_server.models import Project, User
 from ide_server.services import files, projects
-from ide_server.wiring import services_of
+from ide_server.wiring import Core, required, services_of
 from sandbox import ProjectRuns, SandboxUnavailable
 from tutorials import grader, service
 from tutorials.schemas import GradePublic
@@ -81,9 +81,13 @@ class Checker:
             return work
 
 
+def lesson_checker(core: Core, *, runs: ProjectRuns | None) -> Checker:
+    """The app's checker; without runs, a check answers that this server has no sandbox."""
+    return Checker(core.sessions, core.settings.projects_dir, runs)
+
+
 async def _checker(conn: HTTPConnection) -> Checker:
-    state = conn.app.state
-    return Checker(state.sessionmaker, state.settings.projects_dir, services_of(state).runs)
+    return required(services_of(conn.app.state).checker, "tutorials")
 
 
 CheckerDep = Annotated[Checker, Depends(_checker)]

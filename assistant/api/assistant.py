@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
-from assistant.api.llm import llm_of
+from assistant.lazy_llm import LazyLLM
 from assistant.schemas import (
     AssistantPublic,
     AssistantUpdate,
@@ -40,6 +40,7 @@ from ide_server.components import Component
 from ide_server.deps import CurrentUser, DbSession, ProjectEditor, ProjectMember, ProjectOwner
 from ide_server.error_handlers import ERROR_RESPONSES
 from ide_server.services.projects import ProjectAccess
+from ide_server.wiring import Builders, Core, required, services_of
 from llm_engine.entrypoints import answer, unless_disconnected
 
 STREAM_RESPONSES: dict[int | str, dict] = {200: {"description": "OpenAI chat completion chunks, then [DONE]",
@@ -50,7 +51,7 @@ project_router = APIRouter(prefix="/api/projects/{project_id}/assistant",
 
 
 async def _assistant(conn: HTTPConnection) -> Assistant:
-    return conn.app.state.assistant
+    return required(services_of(conn.app.state).assistant, "assistant")
 
 
 AssistantDep = Annotated[Assistant, Depends(_assistant)]
@@ -118,8 +119,8 @@ async def chat(body: ChatCreate, ctx: ProjectEditor, db: DbSession, request: Req
 router.include_router(project_router)
 
 
-def _setup(app: FastAPI) -> None:
-    app.state.assistant = Assistant(llm_of(app), AssistantConfig())
+def make_assistant(core: Core, *, llm: LazyLLM) -> Assistant:
+    return Assistant(llm, AssistantConfig())
 
 
-component = Component(name="assistant", router=router, setup=_setup)
+component = Component(name="assistant", router=router, builds=Builders(assistant=make_assistant))

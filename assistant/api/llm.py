@@ -24,13 +24,14 @@ from assistant.remote import RemoteLLM
 from ide_server.components import Component
 from ide_server.deps import require_user
 from ide_server.models import User
+from ide_server.wiring import Builders, Core, Model, required, services_of
 from llm_engine.entrypoints import LLMService, build_kserve_router, build_openai_router, install_error_handler
 
 METRICS_PATH = "/llm/metrics"
 
 
 def llm_of(app: FastAPI) -> LazyLLM:
-    return app.state.llm_lazy
+    return required(services_of(app.state).llm, "llm")
 
 
 def _service(request: Request) -> LLMService:
@@ -60,23 +61,24 @@ async def _forwarded_answer(_request: Request, exc: Exception) -> Response:
 
 
 def _setup(app: FastAPI) -> None:
-    app.state.llm_lazy = LazyLLM(app.state.settings.llm_model, RemoteLLM.from_env())
     install_error_handler(app)
     app.add_exception_handler(Forwarded, _forwarded_answer)
 
 
 @asynccontextmanager
-async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    if app.state.settings.llm_eager:
-        llm_of(app).load()  # returns at once: the engine loads in a thread of its own
+async def open_model(core: Core) -> AsyncIterator[Model]:
+    """The IDE's model, loading from the start unless CODEYARD_LLM_EAGER=0, and its gRPC service when asked."""
+    llm = LazyLLM(core.settings.llm_model, RemoteLLM.from_env())
+    if core.settings.llm_eager:
+        llm.load()  # returns at once: the engine loads in a thread of its own
     try:
-        async with serve_grpc(app, llm_of(app)):  # stopped before the model it serves
-            yield
+        async with serve_grpc(core, llm) as grpc_port:  # stopped before the model it serves
+            yield Model(llm, grpc_port)
     finally:
-        llm_of(app).stop()
+        llm.stop()
 
 
 _guard = Depends(_signed_in_here_or_forwarded)
 router = build_openai_router(_service, _guard, metrics_path=METRICS_PATH)
 router.include_router(build_kserve_router(_service, _guard))
-component = Component(name="llm", router=router, setup=_setup, lifespan=_lifespan)
+component = Component(name="llm", router=router, setup=_setup, builds=Builders(llm=open_model))

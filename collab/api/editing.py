@@ -3,11 +3,12 @@
 The handler is thin: accept, authenticate (session cookie or Bearer token), look up the role,
 then hand the socket to collab.websocket.serve_websocket. Failures close with 4401 (not signed
 in) or 4403 (no access, bad path) after accepting, so y-websocket clients can tell them apart.
-Other parts of the app reach the rooms through `rooms_of(app)` (history restore, runs). The
-files API and membership changes reach them through the project events hub (one notification
-mechanism for the whole app): a written file is merged into its open room at once, a deleted or
-moved one loses its room, and a member who was removed or whose role changed is disconnected.
-The lifespan also starts the automatic checkpoints (a git commit after a pause in editing).
+Other parts of the app get the rooms from the composition root (`open_collab` builds them; runs and
+deploys take them as constructor arguments, the history API through `rooms_of`). The files API and
+membership changes reach them through the project events hub (one notification mechanism for the
+whole app): a written file is merged into its open room at once, a deleted or moved one loses its
+room, and a member who was removed or whose role changed is disconnected. `open_collab` also starts
+the automatic checkpoints (a git commit after a pause in editing).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, WebSocket
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from collab.fanout import Fanout
@@ -30,10 +32,11 @@ from ide_server import paths
 from ide_server.components import Component
 from ide_server.deps import authenticate_websocket, project_role
 from ide_server.errors import InvalidInput, NotAuthenticated, PermissionDenied
+from ide_server.events import ProjectEvents
 from ide_server.models import Role, User
 from ide_server.services.projects import project_dir
 from ide_server.settings import Settings
-from ide_server.wiring import required, services_of
+from ide_server.wiring import Builders, Collab, Core, required, services_of
 
 CLOSE_UNAUTHENTICATED = 4401
 # The user's role changed: reconnect (and get the new role). Clients stop only on 4401/4403.
@@ -90,8 +93,8 @@ async def collab_socket(websocket: WebSocket, project_id: str, file_path: str) -
 class AppEvents:
     """What the rooms do when the app reports a change (subscribed to the project events hub)."""
 
-    def __init__(self, app: FastAPI, rooms: RoomManager) -> None:
-        self.app = app
+    def __init__(self, sessions: sessionmaker[Session], rooms: RoomManager) -> None:
+        self.sessions = sessions
         self.rooms = rooms
 
     async def files_changed(self, project_id: str, action: str, path: str, to: str | None) -> None:
@@ -117,37 +120,32 @@ class AppEvents:
         return user_author(user.username if user is not None else f"user{user_id}")
 
     def _role(self, project_id: str, user_id: int) -> Role | None:
-        with self.app.state.sessionmaker() as db:
+        with self.sessions() as db:
             return project_role(db, project_id, db.get(User, user_id))
 
     def _user(self, user_id: int) -> User | None:
-        with self.app.state.sessionmaker() as db:
+        with self.sessions() as db:
             return db.get(User, user_id)
 
 
-def _setup(app: FastAPI) -> None:
-    settings: Settings = app.state.settings
-    services_of(app.state).histories = Histories(
+@asynccontextmanager
+async def open_collab(core: Core, *, events: ProjectEvents | None) -> AsyncIterator[Collab]:
+    """The projects' histories, the rooms (subscribed to the events hub) and their automatic checkpoints."""
+    settings = core.settings
+    histories = Histories(
         lambda project_id: project_dir(settings.projects_dir, project_id),
         lambda project_id: settings.data_dir / "history" / f"{project_id}.git",  # never inside the project
     )
-
-
-@asynccontextmanager
-async def collab_lifespan(app: FastAPI) -> AsyncIterator[None]:
-    settings: Settings = app.state.settings
     fanout = Fanout(settings.redis_url) if settings.redis_url else None
-    rooms = RoomManager(UpdateStore(app.state.engine), lambda key: file_on_disk(settings, key), fanout=fanout)
-    events = AppEvents(app, rooms)
-    checkpoints = AutoCheckpointer(rooms, histories_of(app).of, events.author)
+    rooms = RoomManager(UpdateStore(core.engine), lambda key: file_on_disk(settings, key), fanout=fanout)
+    app_events = AppEvents(core.sessions, rooms)
+    checkpoints = AutoCheckpointer(rooms, histories.of, app_events.author)
     rooms.on_edit = checkpoints.edited  # before any room opens
-    services = services_of(app.state)
-    if (hub := services.events) is not None:
-        hub.on_files_changed(events.files_changed)
-        hub.on_access_changed(events.access_changed)
-    services.rooms, services.checkpoints = rooms, checkpoints
+    if events is not None:
+        events.on_files_changed(app_events.files_changed)
+        events.on_access_changed(app_events.access_changed)
     try:
-        yield
+        yield Collab(histories, rooms, checkpoints)
     finally:
         await checkpoints.close()
         await rooms.shutdown()
@@ -155,4 +153,4 @@ async def collab_lifespan(app: FastAPI) -> AsyncIterator[None]:
             await fanout.close()
 
 
-component = Component(name="collab", router=router, setup=_setup, lifespan=collab_lifespan)
+component = Component(name="collab", router=router, builds=Builders(collab=open_collab))

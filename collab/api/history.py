@@ -173,4 +173,4 @@ async def restore(
         events.files_changed(ctx.project.id, "restore", body.path or "", None)
 
 
-component = Component(name="history", router=router)
+component = Component(name="history", router=router, needs=("collab",))

@@ -26,6 +26,7 @@ from deploy_service.preview import PreviewGateway
 from deploy_service.proxy import AppsGateway
 from deploy_service.rules import DeploymentNotFound
 from deploy_service.schemas import DeploymentPublic, RollbackCreate, ScaleUpdate
+from deploy_service.secrets import ProjectSecrets
 from deploy_service.service import DeployService
 from ide_server.components import Component
 from ide_server.deps import ProjectEditor, ProjectMember, ProjectOwner, authenticate_websocket
@@ -33,12 +34,13 @@ from ide_server.error_handlers import ERROR_RESPONSES, answer_like_domain_errors
 from ide_server.errors import DomainError, NotAuthenticated
 from ide_server.models import Role
 from ide_server.services import projects
-from ide_server.wiring import required, services_of
+from ide_server.wiring import Builders, Collab, Core, DeployParts, required, services_of
 from sandbox import (
     CLOSE_FORBIDDEN,
     CLOSE_NOT_FOUND,
     CLOSE_UNAUTHENTICATED,
     SOCKET_GONE,
+    ProjectRuns,
     SandboxError,
     SandboxUnavailable,
     bubblewrap_installer,
@@ -150,11 +152,10 @@ def deploy_setup(app: FastAPI) -> None:
 
 
 @asynccontextmanager
-async def deploy_lifespan(app: FastAPI) -> AsyncIterator[None]:
+async def open_deploys(core: Core, *, runs: ProjectRuns | None, collab: Collab | None,
+                       secrets: ProjectSecrets | None) -> AsyncIterator[DeployParts]:
     """A sandbox backend for the apps (or the reason there is none), then bring back what was deployed."""
-    settings = app.state.settings
-    services = services_of(app.state)
-    runs = services.runs
+    settings = core.settings
     try:  # the runs' choice (auto: Docker where an engine answers with the runner image, else bubblewrap)
         # Apps are not placed on runner nodes yet: with the runners backend they run on this replica's own sandbox.
         local = "auto" if settings.sandbox_backend == "runners" else settings.sandbox_backend
@@ -162,21 +163,19 @@ async def deploy_lifespan(app: FastAPI) -> AsyncIterator[None]:
     except SandboxUnavailable as exc:
         backend, unavailable = None, f"deploys are off: {exc.detail}"
         log.warning(unavailable)
-    installer = getattr(runs, "installer", None)
+    installer = runs.installer if runs is not None else None  # the runs' package cache, shared
     if installer is None and backend is not None:
         installer = bubblewrap_installer(settings.effective_packages_dir)
-    secrets = services.secrets
     deploys = DeployService(
-        sessions=app.state.sessionmaker, projects_dir=settings.projects_dir, root=settings.data_dir / "deploy",
-        backend=backend, unavailable=unavailable, installer=installer,
-        editors=OpenEditors(lambda: services.rooms, lambda: services.checkpoints),
+        sessions=core.sessions, projects_dir=settings.projects_dir, root=settings.data_dir / "deploy",
+        backend=backend, unavailable=unavailable, installer=installer, editors=OpenEditors.of(collab),
         secrets_of=secrets.environment_for if secrets is not None else None,
         apps_host=settings.deploy_apps_host, https=settings.secure_cookies)
-    services.deploys = deploys
     if backend is not None and (stale := await run_in_threadpool(remove_stale_cgroups)):
         log.warning("removed %d cgroups of app instances a previous server left", len(stale))
-    app.state.apps_edge = edge = AppsEdge(deploys) if settings.deploy_apps_port is not None else None
-    if edge is not None:
+    edge = None
+    if settings.deploy_apps_port is not None:
+        edge = AppsEdge(deploys)
         await edge.start(settings.host, settings.deploy_apps_port)
         log.info("apps also on port %d", edge.port)
     deploys.ownership = ownership = Ownership(
@@ -188,7 +187,7 @@ async def deploy_lifespan(app: FastAPI) -> AsyncIterator[None]:
     else:
         await _bring_back(deploys)
     try:
-        yield
+        yield DeployParts(deploys, edge)
     finally:
         if keeping is not None:
             keeping.cancel()
@@ -207,4 +206,4 @@ async def _bring_back(deploys: DeployService) -> None:
         log.info("bringing back %d deployments", restored)
 
 
-component = Component(name="deploys", router=router, setup=deploy_setup, lifespan=deploy_lifespan)
+component = Component(name="deploys", router=router, setup=deploy_setup, builds=Builders(deploys=open_deploys))

@@ -1,14 +1,15 @@
 """The secrets API, /api/projects/{id}/secrets: thin handlers over ProjectSecrets.
 
 Editors list names and write values (values are never sent back, only that one is set); viewers
-see nothing, not even names. Only owners decide whether runs get the secrets too. The sandbox reads
-`run_environment_for` for a run's environment (see sandbox/api.py).
+see nothing, not even names. Only owners decide whether runs get the secrets too. Runs and deploys
+are given the ProjectSecrets built here by the composition root (`ide_server/wiring.py`); a run's
+environment comes from `run_environment_for`.
 """
 
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, Response, status
+from fastapi import APIRouter, Depends, Response, status
 from pydantic import BaseModel, Field, StrictBool
 from starlette.requests import HTTPConnection
 
@@ -17,7 +18,7 @@ from deploy_service.secrets import MAX_VALUE_BYTES, ProjectSecrets, SecretInfo
 from ide_server.components import Component
 from ide_server.deps import DbSession, ProjectEditor, ProjectOwner
 from ide_server.error_handlers import ERROR_RESPONSES
-from ide_server.wiring import required, services_of
+from ide_server.wiring import Builders, Core, required, services_of
 
 router = APIRouter(prefix="/api/projects/{project_id}/secrets", tags=["secrets"], responses=ERROR_RESPONSES)
 
@@ -87,8 +88,11 @@ def delete_secret(name: str, ctx: ProjectEditor, db: DbSession, secrets: Secrets
     secrets.delete(db, ctx.project.id, name)
 
 
-def setup(app: FastAPI) -> None:
-    services_of(app.state).secrets = ProjectSecrets(SecretBox(app.state.settings.secret_key.get_secret_value()))
+def project_secrets(core: Core) -> ProjectSecrets:
+    """Secrets sealed under the server's key."""
+    key = core.settings.secret_key
+    assert key is not None  # create_app's Settings.prepare() loaded or made it
+    return ProjectSecrets(SecretBox(key.get_secret_value()))
 
 
-component = Component(name="secrets", router=router, setup=setup)
+component = Component(name="secrets", router=router, builds=Builders(secrets=project_secrets))

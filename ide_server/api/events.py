@@ -20,7 +20,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, FastAPI, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
 from ide_server.components import Component
@@ -30,7 +30,7 @@ from ide_server.events import Listener, ProjectEvents
 from ide_server.events_fanout import AccessFanout
 from ide_server.models import Role
 from ide_server.services import projects
-from ide_server.wiring import required, services_of
+from ide_server.wiring import Builders, Core, required, services_of
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -81,26 +81,23 @@ async def project_events_socket(websocket: WebSocket, project_id: str) -> None:
         await hub.leave(project_id, listener)
 
 
-def _setup(app: FastAPI) -> None:
-    services_of(app.state).events = ProjectEvents()
-
-
 @asynccontextmanager
-async def events_lifespan(app: FastAPI) -> AsyncIterator[None]:
-    hub = required(services_of(app.state).events, "events")
+async def open_events(core: Core) -> AsyncIterator[ProjectEvents]:
+    """The hub, delivering on the serving loop; with replicas, access changes fan out through Redis."""
+    hub = ProjectEvents()
     hub.start(asyncio.get_running_loop())
-    redis_url = app.state.settings.redis_url
+    redis_url = core.settings.redis_url
     if not redis_url:
-        yield
+        yield hub
         return
     fanout = AccessFanout(redis_url, hub.access_changed_elsewhere)
     await fanout.start()
     hub.publish_access = fanout.publish
     try:
-        yield
+        yield hub
     finally:
         hub.publish_access = None
         await fanout.close()
 
 
-component = Component(name="events", router=router, setup=_setup, lifespan=events_lifespan)
+component = Component(name="events", router=router, builds=Builders(events=open_events))

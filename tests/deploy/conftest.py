@@ -44,7 +44,7 @@ def packages_dir() -> Path:
 
 
 def make_app(data_dir: Path, database_url: str | None = None, backend: str = "bwrap") -> FastAPI:
-    """With the apps' own listener on a free port (app.state.apps_edge.port) besides /apps/ on the IDE's."""
+    """With the apps' own listener on a free port (app.state.services.apps_edge.port) besides /apps/ on the IDE's."""
     return create_app(Settings(data_dir=data_dir, database_url=database_url or f"sqlite:///{data_dir / 'codeyard.db'}",
                                sandbox_backend=backend, packages_dir=packages_dir(), log_level="warning",
                                deploy_apps_port=0), component_specs=COMPONENTS)
@@ -81,7 +81,7 @@ def served(tmp_path_factory) -> Iterator[TestClient]:
 @pytest.fixture(scope="module")
 def edge(served) -> Iterator[httpx.Client]:
     """A client of the apps' own port (the other door to the same apps)."""
-    with httpx.Client(base_url=f"http://127.0.0.1:{served.app.state.apps_edge.port}", timeout=60) as client:
+    with httpx.Client(base_url=f"http://127.0.0.1:{served.app.state.services.apps_edge.port}", timeout=60) as client:
         yield client
 
 

@@ -41,8 +41,8 @@ def model_app(tmp_path_factory, smol_service) -> Iterator[FastAPI]:
     settings = Settings(data_dir=tmp_path_factory.mktemp("assistant-data"))
     app = create_app(settings)
     with TestClient(app):
-        app.state.llm_lazy.service = smol_service
-        app.state.assistant = Assistant(app.state.llm_lazy, TEST_CONFIG)
+        app.state.services.llm.service = smol_service
+        app.state.services.assistant = Assistant(app.state.services.llm, TEST_CONFIG)
         yield app
-        app.state.llm_lazy.service = None  # the session's model outlives this app
+        app.state.services.llm.service = None  # the session's model outlives this app
     app.state.engine.dispose()

@@ -58,7 +58,7 @@ def test_v1_and_metrics_are_forwarded_to_the_llm_server(remote_ide):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
     metrics = client.get("/llm/metrics")
     assert metrics.status_code == 200 and "vllm:request_success_total" in metrics.text
-    assert remote_ide.state.llm_lazy.service is None  # no model in this process
+    assert remote_ide.state.services.llm.service is None  # no model in this process
 
 
 def test_the_assistant_runs_on_the_llm_server(remote_ide, smol_service):
@@ -71,7 +71,7 @@ def test_the_assistant_runs_on_the_llm_server(remote_ide, smol_service):
     wait_idle(smol_service)  # leaving the stream at the end of the line stopped it on the LLM server
     text, chunks = stream_text(client, f"{base}/chat", bodies()["chat"])
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant" and text.strip()
-    assert remote_ide.state.llm_lazy.service is None
+    assert remote_ide.state.services.llm.service is None
 
 
 @pytest.mark.parametrize(("where", "message"), [("down", "unreachable"), ("wrong key", "refused this server's key")])

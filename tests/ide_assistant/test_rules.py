@@ -16,9 +16,9 @@ from .helpers import bodies, project_with_members
 def unloaded(app):
     """The app's LLM, created but never started: every generating call finds it loading."""
     path, name = resolve_model(None)
-    app.state.llm_lazy.service = LLMService(EngineConfig(model=path), name)
-    yield app.state.llm_lazy.service
-    app.state.llm_lazy.service = None
+    app.state.services.llm.service = LLMService(EngineConfig(model=path), name)
+    yield app.state.services.llm.service
+    app.state.services.llm.service = None
 
 
 def url(project_id: str, route: str = "") -> str:
@@ -32,7 +32,7 @@ def test_reading_the_state_never_loads_the_model(app, new_user):
         assert state == {"enabled": True, "can_change": who == "owner", "model": {
             "state": "deferred", "detail": "the model loads on the first request", "progress": None}}
         assert users[who].get("/api/assistant/model").json() == state["model"]
-    assert app.state.llm_lazy.service is None
+    assert app.state.services.llm.service is None
     assert users["stranger"].get(url(project_id)).status_code == 404
 
 

@@ -29,7 +29,7 @@ def ide(tmp_path_factory, tiny_chat_model):
 
 @pytest.fixture
 def rpc(ide):
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{ide.app.state.llm_grpc_port}")
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{ide.app.state.services.llm_grpc_port}")
     yield client
     client.close()
 
@@ -89,7 +89,7 @@ def test_a_users_token_infers_and_streams(ide, rpc, tiny_chat_model):
 
 def test_the_port_opens_only_when_set_and_closes_with_the_server(tmp_path):
     running = start_server(create_app(Settings(data_dir=tmp_path / "on", llm_model="off", llm_grpc_port=0)))
-    address = f"127.0.0.1:{running.app.state.llm_grpc_port}"
+    address = f"127.0.0.1:{running.app.state.services.llm_grpc_port}"
     client = grpcclient.InferenceServerClient(address)
     try:
         assert client.is_server_live() and not client.is_server_ready()  # no model here: not ready
@@ -100,7 +100,7 @@ def test_the_port_opens_only_when_set_and_closes_with_the_server(tmp_path):
     client.close()
     unset = start_server(create_app(Settings(data_dir=tmp_path / "off")))
     try:
-        assert unset.app.state.llm_grpc_port is None
+        assert unset.app.state.services.llm_grpc_port is None
     finally:
         unset.stop()
         unset.app.state.engine.dispose()
