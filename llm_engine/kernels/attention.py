@@ -193,9 +193,19 @@ def choose_splits(batch: PagedBatch, num_kv_heads: int, device: torch.device) ->
     return max(1, min(MAX_SPLITS, wanted, batch.max_seq_len // MIN_SPLIT_TOKENS))
 
 
+def tile_sizes(num_heads: int, num_kv_heads: int, head_dim: int, batch: PagedBatch) -> dict[str, int]:
+    """The attention kernel's tile constants: BLOCK_Q query tokens per program (1 for decodes),
+    times GROUP query heads per kv head, padded to BLOCK_M rows (16 at least, the MMA minimum);
+    BLOCK_D is head_dim padded to a power of two."""
+    group = num_heads // num_kv_heads
+    block_q = 1 if batch.decode_only else max(1, min(64 // group, max(batch.query_lens)))
+    return {"GROUP": group, "BLOCK_Q": block_q, "BLOCK_M": max(16, triton.next_power_of_2(block_q * group)),
+            "BLOCK_D": max(16, triton.next_power_of_2(head_dim))}
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
                     scale: float, num_splits: int | None = None, out: torch.Tensor | None = None,
-                    block_n: int = 32) -> torch.Tensor:
+                    block_n: int = 32, num_warps: int = 4) -> torch.Tensor:
     """Attention of q [tokens, heads, head_dim] over the paged caches; returns [tokens, heads, head_dim].
 
     The queries' own keys and values must already be in the cache (`reshape_and_cache`).
@@ -212,12 +222,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = torch.empty_like(q) if out is None else out
     if num_tokens == 0:
         return out
-    group = num_heads // num_kv_heads
-    block_q = 1 if batch.decode_only else max(1, min(64 // group, max(batch.query_lens)))
-    block_m = max(16, triton.next_power_of_2(block_q * group))
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    sizes = tile_sizes(num_heads, num_kv_heads, head_dim, batch)
     splits = choose_splits(batch, num_kv_heads, q.device) if num_splits is None else num_splits
-    tile_seqs, tile_rows = batch.tiles(block_q)
+    tile_seqs, tile_rows = batch.tiles(sizes["BLOCK_Q"])
     if splits > 1:
         part_out = torch.empty(num_tokens, num_heads, splits, head_dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32, device=q.device)
@@ -228,12 +235,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         tile_seqs, tile_rows, scale * _LOG2_E, num_heads, head_dim, block_size, splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), batch.block_tables.stride(0),
-        GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, SPLIT=splits > 1,
-        DOT_DTYPE=_dot_dtype(q.dtype))
+        **sizes, BLOCK_N=block_n, SPLIT=splits > 1, DOT_DTYPE=_dot_dtype(q.dtype), num_warps=num_warps)
     if splits > 1:
         _combine_splits_kernel[(num_tokens, num_heads)](
             part_out, part_lse, out, num_heads, head_dim, splits, out.stride(0), out.stride(1),
-            BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d)
+            BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=sizes["BLOCK_D"])
     return out
 
 

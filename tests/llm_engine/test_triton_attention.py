@@ -8,7 +8,11 @@ grid op by op in numpy (~30 ms each), so the CPU shapes are tiny.
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -198,3 +202,18 @@ def test_cuda_mixed_batch_with_long_chunks_matches_reference():
     got, got_k, _ = run_backend(TritonPagedAttention(), slices, tensors, block_size=16)
     assert torch.equal(got_k, expected_k)
     torch.testing.assert_close(got.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+
+@pytest.mark.skipif(os.environ.get("CODEYARD_TRITON_COMPILE") != "1",
+                    reason="compiles the kernels for CUDA GPUs (minutes of CPU): make test-triton-compile")
+@pytest.mark.parametrize("arch", [80, 90])
+def test_kernels_compile_for_cuda_gpus_without_one(arch):
+    """Triton's compiler and ptxas need no GPU; they run in a process of their own, since in this
+    one Triton's library functions (tl.max...) were defined for the interpreter."""
+    script = Path(__file__).with_name("triton_compile_check.py")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(Path(__file__).parents[2])}
+    result = subprocess.run([sys.executable, str(script), str(arch)], env=env, capture_output=True, text=True,
+                            timeout=1200)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"sm_{arch}: all kernels compiled" in result.stdout
