@@ -19,6 +19,7 @@ def _num_warps(block: int) -> int:
     return 4 if block <= 2048 else 8 if block <= 8192 else 16
 
 
+# Kernel parameters stay unannotated: Triton reads annotations as Triton types (and ships no hints).
 @triton.jit  # type: ignore[untyped-decorator]
 def _rms_norm_kernel(  # type: ignore[no-untyped-def]
         x_ptr, residual_ptr, weight_ptr, out_ptr, hidden, x_stride, residual_stride, out_stride, eps,

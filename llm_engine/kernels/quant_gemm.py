@@ -32,6 +32,7 @@ from llm_engine.kernels.autotune import Autotuner, shape_bucket
 FP8_MAX = 448.0
 
 
+# Kernel parameters stay unannotated: Triton reads annotations as Triton types (and ships no hints).
 @triton.jit  # type: ignore[untyped-decorator]
 def _quant_gemm_kernel(  # type: ignore[no-untyped-def]
         x_ptr, w_ptr, scales_ptr, offsets_ptr, bias_ptr, out_ptr, M, N, K, group, num_groups, x_stride, w_stride,
@@ -160,15 +161,22 @@ def _gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, offsets:
     return out.view(*x.shape[:-1], n_out)
 
 
+def _expect(qweight: torch.Tensor, dtype: torch.dtype) -> None:
+    if qweight.dtype != dtype:
+        raise ValueError(f"quant_gemm: this GEMM reads {dtype} weights, got {qweight.dtype}")
+
+
 def int4_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
               group_size: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ W^T (+ bias) for the engine's int4 layout (symmetric weights have offsets -8 * scale)."""
+    _expect(qweight, torch.uint8)
     return _gemm(x, qweight, scales, offsets, group_size, bias)
 
 
 def int8_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
               bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ W^T (+ bias) for int8 weights (group_size K: per output channel)."""
+    _expect(qweight, torch.int8)
     return _gemm(x, qweight, scales, None, group_size, bias)
 
 
@@ -176,6 +184,7 @@ def fp8_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
              bias: torch.Tensor | None = None, scaled_mm: bool | None = None) -> torch.Tensor:
     """x [..., K] @ W^T (+ bias) for float8 E4M3 weights. `scaled_mm`: through torch._scaled_mm
     (activations rounded to float8); None: where the device has FP8 matrix units and the shapes fit."""
+    _expect(qweight, torch.float8_e4m3fn)
     if scaled_mm is None:
         scaled_mm = scaled_mm_fits(x, qweight, scales)
     if not scaled_mm:

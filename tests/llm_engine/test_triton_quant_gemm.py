@@ -109,6 +109,8 @@ def test_bad_inputs_are_clear_errors():
         quant_gemm.int8_gemm(x[:, :64], qweight, scales, 32)
     with pytest.raises(ValueError, match="activations must be"):
         quant_gemm.int8_gemm(x.double(), qweight, scales, 32)
+    with pytest.raises(ValueError, match="reads torch.uint8 weights, got torch.int8"):
+        quant_gemm.int4_gemm(x, qweight, scales, scales, 32)
 
 
 def loaded_layer(method: WeightOnlyLinearMethod, k_in: int, n_out: int, tensors: dict[str, torch.Tensor]
