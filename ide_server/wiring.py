@@ -167,9 +167,9 @@ def check(builders: Builders, needs: Iterable[tuple[str, Iterable[str]]]) -> Non
     """At start-up, not at the first request: every builder and component finds what it cannot do without.
 
     needs: (component name, builder names its routes need)."""
-    wanted = [(f"the {name} service", required) for name, required in REQUIRED.items() if getattr(builders, name)]
-    for who, required in [*wanted, *((f"the {component} component", names) for component, names in needs)]:
-        for name in required:
+    built = [(f"the {name} service", inputs) for name, inputs in REQUIRED.items() if getattr(builders, name)]
+    for who, inputs in [*built, *((f"the {component} component", names) for component, names in needs)]:
+        for name in inputs:
             if name not in _names():
                 raise RuntimeError(f"{who} needs {name!r}, which is no service (they are: {', '.join(_names())})")
             if getattr(builders, name) is None:
