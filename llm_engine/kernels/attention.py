@@ -4,8 +4,9 @@ One program handles a tile of one sequence's query tokens for one kv head: the r
 are (token, query head of that kv head's group) pairs, so GQA/MQA reads each key and value once
 for the whole group, and a decode (one token) still fills a tile with its group's heads. Keys are
 read straight from the pool through the block table, BLOCK_N positions at a time (any block size:
-each position finds its block and offset), with an online softmax in float32; the causal mask
-uses each query's position in its sequence, so a chunk attends to its cached prefix and to itself.
+each position finds its block and offset, a shift on the GPU since the block size is a constant
+of the compiled kernel), with an online softmax in float32; the causal mask uses each query's
+position in its sequence, so a chunk attends to its cached prefix and to itself.
 Programs are listed on the host per step (`PagedBatch.tiles`: the sequence and first query row of
 each tile), so the kernel needs no search and the grid is exactly the work.
 
@@ -41,12 +42,12 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat
 @triton.jit  # type: ignore[untyped-decorator]
 def _paged_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr,  # type: ignore[no-untyped-def]
                             block_tables_ptr, query_start_ptr, seq_lens_ptr, tile_seq_ptr, tile_row_ptr,
-                            scale, num_heads, head_dim, block_size, num_splits,
+                            scale, num_heads, head_dim, num_splits,
                             stride_qt, stride_qh, stride_ot, stride_oh,
                             stride_cb, stride_ch, stride_cs, stride_bt,
                             GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
-                            DOT_DTYPE: tl.constexpr):
+                            DOT_DTYPE: tl.constexpr, PAGE: tl.constexpr):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -81,8 +82,8 @@ def _paged_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_p
     for start in range(kv_lo, kv_hi, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         key_ok = keys < kv_hi
-        block = tl.load(table + keys // block_size, mask=key_ok, other=0).to(tl.int64)
-        slot = block * stride_cb + kv_head * stride_ch + (keys % block_size) * stride_cs
+        block = tl.load(table + keys // PAGE, mask=key_ok, other=0).to(tl.int64)
+        slot = block * stride_cb + kv_head * stride_ch + (keys % PAGE) * stride_cs
         k = tl.load(k_cache_ptr + slot[None, :] + dims[:, None], mask=key_ok[None, :] & dim_ok[:, None], other=0.0)
         s = tl.dot(q, k.to(DOT_DTYPE), input_precision="ieee") * scale
         s = tl.where(key_ok[None, :] & (keys[None, :] <= positions[:, None]), s, float("-inf"))
@@ -232,10 +233,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         part_out = part_lse = out  # unused
     _paged_attention_kernel[(tile_seqs.shape[0], num_kv_heads, splits)](
         q, k_cache, v_cache, out, part_out, part_lse, batch.block_tables, batch.query_start, batch.seq_lens,
-        tile_seqs, tile_rows, scale * _LOG2_E, num_heads, head_dim, block_size, splits,
+        tile_seqs, tile_rows, scale * _LOG2_E, num_heads, head_dim, splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), batch.block_tables.stride(0),
-        **sizes, BLOCK_N=block_n, SPLIT=splits > 1, DOT_DTYPE=_dot_dtype(q.dtype), num_warps=num_warps)
+        **sizes, BLOCK_N=block_n, SPLIT=splits > 1, DOT_DTYPE=_dot_dtype(q.dtype), PAGE=block_size,
+        num_warps=num_warps)
     if splits > 1:
         _combine_splits_kernel[(num_tokens, num_heads)](
             part_out, part_lse, out, num_heads, head_dim, splits, out.stride(0), out.stride(1),

@@ -41,7 +41,7 @@ def compile_all(arch: int) -> None:
                                                torch.device("cpu"))
             for split in (False, True) if batch.decode_only else (False,):
                 constants = {**attention.tile_sizes(32, 8, 128, batch), "BLOCK_N": 32, "SPLIT": split,
-                             "DOT_DTYPE": attention._TL_DTYPES[dtype]}
+                             "DOT_DTYPE": attention._TL_DTYPES[dtype], "PAGE": 16}
                 compiled = compile_for_cuda(attention._paged_attention_kernel, pointers, constants, arch)
                 print(f"sm_{arch} {name} attention {constants['BLOCK_Q']} query rows/tile, split {split}: "
                       f"{compiled.metadata.shared} bytes shared", flush=True)
