@@ -46,6 +46,12 @@ class EngineConfig:
     GGUF file's Q4_0/Q4_1/Q8_0 weights quantized, None loads floats, "int8"/"int4" or a per-layer
     config quantize at load (see layers/quant_config.py). `encoder_cache_memory` bounds the
     vision models' cache of image features (LRU by the image's content hash).
+
+    On CUDA the KV pool is sized as vLLM sizes it: `gpu_memory_utilization` is the fraction of the
+    GPU's total memory the engine may use (weights, the activation peak of a profiled forward of
+    `max_num_batched_tokens` tokens, and the pool gets the rest); `kv_cache_memory` is the CPU's
+    budget, and `num_kv_blocks` overrides both. `enforce_eager` (vLLM's name) turns off the CUDA
+    graphs captured for decode steps.
     """
 
     model: str
@@ -68,6 +74,8 @@ class EngineConfig:
     encoder_cache_memory: int | str = "256MiB"
     speculative_config: dict | SpeculativeConfig | None = None
     kv_transfer_config: dict | KVTransferConfig | None = None  # disaggregated prefill/decode
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -97,6 +105,11 @@ class EngineConfig:
             from llm_engine.layers.attention_triton import check_runs_on  # imports triton: only when asked
 
             check_runs_on(self.device)
+        utilization = self.gpu_memory_utilization
+        if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization: must be a fraction in (0, 1], got {utilization!r}")
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager: must be true or false, got {self.enforce_eager!r}")
         if self.tensor_parallel_size > 1 and self.device != "cpu":
             raise ValueError("tensor_parallel_size: more than 1 runs on the CPU (gloo) so far")
         self.kv_cache_memory = parse_memory(self.kv_cache_memory, "kv_cache_memory")

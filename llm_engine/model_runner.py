@@ -8,7 +8,9 @@ from pathlib import Path
 
 import torch
 
+from llm_engine import gpu_memory
 from llm_engine.config import EngineConfig
+from llm_engine.cuda_graphs import DecodeGraphs, capture_sizes
 from llm_engine.distributed import get_tp_size
 from llm_engine.layers.attention import Attention, AttentionBackend, NativePagedAttention, SeqSlice, TorchPagedAttention
 from llm_engine.layers.decode_stack import DecodeStack
@@ -96,13 +98,27 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_copies: list[tuple
     return step
 
 
+def check_cuda_device(device: torch.device) -> None:
+    """A clear error for a CUDA device this machine does not have."""
+    if not torch.cuda.is_available():
+        raise ValueError(f"device: {str(device)!r} requested but CUDA is not available "
+                         f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'})")
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device: {str(device)!r} requested but this machine has "
+                         f"{torch.cuda.device_count()} CUDA device(s)")
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, hf_config, source: ModelSource) -> None:
-        if config.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device: {config.device!r} requested but CUDA is not available")
+        self.device = torch.device(config.device)
+        if self.device.type == "cuda":
+            check_cuda_device(self.device)
+            if self.device.index is None:  # "cuda": the current device, named (set_device needs an index)
+                self.device = torch.device("cuda", torch.cuda.current_device())
+            torch.cuda.set_device(self.device)
+            used_before = gpu_memory.used_now(self.device)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config, hf_config)
         self.block_size = config.block_size
         self.backend = make_attention_backend(config)
@@ -121,32 +137,98 @@ class ModelRunner:
                 module.process_weights_after_loading()
         self.model.eval()
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())  # tied: once
-        self.num_blocks = self._allocate_kv_cache(config)
+        self.max_model_len = min(config.max_model_len or hf_config.get_text_config().max_position_embeddings,
+                                 hf_config.get_text_config().max_position_embeddings)
+        self.sampler = Sampler(config.seed, self.device)
+        if self.device.type == "cuda" and config.num_kv_blocks is None:
+            num_blocks = self._profile_kv_blocks(config, used_before)
+        else:  # the CPU's byte budget, or the blocks asked for
+            num_blocks = config.num_kv_blocks or config.kv_cache_memory // get_tp_size() // self._bytes_per_block()
+        # CUDA graphs pad batches with rows that write into one scratch block past the engine's pool
+        use_graphs = self.device.type == "cuda" and not config.enforce_eager
+        self.num_blocks = self._allocate_kv_cache(config, num_blocks, extra_blocks=int(use_graphs))
         # one sequence decoding runs the whole stack in one native call (None: layer by layer)
         self.decode_stack = DecodeStack.prepare(self.model, self.block_size) if self.device.type == "cpu" else None
-        self.sampler = Sampler(config.seed)
         self.encoder_cache = EncoderCache(config.encoder_cache_memory)
+        self.graphs = self.decode_graphs(config) if use_graphs else None
+        if self.graphs is not None:
+            self.graphs.capture()
 
-    def _allocate_kv_cache(self, config: EngineConfig) -> int:
-        layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        first = layers[0]
-        bytes_per_block = (2 * len(layers) * self.block_size * first.num_kv_heads * first.head_dim
-                           * torch.tensor([], dtype=self.dtype).element_size())
-        # the budget is for all ranks together; each holds its share of the heads
-        num_blocks = config.num_kv_blocks or config.kv_cache_memory // get_tp_size() // bytes_per_block
+    def decode_graphs(self, config: EngineConfig) -> DecodeGraphs:
+        """Static decode buffers over this runner's pool (captured only on CUDA, by the caller)."""
+        max_len = min(self.max_model_len, self.num_blocks * self.block_size)
+        return DecodeGraphs(self._logits, self.backend, capture_sizes(config.max_num_seqs),
+                            -(-max_len // self.block_size), self.block_size, self.num_blocks, self.device)
+
+    def _logits(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: object) -> torch.Tensor:
+        return self.model.compute_logits(self.model(input_ids, positions, metadata))
+
+    def _attention_layers(self) -> list[Attention]:
+        return [m for m in self.model.modules() if isinstance(m, Attention)]
+
+    def _bytes_per_block(self) -> int:
+        layers = self._attention_layers()
+        return (2 * len(layers) * self.block_size * layers[0].num_kv_heads * layers[0].head_dim
+                * torch.tensor([], dtype=self.dtype).element_size())
+
+    def profile_step(self, config: EngineConfig) -> int:
+        """The largest step the scheduler can send, over a scratch pool: a prefill of
+        max_num_batched_tokens tokens (as sequences no longer than the model allows), logits for up
+        to max_num_seqs of them, and the sampler's sort of those rows (top-p's peak). Returns the
+        scratch pool's size in bytes."""
+        tokens = config.max_num_batched_tokens
+        lengths = [min(self.max_model_len, tokens - start) for start in range(0, tokens, self.max_model_len)]
+        blocks = [-(-length // self.block_size) for length in lengths]
+        self.graphs, self.decode_stack = None, None
+        self._bind_kv_cache(torch.zeros(self._kv_shape(sum(blocks)), dtype=self.dtype, device=self.device))
+        step = StepInput([0] * tokens, [p for length in lengths for p in range(length)], [], [], [], [])
+        first = 0
+        for length, count in zip(lengths, blocks):
+            step.slices.append(SeqSlice(0, length, list(range(first, first + count))))
+            first += count
+        step.logit_rows = list(range(min(tokens, config.max_num_seqs)))
+        logits, _ = self.run_step(step)
+        logits.float().sort(dim=-1, descending=True)[0].softmax(dim=-1).cumsum(dim=-1)
+        self._bind_kv_cache(torch.empty(0, dtype=self.dtype, device=self.device))
+        return sum(blocks) * self._bytes_per_block()
+
+    def _profile_kv_blocks(self, config: EngineConfig, used_before: int) -> int:
+        torch.cuda.reset_peak_memory_stats(self.device)
+        scratch_bytes = self.profile_step(config)
+        torch.cuda.empty_cache()
+        profile = gpu_memory.measure(self.device, used_before, scratch_bytes)
+        budget = gpu_memory.kv_cache_bytes(profile, config.gpu_memory_utilization)
+        num_blocks = budget // self._bytes_per_block() - 1  # one for the graphs' scratch block
+        if num_blocks < 1:
+            raise ValueError(f"gpu_memory_utilization: {config.gpu_memory_utilization} leaves "
+                             f"{budget} bytes for the KV cache, less than two blocks")
+        logger.info("KV cache on %s: %d blocks (%.2f GiB; weights and activations peak at %.2f GiB)",
+                    self.device, num_blocks, budget / 1024**3, profile.peak_torch / 1024**3)
+        return num_blocks
+
+    def _kv_shape(self, num_blocks: int) -> tuple[int, ...]:
+        layers = self._attention_layers()
+        return (2, len(layers), num_blocks, layers[0].num_kv_heads, self.block_size, layers[0].head_dim)
+
+    def _bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        self.kv_cache = kv_cache
+        for i, layer in enumerate(self._attention_layers()):
+            layer.k_cache, layer.v_cache = (kv_cache[0, i], kv_cache[1, i]) if kv_cache.numel() else (kv_cache, kv_cache)
+
+    def _allocate_kv_cache(self, config: EngineConfig, num_blocks: int, extra_blocks: int = 0) -> int:
+        """The pool of `num_blocks` blocks the engine hands out, plus `extra_blocks` it never sees."""
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory: {config.kv_cache_memory} bytes is less than one block "
-                             f"({bytes_per_block} bytes)")
-        shape = (2, len(layers), num_blocks, first.num_kv_heads, self.block_size, first.head_dim)
+                             f"({self._bytes_per_block()} bytes)")
+        shape = self._kv_shape(num_blocks + extra_blocks)
         self.kv_pool_path: Path | None = None  # a prefill instance's pool is a file decode instances map
         if getattr(config.kv_transfer_config, "kv_role", None) == "kv_producer":
             from llm_engine.kv_connector import shared_kv_pool
 
-            self.kv_cache, self.kv_pool_path = shared_kv_pool(shape, self.dtype)
+            kv_cache, self.kv_pool_path = shared_kv_pool(shape, self.dtype)
         else:
-            self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        for i, layer in enumerate(layers):
-            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+            kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._bind_kv_cache(kv_cache)
         return num_blocks
 
     @torch.inference_mode()
@@ -166,6 +248,8 @@ class ModelRunner:
         Tensor-parallel workers run this on every rank with the same `step`."""
         for src, dst in step.block_copies:
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+        if self.graphs is not None and (logits := self.graphs.run(step)) is not None:
+            return logits, []
         if (self.decode_stack is not None and step.mm_embeds is None
                 and self.decode_stack.fits(len(step.slices), len(step.input_ids), len(step.logit_rows))):
             hidden = self.decode_stack(step.input_ids, step.positions[0], step.slices[0].block_table)
