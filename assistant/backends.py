@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
+from assistant.prompts import ChatMessage
 from assistant.remote import RemoteLLM, relay
 from llm_engine import EngineNotReady, EngineOverloaded, SamplingParams
 from llm_engine.entrypoints import ChatCompletionRequest, LLMService, OpenAIError, ServingChat, as_openai_error
@@ -21,7 +23,7 @@ ANSWER_SAMPLING = {"temperature": 0.2, "repetition_penalty": 1.1}
 Done = Callable[[str], bool]
 
 
-def chat_payload(model: str, messages: list[dict], max_tokens: int) -> dict:
+def chat_payload(model: str, messages: list[ChatMessage], max_tokens: int) -> dict[str, Any]:
     return {"model": model, "messages": messages, "stream": True, "max_tokens": max_tokens, **ANSWER_SAMPLING}
 
 
@@ -48,7 +50,7 @@ class LocalModel:
             raise as_openai_error(exc) from None
         return text
 
-    async def chat(self, messages: list[dict], max_tokens: int) -> AsyncIterator[bytes]:
+    async def chat(self, messages: list[ChatMessage], max_tokens: int) -> AsyncIterator[bytes]:
         request = ChatCompletionRequest.model_validate(chat_payload(self.service.served_name, messages, max_tokens))
         result = await ServingChat(self.service).create(request)
         assert not isinstance(result, dict)
@@ -78,7 +80,7 @@ class RemoteModel:
             await upstream.aclose()  # leaving early makes the LLM server abort the request
         return text
 
-    async def chat(self, messages: list[dict], max_tokens: int) -> AsyncIterator[bytes]:
+    async def chat(self, messages: list[ChatMessage], max_tokens: int) -> AsyncIterator[bytes]:
         upstream = await self.remote.post_stream(
             "/v1/chat/completions", chat_payload(await self.remote.model_name(), messages, max_tokens))
         return relay(upstream)

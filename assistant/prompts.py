@@ -10,7 +10,10 @@ indented otherwise in the editor is re-indented on the way in and the suggestion
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import PurePosixPath
+
+ChatMessage = dict[str, str]  # OpenAI's {"role": ..., "content": ...}
 
 PREFIX_CHARS = 2000
 OTHER_FILE_CHARS = 600
@@ -81,7 +84,8 @@ def _file_block(path: str, content: str) -> str:
     return f"File `{path}`:\n```\n{_head(content, FILE_CHARS)}\n```"
 
 
-def explain_messages(path: str, content: str, output: str, failing: tuple[int, str] | None = None) -> list[dict]:
+def explain_messages(path: str, content: str, output: str,
+                     failing: tuple[int, str] | None = None) -> list[ChatMessage]:
     """Chat messages asking why a run failed, with the program, the end of its output and the line
     the error points at (a small model finds it in a long file less reliably than we do)."""
     at = f"The error points at line {failing[0]}:\n```\n{failing[1].strip()}\n```\n\n" if failing else ""
@@ -90,13 +94,13 @@ def explain_messages(path: str, content: str, output: str, failing: tuple[int, s
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
 
 
-def chat_messages(path: str, content: str, conversation: list[tuple[str, str]]) -> list[dict]:
+def chat_messages(path: str, content: str, conversation: Sequence[tuple[str, str]]) -> list[ChatMessage]:
     """The conversation so far, with the current file given to the model up front."""
     context = f"The student is working on this file.\n\n{_file_block(path, content)}"
     return ([{"role": "system", "content": f"{SYSTEM}\n\n{context}"}]
             + [{"role": role, "content": text} for role, text in conversation])
 
 
-def continued(messages: list[dict], answer: str) -> list[dict]:
+def continued(messages: list[ChatMessage], answer: str) -> list[ChatMessage]:
     """The messages of an answer that the length cap cut short, asking for the rest of it."""
     return [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": CONTINUE}]

@@ -152,7 +152,8 @@ class Assistant:
         return await self._answer(model, prompts.chat_messages(body.path, body.content, conversation),
                                   body.continue_answer)
 
-    async def _answer(self, model: Model, messages: list[dict], continue_answer: str | None) -> AsyncIterator[bytes]:
+    async def _answer(self, model: Model, messages: list[prompts.ChatMessage], continue_answer: str | None
+                      ) -> AsyncIterator[bytes]:
         """The streamed answer (or, given the answer so far that the length cap cut, the rest of it)."""
         if continue_answer is not None:
             messages = prompts.continued(messages, continue_answer)

@@ -12,6 +12,7 @@ ordinary edit and nobody's connection has to reload.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import functools
 import re
 import threading
@@ -19,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Concatenate, ParamSpec, TypeVar
 
 import git
 
@@ -26,7 +28,6 @@ from collab.room import RoomKey
 from collab.rooms import RoomManager
 from ide_server import paths
 
-SERVER = git.Actor("Codeyard", "codeyard@localhost")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 VERSION_PATTERN = re.compile(r"^[0-9a-f]{4,40}$")
 
@@ -45,6 +46,9 @@ class Author:
     email: str
 
 
+SERVER = Author("Codeyard", "codeyard@localhost")  # the committer, and the author of checkpoints nobody edited
+
+
 def user_author(username: str) -> Author:
     """How a Codeyard user appears in a project's git history."""
     return Author(username, f"{username}@users.codeyard")
@@ -59,11 +63,15 @@ class Checkpoint:
     names: tuple[str, ...]
 
 
-def _serialised(method):
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _serialised(method: Callable[Concatenate[ProjectHistory, P], R]) -> Callable[Concatenate[ProjectHistory, P], R]:
     """GitPython keeps long-lived `git cat-file` pipes per Repo: one caller at a time."""
 
     @functools.wraps(method)
-    def locked(self, *args, **kwargs):
+    def locked(self: ProjectHistory, /, *args: P.args, **kwargs: P.kwargs) -> R:
         with self._lock:
             return method(self, *args, **kwargs)
 
@@ -97,7 +105,7 @@ class ProjectHistory:
         self.repo.git.add(A=True)
         # Commit straight away and let git say whether anything changed: a `diff --cached` first
         # was a third git process per checkpoint, and a checkpoint comes before every run.
-        lead = authors[0] if authors else Author(SERVER.name, SERVER.email)
+        lead = authors[0] if authors else SERVER
         trailers = "".join(f"\nCo-authored-by: {a.name} <{a.email}>" for a in authors[1:])
         status, out, err = self.repo.git.commit(
             "--quiet", "--no-verify", "--allow-empty-message", "--cleanup=verbatim",
@@ -138,17 +146,18 @@ class ProjectHistory:
             blob = self._commit(version).tree / path
         except KeyError as exc:
             raise FileNotFoundError(f"path: {path} is not in version {version}") from exc
-        return blob.data_stream.read()
+        data: bytes = blob.data_stream.read()
+        return data
 
     @_serialised
-    def files(self, version: str) -> list[str]:
-        return sorted(item.path for item in self._commit(version).tree.traverse() if item.type == "blob")
+    def files(self, version: str) -> builtins.list[str]:  # (`list` is the method above here)
+        return sorted(str(item.path) for item in self._commit(version).tree.traverse() if isinstance(item, git.Blob))
 
     @_serialised
     def diff(self, old: str, new: str, path: str | None = None) -> str:
         """Unified diff between two versions (of one file, or the whole project)."""
         args = [self._commit(old).hexsha, self._commit(new).hexsha]
-        text = self.repo.git.diff(*args, "--", *([path] if path else []))
+        text: str = self.repo.git.diff(*args, "--", *([path] if path else []))
         # GitPython keeps bytes that are not UTF-8 as lone surrogates, which no JSON answer can carry
         return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
@@ -161,12 +170,13 @@ class ProjectHistory:
             raise ValueError(f"version: no checkpoint {version!r}") from exc
 
     def _checkpoint(self, commit: git.Commit) -> Checkpoint:
-        authors = [Author(commit.author.name, commit.author.email)]
-        for line in commit.message.splitlines():
+        authors = [Author(commit.author.name or "", commit.author.email or "")]
+        message = commit.message if isinstance(commit.message, str) else commit.message.decode("utf-8", "replace")
+        for line in message.splitlines():
             if match := re.match(r"^Co-authored-by: (.+) <(.+)>$", line):
                 authors.append(Author(match[1], match[2]))
         names = tuple(tag.name for tag in self.repo.tags if tag.commit == commit)
-        summary = commit.message.split("\n\nCo-authored-by:")[0].strip()
+        summary = message.split("\n\nCo-authored-by:")[0].strip()
         return Checkpoint(
             commit.hexsha, summary, tuple(authors), datetime.fromtimestamp(commit.committed_date, UTC), names
         )
@@ -246,7 +256,7 @@ class AutoCheckpointer:
         self.pause_s = pause_s
         self._editors: dict[str, list[str]] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[Checkpoint | None]] = set()
 
     def edited(self, key: RoomKey, user_id: str) -> None:
         """RoomManager's on_edit hook: (re)start the pause timer of the project."""

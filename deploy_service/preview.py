@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import re
 from contextlib import suppress
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
-from websockets.asyncio.client import unix_connect
+from websockets.asyncio.client import ClientConnection, unix_connect
 
 from deploy_service.proxy import (
     app_request_headers,
@@ -72,7 +73,7 @@ class PreviewGateway:
         live = await self._live(runs, match.group(1).decode()) if match and runs else None
         if scope["type"] == "websocket":
             await self._websocket(WebSocket(scope, receive, send), live, match)
-        elif live is None:
+        elif live is None or match is None:  # (a live run was looked up only with a match)
             await plain_response(send, 404, NO_PREVIEW)
         elif match.group(2) is None:  # relative links need the trailing slash
             await plain_response(send, 308, "", [(b"location", match.group(0) + b"/")])
@@ -122,14 +123,15 @@ class PreviewGateway:
 
     async def _websocket(self, websocket: WebSocket, live: tuple[RunRecord, Preview, str] | None,
                          match: re.Match[bytes] | None) -> None:
-        if live is None or match is None or match.group(2) is None or live[0].listening_port is None:
+        port = live[0].listening_port if live is not None else None
+        if live is None or match is None or match.group(2) is None or port is None:
             await websocket.close(1008, "no program is serving here")
             return
-        record, preview, token = live
-        preview.point_at(record.listening_port)
+        _, preview, token = live
+        preview.point_at(port)
         target, _ = self._target(websocket.scope, match)
 
-        async def connect(**options):
+        async def connect(**options: Any) -> ClientConnection:
             return await unix_connect(sock=await preview.connect(), uri=f"ws://app{target}", **options)
 
         relay = asyncio.ensure_future(relay_websocket(websocket, preview_path(token).rstrip("/"), connect))
@@ -139,7 +141,7 @@ class PreviewGateway:
                 await websocket.close(NOT_A_MEMBER, "you are no longer a member of this project")
             relay.cancel()
 
-        ending: list[asyncio.Future] = []
+        ending: list[asyncio.Future[None]] = []
         forget = preview.hold(token, lambda: ending.append(asyncio.ensure_future(take_back())))
         try:
             await asyncio.wait([relay])

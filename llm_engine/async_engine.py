@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -24,10 +24,9 @@ from llm_engine.outputs import RequestOutput
 from llm_engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # the engine (and torch) is imported by the loop thread, not by importers
-    from transformers import PreTrainedTokenizerBase
-
     from llm_engine.llm_engine import EngineStats, LLMEngine
-    from llm_engine.multimodal.inputs import ImageInputs
+    from llm_engine.multimodal.inputs import ImageInputs, ImagePrompt
+    from llm_engine.tokenizer import Tokenizer
 
 log = logging.getLogger("codeyard.llm")
 
@@ -43,7 +42,7 @@ class EngineOverloaded(RuntimeError):
 @dataclass
 class _Add:
     request_id: str
-    prompt: str | list[int]
+    prompt: str | list[int] | ImagePrompt
     params: SamplingParams
     priority: int
     arrival_time: float
@@ -123,7 +122,7 @@ class AsyncLLMEngine:
         return self.engine is not None
 
     @property
-    def tokenizer(self) -> PreTrainedTokenizerBase | None:
+    def tokenizer(self) -> Tokenizer | None:
         return self.require_engine().tokenizer
 
     @property
@@ -162,8 +161,8 @@ class AsyncLLMEngine:
 
     # ----- requests ---------------------------------------------------------------------------
 
-    async def generate(self, prompt: str | list[int], sampling_params: SamplingParams, request_id: str,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt: str | list[int] | ImagePrompt, sampling_params: SamplingParams,
+                       request_id: str, priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's output after each step that changed it (cumulative text/tokens).
 
         Raises EngineNotReady, EngineOverloaded, ValueError (bad prompt/parameters, naming the

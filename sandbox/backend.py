@@ -185,9 +185,9 @@ class SandboxRun:
         self.stdin_closed = False
         self.waiting_for_input = False  # an interactive run's program is blocked reading its input now
         self.listening_port: int | None = None  # an interactive run's program serves HTTP on this port (its Webview)
-        self.on_change: Callable[[], None] = lambda: None  # called when waiting_for_input or listening_port changes
+        self.on_change: Callable[[], object] = lambda: None  # called when waiting_for_input or listening_port changes
         self.limit_message = ""  # why a limit stopped it, where the verdict alone would not say
-        self.on_files_copied: Callable[[], None] = lambda: None  # a sync (RunSpec.sync_seconds) copied files back
+        self.on_files_copied: Callable[[], object] = lambda: None  # a sync (RunSpec.sync_seconds) copied files back
 
     def emit(self, stream: Literal["stdout", "stderr"], data: bytes) -> None:
         """Account for output: keep and stream it up to the limit, then stop the run."""

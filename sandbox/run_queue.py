@@ -24,14 +24,20 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from sandbox.backend import Backend, OutputChunk, RunSpec, SandboxRun
+from sandbox.backend import OutputChunk, RunSpec, SandboxRun
 from sandbox.errors import QueueFull, RunNotFound
 from sandbox.verdict import RunResult, Verdict
 
 Status = Literal["queued", "running", "finished"]
 REMEMBERED_TURNS = 10_000  # users whose last turn is remembered; beyond, the idle ones longest ago are forgotten
+
+
+class RunStarter(Protocol):
+    """What runs start on: a Backend, or one that prepares a run's packages first (PackagesFirst)."""
+
+    async def start(self, spec: RunSpec) -> SandboxRun: ...
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,7 @@ class RunRecord:
 class RunQueue:
     """Queue, start, record and stream runs on one backend."""
 
-    def __init__(self, backend: Backend, *, max_running: int = 4, max_running_per_user: int = 2, max_queued: int = 64,
+    def __init__(self, backend: RunStarter, *, max_running: int = 4, max_running_per_user: int = 2, max_queued: int = 64,
                  max_per_user: int = 8, keep_finished: int = 200, max_waiting: int | None = None) -> None:
         """max_running: runs at once, max_running_per_user of them one user's; max_per_user: runs one
         user may have waiting or running; max_queued: runs waiting beyond the running ones; max_waiting:

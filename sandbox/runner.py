@@ -18,9 +18,11 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
+from redis.typing import EncodableT, FieldT
 
 from sandbox.backend import Backend, RunSpec, SandboxRun
 from sandbox.backends.dispatch import (
@@ -29,14 +31,20 @@ from sandbox.backends.dispatch import (
     HEARTBEAT_TTL_MS,
     RUN_KEYS_TTL_S,
     RUNS_STREAM,
+    Entry,
+    Fields,
     decode_spec,
     encode_result,
     heartbeat_key,
     in_key,
     out_key,
     patiently,
+    stream_entries,
 )
 from sandbox.verdict import RunResult, Verdict
+
+if TYPE_CHECKING:
+    from ide_server.settings import Settings
 
 log = logging.getLogger(__name__)
 CLAIM_IDLE_MS = 2 * HEARTBEAT_TTL_MS  # a pending entry this old whose reader has no heartbeat is taken over
@@ -146,25 +154,27 @@ class Runner:
             pipe.xdel(RUNS_STREAM, entry_id)
             await pipe.execute()
 
-    async def _read_new(self) -> tuple[bytes, dict] | None:
-        answer = await self.redis.xreadgroup(GROUP, self.name, {RUNS_STREAM: ">"}, count=1, block=1000)
-        return answer[0][1][0] if answer and answer[0][1] else None
+    async def _read_new(self) -> Entry | None:
+        entries = stream_entries(await self.redis.xreadgroup(GROUP, self.name, {RUNS_STREAM: ">"}, count=1, block=1000))
+        return entries[0] if entries else None
 
-    async def _claim_orphan(self) -> tuple[bytes, dict] | None:
+    async def _claim_orphan(self) -> Entry | None:
         """A run another runner read but never started, once that runner's heartbeat is gone."""
-        pending = await self.redis.xpending_range(RUNS_STREAM, GROUP, min="-", max="+", count=20, idle=CLAIM_IDLE_MS)
+        pending = cast(list[dict[str, Any]],  # {"message_id": bytes, "consumer": bytes, ...} each
+                       await self.redis.xpending_range(RUNS_STREAM, GROUP, min="-", max="+", count=20, idle=CLAIM_IDLE_MS))
         for item in pending:
             owner = item["consumer"].decode()
             if owner == self.name or await self.redis.exists(heartbeat_key(owner)):
                 continue
-            claimed = await self.redis.xclaim(RUNS_STREAM, GROUP, self.name, CLAIM_IDLE_MS, [item["message_id"]])
-            if claimed and claimed[0][1]:
+            claimed = cast(list[tuple[bytes, Fields | None]],  # RESP2; no fields: the entry was deleted
+                           await self.redis.xclaim(RUNS_STREAM, GROUP, self.name, CLAIM_IDLE_MS, [item["message_id"]]))
+            if claimed and (fields := claimed[0][1]):
                 log.warning("runner %s: taking over run entry %s that %s read but never started",
                             self.name, item["message_id"].decode(), owner)
-                return claimed[0]
+                return claimed[0][0], fields
         return None
 
-    async def _execute(self, entry_id: bytes, run_id: str, fields: dict) -> None:
+    async def _execute(self, entry_id: bytes, run_id: str, fields: Fields) -> None:
         try:
             await self._run_entry(entry_id, run_id, fields)
         except Exception:
@@ -173,7 +183,7 @@ class Runner:
             del self.running[run_id]
             self._free.release()
 
-    async def _run_entry(self, entry_id: bytes, run_id: str, fields: dict) -> None:
+    async def _run_entry(self, entry_id: bytes, run_id: str, fields: Fields) -> None:
         out = out_key(run_id)
         if time.time() > float(fields[b"deadline"]) or await self._told_to_cancel(run_id):
             await self._done_with(entry_id)  # its replica has given up on it
@@ -210,7 +220,8 @@ class Runner:
         await steering
 
     async def _told_to_cancel(self, run_id: str) -> bool:
-        return any(f.get(b"t") == b"cancel" for _, f in await self.redis.xrange(in_key(run_id)))
+        entries = cast(list[Entry], await self.redis.xrange(in_key(run_id)))
+        return any(f.get(b"t") == b"cancel" for _, f in entries)
 
     def _checked(self, spec: RunSpec) -> RunSpec:
         """Refuse a spec naming folders outside the shared folders."""
@@ -221,10 +232,10 @@ class Runner:
 
     async def _steer(self, run_id: str, run: SandboxRun, ended: asyncio.Event) -> None:
         """Pass input, end of input, resizes and cancel from the run's in stream to the run, until it has ended."""
-        last = "0"
+        last: str | bytes = "0"
         while not ended.is_set():
             answer = await patiently(lambda: self.redis.xread({in_key(run_id): last}, count=256, block=1000))
-            for entry_id, fields in answer[0][1] if answer else []:
+            for entry_id, fields in stream_entries(answer):
                 last, kind = entry_id, fields[b"t"]
                 try:
                     if kind == b"stdin":
@@ -238,10 +249,12 @@ class Runner:
                 except (ValueError, OSError) as exc:
                     log.info("run %s: %s ignored: %s", run_id, kind.decode(), exc)
 
-    async def _say(self, out: str, **fields) -> None:
+    async def _say(self, out: str, **fields: EncodableT) -> None:
+        entry: dict[FieldT, EncodableT] = {name: value for name, value in fields.items()}
+
         async def say() -> None:
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.xadd(out, fields)
+                pipe.xadd(out, entry)
                 pipe.expire(out, RUN_KEYS_TTL_S)
                 await pipe.execute()
 
@@ -253,20 +266,21 @@ async def live_runners(redis: aioredis.Redis) -> list[dict[str, str]]:
     """The runners whose heartbeat is live, with their capacity (name, cpus, memory_bytes, slots, busy, draining)."""
     found = []
     async for key in redis.scan_iter(match=heartbeat_key("*"), count=100):
-        beat = {k.decode(): v.decode() for k, v in (await redis.hgetall(key)).items()}
+        fields = cast(Fields, await redis.hgetall(key))
+        beat = {k.decode(): v.decode() for k, v in fields.items()}
         if beat:
             found.append({"name": key.decode().removeprefix(heartbeat_key("")), **beat})
     return sorted(found, key=lambda beat: beat["name"])
 
 
-async def start_own_runner(settings) -> Callable[[], Awaitable[None]] | None:
+async def start_own_runner(settings: Settings) -> Callable[[], Awaitable[None]] | None:
     """With settings.runner_slots, a runner in this process (the replica is a runner node too, through Redis
     like any other); returns what drains and stops it, or None."""
     from ide_server.leases import connect
     from sandbox.backends.choice import make_backend
     from sandbox.errors import SandboxUnavailable
 
-    if not settings.runner_slots:
+    if not settings.runner_slots or settings.redis_url is None:  # (the runners backend has Redis)
         return None
     try:
         local = make_backend("auto")

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -78,10 +79,10 @@ def public_of_row(row: RunRow) -> RunPublic:
 class ProjectRuns:
     """Runs of projects' code for signed-in users, on one backend (or none, with the reason)."""
 
-    def __init__(self, backend: Backend | None, unavailable: str, *, sessions: sessionmaker, projects_dir: Path,
+    def __init__(self, backend: Backend | None, unavailable: str, *, sessions: sessionmaker[Session], projects_dir: Path,
                  editors: OpenEditors, installer: Installer | None = None, max_running: int, max_running_per_user: int,
                  max_per_user: int, max_queued: int = 64, max_shells: int = 16, max_shells_per_user: int = 2,
-                 announce: Callable[[str, dict], None] | None = None,
+                 announce: Callable[[str, dict[str, Any]], None] | None = None,
                  environment_of: Callable[[str], dict[str, str]] | None = None) -> None:
         """announce: tells a project's open workspaces something (the events hub): a run started (so every
         member's console follows it), or a run wrote files (so their trees re-read). environment_of: a
@@ -89,15 +90,15 @@ class ProjectRuns:
         self.backend, self.unavailable = backend, unavailable
         self.sessions, self.projects_dir, self.editors = sessions, projects_dir, editors
         self.installer = installer
-        runner = PackagesFirst(backend, installer) if backend and installer else backend
-        self.queue = RunQueue(runner, max_running=max_running, max_running_per_user=max_running_per_user,
-                                max_queued=max_queued, max_per_user=max_per_user) if backend else None
-        self._finishers: set[asyncio.Task] = set()
+        self.queue = RunQueue(PackagesFirst(backend, installer) if installer else backend, max_running=max_running,
+                              max_running_per_user=max_running_per_user, max_queued=max_queued,
+                              max_per_user=max_per_user) if backend else None
+        self._finishers: set[asyncio.Task[None]] = set()
         self.max_shells, self.max_shells_per_user = max_shells, max_shells_per_user
         self._shells: list[int] = []  # user id of each open shell
         self._previews: dict[str, tuple[RunRecord, Preview]] = {}  # run id -> the live run and its Webview
         self._sockets: set[HeldSocket] = set()
-        self.announce: Callable[[str, dict], None] = announce or (lambda project_id, event: None)
+        self.announce: Callable[[str, dict[str, Any]], None] = announce or (lambda project_id, event: None)
         self.environment_of: Callable[[str], dict[str, str]] = environment_of or (lambda project_id: {})
 
     def claim_shell(self, user: User) -> None:
@@ -291,7 +292,10 @@ class ProjectRuns:
 
     def get(self, db: Session, run_id: str, user: User) -> RunPublic:
         _, record, row = self._visible(db, run_id, user, Role.viewer)
-        return self._public(record, user) if record else public_of_row(row)
+        if record is not None:
+            return self._public(record, user)
+        assert row is not None  # a run _visible found is live or in the table
+        return public_of_row(row)
 
     def check(self, db: Session, run_id: str, user: User, min_role: Role = Role.viewer) -> None:
         """Raise RunNotFound/PermissionDenied unless `user` may see (or steer) the live run."""
@@ -302,6 +306,7 @@ class ProjectRuns:
     def cancel(self, db: Session, run_id: str, user: User) -> RunPublic:
         _, record, row = self._visible(db, run_id, user, Role.editor)
         if record is None:
+            assert row is not None  # a run _visible found is live or in the table
             return public_of_row(row)  # already over: nothing to cancel
         assert self.queue is not None
         return self._public(self.queue.cancel(run_id), user)

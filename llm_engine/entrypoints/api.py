@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -23,6 +23,7 @@ from llm_engine.entrypoints.serving import ServingChat, ServingCompletion
 from llm_engine.metrics import CONTENT_TYPE
 
 ServiceGetter = Callable[[Request], LLMService]
+Result = TypeVar("Result")
 _DISCONNECT_POLL_S = 0.25
 
 
@@ -60,7 +61,7 @@ async def json_body(request: Request) -> Any:
         raise OpenAIError(400, "the request body is not valid JSON") from None
 
 
-async def unless_disconnected(request: Request, work) -> Any:
+async def unless_disconnected(request: Request, work: Awaitable[Result]) -> Result | Response:
     """Await `work`, cancelling it (which aborts its engine requests) if the client goes away.
 
     A stream is watched here until its first output (while it waits in the queue), then by
@@ -81,7 +82,9 @@ async def unless_disconnected(request: Request, work) -> Any:
             task.cancel()
 
 
-def answer(result: dict | AsyncIterator[bytes]) -> Response:
+def answer(result: dict[str, Any] | AsyncIterator[bytes] | Response) -> Response:
+    if isinstance(result, Response):  # the client went away (499)
+        return result
     if isinstance(result, dict):
         return JSONResponse(result)
     return StreamingResponse(result, media_type="text/event-stream",
@@ -93,7 +96,7 @@ def build_router(get_service: ServiceGetter, auth: Any, metrics_path: str = "/me
     router = APIRouter()
 
     @router.get("/v1/models", dependencies=[auth], tags=["llm"])
-    def list_models(request: Request) -> dict:
+    def list_models(request: Request) -> dict[str, Any]:
         service = get_service(request)
         return {"object": "list", "data": [{
             "id": service.served_name, "object": "model", "created": int(service.started_at),
@@ -135,5 +138,6 @@ def install(app: FastAPI) -> None:
 
 
 def service_from_state(request: Request) -> LLMService:
-    return request.app.state.llm
+    service: LLMService = request.app.state.llm
+    return service
 

@@ -11,9 +11,10 @@ which is what the binary tensor extension and gRPC's raw contents both carry.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, triton_to_np_dtype
@@ -22,6 +23,9 @@ from llm_engine.entrypoints.kserve_metrics import RequestStats
 from llm_engine.entrypoints.protocol import CompletionRequest, OpenAIError, parse_request
 from llm_engine.entrypoints.service import LLMService
 from llm_engine.entrypoints.serving import _Run, _Serving
+
+if TYPE_CHECKING:
+    from llm_engine.entrypoints.ensemble import Ensemble
 
 try:
     SERVER_VERSION = version("codeyard")
@@ -61,15 +65,15 @@ OUTPUTS = (
 INPUT_BY_NAME = {spec.name: spec for spec in INPUTS}
 
 
-def server_metadata() -> dict:
+def server_metadata() -> dict[str, Any]:
     return {"name": "codeyard-llm", "version": SERVER_VERSION, "extensions": EXTENSIONS}
 
 
-def _metadata_tensor(spec: TensorSpec) -> dict:
+def _metadata_tensor(spec: TensorSpec) -> dict[str, Any]:
     return {"name": spec.name, "datatype": spec.datatype, "shape": [-1, *spec.dims]}
 
 
-def model_metadata(service: LLMService, name: str, version: str | None = None) -> dict:
+def model_metadata(service: LLMService, name: str, version: str | None = None) -> dict[str, Any]:
     ensemble = find_model(service, name, version)
     if ensemble is not None:
         return ensemble.metadata()
@@ -81,7 +85,7 @@ CONFIG_TYPES = {"BYTES": "TYPE_STRING", "INT32": "TYPE_INT32", "INT64": "TYPE_IN
                  "BOOL": "TYPE_BOOL"}
 
 
-def model_config(service: LLMService, name: str, version: str | None = None) -> dict:
+def model_config(service: LLMService, name: str, version: str | None = None) -> dict[str, Any]:
     """The model's config.pbtxt as JSON (Triton's field names), filled from the engine configuration
     the way the TensorRT-LLM backend's fill_template fills it: decoupled (streaming), in-flight
     batching up to max_num_seqs, and the engine settings as string parameters."""
@@ -103,7 +107,7 @@ def model_config(service: LLMService, name: str, version: str | None = None) -> 
         "max_queue_size": service.options.max_waiting,
     }
 
-    def tensor(spec: TensorSpec) -> dict:
+    def tensor(spec: TensorSpec) -> dict[str, Any]:
         return {"name": spec.name, "data_type": CONFIG_TYPES[spec.datatype], "dims": list(spec.dims),
                 **({"optional": True} if spec in INPUTS and spec.name != "text_input" else {})}
 
@@ -117,7 +121,7 @@ def model_config(service: LLMService, name: str, version: str | None = None) -> 
     }
 
 
-def find_model(service: LLMService, name: str, version: str | None):
+def find_model(service: LLMService, name: str, version: str | None) -> Ensemble | None:
     """The ensemble called `name`, or None for the served LLM itself; 404 for anything else."""
     if version not in (None, "", VERSION):
         raise OpenAIError(404, f"model `{name}` has no version {version} (only {VERSION})")
@@ -136,7 +140,7 @@ def request_stats(service: LLMService, name: str, version: str | None, arrived: 
 
 
 async def infer(service: LLMService, name: str, version: str | None, tensors: dict[str, np.ndarray],
-                parameters: dict | None, stats: RequestStats | None = None) -> dict[str, np.ndarray]:
+                parameters: dict[str, Any] | None, stats: RequestStats | None = None) -> dict[str, np.ndarray]:
     """Output tensors of a (non-streaming) inference on the LLM or an ensemble."""
     ensemble = find_model(service, name, version)
     if ensemble is not None:
@@ -163,7 +167,7 @@ def decode_raw(name: str, datatype: str, shape: list[int], raw: bytes) -> np.nda
     """A tensor from Triton's raw layout (binary extension, gRPC raw_input_contents)."""
     try:
         if datatype == "BYTES":
-            array = deserialize_bytes_tensor(raw)
+            array: np.ndarray = deserialize_bytes_tensor(raw)
         else:
             array = np.frombuffer(raw, dtype=triton_to_np_dtype(datatype))
         return array.reshape(shape)
@@ -186,7 +190,7 @@ def decode_json(name: str, datatype: str, shape: list[int], data: object) -> np.
                                f"{shape} ({type(exc).__name__})") from None
 
 
-def _flatten(data: object):
+def _flatten(data: object) -> Iterator[Any]:  # JSON values
     if isinstance(data, list):
         for item in data:
             yield from _flatten(item)
@@ -198,7 +202,7 @@ def encode_raw(array: np.ndarray) -> bytes:
     return serialize_byte_tensor(array).item() if array.dtype == object else array.tobytes()
 
 
-def as_json_data(array: np.ndarray) -> list:
+def as_json_data(array: np.ndarray) -> list[Any]:
     if array.dtype == object:
         return [x.decode("utf-8", "replace") for x in array.flatten()]
     return array.flatten().tolist()
@@ -214,7 +218,7 @@ def _python(value: np.generic | bytes) -> object:
 
 
 def requests_from_tensors(service: LLMService, tensors: dict[str, np.ndarray],
-                          parameters: dict | None = None) -> list[CompletionRequest]:
+                          parameters: dict[str, Any] | None = None) -> list[CompletionRequest]:
     """One CompletionRequest per row of `text_input`; other inputs have one value per row or one
     for all. Request `parameters` with input names fill inputs that were not sent as tensors."""
     for name in tensors:
@@ -233,7 +237,7 @@ def requests_from_tensors(service: LLMService, tensors: dict[str, np.ndarray],
     defaults = {k: v for k, v in (parameters or {}).items() if k in INPUT_BY_NAME and k not in tensors}
     requests = []
     for row in range(rows):
-        body: dict = {"model": service.served_name, "n": 1}
+        body: dict[str, Any] = {"model": service.served_name, "n": 1}
         for name, array in tensors.items():
             spec = INPUT_BY_NAME[name]
             if spec.field is None:
@@ -242,8 +246,8 @@ def requests_from_tensors(service: LLMService, tensors: dict[str, np.ndarray],
             if values.size:
                 body[spec.field] = [_python(v) for v in values] if spec.dims == (-1,) else _python(values[0])
         for name, value in defaults.items():
-            if INPUT_BY_NAME[name].field:
-                body[INPUT_BY_NAME[name].field] = value
+            if field := INPUT_BY_NAME[name].field:
+                body[field] = value
         requests.append(parse_request(CompletionRequest, body))
     return requests
 
@@ -290,7 +294,7 @@ class ServingV2(_Serving):
                          images: list[list[bytes]] | None = None) -> _Run:
         """`images`: each row's image files, one image token in its text_input per image."""
         self.service.require_ready()
-        prompts = [await self.with_images(self.tokenize(r.prompt), row_images)
+        prompts = [await self.with_images(self.tokenize(_text_input(r)), row_images)
                    for r, row_images in zip(requests, images or [[]] * len(requests))]
         prompt_ids = [ids for ids, _ in prompts]
         params = [self.sampling_params(r, self.check_length(ids, r.max_tokens), None)
@@ -324,3 +328,10 @@ class ServingV2(_Serving):
             result.num_tokens += delta.num_tokens
             result.finish_reason = delta.finish_reason
         return results
+
+
+def _text_input(request: CompletionRequest) -> str:
+    """A row's prompt: text_input holds one text per row."""
+    if not isinstance(request.prompt, str):
+        raise OpenAIError(400, "input 'text_input' must hold one text per row")
+    return request.prompt

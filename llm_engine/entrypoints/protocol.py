@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -24,7 +24,7 @@ class OpenAIError(Exception):
         self.code = code
         self.retry_after = retry_after
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "server_error"),
                           "param": self.param, "code": self.code}}
 
@@ -36,7 +36,7 @@ class StreamOptions(BaseModel):
 class JSONSchemaFormat(BaseModel):
     name: str = "response"
     description: str | None = None
-    schema_: Annotated[dict, Field(alias="schema")]
+    schema_: Annotated[dict[str, Any], Field(alias="schema")]
     strict: bool | None = None
 
 
@@ -45,7 +45,7 @@ class ResponseFormat(BaseModel):
     json_schema: JSONSchemaFormat | None = None
 
     @model_validator(mode="after")
-    def _schema_for_json_schema(self):
+    def _schema_for_json_schema(self) -> Self:
         if (self.type == "json_schema") != (self.json_schema is not None):
             raise ValueError("json_schema is required with type 'json_schema' (and only then)")
         return self
@@ -75,12 +75,12 @@ class _SamplingFields(BaseModel):
     ignore_eos: bool = False
     min_tokens: Annotated[int, Field(ge=0)] = 0
     response_format: ResponseFormat | None = None
-    structured_outputs: dict | None = None  # vLLM's: {"json" | "regex" | "choice" | "grammar": ...}
-    guided_json: dict | str | None = None  # vLLM's older names for the same
+    structured_outputs: dict[str, Any] | None = None  # vLLM's: {"json" | "regex" | "choice" | "grammar": ...}
+    guided_json: dict[str, Any] | str | None = None  # vLLM's older names for the same
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    kv_transfer_params: dict | None = None  # disaggregated serving, between the proxy and its instances
+    kv_transfer_params: dict[str, Any] | None = None  # disaggregated serving, between the proxy and its instances
 
     def structured_outputs_params(self) -> StructuredOutputsParams | None:
         """The one output constraint asked for in any of the accepted shapes (ValueError if several)."""
@@ -95,7 +95,7 @@ class _SamplingFields(BaseModel):
             if unknown:
                 raise ValueError(f"structured_outputs: unknown keys {unknown}")
             asked.append(("structured_outputs", StructuredOutputsParams(**self.structured_outputs)))
-        guided = {"json": self.guided_json, "regex": self.guided_regex, "choice": self.guided_choice,
+        guided: dict[str, Any] = {"json": self.guided_json, "regex": self.guided_regex, "choice": self.guided_choice,
                   "grammar": self.guided_grammar}
         for kind, value in guided.items():
             if value is not None:
@@ -106,7 +106,7 @@ class _SamplingFields(BaseModel):
         return asked[0][1] if asked else None
 
     @model_validator(mode="after")
-    def _stream_options_need_stream(self):
+    def _stream_options_need_stream(self) -> Self:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream=true")
         return self
@@ -132,9 +132,10 @@ class CompletionRequest(_SamplingFields):
             return [p]
         if not p:
             raise OpenAIError(400, "prompt must not be empty", param="prompt")
-        if all(isinstance(x, int) for x in p):
-            return [list(p)]
-        return list(p)
+        ids = [x for x in p if isinstance(x, int)]
+        if ids:  # a list of token ids is one prompt (the schema allows no mixed lists)
+            return [ids]
+        return [x for x in p if not isinstance(x, int)]  # texts or token-id lists, one prompt each
 
 
 class TextPart(BaseModel):
@@ -182,13 +183,16 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
 
     @model_validator(mode="after")
-    def _top_logprobs_need_logprobs(self):
+    def _top_logprobs_need_logprobs(self) -> Self:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs=true")
         return self
 
 
-def parse_request(model: type[BaseModel], body: object) -> BaseModel:
+RequestT = TypeVar("RequestT", bound=BaseModel)
+
+
+def parse_request(model: type[RequestT], body: object) -> RequestT:
     """Validate a JSON body; any problem becomes a 400 naming the first bad field."""
     if not isinstance(body, dict):
         raise OpenAIError(400, "the request body must be a JSON object")

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from llm_engine.async_engine import AsyncLLMEngine, EngineNotReady, EngineOverloaded
 from llm_engine.config import EngineConfig
 from llm_engine.entrypoints.kserve_metrics import TritonMetrics
 from llm_engine.entrypoints.protocol import OpenAIError
 from llm_engine.metrics import EngineMetrics
+
+if TYPE_CHECKING:
+    from llm_engine.entrypoints.ensemble import Ensemble
 
 
 @dataclass
@@ -21,7 +25,7 @@ class ServerOptions:
     request_timeout: float | None = 600.0
     api_keys: frozenset[str] = field(default_factory=frozenset)
     grpc_address: str | None = None
-    ensembles: tuple = ()  # ensemble.Ensemble objects served under /v2 next to the model
+    ensembles: tuple[Ensemble, ...] = ()  # served under /v2 next to the model
 
 
 class LLMService:

@@ -12,11 +12,11 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from llm_engine.async_engine import EngineNotReady
+from llm_engine.async_engine import AsyncLLMEngine, EngineNotReady
 from llm_engine.beam_search import BeamSearch, BeamSearchParams
 from llm_engine.entrypoints.chat_images import request_images, with_placeholders
 from llm_engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
@@ -26,6 +26,9 @@ from llm_engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # torch and Pillow load only when an image comes (the IDE imports this without them)
     from llm_engine.multimodal.inputs import ImageInputs, ImagePrompt
+    from llm_engine.tokenizer import Tokenizer
+
+Generation = AsyncGenerator[RequestOutput, None]  # one prompt's outputs; closing it aborts the request
 
 
 @dataclass
@@ -45,7 +48,7 @@ class _Run:
 
     prompt_ids: list[list[int]]
     n: int
-    updates: AsyncIterator[tuple[int, RequestOutput]]
+    updates: AsyncGenerator[tuple[int, RequestOutput], None]
     choices: list[_Choice] = field(default_factory=list)
     completion_tokens: int = 0
 
@@ -53,12 +56,12 @@ class _Run:
     def prompt_tokens(self) -> int:
         return sum(len(p) for p in self.prompt_ids)
 
-    def usage(self) -> dict:
+    def usage(self) -> dict[str, int]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens}
 
 
-def sse(data: dict | str) -> bytes:
+def sse(data: dict[str, Any] | str) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
@@ -72,8 +75,14 @@ class _Serving:
         self.service = service
 
     @property
-    def engine(self):
+    def engine(self) -> AsyncLLMEngine:
         return self.service.engine
+
+    def tokenizer(self) -> Tokenizer:
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            raise OpenAIError(400, f"model {self.service.served_name!r} has no tokenizer; it cannot write text")
+        return tokenizer
 
     def sampling_params(self, req: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
                         logprobs: int | None) -> SamplingParams:
@@ -104,11 +113,12 @@ class _Serving:
         return max_tokens if max_tokens is not None else room
 
     async def start(self, prompt_ids: list[list[int]], params: list[SamplingParams], priority: int,
-                    request_id: str, engine_prompts: list | None = None) -> _Run:
+                    request_id: str, engine_prompts: list[list[int] | ImagePrompt] | None = None) -> _Run:
         """Admit every prompt (raising 429/503/400 before any answer is sent), then merge their outputs.
         `engine_prompts` replace the token ids sent to the engine (prompts with images)."""
+        prompts: Sequence[list[int] | ImagePrompt] = engine_prompts or prompt_ids
         generators = [self.engine.generate(prompt, p, f"{request_id}-{i}", priority=priority)
-                      for i, (prompt, p) in enumerate(zip(engine_prompts or prompt_ids, params))]
+                      for i, (prompt, p) in enumerate(zip(prompts, params))]
         firsts: list[RequestOutput] = []
         try:
             for gen in generators:
@@ -152,7 +162,7 @@ class _Serving:
             raise as_openai_error(exc) from None
 
     def token_text(self, token_id: int) -> str:
-        return self.engine.tokenizer.decode([token_id])
+        return self.tokenizer().decode([token_id])
 
     def new_part(self, run: _Run, prompt_index: int, out: CompletionOutput) -> tuple[_Choice, str, slice] | None:
         """The choice, its new text and the slice of its new tokens since the last call, or None
@@ -175,8 +185,8 @@ class _Serving:
         """The stream framing both APIs share: their chunks, usage when asked, errors in-stream, then [DONE]."""
         created = self.created()
 
-        def chunk(choices: list[dict], usage: dict | None = None) -> bytes:
-            body = {"id": request_id, "object": object_name, "created": created, "model": req.model,
+        def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+            body: dict[str, Any] = {"id": request_id, "object": object_name, "created": created, "model": req.model,
                     "choices": choices}
             if usage is not None:
                 body["usage"] = usage
@@ -197,7 +207,7 @@ class _Serving:
         return int(time.time())
 
 
-async def _single(generator, first: RequestOutput) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def _single(generator: Generation, first: RequestOutput) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     """One prompt's stream (most requests): its outputs straight through, without the task and
     queue hop per output that interleaving several streams needs; closing it aborts the request."""
     try:
@@ -211,11 +221,12 @@ async def _single(generator, first: RequestOutput) -> AsyncIterator[tuple[int, R
         await generator.aclose()
 
 
-async def _merge(generators, firsts: list[RequestOutput]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def _merge(generators: list[Generation], firsts: list[RequestOutput]
+                 ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     """Interleave several request streams; closing this closes (and so aborts) all of them."""
-    merged: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+    merged: asyncio.Queue[tuple[int, RequestOutput | Exception | None]] = asyncio.Queue()
 
-    async def pump(index: int, gen) -> None:
+    async def pump(index: int, gen: Generation) -> None:
         try:
             async for out in gen:
                 await merged.put((index, out))
@@ -234,7 +245,7 @@ async def _merge(generators, firsts: list[RequestOutput]) -> AsyncIterator[tuple
             index, item = await merged.get()
             if item is None:
                 open_streams -= 1
-            elif isinstance(item, BaseException):
+            elif isinstance(item, Exception):
                 raise as_openai_error(item)
             else:
                 yield index, item
@@ -256,7 +267,7 @@ def _check_output(output: RequestOutput) -> None:
         raise OpenAIError(status, output.error)
 
 
-def _kv_transfer(output: RequestOutput) -> dict:
+def _kv_transfer(output: RequestOutput) -> dict[str, Any]:
     """A prefill instance's answer names the KV it keeps for the decode instance (vLLM's field)."""
     return {"kv_transfer_params": output.kv_transfer_params} if output.kv_transfer_params else {}
 
@@ -266,7 +277,7 @@ def _top(logprobs: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
 
 
 class ServingCompletion(_Serving):
-    async def create(self, req: CompletionRequest) -> dict | AsyncIterator[bytes]:
+    async def create(self, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
         self.service.check_model(req.model)
         self.service.require_ready()
         if req.suffix is not None:
@@ -286,7 +297,8 @@ class ServingCompletion(_Serving):
             return self._stream(req, run, request_id)
         return await self._full(req, run, request_id)
 
-    async def _beam_search(self, req: CompletionRequest, prompt_ids: list[list[int]], request_id: str) -> dict:
+    async def _beam_search(self, req: CompletionRequest, prompt_ids: list[list[int]], request_id: str
+                           ) -> dict[str, Any]:
         """Each step runs one more token of every live beam of every prompt, concurrently."""
         for name, unsupported in (("stream", req.stream), ("echo", req.echo), ("logprobs", req.logprobs is not None)):
             if unsupported:
@@ -307,11 +319,12 @@ class ServingCompletion(_Serving):
             for search in running:
                 search.advance([(next(outputs).outputs[0].logprobs or [{}])[0] for _ in search.live])
             step += 1
-        choices, completion_tokens = [], 0
+        choices: list[dict[str, Any]] = []
+        completion_tokens = 0
         for p, search in enumerate(searches):
             for k, beam in enumerate(search.result(None).sequences[:req.n]):
                 completion_tokens += len(beam.output_tokens)
-                choices.append({"index": p * req.n + k, "text": self.engine.tokenizer.decode(beam.output_tokens),
+                choices.append({"index": p * req.n + k, "text": self.tokenizer().decode(beam.output_tokens),
                                 "logprobs": None, "finish_reason": beam.finish_reason})
         prompt_tokens = sum(len(ids) for ids in prompt_ids)
         return {"id": request_id, "object": "text_completion", "created": self.created(), "model": req.model,
@@ -329,10 +342,10 @@ class ServingCompletion(_Serving):
 
     def _echo(self, req: CompletionRequest, run: _Run, prompt_index: int) -> str:
         prompt = req.prompts()[prompt_index]
-        return prompt if isinstance(prompt, str) else self.engine.tokenizer.decode(run.prompt_ids[prompt_index])
+        return prompt if isinstance(prompt, str) else self.tokenizer().decode(run.prompt_ids[prompt_index])
 
-    def _logprobs(self, out: CompletionOutput, tokens: slice, k: int, offset: int) -> dict:
-        result = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    def _logprobs(self, out: CompletionOutput, tokens: slice, k: int, offset: int) -> dict[str, list[Any]]:
+        result: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for token_id, top in zip(out.token_ids[tokens], (out.logprobs or [])[tokens]):
             text = self.token_text(token_id)
             result["tokens"].append(text)
@@ -343,7 +356,7 @@ class ServingCompletion(_Serving):
             offset += len(text)
         return result
 
-    async def _full(self, req: CompletionRequest, run: _Run, request_id: str) -> dict:
+    async def _full(self, req: CompletionRequest, run: _Run, request_id: str) -> dict[str, Any]:
         finals: dict[int, RequestOutput] = {}
         async for index, output in run.updates:
             _check_output(output)
@@ -351,7 +364,7 @@ class ServingCompletion(_Serving):
                 self.new_part(run, index, out)
             if output.finished:
                 finals[index] = output
-        choices = []
+        choices: list[dict[str, Any]] = []
         for index in range(len(run.prompt_ids)):
             for out in finals[index].outputs:
                 choice = run.choices[index * run.n + out.index]
@@ -386,7 +399,7 @@ class ServingCompletion(_Serving):
 
 
 class ServingChat(_Serving):
-    async def create(self, req: ChatCompletionRequest) -> dict | AsyncIterator[bytes]:
+    async def create(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
         self.service.check_model(req.model)
         self.service.require_ready()
         prompt_ids, prompt = await self._prompt(req)
@@ -404,7 +417,7 @@ class ServingChat(_Serving):
         images = request_images(req)
         if not images:
             return await self.with_images(self.tokenize(self._render(req, "")), [])
-        placeholder = self.engine.tokenizer.convert_ids_to_tokens(self.image_inputs().image_token_id)
+        placeholder = self.tokenizer().convert_ids_to_tokens(self.image_inputs().image_token_id)
         return await self.with_images(self.tokenize(self._render(req, placeholder)), images)
 
     def _render(self, req: ChatCompletionRequest, image_placeholder: str) -> list[int]:
@@ -417,9 +430,10 @@ class ServingChat(_Serving):
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # templates raise their own errors on unsupported conversations
             raise OpenAIError(400, f"messages: the chat template rejected them: {exc}", param="messages") from None
-        return tokenizer(text, add_special_tokens=False).input_ids
+        ids: list[int] = tokenizer(text, add_special_tokens=False).input_ids
+        return ids
 
-    def _logprobs(self, out: CompletionOutput, tokens: slice, k: int) -> dict:
+    def _logprobs(self, out: CompletionOutput, tokens: slice, k: int) -> dict[str, Any]:
         content = []
         for token_id, top in zip(out.token_ids[tokens], (out.logprobs or [])[tokens]):
             text = self.token_text(token_id)
@@ -428,7 +442,7 @@ class ServingChat(_Serving):
                                               "bytes": list(t_text.encode())} for t, lp in _top(top, k)]})
         return {"content": content}
 
-    async def _full(self, req: ChatCompletionRequest, run: _Run, request_id: str) -> dict:
+    async def _full(self, req: ChatCompletionRequest, run: _Run, request_id: str) -> dict[str, Any]:
         final: RequestOutput | None = None
         async for _, output in run.updates:
             _check_output(output)

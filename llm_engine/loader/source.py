@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Set
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from gguf import GGUFReader
@@ -15,6 +15,7 @@ from llm_engine.loader.gguf_conversion import config_and_tokenizer
 from llm_engine.loader.gguf_weights import iter_gguf, tensor_types
 from llm_engine.loader.quantized_checkpoint import read_checkpoint_quant, repack
 from llm_engine.loader.safetensors_weights import iter_safetensors
+from llm_engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -72,16 +73,17 @@ class ModelSource:
                                                                                    checkpoint)
         return iter_gguf(self._gguf_reader, config, keep_quantized)
 
-    def tokenizer(self) -> PreTrainedTokenizerBase | None:
+    def tokenizer(self) -> Tokenizer | None:
         """The tokenizer from the same local files, or None when the folder has none."""
         from transformers import AutoTokenizer
 
         if self.gguf_file is not None and self.tokenizer_path == self.folder:
-            return self._gguf_metadata[1]
-        if not any((self.tokenizer_path / name).is_file() for name in _TOKENIZER_FILES):
+            tokenizer = self._gguf_metadata[1]
+        elif not any((self.tokenizer_path / name).is_file() for name in _TOKENIZER_FILES):
             return None
-        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
-        return tokenizer
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
+        return cast(Tokenizer, tokenizer)  # a Hugging Face tokenizer, used one sequence at a time
 
     @cached_property
     def _gguf_metadata(self) -> tuple[PretrainedConfig, PreTrainedTokenizerBase]:

@@ -7,6 +7,7 @@ prompt positions (and KV-cache blocks) like tokens do.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -53,7 +54,7 @@ class ImageInputs:
             return decode_image(bytes(image), self.limits)
         return prepare_image(image, self.limits)
 
-    def __call__(self, token_ids: list[int], images: list[object]) -> tuple[list[int], list[ImageItem]]:
+    def __call__(self, token_ids: list[int], images: Sequence[object]) -> tuple[list[int], list[ImageItem]]:
         places = [i for i, t in enumerate(token_ids) if t == self.image_token_id]
         if len(places) != len(images):
             raise ImageInputError(f"prompt: {len(places)} image placeholder(s) for {len(images)} image(s); "

@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -39,6 +39,14 @@ REDIS_OUTAGE_S = 30.0  # how long a run's messages are retried while Redis is aw
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Fields = dict[bytes, bytes]  # a stream entry's fields (the clients here do not decode replies)
+Entry = tuple[bytes, Fields]  # (entry id, fields)
+
+
+def stream_entries(reply: object) -> list[Entry]:
+    """The entries of a one-stream XREAD/XREADGROUP reply (RESP2: [[stream, [(id, fields), ...]]]; None: none)."""
+    streams = cast(list[tuple[bytes, list[Entry]]] | None, reply)
+    return streams[0][1] if streams else []
 
 
 async def patiently(call: Callable[[], Awaitable[T]]) -> T:
