@@ -8,7 +8,8 @@ Printed, in order (each part on its own: one that fails prints its error and the
   kernels     achieved bandwidth (or FLOP/s) of each Triton kernel: decode attention at batch 64 x
               2k context (goal: >= 70% of the copy bandwidth), the KV-cache write, the fused
               RMSNorm (+ residual), rotary and SiLU x up, the int4/int8/fp8 GEMMs (a decode-sized
-              M: weight bandwidth; a prefill-sized M: FLOP/s), next to torch's bf16 matmul
+              M: weight bandwidth; a prefill-sized M: FLOP/s) next to torch's bf16 matmul, and the
+              sampler's penalties over a batch of logits
   parity      greedy tokens of random-weight small Llama models vs Transformers on the same
               device: float32 and bfloat16, CUDA graphs on and off, a batch with a shared prefix
   throughput  a random-weight Llama-3-8B-shaped model in bf16 (config built here, weights drawn on
@@ -125,7 +126,8 @@ def copy_bandwidth(report: Report, device: torch.device, shapes: Shapes) -> floa
 def kernel_figures(report: Report, device: torch.device, shapes: Shapes, copy_gbs: float) -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     for name, run in (("decode attention", decode_attention), ("kv-cache write", kv_cache_write),
-                      ("fused layers", fused_layers), ("quantized GEMMs", quantized_gemms)):
+                      ("fused layers", fused_layers), ("quantized GEMMs", quantized_gemms),
+                      ("sampling penalties", sampling_penalties)):
         try:
             run(report, device, shapes, dtype, copy_gbs)
         except Exception as exc:  # noqa: BLE001 - a kernel that fails is reported, the others still run
@@ -164,6 +166,21 @@ def kv_cache_write(report: Report, device: torch.device, shapes: Shapes, dtype: 
     slots = torch.randperm(tokens, device=device)
     seconds = time_launches(lambda: reshape_and_cache(k, v, k_cache, v_cache, slots), device, shapes.repeats)
     report.figure(f"kv-cache write ({tokens} tokens) bandwidth", 4 * k.numel() * k.element_size() / seconds / 1e9,
+                  "GB/s")
+
+
+def sampling_penalties(report: Report, device: torch.device, shapes: Shapes, dtype: torch.dtype,
+                       copy_gbs: float) -> None:
+    from llm_engine.kernels.sampling import apply_penalties
+
+    rows, vocab = shapes.max_num_seqs, shapes.big_model["vocab_size"]
+    logits = torch.randn(rows, vocab, device=device)
+    counts = torch.randint(0, 3, (rows, vocab), dtype=torch.int32, device=device)
+    prompt = torch.randint(0, 2, (rows, vocab), dtype=torch.uint8, device=device)
+    repetition, zero = torch.full((rows,), 1.1, device=device), torch.zeros(rows, device=device)
+    seconds = time_launches(lambda: apply_penalties(logits, counts, prompt, repetition, zero, zero), device,
+                            shapes.repeats)
+    report.figure(f"sampling penalties {rows}x{vocab} bandwidth", rows * vocab * (4 + 4 + 4 + 1) / seconds / 1e9,
                   "GB/s")
 
 
