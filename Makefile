@@ -61,7 +61,7 @@ test-llm-vision: venv
 	CODEYARD_VISION_FULL=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_multimodal.py \
 	  tests/llm_serving/test_openai_images.py
 
-# The Triton attention kernels compiled for sm_80 and sm_90 GPUs (Triton's own ptxas, no GPU needed): ~3 min.
+# The Triton attention kernels compiled for sm_80 and sm_90 GPUs (Triton's own ptxas, no GPU needed): ~4 min.
 test-triton-compile: venv
 	CODEYARD_TRITON_COMPILE=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_triton_attention.py \
 	  -k compile

@@ -30,6 +30,8 @@ import triton
 import triton.language as tl
 from triton import knobs
 
+from llm_engine.kernels.autotune import Autotuner, shape_bucket
+
 # Whether these kernels were defined for the interpreter (TRITON_INTERPRET=1 when this module was
 # first imported): only then can they run on CPU tensors.
 INTERPRETED = bool(knobs.runtime.interpret)
@@ -37,6 +39,10 @@ MIN_SPLIT_TOKENS = 256  # a partition shorter than this costs more in the combin
 MAX_SPLITS = 16
 _LOG2_E = 1.4426950408889634
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+# Keys per inner step and warps, timed once per device and decode shape (kernels/autotune.py): decodes
+# are the bandwidth-bound steps. The first is what mixed batches, the interpreter and untuned devices use.
+_DECODE_TUNER = Autotuner("paged_decode", [{"BLOCK_N": 32, "num_warps": 4}, {"BLOCK_N": 64, "num_warps": 4},
+                                           {"BLOCK_N": 64, "num_warps": 8}, {"BLOCK_N": 16, "num_warps": 2}])
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -205,12 +211,11 @@ def tile_sizes(num_heads: int, num_kv_heads: int, head_dim: int, batch: PagedBat
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
-                    scale: float, num_splits: int | None = None, out: torch.Tensor | None = None,
-                    block_n: int = 32, num_warps: int = 4) -> torch.Tensor:
+                    scale: float, num_splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of q [tokens, heads, head_dim] over the paged caches; returns [tokens, heads, head_dim].
 
     The queries' own keys and values must already be in the cache (`reshape_and_cache`).
-    `num_splits` None lets `choose_splits` decide; block_n is the number of keys per inner step.
+    `num_splits` None lets `choose_splits` decide.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, num_kv_heads, block_size, _ = k_cache.shape
@@ -231,13 +236,22 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         part_lse = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out  # unused
-    _paged_attention_kernel[(tile_seqs.shape[0], num_kv_heads, splits)](
-        q, k_cache, v_cache, out, part_out, part_lse, batch.block_tables, batch.query_start, batch.seq_lens,
-        tile_seqs, tile_rows, scale * _LOG2_E, num_heads, head_dim, splits,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), batch.block_tables.stride(0),
-        **sizes, BLOCK_N=block_n, SPLIT=splits > 1, DOT_DTYPE=_dot_dtype(q.dtype), PAGE=block_size,
-        num_warps=num_warps)
+
+    def launch(config: dict[str, int]) -> None:  # repeatable: it only writes out or the partials
+        _paged_attention_kernel[(tile_seqs.shape[0], num_kv_heads, splits)](
+            q, k_cache, v_cache, out, part_out, part_lse, batch.block_tables, batch.query_start, batch.seq_lens,
+            tile_seqs, tile_rows, scale * _LOG2_E, num_heads, head_dim, splits,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), batch.block_tables.stride(0),
+            **sizes, BLOCK_N=config["BLOCK_N"], SPLIT=splits > 1, DOT_DTYPE=_dot_dtype(q.dtype), PAGE=block_size,
+            num_warps=config["num_warps"])
+
+    config = _DECODE_TUNER.default
+    if batch.decode_only:
+        key = (str(q.dtype), num_heads, num_kv_heads, head_dim, block_size, splits,
+               shape_bucket(num_tokens), shape_bucket(batch.max_seq_len))
+        config = _DECODE_TUNER.pick(key, launch, q.device)
+    launch(config)
     if splits > 1:
         _combine_splits_kernel[(num_tokens, num_heads)](
             part_out, part_lse, out, num_heads, head_dim, splits, out.stride(0), out.stride(1),
