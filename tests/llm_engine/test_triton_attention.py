@@ -73,19 +73,21 @@ def test_kv_cache_write_matches_reference_and_skips_negative_slots(device):
     assert torch.equal(caches[0][3, :, 1], k[3]) and torch.equal(caches[0][9, :, 3], k[4])  # 13 = 3 * 4 + 1
 
 
-# Decodes ending exactly on a block boundary (7 + 1 = 8) and one token into a new block (8 + 1),
-# a first chunk crossing blocks, a later chunk crossing blocks over its cached prefix, and a decode
-# whose context takes two BLOCK_N steps of the kernel.
+# With blocks of 4: decodes ending exactly on a block boundary (7 + 1 = 8) and one token into a new
+# block (8 + 1), a first chunk crossing blocks, a later chunk crossing blocks over its cached prefix,
+# and a decode whose context takes two BLOCK_N steps of the kernel.
 MIXED_STEP = [(7, 1), (8, 1), (0, 6), (3, 7), (37, 1)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("heads,kv_heads", [(3, 3), (4, 2), (8, 2), (5, 1)], ids=["mha", "gqa2", "gqa4", "mqa"])
-def test_mixed_batch_matches_reference(device, heads, kv_heads):
-    slices = scattered_slices(MIXED_STEP, BLOCK_SIZE, NUM_BLOCKS)
-    tensors = random_tensors(device, sum(new for _, new in MIXED_STEP), heads, kv_heads, torch.float32)
-    expected, expected_k, expected_v = run_backend(TorchPagedAttention(), slices, tensors)
-    got, got_k, got_v = run_backend(TritonPagedAttention(), slices, tensors)
+@pytest.mark.parametrize("heads,kv_heads,block_size", [(3, 3, 4), (4, 2, 16), (8, 2, 4), (5, 1, 5)],
+                         ids=["mha", "gqa2-blocks-of-16", "gqa4", "mqa-blocks-of-5"])
+def test_mixed_batch_matches_reference(device, heads, kv_heads, block_size):
+    slices = scattered_slices(MIXED_STEP, block_size, NUM_BLOCKS)
+    tensors = random_tensors(device, sum(new for _, new in MIXED_STEP), heads, kv_heads, torch.float32,
+                             block_size=block_size)
+    expected, expected_k, expected_v = run_backend(TorchPagedAttention(), slices, tensors, block_size)
+    got, got_k, got_v = run_backend(TritonPagedAttention(), slices, tensors, block_size)
     assert torch.equal(got_k, expected_k) and torch.equal(got_v, expected_v)
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
 
