@@ -359,6 +359,7 @@ def throughput_and_tpot(report: Report, device: torch.device, shapes: Shapes, fo
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    options.update(num_kv_blocks=64)  # one stream: a small pool, whatever the first engine left behind
     llm = engine(path, device, dtype, enforce_eager=True, **options)
     eager = tpot(llm, prompts[0], shapes.tpot_tokens)
     del llm
