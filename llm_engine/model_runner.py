@@ -140,6 +140,8 @@ class ModelRunner:
         self.max_model_len = min(config.max_model_len or hf_config.get_text_config().max_position_embeddings,
                                  hf_config.get_text_config().max_position_embeddings)
         self.sampler = Sampler(config.seed, self.device)
+        self.graphs: DecodeGraphs | None = None
+        self.decode_stack: DecodeStack | None = None
         if self.device.type == "cuda" and config.num_kv_blocks is None:
             num_blocks = self._profile_kv_blocks(config, used_before)
         else:  # the CPU's byte budget, or the blocks asked for
@@ -150,8 +152,8 @@ class ModelRunner:
         # one sequence decoding runs the whole stack in one native call (None: layer by layer)
         self.decode_stack = DecodeStack.prepare(self.model, self.block_size) if self.device.type == "cpu" else None
         self.encoder_cache = EncoderCache(config.encoder_cache_memory)
-        self.graphs = self.decode_graphs(config) if use_graphs else None
-        if self.graphs is not None:
+        if use_graphs:
+            self.graphs = self.decode_graphs(config)
             self.graphs.capture()
 
     def decode_graphs(self, config: EngineConfig) -> DecodeGraphs:
@@ -179,7 +181,6 @@ class ModelRunner:
         tokens = config.max_num_batched_tokens
         lengths = [min(self.max_model_len, tokens - start) for start in range(0, tokens, self.max_model_len)]
         blocks = [-(-length // self.block_size) for length in lengths]
-        self.graphs, self.decode_stack = None, None
         self._bind_kv_cache(torch.zeros(self._kv_shape(sum(blocks)), dtype=self.dtype, device=self.device))
         step = StepInput([0] * tokens, [p for length in lengths for p in range(length)], [], [], [], [])
         first = 0
