@@ -403,6 +403,19 @@ def tpot(llm: Any, prompt: list[int], tokens: int) -> float:
 
 # ---- the command line -----------------------------------------------------------------------------------
 
+def scratch_parent(shapes: Shapes) -> str | None:
+    """/dev/shm when it holds the big model's checkpoint twice over (saving 16 GB to a disk is slow), else
+    the default temporary folder."""
+    model = shapes.big_model
+    params = model["num_hidden_layers"] * (4 * model["hidden_size"] ** 2 + 3 * model["hidden_size"]
+                                           * model["intermediate_size"]) + 2 * model["vocab_size"] * model["hidden_size"]
+    try:
+        stats = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return "/dev/shm" if stats.f_bavail * stats.f_frsize > 4 * params else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes; the CPU (Triton interpreted) without a GPU")
@@ -428,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     def copy() -> None:
         copy_gbs.append(copy_bandwidth(report, device, shapes))
 
-    with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="gpu-check-", dir=scratch_parent(shapes)) as scratch:
         folder = Path(scratch)
         report.part("copy", copy)
         report.part("kernels", lambda: kernel_figures(report, device, shapes, copy_gbs[0] if copy_gbs else float("nan")))
