@@ -52,6 +52,10 @@ def serve(
                                                      "routed by cached prefix.")] = 1,
     max_waiting: Annotated[int, typer.Option(min=0, help="Waiting requests before answering 429.")] = 64,
     kv_cache_memory: Annotated[str, typer.Option(help="KV pool size, e.g. 1GiB.")] = "1GiB",
+    gpu_memory_utilization: Annotated[float, typer.Option(min=0.01, max=1.0, help="CUDA: the fraction of the GPU's "
+                                                          "memory the engine may use; the KV pool gets what its "
+                                                          "weights and activations leave.")] = 0.9,
+    enforce_eager: Annotated[bool, typer.Option(help="CUDA: decode steps without CUDA graphs.")] = False,
     request_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds before a request is aborted.")] = 600.0,
     quantization: Annotated[str, typer.Option(help="auto (a GGUF stays quantized), none (float weights), int8, "
                                                    "int4, or a per-layer YAML/JSON config file.")] = "auto",
@@ -85,7 +89,8 @@ def serve(
     serve_args = ["--model", path, "--served-model-name", served_model_name or name, "--device", device,
                   "--max-num-seqs", str(max_num_seqs), "--max-waiting", str(max_waiting),
                   "--kv-cache-memory", kv_cache_memory, "--request-timeout", str(request_timeout),
-                  "--quantization", quantization, "--tensor-parallel-size", str(tensor_parallel_size)]
+                  "--quantization", quantization, "--tensor-parallel-size", str(tensor_parallel_size),
+                  "--gpu-memory-utilization", str(gpu_memory_utilization), *(["--enforce-eager"] if enforce_eager else [])]
     if data_parallel_size > 1 or disaggregated:
         # uvicorn re-raises the SIGTERM that stopped it once it has shut down: as SystemExit, so that
         # the launchers below stop their children (the default action would orphan them)
@@ -110,6 +115,7 @@ def serve(
         "kv_port": kv_port or 0, "kv_transport": kv_transport, "kv_key": keys[0] if keys else None}
     config = EngineConfig(model=path, device=device, max_num_seqs=max_num_seqs, kv_cache_memory=kv_cache_memory,
                           tensor_parallel_size=tensor_parallel_size, num_threads=num_threads,
+                          gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
                           quantization=None if quantization == "none" else quantization,
                           speculative_config=parse_json_option(speculative_config, "--speculative-config"),
                           kv_transfer_config=kv_transfer)

@@ -123,3 +123,14 @@ def test_bad_gpu_options_name_the_field(field, value):
 def test_cuda_without_cuda_is_a_clear_error(tiny_llama):
     with pytest.raises(ValueError, match=r"^device: 'cuda' requested but CUDA is not available"):
         LLM(model=str(tiny_llama), device="cuda", attention_backend="torch")
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "most"])
+def test_the_servers_gpu_memory_option_is_checked_on_the_command_line(value):
+    from typer.testing import CliRunner
+
+    from llm_engine.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--gpu-memory-utilization", value, "--enforce-eager"])
+    assert result.exit_code == 2
+    assert "--gpu-memory-utilization" in result.output
