@@ -91,9 +91,21 @@ class DecodeGraphs:
     def forward(self, size: int) -> torch.Tensor:
         return self.forward_fn(self.input_ids[:size], self.positions[:size], self.metadata(size))
 
+    def warmup_inputs(self) -> None:
+        """Every row at the longest context over distinct pool blocks, for the warm-up runs before each
+        capture: the kernels are tuned then (kernels/autotune.py), on the traffic of long decodes
+        rather than of one-token padding. Attention only reads the pool, and the rows' new keys
+        and values go to the scratch block. Later steps overwrite the rows they use; columns past
+        a row's context are never read."""
+        most, width = self.block_tables.shape
+        self.seq_lens.fill_(self.max_len)
+        blocks = torch.arange(most * width, device=self.block_tables.device) % self.pad_block
+        self.block_tables.copy_(blocks.view(most, width))
+
     @torch.inference_mode()
     def capture(self) -> None:
         """One graph per size, largest first, all sharing one memory pool (one runs at a time)."""
+        self.warmup_inputs()
         pool = None
         for size in reversed(self.sizes):
             self.forward(size)  # compiles the kernels and tunes them for this shape outside the capture
