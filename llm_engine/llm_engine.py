@@ -22,7 +22,7 @@ from llm_engine.sampler import SampleResult, adjusts_logits
 from llm_engine.sampling_params import SamplingParams
 from llm_engine.scheduler import Scheduler, SchedulerOutput
 from llm_engine.sequence import Request, Sequence, SequenceStatus
-from llm_engine.speculative import SpecThrottle, propose_ngram
+from llm_engine.speculative import SpecThrottle, VerifyCost, propose_ngram
 from llm_engine.structured_outputs import Grammar, GrammarCompiler
 
 logger = logging.getLogger(__name__)
@@ -112,6 +112,7 @@ class LLMEngine:
         self.finished_by_reason: dict[str, int] = {}
         self.speculative = config.speculative_config
         self.spec_counters = SpecDecodeCounters()
+        self.verify_cost = VerifyCost()
         self.drafter = (DraftModelProposer(config, self.speculative.model, num_blocks, self.vocab_size)
                         if self.speculative is not None and self.speculative.model else None)
         self._grammar_compiler: GrammarCompiler | None = None  # built by the first constrained request
@@ -250,11 +251,13 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Schedule, run one forward pass, sample, and report requests that changed."""
+        started = time.perf_counter()
         self._abort_timed_out()
         self.release_kv_holds()
         if self.speculative is not None:
             self._propose_drafts()
         out = self.scheduler.schedule()
+        width = self._single_decode_width(out) if self.speculative is not None else 0
         if self.drafter is not None:
             for seq in out.preempted:  # recomputed later: by the draft too
                 self.drafter.free(seq)
@@ -263,7 +266,18 @@ class LLMEngine:
         self.last_iteration_tokens = out.num_batched_tokens
         if out.scheduled:
             self._run(out)
+        if width:
+            self.verify_cost.record(width, time.perf_counter() - started)
         return self._collect_outputs()
+
+    @staticmethod
+    def _single_decode_width(out: SchedulerOutput) -> int:
+        """Tokens of the step's one sequence when it decodes (its next token and any draft), else 0:
+        the steps whose times tell what a drafted token costs."""
+        if len(out.scheduled) != 1:
+            return 0
+        seq, num_new = out.scheduled[0]
+        return num_new if seq.num_output_tokens and num_new == 1 + len(seq.spec_token_ids) else 0
 
     def _abort_timed_out(self) -> None:
         now = time.time()
@@ -402,7 +416,7 @@ class LLMEngine:
                 continue
             if seq.spec_throttle is None:
                 seq.spec_throttle = SpecThrottle(config.num_speculative_tokens)
-            k = min(seq.spec_throttle.allowed(), room)
+            k = min(seq.spec_throttle.allowed(self.verify_cost.fraction), room)
             if k:
                 wanted.append((seq, k))
         if self.drafter is not None:

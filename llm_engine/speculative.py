@@ -5,13 +5,16 @@ An edit or a completion mostly copies text that is already in the context. The p
 for the latest earlier occurrence of the sequence's last n tokens (longest n first) and proposes
 the k tokens that followed it; the engine verifies them in one target forward and keeps the
 longest accepted run plus one token of its own. Proposing costs a numpy scan and nothing when
-there is no match, but a rejected draft still costs a wider forward, so each sequence's
-`SpecThrottle` shortens its drafts after rejections and pauses proposing (doubling pauses) while
-nothing is accepted: on free text speculation turns itself down.
+there is no match, but a rejected draft still costs a wider forward. `VerifyCost` measures what
+one more token in a step costs (a fraction of a one-token step: ~0.25 on the CPU's fused
+step, near 0 where a step is bound by reading the weights), and each sequence's `SpecThrottle`
+drafts only as many tokens as its measured acceptance pays for: on free text speculation turns
+itself down, and it tries again later.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +23,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 _METHODS = ("ngram", "draft_model")
 _NGRAM_FIELDS = ("prompt_lookup_max", "prompt_lookup_min")
-_MAX_PAUSE = 64  # steps without proposals after repeated fully rejected drafts
+_MAX_PAUSE = 64  # steps without proposals after repeated unprofitable drafts
+_DECAY = 0.7  # weight of a draft in the acceptance estimate after each later one (~3 drafts)
 
 
 @dataclass
@@ -87,30 +91,64 @@ def propose_ngram(token_ids: list[int], k: int, n_max: int, n_min: int) -> list[
     return []
 
 
+class VerifyCost:
+    """What one more token in a sequence's step costs, as a fraction of a one-token step: running
+    means of the engine's single-sequence decode steps (whole steps: proposing, the forward pass,
+    sampling), one-token steps against wider ones."""
+
+    def __init__(self, initial: float = 0.3, weight: float = 0.05) -> None:
+        self.initial, self.weight = initial, weight
+        self.step_seconds: float | None = None  # a one-token step
+        self.token_seconds: float | None = None  # each further token of a wider step
+
+    def record(self, tokens: int, seconds: float) -> None:
+        if tokens == 1:
+            self.step_seconds = self._mean(self.step_seconds, seconds)
+        elif self.step_seconds is not None:
+            self.token_seconds = self._mean(self.token_seconds, max(seconds - self.step_seconds, 0.0) / (tokens - 1))
+
+    def _mean(self, mean: float | None, value: float) -> float:
+        return value if mean is None else mean + self.weight * (value - mean)
+
+    @property
+    def fraction(self) -> float:
+        if self.step_seconds is None or self.token_seconds is None:
+            return self.initial
+        return min(max(self.token_seconds / self.step_seconds, 0.01), 1.0)
+
+
 class SpecThrottle:
-    """One sequence's draft length: grows while drafts are accepted, shrinks to what was accepted
-    after a rejection, and pauses proposing for 2, 4, .. 64 steps after drafts fully rejected."""
+    """One sequence's draft length from its acceptance. With a the chance that a drafted token is
+    accepted once those before it were (estimated over its recent drafts) and c the cost of a
+    token more in a step (`VerifyCost.fraction`), a draft's i-th token adds a^i expected tokens
+    for c: the draft is as long as a^k > c. When even one token does not pay (a <= c) the sequence
+    stops proposing for 2, 4, .. 64 steps, then tries one token again."""
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
-        self.num_tokens = max_tokens
+        self.accepted, self.rejected = 1.5, 1.0  # decayed counts; the prior: a = 0.6
         self.pause = 0
         self.misses = 0
 
-    def allowed(self) -> int:
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+    def allowed(self, cost: float) -> int:
         """Tokens this step may propose (0 while paused); counts a paused step."""
         if self.pause:
             self.pause -= 1
-            return 0
-        return self.num_tokens
-
-    def record(self, proposed: int, accepted: int) -> None:
-        if accepted == proposed:
-            self.num_tokens = min(self.max_tokens, self.num_tokens * 2)
-        else:
-            self.num_tokens = max(1, accepted + 1)
-        if accepted:
-            self.misses = 0
-        else:
+            return 1 if self.pause == 0 else 0  # a probe: one token
+        a = self.acceptance
+        k = 0 if a <= cost else self.max_tokens if a >= 1 else int(math.log(cost) / math.log(a))
+        k = min(k, self.max_tokens)
+        if k == 0:
             self.misses += 1
             self.pause = min(2 ** self.misses, _MAX_PAUSE)
+        else:
+            self.misses = 0
+        return k
+
+    def record(self, proposed: int, accepted: int) -> None:
+        self.accepted = self.accepted * _DECAY + accepted
+        self.rejected = self.rejected * _DECAY + (accepted < proposed)

@@ -13,7 +13,7 @@ from llm_engine import LLM, LLMEngine, SamplingParams
 from llm_engine.metrics import EngineMetrics
 from llm_engine.sampler import Sampler
 from llm_engine.sequence import Request
-from llm_engine.speculative import SpecThrottle, SpeculativeConfig, propose_ngram
+from llm_engine.speculative import SpecThrottle, SpeculativeConfig, VerifyCost, propose_ngram
 
 
 def chi_square_pvalue(counts: torch.Tensor, expected: torch.Tensor) -> float:
@@ -37,19 +37,35 @@ def test_proposer_takes_the_longest_latest_match_and_never_the_suffix_itself():
     assert propose_ngram([4], 5, n_max=3, n_min=1) == []
 
 
-def test_throttle_pauses_longer_after_each_fully_rejected_draft_and_recovers():
-    throttle = SpecThrottle(4)
-    assert throttle.allowed() == 4
-    throttle.record(4, 1)
-    assert throttle.allowed() == 2  # what was accepted, plus one
-    throttle.record(2, 2)
-    assert throttle.allowed() == 4
-    throttle.record(4, 0)
-    assert [throttle.allowed() for _ in range(3)] == [0, 0, 1]
+def test_throttle_drafts_what_acceptance_pays_for_and_pauses_when_nothing_does():
+    throttle = SpecThrottle(8)
+    assert throttle.allowed(0.3) == 2  # the prior a = 0.6: 0.6^2 > 0.3 > 0.6^3
+    for _ in range(6):
+        throttle.record(4, 4)  # copying: every drafted token accepted
+    assert throttle.allowed(0.3) == 8 and throttle.allowed(0.01) == 8  # capped at num_speculative_tokens
+    lengths = []
+    for _ in range(7):  # then nothing is accepted: drafts shorten as the estimate falls
+        throttle.record(2, 0)
+        lengths.append(throttle.allowed(0.3))
+    assert lengths == [8, 4, 2, 1, 1, 1, 0] and throttle.acceptance < 0.3
+    assert [throttle.allowed(0.3) for _ in range(2)] == [0, 1]  # paused 2 steps, then a one-token probe
     throttle.record(1, 0)
-    assert [throttle.allowed() for _ in range(5)] == [0, 0, 0, 0, 1]
-    throttle.record(1, 1)
-    assert throttle.allowed() == 2 and throttle.misses == 0
+    assert throttle.allowed(0.3) == 0 and throttle.pause == 4  # each pause twice the last, up to 64
+    assert throttle.allowed(0.1) == 0  # still paused, whatever the cost
+    for _ in range(4):
+        throttle.allowed(0.1)
+    assert throttle.allowed(0.1) == 1  # a cheap verification pays at a lower acceptance
+
+
+def test_verify_cost_is_a_further_token_against_a_one_token_step():
+    cost = VerifyCost(initial=0.3)
+    assert cost.fraction == 0.3  # until both kinds of step were seen
+    for _ in range(40):
+        cost.record(1, 0.020)
+        cost.record(5, 0.036)
+    assert cost.fraction == pytest.approx(0.2, rel=0.05)  # (36 - 20) / 4 ms per token, over 20 ms
+    cost.record(3, 0.001)  # a step faster than a one-token one (noise) counts as free
+    assert 0.01 <= cost.fraction < 0.2
 
 
 @pytest.mark.parametrize("config, message", [
