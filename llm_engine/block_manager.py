@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-from llm_engine.sequence import Sequence
+from llm_engine.sequence import BlockKey, Sequence
 
 
 class Block:
@@ -22,10 +22,10 @@ class Block:
         self.ref_count = 0
         self.hash: int | None = None
         self.parent_hash: int | None = None
-        self.token_ids: tuple[int, ...] = ()
+        self.token_ids: BlockKey = ()
 
 
-def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+def hash_block(parent_hash: int | None, token_ids: BlockKey) -> int:
     """Chained hash of one full block: depends on every token before it via parent_hash."""
     return hash((parent_hash, token_ids))
 

@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -22,13 +22,16 @@ def llm() -> None:
     """Serve the LLM engine over an OpenAI-compatible HTTP API, or quantize a checkpoint."""
 
 
-def parse_json_option(value: str | None, option: str) -> dict | None:
+def parse_json_option(value: str | None, option: str) -> dict[str, Any] | None:
     if value is None:
         return None
     try:
-        return json.loads(value)
+        parsed = json.loads(value)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{option}: not valid JSON ({exc})") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{option}: expected a JSON object, got {type(parsed).__name__}")
+    return parsed
 
 
 @app.command()

@@ -7,13 +7,18 @@ searched in the new text plus the tail of the old text, so a stop split over tok
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from llm_engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from llm_engine.tokenizer import Tokenizer
 
 _CONTEXT_TOKENS = 6
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = params.skip_special_tokens
         self.prefix_offset = max(len(prompt_token_ids) - _CONTEXT_TOKENS, 0)

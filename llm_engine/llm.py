@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import Any, cast
 
 from tqdm import tqdm
 
@@ -12,17 +13,18 @@ from llm_engine.config import EngineConfig
 from llm_engine.llm_engine import LLMEngine
 from llm_engine.outputs import RequestOutput
 from llm_engine.sampling_params import SamplingParams
+from llm_engine.tokenizer import Tokenizer
 
 # text, token ids, or {"prompt"/"prompt_token_ids": ..., "multi_modal_data": {"image": [...]}}
-Prompt = str | list[int] | dict
+Prompt = str | list[int] | dict[str, Any]
 
 
 class LLM:
-    def __init__(self, model: str, **kwargs) -> None:
+    def __init__(self, model: str, **kwargs: Any) -> None:
         self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
         self._ids = itertools.count()
 
-    def get_tokenizer(self):
+    def get_tokenizer(self) -> Tokenizer | None:
         return self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
@@ -60,10 +62,10 @@ class LLM:
     def beam_search(self, prompts: str | list[int] | Sequence[str | list[int]],
                     params: BeamSearchParams) -> list[BeamSearchOutput]:
         """The beam_width best continuations of each text or token-id prompt (see llm_engine.beam_search)."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+        one = isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
+        batch = cast(Sequence[str | list[int]], [prompts] if one else prompts)  # one prompt is text or token ids
         engine = self.engine
-        searches = [BeamSearch(engine.tokenize(p)[1], params, engine.eos_token_ids) for p in prompts]  # type: ignore[arg-type]
+        searches = [BeamSearch(engine.tokenize(p)[1], params, engine.eos_token_ids) for p in batch]
         while running := [search for search in searches if not search.done]:
             outputs = iter(self.generate([beam.tokens for search in running for beam in search.live],
                                          running[0].step_params, use_tqdm=False))

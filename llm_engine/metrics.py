@@ -48,7 +48,7 @@ class EngineMetrics:
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, labels, registry=r)
 
-        def histogram(name: str, doc: str, buckets=_LATENCY_BUCKETS) -> Histogram:
+        def histogram(name: str, doc: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> Histogram:
             return Histogram(name, doc, labels, buckets=buckets, registry=r)
 
         self.running = gauge("vllm:num_requests_running", "Requests in the running batch.")

@@ -9,14 +9,17 @@ from __future__ import annotations
 import enum
 import itertools
 import time
+from typing import Any
 
 import torch
 
 from llm_engine.multimodal.inputs import ImageItem, block_extra_keys
-from llm_engine.outputs import RequestMetrics
+from llm_engine.outputs import Logprob, RequestMetrics
 from llm_engine.sampling_params import SamplingParams
 from llm_engine.speculative import SpecThrottle
 from llm_engine.structured_outputs import Grammar, GrammarState
+
+BlockKey = tuple[int | tuple[str, int], ...]  # a full block's token ids, then (image hash, offset) of its images
 
 
 class InvalidTransition(RuntimeError):
@@ -76,7 +79,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.stop_reason: int | str | None = None
         self.cumulative_logprob = 0.0
-        self.logprobs: list[dict] = []
+        self.logprobs: list[dict[int, Logprob]] = []
         self.text = ""
         self.detokenizer_state: object | None = None
         self.spec_token_ids: list[int] = []  # this step's draft tokens, verified after the forward
@@ -110,10 +113,10 @@ class Sequence:
         return self.status.is_finished
 
     @property
-    def sort_key(self) -> tuple:
+    def sort_key(self) -> tuple[int, float, int, int]:
         return (self.request.priority_key, self.request.arrival_time, self.request.order, self.index)
 
-    def block_key(self, index: int, block_size: int) -> tuple:
+    def block_key(self, index: int, block_size: int) -> BlockKey:
         """What a full block's KV depends on besides the blocks before it: its token ids and,
         for image placeholders, which image (so the same text with another image never matches)."""
         start, end = index * block_size, (index + 1) * block_size
@@ -156,10 +159,10 @@ class Request:
         self.arrival_time = time.time() if arrival_time is None else arrival_time
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
         self.error: str | None = None
-        self.kv_transfer_params: dict | None = None  # a prefill instance's handle to the KV it keeps
+        self.kv_transfer_params: dict[str, Any] | None = None  # a prefill instance's handle to the KV it keeps
         self.seqs: list[Sequence] = [Sequence(self, 0, self.prompt_token_ids)]
         # Entry i is prompt token i's logprob (the first token has none); filled as prefill goes.
-        self.prompt_logprobs: list[dict | None] | None = [None] if params.prompt_logprobs is not None else None
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = [None] if params.prompt_logprobs is not None else None
 
     @property
     def needs_prompt_logits(self) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -57,7 +58,7 @@ class SpeculativeConfig:
             raise ValueError("speculative_config.prompt_lookup_min: must not exceed prompt_lookup_max")
 
     @classmethod
-    def from_dict(cls, value: dict | SpeculativeConfig) -> SpeculativeConfig:
+    def from_dict(cls, value: dict[str, Any] | SpeculativeConfig) -> SpeculativeConfig:
         if isinstance(value, SpeculativeConfig):
             return value
         if not isinstance(value, dict):
@@ -87,7 +88,8 @@ def propose_ngram(token_ids: list[int], k: int, n_max: int, n_min: int) -> list[
         hits = np.flatnonzero((windows == tokens[length - n:]).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n
-            return tokens[start:start + k].tolist()
+            proposal: list[int] = tokens[start:start + k].tolist()
+            return proposal
     return []
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 
@@ -62,7 +63,7 @@ def app_for(service: LLMService, own_service: bool = True) -> FastAPI:
     app.include_router(kserve_http.build_router(api.service_from_state, guard, health_dependencies=[]))
 
     @app.get("/health")
-    def health() -> dict:
+    def health() -> dict[str, Any]:
         """200 once the model is loaded (503 before), for load balancers and compose health checks."""
         service.require_ready()
         return {"status": "ok"}

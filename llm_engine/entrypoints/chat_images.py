@@ -41,7 +41,7 @@ def request_images(req: ChatCompletionRequest) -> list[bytes]:
     return [decode_data_url(url) for url in urls]
 
 
-def with_placeholders(req: ChatCompletionRequest, placeholder: str) -> list[dict]:
+def with_placeholders(req: ChatCompletionRequest, placeholder: str) -> list[dict[str, str]]:
     """Template messages where each image becomes the placeholder, before the message's text."""
     return [{"role": "system" if m.role == "developer" else m.role,
              "content": "".join(placeholder + "\n" for _ in m.image_urls()) + m.text()}
