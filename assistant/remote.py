@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 from fastapi import Request
@@ -105,7 +105,7 @@ class RemoteLLM:
         return StreamingResponse(relay(upstream), status_code=answer.status_code, headers=headers,
                                  media_type=answer.headers.get("content-type"))
 
-    async def post_stream(self, path: str, payload: dict) -> Upstream:
+    async def post_stream(self, path: str, payload: dict[str, Any]) -> Upstream:
         """POST a streaming request; an error answer (before any chunk) raises its OpenAIError."""
         upstream = await self.open("POST", path, json.dumps(payload).encode())
         answer = upstream.response

@@ -136,7 +136,7 @@ class DiskMirror:
         self._first_dirty: float | None = None
         self._last_dirty = 0.0
         self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._io_lock = asyncio.Lock()
 
     def adopt(self, disk_text: str) -> None:

@@ -49,7 +49,7 @@ class Fanout:
         self.origin = os.urandom(ORIGIN_BYTES)
         self._pubsub = self.redis.pubsub()
         self._rooms: dict[str, Room] = {}
-        self._listener: asyncio.Task | None = None
+        self._listener: asyncio.Task[None] | None = None
         self._starting = asyncio.Lock()
         # Set by the RoomManager: closes this replica's sockets of (project_id, user_id) with code.
         self.on_revoke: Callable[[str, str, int], Awaitable[None]] | None = None
@@ -91,7 +91,7 @@ class Fanout:
         if self._listener:
             self._listener.cancel()
             await asyncio.gather(self._listener, return_exceptions=True)
-        await self._pubsub.aclose()
+        await self._pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves PubSub.aclose unannotated
         await self.redis.aclose()
 
     async def _revoke(self, payload: bytes) -> None:

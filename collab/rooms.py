@@ -38,7 +38,7 @@ class RoomManager:
         self.on_edit = on_edit
         self.rooms: dict[RoomKey, Room] = {}
         self._locks: dict[RoomKey, asyncio.Lock] = {}
-        self._unloads: dict[RoomKey, asyncio.Task] = {}
+        self._unloads: dict[RoomKey, asyncio.Task[None]] = {}
         if fanout:
             fanout.on_revoke = self._close_local_user
 

@@ -19,7 +19,8 @@ async def serve_websocket(
             return None
         if message.get("bytes") is None:
             raise ProtocolError("text frames are not part of the y-websocket protocol")
-        return message["bytes"]
+        data: bytes = message["bytes"]
+        return data
 
     async def close(code: int, reason: str) -> None:
         if websocket.application_state == WebSocketState.CONNECTED:

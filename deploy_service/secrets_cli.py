@@ -31,7 +31,7 @@ def reseal(
     if not old_key:
         raise ValueError(f"old_key_file: {old_key_file} is empty")
     with _database(data_dir) as (settings, session):
-        store = ProjectSecrets(SecretBox(settings.secret_key.get_secret_value()))
+        store = ProjectSecrets(SecretBox(settings.secret))
         resealed, unreadable = store.reseal(session, SecretBox(old_key))
     typer.echo(f"re-sealed {resealed} secret{'' if resealed == 1 else 's'} under the current key")
     if unreadable:

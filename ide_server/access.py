@@ -7,6 +7,7 @@ route's rule back from its dependency tree; `create_app` refuses to start when a
 access-control test calls every route against its rule.
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from fastapi.dependencies.models import Dependant
@@ -95,7 +96,7 @@ def rule_of(dependant: Dependant) -> AccessRule | None:
     return rule
 
 
-def _rules(dependant: Dependant):
+def _rules(dependant: Dependant) -> Iterator[AccessRule]:
     for dep in dependant.dependencies:
         rule = getattr(dep.call, "access_rule", None)
         if rule is not None:

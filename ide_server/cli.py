@@ -13,10 +13,11 @@ Errors (domain errors, ValueError, bad options) print one line on stderr and exi
 
 import getpass
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import import_module
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -25,6 +26,11 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperCommand, TyperGroup
 
 from ide_server import __version__
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from ide_server.settings import Settings
 from ide_server.errors import DomainError
 
 # Seconds an idle HTTP connection stays open: longer than a student's pause between two actions,
@@ -86,7 +92,7 @@ DataDir = Annotated[
 ]
 
 
-def _settings(**overrides):
+def _settings(**overrides: Any) -> "Settings":
     """Settings from the environment, with the command line's explicit options on top."""
     from ide_server.settings import Settings
 
@@ -153,7 +159,7 @@ def _read_password(from_stdin: bool) -> str:
 
 
 @contextmanager
-def _database(data_dir: Path | None):
+def _database(data_dir: Path | None) -> Iterator[tuple["Settings", "Session"]]:
     """(settings, DB session) for admin commands, on a migrated database."""
     from ide_server import db
 

@@ -3,13 +3,14 @@
 import threading
 from importlib import import_module
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, text
-from sqlalchemy.orm import DeclarativeBase, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from ide_server import sqlite_writer
 
@@ -59,7 +60,7 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, **pool)
 
 
-def _sqlite_pragmas(dbapi_conn, _record) -> None:
+def _sqlite_pragmas(dbapi_conn: Any, _record: object) -> None:  # a DB-API connection (sqlite3's)
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA foreign_keys=ON")
@@ -67,7 +68,7 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
-def make_sessionmaker(engine: Engine) -> sessionmaker:
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 

@@ -1,6 +1,7 @@
 """The one place that turns errors into HTTP answers: `{"detail": "human message"}`."""
 
-from typing import Protocol, cast
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,7 +29,7 @@ class ErrorBody(BaseModel):
 
 
 # Give this to an APIRouter (`responses=ERROR_RESPONSES`) so its OpenAPI lists the error answers.
-ERROR_RESPONSES: dict[int | str, dict] = {
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text}
     for code, text in {
         400: "Invalid input",
@@ -60,7 +61,7 @@ def _document_validation_errors(app: FastAPI) -> None:
     """Make the OpenAPI document describe the 422 body this handler really sends."""
     generate = app.openapi
 
-    def openapi() -> dict:
+    def openapi() -> dict[str, Any]:
         schema = generate()
         schemas = schema.get("components", {}).get("schemas", {})
         if "HTTPValidationError" in schemas:
@@ -105,6 +106,6 @@ async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-def _plain(errors) -> list[dict]:
+def _plain(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The validator's error list without the raw input/context objects (may not be JSON, may echo secrets)."""
     return [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in errors]

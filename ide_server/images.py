@@ -16,8 +16,11 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sandbox.image import ImageBuildError, cache_dir, rootfs_tarball
+
+DockerClient = Any  # docker.DockerClient: the library ships no types
 
 REPO = Path(__file__).resolve().parents[1]
 BASE_IMAGE = "codeyard/base:bookworm"
@@ -51,7 +54,7 @@ IMAGES = {
 }
 
 
-def build_base(client, progress: Progress, force: bool = False) -> str:
+def build_base(client: DockerClient, progress: Progress, force: bool = False) -> str:
     """BASE_IMAGE (Debian bookworm with Python 3.11), imported from a debootstrap rootfs; returns its tag."""
     import docker.errors
 
@@ -104,7 +107,7 @@ def _wheels(context: Path, name: str, recipe: ImageRecipe, progress: Progress) -
         (context / "wheels" / wheel.name).hardlink_to(wheel)
 
 
-def build_image(client, name: str, base: str, progress: Progress) -> str:
+def build_image(client: DockerClient, name: str, base: str, progress: Progress) -> str:
     """Build IMAGES[name] on `base`; returns the image id. Build steps are reported as they run."""
     recipe = IMAGES[name]
     context = stage_context(name, recipe, progress)
@@ -123,10 +126,11 @@ def build_image(client, name: str, base: str, progress: Progress) -> str:
         if "aux" in event:
             image_id = event["aux"].get("ID")
     progress(f"ready: {recipe.tag} ({(image_id or '?')[:19]})")
-    return image_id or client.images.get(recipe.tag).id
+    built: str = image_id or client.images.get(recipe.tag).id
+    return built
 
 
-def build_images(client, names: Iterable[str], progress: Progress, *, base: str | None = None) -> dict[str, str]:
+def build_images(client: DockerClient, names: Iterable[str], progress: Progress, *, base: str | None = None) -> dict[str, str]:
     """Build the named images (all of IMAGES by default) on `base`, or on the local Debian base made first."""
     names = list(names) or list(IMAGES)
     unknown = [n for n in names if n not in IMAGES]

@@ -36,7 +36,8 @@ def connect(url: str, max_connections: int = REDIS_CONNECTIONS) -> aioredis.Redi
 
 async def claim(redis: aioredis.Redis, key: str, holder: str | bytes, ttl_ms: int) -> bool:
     """Hold `key` as `holder` for ttl_ms more (renewed if ours, taken if free); False if another holds it."""
-    return await redis.eval(CLAIM_SCRIPT, 1, key, holder, ttl_ms) == 1
+    held: int = await redis.eval(CLAIM_SCRIPT, 1, key, holder, ttl_ms)  # the script's 1 or 0
+    return held == 1
 
 
 async def release(redis: aioredis.Redis, key: str, holder: str | bytes) -> None:

@@ -3,7 +3,7 @@
 import enum
 from datetime import UTC, datetime
 
-from sqlalchemy import DateTime, ForeignKey, Index, String, TypeDecorator
+from sqlalchemy import DateTime, Dialect, ForeignKey, Index, String, TypeDecorator
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from ide_server.db import Base
@@ -13,16 +13,16 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class UTCDateTime(TypeDecorator):
+class UTCDateTime(TypeDecorator[datetime]):
     """Timezone-aware UTC datetimes on every backend (SQLite drops the zone, so re-attach it)."""
 
     impl = DateTime(timezone=True)
     cache_ok = True
 
-    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         return value.astimezone(UTC) if value is not None else None
 
-    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)

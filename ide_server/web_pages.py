@@ -48,7 +48,7 @@ def entry_assets() -> EntryAssets:
 class HashedStaticFiles(StaticFiles):
     """Static files whose hashed names under assets/ may be cached for a year."""
 
-    async def get_response(self, path: str, scope: Scope):  # type: ignore[override]
+    async def get_response(self, path: str, scope: Scope) -> Response:
         response = await super().get_response(path, scope)
         if path.startswith("assets/") and response.status_code == 200:
             response.headers["Cache-Control"] = "public, max-age=31536000, immutable"

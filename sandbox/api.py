@@ -70,6 +70,7 @@ Runs = Annotated[ProjectRuns, Depends(_runs)]
 @router.post("/api/projects/{project_id}/runs", status_code=status.HTTP_202_ACCEPTED)
 async def start_run(body: RunCreate, ctx: ProjectEditor, runs: Runs) -> RunPublic:
     """Queue a run of the project (its entry file, or codeyard.toml's [run]); follow it on /ws/runs/{id}."""
+    assert ctx.user is not None  # an editor is signed in
     return await runs.start(ctx.user, ctx.project.id, body)
 
 
@@ -82,6 +83,7 @@ async def add_packages(body: PackagesAdd, ctx: ProjectEditor, runs: Runs) -> Pac
 @router.get("/api/projects/{project_id}/runs")
 def list_runs(ctx: ProjectMember, db: DbSession, runs: Runs) -> list[RunPublic]:
     """The project's latest 50 runs, newest first."""
+    assert ctx.user is not None  # a member is signed in
     return runs.list(db, ctx.project.id, ctx.user)
 
 

@@ -14,6 +14,9 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+DockerClient = Any  # docker.DockerClient: the library ships no types
 
 RUNNER_IMAGE = os.environ.get("CODEYARD_SANDBOX_IMAGE", "codeyard/runner:bookworm")
 SUITE = "bookworm"
@@ -81,7 +84,7 @@ def _run_with_progress(argv: list[str], progress: Progress) -> None:
         raise ImageBuildError(f"{argv[0]} failed (exit {proc.returncode}):\n" + "\n".join(tail))
 
 
-def _try_base_image(client, base: str, progress: Progress) -> bool:
+def _try_base_image(client: DockerClient, base: str, progress: Progress) -> bool:
     import docker.errors
 
     progress(f"pulling base image {base}")
@@ -95,13 +98,15 @@ def _try_base_image(client, base: str, progress: Progress) -> bool:
     return True
 
 
-def build_image(client, progress: Progress, *, base_image: str | None = None, force: bool = False) -> str:
+def build_image(client: DockerClient, progress: Progress, *, base_image: str | None = None,
+                force: bool = False) -> str:
     """Make RUNNER_IMAGE available in the engine behind `client`; returns the image id."""
     import docker.errors
 
     if not force:
         try:
-            return client.images.get(RUNNER_IMAGE).id
+            found: str = client.images.get(RUNNER_IMAGE).id
+            return found
         except docker.errors.ImageNotFound:
             pass
     base_image = base_image or os.environ.get("CODEYARD_SANDBOX_BASE_IMAGE")
@@ -116,6 +121,6 @@ def build_image(client, progress: Progress, *, base_image: str | None = None, fo
         client.containers.run(RUNNER_IMAGE, check, remove=True, network_mode="none")
     except docker.errors.ContainerError as exc:
         raise ImageBuildError(f"the image {RUNNER_IMAGE} lacks a tool: {exc.stderr or exc}") from exc
-    image_id = client.images.get(RUNNER_IMAGE).id
+    image_id: str = client.images.get(RUNNER_IMAGE).id
     progress(f"ready: {RUNNER_IMAGE} ({image_id[:19]})")
     return image_id

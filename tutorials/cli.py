@@ -6,9 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
+
+if TYPE_CHECKING:
+    from sandbox.backend import Backend
+    from tutorials.format import Course, Lesson
 
 app = typer.Typer(help="Author and check tutorial courses.", no_args_is_help=True)
 
@@ -28,7 +32,7 @@ def course_folders(path: Path) -> list[Path]:
     return folders
 
 
-async def verify_lesson(lesson, backend) -> list[str]:
+async def verify_lesson(lesson: Lesson, backend: Backend) -> list[str]:
     """What is wrong with a lesson when graded for real: empty if its solution passes and its starter fails."""
     from tutorials.grader import grade
 
@@ -75,7 +79,7 @@ def check_command(
     typer.echo(f"all {len(lessons)} lesson(s) ok: every solution passes and every starter fails")
 
 
-async def _verify_all(lessons, sandbox) -> list[str]:
+async def _verify_all(lessons: list[tuple[Course, Lesson]], sandbox: Backend) -> list[str]:
     problems = []
     try:
         for index, (course, lesson) in enumerate(lessons, start=1):

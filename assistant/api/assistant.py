@@ -16,7 +16,7 @@ don't work in it (they can't run it either), and POSTs on a project need an edit
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -43,7 +43,7 @@ from ide_server.services.projects import ProjectAccess
 from ide_server.wiring import Builders, Core, required, services_of
 from llm_engine.entrypoints import answer, unless_disconnected
 
-STREAM_RESPONSES: dict[int | str, dict] = {200: {"description": "OpenAI chat completion chunks, then [DONE]",
+STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {200: {"description": "OpenAI chat completion chunks, then [DONE]",
                                                  "content": {"text/event-stream": {}}}}
 router = APIRouter(tags=["assistant"], responses=ERROR_RESPONSES)
 project_router = APIRouter(prefix="/api/projects/{project_id}/assistant",
@@ -85,9 +85,9 @@ def update_assistant(body: AssistantUpdate, ctx: ProjectOwner, db: DbSession, as
     return assistant.describe(db, ctx)
 
 
-@project_router.post("/complete")
+@project_router.post("/complete", response_model=CompletionPublic)
 async def complete(body: CompletionCreate, ctx: ProjectEditor, db: DbSession, request: Request,
-                   assistant: AssistantDep) -> CompletionPublic:
+                   assistant: AssistantDep) -> CompletionPublic | Response:
     """Ghost text to show at the cursor: the rest of the line (or the next line)."""
     model = await _admit(assistant, db, ctx, 1)
     result = await unless_disconnected(request, assistant.complete(model, body))

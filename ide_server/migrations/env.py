@@ -1,6 +1,7 @@
 """Alembic environment: uses the server's connection when called from it, else the settings' URL."""
 
 from alembic import context
+from sqlalchemy import Connection
 
 from ide_server.db import Base, load_models, make_engine
 
@@ -24,7 +25,7 @@ def run() -> None:
         _run_on(connection)
 
 
-def _run_on(connection) -> None:
+def _run_on(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=Base.metadata,
