@@ -1,15 +1,16 @@
 """The autotuner's disk cache on the CPU: a miss times every candidate and saves the fastest, a hit
 (in this process or the next) runs nothing, a corrupt file or an unwritable folder only costs a
-new tuning. Candidates are plain callables that sleep, timed for real on the CPU."""
+new tuning. Candidates are plain callables that advance the clock the tuner reads by their cost
+(real sleeps were reordered by scheduling delays on a loaded machine)."""
 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
 
+from llm_engine.kernels import autotune
 from llm_engine.kernels.autotune import Autotuner, shape_bucket
 
 CPU = torch.device("cpu")
@@ -17,21 +18,34 @@ CANDIDATES = [{"BLOCK": 16}, {"BLOCK": 32}, {"BLOCK": 64}]
 SLEEP = {16: 0.004, 32: 0.0, 64: 0.002}  # BLOCK=32 is the fastest
 
 
+class Clock:
+    """The tuner's `time.perf_counter`: only the candidates' launches move it."""
+
+    now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+CLOCK = Clock()
+
+
 @pytest.fixture(autouse=True)
 def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("CODEYARD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "time", CLOCK)
     return tmp_path
 
 
 class Launches:
-    """A kernel stand-in that sleeps per config and counts its launches."""
+    """A kernel stand-in that costs SLEEP[BLOCK] seconds on the tuner's clock and counts its launches."""
 
     def __init__(self) -> None:
         self.count = 0
 
     def __call__(self, config: dict[str, int]) -> None:
         self.count += 1
-        time.sleep(SLEEP[config["BLOCK"]])
+        CLOCK.now += SLEEP[config["BLOCK"]]
 
 
 def tuner() -> Autotuner:
