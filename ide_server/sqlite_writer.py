@@ -12,9 +12,24 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Callable
+from typing import Any, Protocol, Self, cast
 
 # Statements that take SQLite's write lock (in the default, deferred transactions of pysqlite).
 WRITING = ("INSERT", "UPDATE", "DELETE", "REPLACE", "CREATE", "DROP", "ALTER")
+
+
+class _Writer(Protocol):
+    """What a cursor and _Writing use of the WriterConnection below."""
+
+    @property
+    def in_transaction(self) -> bool: ...
+
+    def writing(self, sql: str) -> _Writing: ...
+
+    def take(self) -> None: ...
+
+    def give_back(self) -> None: ...
 
 
 def _writes(sql: str) -> bool:
@@ -25,18 +40,19 @@ def connection_class(lock: threading.Lock, wait_s: float) -> type[sqlite3.Connec
     """A sqlite3.Connection (pass as `factory=`) whose writers take `lock`, waiting at most wait_s."""
 
     class WriterCursor(sqlite3.Cursor):
-        def execute(self, sql: str, parameters=(), /):  # type: ignore[override]
-            with self.connection.writing(sql):  # type: ignore[attr-defined]
+        def execute(self, sql: str, parameters: Any = (), /) -> Self:
+            with cast(_Writer, self.connection).writing(sql):  # a WriterConnection made this cursor
                 return super().execute(sql, parameters)
 
-        def executemany(self, sql: str, seq_of_parameters, /):  # type: ignore[override]
-            with self.connection.writing(sql):  # type: ignore[attr-defined]
+        def executemany(self, sql: str, seq_of_parameters: Any, /) -> Self:
+            with cast(_Writer, self.connection).writing(sql):
                 return super().executemany(sql, seq_of_parameters)
 
     class WriterConnection(sqlite3.Connection):
         holds_lock = False
 
-        def cursor(self, factory=WriterCursor):  # type: ignore[override]
+        def cursor(self, factory: Callable[[sqlite3.Connection], sqlite3.Cursor] = WriterCursor  # type: ignore[override]
+                   ) -> sqlite3.Cursor:  # (sqlite3's overloads type the default factory None)
             return super().cursor(factory)
 
         def writing(self, sql: str) -> _Writing:
@@ -62,7 +78,7 @@ def connection_class(lock: threading.Lock, wait_s: float) -> type[sqlite3.Connec
         def close(self) -> None:
             self._ending(super().close)
 
-        def _ending(self, end) -> None:
+        def _ending(self, end: Callable[[], None]) -> None:
             """The transaction ends (or the connection): the next writer may go, whatever happened."""
             try:
                 end()
@@ -76,13 +92,13 @@ class _Writing:
     """Around one statement: take the lock first if it writes; if no transaction is left open
     afterwards (a failed statement, autocommit), give it back at once."""
 
-    def __init__(self, conn, writes: bool) -> None:
+    def __init__(self, conn: _Writer, writes: bool) -> None:
         self.conn, self.writes = conn, writes
 
     def __enter__(self) -> None:
         if self.writes:
             self.conn.take()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if not self.conn.in_transaction:
             self.conn.give_back()

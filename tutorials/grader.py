@@ -17,10 +17,10 @@ import re
 import secrets
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from sandbox import (
     MIB,
@@ -112,7 +112,7 @@ async def grade(lesson: Lesson, files: Mapping[str, str], *, sandbox: Backend | 
     return result
 
 
-def to_public(result: GradeResult) -> dict:
+def to_public(result: GradeResult) -> dict[str, Any]:
     """The result as JSON for the learner: hidden tests without source, expected values, output or error text."""
     tests = [_public_test(test) for test in result.tests]
     failure = asdict(result.first_failure) if result.first_failure else None
@@ -126,7 +126,7 @@ def to_public(result: GradeResult) -> dict:
             "first_failure": failure, "wall_seconds": result.wall_seconds}
 
 
-def _public_test(test: TestResult) -> dict:
+def _public_test(test: TestResult) -> dict[str, Any]:
     item = asdict(test)
     if test.hidden:
         error = test.error if test.error is not None and test.error.in_learner_file else None
@@ -153,7 +153,7 @@ def _limits(lesson: Lesson) -> Limits:
     return Limits(cpu_seconds=seconds, wall_seconds=seconds + 2, memory_bytes=256 * MIB, pids=64, output_bytes=2 * MIB)
 
 
-def _test_entries(lesson: Lesson):
+def _test_entries(lesson: Lesson) -> Iterator[tuple[bool, str, Any]]:  # item: (name, source) or an IOCheck
     """(hidden, kind, item) in grading order: visible unit tests, visible checks, then the hidden ones."""
     for hidden, tests in ((False, lesson.visible_tests), (True, lesson.hidden_tests)):
         for name, source in tests.files.items():
@@ -190,7 +190,7 @@ async def _run(sandbox: Backend | RunQueue, spec: RunSpec, user_id: str, slug: s
 # --- reading the results ------------------------------------------------------------------
 
 
-def _runner_report(run: RunResult, marker: str) -> dict | None:
+def _runner_report(run: RunResult, marker: str) -> dict[str, Any] | None:
     """The runner's JSON line (the last one after the marker), or None if it never printed one."""
     text = run.stdout.decode("utf-8", "replace")
     _, found, tail = text.rpartition(marker + " ")
@@ -221,7 +221,7 @@ def _result(lesson: Lesson, run: RunResult, marker: str, files: Mapping[str, str
     return GradeResult(status="fail" if failed else "pass", tests=tests, first_failure=_first_failure(failed) if failed else None)
 
 
-def _test_result(lesson: Lesson, item: dict, files: Mapping[str, str]) -> TestResult:
+def _test_result(lesson: Lesson, item: dict[str, Any], files: Mapping[str, str]) -> TestResult:
     error = ErrorInfo.from_dict(item["error"]) if item.get("error") else None
     if error is None and item.get("stderr"):  # an input/output check whose program crashed
         error = error_from_output(item["stderr"], lesson.language, files)
@@ -235,7 +235,7 @@ def _test_result(lesson: Lesson, item: dict, files: Mapping[str, str]) -> TestRe
     return test
 
 
-def _message(lesson: Lesson, item: dict, test: TestResult, files: Mapping[str, str]) -> str:
+def _message(lesson: Lesson, item: dict[str, Any], test: TestResult, files: Mapping[str, str]) -> str:
     kind = item.get("kind")
     if test.status == "pass":
         return ""
@@ -254,7 +254,8 @@ def _message(lesson: Lesson, item: dict, test: TestResult, files: Mapping[str, s
         words = "to be" if item.get("op") == "==" else item["op_words"]
         return f"Expected {item.get('expression') or 'the value'} {words} {test.expected}, but it was {test.actual}.{note}"
     if item.get("note"):
-        return item["note"]
+        note_text: str = item["note"]
+        return note_text
     return f"This check was not true: {item.get('expression') or 'assert'}"
 
 

@@ -9,8 +9,9 @@ file trees refresh.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, ParamSpec, TypeVar
 
 from fastapi import APIRouter, Depends, Query, status
 from fastapi.responses import PlainTextResponse, Response
@@ -28,6 +29,8 @@ from ide_server.errors import Conflict, InvalidInput, NotFound
 from ide_server.events import EventsDep
 from ide_server.services.projects import ProjectAccess
 
+P = ParamSpec("P")
+R = TypeVar("R")
 router = APIRouter(prefix="/api/projects/{project_id}/history", tags=["history"], responses=ERROR_RESPONSES)
 
 Version = Annotated[str, Query(min_length=4, max_length=64)]
@@ -86,10 +89,10 @@ def _public(checkpoint: Checkpoint) -> CheckpointPublic:
     )
 
 
-async def _call(function, *args):
+async def _call(function: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
     """Run a blocking history call in a thread; its ValueError (a bad version or name) becomes a 400."""
     try:
-        return await asyncio.to_thread(function, *args)
+        return await asyncio.to_thread(function, *args, **kwargs)
     except NameTaken as exc:
         raise Conflict(str(exc)) from exc
     except ValueError as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,7 @@ STEPS: dict[str, Callable[[Tensors], Tensors]] = {"code_context": code_context, 
 
 
 class Ensemble:
-    def __init__(self, config: dict) -> None:
+    def __init__(self, config: dict[str, Any]) -> None:
         """Check the config's shape and every step's model and tensors; ValueError names the problem."""
         try:
             self.name = config["name"]
@@ -84,13 +85,13 @@ class Ensemble:
         except (OSError, ValueError) as exc:
             raise ValueError(f"ensemble: {path}: {exc}") from None
 
-    def metadata(self) -> dict:
-        def tensor(t: dict) -> dict:
+    def metadata(self) -> dict[str, Any]:
+        def tensor(t: dict[str, Any]) -> dict[str, Any]:
             return {"name": t["name"], "datatype": _DATATYPES[t["data_type"]], "shape": [-1, *t.get("dims", [1])]}
         return {"name": self.name, "versions": [kserve.VERSION], "platform": "ensemble",
                 "inputs": [tensor(t) for t in self.inputs], "outputs": [tensor(t) for t in self.outputs]}
 
-    async def infer(self, service: LLMService, tensors: Tensors, parameters: dict | None = None,
+    async def infer(self, service: LLMService, tensors: Tensors, parameters: dict[str, Any] | None = None,
                     stats: RequestStats | None = None) -> Tensors:
         """Run the steps in order over a pool of named tensors; the LLM step is one batched request."""
         allowed = {t["name"] for t in self.inputs}

@@ -17,6 +17,7 @@ import hmac
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 import numpy as np
@@ -57,7 +58,7 @@ def _tensors(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
     return tensors
 
 
-def _parameters(params) -> dict:
+def _parameters(params: Any) -> dict[str, Any]:  # a protobuf map of InferParameter
     return {key: getattr(value, value.WhichOneof("parameter_choice")) for key, value in params.items()
             if value.WhichOneof("parameter_choice")}
 
@@ -104,7 +105,7 @@ def api_key_check(keys: frozenset[str]) -> Authorize:
     return authorize
 
 
-class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]  # generated, untyped
     def __init__(self, get_service: ServiceGetter, authorize: Authorize) -> None:
         self.get_service = get_service
         self.authorize = authorize
@@ -123,7 +124,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             await _abort(context, exc)
             raise
 
-    async def _model(self, context, name: str, version: str) -> LLMService:
+    async def _model(self, context: grpc.aio.ServicerContext, name: str, version: str) -> LLMService:
         service = await self._service(context)
         try:
             kserve.find_model(service, name, version)
@@ -131,16 +132,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             await _abort(context, exc)
         return service
 
-    async def ServerLive(self, request, context):  # health needs no key, as on HTTP (probes)
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:  # health needs no key, as on HTTP (probes)
         return pb.ServerLiveResponse(live=True)
 
-    async def ServerReady(self, request, context):
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext) -> pb.ServerReadyResponse:
         try:
             return pb.ServerReadyResponse(ready=self.get_service().engine.is_ready)
         except OpenAIError:  # no model here (switched off, or not loadable)
             return pb.ServerReadyResponse(ready=False)
 
-    async def ModelReady(self, request, context):
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext) -> pb.ModelReadyResponse:
         service = await self._service(context)
         try:
             kserve.find_model(service, request.name, request.version)
@@ -148,20 +149,20 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=service.engine.is_ready)
 
-    async def ServerMetadata(self, request, context):
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext) -> pb.ServerMetadataResponse:
         await self._service(context)
         return json_format.ParseDict(kserve.server_metadata(), pb.ServerMetadataResponse())
 
-    async def ModelMetadata(self, request, context):
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext) -> pb.ModelMetadataResponse:
         service = await self._model(context, request.name, request.version)
         return json_format.ParseDict(kserve.model_metadata(service, request.name, request.version), pb.ModelMetadataResponse())
 
-    async def ModelConfig(self, request, context):
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext) -> pb.ModelConfigResponse:
         service = await self._model(context, request.name, request.version)
         config = json_format.ParseDict(kserve.model_config(service, request.name, request.version), model_config_pb2.ModelConfig())
         return pb.ModelConfigResponse(config=config)
 
-    async def ModelInfer(self, request, context):
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
         arrived = time.time()
         service = await self._model(context, request.model_name, request.model_version)
         try:
@@ -199,11 +200,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         except Exception as exc:
             yield pb.ModelStreamInferResponse(error_message=as_openai_error(exc).message)
 
-    async def ModelStreamInfer(self, request_iterator, context):
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
+                               context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Requests on one stream run concurrently; their responses interleave as they come."""
         service = await self._service(context)
         responses: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
-        tasks: set[asyncio.Task] = set()
+        tasks: set[asyncio.Task[None]] = set()
 
         async def serve(request: pb.ModelInferRequest) -> None:
             async for response in self._stream_one(service, request):

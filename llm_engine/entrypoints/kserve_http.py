@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -26,9 +26,10 @@ from llm_engine.entrypoints.service import LLMService
 from llm_engine.entrypoints.serving import _Run, sse
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+Handler = TypeVar("Handler", bound=Callable[..., Any])  # a route function, registered as it is
 
 
-def _tensors(header: dict, binary: bytes) -> dict[str, np.ndarray]:
+def _tensors(header: dict[str, Any], binary: bytes) -> dict[str, np.ndarray]:
     """Inputs of an infer request: JSON `data`, or `binary_data_size` bytes after the JSON header."""
     inputs = header.get("inputs")
     if not isinstance(inputs, list) or not all(isinstance(t, dict) for t in inputs):
@@ -51,7 +52,7 @@ def _tensors(header: dict, binary: bytes) -> dict[str, np.ndarray]:
     return tensors
 
 
-def _infer_response(header: dict, arrays: dict[str, np.ndarray], model: str) -> Response:
+def _infer_response(header: dict[str, Any], arrays: dict[str, np.ndarray], model: str) -> Response:
     """Outputs as asked: each requested one (default: all) as JSON data or appended binary."""
     wanted = header.get("outputs")
     default_binary = bool((header.get("parameters") or {}).get("binary_data_output", False))
@@ -81,7 +82,7 @@ def _infer_response(header: dict, arrays: dict[str, np.ndarray], model: str) -> 
                     headers={HEADER_LENGTH: str(len(head))})
 
 
-def _generate_tensors(body: Any) -> tuple[dict[str, np.ndarray], dict]:
+def _generate_tensors(body: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The generate extension's JSON: inputs by name at the top level, plus optional parameters."""
     if not isinstance(body, dict):
         raise OpenAIError(400, "the request body must be a JSON object")
@@ -101,23 +102,23 @@ def _generate_tensors(body: Any) -> tuple[dict[str, np.ndarray], dict]:
     return tensors, parameters
 
 
-def _generate_body(service: LLMService, result: kserve.RowResult, request_id: Any) -> dict:
-    body = {"model_name": service.served_name, "model_version": kserve.VERSION, "text_output": result.text,
+def _generate_body(service: LLMService, result: kserve.RowResult, request_id: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model_name": service.served_name, "model_version": kserve.VERSION, "text_output": result.text,
             "finish_reason": result.finish_reason, "num_output_tokens": result.num_tokens}
     if request_id is not None:
         body["id"] = request_id
     return body
 
 
-def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: list | None = None) -> APIRouter:
+def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: list[Any] | None = None) -> APIRouter:
     """`auth` guards every model route; health routes take `health_dependencies` (none on the
     standalone server, so Kubernetes probes need no key, as its /health)."""
     router = APIRouter(tags=["kserve-v2"])
     health = health_dependencies if health_dependencies is not None else [auth]
 
-    def model_route(method: str, suffix: str, dependencies: list | None = None):
+    def model_route(method: str, suffix: str, dependencies: list[Any] | None = None) -> Callable[[Handler], Handler]:
         """Register a handler at /v2/models/{name}{suffix} and /v2/models/{name}/versions/{version}{suffix}."""
-        def register(handler):
+        def register(handler: Handler) -> Handler:
             for path in (f"/v2/models/{{model_name}}{suffix}", f"/v2/models/{{model_name}}/versions/{{version}}{suffix}"):
                 router.add_api_route(path, handler, methods=[method], dependencies=dependencies or [auth])
             return handler
@@ -135,29 +136,29 @@ def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: lis
         return service
 
     @router.get("/v2", dependencies=[auth])
-    def server_metadata() -> dict:
+    def server_metadata() -> dict[str, Any]:
         return kserve.server_metadata()
 
     @router.get("/v2/health/live", dependencies=health)
-    def live() -> dict:
+    def live() -> dict[str, Any]:
         return {}
 
     @router.get("/v2/health/ready", dependencies=health)
-    def ready(request: Request) -> dict:
+    def ready(request: Request) -> dict[str, Any]:
         get_service(request).require_ready()
         return {}
 
     @model_route("GET", "")
-    def metadata(request: Request, model_name: str, version: str | None = None) -> dict:
+    def metadata(request: Request, model_name: str, version: str | None = None) -> dict[str, Any]:
         return kserve.model_metadata(get_service(request), model_name, version)
 
     @model_route("GET", "/ready")
-    def model_ready(request: Request, model_name: str, version: str | None = None) -> dict:
+    def model_ready(request: Request, model_name: str, version: str | None = None) -> dict[str, Any]:
         model_service(request, model_name, version).require_ready()
         return {}
 
     @model_route("GET", "/config")
-    def config(request: Request, model_name: str, version: str | None = None) -> dict:
+    def config(request: Request, model_name: str, version: str | None = None) -> dict[str, Any]:
         return kserve.model_config(get_service(request), model_name, version)
 
     @model_route("POST", "/infer")
@@ -213,7 +214,7 @@ def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: lis
                 stats.failed(exc)
                 raise
 
-        async def events(run) -> AsyncIterator[bytes]:
+        async def events(run: _Run) -> AsyncIterator[bytes]:
             with stats:  # a success once the last event is out; cancelled if the client leaves
                 try:
                     async for delta in serving.deltas(run):

@@ -30,7 +30,7 @@ REPLICA_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
 DEAD_FOR_S = 10.0
 
 
-def routing_key(payload: dict) -> str:
+def routing_key(payload: dict[str, Any]) -> str:
     """The text whose prefix decides the replica: the prompt, or the chat messages in order."""
     if "messages" in payload:
         return json.dumps(payload["messages"], sort_keys=True)
@@ -115,7 +115,7 @@ async def open_upstream(url: str, key: str | None, method: str, path: str, body:
         raise Unreachable(f"{url}: {type(exc).__name__}") from None
 
 
-Route = Callable[[bytes, dict, str], Awaitable[Response]]  # (body, its JSON object, path) -> answer
+Route = Callable[[bytes, dict[str, Any], str], Awaitable[Response]]  # (body, its JSON object, path) -> answer
 
 
 def openai_front(title: str, api_keys: frozenset[str], route: Route) -> tuple[FastAPI, list[Any]]:
@@ -185,7 +185,7 @@ def create_router_app(replica_urls: list[str], api_keys: frozenset[str] = frozen
                                      media_type=answer.headers.get("content-type"))
         raise OpenAIError(503, "no replica is reachable", code="llm_unreachable", retry_after=5)
 
-    async def route(body: bytes, payload: dict, path: str) -> Response:
+    async def route(body: bytes, payload: dict[str, Any], path: str) -> Response:
         return await forward("POST", path, body, routing_key(payload))
 
     app, dependencies = openai_front("Codeyard LLM router", api_keys, route)
@@ -196,7 +196,7 @@ def create_router_app(replica_urls: list[str], api_keys: frozenset[str] = frozen
         return await forward("GET", "/v1/models", None, "")
 
     @app.get("/health")
-    def health() -> dict:
+    def health() -> dict[str, Any]:
         """200 while some replica is thought alive."""
         if not router.alive():
             raise OpenAIError(503, "no replica is reachable", code="llm_unreachable")

@@ -8,6 +8,8 @@ The number of placeholders therefore depends on the picture's size (`num_feature
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from PIL import Image
 from torch import nn
@@ -15,6 +17,9 @@ from torch import nn
 from llm_engine.layers.attention import AttentionBackend
 from llm_engine.models.llava import LlavaForConditionalGeneration
 from llm_engine.multimodal.processor import ImageProcessor, anyres_tiles, best_resolution
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 def unpadded_size(height: int, width: int, rows: int, cols: int) -> tuple[int, int]:
@@ -28,35 +33,35 @@ def unpadded_size(height: int, width: int, rows: int, cols: int) -> tuple[int, i
 
 
 class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
-    def __init__(self, config, backend: AttentionBackend, dtype: torch.dtype) -> None:
+    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, dtype: torch.dtype) -> None:
         super().__init__(config, backend, dtype)
         self.image_newline = nn.Parameter(torch.zeros(config.get_text_config().hidden_size, dtype=dtype))
 
     @staticmethod
-    def grid(config, width: int, height: int) -> tuple[int, int, int]:
+    def grid(config: PretrainedConfig, width: int, height: int) -> tuple[int, int, int]:
         """(tile rows, tile cols, features per tile side) for a width x height picture."""
         vision = config.vision_config
         grid_h, grid_w = best_resolution(height, width, config.image_grid_pinpoints)
         return grid_h // vision.image_size, grid_w // vision.image_size, vision.image_size // vision.patch_size
 
     @classmethod
-    def feature_map_size(cls, config, width: int, height: int) -> tuple[int, int]:
+    def feature_map_size(cls, config: PretrainedConfig, width: int, height: int) -> tuple[int, int]:
         """(rows, cols) of the grid's feature map after unpadding."""
         tile_rows, tile_cols, side = cls.grid(config, width, height)
         return unpadded_size(height, width, tile_rows * side, tile_cols * side)
 
     @classmethod
-    def num_features(cls, config, width: int, height: int) -> int:
+    def num_features(cls, config: PretrainedConfig, width: int, height: int) -> int:
         side = config.vision_config.image_size // config.vision_config.patch_size
         rows, cols = cls.feature_map_size(config, width, height)
-        return side * side + rows * (cols + 1)
+        return int(side * side + rows * (cols + 1))
 
     def shrink(self, grid: torch.Tensor) -> torch.Tensor:
         """A hook for a smaller feature map (LLaVA-OneVision); NeXT keeps it."""
         return grid
 
     @classmethod
-    def image_inputs(cls, config, processor: ImageProcessor, image: Image.Image) -> tuple[torch.Tensor, int]:
+    def image_inputs(cls, config: PretrainedConfig, processor: ImageProcessor, image: Image.Image) -> tuple[torch.Tensor, int]:
         if not processor.grid_pinpoints:
             raise ValueError("model: LLaVA-NeXT needs image_grid_pinpoints in preprocessor_config.json")
         return anyres_tiles(processor, image), cls.num_features(config, image.width, image.height)

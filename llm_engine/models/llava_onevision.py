@@ -9,14 +9,18 @@ path is not implemented and is refused with a clear error.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from llm_engine.models.llava_next import LlavaNextForConditionalGeneration
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
-def max_tiles(config) -> int:
+
+def max_tiles(config: PretrainedConfig) -> int:
     return int(config.vision_aspect_ratio.removeprefix("anyres_max_"))
 
 
@@ -32,10 +36,10 @@ class LlavaOnevisionForConditionalGeneration(LlavaNextForConditionalGeneration):
     max_images_per_prompt = 1
 
     @classmethod
-    def num_features(cls, config, width: int, height: int) -> int:
+    def num_features(cls, config: PretrainedConfig, width: int, height: int) -> int:
         side = config.vision_config.image_size // config.vision_config.patch_size
         rows, cols, _ = shrunk_size(*cls.feature_map_size(config, width, height), side, max_tiles(config))
-        return side * side + rows * (cols + 1)
+        return int(side * side + rows * (cols + 1))
 
     def shrink(self, grid: torch.Tensor) -> torch.Tensor:
         side = self.config.vision_config.image_size // self.config.vision_config.patch_size
