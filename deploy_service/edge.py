@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Sequence
+from typing import cast
 
 import httptools
 
@@ -44,7 +46,7 @@ REASONS = {400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed", 4
            503: b"Service Unavailable", 504: b"Gateway Timeout", 308: b"Permanent Redirect"}
 
 
-def _plain_response(status: int, text: str, extra: list[tuple[bytes, bytes]] = (), close: bool = False) -> bytes:
+def _plain_response(status: int, text: str, extra: Sequence[tuple[bytes, bytes]] = (), close: bool = False) -> bytes:
     body = text.encode()
     head = [b"HTTP/1.1 %d %s" % (status, REASONS.get(status, b"")),
             b"content-type: text/plain; charset=utf-8", b"content-length: %d" % len(body)]
@@ -115,11 +117,11 @@ class AppsEdge:
         apps_host = self.deploys.apps_host
         if apps_host and (match := app_host_pattern(apps_host).match(exchange.host.decode("latin-1").lower())):
             slug, rest, exchange.own_host = match.group(1), path.decode("latin-1"), True
-        elif match := APP_PATH.match(path):
-            if match.group(2) is None:  # /apps/{slug}: relative links need the trailing slash
+        elif path_match := APP_PATH.match(path):
+            if path_match.group(2) is None:  # /apps/{slug}: relative links need the trailing slash
                 exchange.local = _plain_response(308, "", [(b"location", path + b"/" + (b"?" + query if query else b""))])
                 return
-            slug, rest = match.group(1).decode(), match.group(2).decode("latin-1")
+            slug, rest = path_match.group(1).decode(), path_match.group(2).decode("latin-1")
             exchange.prefix = f"/apps/{slug}"
         else:
             exchange.local = _plain_response(404, NO_APP)
@@ -135,9 +137,9 @@ class AppsEdge:
         exchange.instance = instance
         exchange.target = rest + ("?" + query.decode("latin-1") if query else "")
 
-    def connect(self, exchange: _Exchange, client: ClientConnection) -> None:
+    def connect(self, exchange: _Exchange, instance: AppInstance, client: ClientConnection) -> None:
         """Send the exchange on an idle connection to its instance, or on a new one."""
-        path = str(exchange.instance.socket_path)
+        path = str(instance.socket_path)
         idle = self._idle.get(path)
         while idle:
             connection = idle.pop()
@@ -146,15 +148,16 @@ class AppsEdge:
                 return
         loop = asyncio.get_running_loop()
         task = loop.create_task(loop.create_unix_connection(lambda: UpstreamConnection(self, path), path))
-        task.add_done_callback(lambda done: self._connected(done, exchange, client))
+        task.add_done_callback(lambda done: self._connected(done, path, exchange, client))
 
-    def _connected(self, task: asyncio.Task, exchange: _Exchange, client: ClientConnection) -> None:
+    def _connected(self, task: asyncio.Task[tuple[asyncio.Transport, UpstreamConnection]], path: str,
+                   exchange: _Exchange, client: ClientConnection) -> None:
         if exchange.finished:  # the client left meanwhile
             if not task.cancelled() and task.exception() is None:
                 task.result()[0].close()
             return
         if task.cancelled() or task.exception() is not None:
-            log.info("app at %s: cannot connect: %s", exchange.instance.socket_path, task.exception())
+            log.info("app at %s: cannot connect: %s", path, task.exception())
             client.fail(exchange, 502, "The app did not answer.")
             return
         task.result()[1].send(exchange, client)
@@ -172,7 +175,7 @@ class AppsEdge:
         loop = asyncio.get_running_loop()
         task = loop.create_task(loop.create_connection(lambda: _Pipe(client.transport), host, int(port)))
 
-        def connected(done: asyncio.Task) -> None:
+        def connected(done: asyncio.Task[tuple[asyncio.Transport, _Pipe]]) -> None:
             if done.cancelled() or done.exception() is not None or client.transport.is_closing():
                 if not done.cancelled() and done.exception() is None:
                     done.result()[0].close()
@@ -204,15 +207,15 @@ class ClientConnection(asyncio.Protocol):
         self.edge = edge
         self.parser = httptools.HttpRequestParser(self)
         self.queue: deque[_Exchange] = deque()  # the first is being answered; the rest were pipelined behind it
-        self.parsing: _Exchange | None = None
+        self.parsing = _Exchange()  # the request whose head or body is arriving (a blank one before the first)
         self.tunnel: asyncio.Transport | None = None  # after a 101: bytes go straight to the app
         self.early = b""  # bytes after an upgrade request's head, before the app said 101
         self.upgrading = False
         self.client_ip = ""
         self._idle_timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # a stream connection's
         self.edge.clients.add(self)
         peer = transport.get_extra_info("peername")
         self.client_ip = peer[0] if peer else ""
@@ -267,7 +270,8 @@ class ClientConnection(asyncio.Protocol):
             raise _HeadTooLarge()
 
     def on_headers_complete(self) -> None:
-        self._idle_timer.cancel()
+        if self._idle_timer is not None:  # (on_message_begin set it)
+            self._idle_timer.cancel()
         self._idle_timer = None
         exchange = self.parsing
         exchange.method = self.parser.get_method()
@@ -305,8 +309,10 @@ class ClientConnection(asyncio.Protocol):
             self.transport.write(exchange.local)
             self.finish(exchange, reusable=True)
             return
-        exchange.instance.in_flight += 1
-        self.edge.connect(exchange, self)
+        instance = exchange.instance
+        assert instance is not None  # route() gave the exchange either an answer of our own or its instance
+        instance.in_flight += 1
+        self.edge.connect(exchange, instance, self)
 
     def fail(self, exchange: _Exchange, status: int, text: str) -> None:
         """The app could not answer: say so if nothing went out yet, else cut the connection."""
@@ -392,8 +398,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.tunnel: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # a stream connection's
 
     def send(self, exchange: _Exchange, client: ClientConnection) -> None:
         """Write the request head (and the body that arrived so far) and wait for the answer."""
@@ -424,8 +430,15 @@ class UpstreamConnection(asyncio.Protocol):
         if chunked:
             self.transport.write(b"0\r\n\r\n")
 
+    def _answering(self) -> tuple[_Exchange, ClientConnection, httptools.HttpResponseParser]:
+        """The exchange this connection carries, its client and the answer's parser: all set from `send` to
+        `_done` together, the only time the parser calls back."""
+        exchange, client, parser = self.exchange, self.client, self.parser
+        assert exchange is not None and client is not None and parser is not None
+        return exchange, client, parser
+
     def _too_slow(self) -> None:
-        if self.exchange is not None and not self.exchange.answered:
+        if self.exchange is not None and self.client is not None and not self.exchange.answered:
             self.client.fail(self.exchange, 504, "The app took too long to answer.")
             self.transport.close()
 
@@ -442,7 +455,8 @@ class UpstreamConnection(asyncio.Protocol):
             self._become_tunnel(data[upgrade.args[0]:])
         except httptools.HttpParserError as exc:
             log.info("app at %s sent a malformed answer: %s", self.path, exc)
-            self.client.fail(self.exchange, 502, "The app sent a malformed answer.")
+            if self.client is not None and self.exchange is not None:  # (not when garbage followed a whole answer)
+                self.client.fail(self.exchange, 502, "The app sent a malformed answer.")
             self.transport.close()
 
     # ----- httptools callbacks -----
@@ -456,7 +470,8 @@ class UpstreamConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        exchange, status = self.exchange, self.parser.get_status_code()
+        exchange, client, parser = self._answering()
+        status = parser.get_status_code()
         if 100 <= status < 200 and status != 101:
             self.headers, self.reason = [], b""  # an interim answer (103 Early Hints): wait for the real one
             return
@@ -477,23 +492,25 @@ class UpstreamConnection(asyncio.Protocol):
         head = [b"HTTP/1.1 %d %s" % (status, self.reason or REASONS.get(status, b"OK"))]
         head += [name + b": " + value for name, value in headers]
         exchange.answered = True
-        self.client.transport.write(b"\r\n".join(head) + b"\r\n\r\n")
+        client.transport.write(b"\r\n".join(head) + b"\r\n\r\n")
         if exchange.method == b"HEAD":
-            self._done(reusable=self.parser.should_keep_alive())
+            self._done(reusable=parser.should_keep_alive())
 
     def on_body(self, body: bytes) -> None:
-        if self.exchange is not None:
+        if self.client is not None:
             self.client.transport.write(b"%x\r\n%b\r\n" % (len(body), body) if self.chunked_answer else body)
 
     def on_message_complete(self) -> None:
-        if self.exchange is None or not self.exchange.answered or self.parser.get_status_code() == 101:
+        exchange, client, parser = self.exchange, self.client, self.parser
+        if exchange is None or client is None or parser is None or not exchange.answered \
+                or parser.get_status_code() == 101:
             return
         if self.chunked_answer:
-            self.client.transport.write(b"0\r\n\r\n")
-        self._done(reusable=self.parser.should_keep_alive() and self.exchange.body_done)
+            client.transport.write(b"0\r\n\r\n")
+        self._done(reusable=parser.should_keep_alive() and exchange.body_done)
 
     def _done(self, reusable: bool) -> None:
-        exchange, client = self.exchange, self.client
+        exchange, client, _ = self._answering()
         self.exchange = self.client = self.parser = None
         exchange.upstream = None
         if reusable:
@@ -504,10 +521,11 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _become_tunnel(self, rest: bytes) -> None:
         """The app took the upgrade: from now on bytes pass both ways as they are."""
-        self.tunnel = self.client.transport
+        _, client, _ = self._answering()
+        self.tunnel = client.transport
         if rest:
             self.tunnel.write(rest)
-        self.client.open_tunnel(self.transport)
+        client.open_tunnel(self.transport)
 
     # ----- transport events -----
 
@@ -527,7 +545,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.tunnel.close()
             return
         exchange, client = self.exchange, self.client
-        if exchange is None or exchange.finished:
+        if exchange is None or client is None or exchange.finished:
             return
         if exchange.answered and self.close_delimited:  # the closing was the end of its body
             if self.chunked_answer:
@@ -544,8 +562,8 @@ class _Pipe(asyncio.Protocol):
     def __init__(self, visitor: asyncio.Transport) -> None:
         self.visitor = visitor
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # a stream connection's
 
     def data_received(self, data: bytes) -> None:
         self.visitor.write(data)
