@@ -9,6 +9,8 @@ module) and the input/output checks, each with its own timeout and captured outp
 JSON line after the spec's marker on the original stdout.
 """
 
+from __future__ import annotations
+
 import ast
 import contextlib
 import inspect
@@ -22,9 +24,16 @@ import subprocess
 import sys
 import traceback
 import types
+from collections.abc import Callable, Iterator
+from typing import Any
 
 WORKSPACE = os.getcwd()
 TEXT_LIMIT = 2000
+# The spec and the report are JSON; a mark is pytest's (name, args, kwargs); a test is
+# (name, the call that runs it, its marks, its source).
+Json = dict[str, Any]
+Mark = tuple[str, tuple[Any, ...], dict[str, Any]]
+Test = tuple[str, Callable[[], Any], list[Mark], str]
 
 
 class Timeout(BaseException):
@@ -34,12 +43,12 @@ class Timeout(BaseException):
 class CheckFailed(AssertionError):
     """A failed assert, with what was compared."""
 
-    def __init__(self, **details):
+    def __init__(self, **details: Any) -> None:
         super().__init__(details.get("note") or "check failed")
         self.details = details
 
 
-def _repr(value):
+def _repr(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 300 else text[:297] + "..."
 
@@ -48,12 +57,13 @@ _OP_WORDS = {"Eq": ("==", "to be"), "NotEq": ("!=", "not to be"), "Lt": ("<", "t
              "LtE": ("<=", "to be at most"), "Gt": (">", "to be greater than"), "GtE": (">=", "to be at least"),
              "Is": ("is", "to be"), "IsNot": ("is not", "not to be"), "In": ("in", "to contain"),
              "NotIn": ("not in", "not to contain")}
-_OPS = {"Eq": lambda a, b: a == b, "NotEq": lambda a, b: a != b, "Lt": lambda a, b: a < b, "LtE": lambda a, b: a <= b,
-        "Gt": lambda a, b: a > b, "GtE": lambda a, b: a >= b, "Is": lambda a, b: a is b, "IsNot": lambda a, b: a is not b,
-        "In": lambda a, b: a in b, "NotIn": lambda a, b: a not in b}
+_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "Eq": lambda a, b: a == b, "NotEq": lambda a, b: a != b, "Lt": lambda a, b: a < b, "LtE": lambda a, b: a <= b,
+    "Gt": lambda a, b: a > b, "GtE": lambda a, b: a >= b, "Is": lambda a, b: a is b, "IsNot": lambda a, b: a is not b,
+    "In": lambda a, b: a in b, "NotIn": lambda a, b: a not in b}
 
 
-def _compare(left, right, op, left_text, right_text, note):
+def _compare(left: Any, right: Any, op: str, left_text: str, right_text: str, note: object) -> None:
     if _OPS[op](left, right):
         return
     symbol, words = _OP_WORDS[op]
@@ -64,7 +74,7 @@ def _compare(left, right, op, left_text, right_text, note):
                       actual=_repr(left), note=note)
 
 
-def _truth(value, text, note):
+def _truth(value: object, text: str, note: object) -> None:
     if not value:
         raise CheckFailed(kind="truth", expression=text, note=note)
 
@@ -72,7 +82,7 @@ def _truth(value, text, note):
 class _RewriteAsserts(ast.NodeTransformer):
     """`assert a == b, msg` -> `__codeyard_compare__(a, b, "Eq", "a", "b", msg)`: pytest-like messages."""
 
-    def visit_Assert(self, node):
+    def visit_Assert(self, node: ast.Assert) -> ast.stmt:
         note = node.msg or ast.Constant(None)
         test = node.test
         if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]).__name__ in _OPS:
@@ -87,13 +97,14 @@ class _RewriteAsserts(ast.NodeTransformer):
 # --- a stand-in for the parts of pytest lesson tests use ---------------------------------------
 
 class raises:
-    def __init__(self, expected, match=None):
-        self.expected, self.match, self.value = expected, match, None
+    def __init__(self, expected: type[BaseException] | tuple[type[BaseException], ...], match: str | None = None) -> None:
+        self.expected, self.match = expected, match
+        self.value: BaseException | None = None
 
-    def __enter__(self):
+    def __enter__(self) -> raises:
         return self
 
-    def __exit__(self, kind, value, tb):
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: object) -> bool:
         name = getattr(self.expected, "__name__", str(self.expected))
         if kind is None:
             raise CheckFailed(kind="raises", note=f"Expected a {name} to be raised, but no error happened.")
@@ -105,44 +116,44 @@ class raises:
         return True
 
 
-def fail(message=""):
+def fail(message: str = "") -> None:
     raise CheckFailed(kind="truth", note=message or "failed")
 
 
 class _Marks:
     """pytest.mark.NAME(...) records (NAME, args, kwargs) on the function."""
 
-    def __getattr__(self, name):
-        def mark(*args, **kwargs):
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        def mark(*args: Any, **kwargs: Any) -> Any:
             if len(args) == 1 and callable(args[0]) and not kwargs:
                 return _add_mark(args[0], name, (), {})
             return lambda fn: _add_mark(fn, name, args, kwargs)
         return mark
 
 
-def _add_mark(fn, name, args, kwargs):
+def _add_mark(fn: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     fn.__dict__.setdefault("codeyard_marks", []).append((name, args, kwargs))
     return fn
 
 
-def _pytest_module():
+def _pytest_module() -> types.ModuleType:
     module = types.ModuleType("pytest")
-    module.raises, module.fail, module.mark = raises, fail, _Marks()
+    module.__dict__.update(raises=raises, fail=fail, mark=_Marks())
     return module
 
 
 # --- locating errors ----------------------------------------------------------------------------
 
-def _learner_path(path, test_files):
+def _learner_path(path: str, test_files: set[str]) -> str | None:
     if not path or not path.startswith(WORKSPACE + os.sep):
         return None
     relative = os.path.relpath(path, WORKSPACE)
     return relative if relative not in test_files and os.path.isfile(path) else None
 
 
-def error_info(exc, test_files, sources):
+def error_info(exc: BaseException, test_files: set[str], sources: dict[str, str]) -> Json:
     """The exception as the host's ErrorInfo: type, message, and the learner's line where possible."""
-    info = {"type": type(exc).__name__, "message": str(exc), "in_learner_file": False}
+    info: Json = {"type": type(exc).__name__, "message": str(exc), "in_learner_file": False}
     if isinstance(exc, SyntaxError):
         info["message"] = exc.msg
         relative = _learner_path(exc.filename or "", test_files)
@@ -163,14 +174,14 @@ def error_info(exc, test_files, sources):
         if relative in sources:
             lines = sources[relative].splitlines()
             info.update(file=relative, line=frame.lineno,
-                        code=lines[frame.lineno - 1] if 0 < frame.lineno <= len(lines) else None)
+                        code=lines[frame.lineno - 1] if frame.lineno and 0 < frame.lineno <= len(lines) else None)
             break
     return info
 
 
 @contextlib.contextmanager
-def time_limit(seconds):
-    def expired(signum, frame):
+def time_limit(seconds: float) -> Iterator[None]:
+    def expired(signum: int, frame: object) -> None:
         raise Timeout()
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -182,7 +193,7 @@ def time_limit(seconds):
 
 
 @contextlib.contextmanager
-def captured():
+def captured() -> Iterator[io.StringIO]:
     """Output (stdout and stderr) of learner code during one test; input() finds nothing to read."""
     buffer = io.StringIO()
     stdin = sys.stdin
@@ -196,7 +207,8 @@ def captured():
 
 # --- unit tests ---------------------------------------------------------------------------------
 
-def load_test_file(test, test_files, sources, timeout):
+def load_test_file(test: Json, test_files: set[str], sources: dict[str, str],
+                   timeout: float) -> tuple[types.ModuleType, None] | tuple[None, Json]:
     """Exec a test file from its in-memory source; returns (module, None) or (None, load error)."""
     name = test["file"]
     module = types.ModuleType(re.sub(r"\W", "_", name[:-3]))
@@ -216,7 +228,7 @@ def load_test_file(test, test_files, sources, timeout):
     return module, None
 
 
-def _test_code(source, name):
+def _test_code(source: str, name: str) -> str:
     for node in ast.parse(source).body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
             first = min([node.lineno] + [d.lineno for d in node.decorator_list])
@@ -224,9 +236,9 @@ def _test_code(source, name):
     return ""
 
 
-def collect(module, source, hidden):
+def collect(module: types.ModuleType, source: str, hidden: bool) -> list[Test]:
     """(name, callable, marks, test code) for each test, in the order the file defines them."""
-    tests = []
+    tests: list[Test] = []
     for name, value in list(vars(module).items()):
         if name.startswith("test") and isinstance(value, types.FunctionType) and value.__module__ == module.__name__:
             tests += _expand(name, value, getattr(value, "codeyard_marks", []), _test_code(source, name), hidden)
@@ -240,12 +252,12 @@ def collect(module, source, hidden):
     return tests
 
 
-def _expand(name, fn, marks, code, hidden):
+def _expand(name: str, fn: Callable[..., Any], marks: list[Mark], code: str, hidden: bool) -> list[Test]:
     """One test per parametrize case, named by its values (by its number in a hidden test: values are secret)."""
     for mark, args, _kwargs in marks:
         if mark == "parametrize":
             names = args[0] if isinstance(args[0], (list, tuple)) else [n.strip() for n in args[0].split(",")]
-            cases = []
+            cases: list[Test] = []
             for number, values in enumerate(args[1], start=1):
                 values = values if len(names) > 1 else (values,)
                 label = str(number) if hidden else "-".join(_repr(v) for v in values)
@@ -254,15 +266,16 @@ def _expand(name, fn, marks, code, hidden):
     return [(name, fn, marks, code)]
 
 
-def _task(marks, single_task):
+def _task(marks: list[Mark], single_task: object) -> Any:
     for mark, args, kwargs in marks:
         if mark == "task":
             return kwargs.get("taskno", args[0] if args else None)
     return single_task
 
 
-def run_test(name, fn, marks, code, test, spec, test_files, sources):
-    result = {"name": name, "file": test["file"], "hidden": test["hidden"], "task": _task(marks, spec["single_task"]),
+def run_test(name: str, fn: Callable[[], Any], marks: list[Mark], code: str, test: Json, spec: Json,
+             test_files: set[str], sources: dict[str, str]) -> Json:
+    result: Json = {"name": name, "file": test["file"], "hidden": test["hidden"], "task": _task(marks, spec["single_task"]),
               "status": "pass", "test_code": code}
     with captured() as output:
         try:
@@ -285,12 +298,12 @@ def run_test(name, fn, marks, code, test, spec, test_files, sources):
 
 # --- input/output checks ------------------------------------------------------------------------
 
-def _normalise(text):
+def _normalise(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.replace("\r\n", "\n").rstrip().split("\n"))
 
 
-def run_io(check, spec):
-    result = {"name": check["name"], "hidden": check["hidden"], "task": check["task"] or spec["single_task"], "status": "pass",
+def run_io(check: Json, spec: Json) -> Json:
+    result: Json = {"name": check["name"], "hidden": check["hidden"], "task": check["task"] or spec["single_task"], "status": "pass",
               "kind": "io", "stdin": check["stdin"], "stdout_regex": check["stdout_regex"]}
     argv = [sys.executable, "-B", os.path.join(".", spec["entry"])]
     try:
@@ -312,7 +325,7 @@ def run_io(check, spec):
     return result
 
 
-def main(spec_path):
+def main(spec_path: str) -> None:
     with open(spec_path, encoding="utf-8") as f:
         spec = json.load(f)
     shutil.rmtree(os.path.dirname(os.path.abspath(spec_path)))  # gone before any learner code runs
@@ -321,13 +334,13 @@ def main(spec_path):
     sys.modules["pytest"] = _pytest_module()
     sources = {c["file"]: c["source"] for c in spec["checks"] if c["kind"] == "file"}
     test_files = set(sources)
-    results = []
+    results: list[Json] = []
     for check in spec["checks"]:
         if check["kind"] == "io":
             results.append(run_io(check, spec))
             continue
         module, error = load_test_file(check, test_files, sources, spec["timeout"])
-        if error is not None:
+        if module is None:  # (then there is its load error)
             report.write(f"\n{spec['marker']} {json.dumps({'load_error': error, 'load_error_hidden': check['hidden']})}\n")
             return
         for name, fn, marks, code in collect(module, check["source"], check["hidden"]):
