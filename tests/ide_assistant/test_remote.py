@@ -30,13 +30,13 @@ def llm_server(smol_service) -> Iterator[str]:
 
 @contextmanager
 def ide_using(tmp_path_factory, url: str, key: str) -> Iterator[FastAPI]:
-    with pytest.MonkeyPatch.context() as env:
+    with pytest.MonkeyPatch.context() as env:  # read when the app starts its services
         env.setenv("CODEYARD_LLM_URL", url)
         env.setenv("CODEYARD_LLM_API_KEY", key)
         env.setenv("CODEYARD_ASSISTANT_ANSWER_TOKENS", "10")  # the model is real; the CPU is shared
         app = create_app(Settings(data_dir=tmp_path_factory.mktemp("remote-ide")))
-    with TestClient(app):
-        yield app
+        with TestClient(app):
+            yield app
     app.state.engine.dispose()
 
 
