@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import pickle
 from multiprocessing.connection import Client, Connection
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -22,13 +23,14 @@ import torch.distributed as dist
 from llm_engine.config import EngineConfig
 from llm_engine.distributed import init_tp_group
 from llm_engine.loader import ModelSource
-from llm_engine.model_runner import ModelRunner
+from llm_engine.model_runner import ModelRunner, StepInput
 
 
 def main() -> None:
     host, port = os.environ.pop("CODEYARD_TP_ENGINE").rsplit(":", 1)
     conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ.pop("CODEYARD_TP_AUTHKEY")))
-    rank, world_size, init_method, config = receive(conn)
+    hello = cast(tuple[int, int, str, EngineConfig], receive(conn))  # the engine's first message
+    rank, world_size, init_method, config = hello
     run_worker(rank, world_size, init_method, config, conn)
 
 
@@ -57,10 +59,10 @@ def receive(conn: Connection) -> object:
     return pickle.loads(conn.recv_bytes())
 
 
-def _next_step(conn: Connection):
+def _next_step(conn: Connection) -> StepInput | None:
     """The next message; the engine's end closing (its process died) reads as stop."""
     try:
-        return receive(conn)
+        return cast(StepInput | None, receive(conn))
     except EOFError:
         return None
 
