@@ -8,6 +8,7 @@ PyTorch code runs.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,7 +17,7 @@ from llm_engine.kernels.switch import use_triton
 from llm_engine.layers.native import cpu_kernels
 
 
-def _inv_freq(head_dim: int, rope: dict) -> torch.Tensor:
+def _inv_freq(head_dim: int, rope: dict[str, Any]) -> torch.Tensor:
     theta = float(rope.get("rope_theta", 10000.0))
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -37,9 +38,11 @@ def _inv_freq(head_dim: int, rope: dict) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim: int, max_position: int, rope: dict) -> None:
+    def __init__(self, head_dim: int, max_position: int, rope: dict[str, Any]) -> None:
         super().__init__()
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), _inv_freq(head_dim, rope))
+        self.cos: torch.Tensor
+        self.sin: torch.Tensor
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
         self.kernels = cpu_kernels()
