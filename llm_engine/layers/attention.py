@@ -123,6 +123,7 @@ class TorchPagedAttention(AttentionBackend):
     def _add_decode_gather(meta: TorchAttentionMetadata, block_size: int) -> None:
         """The flat block list and key mask the reference decode gathers with (once per step)."""
         tables, lens = meta.decode_tables, meta.decode_lens
+        assert tables is not None and lens is not None  # set with decode_rows
         meta.decode_blocks = tables.flatten().long()
         positions = torch.arange(tables.shape[1] * block_size, device=tables.device)
         meta.decode_mask = positions.unsqueeze(0) < lens.unsqueeze(1)
@@ -134,7 +135,8 @@ class TorchPagedAttention(AttentionBackend):
         v_cache[metadata.slot_blocks, :, metadata.slot_offsets] = v
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, metadata: TorchAttentionMetadata, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, metadata: object, scale: float) -> torch.Tensor:
+        assert isinstance(metadata, TorchAttentionMetadata)
         self.write_cache(k, v, k_cache, v_cache, metadata)
         if isinstance(metadata.decode_rows, slice) and metadata.decode_rows == slice(0, q.shape[0]):
             return self.decode(q, k_cache, v_cache, metadata, scale).flatten(1)
@@ -160,6 +162,7 @@ class TorchPagedAttention(AttentionBackend):
     def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                metadata: TorchAttentionMetadata, scale: float) -> torch.Tensor:
         """Attention of one query token per decoding sequence: q [decodes, heads, dim]."""
+        assert metadata.decode_blocks is not None and metadata.decode_mask is not None
         shape = (q.shape[0], -1, *k_cache.shape[1:])
         key_blocks = k_cache.index_select(0, metadata.decode_blocks).view(shape)
         value_blocks = v_cache.index_select(0, metadata.decode_blocks).view(shape)
@@ -202,10 +205,11 @@ class NativePagedAttention(TorchPagedAttention):
             return super().decode(q, k_cache, v_cache, metadata, scale)
         q = q.contiguous()
         out = torch.empty_like(q)
-        tables = metadata.decode_tables
+        tables, lens = metadata.decode_tables, metadata.decode_lens
+        assert tables is not None and lens is not None
         _, kv_heads, block_size, dim = k_cache.shape
         kernel(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
-               metadata.decode_lens.data_ptr(), out.data_ptr(), q.shape[0], q.shape[1], kv_heads,
+               lens.data_ptr(), out.data_ptr(), q.shape[0], q.shape[1], kv_heads,
                block_size, dim, tables.shape[1], scale)
         return out
 
