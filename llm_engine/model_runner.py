@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
@@ -20,9 +22,12 @@ from llm_engine.layers.native import KernelBuildError
 from llm_engine.layers.quant_config import assign_quantization, summarize
 from llm_engine.loader import ModelSource
 from llm_engine.models.registry import resolve_model_class
-from llm_engine.multimodal.encoder_cache import EncoderCache, step_image_embeddings
+from llm_engine.multimodal.encoder_cache import EncoderCache, ImageEncoder, step_image_embeddings
 from llm_engine.sampler import Sampler, SampleResult
 from llm_engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 logger = logging.getLogger(__name__)
@@ -37,7 +42,7 @@ def cpu_has_fast_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_dtype(config: EngineConfig, hf_config) -> torch.dtype:
+def resolve_dtype(config: EngineConfig, hf_config: PretrainedConfig) -> torch.dtype:
     """'auto': on CPU bfloat16 where the CPU has native bf16 (about 2x faster), else float32;
     on GPUs the checkpoint's 16-bit dtype (bfloat16 by default)."""
     if config.dtype != "auto":
@@ -108,8 +113,17 @@ def check_cuda_device(device: torch.device) -> None:
                          f"{torch.cuda.device_count()} CUDA device(s)")
 
 
+class CausalLM(Protocol):
+    """The calls the runner makes on a registered model besides nn.Module's (which types them
+    only as `Tensor | Module`)."""
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+
 class ModelRunner:
-    def __init__(self, config: EngineConfig, hf_config, source: ModelSource) -> None:
+    def __init__(self, config: EngineConfig, hf_config: PretrainedConfig, source: ModelSource) -> None:
         self.device = torch.device(config.device)
         if self.device.type == "cuda":
             check_cuda_device(self.device)
@@ -129,7 +143,7 @@ class ModelRunner:
         self.quantization, keep = assign_quantization(self.model, config.quantization, source.gguf_tensor_types(),
                                                       checkpoint)
         logger.info("quantization (%s): %s", config.quantization, summarize(self.quantization))
-        self.model.load_weights(source.weights(hf_config, keep, checkpoint))
+        self._lm.load_weights(source.weights(hf_config, keep, checkpoint))
         for module in self.model.modules():
             if isinstance(module, LinearBase):
                 module.quant_method.process_weights_after_loading(module)
@@ -137,7 +151,7 @@ class ModelRunner:
                 module.process_weights_after_loading()
         self.model.eval()
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())  # tied: once
-        self.max_model_len = min(config.max_model_len or hf_config.get_text_config().max_position_embeddings,
+        self.max_model_len: int = min(config.max_model_len or hf_config.get_text_config().max_position_embeddings,
                                  hf_config.get_text_config().max_position_embeddings)
         self.sampler = Sampler(config.seed, self.device)
         self.graphs: DecodeGraphs | None = None
@@ -145,16 +159,23 @@ class ModelRunner:
         if self.device.type == "cuda" and config.num_kv_blocks is None:
             num_blocks = self._profile_kv_blocks(config, used_before)
         else:  # the CPU's byte budget, or the blocks asked for
+            assert isinstance(config.kv_cache_memory, int)  # parsed by EngineConfig.__post_init__
             num_blocks = config.num_kv_blocks or config.kv_cache_memory // get_tp_size() // self._bytes_per_block()
         # CUDA graphs pad batches with rows that write into one scratch block past the engine's pool
         use_graphs = self.device.type == "cuda" and not config.enforce_eager
         self.num_blocks = self._allocate_kv_cache(config, num_blocks, extra_blocks=int(use_graphs))
         # one sequence decoding runs the whole stack in one native call (None: layer by layer)
         self.decode_stack = DecodeStack.prepare(self.model, self.block_size) if self.device.type == "cpu" else None
+        assert isinstance(config.encoder_cache_memory, int)  # as kv_cache_memory
         self.encoder_cache = EncoderCache(config.encoder_cache_memory)
         if use_graphs:
             self.graphs = self.decode_graphs(config)
             self.graphs.capture()
+
+    @property
+    def _lm(self) -> CausalLM:
+        """The model, typed by the calls the runner makes on it."""
+        return cast(CausalLM, self.model)
 
     def decode_graphs(self, config: EngineConfig) -> DecodeGraphs:
         """Static decode buffers over this runner's pool (captured only on CUDA, by the caller)."""
@@ -163,7 +184,7 @@ class ModelRunner:
                             -(-max_len // self.block_size), self.block_size, self.num_blocks, self.device)
 
     def _logits(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: object) -> torch.Tensor:
-        return self.model.compute_logits(self.model(input_ids, positions, metadata))
+        return self._lm.compute_logits(self.model(input_ids, positions, metadata))
 
     def _attention_layers(self) -> list[Attention]:
         return [m for m in self.model.modules() if isinstance(m, Attention)]
@@ -239,7 +260,8 @@ class ModelRunner:
         and for requests that want prompt logprobs (seq, first position, logits of the positions
         in this chunk whose next token is a prompt token)."""
         step = prepare_step(scheduled, block_copies)
-        step.mm_embeds = step_image_embeddings(self.model, self.encoder_cache, scheduled, self.device)
+        # only a vision model's requests carry images, so only such a model is asked to encode one
+        step.mm_embeds = step_image_embeddings(cast(ImageEncoder, self.model), self.encoder_cache, scheduled, self.device)
         logits, prompt_logits = self.run_step(step)
         return logits, [(scheduled[index][0], start, chunk) for index, start, chunk in prompt_logits]
 
@@ -260,9 +282,9 @@ class ModelRunner:
             hidden = self.model(torch.tensor(step.input_ids, device=self.device),
                                 torch.tensor(step.positions, device=self.device), metadata, **extra)
         rows = torch.tensor(step.logit_rows, dtype=torch.long, device=self.device)  # may be empty
-        prompt_logits = [(index, start, self.model.compute_logits(hidden[row:row + count]))
+        prompt_logits = [(index, start, self._lm.compute_logits(hidden[row:row + count]))
                          for index, start, row, count in step.prompt_rows]
-        return self.model.compute_logits(hidden[rows]), prompt_logits
+        return self._lm.compute_logits(hidden[rows]), prompt_logits
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: set[int]) -> list[SampleResult]:
