@@ -19,6 +19,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Listener, wait
+from typing import Any, NoReturn, cast
 
 import torch
 
@@ -38,14 +39,15 @@ class WorkerGroupError(RuntimeError):
 @dataclass
 class _Worker:
     rank: int
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     conn: Connection
 
 
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def _stop(workers: list[_Worker], graceful: bool) -> None:
@@ -90,7 +92,8 @@ class MultiprocExecutor:
                        CODEYARD_TP_AUTHKEY=authkey.hex())
             processes = [subprocess.Popen([sys.executable, "-m", "llm_engine.worker"], env=env)
                          for _ in range(world_size)]
-            listener._listener._socket.settimeout(STARTUP_TIMEOUT_S)
+            # Listener has no public accept timeout: set it on its socket
+            listener._listener._socket.settimeout(STARTUP_TIMEOUT_S)  # type: ignore[attr-defined]
             for rank, process in enumerate(processes):
                 try:
                     conn = listener.accept()
@@ -109,17 +112,18 @@ class MultiprocExecutor:
             raise
         if len(set(replies)) != 1:
             self._fail(f"ranks disagree on the KV pool size: {replies}")
-        return replies[0]
+        num_blocks: int = replies[0]
+        return num_blocks
 
-    def _gather(self, expected: str) -> list:
+    def _gather(self, expected: str) -> list[Any]:
         """Each rank's reply to the last message; a rank that died or failed fails the group."""
         replies: dict[int, object] = {}
         pending = {w.conn: w for w in self.workers}
         while pending:
-            for conn in wait(list(pending)):
+            for conn in cast(list[Connection], wait(list(pending))):  # waits on the workers' connections only
                 worker = pending.pop(conn)
                 try:
-                    kind, *payload = receive(conn)
+                    kind, *payload = cast(tuple[Any, ...], receive(conn))  # (kind, *payload), see worker.py
                 except (EOFError, OSError):
                     self._fail(self._death() or f"tensor-parallel rank {worker.rank} closed its connection")
                 if kind != expected:
@@ -146,7 +150,7 @@ class MultiprocExecutor:
         how = f"signal {-code}" if code < 0 else f"exit code {code}"
         return f"tensor-parallel rank {first.rank} (pid {first.process.pid}) died ({how})"
 
-    def _fail(self, message: str, cause: Exception | None = None) -> None:
+    def _fail(self, message: str, cause: Exception | None = None) -> NoReturn:
         _stop(self.workers, graceful=False)
         raise WorkerGroupError(message) from cause
 
