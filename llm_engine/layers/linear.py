@@ -22,11 +22,10 @@ class LinearBase(nn.Module):
         self.input_size, self.output_size = input_size, output_size
         self.dtype = dtype
         self.set_quant_method(quant_method or UnquantizedLinearMethod())
+        self.bias: nn.Parameter | None = None
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size, dtype=dtype), requires_grad=False)
-            self.bias.weight_loader = self.weight_loader
-        else:
-            self.bias = None
+            self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # vLLM's convention: the loader rides on the parameter
 
     def set_quant_method(self, quant_method: QuantMethod) -> None:
         """(Re)create the weights for `quant_method` (before loading); every weight tensor it
@@ -39,7 +38,7 @@ class LinearBase(nn.Module):
         quant_method.create_weights(self, self.input_size, self.output_size, self.dtype)
         for name, param in self.named_parameters(recurse=False):
             if name != "bias" and not hasattr(param, "weight_loader"):  # a method may bring its own
-                param.weight_loader = self.weight_loader
+                param.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # as for the bias
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         param.data.copy_(loaded)
@@ -77,7 +76,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.output_sizes = output_sizes
         super().__init__(input_size, sum(output_sizes), bias, dtype, quant_method)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int) -> None:
+    # the loader passes the shard the checkpoint names (which projection of the fused matrix)
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,  # type: ignore[override]
+                      shard_id: int) -> None:
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         size = self.output_sizes[shard_id] // self.tp_size
         shard = loaded.narrow(0, self.tp_rank * size, size)
@@ -101,7 +102,8 @@ class QKVParallelLinear(ColumnParallelLinear):
         output_size = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp_size
         super().__init__(hidden_size, output_size, bias, dtype, quant_method)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,  # type: ignore[override]  # as above
+                      shard_id: str) -> None:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         offset, size, rank = {"q": (0, q_size, self.tp_rank),
                               "k": (q_size, kv_size, self.tp_rank // self.kv_replicas),
