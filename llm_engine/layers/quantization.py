@@ -13,17 +13,31 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from llm_engine.kernels.switch import use_triton
-from llm_engine.layers.native import cpu_kernels
+from llm_engine.layers.native import CpuKernels, cpu_kernels
 
 # Above this many rows (prefill chunks) one dequantized copy per call and oneDNN's blocked matmul
 # beat the row-by-row kernel; decode steps and small batches stay on the kernel.
 KERNEL_MAX_ROWS = 16
+
+
+class QuantLayer(Protocol):
+    """What the methods read back from a layer they made weights on (a linear layer or an
+    embedding table): nn.Module types its attributes only as `Tensor | Module`."""
+
+    input_size: int
+    tp_size: int
+    weight: torch.Tensor
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    input_perm: torch.Tensor
+    kernels: CpuKernels | None
 
 
 class QuantMethod(ABC):
@@ -45,18 +59,21 @@ def prepack(weight: torch.Tensor) -> torch.Tensor | None:
     as F.linear, faster (up to 2x for the few-row matmuls of decode steps); float32 stays on
     F.linear, whose results it would change."""
     if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and onednn_bf16_available():
-        return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+        packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+        return packed
     return None
 
 
 def onednn_bf16_available() -> bool:
     """oneDNN's bf16 linear needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT on x86."""
-    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return (torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return out
 
 
 class UnquantizedLinearMethod(QuantMethod):
@@ -65,7 +82,7 @@ class UnquantizedLinearMethod(QuantMethod):
         layer.weight = nn.Parameter(torch.empty(output_size, input_size, dtype=dtype), requires_grad=False)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        packed = prepack(layer.weight)
+        packed = prepack(cast(QuantLayer, layer).weight)
         if packed is not None:  # replaces the plain weight: no second copy
             layer.packed_weight = packed
             del layer.weight
@@ -74,7 +91,7 @@ class UnquantizedLinearMethod(QuantMethod):
         packed = getattr(layer, "packed_weight", None)
         if packed is not None:
             return packed_linear(x, packed, bias)
-        return F.linear(x, layer.weight, bias)
+        return F.linear(x, cast(QuantLayer, layer).weight, bias)
 
 
 # Activations rounded to int8 come in blocks of this many inputs (the integer kernels' unit).
@@ -229,7 +246,7 @@ class WeightOnlyLinearMethod(QuantMethod):
         self.scheme, self.prequantized, self.act_order = scheme, prequantized, act_order
 
     def group(self, layer: nn.Module) -> int:
-        return self.scheme.group_size or layer.input_size
+        return self.scheme.group_size or cast(QuantLayer, layer).input_size
 
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int,
                        dtype: torch.dtype) -> None:
@@ -251,14 +268,15 @@ class WeightOnlyLinearMethod(QuantMethod):
         if int4:
             layer.offsets = nn.Parameter(torch.empty(output_size, groups, dtype=torch.float16), requires_grad=False)
         if self.act_order:
-            if layer.tp_size > 1:
+            if cast(QuantLayer, layer).tp_size > 1:
                 raise ValueError("quantization: act-order (desc_act) weights run with tensor_parallel_size 1 only")
             layer.input_perm = nn.Parameter(torch.empty(input_size, dtype=torch.int64), requires_grad=False)
-            layer.input_perm.weight_loader = load_input_perm
+            layer.input_perm.weight_loader = load_input_perm  # type: ignore[attr-defined]  # as linear.py's loaders
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
+        quant_layer = cast(QuantLayer, layer)
         if not self.prequantized:
-            weight, group = layer.weight.data, self.group(layer)
+            weight, group = quant_layer.weight.data, self.group(layer)
             del layer.weight
             if self.scheme.weights == "int8":
                 q, scales = quantize_int8(weight, group)
@@ -270,22 +288,24 @@ class WeightOnlyLinearMethod(QuantMethod):
                 layer.offsets = nn.Parameter(offsets, requires_grad=False)
             layer.qweight = nn.Parameter(q, requires_grad=False)
             layer.scales = nn.Parameter(scales, requires_grad=False)
-        layer.kernels = cpu_kernels() if layer.qweight.device.type == "cpu" else None
+        quant_layer.kernels = cpu_kernels() if quant_layer.qweight.device.type == "cpu" else None
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        quant_layer = cast(QuantLayer, layer)
         offsets = getattr(layer, "offsets", None)
         if self.act_order:
-            x = x.index_select(-1, layer.input_perm)
+            x = x.index_select(-1, quant_layer.input_perm)
         rows = x.numel() // x.shape[-1]
-        act_block = self.scheme.act_block(layer.input_size)
+        act_block = self.scheme.act_block(quant_layer.input_size)
         triton = use_triton(x)
-        if layer.kernels is not None and rows <= KERNEL_MAX_ROWS and not triton:
+        kernels = quant_layer.kernels
+        if kernels is not None and rows <= KERNEL_MAX_ROWS and not triton:
             flat = x.reshape(rows, -1).float()
             if act_block:
-                out = layer.kernels.quant_gemm_q8(flat, layer.qweight, layer.scales, offsets, self.group(layer),
-                                                  act_block)
+                out = kernels.quant_gemm_q8(flat, quant_layer.qweight, quant_layer.scales, offsets,
+                                            self.group(layer), act_block)
             else:
-                out = layer.kernels.quant_gemm(flat, layer.qweight, layer.scales, offsets, self.group(layer))
+                out = kernels.quant_gemm(flat, quant_layer.qweight, quant_layer.scales, offsets, self.group(layer))
             out = out.view(*x.shape[:-1], -1).to(x.dtype)
             return out if bias is None else out + bias
         if act_block:
@@ -293,8 +313,8 @@ class WeightOnlyLinearMethod(QuantMethod):
         if triton:
             from llm_engine.kernels.quant_gemm import quant_gemm  # imports Triton: only when a GPU path runs
 
-            return quant_gemm(x, layer.qweight, layer.scales, offsets, self.group(layer), bias)
-        weight = dequantize(layer.qweight, layer.scales, offsets, self.group(layer)).to(x.dtype)
+            return quant_gemm(x, quant_layer.qweight, quant_layer.scales, offsets, self.group(layer), bias)
+        weight = dequantize(quant_layer.qweight, quant_layer.scales, offsets, self.group(layer)).to(x.dtype)
         return F.linear(x, weight, bias)
 
 
@@ -304,4 +324,4 @@ def load_input_perm(param: nn.Parameter, loaded: torch.Tensor, *shard: object) -
     if getattr(param, "loaded", False) and not torch.equal(param.data, loaded):
         raise ValueError("model: act-order projections fused into one layer have different input orders (g_idx)")
     param.data.copy_(loaded)
-    param.loaded = True
+    param.loaded = True  # type: ignore[attr-defined]  # marks the shared order as set
