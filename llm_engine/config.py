@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from llm_engine.kv_connector import KVTransferConfig
@@ -70,10 +70,10 @@ class EngineConfig:
     seed: int = 0
     tensor_parallel_size: int = 1
     attention_backend: str = "auto"
-    quantization: str | dict | None = "auto"
+    quantization: str | dict[str, Any] | None = "auto"
     encoder_cache_memory: int | str = "256MiB"
-    speculative_config: dict | SpeculativeConfig | None = None
-    kv_transfer_config: dict | KVTransferConfig | None = None  # disaggregated prefill/decode
+    speculative_config: dict[str, Any] | SpeculativeConfig | None = None
+    kv_transfer_config: dict[str, Any] | KVTransferConfig | None = None  # disaggregated prefill/decode
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
 
