@@ -69,13 +69,14 @@ def _hf_generate(
 
 
 def run_hf_single(
-    model: torch.nn.Module, workload: list[BenchRequest], progress: Progress
+    model: torch.nn.Module, workload: list[BenchRequest], progress: Progress, device: torch.device | None = None
 ) -> tuple[list[RequestTiming], float]:
-    """One request at a time; each request's clock starts when its turn comes."""
+    """One request at a time; each request's clock starts when its turn comes. `device`: where the
+    model is (the CPU by default)."""
     timings = []
     run_start = time.perf_counter()
     for i, req in enumerate(workload):
-        ids = torch.tensor([req.prompt_token_ids])
+        ids = torch.tensor([req.prompt_token_ids], device=device)
         start = time.perf_counter()
         _, steps = _hf_generate(model, ids, torch.ones_like(ids), req.max_tokens)
         timings.append(RequestTiming(start, steps[0], steps[-1], req.max_tokens))
@@ -84,7 +85,8 @@ def run_hf_single(
 
 
 def run_hf_batched(
-    model: torch.nn.Module, workload: list[BenchRequest], batch_size: int, progress: Progress
+    model: torch.nn.Module, workload: list[BenchRequest], batch_size: int, progress: Progress,
+    device: torch.device | None = None,
 ) -> tuple[list[RequestTiming], float]:
     """Static batches in workload order, left-padded, run to the batch's longest output.
 
@@ -103,6 +105,7 @@ def run_hf_batched(
             n = len(req.prompt_token_ids)
             ids[row, width - n :] = torch.tensor(req.prompt_token_ids)
             mask[row, width - n :] = 1
+        ids, mask = ids.to(device), mask.to(device)
         start = time.perf_counter()
         _, steps = _hf_generate(model, ids, mask, max(r.max_tokens for r in batch))
         timings += [RequestTiming(start, steps[0], steps[r.max_tokens - 1], r.max_tokens) for r in batch]

@@ -42,7 +42,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llm_engine.kernels.autotune import synchronize, time_launches  # noqa: E402  (no Triton: torch only)
+from benchmarks._baselines import run_hf_batched, run_hf_single  # noqa: E402
+from benchmarks._workload import BenchRequest, RequestTiming  # noqa: E402
+from llm_engine.kernels.autotune import time_launches  # noqa: E402  (no Triton: torch only)
 
 GIB = 1024**3
 
@@ -330,14 +332,12 @@ def throughput_and_tpot(report: Report, device: torch.device, shapes: Shapes, fo
     prompts = random_prompts(shapes.requests, shapes.input_len // 2, shapes.input_len, vocab, seed=1)
     out_len = shapes.output_len
     dtype = "bfloat16"
-    hf_greedy(hf, prompts[:1], 2, device)  # warm-up
-    synchronize(device)
-    started = time.perf_counter()
-    hf_greedy(hf, prompts[:shapes.hf_single], out_len, device)
-    synchronize(device)
-    hf_single = shapes.hf_single * out_len / (time.perf_counter() - started)
+    requests = [BenchRequest(prompt, out_len) for prompt in prompts]
+    run_hf_single(hf, [BenchRequest(prompts[0], 2)], lambda *_: None, device)  # warm-up
+    hf_single = tokens_per_s(run_hf_single(hf, requests[:shapes.hf_single], lambda *_: None, device))
     report.figure("Transformers one request at a time", hf_single, "output tok/s")
-    hf_batched = hf_padded_batches(hf, prompts[:2 * shapes.hf_batch], shapes.hf_batch, out_len, device)
+    hf_batched = tokens_per_s(run_hf_batched(hf, requests[:2 * shapes.hf_batch], shapes.hf_batch, lambda *_: None,
+                                             device))
     report.figure(f"Transformers padded batches of {shapes.hf_batch}", hf_batched, "output tok/s")
     del hf
     gc.collect()
@@ -370,22 +370,10 @@ def throughput_and_tpot(report: Report, device: torch.device, shapes: Shapes, fo
                   lower >= 0.30 if device.type == "cuda" else None)
 
 
-def hf_padded_batches(model: Any, prompts: list[list[int]], batch: int, new_tokens: int,
-                      device: torch.device) -> float:
-    """Output tokens/s of Transformers' generate on left-padded batches (its usual batching)."""
-    synchronize(device)
-    started, produced = time.perf_counter(), 0
-    for first in range(0, len(prompts), batch):
-        group = prompts[first:first + batch]
-        width = max(len(p) for p in group)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in group], device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group], device=device)
-        with torch.no_grad():
-            out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                 do_sample=False, eos_token_id=None, pad_token_id=0)
-        produced += (out.shape[1] - width) * len(group)
-    synchronize(device)
-    return produced / (time.perf_counter() - started)
+def tokens_per_s(run: tuple[list[RequestTiming], float]) -> float:
+    """Output tokens/s of a Transformers baseline run (benchmarks/_baselines.py: timings, wall time)."""
+    timings, seconds = run
+    return sum(t.num_tokens for t in timings) / seconds
 
 
 def tpot(llm: Any, prompt: list[int], tokens: int) -> float:
