@@ -40,6 +40,11 @@ test: system-deps venv web
 	bash scripts/run-tests.sh
 	$(BIN)/python -m benchmarks gate  # engine/Transformers ratios vs benchmarks/baselines/gate.json, ~2 min
 
+# The capacity and robustness suites at full length (CI runs them shorter: 4 kills, 10 examples per operation):
+# the crash test's 10 SIGKILLs of a saving class and the OpenAPI fuzz at 30 examples per operation, ~6 min.
+test-long: venv
+	CODEYARD_LONG=1 bash scripts/run-tests.sh tests/ide_server/test_crash_restart.py tests/ide_server/test_openapi_fuzz.py
+
 # The multi-machine stack for real (images built here, docker-compose up, broken on purpose): too long for CI.
 test-stack: venv web
 	bash scripts/test-stack.sh

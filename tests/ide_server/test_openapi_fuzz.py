@@ -8,6 +8,8 @@ who owns a project; `project_id` path parameters point at that project so the in
 real handlers. (Other components' operations, such as the LLM's /v1, are fuzzed by their own tests.)
 """
 
+import os
+
 import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
@@ -21,7 +23,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-EXAMPLES_PER_OPERATION = 30
+EXAMPLES_PER_OPERATION = 30 if os.environ.get("CODEYARD_LONG") else 10  # make test-long: 30
 CORE_PATHS = ("/api/", "/healthz", "/readyz")
 # Installs real packages from PyPI for every valid name (and is off where the test's data dir isn't
 # reachable by sandbox uids); tests/sandbox_packages covers its validation and its installs.
