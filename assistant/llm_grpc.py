@@ -20,7 +20,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from assistant.lazy_llm import LazyLLM
 from ide_server.services import accounts
 from ide_server.wiring import Core
-from llm_engine.entrypoints import start_grpc_server
 
 log = logging.getLogger(__name__)
 GRACE_S = 1.0  # calls in flight get this long to finish when the server stops
@@ -55,6 +54,9 @@ async def serve_grpc(core: Core, llm: LazyLLM) -> AsyncIterator[int | None]:
                     "(codeyard llm serve --grpc-port)")
         yield None
         return
+    # grpc, tritonclient and numpy come with the [llm] extra: loaded only when the port is served here
+    from llm_engine.entrypoints import start_grpc_server
+
     server, bound = await start_grpc_server(llm.get, token_check(core.sessions), _address(settings.host, port))
     log.info("LLM gRPC (KServe v2) on %s", _address(settings.host, bound))
     try:

@@ -17,7 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, triton_to_np_dtype
+from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
 from llm_engine.entrypoints.kserve_metrics import RequestStats
 from llm_engine.entrypoints.protocol import CompletionRequest, OpenAIError, parse_request
@@ -196,6 +196,11 @@ def _flatten(data: object) -> Iterator[Any]:  # JSON values
             yield from _flatten(item)
     else:
         yield data
+
+
+def datatype(array: np.ndarray) -> str:
+    """The array's KServe v2 datatype (BYTES, INT32, FP32...)."""
+    return str(np_to_triton_dtype(array.dtype))
 
 
 def encode_raw(array: np.ndarray) -> bytes:

@@ -12,18 +12,23 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from tritonclient.utils import np_to_triton_dtype
 
-from llm_engine.entrypoints import kserve
 from llm_engine.entrypoints.api import ServiceGetter, json_body, unless_disconnected
 from llm_engine.entrypoints.protocol import OpenAIError
 from llm_engine.entrypoints.service import LLMService
 from llm_engine.entrypoints.serving import _Run, sse
+from llm_engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from llm_engine.entrypoints import kserve
+else:  # numpy and tritonclient come with the [llm] extra: the IDE mounts this router without them (remote LLM)
+    kserve = lazy_module("llm_engine.entrypoints.kserve")
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 Handler = TypeVar("Handler", bound=Callable[..., Any])  # a route function, registered as it is
@@ -64,7 +69,7 @@ def _infer_response(header: dict[str, Any], arrays: dict[str, np.ndarray], model
         if name not in arrays:
             raise OpenAIError(400, f"unexpected inference output '{name}' (outputs: {', '.join(arrays)})")
         array = arrays[name]
-        out: dict[str, Any] = {"name": name, "datatype": np_to_triton_dtype(array.dtype), "shape": list(array.shape)}
+        out: dict[str, Any] = {"name": name, "datatype": kserve.datatype(array), "shape": list(array.shape)}
         if (requested.get("parameters") or {}).get("binary_data", default_binary):
             blob = kserve.encode_raw(array)
             out["parameters"] = {"binary_data_size": len(blob)}

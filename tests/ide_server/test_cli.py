@@ -88,18 +88,20 @@ def test_bad_input_is_one_line_and_exit_code_2(args, env, message, tmp_path):
 
 
 def test_cli_startup_does_not_import_heavy_packages():
-    code = "import sys; from ide_server import cli; print(sorted(m for m in ('torch', 'transformers', 'fastapi', 'sqlalchemy', 'uvicorn') if m in sys.modules))"
+    code = "import sys; from ide_server import cli; print(sorted(m for m in ('torch', 'transformers', 'numpy', 'fastapi', 'sqlalchemy', 'uvicorn') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "[]", result.stderr
 
 
 # The app image leaves out the [llm] extra (the model runs in its own service): creating the IDE
-# app must not need it. numpy stays: the KServe glue decodes tensors with it (a core dependency).
+# app must not need it, numpy and the KServe glue's tritonclient and grpc included (they load when a
+# model is served in this process).
 CREATE_APP_WITHOUT_THE_LLM_EXTRA = """
 import sys
 class NotInstalled:
     def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in ("torch", "transformers", "PIL", "safetensors", "gguf", "accelerate", "triton"):
+        if name.split(".")[0] in ("torch", "transformers", "PIL", "safetensors", "gguf", "accelerate", "triton", "numpy",
+                                  "grpc", "tritonclient", "xgrammar", "tokenizers"):
             raise ImportError(f"{name} is not installed here")
 sys.meta_path.insert(0, NotInstalled())
 from ide_server.app import create_app
