@@ -1,6 +1,6 @@
 # A runner node (`codeyard runner`): executes sandbox runs dispatched by the app replicas through Redis.
-# Runs use bubblewrap over this image's /usr, so it carries the languages runs use. Run it privileged
-# (bubblewrap makes namespaces and the runner per-run cgroups), with the shared /data volume.
+# Runs use bubblewrap over this image's /usr, so it carries the languages runs use. It needs CAP_SYS_ADMIN (bubblewrap
+# makes namespaces, the entrypoint uncovers /proc, the runner makes per-run cgroups) and the shared /data volume.
 # With a registry: docker build -f docker/runner.Dockerfile -t codeyard/runner-node .
 ARG BASE=python:3.11-slim
 FROM ${BASE}
@@ -24,4 +24,6 @@ ENV CODEYARD_DATA_DIR=/data CODEYARD_SANDBOX_BACKEND=bwrap
 VOLUME ["/data"]
 HEALTHCHECK --interval=5s --timeout=3s --retries=3 CMD ["codeyard", "runner", "--check"]
 STOPSIGNAL SIGTERM
+COPY docker/runner-entrypoint.sh /usr/local/bin/
+ENTRYPOINT ["sh", "/usr/local/bin/runner-entrypoint.sh"]
 CMD ["codeyard", "runner"]
