@@ -304,10 +304,10 @@ class Room:
         return str(self.text), self.doc.get_update()
 
     async def before_write(self, text: str) -> None:
-        await asyncio.to_thread(self.store.mark_writing, self.key.name, sha256_text(text))
+        await asyncio.wrap_future(self.store.mark_writing(self.key.name, sha256_text(text)))
 
     async def after_write(self, text: str) -> None:
-        await asyncio.to_thread(self.store.mark_written, self.key.name, sha256_text(text))
+        await asyncio.wrap_future(self.store.mark_written(self.key.name, sha256_text(text)))
 
     async def owns_disk(self) -> bool:
         return self.publisher is None or await self.publisher.claim_disk(self.key.name)
@@ -345,7 +345,7 @@ class Room:
         lock) for a while: closing the room drops every editor of the file."""
         for attempt in range(STORE_ATTEMPTS):
             try:
-                await asyncio.to_thread(self.store.append, self.key.name, updates)
+                await asyncio.wrap_future(self.store.append(self.key.name, updates))
                 return True
             except (SQLAlchemyTimeoutError, OperationalError):
                 if attempt + 1 == STORE_ATTEMPTS:

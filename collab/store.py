@@ -29,6 +29,8 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     String,
+    Update,
+    bindparam,
     delete,
     func,
     insert,
@@ -83,6 +85,21 @@ class WrittenFile(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
+# Built once: the writer thread runs these for every typing room, and composing a statement
+# costs more CPU than running it.
+_APPEND = insert(DocUpdate)
+_MARK_WRITING = (
+    update(WrittenFile)
+    .where(WrittenFile.room == bindparam("key"))
+    .values(pending_sha256=bindparam("pending"), updated_at=bindparam("at"))
+)
+_MARK_WRITTEN = (
+    update(WrittenFile)
+    .where(WrittenFile.room == bindparam("key"))
+    .values(sha256=bindparam("sha"), pending_sha256=None, updated_at=bindparam("at"))
+)
+
+
 class UpdateStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -90,27 +107,30 @@ class UpdateStore:
         self._writer: threading.Thread | None = None
         self._writer_lock = threading.Lock()
 
-    def append(self, room: str, updates: list[bytes]) -> None:
-        """Store updates; returns only once they are committed."""
-        if not updates:
-            return
+    def append(self, room: str, updates: list[bytes]) -> Future[None]:
+        """Store updates; the future completes once they are committed (or fails with the error)."""
         now = datetime.now(UTC)
         rows = [{"room": room, "data": data, "created_at": now} for data in updates]
 
         def append(conn: Connection) -> None:
-            conn.execute(insert(DocUpdate), rows)
+            if rows:
+                conn.execute(_APPEND, rows)
 
-        self._write(append)
+        return self._write(append)
 
-    def _write(self, write: Write) -> None:
-        """Run `write` in the writer thread's next transaction and wait for its commit."""
+    def _write(self, write: Write) -> Future[None]:
+        """Queue `write` for the writer thread's next transaction; the future completes at its commit.
+
+        Callers wait on the future, not in a thread: an event loop awaits it (asyncio.wrap_future)
+        without holding a worker thread. A class's hundreds of rooms each parked a thread here
+        while the writer committed, and the loop's other file and git work queued behind them."""
         done: Future[None] = Future()
         self._writes.put((write, done))
         with self._writer_lock:
             if self._writer is None:
                 self._writer = threading.Thread(target=self._write_forever, name="collab-store-writer", daemon=True)
                 self._writer.start()
-        done.result()
+        return done
 
     def _write_forever(self) -> None:
         while True:
@@ -200,11 +220,11 @@ class UpdateStore:
                 conn.execute(delete(DocUpdate).where(DocUpdate.id.in_(merged_ids[start : start + 500])))
         return True
 
-    def mark_writing(self, room: str, sha256: str) -> None:
-        self._set_written(room, pending_sha256=sha256)
+    def mark_writing(self, room: str, sha256: str) -> Future[None]:
+        return self._set_written(room, _MARK_WRITING, pending_sha256=sha256)
 
-    def mark_written(self, room: str, sha256: str) -> None:
-        self._set_written(room, sha256=sha256, pending_sha256=None)
+    def mark_written(self, room: str, sha256: str) -> Future[None]:
+        return self._set_written(room, _MARK_WRITTEN, sha256=sha256, pending_sha256=None)
 
     def written_hashes(self, room: str) -> set[str]:
         """Hashes of texts the server wrote (or was writing) to the room's file."""
@@ -214,19 +234,22 @@ class UpdateStore:
             ).one_or_none()
         return {value for value in (row or ()) if value}
 
-    def _set_written(self, room: str, **hashes: str | None) -> None:
-        values: dict[str, str | datetime | None] = {**hashes, "updated_at": datetime.now(UTC)}
+    def _set_written(self, room: str, prepared: Update, **hashes: str | None) -> Future[None]:
+        """Upsert the room's hashes: `prepared` (built once, like every typing room's writes need)
+        updates the row; the first write of a room inserts it."""
+        now = datetime.now(UTC)
 
         def upsert(conn: Connection) -> None:
-            if conn.execute(update(WrittenFile).where(WrittenFile.room == room).values(**values)).rowcount:
+            params = {"key": room, "at": now, "sha": hashes.get("sha256"), "pending": hashes.get("pending_sha256")}
+            if conn.execute(prepared, params).rowcount:
                 return
             try:
                 with conn.begin_nested():
-                    conn.execute(insert(WrittenFile).values(room=room, **values))
+                    conn.execute(insert(WrittenFile).values(room=room, updated_at=now, **hashes))
             except IntegrityError:
-                conn.execute(update(WrittenFile).where(WrittenFile.room == room).values(**values))
+                conn.execute(prepared, params)
 
-        self._write(upsert)
+        return self._write(upsert)
 
     def delete(self, room: str) -> None:
         """Forget a room's document (its file was deleted)."""

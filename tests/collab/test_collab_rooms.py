@@ -6,6 +6,7 @@ import asyncio
 import os
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -295,11 +296,11 @@ async def test_a_busy_database_delays_storing_but_keeps_the_room_open(
     await eventually(lambda: str(alice.text) == str(bob.text) == "hello 😀\n")
     append, failures = store.append, []
 
-    def busy_twice(room: str, updates: list[bytes]) -> None:
+    def busy_twice(room: str, updates: list[bytes]) -> Future[None]:
         if len(failures) < 2:
             failures.append(room)
             raise OperationalError("INSERT ...", {}, Exception("database is locked"))
-        append(room, updates)
+        return append(room, updates)
 
     monkeypatch.setattr(store, "append", busy_twice)
     alice.type(0, "still here ")
@@ -349,7 +350,7 @@ async def test_reload_after_crash_keeps_document_over_stale_file(
     await room.set_text("hello 😀\nnew line\n")
     # Simulate the crash: the file still has the old text the server last wrote.
     file_path.write_text("hello 😀\n", encoding="utf-8")
-    store.mark_written(key.name, sha256_text("hello 😀\n"))
+    store.mark_written(key.name, sha256_text("hello 😀\n")).result()
     for task in (room._flusher, room.mirror._task):
         task.cancel()
     second = RoomManager(store, lambda k: project_root / k.project_id / k.file_path, idle_unload_s=60)
@@ -369,3 +370,36 @@ async def test_file_edited_while_room_closed_enters_as_an_edit(
     file_path.write_text("hello 😀\nfrom git\n", encoding="utf-8")
     async with manager.room(key) as room:
         assert str(room.text) == "hello 😀\nfrom git\n"
+
+
+async def test_rooms_waiting_for_the_store_hold_no_worker_thread(
+    manager: RoomManager, store: UpdateStore, project_root: Path, project_id: str
+) -> None:
+    """Each room used to wait for the store's writer inside a worker thread: a class's rooms parked
+    every thread, and the loop's file reads, writes and git work queued behind them (issue 25)."""
+    clients = []
+    for i in range(12):  # twice the event loop's default thread pool on this machine
+        (project_root / project_id / f"f{i}.md").write_text("x\n", encoding="utf-8")
+        key = RoomKey(project_id, f"f{i}.md")
+        clients.append(await joined_as(manager, key, "x\n"))
+    release = threading.Event()
+    busy = store._write(lambda conn: None if release.wait(10) else None)  # the writer is busy until released
+    for client in clients:
+        client.type(0, "typed ")
+    await asyncio.sleep(0.3)  # every room's flush is now waiting for the writer
+    try:
+        await asyncio.wait_for(asyncio.to_thread(lambda: None), 2.0)
+    finally:
+        release.set()
+    busy.result()
+    for i in range(12):
+        await eventually(lambda i=i: store.load(RoomKey(project_id, f"f{i}.md").name) != [])
+    for client in clients:
+        await client.leave()
+
+
+async def joined_as(manager: RoomManager, key: RoomKey, text: str) -> PyClient:
+    client = PyClient(manager, key, "alice")
+    await client.start()
+    await eventually(lambda: key in manager.rooms and manager.rooms[key].mirror.written_text == text)
+    return client

@@ -28,8 +28,8 @@ def rebuild(updates: list[bytes]) -> str:
 def test_append_load_compact(store: UpdateStore, project_id: str) -> None:
     room = f"{project_id}/main.py"
     _, updates = typed_updates(["print(", "'héllo 😀'", ")\n"])
-    store.append(room, updates[:2])
-    store.append(room, updates[2:])
+    store.append(room, updates[:2]).result()
+    store.append(room, updates[2:]).result()
     assert rebuild(store.load(room)) == "print('héllo 😀')\n"
     assert store.log_length(room) == 3
 
@@ -39,7 +39,7 @@ def test_append_load_compact(store: UpdateStore, project_id: str) -> None:
     assert rebuild(store.load(room)) == "print('héllo 😀')\n"
 
     doc, more = typed_updates(["x"])
-    store.append(room, more)
+    store.append(room, more).result()
     assert store.compact(room)
     assert rebuild(store.load(room)).count("x") == 1
 
@@ -47,8 +47,8 @@ def test_append_load_compact(store: UpdateStore, project_id: str) -> None:
 def test_rooms_are_separate(store: UpdateStore, project_id: str) -> None:
     _, a = typed_updates(["a"])
     _, b = typed_updates(["b"])
-    store.append(f"{project_id}/a", a)
-    store.append(f"{project_id}/b", b)
+    store.append(f"{project_id}/a", a).result()
+    store.append(f"{project_id}/b", b).result()
     assert rebuild(store.load(f"{project_id}/a")) == "a"
     store.delete(f"{project_id}/a")
     assert store.load(f"{project_id}/a") == []
@@ -68,7 +68,7 @@ def test_concurrent_appends_and_compactions_lose_nothing(store: UpdateStore, pro
     def writer(chunk: list[bytes]) -> None:
         try:
             for update in chunk:
-                store.append(room, [update])
+                store.append(room, [update]).result()
         except BaseException as exc:  # reported below
             errors.append(exc)
 
@@ -94,12 +94,12 @@ def test_concurrent_appends_and_compactions_lose_nothing(store: UpdateStore, pro
 def test_written_hashes(store: UpdateStore, project_id: str) -> None:
     room = f"{project_id}/f.txt"
     assert store.written_hashes(room) == set()
-    store.mark_writing(room, "a" * 64)
+    store.mark_writing(room, "a" * 64).result()
     assert store.written_hashes(room) == {"a" * 64}
-    store.mark_written(room, "a" * 64)
-    store.mark_writing(room, "b" * 64)
+    store.mark_written(room, "a" * 64).result()
+    store.mark_writing(room, "b" * 64).result()
     assert store.written_hashes(room) == {"a" * 64, "b" * 64}
-    store.mark_written(room, "b" * 64)
+    store.mark_written(room, "b" * 64).result()
     assert store.written_hashes(room) == {"b" * 64}
 
 
@@ -119,8 +119,8 @@ def test_many_rooms_writing_at_once_share_transactions(store: UpdateStore, proje
 
     def type_into(room: str) -> None:
         for update in updates[room]:
-            store.append(room, [update])
-        store.mark_written(room, "0" * 64)
+            store.append(room, [update]).result()
+        store.mark_written(room, "0" * 64).result()
 
     threads = [threading.Thread(target=type_into, args=(room,)) for room in rooms]
     for thread in threads:
@@ -140,11 +140,11 @@ def test_a_failing_write_fails_alone(store: UpdateStore, project_id: str) -> Non
 
     def bad_write() -> None:
         try:
-            store._write(lambda conn: conn.exec_driver_sql("INSERT INTO no_such_table VALUES (1)"))
+            store._write(lambda conn: conn.exec_driver_sql("INSERT INTO no_such_table VALUES (1)")).result()
         except Exception as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=bad_write)] + [threading.Thread(target=store.append, args=(good, updates))]
+    threads = [threading.Thread(target=bad_write)] + [threading.Thread(target=lambda: store.append(good, updates).result())]
     for thread in threads:
         thread.start()
     for thread in threads:
