@@ -19,6 +19,9 @@ def runner_command(
     drain_seconds: Annotated[float, typer.Option(min=0, help="On shutdown, how long running runs may take to end.")] = 600,
     check: Annotated[bool, typer.Option(help="Only say whether Redis answers and a sandbox backend works here.")] = False,
     list_: Annotated[bool, typer.Option("--list", help="Only list the live runners and their capacity.")] = False,
+    in_worker: Annotated[bool, typer.Option(
+        "--in-worker", help="Run in a container of its own, started through this node's Docker engine with the security "
+                            "options bubblewrap needs (for swarm services, which cannot take them).")] = False,
 ) -> None:
     """Execute runs from the Redis runs stream on this machine's sandbox (CODEYARD_SANDBOX_BACKEND; Redis at
     CODEYARD_REDIS_URL; the data folder CODEYARD_DATA_DIR shared with the replicas)."""
@@ -30,6 +33,9 @@ def runner_command(
     from sandbox.errors import SandboxUnavailable
     from sandbox.runner import Runner, live_runners
 
+    if in_worker:
+        _in_worker(slots, name, drain_seconds)
+        return
     settings = Settings()
     redis_url = settings.redis_url
     if not redis_url:
@@ -71,3 +77,18 @@ def runner_command(
             await redis.aclose()
 
     asyncio.run(main())
+
+
+def _in_worker(slots: int, name: str | None, drain_seconds: float) -> None:
+    import socket
+
+    from sandbox.backends.dockerd import docker_client
+    from sandbox.runner_container import run_worker
+
+    client = docker_client()
+    if client is None:
+        typer.echo("error: --in-worker needs this node's Docker engine (mount /var/run/docker.sock)", err=True)
+        raise typer.Exit(2)
+    name = name or socket.gethostname()
+    command = ["codeyard", "runner", "--slots", str(slots), "--name", name, "--drain-seconds", str(drain_seconds)]
+    raise typer.Exit(run_worker(client, command, name, stop_seconds=drain_seconds + 10))

@@ -48,13 +48,16 @@ def test_the_compose_file_is_a_valid_swarm_stack(tmp_path):
     docker = shutil.which("docker")
     if docker is None:
         pytest.fail("the docker client is not installed")
-    result = subprocess.run([docker, "stack", "config", "-c", "docker-compose.yml", "-c", "docker/stack-host-network.yml"], cwd=REPO, capture_output=True,
+    result = subprocess.run([docker, "stack", "config", "-c", "docker-compose.yml", "-c", "docker/swarm.yml"], cwd=REPO, capture_output=True,
                             text=True, timeout=60, env={"PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(tmp_path),
                                                         "DOCKER_HOST": f"unix://{tmp_path}/none.sock"})
     assert "unknown shorthand flag" not in result.stderr, f"{docker} has no `docker stack config` (Docker CLI 23 or later)"
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load(result.stdout)
-    assert config["services"]["runner1"]["deploy"]["placement"]["constraints"] == ["node.labels.codeyard.runner == true"]
+    runner = config["services"]["runner1"]
+    assert runner["deploy"]["placement"]["constraints"] == ["node.labels.codeyard.runner == true"]
+    # swarm takes no security_opt: the runner starts its worker container through the node's engine
+    assert "--in-worker" in runner["command"] and any(v["target"] == "/var/run/docker.sock" for v in runner["volumes"])
     assert set(config["secrets"]) == {"codeyard_database_url", "codeyard_llm_api_key", "postgres_password"}
 
 

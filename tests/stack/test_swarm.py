@@ -16,10 +16,12 @@ from test_stack import ENV
 
 REPO = Path(__file__).resolve().parents[2]
 STACK = "codeyard-swarm-test"
+# The engine's socket the runner tasks start their workers through (docker/swarm.yml): ours, where DOCKER_HOST names one
+SOCKET = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock").removeprefix("unix://")
 
 
 def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", *args], cwd=REPO, env={**os.environ, **ENV}, capture_output=True, text=True,
+    return subprocess.run(["docker", *args], cwd=REPO, env={**os.environ, **ENV, "DOCKER_SOCKET": SOCKET}, capture_output=True, text=True,
                           check=check, timeout=600)
 
 
@@ -31,7 +33,7 @@ def swarm():
         docker("swarm", "init", "--advertise-addr", "127.0.0.1")
     node = docker("node", "ls", "--format", "{{json .}}").stdout.splitlines()[0]
     docker("node", "update", "--label-add", "codeyard.runner=true", json.loads(node)["ID"])
-    deployed = docker("stack", "deploy", "-c", "docker-compose.yml", "-c", "docker/stack-host-network.yml", STACK, check=False)
+    deployed = docker("stack", "deploy", "-c", "docker-compose.yml", "-c", "docker/swarm.yml", STACK, check=False)
     assert deployed.returncode == 0, deployed.stderr[-3000:]
     try:
         eventually(lambda: httpx.get("http://127.0.0.1:8780/readyz", timeout=5).status_code == 200, 300,
