@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make test-stack: a dockerd of our own (unless DOCKER_HOST answers), the images built without a registry,
-# then the stack tests (tests/stack). Takes 15-40 minutes the first time (debootstrap, wheels, images).
+# then the stack tests (tests/stack). Takes 15-40 minutes the first time (debootstrap, wheels, images);
+# STACK_BUILD=0 reuses the images already built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 state=$PWD/.services/docker-stack
@@ -13,5 +14,5 @@ if ! docker info >/dev/null 2>&1; then
     for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
   fi
 fi
-nice -n 5 .venv/bin/codeyard images build
+[ "${STACK_BUILD:-1}" = 0 ] || nice -n 19 .venv/bin/codeyard images build
 CODEYARD_STACK_TEST=1 .venv/bin/python -m pytest -p no:cacheprovider -v tests/stack "$@"
