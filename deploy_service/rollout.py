@@ -64,7 +64,7 @@ class ReleasePipeline:
             await asyncio.to_thread(copy_in, projects.project_dir(self.projects_dir, project_id), release_dir,
                                     max_bytes=SNAPSHOT_BYTES, max_files=SNAPSHOT_FILES, owner=None)
         except WorkspaceTooLarge as exc:
-            self._fail(app, release_id, f"the project is too large to deploy: {exc}", was_live=False)
+            await self._fail(app, release_id, f"the project is too large to deploy: {exc}", was_live=False)
             shutil.rmtree(release_dir, ignore_errors=True)
             raise InvalidInput(f"project: too large to deploy ({exc})") from None
 
@@ -74,33 +74,35 @@ class ReleasePipeline:
 
     async def roll_out(self, app: LiveApp, release_id: str, *, build: bool) -> None:
         async with app.lock:
-            if (state := self.rules.rollout_start(app.deployment_id, release_id)) is None:
+            if (state := await asyncio.to_thread(self.rules.rollout_start, app.deployment_id, release_id)) is None:
                 return  # deleted meanwhile
             was_live, desired = state
             try:
                 plan, launch = await self._prepare(app, release_id, build=build)
                 if plan.instances is not None and build:
                     desired = plan.instances
-                self.rules.set_release(release_id, status="starting", kind=plan.kind,
-                                       plan={"argv": plan.argv, "build": plan.build, "health": plan.health_path})
+                await asyncio.to_thread(
+                    self.rules.set_release, release_id, status="starting", kind=plan.kind,
+                    plan={"argv": plan.argv, "build": plan.build, "health": plan.health_path})
                 app.log.write("system", f"starting {desired} instance(s): {' '.join(plan.argv)}\n", release_id)
                 began = time.monotonic()
                 fresh = await self.supervisor.start_instances(app, launch, desired, release_id)
             except DeployFailed as exc:
-                self._fail(app, release_id, str(exc), was_live)
+                await self._fail(app, release_id, str(exc), was_live)
                 return
             except Exception as exc:  # a bug or the host: still a clear failure, never a stuck "building"
                 log.exception("deploying release %s failed", release_id)
-                self._fail(app, release_id, f"internal error: {exc}", was_live)
+                await self._fail(app, release_id, f"internal error: {exc}", was_live)
                 return
             previous = app.release_id
             old = self.supervisor.serve(app, fresh, launch, release_id, desired)  # the switch: new requests go here
-            if (number := self.rules.went_live(app.deployment_id, release_id, desired)) is not None:
+            number = await asyncio.to_thread(self.rules.went_live, app.deployment_id, release_id, desired)
+            if number is not None:
                 app.log.write("system", f"release {number} is live{' (was ' + previous + ')' if previous else ''}\n",
                               release_id)
             app.log.write("system", f"live after {time.monotonic() - began:.1f} s of start-up; "
                                     f"{len(old)} old instance(s) draining\n", release_id)
-            for gone in self.rules.prune(app.deployment_id):
+            for gone in await asyncio.to_thread(self.rules.prune, app.deployment_id):
                 shutil.rmtree(self.supervisor.release_dir(app.deployment_id, gone), ignore_errors=True)
         await self.supervisor.retire(app, old, "")  # outside the lock: a long request or WebSocket holds up nothing else
 
@@ -118,19 +120,20 @@ class ReleasePipeline:
             app.log.write("build", text, release_id)
 
         mounts, env = await self._packages(plan, release_dir, progress)
-        with self.rules.sessions() as db:
-            env = {**self._secrets(db, app.project_id), **env}
+        env = {**await asyncio.to_thread(self._secrets, app.project_id), **env}
         if plan.build and build:
             await self._build(app, release_id, plan.build, release_dir, env, mounts)
         limits = APP_LIMITS if plan.memory_mb is None else replace(APP_LIMITS, memory_bytes=plan.memory_mb * MIB)
         return plan, Launch(release_dir, plan.argv, env, mounts, plan.health_path, limits, plan.cpus)
 
-    def _secrets(self, db: Session, project_id: str) -> dict[str, str]:
-        """The project's secrets (deploy_service.secrets), injected into its builds and instances only."""
+    def _secrets(self, project_id: str) -> dict[str, str]:
+        """The project's secrets (deploy_service.secrets), injected into its builds and instances only.
+        Blocking: call it in a worker thread (like every database call of a rollout)."""
         if self.secrets_of is None:
             return {}
         try:
-            return self.secrets_of(db, project_id)
+            with self.rules.sessions() as db:
+                return self.secrets_of(db, project_id)
         except DomainError as exc:
             raise DeployFailed(exc.detail) from None
 
@@ -178,9 +181,9 @@ class ReleasePipeline:
             how = result.message or (f"signal {result.signal}" if result.signal else f"exit code {result.exit_code}")
             raise DeployFailed(f"the build failed ({result.verdict.value}: {how})")
 
-    def _fail(self, app: LiveApp, release_id: str, message: str, was_live: bool) -> None:
+    async def _fail(self, app: LiveApp, release_id: str, message: str, was_live: bool) -> None:
         """Record why a release did not go live (what served before keeps serving); a new release's folder goes."""
         app.log.write("system", f"release failed, not switched: {message.splitlines()[0]}\n", release_id)
-        self.rules.failed(app.deployment_id, release_id, message, was_live)
+        await asyncio.to_thread(self.rules.failed, app.deployment_id, release_id, message, was_live)
         if not was_live:
             shutil.rmtree(self.supervisor.release_dir(app.deployment_id, release_id), ignore_errors=True)

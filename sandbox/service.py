@@ -156,9 +156,7 @@ class ProjectRuns:
             raise
         if preview is not None:
             self._previews[record.id] = (record, preview)
-        with self.sessions() as db, db.begin():
-            db.add(RunRow(id=record.id, project_id=project_id, user_id=user.id, argv=record.argv, status="queued",
-                          created_at=_time(record.created_at)))
+        await asyncio.to_thread(self._insert, record, project_id, user.id)
         if body.stdin is not None:
             await self.queue.send_stdin(record.id, body.stdin.encode())
             await self.queue.close_stdin(record.id)
@@ -258,6 +256,12 @@ class ProjectRuns:
             await asyncio.to_thread(self._store, record)
         except Exception:
             log.exception("could not finish run %s", record.id)
+
+    def _insert(self, record: RunRecord, project_id: str, user_id: int) -> None:
+        """In a worker thread: a write waits for SQLite's write lock, which the event loop must never do."""
+        with self.sessions() as db, db.begin():
+            db.add(RunRow(id=record.id, project_id=project_id, user_id=user_id, argv=record.argv, status="queued",
+                          created_at=_time(record.created_at)))
 
     def _store(self, record: RunRecord) -> None:
         public = public_of_record(record)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 from conftest import new_project, wait_finished
+from sqlalchemy import text
 
 
 def test_run_a_python_file_and_read_its_outcome(owner):
@@ -82,3 +86,34 @@ def test_queue_full_answers_429_with_a_message(owner, app):
     for run_id in ids:
         owner.post(f"/api/runs/{run_id}/cancel")
     assert {wait_finished(owner, run_id)["verdict"] for run_id in ids} == {"cancelled"}
+
+
+def test_starting_a_run_waits_for_the_database_off_the_event_loop(owner, app):
+    """The run's record was inserted on the event loop: while another writer held SQLite's write lock
+    (a class's collab writes hold it often), the whole server stopped, every request and socket with
+    it (issue 25)."""
+    pid = new_project(owner, {"main.py": "print(1)\n"})
+    held, release, let_go = threading.Event(), threading.Event(), threading.Event()
+
+    def hold_the_write_lock() -> None:
+        with app.state.sessionmaker() as db:
+            db.execute(text("UPDATE users SET username = username WHERE id = -1"))  # takes the write lock
+            held.set()
+            release.wait(10)
+            db.commit()
+        let_go.set()
+
+    holder = threading.Thread(target=hold_the_write_lock)
+    holder.start()
+    held.wait(5)
+    started: list = []
+    starter = threading.Thread(target=lambda: started.append(owner.post(f"/api/projects/{pid}/runs", json={})))
+    starter.start()
+    time.sleep(1.5)  # the run's start is now waiting for the lock
+    answered_while_held = owner.get("/healthz").status_code == 200 and not let_go.is_set()
+    release.set()
+    holder.join()
+    starter.join()
+    assert answered_while_held
+    assert started[0].status_code == 202, started[0].text
+    assert wait_finished(owner, started[0].json()["id"])["verdict"] == "ok"
