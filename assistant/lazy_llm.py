@@ -6,11 +6,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from functools import cached_property
 
 from assistant.remote import RemoteLLM
 from assistant.schemas import ModelStatus
 from llm_engine import EngineConfig
 from llm_engine.entrypoints import LLMService, OpenAIError, resolve_model
+from llm_engine.multimodal.support import sees_images
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +70,34 @@ class LazyLLM:
         except OpenAIError as exc:
             log.warning("%s", exc.message)
 
+    @cached_property
+    def sees_images(self) -> bool | None:
+        """Whether the model takes images, read from its files without loading it; None for a remote
+        LLM server's model (that server answers an image itself)."""
+        if self.remote is not None:
+            return None
+        if self.setting == "off":
+            return False
+        try:
+            return sees_images(resolve_model(self.setting)[0])
+        except ValueError:
+            return False
+
+    @property
+    def name(self) -> str:
+        """The model's name as the assistant's messages give it."""
+        try:
+            return resolve_model(self.setting)[1]
+        except ValueError:
+            return str(self.setting)
+
     def status(self) -> ModelStatus:
-        """Where the model stands, without starting a load (a status read must never load it). For a
-        remote LLM, the LLM server's own readiness, asked with a short timeout."""
+        """Where the model stands (without starting a load: a status read must never load it), and
+        whether it sees images."""
+        return self._state().model_copy(update={"sees_images": self.sees_images})
+
+    def _state(self) -> ModelStatus:
+        """For a remote LLM, the LLM server's own readiness, asked with a short timeout."""
         if self.remote is not None:
             state, detail = self.remote.state()
             return ModelStatus(state=state, detail=detail)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import PurePosixPath
+from typing import Any
 
-ChatMessage = dict[str, str]  # OpenAI's {"role": ..., "content": ...}
+# OpenAI's {"role": ..., "content": ...}; content is a list of parts when the message shows images
+ChatMessage = dict[str, Any]
 
 PREFIX_CHARS = 2000
 OTHER_FILE_CHARS = 600
@@ -94,11 +96,19 @@ def explain_messages(path: str, content: str, output: str,
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
 
 
-def chat_messages(path: str, content: str, conversation: Sequence[tuple[str, str]]) -> list[ChatMessage]:
-    """The conversation so far, with the current file given to the model up front."""
+def _content(text: str, images: Sequence[str]) -> str | list[dict[str, Any]]:
+    """A message's text, with its images (data: URLs) as OpenAI's `image_url` parts."""
+    if not images:
+        return text
+    return [{"type": "text", "text": text}, *({"type": "image_url", "image_url": {"url": url}} for url in images)]
+
+
+def chat_messages(path: str, content: str, conversation: Sequence[tuple[str, str, Sequence[str]]]
+                  ) -> list[ChatMessage]:
+    """The conversation so far (role, text, images), with the current file given to the model up front."""
     context = f"The student is working on this file.\n\n{_file_block(path, content)}"
     return ([{"role": "system", "content": f"{SYSTEM}\n\n{context}"}]
-            + [{"role": role, "content": text} for role, text in conversation])
+            + [{"role": role, "content": _content(text, images)} for role, text, images in conversation])
 
 
 def continued(messages: list[ChatMessage], answer: str) -> list[ChatMessage]:

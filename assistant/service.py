@@ -23,6 +23,8 @@ from ide_server.errors import DomainError, InvalidInput, PermissionDenied, Throt
 from ide_server.models import Role, utcnow
 from ide_server.services.projects import ProjectAccess
 from llm_engine.entrypoints import OpenAIError
+from llm_engine.entrypoints.chat_images import decode_data_url
+from llm_engine.multimodal.limits import ImageLimits
 from sandbox import ErrorInfo, error_from_output, explain_error
 
 Model = LocalModel | RemoteModel
@@ -38,6 +40,8 @@ class AssistantConfig(BaseSettings):
     burst: int = Field(default=20, ge=ANSWER_COST, description="Calls a user may make at once before the rate applies.")
     completion_tokens: int = Field(default=16, ge=1, le=256)
     answer_tokens: int = Field(default=256, ge=1, le=2048)
+    image_bytes: int = Field(default=5 * 1024 * 1024, ge=1024, le=ImageLimits().max_bytes,
+                             description="The largest image file a chat question may show (a screenshot's size).")
 
 
 class AssistantOff(PermissionDenied):
@@ -89,7 +93,21 @@ class Assistant:
 
     def describe(self, db: Session, access: ProjectAccess) -> AssistantPublic:
         return AssistantPublic(enabled=self.is_enabled(db, access.project.id), can_change=access.role == Role.owner,
-                               model=self.llm.status())
+                               model=self.llm.status(), max_image_bytes=self.config.image_bytes)
+
+    def check_images(self, body: ChatCreate) -> None:
+        """A question's images, before the model is asked (or loads): each a data: URL of an image file within
+        the size limit, and a model that sees images; else InvalidInput (400) saying which."""
+        images = body.images()
+        if images and self.llm.sees_images is False:
+            raise InvalidInput(f"the assistant's model ({self.llm.name}) is text-only: it cannot see images. "
+                               "Describe the picture in words, or paste the text of the error.")
+        limits = ImageLimits(max_bytes=self.config.image_bytes)
+        for url in images:
+            try:
+                decode_data_url(url, limits)
+            except OpenAIError as exc:
+                raise InvalidInput(exc.message.replace("image_url:", "images:", 1)) from None
 
     # ----- admission -----
 
@@ -148,7 +166,7 @@ class Assistant:
         return explain_error(error, _language(body.path), {body.path: body.content}) if error else None
 
     async def chat(self, model: Model, body: ChatCreate) -> AsyncIterator[bytes]:
-        conversation = [(m.role, m.content) for m in body.messages]
+        conversation = [(m.role, m.content, m.images) for m in body.messages]
         return await self._answer(model, prompts.chat_messages(body.path, body.content, conversation),
                                   body.continue_answer)
 

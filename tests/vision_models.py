@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoImageProcessor,
     AutoModelForImageTextToText,
+    AutoTokenizer,
     CLIPImageProcessor,
     CLIPVisionConfig,
     LlamaConfig,
@@ -22,6 +24,7 @@ from transformers import (
     LlavaNextImageProcessor,
     LlavaOnevisionConfig,
     LlavaOnevisionImageProcessor,
+    PreTrainedTokenizerFast,
     Qwen2Config,
     SiglipImageProcessor,
     SiglipVisionConfig,
@@ -52,6 +55,50 @@ def build_llava(folder: Path, next_version: bool = False) -> Path:
     processor_class = LlavaNextImageProcessor if next_version else CLIPImageProcessor
     processor_class(size={"shortest_edge": 30}, crop_size={"height": 30, "width": 30},
                     **extra).save_pretrained(folder)
+    return folder
+
+
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+CORPUS = ["What is in this plot? The axes show the sine of x.", "def area(radius):\n    return 3.14 * radius ** 2\n",
+          "You are a helpful programming assistant inside a code editor. Answer briefly and concretely."]
+
+
+def tiny_chat_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained here on a few lines, ChatML's template and an `<image>` token: a chat
+    tokenizer in milliseconds (SmolLM2's, read from its GGUF file, takes seconds). Its bytes are ASCII's
+    (others are dropped), so whatever tokens a random model picks decode to text."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    ascii_bytes = sorted({c for word, _ in bpe.pre_tokenizer.pre_tokenize_str("".join(map(chr, range(128))))
+                          for c in word})
+    bpe.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                                        initial_alphabet=ascii_bytes))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                        pad_token="<|endoftext|>", additional_special_tokens=["<image>"])
+    tokenizer.chat_template = CHATML
+    return tokenizer
+
+
+def build_llava_chat(folder: Path, tokenizer) -> Path:
+    """A LLaVA-1.5 shape that chats: `tokenizer` (SmolLM2's, chat template included) plus an `<image>`
+    token, a 2-layer Llama decoder over its vocabulary, the CLIP tower above (25 features a picture)."""
+    tokenizer.save_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)  # a copy: the caller's tokenizer stays as it is
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    tokenizer.save_pretrained(folder)
+    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                       tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+                       eos_token_id=tokenizer.eos_token_id)
+    config = LlavaConfig(vision_config=CLIPVisionConfig(**CLIP_VISION), text_config=text,
+                         image_token_index=tokenizer.convert_tokens_to_ids("<image>"))
+    config.architectures = ["LlavaForConditionalGeneration"]
+    torch.manual_seed(3)
+    AutoModelForImageTextToText.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    CLIPImageProcessor(size={"shortest_edge": 30}, crop_size={"height": 30, "width": 30}).save_pretrained(folder)
     return folder
 
 

@@ -111,7 +111,9 @@ async def explain(body: ExplainCreate, ctx: ProjectEditor, db: DbSession, reques
 @project_router.post("/chat", responses=STREAM_RESPONSES, response_class=Response)
 async def chat(body: ChatCreate, ctx: ProjectEditor, db: DbSession, request: Request,
                assistant: AssistantDep) -> Response:
-    """A streamed answer to the conversation's last question, about the current file."""
+    """A streamed answer to the conversation's last question, about the current file (and the images it
+    shows, for a model that sees images: 400 for a text-only one)."""
+    await run_in_threadpool(assistant.check_images, body)
     model = await _admit(assistant, db, ctx, ANSWER_COST)
     return answer(await unless_disconnected(request, assistant.chat(model, body)))
 

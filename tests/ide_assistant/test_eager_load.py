@@ -87,7 +87,7 @@ def test_the_model_loads_from_start_up_and_the_first_explain_answers(eager_app, 
     project_id = new_project(client)
     seen = statuses_until_settled(client)
     assert {s["state"] for s in seen} <= {"loading", "ready"}, seen  # never "deferred": nobody asked for it
-    assert seen[-1] == {"state": "ready", "detail": f"{tiny_model.name} is ready", "progress": 100}
+    assert seen[-1] == {"state": "ready", "detail": f"{tiny_model.name} is ready", "progress": 100, "sees_images": False}
     loading = [s for s in seen if s["state"] == "loading"]
     assert all(s["progress"] in (0, 10) for s in loading), loading
     assert client.get(f"/api/projects/{project_id}/assistant").json()["model"] == seen[-1]

@@ -8,16 +8,7 @@ import base64
 import httpx
 import openai
 import pytest
-import torch
-from transformers import (
-    AutoModelForImageTextToText,
-    AutoTokenizer,
-    CLIPImageProcessor,
-    CLIPVisionConfig,
-    LlamaConfig,
-    LlavaConfig,
-)
-from vision_models import CLIP_VISION, bomb_png, encode, picture
+from vision_models import bomb_png, build_llava_chat, encode, picture
 
 from .conftest import TINY_NAME, serve_model
 
@@ -26,21 +17,7 @@ VISION_NAME = "tiny-vision"
 
 @pytest.fixture(scope="module")
 def vision_server(tmp_path_factory, smollm_tokenizer):
-    folder = tmp_path_factory.mktemp(VISION_NAME)
-    smollm_tokenizer.save_pretrained(folder)
-    tokenizer = AutoTokenizer.from_pretrained(folder)  # a copy: the session's tokenizer stays as it is
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
-    tokenizer.save_pretrained(folder)
-    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                       tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
-                       eos_token_id=tokenizer.eos_token_id)
-    config = LlavaConfig(vision_config=CLIPVisionConfig(**CLIP_VISION), text_config=text,
-                         image_token_index=tokenizer.convert_tokens_to_ids("<image>"))
-    config.architectures = ["LlavaForConditionalGeneration"]
-    torch.manual_seed(3)
-    AutoModelForImageTextToText.from_config(config, dtype=torch.float32).save_pretrained(folder)
-    CLIPImageProcessor(size={"shortest_edge": 30}, crop_size={"height": 30, "width": 30}).save_pretrained(folder)
+    folder = build_llava_chat(tmp_path_factory.mktemp(VISION_NAME), smollm_tokenizer)
     running = serve_model(folder, VISION_NAME, max_num_seqs=4, num_kv_blocks=64, max_model_len=512,
                           dtype="float32")
     yield running

@@ -237,7 +237,8 @@ export interface paths {
         put?: never;
         /**
          * Chat
-         * @description A streamed answer to the conversation's last question, about the current file.
+         * @description A streamed answer to the conversation's last question, about the current file (and the images it
+         *     shows, for a model that sees images: 400 for a text-only one).
          */
         post: operations["chat_api_projects__project_id__assistant_chat_post"];
         delete?: never;
@@ -1193,6 +1194,11 @@ export interface components {
              * @description The project's switch (owners change it).
              */
             enabled: boolean;
+            /**
+             * Max Image Bytes
+             * @description The largest image file a chat message may carry.
+             */
+            max_image_bytes: number;
             model: components["schemas"]["ModelStatus"];
         };
         /** AssistantUpdate */
@@ -1228,6 +1234,12 @@ export interface components {
         ChatMessage: {
             /** Content */
             content: string;
+            /**
+             * Images
+             * @description The user's pasted or dropped images, as data:image/...;base64, URLs (PNG, JPEG, WebP, GIF), for a model that sees images (ModelStatus.sees_images).
+             * @default []
+             */
+            images: string[];
             /**
              * Role
              * @enum {string}
@@ -1780,6 +1792,11 @@ export interface components {
              * @description Percent loaded (coarse), for a local model.
              */
             progress?: number | null;
+            /**
+             * Sees Images
+             * @description Whether the model takes images in chat (read from its files, known before it loads); null: not known (a remote LLM server's model).
+             */
+            sees_images?: boolean | null;
             /**
              * State
              * @description deferred: it loads on the first request (CODEYARD_LLM_EAGER=0); off: CODEYARD_LLM_MODEL=off.

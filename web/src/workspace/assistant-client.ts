@@ -17,6 +17,8 @@ export type FinishReason = "stop" | "length" | null;
 export interface ChatTurn {
   role: "user" | "assistant";
   content: string;
+  /** The user's images (data: URLs), for a model that sees images. */
+  images?: string[];
 }
 
 export class AssistantClient {

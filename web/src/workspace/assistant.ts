@@ -4,16 +4,19 @@
  * Everything hides while the project's owner has switched it off (a 403 from any call means the
  * same); owners keep the panel button, to switch it back on. The server starts loading the model when
  * it starts (or, deferred, on the first call, which answers 503): while it loads, the status line says
- * how far it is (polled), and a question or "Explain" waits in the panel, then goes once it is ready. */
+ * how far it is (polled), and a question or "Explain" waits in the panel, then goes once it is ready. A pasted or
+ * dropped image goes with the next question when the model sees images; a text-only model's panel says it cannot. */
 import type { EditorView } from "@codemirror/view";
 import { ApiError } from "../api";
 import { h } from "../dom";
 import { AssistantClient, type AssistantState, type ChatTurn, type FinishReason, type ModelStatus, type OpenFile } from "./assistant-client";
 import { ghostText } from "./assistant-ghost";
+import { Attachments, CANNOT_SEE, imageFiles, MAX_IMAGES, questionImages, readDataUrl, refusal } from "./assistant-images";
 import { renderMarkdown } from "./lesson-markdown";
 
 const POLL_MS = 2000;
 const TRIES = 3; // a call that finds the model loading waits for it, then tries again (a few times at most)
+const IMAGE_QUESTION = "What does this image show?"; // asked when an image is sent without words
 
 const MODEL_TEXT: Record<ModelStatus["state"], (model: ModelStatus) => string> = {
   loading: (model) => `Assistant: model loading… ${model.progress ?? 0}%`,
@@ -68,6 +71,7 @@ export class AssistantUi {
   private readonly messages = h("div", { class: "assistant-messages", id: "assistant-messages", "aria-live": "polite" });
   private readonly input = h("textarea", { id: "assistant-input", rows: "3", placeholder: "Ask about the current file…" });
   private readonly form = h("form", { class: "assistant-form" });
+  private readonly attachments = new Attachments();
   private state: AssistantState | null = null;
   private conversation: ChatTurn[] = [];
   private failedOutput: string | null = null;
@@ -95,7 +99,19 @@ export class AssistantUi {
         void this.ask();
       }
     });
-    this.panel.append(h("div", { class: "assistant-head" }, h("strong", {}, "Assistant"), close), this.switchRow, this.offNote, this.messages, this.form);
+    this.input.addEventListener("paste", (event) => this.takeImages(event, event.clipboardData));
+    this.panel.addEventListener("dragover", (event) => {
+      if (this.enabled && event.dataTransfer?.types.includes("Files")) event.preventDefault(); // lets files drop here
+    });
+    this.panel.addEventListener("drop", (event) => this.takeImages(event, event.dataTransfer));
+    this.panel.append(
+      h("div", { class: "assistant-head" }, h("strong", {}, "Assistant"), close),
+      this.switchRow,
+      this.offNote,
+      this.messages,
+      this.attachments.strip,
+      this.form,
+    );
   }
 
   /** The editor extension for one file. */
@@ -130,6 +146,7 @@ export class AssistantUi {
     this.offNote.hidden = on;
     this.messages.hidden = !on;
     this.form.hidden = !on;
+    if (!on) this.attachments.take();
     this.explainButton.hidden = !on || this.failedOutput === null;
     if (this.button.hidden) this.panel.hidden = true;
     if (state) this.modelChanged(state.model);
@@ -146,6 +163,7 @@ export class AssistantUi {
     this.status.textContent = this.enabled ? MODEL_TEXT[model.state](model) : "";
     this.status.title = model.detail;
     this.status.dataset.model = model.state;
+    this.input.placeholder = model.sees_images === false ? "Ask about the current file…" : "Ask about the current file, or paste or drop an image…";
     this.explainButton.title = model.state === "loading" ? "The model is still loading: the answer comes once it is ready" : "";
     if (model.state === "loading") {
       void this.pollUntilReady();
@@ -250,18 +268,42 @@ export class AssistantUi {
     await this.stream(reply, "", (soFar, onText, signal) => this.client.explain(path, content, output, soFar, onText, signal));
   }
 
-  private async ask(): Promise<void> {
-    const question = this.input.value.trim();
-    const file = this.context.openFiles()[0];
-    if (!question || this.answering) return;
-    if (!file) return this.say("Open a file to ask about it.");
-    this.input.value = "";
-    const history = [...this.conversation, { role: "user" as const, content: question }];
-    await this.answer(question, (soFar, onText, signal) => this.client.chat(file.path, file.content, history, soFar, onText, signal), history);
+  /** Pasted or dropped image files join the next question (checked here first); anything else is left alone. */
+  private takeImages(event: Event, data: DataTransfer | null): void {
+    const files = imageFiles(data);
+    if (!files.length || !this.enabled) return;
+    event.preventDefault();
+    void this.attach(files);
   }
 
-  /** Shows the question and streams the answer into the panel; a new question stops the old answer. */
-  private async answer(question: string, run: Answerer, history?: ChatTurn[]): Promise<void> {
+  private async attach(files: File[]): Promise<void> {
+    if (this.model?.sees_images === false) return this.say(CANNOT_SEE);
+    const shown = this.conversation.reduce((sum, turn) => sum + (turn.images?.length ?? 0), 0);
+    for (const file of files) {
+      const full = shown + this.attachments.count >= MAX_IMAGES;
+      const why = full ? `A conversation can show the model ${MAX_IMAGES} images at most.` : refusal(file, this.state?.max_image_bytes ?? 0);
+      if (why) this.say(why);
+      else this.attachments.add(await readDataUrl(file));
+    }
+    this.input.focus();
+  }
+
+  private async ask(): Promise<void> {
+    const typed = this.input.value.trim();
+    const file = this.context.openFiles()[0];
+    if ((!typed && !this.attachments.count) || this.answering) return;
+    if (!file) return this.say("Open a file to ask about it.");
+    this.input.value = "";
+    const images = this.attachments.take();
+    const question = typed || IMAGE_QUESTION;
+    const turn: ChatTurn = images.length ? { role: "user", content: question, images } : { role: "user", content: question };
+    const history = [...this.conversation, turn];
+    await this.answer(question, (soFar, onText, signal) => this.client.chat(file.path, file.content, history, soFar, onText, signal), history, images);
+  }
+
+  /** Shows the question (with its images) and streams the answer into the panel; a new question stops the old answer. */
+  private async answer(question: string, run: Answerer, history?: ChatTurn[], images: string[] = []): Promise<void> {
+    if (images.length) this.messages.append(questionImages(images));
     this.messages.append(h("p", { class: "assistant-question" }, question));
     const reply = h("div", { class: "assistant-answer" });
     this.messages.append(reply);
