@@ -7,8 +7,9 @@ FROM ${BASE}
 ARG PIP_NO_INDEX=0
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# python3-pip: package installs run `python3 -m pip` in the sandbox, over this image's /usr
 RUN apt-get update && apt-get install -y --no-install-recommends \
-      bubblewrap python3 nodejs gcc g++ libc6-dev bash procps ca-certificates \
+      bubblewrap python3 python3-pip nodejs gcc g++ libc6-dev bash procps ca-certificates \
     && rm -rf /var/lib/apt/lists/* && mkdir /data && chown 10001:10001 /data  # the app replicas (uid 10001) own the shared volume
 WORKDIR /opt/codeyard
 COPY pyproject.toml constraints.txt README.md ./
