@@ -77,3 +77,15 @@ def test_dockerfiles_take_their_base_and_copy_what_exists():
     assert "-c /tmp/pip/constraints.txt" in install
     ignored = (REPO / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored
+
+
+def test_the_installed_package_carries_the_kernels_sources():
+    """The CPU kernels compile on first use from the installed package (the LLM image): every source and header
+    under llm_engine/layers/csrc must be package data."""
+    import fnmatch
+    import tomllib
+
+    globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["llm_engine"]
+    sources = [p.relative_to(REPO / "llm_engine").as_posix() for p in (REPO / "llm_engine" / "layers" / "csrc").iterdir()
+               if p.suffix in (".cpp", ".h")]
+    assert sources and all(any(fnmatch.fnmatch(s, g) for g in globs) for s in sources), (sources, globs)
