@@ -91,39 +91,48 @@ async def open_editor(url: str, student: Student) -> tuple[websockets.ClientConn
 
 async def storm(url: str, students: list[Student], round_no: int, kill_after: float,
                 orphans: list[tuple[int, float]]) -> None:
-    """Everyone saves as fast as answers come (a few start a slow run) until the server is killed;
-    `orphans` gets the processes the server had started (sandboxes, git) at that moment."""
+    """Everyone saves as fast as answers come (a few start a slow run) until the server is killed,
+    `kill_after` seconds after the first acknowledged save (so every kill lands among saves, however
+    slowly this host makes clients); `orphans` gets the processes the server had started (sandboxes,
+    git) at that moment."""
     pid = server_pid(url)
     editors = [await open_editor(url, s) for s in students[:EDITORS]]
+    clients = [httpx.AsyncClient(base_url=url, cookies=s.cookies, timeout=10) for s in students]
+    saving = asyncio.Event()
 
-    async def save_forever(student: Student) -> None:
-        async with httpx.AsyncClient(base_url=url, cookies=student.cookies, timeout=10) as client:
-            if students.index(student) % 5 == 0:
-                try:
-                    answer = await client.post(f"/api/projects/{student.project}/runs", json={"entry": "slow.py"},
-                                               headers=student.headers())
-                except httpx.HTTPError:
-                    return  # the server is gone
-                assert answer.status_code == 202, answer.text
-                student.runs.append(answer.json()["id"])
-            for n in range(10_000):
-                text = f"print('{student.name} round {round_no} save {n}')\n"
-                student.after_ack.append(text)
-                try:
-                    answer = await client.put(f"/api/projects/{student.project}/files/content/main.py",
-                                              content=text, headers=student.headers())
-                except httpx.HTTPError:
-                    return  # the server is gone
-                assert answer.status_code == 200, answer.text
-                student.acked, student.after_ack = text, []
+    async def save_forever(student: Student, client: httpx.AsyncClient) -> None:
+        if students.index(student) % 5 == 0:
+            try:
+                answer = await client.post(f"/api/projects/{student.project}/runs", json={"entry": "slow.py"},
+                                           headers=student.headers())
+            except httpx.HTTPError:
+                return  # the server is gone
+            assert answer.status_code == 202, answer.text
+            student.runs.append(answer.json()["id"])
+        for n in range(10_000):
+            text = f"print('{student.name} round {round_no} save {n}')\n"
+            student.after_ack.append(text)
+            try:
+                answer = await client.put(f"/api/projects/{student.project}/files/content/main.py",
+                                          content=text, headers=student.headers())
+            except httpx.HTTPError:
+                return  # the server is gone
+            assert answer.status_code == 200, answer.text
+            student.acked, student.after_ack = text, []
+            saving.set()
 
     async def kill() -> None:
+        await asyncio.wait_for(saving.wait(), 60)  # no save answered in a minute: fail, don't hang
         await asyncio.sleep(kill_after)
         server = psutil.Process(pid)
         orphans.extend((p.pid, p.create_time()) for p in server.children(recursive=True))
         os.kill(pid, signal.SIGKILL)
 
-    await asyncio.gather(kill(), *(save_forever(s) for s in students))
+    try:
+        await asyncio.gather(kill(), *(save_forever(s, c) for s, c in zip(students, clients)))
+    finally:
+        for client in clients:
+            await client.aclose()
     for ws, _ in editors:
         await ws.close()
 
