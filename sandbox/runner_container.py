@@ -10,8 +10,8 @@ launcher that starts again first removes the worker a previous one left behind.
 
 from __future__ import annotations
 
+import re
 import signal
-import socket
 import sys
 import threading
 from typing import Any
@@ -35,11 +35,21 @@ def worker_config(own: dict[str, Any], command: list[str], name: str) -> dict[st
                 labels={WORKER_LABEL: name}, init=False, detach=True)
 
 
+def own_container_id() -> str:
+    """This container's id, from the engine's files mounted into it (/etc/hostname...): on the host network its
+    hostname is the host's, not the id."""
+    with open("/proc/self/mountinfo") as mounts:
+        for line in mounts:
+            if found := re.search(r"/containers/([0-9a-f]{64})/(?:hostname|hosts|resolv\.conf) ", line):
+                return found.group(1)
+    raise RuntimeError("--in-worker runs inside a Docker container (none found in /proc/self/mountinfo)")
+
+
 def run_worker(client: DockerClient, command: list[str], name: str, stop_seconds: float) -> int:
     """Start the worker, print its output until it ends, stop it on SIGTERM/SIGINT; returns its exit code."""
     import docker.errors
 
-    own = client.api.inspect_container(socket.gethostname())  # a container's hostname is its id unless set
+    own = client.api.inspect_container(own_container_id())
     for stale in client.containers.list(all=True, filters={"label": f"{WORKER_LABEL}={name}"}):
         stale.remove(force=True)
     worker = client.containers.create(**worker_config(own, command, name))

@@ -93,7 +93,8 @@ def test_a_runner_killed_during_runs(stack):
     subprocess.run(["docker", "kill", container("runner1")], check=True, capture_output=True)
     results = [alice.finished(r) for r in runs]
     failed = [r for r in results if r["verdict"] == "internal_error"]
-    assert len(failed) == 1 and "runner runner1 stopped during the run" in failed[0]["message"], results
+    seen = [(r["verdict"], r["message"], r["stdout"]) for r in results]
+    assert len(failed) == 1 and "runner runner1 stopped during the run" in failed[0]["message"], seen
     assert [r["stdout"] for r in results if r["verdict"] == "ok"] == ["go\ndone\n"]
     compose("up", "-d", "runner1")
     again = alice.finished(alice.run(pid))
