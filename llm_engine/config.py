@@ -15,6 +15,7 @@ _MEMORY_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
 _POLICIES = ("fcfs", "priority")
 _ATTENTION_BACKENDS = ("auto", "torch", "native", "triton")
+_MODEL_IMPLS = ("native", "auto")
 
 
 def parse_memory(value: int | str, field: str) -> int:
@@ -51,7 +52,9 @@ class EngineConfig:
     GPU's total memory the engine may use (weights, the activation peak of a profiled forward of
     `max_num_batched_tokens` tokens, and the pool gets the rest); `kv_cache_memory` is the CPU's
     budget, and `num_kv_blocks` overrides both. `enforce_eager` (vLLM's name) turns off the CUDA
-    graphs captured for decode steps.
+    graphs captured for decode steps. `model_impl`: "native" runs a registered architecture's
+    hand-written model and any other Transformers causal LM through AutoDeploy
+    (llm_engine/autodeploy/); "auto" sends every model through AutoDeploy.
     """
 
     model: str
@@ -76,6 +79,7 @@ class EngineConfig:
     kv_transfer_config: dict[str, Any] | KVTransferConfig | None = None  # disaggregated prefill/decode
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
+    model_impl: str = "native"
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -96,6 +100,8 @@ class EngineConfig:
             raise ValueError(f"num_threads: must be positive, got {self.num_threads!r}")
         if self.scheduling_policy not in _POLICIES:
             raise ValueError(f"scheduling_policy: must be one of {_POLICIES}, got {self.scheduling_policy!r}")
+        if self.model_impl not in _MODEL_IMPLS:
+            raise ValueError(f"model_impl: must be one of {_MODEL_IMPLS}, got {self.model_impl!r}")
         if self.attention_backend not in _ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend: must be one of {_ATTENTION_BACKENDS}, "
                              f"got {self.attention_backend!r}")

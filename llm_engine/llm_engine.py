@@ -83,7 +83,7 @@ class LLMEngine:
         source = ModelSource(config.model, config.tokenizer)
         self.hf_config = source.hf_config()
         self.tokenizer = source.tokenizer()
-        model_class = resolve_model_class(getattr(self.hf_config, "architectures", None))
+        model_class = resolve_model_class(getattr(self.hf_config, "architectures", None), config.model_impl)
         self.image_inputs = (ImageInputs(self.hf_config, model_class, source.folder)
                              if hasattr(model_class, "image_inputs") else None)
         if self.image_inputs is not None and config.tensor_parallel_size > 1:
@@ -97,7 +97,7 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or text_config.max_position_embeddings,
                                  text_config.max_position_embeddings, num_blocks * config.block_size)
         window = getattr(text_config, "sliding_window", None)
-        if window and getattr(text_config, "use_sliding_window", True):
+        if window and getattr(text_config, "use_sliding_window", True) and not getattr(model_class, "sliding_window", False):
             # The reference attention is full attention: stay where the two agree.
             self.max_model_len = min(self.max_model_len, window)
         self.vocab_size = text_config.vocab_size

@@ -136,7 +136,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(config, hf_config)
         self.block_size = config.block_size
         self.backend = make_attention_backend(config)
-        model_class = resolve_model_class(getattr(hf_config, "architectures", None))
+        model_class = resolve_model_class(getattr(hf_config, "architectures", None), config.model_impl)
         with torch.device(self.device):
             self.model = model_class(hf_config, self.backend, self.dtype)
         checkpoint = source.checkpoint_quant(hf_config)

@@ -34,13 +34,27 @@ def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
-def resolve_model_class(architectures: list[str] | None) -> type[nn.Module]:
+def resolve_model_class(architectures: list[str] | None, model_impl: str = "native") -> type[nn.Module]:
+    """The hand-written class of a registered architecture; AutoDeploy's graph-built model for
+    any other Transformers causal LM, or for every model with model_impl="auto"."""
     _load_plugins()
-    for arch in architectures or []:
-        if arch in _MODELS:
-            return _MODELS[arch]
-    raise ValueError(f"model: architectures {architectures} not supported; "
-                     f"supported: {sorted(_MODELS)}")
+    if model_impl != "auto":
+        for arch in architectures or []:
+            if arch in _MODELS:
+                return _MODELS[arch]
+    if any(arch in _transformers_causal_lms() for arch in architectures or []):
+        from llm_engine.autodeploy.model import AutoDeployedCausalLM  # imports transformers' modeling code
+
+        return AutoDeployedCausalLM
+    raise ValueError(f"model: architectures {architectures} not supported; supported: {sorted(_MODELS)} "
+                     f"and Transformers' causal LMs (through AutoDeploy)")
+
+
+def _transformers_causal_lms() -> set[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return {name for names in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+            for name in ([names] if isinstance(names, str) else names)}
 
 
 def _load_plugins() -> None:

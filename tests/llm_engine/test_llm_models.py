@@ -21,7 +21,7 @@ def test_registry_knows_the_four_architectures():
     assert {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
             "Qwen3ForCausalLM"} <= set(supported_architectures())
     with pytest.raises(ValueError, match="^model: architectures"):
-        resolve_model_class(["GPT2LMHeadModel"])
+        resolve_model_class(["BertForMaskedLM"])  # not a causal LM, so not even AutoDeploy takes it
 
 
 def test_entry_point_plugin_adds_an_architecture(tiny_llama, tmp_path, monkeypatch):

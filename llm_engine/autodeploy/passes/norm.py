@@ -1,0 +1,89 @@
+"""fuse_rms_norm: Transformers' RMSNorm op chains become the engine's fused RMSNorm.
+
+The chain starts at `rsqrt(mean(x.float() ** 2, -1, keepdim) + eps)`, multiplies x by it and
+then by a weight (Llama: `w * y.to(dtype)`; Gemma: `(y * (1 + w.float())).type_as(x)`, whose +1
+is folded into the weight at load); casts in between are part of the chain. Chains whose
+dtypes differ from the weight's stay unfused (the report counts them).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from llm_engine.autodeploy.passes import PassContext, add_module, fake
+from llm_engine.layers.norm import RMSNorm
+
+aten = torch.ops.aten
+_CASTS = (aten.to.dtype, aten.type_as.default, aten._to_copy.default)
+
+
+def _weight(node: fx.Node) -> tuple[fx.Node, float] | None:
+    """A norm weight operand: get_attr, maybe cast, maybe plus a constant -> (get_attr, offset)."""
+    offset = 0.0
+    if node.target is aten.add.Tensor and isinstance(node.args[1], (int, float)):
+        offset, node = float(node.args[1]), node.args[0]  # type: ignore[assignment]  # checked below
+    if isinstance(node, fx.Node) and node.target in _CASTS:
+        node = node.args[0]  # type: ignore[assignment]
+    return (node, offset) if isinstance(node, fx.Node) and node.op == "get_attr" else None
+
+
+def _match(rsqrt: fx.Node) -> tuple[fx.Node, fx.Node, float, float, fx.Node] | None:
+    """(input, weight get_attr, weight offset, eps, last node of the chain) or None."""
+    add = rsqrt.args[0]
+    if not (isinstance(add, fx.Node) and add.target is aten.add.Tensor and isinstance(add.args[1], float)):
+        return None
+    mean = add.args[0]
+    if not (isinstance(mean, fx.Node) and mean.target is aten.mean.dim and list(mean.args[1]) == [-1]):  # type: ignore[arg-type]
+        return None
+    power = mean.args[0]
+    if not (isinstance(power, fx.Node) and power.target is aten.pow.Tensor_Scalar and power.args[1] == 2):
+        return None
+    upcast = power.args[0]
+    assert isinstance(upcast, fx.Node)
+    source = upcast.args[0] if upcast.target in _CASTS else upcast
+    assert isinstance(source, fx.Node)
+    scaled = [u for u in rsqrt.users if u.target is aten.mul.Tensor and upcast in u.args]
+    if len(rsqrt.users) != 1 or len(scaled) != 1:
+        return None
+    node, weight = scaled[0], None
+    while len(node.users) == 1:
+        user = next(iter(node.users))
+        if user.target in _CASTS:
+            node = user
+        elif user.target is aten.mul.Tensor and weight is None:
+            other = user.args[1] if user.args[0] is node else user.args[0]
+            weight = _weight(other) if isinstance(other, fx.Node) else None
+            if weight is None:
+                break
+            node = user
+        else:
+            break
+    if weight is None:
+        return None
+    return source, weight[0], weight[1], float(add.args[1]), node
+
+
+def fuse_rms_norm(gm: fx.GraphModule, ctx: PassContext) -> str:
+    fused = skipped = 0
+    for rsqrt in [n for n in gm.graph.nodes if n.target is aten.rsqrt.default]:
+        match = _match(rsqrt)
+        if match is None:
+            continue
+        source, weight, offset, eps, last = match
+        param = gm.get_parameter(str(weight.target))
+        if not (fake(source).dtype == fake(last).dtype == param.dtype and param.shape[-1] == fake(source).shape[-1]):
+            skipped += 1
+            continue
+        path = str(weight.target).rpartition(".")[0]
+        norm = RMSNorm(param.shape[0], eps, param.dtype)
+        norm.weight = param  # meta until loaded; the loader fills it under the same name
+        add_module(gm, path, norm)
+        if offset:
+            ctx.weight_offsets[f"{path}.weight"] = offset
+        with gm.graph.inserting_before(last):
+            call = gm.graph.call_module(path, (source,))
+        call.meta = dict(last.meta)
+        last.replace_all_uses_with(call)
+        fused += 1
+    return f"{fused} RMSNorms fused" + (f", {skipped} left unfused (mixed dtypes)" if skipped else "")
