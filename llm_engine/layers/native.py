@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -87,6 +88,7 @@ def load_kernels() -> ctypes.CDLL:
     for name, argtypes in {"int8_gemm_f32": [pointer] * 4 + [i64] * 4,
                            "int4_gemm_f32": [pointer] * 5 + [i64] * 4,
                            "fp8_gemm_f32": [pointer] * 4 + [i64] * 4,
+                           "dequantize_f32": [i32] + [pointer] * 4 + [i64] * 3,
                            "quantize_rows_q8": [pointer] + [i64] * 3 + [pointer] * 3,
                            "int8_gemm_q8": [pointer] * 6 + [i64] * 4,
                            "int4_gemm_q8": [pointer] * 7 + [i64] * 4,
@@ -100,6 +102,7 @@ class CpuKernels:
     """The layers' fused CPU steps over torch tensors (float32 or bfloat16, on the CPU)."""
 
     _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+    REUSED_BYTES = 64 << 20
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._functions = {(name, dtype): getattr(library, f"{name}_{suffix}")
@@ -107,6 +110,8 @@ class CpuKernels:
                            for dtype, suffix in self._SUFFIXES.items()}
         self._int8_gemm, self._int4_gemm = library.int8_gemm_f32, library.int4_gemm_f32
         self._fp8_gemm = library.fp8_gemm_f32
+        self._dequantize = library.dequantize_f32
+        self._reused = threading.local()  # dequantize's buffer
         self._quantize_rows = library.quantize_rows_q8
         self._int8_gemm_q8, self._int4_gemm_q8 = library.int8_gemm_q8, library.int4_gemm_q8
 
@@ -164,6 +169,30 @@ class CpuKernels:
             self._int4_gemm(x.data_ptr(), qweight.data_ptr(), scales.data_ptr(), offsets.data_ptr(),
                             out.data_ptr(), rows, qweight.shape[0], k_in, group_size)
         return out
+
+    def dequantize(self, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
+                   group_size: int) -> torch.Tensor:
+        """The float32 weight [N, K] of a packed int8/float8/int4 one, bit for bit
+        quantization.dequantize's (layouts as in quant_gemm), for one matmul: weights up to
+        REUSED_BYTES land in a buffer that this thread's next call overwrites (a fresh one costs
+        its page faults, ~8x the unpacking on a prefill chunk)."""
+        if scales.dtype != torch.float16 or (offsets is not None and offsets.dtype != torch.float16):
+            raise ValueError("dequantize: scales and offsets must be float16")
+        kind = 1 if offsets is not None else 2 if qweight.dtype == torch.float8_e4m3fn else 0
+        n_out = qweight.shape[0]
+        k_in = qweight.shape[1] * 2 if offsets is not None else qweight.shape[1]
+        out = self._weight_buffer(n_out * k_in).view(n_out, k_in)
+        self._dequantize(kind, qweight.data_ptr(), scales.data_ptr(), 0 if offsets is None else offsets.data_ptr(),
+                         out.data_ptr(), n_out, k_in, group_size)
+        return out
+
+    def _weight_buffer(self, numel: int) -> torch.Tensor:
+        if numel * 4 > self.REUSED_BYTES:
+            return torch.empty(numel)
+        buffer: torch.Tensor | None = getattr(self._reused, "buffer", None)
+        if buffer is None or buffer.numel() < numel:
+            buffer = self._reused.buffer = torch.empty(numel)
+        return buffer[:numel]
 
     def quantize_rows(self, x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """float32 x [rows, K] rounded to int8 with one scale per `block` inputs: (xq, dx, sx),

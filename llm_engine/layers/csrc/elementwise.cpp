@@ -17,7 +17,7 @@ using namespace codeyard;
 // without a residual r = x.
 template <typename T>
 void rms_norm(const T* x, T* residual, const T* weight, T* out, int64_t rows, int hidden, float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows > 1)  // one row (a decode step): no thread team to wake
   for (int64_t row = 0; row < rows; ++row) {
     const T* src = x + row * hidden;
     T* dst = out + row * hidden;
@@ -80,7 +80,7 @@ template <typename T>
 void rotary(const int64_t* positions, T* q, T* k, const float* cos, const float* sin, int64_t tokens,
             int heads, int kv_heads, int head_dim, int64_t q_stride, int64_t k_stride) {
   const int half = head_dim / 2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (tokens > 1)
   for (int64_t t = 0; t < tokens; ++t) {
     const float* c = cos + positions[t] * half;
     const float* s = sin + positions[t] * half;
@@ -92,7 +92,7 @@ void rotary(const int64_t* positions, T* q, T* k, const float* cos, const float*
 // out = silu(gate) * up over rows of [gate | up], silu's result rounded like torch's F.silu.
 template <typename T>
 void silu_and_mul(const T* x, T* out, int64_t rows, int width) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows > 1)
   for (int64_t row = 0; row < rows; ++row) {
     const T* gate = x + row * 2 * width;
     const T* up = gate + width;

@@ -85,6 +85,7 @@ inline void widen_int8(const int8_t* q, int64_t n, float scale, float* out) {
   for (; k < n; ++k) out[k] = static_cast<float>(q[k]) * scale;
 }
 
+// A product, then a sum (two roundings, no FMA): the very weights quantization.py's dequantize gives.
 inline void widen_int4(const uint8_t* q, int64_t n, float scale, float offset, float* out) {
   const int64_t half = n / 2;
   int64_t j = 0;
@@ -93,8 +94,9 @@ inline void widen_int4(const uint8_t* q, int64_t n, float scale, float offset, f
   const __m256 s = _mm256_set1_ps(scale), o = _mm256_set1_ps(offset);
   for (; j + 8 <= half; j += 8) {
     const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + j));
-    _mm256_storeu_ps(out + j, _mm256_fmadd_ps(widen(_mm_and_si128(bytes, low), false), s, o));
-    _mm256_storeu_ps(out + j + half, _mm256_fmadd_ps(widen(_mm_and_si128(_mm_srli_epi16(bytes, 4), low), false), s, o));
+    _mm256_storeu_ps(out + j, _mm256_add_ps(_mm256_mul_ps(widen(_mm_and_si128(bytes, low), false), s), o));
+    _mm256_storeu_ps(out + j + half,
+                     _mm256_add_ps(_mm256_mul_ps(widen(_mm_and_si128(_mm_srli_epi16(bytes, 4), low), false), s), o));
   }
 #endif
   for (; j < half; ++j) {
@@ -147,12 +149,15 @@ inline float dot(const float* x, const float* w, int64_t n) {
 
 enum class Weights { INT8, INT4, FP8 };
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 // R decode rows against one weight row of 32-input int4/int8 groups, without the L1 buffer:
 // sum_k x_k (q_k s + o) = s * sum_k x_k q_k + o * sum_k x_k, with sum_k x_k per group given
 // (x_sums [R, groups]). Each group is unpacked once for all R rows, and every row gets the
 // same operations in the same order whatever R is, so a row's result does not depend on the
 // rows beside it (a speculative verification step gives the very logits of one-token steps).
+// Per 32 weights: the codes widen straight from memory (8 bytes -> 8 int32 lanes, int4's low and
+// high nibbles from the same lanes), eight groups' float16 scales and offsets convert at once,
+// and the offset term is one vector FMA per eight groups.
 template <Weights KIND, int R>
 void rows_dot_float_g32(const float* x, const float* x_sums, int64_t k_in, const uint8_t* q, const uint16_t* scales,
                         const uint16_t* offsets, float* out, int64_t n_out) {
@@ -161,35 +166,55 @@ void rows_dot_float_g32(const float* x, const float* x_sums, int64_t k_in, const
   for (int64_t n = 0; n < n_out; ++n) {
     const uint8_t* qn = q + n * row_bytes;
     const uint16_t* scale_n = scales + n * groups;
-    __m256 acc[R];
-    float offset_sum[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offset_sum[r] = 0.0f;
-    for (int64_t g = 0; g < groups; ++g) {
-      __m256 w0, w1, w2, w3;
-      if (KIND == Weights::INT4) {
-        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qn + g * 16)), m = _mm_set1_epi8(15);
-        const __m128i low = _mm_and_si128(bytes, m), high = _mm_and_si128(_mm_srli_epi16(bytes, 4), m);
-        w0 = widen(low, false), w1 = widen(_mm_srli_si128(low, 8), false);
-        w2 = widen(high, false), w3 = widen(_mm_srli_si128(high, 8), false);
-        const float offset = f16(offsets[n * groups + g]);
-        for (int r = 0; r < R; ++r) offset_sum[r] += offset * x_sums[r * groups + g];
+    __m256 acc[R], offset_acc[R];
+    float offset_tail[R];
+    for (int r = 0; r < R; ++r) acc[r] = offset_acc[r] = _mm256_setzero_ps(), offset_tail[r] = 0.0f;
+    alignas(32) float scale8[8];
+    for (int64_t g0 = 0; g0 < groups; g0 += 8) {
+      const int64_t count = groups - g0 < 8 ? groups - g0 : 8;
+      if (count == 8) {
+        _mm256_store_ps(scale8, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scale_n + g0))));
+        if (KIND == Weights::INT4) {
+          const __m256 offset8 =
+              _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(offsets + n * groups + g0)));
+          for (int r = 0; r < R; ++r)
+            offset_acc[r] = _mm256_fmadd_ps(offset8, _mm256_loadu_ps(x_sums + r * groups + g0), offset_acc[r]);
+        }
       } else {
-        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qn + g * 32));
-        const __m128i first = _mm256_castsi256_si128(bytes), second = _mm256_extracti128_si256(bytes, 1);
-        w0 = widen(first, true), w1 = widen(_mm_srli_si128(first, 8), true);
-        w2 = widen(second, true), w3 = widen(_mm_srli_si128(second, 8), true);
+        for (int64_t j = 0; j < count; ++j) {
+          scale8[j] = f16(scale_n[g0 + j]);
+          if (KIND == Weights::INT4)
+            for (int r = 0; r < R; ++r) offset_tail[r] += f16(offsets[n * groups + g0 + j]) * x_sums[r * groups + g0 + j];
+        }
       }
-      const __m256 scale = _mm256_set1_ps(f16(scale_n[g]));
-      for (int r = 0; r < R; ++r) {
-        const float* xg = x + r * k_in + g * 32;
-        __m256 sum = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));
-        sum = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), sum);
-        sum = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), sum);
-        sum = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), sum);
-        acc[r] = _mm256_fmadd_ps(sum, scale, acc[r]);
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t g = g0 + j;
+        __m256 w0, w1, w2, w3;
+        if (KIND == Weights::INT4) {  // byte b holds element b (low nibble) and b + 16 (high)
+          const __m256i m = _mm256_set1_epi32(15);
+          const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qn + g * 16)));
+          const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qn + g * 16 + 8)));
+          w0 = _mm256_cvtepi32_ps(_mm256_and_si256(a, m)), w1 = _mm256_cvtepi32_ps(_mm256_and_si256(b, m));
+          w2 = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), w3 = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+        } else {
+          const int8_t* qg = reinterpret_cast<const int8_t*>(qn + g * 32);
+          w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qg))));
+          w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qg + 8))));
+          w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qg + 16))));
+          w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qg + 24))));
+        }
+        const __m256 scale = _mm256_broadcast_ss(scale8 + j);
+        for (int r = 0; r < R; ++r) {
+          const float* xg = x + r * k_in + g * 32;
+          __m256 sum = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));
+          sum = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), sum);
+          sum = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), sum);
+          sum = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), sum);
+          acc[r] = _mm256_fmadd_ps(sum, scale, acc[r]);
+        }
       }
     }
-    for (int r = 0; r < R; ++r) out[r * n_out + n] = hsum(acc[r]) + offset_sum[r];
+    for (int r = 0; r < R; ++r) out[r * n_out + n] = hsum(acc[r]) + (hsum(offset_acc[r]) + offset_tail[r]);
   }
 }
 
@@ -221,12 +246,31 @@ void rows_g32(const float* x, const uint8_t* q, const uint16_t* scales, const ui
 }
 #endif
 
-// The last group may be shorter (K not a multiple of `group`; for int4 its length is even).
+// One output channel's weights as floats (w: k_in floats); the last group may be shorter (K not a
+// multiple of `group`; for int4 its length is even). offsets: int4's, else unused.
+template <Weights KIND>
+inline const uint16_t* channel_offsets(const uint16_t* offsets, int64_t n, int64_t groups) {
+  return KIND == Weights::INT4 ? offsets + n * groups : nullptr;
+}
+
+template <Weights KIND>
+void widen_row(const uint8_t* qn, const uint16_t* scales, const uint16_t* offsets, int64_t k_in, int64_t group,
+               float* w) {
+  const int64_t groups = (k_in + group - 1) / group;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t start = g * group, length = k_in - start < group ? k_in - start : group;
+    const float scale = f16(scales[g]);
+    if (KIND == Weights::INT4) widen_int4(qn + start / 2, length, scale, f16(offsets[g]), w + start);
+    else if (KIND == Weights::FP8) widen_fp8(qn + start, length, scale, w + start);
+    else widen_int8(reinterpret_cast<const int8_t*>(qn) + start, length, scale, w + start);
+  }
+}
+
 template <Weights KIND>
 void gemm(const float* x, const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, float* out,
           int64_t rows, int64_t n_out, int64_t k_in, int64_t group) {
   const int64_t groups = (k_in + group - 1) / group, row_bytes = KIND == Weights::INT4 ? k_in / 2 : k_in;
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
   if (rows <= G32_MAX_ROWS && group == 32 && k_in % 32 == 0 && KIND != Weights::FP8) {
     rows_g32<KIND>(x, q, scales, offsets, out, rows, n_out, k_in);
     return;
@@ -237,18 +281,24 @@ void gemm(const float* x, const uint8_t* q, const uint16_t* scales, const uint16
     float* w = new float[k_in];  // one output channel's weights, dequantized in L1
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < n_out; ++n) {
-      const uint8_t* qn = q + n * row_bytes;
-      for (int64_t g = 0; g < groups; ++g) {
-        const int64_t start = g * group, length = k_in - start < group ? k_in - start : group;
-        const float scale = f16(scales[n * groups + g]);
-        if (KIND == Weights::INT4) widen_int4(qn + start / 2, length, scale, f16(offsets[n * groups + g]), w + start);
-        else if (KIND == Weights::FP8) widen_fp8(qn + start, length, scale, w + start);
-        else widen_int8(reinterpret_cast<const int8_t*>(qn) + start, length, scale, w + start);
-      }
+      widen_row<KIND>(q + n * row_bytes, scales + n * groups, channel_offsets<KIND>(offsets, n, groups), k_in, group, w);
       for (int64_t m = 0; m < rows; ++m) out[m * n_out + n] = dot(x + m * k_in, w, k_in);
     }
     delete[] w;
   }
+}
+
+// The whole float32 weight [n_out, k_in], for prefill-sized inputs that run on oneDNN's blocked
+// matmul: quantization.py's dequantize bit for bit, in one parallel pass instead of a chain of
+// torch ops (which took as long as a 300-row matmul with the weight).
+template <Weights KIND>
+void dequantize(const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, float* out, int64_t n_out,
+                int64_t k_in, int64_t group) {
+  const int64_t groups = (k_in + group - 1) / group, row_bytes = KIND == Weights::INT4 ? k_in / 2 : k_in;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < n_out; ++n)
+    widen_row<KIND>(q + n * row_bytes, scales + n * groups, channel_offsets<KIND>(offsets, n, groups), k_in, group,
+                    out + n * k_in);
 }
 
 // ---- activations rounded to int8 ----------------------------------------------------------------
@@ -438,6 +488,14 @@ void int4_gemm_f32(const float* x, const uint8_t* q, const uint16_t* scales, con
 void fp8_gemm_f32(const float* x, const uint8_t* q, const uint16_t* scales, float* out, int64_t rows, int64_t n_out,
                   int64_t k_in, int64_t group) {
   gemm<Weights::FP8>(x, q, scales, nullptr, out, rows, n_out, k_in, group);
+}
+
+// kind: 0 int8, 1 int4, 2 fp8 (decode_stack.cpp's numbering); offsets: int4's, else null.
+void dequantize_f32(int32_t kind, const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, float* out,
+                    int64_t n_out, int64_t k_in, int64_t group) {
+  if (kind == 1) dequantize<Weights::INT4>(q, scales, offsets, out, n_out, k_in, group);
+  else if (kind == 2) dequantize<Weights::FP8>(q, scales, nullptr, out, n_out, k_in, group);
+  else dequantize<Weights::INT8>(q, scales, nullptr, out, n_out, k_in, group);
 }
 
 void quantize_rows_q8(const float* x, int64_t rows, int64_t k_in, int64_t block, int8_t* xq, float* dx,

@@ -1,0 +1,73 @@
+"""The native unpacking of whole quantized weights (prefill-sized matmuls): quantization.dequantize's
+bits, so a prefill chunk computes what it computed before, only without the chain of torch ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llm_engine.layers.linear import ReplicatedLinear
+from llm_engine.layers.native import CpuKernels, cpu_kernels
+from llm_engine.layers.quantization import (
+    KERNEL_MAX_ROWS,
+    QuantScheme,
+    WeightOnlyLinearMethod,
+    dequantize,
+    pack_int4,
+    quantize_fp8,
+    quantize_int4,
+    quantize_int8,
+)
+
+
+@pytest.fixture(scope="module")
+def kernels() -> CpuKernels:
+    found = cpu_kernels()
+    assert found is not None, "the native kernels must build here"
+    return found
+
+
+# K a multiple of the group, a short last group, one group per channel, an odd channel count
+SHAPES = [(37, 320, 32), (5, 300, 64), (8, 100, 100), (64, 576, 128)]
+
+
+@pytest.mark.parametrize("n_out,k_in,group", SHAPES)
+@pytest.mark.parametrize("kind", ["int8", "int4 sym", "int4 asym", "fp8"])
+def test_native_dequantize_is_the_torch_dequantize_bit_for_bit(kernels, kind, n_out, k_in, group):
+    torch.manual_seed(0)
+    weight = torch.randn(n_out, k_in) * 0.05
+    offsets = None
+    if kind == "int8":
+        qweight, scales = quantize_int8(weight, group)
+    elif kind == "fp8":
+        qweight, scales = quantize_fp8(weight, group, per_tensor=False)
+    else:
+        codes, scales, offsets = quantize_int4(weight, group, symmetric=kind == "int4 sym")
+        qweight = pack_int4(codes, group)
+    expected = dequantize(qweight, scales, offsets, group)
+    assert torch.equal(kernels.dequantize(qweight, scales, offsets, group), expected)
+
+
+def test_reused_buffer_serves_one_matmul_at_a_time_and_large_weights_get_their_own(kernels, monkeypatch):
+    torch.manual_seed(0)
+    small, big = (quantize_int8(torch.randn(n, 64), 32) for n in (4, 16))
+    first = kernels.dequantize(*small, None, 32)
+    expected_first = first.clone()
+    second = kernels.dequantize(*big, None, 32)  # grows the buffer: `first` is no longer read
+    assert torch.equal(second, dequantize(*big, None, 32))
+    assert torch.equal(kernels.dequantize(*small, None, 32), expected_first)
+    monkeypatch.setattr(CpuKernels, "REUSED_BYTES", 16 * 64 * 4 - 1)
+    own = kernels.dequantize(*big, None, 32)
+    assert own.data_ptr() != kernels.dequantize(*small, None, 32).data_ptr()
+    assert torch.equal(own, dequantize(*big, None, 32))
+
+
+def test_prefill_sized_inputs_multiply_with_the_dequantized_weight(kernels):
+    """More rows than the few-row kernel takes: F.linear with exactly the dequantized weight."""
+    torch.manual_seed(0)
+    layer = ReplicatedLinear(320, 48, bias=False, quant_method=WeightOnlyLinearMethod(QuantScheme("int4", 32, False)))
+    layer.weight.data.copy_(torch.randn(48, 320) * 0.05)
+    layer.quant_method.process_weights_after_loading(layer)
+    x = torch.randn(KERNEL_MAX_ROWS + 7, 320)
+    weight = dequantize(layer.qweight, layer.scales, layer.offsets, 32)
+    assert torch.equal(layer(x), torch.nn.functional.linear(x, weight))
