@@ -1,4 +1,4 @@
-"""Single-stream decode speed: our engine vs llama.cpp on the same GGUF, and where a step's time goes.
+"""Single-stream decode and prefill speed: our engine vs llama.cpp on the same GGUF, and where a step's time goes.
 
     flock /tmp/codeyard-bench.lock .venv/bin/python benchmarks/llm_single_stream.py [--threads 1,2]
 
@@ -9,6 +9,8 @@ rounds of three in turn, so machine noise hits all of them alike:
   fused     our default: one native call per decode step for the whole decoder stack
   layered   the same model layer by layer (the path before the fused step; still used for batches)
   llama.cpp its eval/sample loop from Python (also its own eval time, from llama.cpp's counters)
+and then a prefill of each: a 300-token prompt (the start of textwrap's source; no prefix cache),
+prompt tokens/s from scheduling to the first token (ours) and over one eval call (llama.cpp's).
 Printed: ms per output token after the first (median over rounds), each round's ratio, and a time
 breakdown per decode step: the stack's phases (native timers), LM head, sampling, and the rest
 (scheduler, detokenizer, outputs); for the layered path, layers minus the fused stack's arithmetic
@@ -20,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import os
 import statistics
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -30,6 +34,7 @@ SINGLE_GOAL = 1.3  # decode tok/s vs llama.cpp (issue 16)
 PROMPT_TEXT = ('def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n'
                '    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n\ndef')
 PROMPT_TOKENS = 32
+PREFILL_TOKENS = 300  # about a code edit's prompt (benchmarks/suites/spec.py)
 
 
 def smollm2_gguf() -> Path:
@@ -45,9 +50,12 @@ class Engine:
     def __init__(self, gguf: Path, threads: int, tokens: int) -> None:
         from llm_engine import LLM, SamplingParams
 
-        self.llm = LLM(model=str(gguf), num_threads=threads, kv_cache_memory="64MiB")
+        self.llm = LLM(model=str(gguf), num_threads=threads, kv_cache_memory="64MiB", enable_prefix_caching=False)
         self.params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-        self.prompt = self.llm.get_tokenizer()(PROMPT_TEXT).input_ids[:PROMPT_TOKENS]
+        self.prefill_params = SamplingParams(temperature=0, max_tokens=1)
+        tokenizer = self.llm.get_tokenizer()
+        self.prompt = tokenizer(PROMPT_TEXT).input_ids[:PROMPT_TOKENS]
+        self.long_prompt = tokenizer(inspect.getsource(textwrap)).input_ids[:PREFILL_TOKENS]
         self.runner = self.llm.engine.model_runner
         self.stack = self.runner.decode_stack
         if self.stack is None:
@@ -76,6 +84,11 @@ class Engine:
         tokens = out.outputs[0].token_ids
         return 1000 * (m.finished_time - m.first_token_time) / (len(tokens) - 1), tokens
 
+    def prefill(self) -> float:
+        """Prompt tokens/s of the long prompt, from its scheduling to its first token."""
+        m = self.llm.generate([self.long_prompt], self.prefill_params, use_tqdm=False)[0].metrics
+        return len(self.long_prompt) / (m.first_token_time - m.first_scheduled_time)
+
     def breakdown(self, fused: bool, rounds: int) -> dict[str, float]:
         """ms per step of one more run of each: whole step, layers, LM head, sample, the rest."""
         from llm_engine.layers.decode_stack import PHASES
@@ -100,7 +113,7 @@ class LlamaCpp:
         from llama_cpp import Llama
 
         self.prompt, self.tokens = prompt, tokens
-        self.llm = Llama(model_path=str(gguf), n_ctx=len(prompt) + tokens, n_batch=512, n_threads=threads,
+        self.llm = Llama(model_path=str(gguf), n_ctx=max(len(prompt) + tokens, 512), n_batch=512, n_threads=threads,
                          n_threads_batch=threads, verbose=False)
 
     def run(self) -> tuple[float, float, list[int]]:
@@ -121,6 +134,14 @@ class LlamaCpp:
         return wall, perf.t_eval_ms / max(perf.n_eval, 1), tokens
 
 
+    def prefill(self, prompt: list[int]) -> float:
+        """Prompt tokens/s of one eval over `prompt` (with its last token's logits)."""
+        self.llm.reset()
+        start = time.perf_counter()
+        self.llm.eval(prompt)
+        return len(prompt) / (time.perf_counter() - start)
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
@@ -130,8 +151,8 @@ def measure(gguf: Path, threads: int, args: argparse.Namespace) -> dict:
           f"{PROMPT_TOKENS}-token prompt, {args.tokens} tokens, load average {os.getloadavg()[0]:.1f} ==", flush=True)
     engine = Engine(gguf, threads, args.tokens)
     llama = LlamaCpp(gguf, threads, engine.prompt, args.tokens)
-    engine.run(True), engine.run(False), llama.run()  # warm-up
-    fused, layered, llama_wall, llama_eval = [], [], [], []
+    engine.run(True), engine.run(False), llama.run(), engine.prefill(), llama.prefill(engine.long_prompt)  # warm-up
+    fused, layered, llama_wall, llama_eval, prefill, llama_prefill = [], [], [], [], [], []
     for i in range(args.rounds):
         ms_fused, ours = engine.run(True)
         ms_layered, layered_tokens = engine.run(False)
@@ -143,16 +164,23 @@ def measure(gguf: Path, threads: int, args: argparse.Namespace) -> dict:
               f"(its eval {eval_ms:.2f}) ms/token; fused vs llama.cpp {wall / ms_fused:.2f}x, "
               f"vs layered {ms_layered / ms_fused:.2f}x; tokens equal to llama.cpp's for "
               f"{common_prefix(ours, theirs)}/{args.tokens}", flush=True)
+        prefill.append(engine.prefill()), llama_prefill.append(llama.prefill(engine.long_prompt))
+        print(f"  prefill of {len(engine.long_prompt)} tokens: ours {prefill[-1]:.0f}  llama.cpp "
+              f"{llama_prefill[-1]:.0f} tokens/s ({prefill[-1] / llama_prefill[-1]:.2f}x)", flush=True)
     result = {name: statistics.median(values) for name, values in
               (("fused", fused), ("layered", layered), ("llama.cpp", llama_wall), ("llama.cpp eval", llama_eval))}
     ratios = [w / f for w, f in zip(llama_wall, fused)]
     result["fused_vs_llamacpp"] = statistics.median(ratios)
     result["layered_vs_llamacpp"] = statistics.median(w / f for w, f in zip(llama_wall, layered))
+    result["prefill tok/s"], result["llama.cpp prefill tok/s"] = statistics.median(prefill), statistics.median(llama_prefill)
+    result["prefill_vs_llamacpp"] = statistics.median(p / q for p, q in zip(prefill, llama_prefill))
     print(f"median ms/token: fused {result['fused']:.2f}, layered {result['layered']:.2f}, "
           f"llama.cpp {result['llama.cpp']:.2f} (its eval {result['llama.cpp eval']:.2f})")
     print(f"decode tok/s vs llama.cpp: fused {result['fused_vs_llamacpp']:.2f}x "
           f"(goal >= {SINGLE_GOAL}x: {'met' if result['fused_vs_llamacpp'] >= SINGLE_GOAL else 'NOT met'}), "
           f"layered {result['layered_vs_llamacpp']:.2f}x")
+    print(f"median prefill tokens/s: ours {result['prefill tok/s']:.0f}, llama.cpp "
+          f"{result['llama.cpp prefill tok/s']:.0f} ({result['prefill_vs_llamacpp']:.2f}x)")
     for fused_path in (True, False):
         parts = engine.breakdown(fused_path, args.breakdown_rounds)
         result[f"breakdown_{'fused' if fused_path else 'layered'}"] = parts
