@@ -40,6 +40,13 @@ CLIP_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, nu
 
 
 GRID = [[30, 60], [60, 30], [60, 60], [90, 30]]  # LLaVA-NeXT tilings (height, width), 30 px tiles
+CLIP_SIZES = dict(size={"shortest_edge": 30}, crop_size={"height": 30, "width": 30})
+PROCESSORS = {  # the image processor each builder saves: CLIP's resize and crop, SigLIP's fixed size, and tiles
+    "llava": lambda: CLIPImageProcessor(**CLIP_SIZES),
+    "llava_next": lambda: LlavaNextImageProcessor(**CLIP_SIZES, image_grid_pinpoints=GRID),
+    "siglip": lambda: SiglipImageProcessor(size={"height": 30, "width": 30}),
+    "llava_onevision": lambda: LlavaOnevisionImageProcessor(size={"height": 30, "width": 30}, image_grid_pinpoints=GRID),
+}
 
 
 def build_llava(folder: Path, next_version: bool = False) -> Path:
@@ -52,9 +59,7 @@ def build_llava(folder: Path, next_version: bool = False) -> Path:
     config.architectures = ["LlavaNextForConditionalGeneration" if next_version else "LlavaForConditionalGeneration"]
     torch.manual_seed(1234)
     AutoModelForImageTextToText.from_config(config, dtype=torch.float32).save_pretrained(folder)
-    processor_class = LlavaNextImageProcessor if next_version else CLIPImageProcessor
-    processor_class(size={"shortest_edge": 30}, crop_size={"height": 30, "width": 30},
-                    **extra).save_pretrained(folder)
+    PROCESSORS["llava_next" if next_version else "llava"]().save_pretrained(folder)
     return folder
 
 
@@ -98,7 +103,7 @@ def build_llava_chat(folder: Path, tokenizer) -> Path:
     config.architectures = ["LlavaForConditionalGeneration"]
     torch.manual_seed(3)
     AutoModelForImageTextToText.from_config(config, dtype=torch.float32).save_pretrained(folder)
-    CLIPImageProcessor(size={"shortest_edge": 30}, crop_size={"height": 30, "width": 30}).save_pretrained(folder)
+    PROCESSORS["llava"]().save_pretrained(folder)
     return folder
 
 
@@ -112,7 +117,7 @@ def build_llava_siglip(folder: Path) -> Path:
     config.architectures = ["LlavaForConditionalGeneration"]
     torch.manual_seed(4321)
     AutoModelForImageTextToText.from_config(config, dtype=torch.float32).save_pretrained(folder)
-    SiglipImageProcessor(size={"height": 30, "width": 30}).save_pretrained(folder)
+    PROCESSORS["siglip"]().save_pretrained(folder)
     return folder
 
 
@@ -129,7 +134,7 @@ def build_llava_onevision(folder: Path) -> Path:
     config.architectures = ["LlavaOnevisionForConditionalGeneration"]
     torch.manual_seed(99)
     AutoModelForImageTextToText.from_config(config, dtype=torch.float32).save_pretrained(folder)
-    LlavaOnevisionImageProcessor(size={"height": 30, "width": 30}, image_grid_pinpoints=GRID).save_pretrained(folder)
+    PROCESSORS["llava_onevision"]().save_pretrained(folder)
     return folder
 
 

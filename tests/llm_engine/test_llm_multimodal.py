@@ -5,6 +5,7 @@ chunks that split an image), the encoder-output cache, image-keyed prefix cachin
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from PIL import Image, ImageOps
 from transformers import AutoConfig, AutoImageProcessor
 from vision_models import (
     IMAGE_TOKEN,
+    PROCESSORS,
     bomb_png,
     build_llava,
     build_llava_onevision,
@@ -69,12 +71,29 @@ def llava(tmp_path_factory):
     return build_llava(tmp_path_factory.mktemp("tiny-llava"))
 
 
+@pytest.fixture(scope="module")
+def processor_folders(tmp_path_factory):
+    """A folder holding only each architecture's preprocessor_config.json."""
+    folders = {}
+    for kind, make in PROCESSORS.items():
+        folders[kind] = tmp_path_factory.mktemp(f"processor-{kind}")
+        make().save_pretrained(folders[kind])
+    return folders
+
+
 @pytest.mark.parametrize("name", sorted(FILES))
-def test_preprocessing_equals_transformers(llava, name):
-    ours = ImageProcessor.from_folder(llava)(decode_image(FILES[name]))
-    reference = AutoImageProcessor.from_pretrained(llava)(upright(FILES[name]), return_tensors="pt").pixel_values[0]
-    assert ours.shape == reference.shape
-    assert torch.allclose(ours, reference, atol=1e-5, rtol=0)
+@pytest.mark.parametrize("kind", sorted(PROCESSORS))
+def test_preprocessing_equals_transformers(processor_folders, kind, name):
+    """CLIP's resize and crop (LLaVA-1.5), SigLIP's fixed size, and the any-resolution tiles of LLaVA-NeXT and
+    OneVision: Transformers' pixel values to 1e-5 for every format, odd size and orientation."""
+    processor = ImageProcessor.from_folder(processor_folders[kind])
+    image = decode_image(FILES[name])
+    ours = anyres_tiles(processor, image) if processor.grid_pinpoints else processor(image)
+    reference = AutoImageProcessor.from_pretrained(processor_folders[kind])(upright(FILES[name]), return_tensors="pt")
+    assert ours.shape == reference.pixel_values[0].shape
+    assert torch.allclose(ours, reference.pixel_values[0], atol=1e-5, rtol=0)
+    if processor.grid_pinpoints:
+        assert reference.image_sizes[0].tolist() == list(upright(FILES[name]).size[::-1])
 
 
 def test_exif_orientation_and_gif_first_frame():
@@ -95,60 +114,49 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def llava_next(tmp_path_factory):
-    return build_llava(tmp_path_factory.mktemp("tiny-llava-next"), next_version=True)
+# The other architectures (`make test-llm-vision`): a builder, how many features a picture of (width, height)
+# becomes, and prompts (zero, one or several pictures; OneVision takes one a prompt).
+OTHER_ARCHITECTURES = {
+    "llava_next": (partial(build_llava, next_version=True), LlavaNextForConditionalGeneration.num_features,
+                   PROMPTS[:5]),
+    "siglip_qwen2": (build_llava_siglip, None, [PROMPTS[0], PROMPTS[3], PROMPTS[4]]),
+    "llava_onevision": (build_llava_onevision, LlavaOnevisionForConditionalGeneration.num_features,
+                        [PROMPTS[0], PROMPTS[1], PROMPTS[4], ([2, IMAGE_TOKEN, 9, 9], ["webp"])]),
+}
 
 
-@pytest.mark.parametrize("name", sorted(FILES))
-def test_anyres_tiles_equal_transformers(llava_next, name):
-    ours = anyres_tiles(ImageProcessor.from_folder(llava_next), decode_image(FILES[name]))
-    reference = AutoImageProcessor.from_pretrained(llava_next)(upright(FILES[name]), return_tensors="pt")
-    assert reference.image_sizes[0].tolist() == list(upright(FILES[name]).size[::-1])
-    assert torch.allclose(ours, reference.pixel_values[0], atol=1e-5, rtol=0)
-
-
-@full_only
-def test_llava_next_batched_parity_with_transformers(llava_next):
-    """Any-resolution tiling: each picture's placeholder count depends on its size."""
-    config = AutoConfig.from_pretrained(llava_next)
-    prompts = PROMPTS[:5]
-    references = [hf_reference(llava_next, ids, [upright(FILES[n]) for n in names],
-                               [LlavaNextForConditionalGeneration.num_features(config, *upright(FILES[n]).size)
-                                for n in names], MAX_NEW) for ids, names in prompts]
-    llm = LLM(str(llava_next), dtype="float32", num_kv_blocks=256, max_num_batched_tokens=64)
-    outputs = llm.generate(as_inputs(prompts), GREEDY, use_tqdm=False)
-    check_logprobs_close(results(outputs), references)
-
-
-@full_only
-def test_siglip_qwen2_llava_parity_with_transformers(tmp_path):
-    """The SigLIP tower (no class token, bias on the patch convolution, last layer's states) and a
-    Qwen2 decoder, as LLaVA-Interleave pairs them; fixed-size resizing without a crop."""
-    folder = build_llava_siglip(tmp_path)
-    prompts = [PROMPTS[0], PROMPTS[3], PROMPTS[4]]
-    references = [hf_reference(folder, ids, [upright(FILES[n]) for n in names], [FEATURES] * len(names), MAX_NEW)
-                  for ids, names in prompts]
-    ours = ImageProcessor.from_folder(folder)(decode_image(FILES["png_tall"]))
-    reference = AutoImageProcessor.from_pretrained(folder)(upright(FILES["png_tall"]), return_tensors="pt")
-    assert torch.allclose(ours, reference.pixel_values[0], atol=1e-5, rtol=0)
-    llm = LLM(str(folder), dtype="float32", num_kv_blocks=256)
-    check_logprobs_close(results(llm.generate(as_inputs(prompts), GREEDY, use_tqdm=False)), references)
-
-
-@full_only
-def test_llava_onevision_parity_with_transformers(tmp_path):
-    """SigLIP + Qwen2 + tiles, feature maps over `anyres_max_1` shrunk; one picture per prompt."""
-    folder = build_llava_onevision(tmp_path)
+@pytest.fixture(scope="module", params=sorted(OTHER_ARCHITECTURES))
+def other_architecture(request, tmp_path_factory):
+    """(folder, prompts, Transformers' greedy references) for LLaVA-NeXT (any-resolution tiles: a picture's
+    placeholder count depends on its size), LLaVA with SigLIP and Qwen2 (LLaVA-Interleave's shape: no class token,
+    the last layer's states, fixed-size resizing), and LLaVA-OneVision (SigLIP, Qwen2, tiles, maps over
+    `anyres_max_1` shrunk)."""
+    build, num_features, prompts = OTHER_ARCHITECTURES[request.param]
+    folder = build(tmp_path_factory.mktemp(request.param))
     config = AutoConfig.from_pretrained(folder)
-    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[4], ([2, IMAGE_TOKEN, 9, 9], ["webp"])]
+
+    def features(image):
+        return num_features(config, *image.size) if num_features else FEATURES
+
     references = [hf_reference(folder, ids, [upright(FILES[n]) for n in names],
-                               [LlavaOnevisionForConditionalGeneration.num_features(config, *upright(FILES[n]).size)
-                                for n in names], MAX_NEW) for ids, names in prompts]
-    llm = LLM(str(folder), dtype="float32", num_kv_blocks=256)
+                               [features(upright(FILES[n])) for n in names], MAX_NEW) for ids, names in prompts]
+    return folder, prompts, references
+
+
+@full_only
+@pytest.mark.parametrize("prefix_caching", [True, False], ids=["prefix-cache", "no-prefix-cache"])
+def test_other_architectures_batched_parity_with_transformers(other_architecture, prefix_caching):
+    folder, prompts, references = other_architecture
+    llm = LLM(str(folder), dtype="float32", num_kv_blocks=256, max_num_batched_tokens=64,
+              enable_prefix_caching=prefix_caching)
     check_logprobs_close(results(llm.generate(as_inputs(prompts), GREEDY, use_tqdm=False)), references)
-    with pytest.raises(ImageInputError, match="at most 1 image"):
-        llm.generate(as_inputs(PROMPTS[3:4]), GREEDY, use_tqdm=False)
+    if prefix_caching:  # everything again: from the prefix cache
+        again = llm.generate(as_inputs(prompts), GREEDY, use_tqdm=False)
+        assert sum(o.metrics.num_cached_tokens for o in again) > 0
+        check_logprobs_close(results(again), references)
+    if "onevision" in folder.name:
+        with pytest.raises(ImageInputError, match="at most 1 image"):
+            llm.generate(as_inputs(PROMPTS[3:4]), GREEDY, use_tqdm=False)
 
 
 @pytest.fixture(scope="module")

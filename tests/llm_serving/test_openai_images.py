@@ -72,6 +72,7 @@ BAD = {
     "not_a_data_url": ("cat.png", "expected a data:image"),
     "bad_base64": ("data:image/png;base64,@@@@", "not valid base64"),
     "corrupt": (data_url(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64), "not a readable"),
+    "oversized": (data_url(b"\x89PNG\r\n\x1a\n" + bytes(21 * 1024 * 1024)), "over the limit of 20971520 bytes"),
     "decompression_bomb": (data_url(bomb_png(50_000, 50_000)), "decompression bomb"),
     "too_many_pixels": (data_url(bomb_png(8_000, 6_000)), "over the limit"),
 }
@@ -119,7 +120,10 @@ def test_kserve_v2_image_tensor(vision_server):
     result = v2_infer(vision_server, "<image>\nWhat is in it?", [encode(picture(50, 20, 4), "PNG")])
     assert result.as_numpy("num_output_tokens")[0, 0] == 4
     assert stats().mm_cache_queries == before + 1
-    with pytest.raises(InferenceServerException, match="not a readable"):
+    with pytest.raises(InferenceServerException, match="not a readable") as corrupt:
         v2_infer(vision_server, "<image>\nAnd this?", [b"\x89PNG broken"])
-    with pytest.raises(InferenceServerException, match=r"2 image placeholder\(s\) for 1 image"):
+    with pytest.raises(InferenceServerException, match=r"2 image placeholder\(s\) for 1 image") as miscounted:
         v2_infer(vision_server, "<image> <image> two?", [encode(picture(9, 9, 1), "PNG")])
+    assert corrupt.value.status() == miscounted.value.status() == "400"
+    assert v2_infer(vision_server, "<image>\nAnd now?", [encode(picture(9, 9, 1), "GIF")]).as_numpy(
+        "num_output_tokens")[0, 0] == 4  # the engine serves on
