@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -66,6 +67,8 @@ class Runner:
         """roots: the folders shared with the replicas (data, packages); a spec naming paths outside them is refused."""
         self.redis, self.backend, self.roots = redis, backend, tuple(root.resolve() for root in roots)
         self.slots, self.name = slots, name or f"{socket.gethostname()}-{os.getpid()}"
+        # This process among those that carry the name: a runner restarted under it does not keep its runs alive
+        self.incarnation = secrets.token_hex(8)
         self.cpus = cpus or len(os.sched_getaffinity(0))
         self.running: dict[str, asyncio.Task[None]] = {}
         self.draining = False
@@ -105,7 +108,7 @@ class Runner:
     async def _beat(self) -> None:
         key = heartbeat_key(self.name)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping={"cpus": self.cpus, "memory_bytes": memory_bytes(), "slots": self.slots,
+            pipe.hset(key, mapping={"incarnation": self.incarnation, "cpus": self.cpus, "memory_bytes": memory_bytes(), "slots": self.slots,
                                     "busy": len(self.running), "draining": int(self.draining), "at": time.time()})
             pipe.pexpire(key, HEARTBEAT_TTL_MS)
             await pipe.execute()
@@ -159,12 +162,13 @@ class Runner:
         return entries[0] if entries else None
 
     async def _claim_orphan(self) -> Entry | None:
-        """A run another runner read but never started, once that runner's heartbeat is gone."""
+        """A run another runner read but never started, once that runner's heartbeat is gone; or one read under this
+        name by an earlier process (this one starts what it reads at once, so its own entries are never this idle)."""
         pending = cast(list[dict[str, Any]],  # {"message_id": bytes, "consumer": bytes, ...} each
                        await self.redis.xpending_range(RUNS_STREAM, GROUP, min="-", max="+", count=20, idle=CLAIM_IDLE_MS))
         for item in pending:
             owner = item["consumer"].decode()
-            if owner == self.name or await self.redis.exists(heartbeat_key(owner)):
+            if owner != self.name and await self.redis.exists(heartbeat_key(owner)):
                 continue
             claimed = cast(list[tuple[bytes, Fields | None]],  # RESP2; no fields: the entry was deleted
                            await self.redis.xclaim(RUNS_STREAM, GROUP, self.name, CLAIM_IDLE_MS, [item["message_id"]]))
@@ -189,7 +193,7 @@ class Runner:
             await self._done_with(entry_id)  # its replica has given up on it
             return
         async with self.redis.pipeline(transaction=True) as pipe:  # started and acknowledged at once
-            pipe.xadd(out, {"t": "started", "runner": self.name})
+            pipe.xadd(out, {"t": "started", "runner": self.name, "incarnation": self.incarnation})
             pipe.xack(RUNS_STREAM, GROUP, entry_id)
             pipe.xdel(RUNS_STREAM, entry_id)
             await pipe.execute()

@@ -42,6 +42,7 @@ class RemoteExecution(Execution):
     def __init__(self, redis: aioredis.Redis, run_id: str) -> None:
         self.redis, self.run_id = redis, run_id
         self.runner: str | None = None  # the runner executing it, once one has started it
+        self.incarnation: bytes | None = None  # which process under that name started it
         self._told: set[asyncio.Task[None]] = set()  # cancels under way (the loop keeps only weak references)
 
     async def write_stdin(self, data: bytes) -> None:
@@ -137,7 +138,8 @@ class RemoteBackend(Backend):
                 return None
             return f"no runner started the run within {self.start_timeout:g} s (are runner nodes up? `codeyard runner`)"
         runner = execution.runner
-        if await patiently(lambda: self.redis.exists(heartbeat_key(runner))):
+        beating = await patiently(lambda: self.redis.hget(heartbeat_key(runner), "incarnation"))
+        if beating is not None and beating == execution.incarnation:
             return None
         return f"runner {execution.runner} stopped during the run (its process or machine went away); run it again"
 
@@ -151,7 +153,7 @@ def _take(run: SandboxRun, execution: RemoteExecution, fields: dict[bytes, bytes
     if kind == b"out":
         run.emit(fields[b"s"].decode(), fields[b"d"])  # type: ignore[arg-type]
     elif kind == b"started":
-        execution.runner = fields[b"runner"].decode()
+        execution.runner, execution.incarnation = fields[b"runner"].decode(), fields.get(b"incarnation")
     elif kind == b"wait":
         run.waiting_for_input = fields[b"v"] == b"1"
         run.on_change()
