@@ -86,7 +86,8 @@ def test_the_assistant_answers_through_the_llm_service(stack):
 
 def test_a_runner_killed_during_runs(stack):
     alice = User()
-    pid = alice.project({"main.py": "import time\nprint('go', flush=True)\ntime.sleep(15)\nprint('done')\n"})
+    # 8 s: the run left running ends within the default 10 s wall limit
+    pid = alice.project({"main.py": "import time\nprint('go', flush=True)\ntime.sleep(8)\nprint('done')\n"})
     runs = [alice.run(pid) for _ in range(2)]  # one slot per runner: one run on each
     eventually(lambda: all(alice.http.get(f"/api/runs/{r}").json()["status"] == "running" for r in runs), 60, "both running")
     time.sleep(2)
