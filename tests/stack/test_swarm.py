@@ -45,6 +45,9 @@ def swarm():
         (REPO / "test-artifacts").mkdir(exist_ok=True)
         (REPO / "test-artifacts" / "swarm.log").write_text(services.stdout + services.stderr)
         docker("stack", "rm", STACK, check=False)
+        workers = docker("ps", "-aq", "--filter", "label=codeyard.runner.worker", check=False).stdout.split()
+        if workers:  # a launcher killed before its worker stopped leaves it behind
+            docker("rm", "-f", *workers, check=False)
         if made:
             docker("swarm", "leave", "--force", check=False)
 
