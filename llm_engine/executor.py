@@ -1,6 +1,7 @@
-"""Tensor parallelism across local processes: the engine keeps the scheduler and the sampler and
-sends each step to one worker process per rank (llm_engine/worker.py); the ranks run the model
-together over a gloo group and rank 0 sends the logits back.
+"""Tensor parallelism: the engine keeps the scheduler and the sampler and sends each step to one
+worker per rank (llm_engine/worker.py); the ranks run the model together over a gloo group and
+rank 0 sends the logits back. `MultiprocExecutor` runs the ranks as local processes (the
+default); `RayExecutor` (llm_engine/ray_executor.py) places them on a Ray cluster.
 
 The engine process itself never joins the group, so several engines (of any parallel size) can
 live in one process. A worker that dies or fails takes the whole group with it: every rank holds
@@ -17,6 +18,8 @@ import subprocess
 import sys
 import time
 import weakref
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Listener, wait
 from typing import Any, NoReturn, cast
@@ -24,10 +27,10 @@ from typing import Any, NoReturn, cast
 import torch
 
 from llm_engine.config import EngineConfig
-from llm_engine.model_runner import prepare_step
+from llm_engine.model_runner import StepInput, prepare_step
 from llm_engine.sampler import Sampler, SampleResult
 from llm_engine.sequence import Sequence
-from llm_engine.worker import receive, send
+from llm_engine.worker import StepResult, receive, send
 
 STARTUP_TIMEOUT_S = 300  # loading a model's shard, on a machine other work keeps busy
 
@@ -50,7 +53,7 @@ def _free_port() -> int:
         return port
 
 
-def _stop(workers: list[_Worker], graceful: bool) -> None:
+def _stop_workers(workers: list[_Worker], graceful: bool) -> None:
     """Stop every worker (asking first when graceful) and reap it; the list is emptied."""
     for worker in workers:
         if graceful and worker.process.poll() is None:
@@ -68,15 +71,76 @@ def _stop(workers: list[_Worker], graceful: bool) -> None:
     workers.clear()
 
 
-class MultiprocExecutor:
-    """Stands where the ModelRunner stands for tensor_parallel_size > 1 (same execute/sample)."""
+class WorkerGroupExecutor(ABC):
+    """Stands where the ModelRunner stands for tensor_parallel_size > 1 (same execute/sample);
+    a subclass starts, drives and stops the ranks wherever they run."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.sampler = Sampler(config.seed)
-        self.workers: list[_Worker] = []
-        self._finalizer = weakref.finalize(self, _stop, self.workers, False)
         self.num_blocks = self._start()
+
+    @property
+    @abstractmethod
+    def pids(self) -> list[int]:
+        """The ranks' process ids (on their own machines, for a Ray cluster)."""
+
+    @abstractmethod
+    def _start(self) -> int:
+        """Start every rank and wait until all have loaded; returns the KV pool size."""
+
+    @abstractmethod
+    def _run(self, step: StepInput) -> StepResult:
+        """Run one step on every rank; rank 0's result. A lost rank raises WorkerGroupError."""
+
+    @abstractmethod
+    def _stop(self, graceful: bool) -> None:
+        """Stop every rank (asking first when graceful)."""
+
+    def _pool_size(self, load: Callable[[], list[Any]]) -> int:
+        """The KV pool size every rank reports once loaded (`load` waits for their replies); a rank's
+        ValueError (a bad configuration) is raised as it is with one rank."""
+        try:
+            replies = load()
+        except WorkerGroupError as exc:
+            if isinstance(exc.__cause__, ValueError):
+                raise exc.__cause__ from None
+            raise
+        if len(set(replies)) != 1:
+            self._stop(graceful=False)
+            raise WorkerGroupError(f"ranks disagree on the KV pool size: {replies}")
+        num_blocks: int = replies[0]
+        return num_blocks
+
+    def execute(self, scheduled: list[tuple[Sequence, int]], block_copies: list[tuple[int, int]]
+                ) -> tuple[torch.Tensor, list[tuple[Sequence, int, torch.Tensor]]]:
+        result = self._run(prepare_step(scheduled, block_copies))
+        assert result is not None  # rank 0 returns the logits
+        logits, prompt_logits = result
+        return logits, [(scheduled[index][0], start, chunk) for index, start, chunk in prompt_logits]
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: set[int]) -> list[SampleResult]:
+        return self.sampler(logits, seqs, eos_token_ids)
+
+    def restart(self) -> None:
+        """A fresh group (weights loaded again, empty KV pool) after a failure."""
+        self._stop(graceful=False)
+        if self._start() != self.num_blocks:
+            self._stop(graceful=False)
+            raise WorkerGroupError("the restarted group has a different KV pool size")
+
+    def shutdown(self) -> None:
+        self._stop(graceful=True)
+
+
+class MultiprocExecutor(WorkerGroupExecutor):
+    """The ranks as local processes, connected back to the engine over an authenticated socket."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.workers: list[_Worker] = []
+        self._finalizer = weakref.finalize(self, _stop_workers, self.workers, False)
+        super().__init__(config)
 
     @property
     def pids(self) -> list[int]:
@@ -104,16 +168,7 @@ class MultiprocExecutor:
                     raise WorkerGroupError(f"tensor-parallel workers did not connect: {exc}") from exc
                 send(conn, (rank, world_size, init_method, self.config))
                 self.workers.append(_Worker(rank, process, conn))
-        try:
-            replies = self._gather("ready")
-        except WorkerGroupError as exc:
-            if isinstance(exc.__cause__, ValueError):
-                raise exc.__cause__ from None  # a bad configuration reads as it does with one rank
-            raise
-        if len(set(replies)) != 1:
-            self._fail(f"ranks disagree on the KV pool size: {replies}")
-        num_blocks: int = replies[0]
-        return num_blocks
+        return self._pool_size(lambda: self._gather("ready"))
 
     def _gather(self, expected: str) -> list[Any]:
         """Each rank's reply to the last message; a rank that died or failed fails the group."""
@@ -151,32 +206,19 @@ class MultiprocExecutor:
         return f"tensor-parallel rank {first.rank} (pid {first.process.pid}) died ({how})"
 
     def _fail(self, message: str, cause: Exception | None = None) -> NoReturn:
-        _stop(self.workers, graceful=False)
+        _stop_workers(self.workers, graceful=False)
         raise WorkerGroupError(message) from cause
 
-    def execute(self, scheduled: list[tuple[Sequence, int]], block_copies: list[tuple[int, int]]
-                ) -> tuple[torch.Tensor, list[tuple[Sequence, int, torch.Tensor]]]:
+    def _run(self, step: StepInput) -> StepResult:
         if not self.workers:
             raise WorkerGroupError("the tensor-parallel workers are stopped")
-        step = prepare_step(scheduled, block_copies)
         for worker in self.workers:
             try:
                 send(worker.conn, step)
             except OSError:
                 self._fail(f"tensor-parallel rank {worker.rank} is gone")
-        logits, prompt_logits = self._gather("ok")[0]
-        return logits, [(scheduled[index][0], start, chunk) for index, start, chunk in prompt_logits]
+        result: StepResult = self._gather("ok")[0]
+        return result
 
-    @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: set[int]) -> list[SampleResult]:
-        return self.sampler(logits, seqs, eos_token_ids)
-
-    def restart(self) -> None:
-        """A fresh group (weights loaded again, empty KV pool) after a failure."""
-        _stop(self.workers, graceful=False)
-        if self._start() != self.num_blocks:
-            self._fail("the restarted group has a different KV pool size")
-
-    def shutdown(self) -> None:
-        _stop(self.workers, graceful=True)
-
+    def _stop(self, graceful: bool) -> None:
+        _stop_workers(self.workers, graceful)

@@ -10,7 +10,7 @@ from llm_engine.block_manager import BlockManager
 from llm_engine.config import EngineConfig
 from llm_engine.detokenizer import IncrementalDetokenizer, find_stop_string
 from llm_engine.draft_model import DraftModelProposer
-from llm_engine.executor import MultiprocExecutor, WorkerGroupError
+from llm_engine.executor import MultiprocExecutor, WorkerGroupError, WorkerGroupExecutor
 from llm_engine.kv_connector import KVConnector, KVTransferConfig, KVTransferError
 from llm_engine.loader import ModelSource
 from llm_engine.model_runner import ModelRunner
@@ -91,8 +91,7 @@ class LLMEngine:
         text_config = self.hf_config.get_text_config()  # a vision model's language part
         if self.image_inputs is not None and config.tensor_parallel_size > 1:
             raise ValueError("tensor_parallel_size: vision models run on one rank so far")
-        self.model_runner = (ModelRunner(config, self.hf_config, source) if config.tensor_parallel_size == 1
-                             else MultiprocExecutor(config))
+        self.model_runner = self._start_model_runner(source)
         num_blocks = self.model_runner.num_blocks
         self.max_model_len = min(config.max_model_len or text_config.max_position_embeddings,
                                  text_config.max_position_embeddings, num_blocks * config.block_size)
@@ -349,6 +348,16 @@ class LLMEngine:
         held = self.block_manager.hold(seq.block_table)
         request.kv_transfer_params = self.kv_connector.send(held, request.prompt_token_ids)
 
+    def _start_model_runner(self, source: ModelSource) -> ModelRunner | WorkerGroupExecutor:
+        """The model in this process (one rank), or the ranks in local worker processes or on Ray."""
+        if self.config.tensor_parallel_size == 1:
+            return ModelRunner(self.config, self.hf_config, source)
+        if self.config.distributed_executor_backend == "ray":
+            from llm_engine.ray_executor import RayExecutor  # imports ray: only when chosen
+
+            return RayExecutor(self.config)
+        return MultiprocExecutor(self.config)
+
     def _restart_worker_group(self, exc: WorkerGroupError) -> None:
         """The KV of every running request was in the lost group: fail those requests, forget
         the prefix cache, and start a fresh group (waiting requests run on it)."""
@@ -362,7 +371,7 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers and the KV connector's port."""
-        if isinstance(self.model_runner, MultiprocExecutor):
+        if isinstance(self.model_runner, WorkerGroupExecutor):
             self.model_runner.shutdown()
         if self.kv_connector is not None:
             self.kv_connector.close()

@@ -1,13 +1,14 @@
-"""One tensor-parallel rank in its own process: it joins the gloo group, builds its shard of the
-model and KV pool, then runs each step the engine sends until told to stop.
+"""One tensor-parallel rank: it joins the gloo group, builds its shard of the model and KV pool,
+then runs each step the engine sends until told to stop.
 
-Started as `python -m llm_engine.worker` (not multiprocessing's spawn, which runs the caller's
-main script again in the child); it connects back to the engine's address from
-CODEYARD_TP_ENGINE (host:port) with the key in CODEYARD_TP_AUTHKEY, then receives
-(rank, world size, init method, EngineConfig). Messages from the engine: a `StepInput`, or None
-to stop. Replies: ("ready", num_blocks) once loaded, ("ok", result) per step (the logits from
-rank 0, None from the others, whose copies are the same after the all-gather), or ("error", type
-name, message), after which the worker exits.
+`RankWorker` is the rank itself, whichever way it was started: here in a local process, or as a
+Ray actor (llm_engine/ray_executor.py). A local rank is started as `python -m llm_engine.worker`
+(not multiprocessing's spawn, which runs the caller's main script again in the child); it
+connects back to the engine's address from CODEYARD_TP_ENGINE (host:port) with the key in
+CODEYARD_TP_AUTHKEY, then receives (rank, world size, init method, EngineConfig). Messages from
+the engine: a `StepInput`, or None to stop. Replies: ("ready", num_blocks) once loaded, ("ok",
+result) per step (the logits from rank 0, None from the others, whose copies are the same after
+the all-gather), or ("error", type name, message), after which the worker exits.
 """
 
 from __future__ import annotations
@@ -25,6 +26,27 @@ from llm_engine.distributed import init_tp_group
 from llm_engine.loader import ModelSource
 from llm_engine.model_runner import ModelRunner, StepInput
 
+StepResult = tuple[torch.Tensor, list[tuple[int, int, torch.Tensor]]] | None  # rank 0's (logits, prompt logits)
+
+
+class RankWorker:
+    """One rank's shard of the model and of the KV pool, in the group it joined on creation."""
+
+    def __init__(self, rank: int, world_size: int, init_method: str, config: EngineConfig) -> None:
+        torch.set_num_threads(config.num_threads or max(1, (os.cpu_count() or 1) // world_size))
+        init_tp_group(rank, world_size, init_method)
+        source = ModelSource(config.model, config.tokenizer)
+        self.rank = rank
+        self.runner = ModelRunner(config, source.hf_config(), source)
+        self.num_blocks = self.runner.num_blocks
+
+    def step(self, step: StepInput) -> StepResult:
+        logits, prompt_logits = self.runner.run_step(step)
+        return (logits, prompt_logits) if self.rank == 0 else None
+
+    def close(self) -> None:
+        dist.destroy_process_group()
+
 
 def main() -> None:
     host, port = os.environ.pop("CODEYARD_TP_ENGINE").rsplit(":", 1)
@@ -36,15 +58,11 @@ def main() -> None:
 
 def run_worker(rank: int, world_size: int, init_method: str, config: EngineConfig, conn: Connection) -> None:
     try:
-        torch.set_num_threads(config.num_threads or max(1, (os.cpu_count() or 1) // world_size))
-        init_tp_group(rank, world_size, init_method)
-        source = ModelSource(config.model, config.tokenizer)
-        runner = ModelRunner(config, source.hf_config(), source)
-        send(conn, ("ready", runner.num_blocks))
+        worker = RankWorker(rank, world_size, init_method, config)
+        send(conn, ("ready", worker.num_blocks))
         while (step := _next_step(conn)) is not None:
-            logits, prompt_logits = runner.run_step(step)
-            send(conn, ("ok", (logits, prompt_logits) if rank == 0 else None))
-        dist.destroy_process_group()
+            send(conn, ("ok", worker.step(step)))
+        worker.close()
     except Exception as exc:  # reported to the engine, which tears the group down
         send(conn, ("error", type(exc).__name__, str(exc)))
 
