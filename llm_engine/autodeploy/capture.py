@@ -137,11 +137,11 @@ def capture(hf_config: PretrainedConfig, dtype: torch.dtype) -> CapturedModel:
         module = graph_module.get_submodule(owner) if owner else graph_module
         if hasattr(module, leaf):
             setattr(module, leaf, value)
-    body, head = split_at_head(_plain_graph_module(graph_module))
-    return CapturedModel(body, head, _tied_names(model))
+    body, head = split_at_head(plain_graph_module(graph_module))
+    return CapturedModel(body, head, _tied_names(model), _renamings(model))
 
 
-def _plain_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
+def plain_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     """A plain GraphModule over the same graph: positional inputs and the logits as the one
     output, instead of export's pytree specs, input-checking hooks and guard module."""
     graph = gm.graph
@@ -156,6 +156,15 @@ def _plain_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
         raise ValueError(f"autodeploy: expected the model to return only logits, got {len(logits)} tensors")
     output.args = (logits[0],)
     return fx.GraphModule(gm, graph)
+
+
+def _renamings(model: nn.Module) -> list[Any]:
+    """Transformers' renamings from older checkpoint names; its other conversions (tensors
+    fused or split at load) are not applied, so such checkpoints fail with the tensor named."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming
+
+    return [t for t in get_model_conversion_mapping(model) if type(t) is WeightRenaming]
 
 
 def _tied_names(model: nn.Module) -> dict[str, list[str]]:

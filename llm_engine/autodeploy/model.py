@@ -40,6 +40,7 @@ class AutoDeployedCausalLM(nn.Module):
         self.head: fx.GraphModule = captured.head
         self.packed_modules = context.packed_modules
         self._aliases = captured.aliases
+        self._parameter_name = captured.parameter_name
         self._weight_map = context.weight_map
         self._offsets = context.weight_offsets
         _materialize(self, device)
@@ -70,7 +71,7 @@ class AutoDeployedCausalLM(nn.Module):
         for name, tensor in weights:
             if name.endswith("rotary_emb.inv_freq"):
                 continue
-            found = [(path, shard) for path, shard in self._targets(name) if path in params]
+            found = [(path, shard) for path, shard in self._targets(self._parameter_name(name)) if path in params]
             if not found:
                 raise ValueError(f"model: checkpoint tensor {name!r} has no matching parameter")
             for path, shard in found:

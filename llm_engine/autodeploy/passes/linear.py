@@ -28,18 +28,17 @@ def _projection(node: fx.Node, gm: fx.GraphModule) -> tuple[str, torch.Tensor, b
 
 
 def merge_sibling_linears(gm: fx.GraphModule, ctx: PassContext) -> str:
-    groups: dict[tuple[fx.Node, bool], list[tuple[fx.Node, str, torch.Tensor]]] = {}
+    """Projections of one module (same parent path) reading the same input, e.g. q/k/v of an
+    attention, gate/up of an MLP (an attention and an MLP sharing the input stay apart)."""
+    groups: dict[tuple[fx.Node, bool, str], list[tuple[fx.Node, str, torch.Tensor]]] = {}
     for node in gm.graph.nodes:
         found = _projection(node, gm)
         if found is not None and isinstance(node.args[0], fx.Node):
             path, weight, bias = found
-            groups.setdefault((node.args[0], bias), []).append((node, path, weight))
+            groups.setdefault((node.args[0], bias, path.rpartition(".")[0]), []).append((node, path, weight))
     merged = []
-    for (_, bias), members in groups.items():
-        if len(members) < 2 or len({w.shape[1] for _, _, w in members}) != 1:
-            continue
-        parent = members[0][1].rpartition(".")[0]
-        if any(path.rpartition(".")[0] != parent for _, path, _ in members):
+    for (_, bias, parent), members in groups.items():
+        if len(members) < 2:
             continue
         leaves = [path.rpartition(".")[2] for _, path, _ in members]
         path = f"{parent}.{'_'.join(leaves)}" if parent else "_".join(leaves)
