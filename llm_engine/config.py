@@ -16,7 +16,6 @@ _MEMORY_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
 _POLICIES = ("fcfs", "priority")
 _ATTENTION_BACKENDS = ("auto", "torch", "native", "triton")
-_MODEL_IMPLS = ("native", "auto")
 _EXECUTOR_BACKENDS = ("mp", "ray")
 _RAY_PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 _MODEL_IMPLS = ("native", "auto")
@@ -83,7 +82,6 @@ class EngineConfig:
     kv_transfer_config: dict[str, Any] | KVTransferConfig | None = None  # disaggregated prefill/decode
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
-    model_impl: str = "native"
     distributed_executor_backend: str = "mp"  # "ray": the ranks on a Ray cluster (llm_engine/ray_executor.py)
     ray_placement_strategy: str = "PACK"  # STRICT_SPREAD: every rank on a different Ray node
     model_impl: str = "native"
