@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import inspect
 import json
+import math
 import os
 import sys
 from importlib import import_module
@@ -78,6 +79,8 @@ def cmd_run(args) -> int:
         raise UsageError(f"--targets: choose from {','.join(TARGETS)}")
     if args.repeats < 1:
         raise UsageError("--repeats must be at least 1")
+    if args.probe_interval < 0:
+        raise UsageError("--probe-interval must be 0 (off) or more seconds")
     engine_cpus, client_cpus = _cpus(args.engine_cpus, "--engine-cpus"), _cpus(args.client_cpus, "--client-cpus")
     if bool(engine_cpus) != bool(client_cpus) or (engine_cpus and engine_cpus & client_cpus):
         raise UsageError("--engine-cpus and --client-cpus go together and must not overlap")
@@ -93,7 +96,7 @@ def cmd_run(args) -> int:
                "cpus": engine_cpus}
     try:
         result = asyncio.run(runner.run(workload, kinds, args.repeats, server, offline,
-                                        args.ttft_slo_ms, args.tpot_slo_ms))
+                                        args.ttft_slo_ms, args.tpot_slo_ms, probe_interval=args.probe_interval))
     finally:
         if server is not None:
             server.close()
@@ -119,7 +122,8 @@ def _cpus(text: str | None, option: str) -> set[int] | None:
 
 
 def overhead_table(result: dict) -> str:
-    """Median tok/s and TTFT p50 per target and phase, relative to the first target (offline)."""
+    """Median tok/s and TTFT p50 per target and phase, relative to the first target (offline), and
+    the serving process's CPU ms per output token outside its engine threads (where measured)."""
     import statistics
 
     by_phase: dict[str, dict[str, dict]] = {}
@@ -127,15 +131,17 @@ def overhead_table(result: dict) -> str:
         target, phase = key.split(" / ", 1)
         runs = entry["runs"]
         by_phase.setdefault(phase, {})[target] = {
-            f: statistics.median(r[f] for r in runs) for f in ("output_tokens_per_s", "ttft_p50_ms", "tpot_p50_ms")}
-    lines = [f"{'phase':<16} {'target':<8} {'tok/s':>9} {'vs first':>9} {'TTFT p50':>10} {'vs first':>9} {'TPOT p50':>9}"]
+            f: statistics.median(r.get(f, math.nan) for r in runs)
+            for f in ("output_tokens_per_s", "ttft_p50_ms", "tpot_p50_ms", "serving_cpu_ms_per_token")}
+    lines = [f"{'phase':<16} {'target':<8} {'tok/s':>9} {'vs first':>9} {'TTFT p50':>10} {'vs first':>9} {'TPOT p50':>9}"
+             f" {'serving CPU ms/tok':>19}"]
     for phase, targets in by_phase.items():
         first = next(iter(targets.values()))
         for target, f in targets.items():
             lines.append(f"{phase:<16} {target:<8} {f['output_tokens_per_s']:>9.1f} "
                          f"{f['output_tokens_per_s'] / first['output_tokens_per_s'] - 1:>+9.1%} "
                          f"{f['ttft_p50_ms']:>8.1f}ms {f['ttft_p50_ms'] / first['ttft_p50_ms'] - 1:>+9.1%} "
-                         f"{f['tpot_p50_ms']:>7.1f}ms")
+                         f"{f['tpot_p50_ms']:>7.1f}ms {f['serving_cpu_ms_per_token']:>19.3f}")
     return "\n".join(lines)
 
 
@@ -235,6 +241,9 @@ def dispatch(argv: list[str], prog: str) -> int:
     run.add_argument("--max-num-seqs", type=int, default=32)
     run.add_argument("--ttft-slo-ms", type=float, default=1000.0)
     run.add_argument("--tpot-slo-ms", type=float, default=100.0)
+    run.add_argument("--probe-interval", type=float, default=1.0,
+                     help="seconds between samples of memory and KV usage (0: none; a server renders /metrics "
+                          "for each, CPU time that --targets' comparison of serving CPU per token should not count)")
     run.add_argument("--inject-slowdown", type=float, default=0.0, help="offline: sleep this fraction of each step")
     run.add_argument("--engine-cpus", help="pin the engine (offline: its thread; a server: its whole process) "
                      "here, with one torch thread per CPU, so every target's engine gets the same CPU")

@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 # figure -> True when higher is better; what `compare` checks by default
 DIRECTIONS = {"output_tokens_per_s": True, "request_throughput": True, "goodput": True,
               "ttft_p50_ms": False, "ttft_p99_ms": False, "tpot_p50_ms": False, "itl_p50_ms": False,
-              "e2e_p50_ms": False, "throughput_ratio": True, "ttft_ratio": False}
+              "e2e_p50_ms": False, "throughput_ratio": True, "ttft_ratio": False,
+              "engine_cpu_ms_per_token": False, "serving_cpu_ms_per_token": False}
 
 
 def summarize(samples: list[Sample], duration: float, ttft_slo_ms: float, tpot_slo_ms: float) -> dict:

@@ -20,22 +20,35 @@ from benchmarks.framework.workloads import Phase, Workload
 
 # Once a second: a server target's probe is a GET /metrics that the server renders whole, work the
 # offline target never pays, so probing 4 times a second added to the protocol overhead it measures.
+# Even once a second it is a visible share of a server's CPU outside the engine (prometheus_client
+# renders every histogram bucket), so the CPU-per-token comparison runs with --probe-interval 0.
 PROBE_INTERVAL_S = 1.0
 
 
-async def run_phase(target, phase: Phase) -> tuple[list, float, int, float]:
-    """Send the phase's items at their arrival times; (samples, seconds, peak RSS, peak KV usage)."""
+@dataclasses.dataclass
+class PhaseRun:
+    samples: list
+    duration: float
+    peak_rss: int
+    peak_kv: float
+    cpu: tuple[float, float] | None  # CPU seconds of the serving process: (engine threads, whole)
+
+
+async def run_phase(target, phase: Phase, probe_interval: float = PROBE_INTERVAL_S) -> PhaseRun:
+    """Send the phase's items at their arrival times, sampling memory and KV usage every
+    `probe_interval` seconds (0: never, so a server does no work for the benchmark), and CPU time."""
     peak_rss, peak_kv = 0, 0.0
     done = asyncio.Event()
 
     async def probe() -> None:
         nonlocal peak_rss, peak_kv
-        while not done.is_set():
+        while probe_interval and not done.is_set():
             rss, kv = await asyncio.to_thread(target.probe)
             peak_rss, peak_kv = max(peak_rss, rss), max(peak_kv, kv)
-            await asyncio.sleep(PROBE_INTERVAL_S)
+            await asyncio.sleep(probe_interval)
 
     prober = asyncio.ensure_future(probe())
+    cpu_before = target.cpu()
     start = time.perf_counter()
 
     async def at(item):
@@ -44,36 +57,56 @@ async def run_phase(target, phase: Phase) -> tuple[list, float, int, float]:
 
     samples = await asyncio.gather(*(at(item) for item in phase.items))
     duration = time.perf_counter() - start
+    cpu_after = target.cpu()
     done.set()
     await prober
-    return samples, duration, peak_rss, peak_kv
+    cpu = None if cpu_before is None or cpu_after is None else (
+        cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1])
+    return PhaseRun(samples, duration, peak_rss, peak_kv, cpu)
+
+
+def cpu_figures(run: PhaseRun) -> dict:
+    """CPU milliseconds per output token of the serving process: its engine threads, and the rest
+    (a server's event loop and gRPC threads; offline, the in-process consumer of the outputs)."""
+    tokens = sum(s.tokens for s in run.samples if s.ok)
+    if run.cpu is None or not tokens:
+        return {}
+    engine, whole = run.cpu
+    return {"engine_cpu_ms_per_token": round(engine * 1000 / tokens, 3),
+            "serving_cpu_ms_per_token": round((whole - engine) * 1000 / tokens, 3)}
 
 
 async def run(workload: Workload, target_kinds: list[str], repeats: int, server: Server | None,
-              offline_args: dict, ttft_slo_ms: float, tpot_slo_ms: float, log=print) -> dict:
+              offline_args: dict, ttft_slo_ms: float, tpot_slo_ms: float, log=print,
+              probe_interval: float = PROBE_INTERVAL_S) -> dict:
     result = results.new_result("workload", workload.name, {
         **workload.settings, "targets": target_kinds, "repeats": repeats, "ttft_slo_ms": ttft_slo_ms,
         "tpot_slo_ms": tpot_slo_ms, "model": offline_args.get("model"),
-        "max_num_seqs": offline_args.get("max_num_seqs")})
+        "max_num_seqs": offline_args.get("max_num_seqs"), "probe_interval_s": probe_interval})
     result["warmup_requests"] = {}
     targets = [make_target(kind, server, offline_args) for kind in target_kinds]
     try:
         everything = [dataclasses.replace(item, at=0.0) for phase in workload.phases for item in phase.items]
         for target in targets:
-            samples, duration, _, _ = await run_phase(target, Phase("warm-up", everything))
-            result["warmup_requests"][target.name] = sum(s.ok for s in samples)
-            log(f"{target.name:>7} {'warm-up':>16}: {len(samples)} requests in {duration:.1f} s")
+            warm = await run_phase(target, Phase("warm-up", everything))
+            result["warmup_requests"][target.name] = sum(s.ok for s in warm.samples)
+            log(f"{target.name:>7} {'warm-up':>16}: {len(warm.samples)} requests in {warm.duration:.1f} s")
         for repeat in range(repeats):  # targets take turns, so a slow spell of the machine hits all
             for target in targets:
                 for phase in workload.phases:
-                    samples, duration, rss, kv = await run_phase(target, phase)
-                    figures = results.summarize(samples, duration, ttft_slo_ms, tpot_slo_ms)
-                    figures.update(peak_rss_mib=round(rss / 2**20, 1), peak_kv_usage=round(kv, 3))
+                    measured = await run_phase(target, phase, probe_interval)
+                    figures = results.summarize(measured.samples, measured.duration, ttft_slo_ms, tpot_slo_ms)
+                    if probe_interval:
+                        figures.update(peak_rss_mib=round(measured.peak_rss / 2**20, 1),
+                                       peak_kv_usage=round(measured.peak_kv, 3))
+                    figures.update(cpu_figures(measured))
                     results.add_repeat(result, f"{target.name} / {phase.label}", figures, phase.x)
-                    errors = {s.error for s in samples if not s.ok}
+                    errors = {s.error for s in measured.samples if not s.ok}
+                    cpu = (f"  CPU ms/token engine {figures['engine_cpu_ms_per_token']:.2f} serving "
+                           f"{figures['serving_cpu_ms_per_token']:.3f}" if "engine_cpu_ms_per_token" in figures else "")
                     log(f"{target.name:>7} {phase.label:>16} #{repeat + 1}: {figures['output_tokens_per_s']:8.1f} "
                         f"tok/s  TTFT p50 {figures['ttft_p50_ms']:7.1f} ms  TPOT p50 {figures['tpot_p50_ms']:6.1f} ms"
-                        + (f"  failed {figures['failed']}: {sorted(errors)[:2]}" if errors else ""))
+                        + cpu + (f"  failed {figures['failed']}: {sorted(errors)[:2]}" if errors else ""))
     finally:
         for target in targets:
             await target.aclose()

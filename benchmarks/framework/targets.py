@@ -4,7 +4,9 @@ token and the gaps between tokens the same way: on arrival of the piece that car
 
 `Server` starts `codeyard llm serve` (HTTP and gRPC) in its own interpreter, as deployed, or
 points at one that runs already (`--url`, `--grpc`). A probe samples the serving process's
-memory and the KV-cache usage while a phase runs.
+memory and the KV-cache usage while a phase runs, and `cpu` reads the serving process's CPU time
+split into the engine's threads and the rest (the serving layers' cost, which the machine's other
+load does not inflate the way it inflates latency).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.framework.workloads import Item
+from llm_engine.async_engine import ENGINE_THREAD
 
 
 @dataclass
@@ -70,6 +73,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(CPU seconds of the process's engine threads, of the whole process). AsyncLLMEngine names its
+    loop thread in the OS, and torch's workers started from it inherit the name; their time is read
+    in nanoseconds (schedstat). The whole comes from the process's stat (10 ms units), which keeps
+    the time of threads that have ended, so the rest is whole - engine (event loop, gRPC, client)."""
+    proc = Path(f"/proc/{pid}")
+    engine = 0.0
+    for task in (proc / "task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() == ENGINE_THREAD:
+                engine += int((task / "schedstat").read_text().split()[0]) / 1e9
+        except (FileNotFoundError, ProcessLookupError):  # ended meanwhile
+            continue
+    stat = (proc / "stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()  # after the name, which may hold spaces: utime, stime at 11, 12
+    return engine, (int(fields[11]) + int(fields[12])) / _TICKS
+
+
 # ----- offline ------------------------------------------------------------------------------------
 
 class Offline:
@@ -114,6 +138,10 @@ class Offline:
         """(peak RSS of this process, peak KV usage over the steps since the last probe)."""
         peak, self.peak_kv = self.peak_kv, 0.0
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, peak
+
+    def cpu(self) -> tuple[float, float] | None:
+        """This process's CPU split: the engine and, beside it, the in-process consumer of its outputs."""
+        return cpu_split(os.getpid())
 
     async def aclose(self) -> None:
         self.engine.stop()
@@ -194,6 +222,10 @@ class Server:
                    if line.startswith("vllm:kv_cache_usage_perc{")), 0.0)
         return rss, kv
 
+    def cpu(self) -> tuple[float, float] | None:
+        """The server process's CPU split (None for a server this benchmark did not start)."""
+        return cpu_split(self.proc.pid) if self.proc is not None else None
+
     def close(self) -> None:
         if self.proc is not None:
             self.proc.terminate()
@@ -208,6 +240,9 @@ class _OverServer:
 
     def probe(self) -> tuple[int, float]:
         return self.server.probe()
+
+    def cpu(self) -> tuple[float, float] | None:
+        return self.server.cpu()
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -281,6 +316,9 @@ class Grpc:
 
     def probe(self) -> tuple[int, float]:
         return self.server.probe()
+
+    def cpu(self) -> tuple[float, float] | None:
+        return self.server.cpu()
 
     def _on_response(self, result, error) -> None:
         """tritonclient's stream thread: hand the piece to its request's queue on the event loop."""
