@@ -97,6 +97,26 @@ def _response(request: pb.ModelInferRequest, outputs: dict[str, Output],
     return response
 
 
+def _piece_template(request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    """What every streamed piece of `request` copies: the outputs it asks for (400 for one that is
+    not there, before anything runs) with their datatypes and shapes, and no contents yet."""
+    template = _response(request, delta_outputs(kserve.RowResult(0, "", None, 0)))
+    del template.raw_output_contents[:]
+    return template
+
+
+def _piece(template: pb.ModelInferResponse, delta: kserve.RowResult) -> pb.ModelStreamInferResponse:
+    """A streamed delta: a copy of the request's response template (its outputs' names, types and
+    shapes, which _response checked once) with the delta's contents. Building each piece through
+    _response cost about three times as much, per token."""
+    raw = delta_outputs(delta)
+    response = pb.ModelInferResponse()
+    response.CopyFrom(template)
+    response.raw_output_contents.extend([raw[output.name][2] for output in template.outputs])
+    response.parameters["triton_final_response"].bool_param = delta.finish_reason is not None
+    return pb.ModelStreamInferResponse(infer_response=response)
+
+
 def api_key_check(keys: frozenset[str]) -> Authorize:
     """With API keys configured, every call needs `authorization: Bearer <one of them>`."""
     async def authorize(authorization: str) -> bool:
@@ -193,10 +213,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 requests = kserve.requests_from_tensors(service, tensors, _parameters(request.parameters))
                 if len(requests) != 1:
                     raise OpenAIError(400, "streaming takes one prompt per request")
+                template = _piece_template(request)
                 serving = kserve.ServingV2(service, stats)
                 async for delta in serving.deltas(await serving.start_rows(requests)):
-                    yield pb.ModelStreamInferResponse(
-                        infer_response=_response(request, delta_outputs(delta), final=delta.finish_reason is not None))
+                    yield _piece(template, delta)
         except Exception as exc:
             yield pb.ModelStreamInferResponse(error_message=as_openai_error(exc).message)
 

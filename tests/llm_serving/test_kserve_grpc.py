@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
 from llm_engine.entrypoints import kserve, kserve_grpc
@@ -114,5 +115,12 @@ def test_stopping_a_stream_aborts_its_request(triton, tiny_server):
 
 @pytest.mark.parametrize("delta", [RowResult(0, " héllo", None, 1), RowResult(0, "", "length", 3)])
 def test_streamed_piece_packs_the_same_tensors_as_numpy(delta):
-    """The per-token fast path writes exactly what the numpy arrays and tritonclient's serializer do."""
+    """The per-token fast path writes exactly what the numpy arrays and tritonclient's serializer do,
+    in the response _response would build (all outputs, or the ones the request names)."""
     assert kserve_grpc.delta_outputs(delta) == kserve_grpc.raw_outputs(kserve.output_arrays([delta]))
+    for wanted in ([], ["num_output_tokens", "text_output"]):
+        request = pb.ModelInferRequest(model_name=TINY_NAME, id="r1",
+                                       outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name=n) for n in wanted])
+        expected = kserve_grpc._response(request, kserve_grpc.delta_outputs(delta), final=delta.finish_reason is not None)
+        piece = kserve_grpc._piece(kserve_grpc._piece_template(request), delta)
+        assert piece == pb.ModelStreamInferResponse(infer_response=expected)
