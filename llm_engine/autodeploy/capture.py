@@ -92,12 +92,19 @@ def parameters_on_meta() -> Iterator[None]:
 class CapturedModel:
     """The exported graph split in two: `body` (input_ids [1, T], position_ids [1, T]) -> final
     hidden states [1, T, hidden]; `head` (hidden [1, N, hidden]) -> logits, with whatever the
-    model does after its LM head (soft-capping, scaling). `aliases` maps every parameter name of
-    the checkpoint that shares a tensor (tied embeddings) to the one the graph uses."""
+    model does after its LM head (soft-capping, scaling). `aliases` maps each name of a tensor
+    shared under several names (tied embeddings) to all of them."""
 
     body: fx.GraphModule
     head: fx.GraphModule
     aliases: dict[str, list[str]] = field(default_factory=dict)
+    renamings: list[Any] = field(default_factory=list)  # Transformers' WeightRenaming of older checkpoints
+
+    def parameter_name(self, checkpoint_name: str) -> str:
+        """The model's name for a checkpoint tensor (e.g. GPT-NeoX's embed_out -> lm_head)."""
+        for renaming in self.renamings:
+            checkpoint_name = renaming.rename_source_key(checkpoint_name)[0]
+        return checkpoint_name
 
 
 def build_meta_model(hf_config: PretrainedConfig, dtype: torch.dtype) -> nn.Module:
@@ -164,7 +171,7 @@ def _renamings(model: nn.Module) -> list[Any]:
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import WeightRenaming
 
-    return [t for t in get_model_conversion_mapping(model) if type(t) is WeightRenaming]
+    return [t for t in get_model_conversion_mapping(model) if type(t) is WeightRenaming]  # type: ignore[arg-type]  # a PreTrainedModel
 
 
 def _tied_names(model: nn.Module) -> dict[str, list[str]]:
