@@ -1,0 +1,60 @@
+"""AutoDeploy end to end: architectures with no model file give Transformers' greedy tokens in
+float32, alone and batched, with prefix-cache hits and forced preemption (a 12-block pool).
+
+The default suite runs Gemma 2 (sliding window, soft-capping, tied embeddings, GELU);
+`make test-autodeploy` (CODEYARD_AUTODEPLOY_FULL=1) runs every architecture in
+autodeploy_models.ARCHITECTURES and Llama through the pipeline against its hand-written path.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from autodeploy_models import ARCHITECTURES, build, hf_greedy, prompts
+
+from llm_engine import LLM, SamplingParams
+from llm_engine.autodeploy.model import AutoDeployedCausalLM
+
+FULL = os.environ.get("CODEYARD_AUTODEPLOY_FULL") == "1"
+MAX_NEW = 12
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHITECTURES) if FULL else ["gemma2"])
+def case(request, tmp_path_factory):
+    folder = build(request.param, tmp_path_factory.mktemp(request.param))
+    batch = prompts()
+    return folder, batch, hf_greedy(folder, batch, MAX_NEW)
+
+
+def tokens(outputs):
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def test_greedy_parity_alone_batched_cached_and_preempted(case):
+    folder, batch, ref = case
+    llm = LLM(str(folder), dtype="float32", block_size=4, num_kv_blocks=12)
+    assert isinstance(llm.engine.model_runner.model, AutoDeployedCausalLM)
+    assert tokens(llm.generate(batch[0], GREEDY, use_tqdm=False)) == ref[:1]
+    outputs = llm.generate(batch, GREEDY, use_tqdm=False)
+    assert tokens(outputs) == ref
+    assert sum(o.metrics.num_preemptions for o in outputs) > 0
+    assert sum(o.metrics.num_cached_tokens for o in outputs) >= 12  # the first prompt's blocks, reused
+
+
+@pytest.mark.skipif(not FULL, reason="make test-autodeploy")
+def test_registered_llama_through_the_pipeline_matches_its_hand_written_path(tmp_path):
+    folder = build("llama", tmp_path / "llama")
+    batch = prompts()
+    native = LLM(str(folder), dtype="float32")
+    auto = LLM(str(folder), dtype="float32", model_impl="auto")
+    assert not isinstance(native.engine.model_runner.model, AutoDeployedCausalLM)
+    assert isinstance(auto.engine.model_runner.model, AutoDeployedCausalLM)
+    expected = tokens(native.generate(batch, GREEDY, use_tqdm=False))
+    assert tokens(auto.generate(batch, GREEDY, use_tqdm=False)) == expected == hf_greedy(folder, batch, MAX_NEW)
+
+
+def test_model_impl_is_validated():
+    with pytest.raises(ValueError, match="model_impl"):
+        LLM("/nonexistent", model_impl="handwritten")
