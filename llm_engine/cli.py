@@ -63,6 +63,9 @@ def serve(
                                                           "memory the engine may use; the KV pool gets what its "
                                                           "weights and activations leave.")] = 0.9,
     enforce_eager: Annotated[bool, typer.Option(help="CUDA: decode steps without CUDA graphs.")] = False,
+    model_impl: Annotated[str, typer.Option(help="native (the hand-written model where the architecture has one, "
+                                              "AutoDeploy for any other Transformers causal LM) or auto "
+                                              "(AutoDeploy for every model).")] = "native",
     request_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds before a request is aborted.")] = 600.0,
     quantization: Annotated[str, typer.Option(help="auto (a GGUF stays quantized), none (float weights), int8, "
                                                    "int4, or a per-layer YAML/JSON config file.")] = "auto",
@@ -98,7 +101,8 @@ def serve(
                   "--kv-cache-memory", kv_cache_memory, "--request-timeout", str(request_timeout),
                   "--quantization", quantization, "--tensor-parallel-size", str(tensor_parallel_size),
                   "--distributed-executor", distributed_executor, "--ray-placement-strategy", ray_placement_strategy,
-                  "--gpu-memory-utilization", str(gpu_memory_utilization), *(["--enforce-eager"] if enforce_eager else [])]
+                  "--gpu-memory-utilization", str(gpu_memory_utilization), *(["--enforce-eager"] if enforce_eager else []),
+                  "--model-impl", model_impl]
     if data_parallel_size > 1 or disaggregated:
         # uvicorn re-raises the SIGTERM that stopped it once it has shut down: as SystemExit, so that
         # the launchers below stop their children (the default action would orphan them)
@@ -126,7 +130,7 @@ def serve(
                           distributed_executor_backend=distributed_executor,
                           ray_placement_strategy=ray_placement_strategy,
                           gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
-                          quantization=None if quantization == "none" else quantization,
+                          model_impl=model_impl, quantization=None if quantization == "none" else quantization,
                           speculative_config=parse_json_option(speculative_config, "--speculative-config"),
                           kv_transfer_config=kv_transfer)
     options = ServerOptions(max_waiting=max_waiting, request_timeout=request_timeout, api_keys=frozenset(keys),
