@@ -15,7 +15,9 @@ Printed: ms per output token after the first (median over rounds), each round's 
 breakdown per decode step: the stack's phases (native timers), LM head, sampling, and the rest
 (scheduler, detokenizer, outputs); for the layered path, layers minus the fused stack's arithmetic
 is the per-op dispatch the fused step removes. The machine is shared: read the ratios, not the
-absolute figures.
+absolute figures; with one thread the CPU time per decoded token (process time of the engine's
+decode steps, of llama.cpp's eval/sample loop) is also printed: waiting for a core is not in it,
+so it is the steadier comparison on a loaded machine (with two, OpenMP's spinning is).
 """
 
 from __future__ import annotations
@@ -61,8 +63,9 @@ class Engine:
         if self.stack is None:
             sys.exit("the fused decode step is not available for this model (see the log)")
         self.totals: dict[str, float] = {}
+        self.step_cpu: list[float] = []  # process time of each engine step of the current run
         engine = self.llm.engine
-        engine.step = self._timed("step", engine.step)
+        engine.step = self._cpu_timed(self._timed("step", engine.step))
         self.runner.execute = self._timed("forward", self.runner.execute)
         self.runner.model.compute_logits = self._timed("lm_head", self.runner.model.compute_logits)
         self.runner.sample = self._timed("sample", self.runner.sample)
@@ -76,13 +79,26 @@ class Engine:
                 self.totals[key] = self.totals.get(key, 0.0) + time.perf_counter() - start
         return wrapper
 
-    def run(self, fused: bool) -> tuple[float, list[int]]:
-        """ms per output token after the first, and the greedy tokens."""
+    def _cpu_timed(self, function):
+        def wrapper(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.step_cpu.append(time.process_time() - start)
+        return wrapper
+
+    def run(self, fused: bool) -> tuple[float, float, list[int]]:
+        """ms per output token after the first (wall; and CPU time per decode step: every step
+        after the prompt's), and the greedy tokens."""
         self.runner.decode_stack = self.stack if fused else None
+        self.step_cpu.clear()
         out = self.llm.generate([self.prompt], self.params, use_tqdm=False)[0]
         m = out.metrics
         tokens = out.outputs[0].token_ids
-        return 1000 * (m.finished_time - m.first_token_time) / (len(tokens) - 1), tokens
+        decode_cpu = self.step_cpu[1:]
+        return (1000 * (m.finished_time - m.first_token_time) / (len(tokens) - 1),
+                1000 * sum(decode_cpu) / len(decode_cpu), tokens)
 
     def prefill(self) -> float:
         """Prompt tokens/s of the long prompt, from its scheduling to its first token."""
@@ -98,7 +114,7 @@ class Engine:
         self.stack.timing = fused
         steps = 0
         for _ in range(rounds):
-            steps += len(self.run(fused)[1])
+            steps += len(self.run(fused)[2])
         self.stack.timing = False
         t = {k: v * 1000 / steps for k, v in self.totals.items()}
         parts = {"step": t["step"], "layers": t["forward"] - t["lm_head"], "lm_head": t["lm_head"],
@@ -116,22 +132,23 @@ class LlamaCpp:
         self.llm = Llama(model_path=str(gguf), n_ctx=max(len(prompt) + tokens, 512), n_batch=512, n_threads=threads,
                          n_threads_batch=threads, verbose=False)
 
-    def run(self) -> tuple[float, float, list[int]]:
-        """ms per output token after the first (wall, from Python; and llama.cpp's own eval
-        time per decoded token), and the greedy tokens."""
+    def run(self) -> tuple[float, float, float, list[int]]:
+        """ms per output token after the first (wall, from Python; llama.cpp's own eval time per
+        decoded token; CPU time per decoded token), and the greedy tokens."""
         import llama_cpp
 
         self.llm.reset()
         self.llm.eval(self.prompt)
         llama_cpp.llama_perf_context_reset(self.llm.ctx)
         tokens = [self.llm.sample(temp=0.0)]
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         while len(tokens) < self.tokens:
             self.llm.eval([tokens[-1]])
             tokens.append(self.llm.sample(temp=0.0))
         wall = 1000 * (time.perf_counter() - start) / (self.tokens - 1)
+        cpu = 1000 * (time.process_time() - cpu) / (self.tokens - 1)
         perf = llama_cpp.llama_perf_context(self.llm.ctx)
-        return wall, perf.t_eval_ms / max(perf.n_eval, 1), tokens
+        return wall, perf.t_eval_ms / max(perf.n_eval, 1), cpu, tokens
 
 
     def prefill(self, prompt: list[int]) -> float:
@@ -153,10 +170,12 @@ def measure(gguf: Path, threads: int, args: argparse.Namespace) -> dict:
     llama = LlamaCpp(gguf, threads, engine.prompt, args.tokens)
     engine.run(True), engine.run(False), llama.run(), engine.prefill(), llama.prefill(engine.long_prompt)  # warm-up
     fused, layered, llama_wall, llama_eval, prefill, llama_prefill = [], [], [], [], [], []
+    fused_cpu, llama_cpu = [], []
     for i in range(args.rounds):
-        ms_fused, ours = engine.run(True)
-        ms_layered, layered_tokens = engine.run(False)
-        wall, eval_ms, theirs = llama.run()
+        ms_fused, cpu_fused, ours = engine.run(True)
+        ms_layered, _, layered_tokens = engine.run(False)
+        wall, eval_ms, cpu_llama, theirs = llama.run()
+        fused_cpu.append(cpu_fused), llama_cpu.append(cpu_llama)
         if layered_tokens != ours:
             sys.exit("the fused and layered paths gave different greedy tokens")
         fused.append(ms_fused), layered.append(ms_layered), llama_wall.append(wall), llama_eval.append(eval_ms)
@@ -164,6 +183,8 @@ def measure(gguf: Path, threads: int, args: argparse.Namespace) -> dict:
               f"(its eval {eval_ms:.2f}) ms/token; fused vs llama.cpp {wall / ms_fused:.2f}x, "
               f"vs layered {ms_layered / ms_fused:.2f}x; tokens equal to llama.cpp's for "
               f"{common_prefix(ours, theirs)}/{args.tokens}", flush=True)
+        print(f"  CPU ms per decoded token: fused {cpu_fused:.2f}  llama.cpp {cpu_llama:.2f} "
+              f"({cpu_llama / cpu_fused:.2f}x)", flush=True)
         prefill.append(engine.prefill()), llama_prefill.append(llama.prefill(engine.long_prompt))
         print(f"  prefill of {len(engine.long_prompt)} tokens: ours {prefill[-1]:.0f}  llama.cpp "
               f"{llama_prefill[-1]:.0f} tokens/s ({prefill[-1] / llama_prefill[-1]:.2f}x)", flush=True)
@@ -172,6 +193,8 @@ def measure(gguf: Path, threads: int, args: argparse.Namespace) -> dict:
     ratios = [w / f for w, f in zip(llama_wall, fused)]
     result["fused_vs_llamacpp"] = statistics.median(ratios)
     result["layered_vs_llamacpp"] = statistics.median(w / f for w, f in zip(llama_wall, layered))
+    result["cpu fused"], result["cpu llama.cpp"] = statistics.median(fused_cpu), statistics.median(llama_cpu)
+    result["cpu_fused_vs_llamacpp"] = statistics.median(c / f for c, f in zip(llama_cpu, fused_cpu))
     result["prefill tok/s"], result["llama.cpp prefill tok/s"] = statistics.median(prefill), statistics.median(llama_prefill)
     result["prefill_vs_llamacpp"] = statistics.median(p / q for p, q in zip(prefill, llama_prefill))
     print(f"median ms/token: fused {result['fused']:.2f}, layered {result['layered']:.2f}, "
@@ -179,6 +202,8 @@ def measure(gguf: Path, threads: int, args: argparse.Namespace) -> dict:
     print(f"decode tok/s vs llama.cpp: fused {result['fused_vs_llamacpp']:.2f}x "
           f"(goal >= {SINGLE_GOAL}x: {'met' if result['fused_vs_llamacpp'] >= SINGLE_GOAL else 'NOT met'}), "
           f"layered {result['layered_vs_llamacpp']:.2f}x")
+    print(f"median CPU ms per decoded token: fused {result['cpu fused']:.2f}, llama.cpp "
+          f"{result['cpu llama.cpp']:.2f} ({result['cpu_fused_vs_llamacpp']:.2f}x)")
     print(f"median prefill tokens/s: ours {result['prefill tok/s']:.0f}, llama.cpp "
           f"{result['llama.cpp prefill tok/s']:.0f} ({result['prefill_vs_llamacpp']:.2f}x)")
     for fused_path in (True, False):
