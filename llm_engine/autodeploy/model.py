@@ -12,6 +12,7 @@ from torch import fx, nn
 
 from llm_engine.autodeploy.capture import capture, clean_graph
 from llm_engine.autodeploy.passes import PassContext, run_passes
+from llm_engine.distributed import get_tp_size
 from llm_engine.layers.attention import AttentionBackend
 
 if TYPE_CHECKING:
@@ -27,6 +28,9 @@ class AutoDeployedCausalLM(nn.Module):
 
     def __init__(self, config: PretrainedConfig, backend: AttentionBackend, dtype: torch.dtype) -> None:
         super().__init__()
+        if get_tp_size() > 1:
+            raise ValueError("autodeploy: tensor_parallel_size > 1 is not supported yet (its linear layers are not "
+                             "sharded); run this model with tensor_parallel_size=1")
         self.config = config
         device = torch.empty(0).device  # the runner builds models under `with torch.device(...)`
         captured = capture(config, dtype)
