@@ -3,10 +3,11 @@
 The default suite checks the option's clear errors: bad values, one rank, ray missing (where it is
 not installed) and no cluster reachable (where it is). `make test-llm-ray` (CODEYARD_RAY=1) starts
 a real two-node Ray cluster on this machine (`ray start --head` and a second `ray start --address`,
-one CPU each, their own temp dirs and ports, stopped at the end) and serves TP=2 with one rank on
-each node: the same greedy tokens as one rank, and a killed rank's requests fail cleanly, every
-block is freed and a fresh group serves the next ones. Ray's start-up is heavy: minutes on a busy
-2-core machine.
+two CPUs each so that two groups fit, their own temp dirs and ports, stopped at the end) and serves
+TP=2 with one rank on each node: the same greedy tokens as one rank, from the LLM class and from
+`codeyard llm serve --distributed-executor ray` through the openai client, and a killed rank's
+requests fail cleanly, every block is freed and a fresh group serves the next ones. Ray's start-up
+is heavy: minutes on a busy 2-core machine.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+import openai
 import pytest
 from tp_kit import assert_same, gone, prompts, tokens_and_logprobs
 
@@ -68,16 +71,18 @@ def _free_port() -> int:
         return port
 
 
-def _session_members(sids: set[int]) -> list[int]:
-    """Processes in the given sessions (each Ray node's processes share its `ray start`'s session)."""
+def _session_members(sids: set[int], named: str = "") -> list[int]:
+    """Processes in the given sessions (each Ray node's processes share its `ray start`'s session),
+    those whose command line has `named` in it when given (Ray titles an actor's process ray::Class)."""
     members = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[3]) in sids:
+            if int(stat.rsplit(")", 1)[1].split()[3]) in sids and named in cmdline:
                 members.append(int(entry.name))
     return members
 
@@ -93,7 +98,7 @@ class RayCluster:
         self.address = f"127.0.0.1:{_free_port()}"
 
     def start(self) -> None:
-        common = ["--block", "--num-cpus", "1", "--disable-usage-stats", "--node-ip-address", "127.0.0.1",
+        common = ["--block", "--num-cpus", "2", "--disable-usage-stats", "--node-ip-address", "127.0.0.1",
                   "--min-worker-port", "0", "--max-worker-port", "0", "--object-store-memory", str(80 * 2**20)]
         head = ["--head", "--port", self.address.rsplit(":", 1)[1], "--include-dashboard", "false",
                 "--dashboard-port", str(_free_port()), "--ray-client-server-port", str(_free_port())]
@@ -123,8 +128,12 @@ class RayCluster:
             time.sleep(2)
         pytest.fail(f"the Ray cluster did not list {count} nodes within {NODE_START_TIMEOUT_S} s")
 
+    @property
+    def sessions(self) -> set[int]:
+        return {node.pid for node in self.nodes}  # each `ray start` leads its own session
+
     def stop(self) -> None:
-        sids = {node.pid for node in self.nodes}  # each `ray start` leads its own session
+        sids = self.sessions
         for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
             for pid in _session_members(sids):
                 try:
@@ -223,3 +232,44 @@ def test_a_cluster_without_room_is_a_clear_error(ray_cluster, tiny_llama, monkey
     with pytest.raises(WorkerGroupError, match="cannot place 3 ranks of one CPU each with strategy STRICT_SPREAD"):
         LLM(str(tiny_llama), dtype="float32", kv_cache_memory="8MiB", tensor_parallel_size=3,
             distributed_executor_backend="ray", ray_placement_strategy="STRICT_SPREAD")
+
+
+@cluster_test
+def test_serve_places_the_ranks_on_ray(ray_cluster, tiny_llama_smollm_vocab):
+    """`codeyard llm serve --distributed-executor ray` as users run it: the completion one rank gives,
+    and the server's ranks (Ray actors beside the other test's group) end with it."""
+    before = set(_session_members(ray_cluster.sessions, "RankActor"))
+    port = _free_port()
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("codeyard")), "llm", "serve", "--model",
+                             str(tiny_llama_smollm_vocab), "--port", str(port), "--served-model-name", "tiny",
+                             "--tensor-parallel-size", "2", "--distributed-executor", "ray",
+                             "--ray-placement-strategy", "STRICT_SPREAD", "--kv-cache-memory", "16MiB"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + NODE_START_TIMEOUT_S
+        while not _healthy(port):
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "server not ready"
+            time.sleep(1)
+        ranks = set(_session_members(ray_cluster.sessions, "RankActor")) - before
+        assert len(ranks) == 2
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        out = client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=8, temperature=0,
+                                        extra_body={"ignore_eos": True})
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    one_rank = LLM(str(tiny_llama_smollm_vocab), kv_cache_memory="16MiB").generate(
+        "def add(a, b):", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
+    assert out.choices[0].text == one_rank.outputs[0].text
+    deadline = time.monotonic() + 60
+    while not all(gone(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert all(gone(pid) for pid in ranks), "a rank's actor outlived the server"
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
