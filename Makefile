@@ -55,8 +55,9 @@ test-llm-parallel: venv
 	CODEYARD_TP_MORE=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_tensor_parallel.py \
 	  tests/llm_engine/test_llm_tensor_parallel_more.py tests/llm_serving/test_cli_tensor_parallel.py
 
-# Tensor parallelism on a real two-node Ray cluster started on this machine (ray start --head and a second node, one CPU
-# each, stopped at the end): TP=2 across the nodes gives one rank's tokens, a killed rank restarts the group. Minutes.
+# Tensor parallelism on a real two-node Ray cluster started on this machine (ray start --head and a second node, two CPUs
+# each, stopped at the end): TP=2 across the nodes gives one rank's tokens (LLM and codeyard llm serve), a killed rank
+# restarts the group. ~3 min on a busy 2-core machine.
 test-llm-ray: venv
 	$(BIN)/pip install -q -c constraints.txt -e '.[ray]'
 	CODEYARD_RAY=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_ray.py
