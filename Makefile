@@ -80,7 +80,7 @@ test-bench-detector: venv
 	CODEYARD_BENCH_DETECTOR=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_serving/test_bench_detector.py
 
 # AutoDeploy's greedy parity for every architecture in tests/llm_engine/autodeploy/autodeploy_models.py and Llama
-# through the pipeline vs its hand-written path (the default suite runs Gemma 2): ~10 min on a busy 2-core machine.
+# through the pipeline vs its hand-written path (the default suite runs Gemma 2): 2-6 min on this machine.
 test-autodeploy: venv
 	CODEYARD_AUTODEPLOY_FULL=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/autodeploy
 

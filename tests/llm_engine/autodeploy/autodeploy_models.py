@@ -13,7 +13,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 VOCAB = 256
 # model_type -> overrides that reach the architecture's special paths at this size
 ARCHITECTURES: dict[str, dict[str, Any]] = {
-    "gemma2": {"head_dim": 16, "sliding_window": 6, "query_pre_attn_scalar": 16},  # window, soft-capping, tied
+    "gemma2": {"head_dim": 16, "sliding_window": 6, "query_pre_attn_scalar": 16,  # window, soft-capping, tied
+               "initializer_range": 0.02},
     "phi3": {},  # fused qkv and gate_up projections
     "stablelm": {"partial_rotary_factor": 0.25},  # LayerNorm, partial rotary
     "olmo2": {},  # q/k norms over all heads, post-norms
@@ -27,7 +28,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
 def build(model_type: str, folder: Path, **overrides: Any) -> Path:
     settings: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                     num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
-                                    max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+                                    max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                    initializer_range=0.2)  # 0.02 makes some tiny models repeat one token
     settings.update(ARCHITECTURES.get(model_type, {}), **overrides)
     config = AutoConfig.for_model(model_type, **settings)
     torch.manual_seed(0)
