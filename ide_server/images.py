@@ -29,6 +29,7 @@ BASE_CHANGES = ["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbi
 # What the base's Python (Debian's 3.11.2) needs beyond what the host's resolves: redis wants async-timeout
 # below 3.11.3, and the host's pip resolves for its own interpreter.
 BASE_PYTHON_NEEDS = ("async-timeout>=4.0.3",)
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 Progress = Callable[[str], None]
 
@@ -85,6 +86,8 @@ def stage_context(name: str, recipe: ImageRecipe, progress: Progress) -> Path:
     subprocess.run(["tar", "-x", "-C", str(context)], input=archive.stdout, check=True)
     shutil.copytree(web, context / "ide_server" / "webassets")
     (context / ".dockerignore").unlink(missing_ok=True)  # the repo's leaves out webassets, which we bring built
+    if HOST_CA_BUNDLE.exists():  # what this host trusts (a site's TLS-inspecting proxy): runs' pip and npm reach out
+        shutil.copy(HOST_CA_BUNDLE, context / "host-ca-certificates.crt")
     if recipe.extras is not None:
         _wheels(context, name, recipe, progress)
     return context
