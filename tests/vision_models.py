@@ -103,7 +103,7 @@ def build_llava_chat(folder: Path, tokenizer) -> Path:
     config.architectures = ["LlavaForConditionalGeneration"]
     torch.manual_seed(3)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # logits far apart: answers sampled at a low temperature are its greedy ones, every run
+    with torch.no_grad():  # logits far apart: sampled at a low temperature, an answer starts the same way every run
         model.get_output_embeddings().weight.mul_(25)
     model.save_pretrained(folder)
     PROCESSORS["llava"]().save_pretrained(folder)
