@@ -221,6 +221,7 @@ class Runner:
             ended.set()
         result = await run.result()
         await self._say(out, t="result", r=encode_result(result))
+        await self._say(in_key(run_id), t="ended")  # wakes the steering read now, not after its 1 s block: the slot frees
         await steering
 
     async def _told_to_cancel(self, run_id: str) -> bool:
