@@ -126,6 +126,10 @@ inline float softmax_numerators(float* s, int n) {
   __m512 peaks = _mm512_set1_ps(-INFINITY);
   for (; i + 16 <= n; i += 16) peaks = _mm512_max_ps(peaks, _mm512_loadu_ps(s + i));
   peak = _mm512_reduce_max_ps(peaks);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 peaks = _mm256_set1_ps(-INFINITY);
+  for (; i + 8 <= n; i += 8) peaks = _mm256_max_ps(peaks, _mm256_loadu_ps(s + i));
+  peak = reduce_max8(peaks);
 #endif
   for (; i < n; ++i) peak = std::max(peak, s[i]);
   float total = 0.0f;
@@ -139,6 +143,15 @@ inline float softmax_numerators(float* s, int n) {
     sums = _mm512_add_ps(sums, e);
   }
   total = _mm512_reduce_add_ps(sums);
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 pv = _mm256_set1_ps(peak);
+  __m256 sums = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), pv));
+    _mm256_storeu_ps(s + i, e);
+    sums = _mm256_add_ps(sums, e);
+  }
+  total = reduce_add8(sums);
 #endif
   for (; i < n; ++i) {
     s[i] = std::exp(s[i] - peak);
