@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from llm_engine.entrypoints.api import ServiceGetter, json_body, unless_disconnected
 from llm_engine.entrypoints.protocol import OpenAIError
 from llm_engine.entrypoints.service import LLMService
-from llm_engine.entrypoints.serving import SSEFrame, _Run, sse
+from llm_engine.entrypoints.serving import _Run, sse
 from llm_engine.lazy import lazy_module
 
 if TYPE_CHECKING:
@@ -108,19 +108,11 @@ def _generate_tensors(body: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]
 
 
 def _generate_body(service: LLMService, result: kserve.RowResult, request_id: Any) -> dict[str, Any]:
-    return {**_generate_names(service), **_generate_output(result), **_generate_id(request_id)}
-
-
-def _generate_names(service: LLMService) -> dict[str, Any]:
-    return {"model_name": service.served_name, "model_version": kserve.VERSION}
-
-
-def _generate_output(result: kserve.RowResult) -> dict[str, Any]:
-    return {"text_output": result.text, "finish_reason": result.finish_reason, "num_output_tokens": result.num_tokens}
-
-
-def _generate_id(request_id: Any) -> dict[str, Any]:
-    return {} if request_id is None else {"id": request_id}
+    body: dict[str, Any] = {"model_name": service.served_name, "model_version": kserve.VERSION, "text_output": result.text,
+            "finish_reason": result.finish_reason, "num_output_tokens": result.num_tokens}
+    if request_id is not None:
+        body["id"] = request_id
+    return body
 
 
 def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: list[Any] | None = None) -> APIRouter:
@@ -228,11 +220,10 @@ def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: lis
                 raise
 
         async def events(run: _Run) -> AsyncIterator[bytes]:
-            frame = SSEFrame(_generate_names(service), _generate_id(body.get("id")))
             with stats:  # a success once the last event is out; cancelled if the client leaves
                 try:
                     async for delta in serving.deltas(run):
-                        yield frame(_generate_output(delta))
+                        yield sse(_generate_body(service, delta, body.get("id")))
                 except OpenAIError as exc:
                     stats.failed(exc)
                     yield sse({"error": exc.message})

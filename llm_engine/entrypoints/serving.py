@@ -65,19 +65,6 @@ def sse(data: dict[str, Any] | str) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
-class SSEFrame:
-    """The events of one stream, whose JSON objects share fields that never change (ids, names):
-    those are rendered once, and each event (one per token) renders only its own fields between
-    them. The bytes are what sse({**first, **changing, **last}) writes."""
-
-    def __init__(self, first: dict[str, Any], last: dict[str, Any] | None = None) -> None:
-        self.head = "data: {" + json.dumps(first, ensure_ascii=False)[1:-1] + (", " if first else "")
-        self.tail = (", " + json.dumps(last, ensure_ascii=False)[1:] if last else "}") + "\n\n"
-
-    def __call__(self, changing: dict[str, Any]) -> bytes:
-        return (self.head + json.dumps(changing, ensure_ascii=False)[1:-1] + self.tail).encode()
-
-
 ChunkFn = Callable[..., bytes]  # chunk(choices, usage=None) -> one SSE event
 
 
@@ -196,10 +183,14 @@ class _Serving:
     async def _sse(self, req: CompletionRequest | ChatCompletionRequest, run: _Run, request_id: str, object_name: str,
                    events: Callable[[ChunkFn], AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
         """The stream framing both APIs share: their chunks, usage when asked, errors in-stream, then [DONE]."""
-        frame = SSEFrame({"id": request_id, "object": object_name, "created": self.created(), "model": req.model})
+        created = self.created()
 
         def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
-            return frame({"choices": choices} if usage is None else {"choices": choices, "usage": usage})
+            body: dict[str, Any] = {"id": request_id, "object": object_name, "created": created, "model": req.model,
+                    "choices": choices}
+            if usage is not None:
+                body["usage"] = usage
+            return sse(body)
 
         try:
             async for event in events(chunk):

@@ -15,7 +15,6 @@ from tritonclient.utils import InferenceServerException
 from llm_engine.config import EngineConfig
 from llm_engine.entrypoints.app import create_app
 from llm_engine.entrypoints.service import ServerOptions
-from llm_engine.entrypoints.serving import SSEFrame, sse
 
 from .conftest import TINY_NAME, free_port, start_server
 
@@ -186,13 +185,3 @@ def test_leaving_an_infer_aborts_the_request(tiny_server):
     while engine.engine.has_unfinished_requests():
         assert time.monotonic() < deadline, "the request kept running after the client left"
         time.sleep(0.05)
-
-
-@pytest.mark.parametrize(("first", "changing", "last"), [
-    ({"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m"}, {"choices": [{"text": "é\"\n"}]}, None),
-    ({"model_name": "m", "model_version": "1"}, {"text_output": "x", "finish_reason": None}, {"id": ["any", 1]}),
-    ({}, {"a": 1}, {"b": 2})])
-def test_stream_frames_write_what_a_whole_event_would(first, changing, last):
-    """/v1 chunks and generate_stream events render their constant fields once per stream; each
-    event's bytes are still those of the whole object."""
-    assert SSEFrame(first, last)(changing) == sse({**first, **changing, **(last or {})})
