@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from tp_kit import assert_same, gone, prompts, tokens_and_logprobs
+from tp_kit import assert_same, gone, kill_rank_one_mid_run, prompts, tokens_and_logprobs
 
 from llm_engine import LLM, SamplingParams
 from llm_engine.config import EngineConfig
@@ -201,23 +201,7 @@ def test_tp2_across_two_nodes_matches_one_rank(ray_llm, one_rank_tokens):
 @cluster_test
 def test_killed_rank_fails_its_requests_and_a_fresh_group_serves(ray_llm, one_rank_tokens):
     engine = ray_llm.engine
-    long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
-    for i, prompt in enumerate(prompts()[:3]):
-        engine.add_request(f"r{i}", prompt, long)
-    engine.step()
-    engine.step()
-    old = engine.model_runner.pids
-    os.kill(old[1], signal.SIGKILL)  # rank 1's actor process (the cluster's nodes are on this machine)
-    finished = {}
-    deadline = time.monotonic() + 600
-    while engine.has_unfinished_requests() and time.monotonic() < deadline:
-        finished.update((o.request_id, o) for o in engine.step() if o.finished)
-    assert sorted(finished) == ["r0", "r1", "r2"]
-    for output in finished.values():
-        assert output.outputs[0].finish_reason == "error"
-        assert "tensor-parallel rank 1" in output.error and "died" in output.error
-    stats = engine.get_stats()
-    assert stats.num_free_blocks == stats.num_total_blocks
+    old = kill_rank_one_mid_run(engine, prompts(), timeout_s=600)  # rank 1 is an actor process on this machine
     assert gone(old[1])
     assert len(set(engine.model_runner.nodes)) == 2 and set(engine.model_runner.pids).isdisjoint(old)
     assert_same(tokens_and_logprobs(ray_llm, prompts()), one_rank_tokens)  # served by the fresh group

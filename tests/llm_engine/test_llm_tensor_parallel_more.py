@@ -6,16 +6,18 @@ on three ranks. Each test starts worker groups: about 10 s each on an idle 2-cor
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-
 import pytest
 from conftest import COMMON, smollm_gguf_path
-from tp_kit import assert_same, engines, gone, mqa_llama, prompts, tokens_and_logprobs  # noqa: F401 (fixtures)
+from tp_kit import (  # noqa: F401 (fixtures)
+    assert_same,
+    engines,
+    gone,
+    kill_rank_one_mid_run,
+    mqa_llama,
+    prompts,
+    tokens_and_logprobs,
+)
 from transformers import AutoModelForCausalLM, LlamaConfig
-
-from llm_engine import SamplingParams
 
 
 def test_quantized_weights_split_by_groups(mqa_llama, engines):
@@ -40,23 +42,7 @@ def test_killed_worker_fails_its_requests_and_the_group_restarts(mqa_llama, engi
     ref = tokens_and_logprobs(engines(mqa_llama), batch[:2])
     tp = engines(mqa_llama, tensor_parallel_size=2)
     engine = tp.engine
-    long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
-    for i, prompt in enumerate(batch[:3]):
-        engine.add_request(f"r{i}", prompt, long)
-    engine.step()
-    engine.step()
-    old = engine.model_runner.pids
-    os.kill(old[1], signal.SIGKILL)
-    finished = {}
-    deadline = time.monotonic() + 120
-    while engine.has_unfinished_requests() and time.monotonic() < deadline:
-        finished.update((o.request_id, o) for o in engine.step() if o.finished)
-    assert sorted(finished) == ["r0", "r1", "r2"]
-    for output in finished.values():
-        assert output.outputs[0].finish_reason == "error"
-        assert "tensor-parallel rank 1" in output.error and "died" in output.error
-    stats = engine.get_stats()
-    assert stats.num_free_blocks == stats.num_total_blocks
+    old = kill_rank_one_mid_run(engine, batch, timeout_s=120)
     assert all(gone(pid) for pid in old)
     assert sorted(engine.model_runner.pids) != sorted(old)
     assert_same(tokens_and_logprobs(tp, batch[:2]), ref)  # served by the restarted group

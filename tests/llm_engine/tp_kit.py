@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import time
 
 import pytest
 import torch
@@ -33,6 +34,29 @@ def assert_same(ours, ref, atol: float = 1e-4) -> None:
         assert tokens == ref_tokens, f"prompt {i}: tokens differ\ntp {tokens}\nref {ref_tokens}"
         for token, top, ref_top in zip(tokens, logprobs, ref_logprobs):
             assert abs(top[token].logprob - ref_top[token].logprob) < atol
+
+
+def kill_rank_one_mid_run(engine, batch: list[list[int]], timeout_s: float) -> list[int]:
+    """Start three long requests, SIGKILL rank 1 after two steps, and check what must follow: all
+    three end with an error naming the dead rank and every block is free. Returns the old pids."""
+    long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    for i, prompt in enumerate(batch[:3]):
+        engine.add_request(f"r{i}", prompt, long)
+    engine.step()
+    engine.step()
+    old = engine.model_runner.pids
+    os.kill(old[1], signal.SIGKILL)
+    finished = {}
+    deadline = time.monotonic() + timeout_s
+    while engine.has_unfinished_requests() and time.monotonic() < deadline:
+        finished.update((o.request_id, o) for o in engine.step() if o.finished)
+    assert sorted(finished) == ["r0", "r1", "r2"]
+    for output in finished.values():
+        assert output.outputs[0].finish_reason == "error"
+        assert "tensor-parallel rank 1" in output.error and "died" in output.error
+    stats = engine.get_stats()
+    assert stats.num_free_blocks == stats.num_total_blocks
+    return old
 
 
 def gone(pid: int) -> bool:
