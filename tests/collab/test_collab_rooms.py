@@ -37,10 +37,7 @@ def file_path(project_root: Path, project_id: str) -> Path:
 
 async def joined(manager: RoomManager, key: RoomKey) -> PyClient:
     """alice, in the room once it has adopted the file as written."""
-    alice = PyClient(manager, key, "alice")
-    await alice.start()
-    await eventually(lambda: key in manager.rooms and manager.rooms[key].mirror.written_text == "hello 😀\n")
-    return alice
+    return await joined_as(manager, key, "hello 😀\n")
 
 
 @pytest.fixture
@@ -399,7 +396,13 @@ async def test_rooms_waiting_for_the_store_hold_no_worker_thread(
 
 
 async def joined_as(manager: RoomManager, key: RoomKey, text: str) -> PyClient:
+    """alice, in the room once it has adopted the file as written and she has its text.
+
+    Typing before her copy holds the file's text makes her insert concurrent with the file's own
+    (CI once saw "typed " land after the file's text), which is not what these tests are about.
+    """
     client = PyClient(manager, key, "alice")
     await client.start()
     await eventually(lambda: key in manager.rooms and manager.rooms[key].mirror.written_text == text)
+    await eventually(lambda: str(client.text) == text)
     return client
