@@ -3,8 +3,10 @@
 Writes are debounced (at most `max_delay_s` after the first unsaved edit) and atomic (temp file
 + os.replace), so runs, deploys and git never see half a file. Runs, checkpoints and deploys flush
 the project's rooms first, so the delay only shows in a Shell: each write of a typing student's
-file costs two database writes and an fsync, and at 0.8 s a class's writes were a fifth of the
-server's CPU. A change on disk that we did not
+file costs two database writes, and at 0.8 s a class's writes were a fifth of the server's CPU.
+No fsync: the file is a copy of the stored document, which a restart writes out again if the file
+is behind it (`Room.reconcile_disk`); fsyncing every write kept the kernel's ext4 workers at half
+a core under a class of 100. A change on disk that we did not
 write is handed to the room together with the document state that was last written (the
 base), so the room can rebase the outside edit onto everything typed since.
 
@@ -70,8 +72,6 @@ def write_text_atomic(path: Path, text: str, expected: FileStamp | None) -> None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(text.encode("utf-8"))
-            handle.flush()
-            os.fsync(handle.fileno())
         if path.exists():
             os.chmod(tmp, path.stat().st_mode & 0o7777)
         if file_stamp(path) != expected:
