@@ -205,7 +205,7 @@ class Runner:
         run = await self.backend.start(spec)
         loop = asyncio.get_running_loop()
         run.on_change = lambda: loop.create_task(self._say(out, t="wait", v=int(run.waiting_for_input)))
-        run.on_files_copied = lambda: loop.create_task(self._say(out, t="files"))
+        run.on_files_copied = lambda: loop.create_task(self._files_copied(out, spec.project_dir))
         ended = asyncio.Event()
         steering = asyncio.create_task(self._steer(run_id, run, ended))
         try:
@@ -220,9 +220,14 @@ class Runner:
         finally:
             ended.set()
         result = await run.result()
+        await _handed_back(spec.project_dir)
         await self._say(out, t="result", r=encode_result(result))
         await self._say(in_key(run_id), t="ended")  # wakes the steering read now, not after its 1 s block: the slot frees
         await steering
+
+    async def _files_copied(self, out: str, project_dir: Path) -> None:
+        await _handed_back(project_dir)
+        await self._say(out, t="files")
 
     async def _told_to_cancel(self, run_id: str) -> bool:
         entries = cast(list[Entry], await self.redis.xrange(in_key(run_id)))
@@ -304,6 +309,29 @@ async def start_own_runner(settings: Settings) -> Callable[[], Awaitable[None]] 
         await redis.aclose()
 
     return stopped
+
+
+def hand_back(folder: Path) -> None:
+    """Give what this process wrote under `folder` (a run's files, copied back) to the folder's owner.
+
+    A runner runs as root (in its container) beside replicas that run as another uid (10001 in the app image)
+    and must change and remove what runs wrote in their shared folders: a new folder in a project, a package
+    install's downloads. Links are neither followed nor walked into."""
+    owner, me = os.stat(folder), os.geteuid()
+    if owner.st_uid == me:
+        return
+    for _, folders, files, dir_fd in os.fwalk(folder):
+        for name in (*folders, *files):
+            with suppress(FileNotFoundError):
+                if os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_uid == me:
+                    os.chown(name, owner.st_uid, owner.st_gid, dir_fd=dir_fd, follow_symlinks=False)
+
+
+async def _handed_back(folder: Path) -> None:
+    try:
+        await asyncio.to_thread(hand_back, folder)
+    except OSError as exc:  # the files are there all the same; only their owner is not the folder's
+        log.warning("handing %s back to its owner failed: %s", folder, exc)
 
 
 def _internal_error(message: str) -> str:

@@ -78,7 +78,8 @@ def encode_spec(spec: RunSpec) -> str:
     return json.dumps({
         "argv": list(spec.argv), "project_dir": str(spec.project_dir), "limits": dataclasses.asdict(spec.limits),
         "env": dict(spec.env), "terminal": spec.terminal,
-        "mounts": [{"source": str(m.source), "target": m.target, "writable": m.writable} for m in spec.mounts],
+        "mounts": [{"source": str(m.source), "target": m.target, "writable": m.writable, "owned_by_run": m.owned_by_run}
+                   for m in spec.mounts],
         "input_wait_seconds": spec.input_wait_seconds, "sync_seconds": spec.sync_seconds,
     })
 
@@ -89,7 +90,8 @@ def decode_spec(text: str | bytes) -> RunSpec:
     return RunSpec(
         argv=data["argv"], project_dir=Path(data["project_dir"]), limits=Limits(**data["limits"]), env=data["env"],
         terminal=tuple(data["terminal"]) if data["terminal"] else None,
-        mounts=tuple(Mount(Path(m["source"]), m["target"], m["writable"]) for m in data["mounts"]),
+        mounts=tuple(Mount(Path(m["source"]), m["target"], m["writable"], m.get("owned_by_run", False))
+                     for m in data["mounts"]),
         input_wait_seconds=data["input_wait_seconds"], sync_seconds=data["sync_seconds"],
     )
 

@@ -213,22 +213,32 @@ class Installer:
         async with self._locks.setdefault(key, asyncio.Lock()):
             if (env := self.cached(requirements, ecosystem)) is not None:
                 return env
-            staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.envs))
             try:
-                if ecosystem == "node":
-                    await self._sandboxed(staging, self._npm(staging, requirements), requirements, progress,
-                                          (Mount(self.npm_cache, CACHE_TARGET, writable=True),), NPM_HOSTS)
-                else:
-                    await self._pip(staging, requirements, progress)
-                if not (staging / SITE).is_dir():
-                    raise InstallFailed(f"installing {', '.join(requirements)} installed nothing")
-                pins = _installed(staging / SITE, ecosystem)
-                (staging / PINS_FILE).write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
-                os.chmod(staging, 0o755)
-                os.rename(staging, self.envs / key)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
-            return Environment(self.envs / key, pins, ecosystem)
+                return await self._install(key, requirements, progress, ecosystem)
+            except OSError as exc:  # this server's side of the install (its packages folder), not pip's
+                if (env := self.cached(requirements, ecosystem)) is not None:
+                    return env  # another server (replica, runner) installed the same list meanwhile
+                raise InstallFailed(f"installing {', '.join(requirements)} failed on the server: its packages folder "
+                                    f"could not be managed ({exc}); tell the server's administrator") from exc
+
+    async def _install(self, key: str, requirements: Sequence[str], progress: Callable[[str], None],
+                       ecosystem: Ecosystem) -> Environment:
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.envs))
+        try:
+            if ecosystem == "node":
+                await self._sandboxed(staging, self._npm(staging, requirements), requirements, progress,
+                                      (Mount(self.npm_cache, CACHE_TARGET, writable=True),), NPM_HOSTS)
+            else:
+                await self._pip(staging, requirements, progress)
+            if not (staging / SITE).is_dir():
+                raise InstallFailed(f"installing {', '.join(requirements)} installed nothing")
+            pins = _installed(staging / SITE, ecosystem)
+            (staging / PINS_FILE).write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
+            os.chmod(staging, 0o755)
+            os.rename(staging, self.envs / key)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return Environment(self.envs / key, pins, ecosystem)
 
     def alias(self, requirements: Sequence[str], env: Environment) -> None:
         """Let `requirements` (e.g. the same list, now pinned) find `env` without installing again."""

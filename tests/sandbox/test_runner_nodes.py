@@ -144,6 +144,18 @@ async def test_a_run_on_a_runner_streams_output_and_input_and_writes_back(shared
     assert (data_dir / "projects" / "p1" / "out.txt").read_text() == "ann"
 
 
+async def test_what_a_run_writes_belongs_to_the_owner_of_its_folder(shared, to_shared):
+    """A runner (root) hands what a run wrote to the folder's owner: a replica running as another uid (10001 in
+    the app image) must change and remove it, e.g. a package install's downloads."""
+    project = shared.data_dir / "projects" / "p2"
+    project.mkdir()
+    os.chown(project, 10001, 10001)
+    run = await to_shared.start(RunSpec(["python3", "-c", "import os; os.makedirs('a/b'); open('a/b/c.txt', 'w').write('x')"],
+                                        project, LIMITS))
+    assert (await run.result()).verdict is Verdict.OK
+    assert {(p.stat().st_uid, p.stat().st_gid) for p in (project / "a", project / "a/b", project / "a/b/c.txt")} == {(10001, 10001)}
+
+
 async def test_runs_spread_over_runners_with_free_slots(shared, to_shared):
     listed = subprocess.run([CODEYARD, "runner", "--list"], capture_output=True, text=True, timeout=60,
                             env={**os.environ, "CODEYARD_REDIS_URL": shared.redis_url, "CODEYARD_SANDBOX_BACKEND": "bwrap"})

@@ -103,6 +103,14 @@ async def test_a_failed_install_says_why(installer, project):
     assert list(installer.envs.glob(".staging-*")) == []
 
 
+async def test_a_packages_folder_the_server_cannot_manage_is_a_clear_failure(packages_root):
+    broken = Installer(BwrapBackend(), packages_root / "broken")
+    broken.envs.rmdir()
+    broken.envs.write_text("not a folder")  # where the install's staging folder would go
+    with pytest.raises(InstallFailed, match="failed on the server: its packages folder could not be managed"):
+        await broken.install(["six"])
+
+
 async def test_an_environment_past_the_quota_is_refused_whole(packages_root, project):
     small = Installer(BwrapBackend(), packages_root / "small", limits=dataclasses.replace(INSTALL_LIMITS, files_count=3))
     with pytest.raises(InstallFailed, match="past the quota of 3 files"):
