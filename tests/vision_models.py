@@ -168,7 +168,8 @@ def hf_reference(folder: Path, token_ids: list[int], images: list[Image.Image], 
         expanded.extend([token] * next(features) if token == IMAGE_TOKEN else [token])
     kwargs = {}
     if images:
-        kwargs.update(AutoImageProcessor.from_pretrained(folder)(images, return_tensors="pt"))
+        # one list per prompt: LLaVA-OneVision lays out several pictures differently from one
+        kwargs.update(AutoImageProcessor.from_pretrained(folder)([images], return_tensors="pt"))
     with torch.no_grad():
         out = model.generate(torch.tensor([expanded]), max_new_tokens=max_new_tokens, do_sample=False,
                              eos_token_id=None, pad_token_id=0, output_logits=True,

@@ -50,6 +50,15 @@ def vision_tower(config: PretrainedConfig, dtype: torch.dtype, final_norm: bool 
     return VisionTransformer(vision, layer, vision.model_type == "clip_vision_model", final_norm, dtype)
 
 
+def tile_features(config: PretrainedConfig) -> int:
+    """How many features the projector makes of one picture (tile) at the tower's resolution."""
+    vision = config.vision_config
+    count = int((vision.image_size // vision.patch_size) ** 2)
+    if vision.model_type == "clip_vision_model" and config.vision_feature_select_strategy == "full":
+        count += 1
+    return count
+
+
 class LlavaProjector(nn.Module):
     def __init__(self, config: PretrainedConfig, dtype: torch.dtype) -> None:
         super().__init__()
@@ -75,17 +84,15 @@ class LlavaForConditionalGeneration(nn.Module):
                                  and self.vision_tower.embeddings.class_embedding is not None)
 
     @staticmethod
-    def image_inputs(config: PretrainedConfig, processor: ImageProcessor, image: Image.Image) -> tuple[torch.Tensor, int]:
-        """An upright RGB picture -> (pixel values [3, H, W], number of placeholder tokens)."""
+    def image_inputs(config: PretrainedConfig, processor: ImageProcessor, image: Image.Image,
+                     num_images: int) -> tuple[torch.Tensor, list[int]]:
+        """An upright RGB picture -> (pixel values [3, H, W], its placeholder token ids)."""
         pixels = processor(image)
         vision = config.vision_config
         if pixels.shape[1:] != (vision.image_size, vision.image_size):
             raise ValueError(f"model: the preprocessor makes {tuple(pixels.shape[1:])} pixels but the vision "
                              f"tower takes {vision.image_size}x{vision.image_size}")
-        count = (vision.image_size // vision.patch_size) ** 2
-        if vision.model_type == "clip_vision_model" and config.vision_feature_select_strategy == "full":
-            count += 1
-        return pixels, count
+        return pixels, [config.image_token_id] * tile_features(config)
 
     def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
         """[B, 3, H, W] -> projected patch features [B, patches, text hidden]."""

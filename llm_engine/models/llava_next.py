@@ -61,10 +61,12 @@ class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
         return grid
 
     @classmethod
-    def image_inputs(cls, config: PretrainedConfig, processor: ImageProcessor, image: Image.Image) -> tuple[torch.Tensor, int]:
+    def image_inputs(cls, config: PretrainedConfig, processor: ImageProcessor, image: Image.Image,
+                     num_images: int) -> tuple[torch.Tensor, list[int]]:
         if not processor.grid_pinpoints:
             raise ValueError("model: LLaVA-NeXT needs image_grid_pinpoints in preprocessor_config.json")
-        return anyres_tiles(processor, image), cls.num_features(config, image.width, image.height)
+        count = cls.num_features(config, image.width, image.height)
+        return anyres_tiles(processor, image), [config.image_token_id] * count
 
     def encode_image(self, pixels: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor:
         """Tiles [1 + rows * cols, 3, S, S] -> [overview features; unpadded grid rows + newline each]."""

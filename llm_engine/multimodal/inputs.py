@@ -33,9 +33,11 @@ class ImageItem:
 
 
 class VisionModelClass(Protocol):
-    """A vision model's class: how many placeholders (and which pixel values) an image gets."""
+    """A vision model's class: an image's pixel values and the token ids that stand for it in the
+    prompt, which may depend on how many images the prompt has (LLaVA-OneVision)."""
 
-    def image_inputs(self, config: Any, processor: ImageProcessor, image: Image.Image) -> tuple[torch.Tensor, int]: ...
+    def image_inputs(self, config: Any, processor: ImageProcessor, image: Image.Image,
+                     num_images: int) -> tuple[torch.Tensor, list[int]]: ...
 
 
 class ImageInputs:
@@ -59,18 +61,17 @@ class ImageInputs:
         if len(places) != len(images):
             raise ImageInputError(f"prompt: {len(places)} image placeholder(s) for {len(images)} image(s); "
                                   f"put one image token (id {self.image_token_id}) where each image goes")
-        limit = getattr(self.model_class, "max_images_per_prompt", None)
-        if limit is not None and len(images) > limit:
-            raise ImageInputError(f"prompt: this model takes at most {limit} image(s) per prompt")
         expanded: list[int] = []
         items: list[ImageItem] = []
         last = 0
         for place, raw in zip(places, images):
             picture = self.load(raw)
-            pixels, count = self.model_class.image_inputs(self.config, self.processor, picture)
+            pixels, placeholders = self.model_class.image_inputs(self.config, self.processor, picture, len(images))
             expanded.extend(token_ids[last:place])
-            items.append(ImageItem(image_hash(picture), pixels, picture.size, len(expanded), count))
-            expanded.extend([self.image_token_id] * count)
+            # the pixels' shape in the key: the same picture preprocessed another way has other features
+            key = f"{image_hash(picture)}:{'x'.join(map(str, pixels.shape))}"
+            items.append(ImageItem(key, pixels, picture.size, len(expanded), len(placeholders)))
+            expanded.extend(placeholders)
             last = place + 1
         expanded.extend(token_ids[last:])
         return expanded, items

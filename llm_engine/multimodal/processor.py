@@ -2,7 +2,8 @@
 Pillow image processors (CLIP/SigLIP style): resize (shortest edge or fixed size), center crop,
 rescale, normalise. Works on any input size: the output size depends only on the config.
 LLaVA-NeXT's any-resolution tiling (`anyres_tiles`) adds tiles of the picture at the grid
-resolution that fits it best, so large pictures keep their detail.
+resolution that fits it best, so large pictures keep their detail; LLaVA-OneVision gives each of
+several pictures one tile instead, padded to a square (`pad_to_square`).
 """
 
 from __future__ import annotations
@@ -139,3 +140,13 @@ def anyres_tiles(processor: ImageProcessor, image: Image.Image) -> torch.Tensor:
     tiles += [Image.fromarray(canvas[y:y + tile, x:x + tile])
               for y in range(0, grid_h, tile) for x in range(0, grid_w, tile)]
     return torch.stack([processor(t) for t in tiles])
+
+
+def pad_to_square(processor: ImageProcessor, image: Image.Image) -> Image.Image:
+    """The picture centred on a square of the normalisation's mean colour (about 0 once normalised)."""
+    side = max(image.size)
+    if image.width == image.height:
+        return image
+    canvas = Image.new("RGB", (side, side), tuple(int(m * 255) for m in processor.image_mean))
+    canvas.paste(image, ((side - image.width) // 2, (side - image.height) // 2))
+    return canvas

@@ -29,7 +29,7 @@ from llm_engine.models.llava_next import LlavaNextForConditionalGeneration
 from llm_engine.models.llava_onevision import LlavaOnevisionForConditionalGeneration
 from llm_engine.multimodal.image import ImageInputError, ImageLimits, decode_image
 from llm_engine.multimodal.inputs import ImageItem, fit_encoder_budget
-from llm_engine.multimodal.processor import ImageProcessor, anyres_tiles
+from llm_engine.multimodal.processor import ImageProcessor, anyres_tiles, pad_to_square
 
 # The default suite runs LLaVA-1.5 end to end; `make test-llm-vision` adds NeXT, OneVision, SigLIP/Qwen2.
 full_only = pytest.mark.skipif(not os.environ.get("CODEYARD_VISION_FULL"), reason="make test-llm-vision")
@@ -96,6 +96,17 @@ def test_preprocessing_equals_transformers(processor_folders, kind, name):
         assert reference.image_sizes[0].tolist() == list(upright(FILES[name]).size[::-1])
 
 
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_onevision_several_pictures_preprocessing_equals_transformers(processor_folders, name):
+    """A OneVision prompt with several pictures: each padded to a square of the mean colour, one tile."""
+    processor = ImageProcessor.from_folder(processor_folders["llava_onevision"])
+    ours = processor(pad_to_square(processor, decode_image(FILES[name])))
+    pictures = [upright(FILES[name]), upright(FILES["png_tall"])]
+    reference = AutoImageProcessor.from_pretrained(processor_folders["llava_onevision"])([pictures], return_tensors="pt")
+    assert reference.batch_num_images.tolist() == [2]
+    assert torch.allclose(ours, reference.pixel_values[0, 0], atol=1e-5, rtol=0)
+
+
 def test_exif_orientation_and_gif_first_frame():
     assert decode_image(FILES["jpeg_exif"]).size == (17, 33)  # stored 33x17, shown upright
     first = decode_image(FILES["gif"])
@@ -114,14 +125,23 @@ PROMPTS = [
 ]
 
 
+def onevision_features(config, image, num_images):
+    """Tiles, unpadded and shrunk, for a prompt's only picture; one tile and a newline for each of several."""
+    if num_images > 1:
+        return FEATURES + 1
+    return LlavaOnevisionForConditionalGeneration.num_features(config, *image.size)
+
+
 # The other architectures (`make test-llm-vision`): a builder, how many features a picture of (width, height)
-# becomes, and prompts (zero, one or several pictures; OneVision takes one a prompt).
+# becomes in a prompt with n pictures, and prompts (zero, one or several pictures).
 OTHER_ARCHITECTURES = {
-    "llava_next": (partial(build_llava, next_version=True), LlavaNextForConditionalGeneration.num_features,
+    "llava_next": (partial(build_llava, next_version=True),
+                   lambda config, image, n: LlavaNextForConditionalGeneration.num_features(config, *image.size),
                    PROMPTS[:5]),
-    "siglip_qwen2": (build_llava_siglip, None, [PROMPTS[0], PROMPTS[3], PROMPTS[4]]),
-    "llava_onevision": (build_llava_onevision, LlavaOnevisionForConditionalGeneration.num_features,
-                        [PROMPTS[0], PROMPTS[1], PROMPTS[4], ([2, IMAGE_TOKEN, 9, 9], ["webp"])]),
+    "siglip_qwen2": (build_llava_siglip, lambda config, image, n: FEATURES, [PROMPTS[0], PROMPTS[3], PROMPTS[4]]),
+    "llava_onevision": (build_llava_onevision, onevision_features,
+                        [PROMPTS[0], PROMPTS[1], PROMPTS[3], PROMPTS[4], PROMPTS[6],
+                         ([2, IMAGE_TOKEN, 9, 9], ["webp"]), ([IMAGE_TOKEN, 8, IMAGE_TOKEN, 9], ["png_tall", "webp"])]),
 }
 
 
@@ -130,16 +150,13 @@ def other_architecture(request, tmp_path_factory):
     """(folder, prompts, Transformers' greedy references) for LLaVA-NeXT (any-resolution tiles: a picture's
     placeholder count depends on its size), LLaVA with SigLIP and Qwen2 (LLaVA-Interleave's shape: no class token,
     the last layer's states, fixed-size resizing), and LLaVA-OneVision (SigLIP, Qwen2, tiles, maps over
-    `anyres_max_1` shrunk)."""
+    `anyres_max_1` shrunk; several pictures in a prompt each one square tile)."""
     build, num_features, prompts = OTHER_ARCHITECTURES[request.param]
     folder = build(tmp_path_factory.mktemp(request.param))
     config = AutoConfig.from_pretrained(folder)
-
-    def features(image):
-        return num_features(config, *image.size) if num_features else FEATURES
-
     references = [hf_reference(folder, ids, [upright(FILES[n]) for n in names],
-                               [features(upright(FILES[n])) for n in names], MAX_NEW) for ids, names in prompts]
+                               [num_features(config, upright(FILES[n]), len(names)) for n in names], MAX_NEW)
+                  for ids, names in prompts]
     return folder, prompts, references
 
 
@@ -154,9 +171,6 @@ def test_other_architectures_batched_parity_with_transformers(other_architecture
         again = llm.generate(as_inputs(prompts), GREEDY, use_tqdm=False)
         assert sum(o.metrics.num_cached_tokens for o in again) > 0
         check_logprobs_close(results(again), references)
-    if "onevision" in folder.name:
-        with pytest.raises(ImageInputError, match="at most 1 image"):
-            llm.generate(as_inputs(PROMPTS[3:4]), GREEDY, use_tqdm=False)
 
 
 @pytest.fixture(scope="module")
