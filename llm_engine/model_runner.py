@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 import torch
 
 from llm_engine import gpu_memory
+from llm_engine.autodeploy.engine_dir import check_engine_options, load_model
 from llm_engine.config import EngineConfig
 from llm_engine.cuda_graphs import DecodeGraphs, capture_sizes
 from llm_engine.distributed import get_tp_size
@@ -133,17 +134,21 @@ class ModelRunner:
             used_before = gpu_memory.used_now(self.device)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.dtype = resolve_dtype(config, hf_config)
+        # an engine built by `codeyard llm build` comes transformed, loaded and quantized
+        self.dtype = resolve_dtype(config, hf_config) if source.engine is None else check_engine_options(config, source.engine)
         self.block_size = config.block_size
         self.backend = make_attention_backend(config)
-        model_class = resolve_model_class(getattr(hf_config, "architectures", None), config.model_impl)
-        with torch.device(self.device):
-            self.model = model_class(hf_config, self.backend, self.dtype)
-        checkpoint = source.checkpoint_quant(hf_config)
-        self.quantization, keep = assign_quantization(self.model, config.quantization, source.gguf_tensor_types(),
-                                                      checkpoint)
+        if source.engine is not None:
+            self.model, self.quantization = load_model(source.folder, self.backend, self.device), source.engine.quantization
+        else:
+            model_class = resolve_model_class(getattr(hf_config, "architectures", None), config.model_impl)
+            with torch.device(self.device):
+                self.model = model_class(hf_config, self.backend, self.dtype)
+            checkpoint = source.checkpoint_quant(hf_config)
+            self.quantization, keep = assign_quantization(self.model, config.quantization, source.gguf_tensor_types(),
+                                                          checkpoint)
+            self._lm.load_weights(source.weights(hf_config, keep, checkpoint))
         logger.info("quantization (%s): %s", config.quantization, summarize(self.quantization))
-        self._lm.load_weights(source.weights(hf_config, keep, checkpoint))
         for module in self.model.modules():
             if isinstance(module, LinearBase):
                 module.quant_method.process_weights_after_loading(module)

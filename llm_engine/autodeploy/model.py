@@ -38,6 +38,7 @@ class AutoDeployedCausalLM(nn.Module):
             clean_graph(graph, device)
         context = PassContext(backend, dtype)
         self.report = run_passes(captured.body, context)
+        captured.body.delete_all_unused_submodules()  # the projections merged away: no second copy of their weights
         for line in self.report:
             logger.info("autodeploy: %s", line)
         self.body: fx.GraphModule = captured.body

@@ -20,7 +20,11 @@ class PagedAttention(nn.Module):
         super().__init__()
         self.attn = Attention(num_heads, num_kv_heads, head_dim, scale, backend)
         self.sliding_window, self.softcap = sliding_window, softcap
-        if (sliding_window or softcap) and not isinstance(backend, TorchPagedAttention):
+        self.check_backend(backend)
+
+    def check_backend(self, backend: AttentionBackend) -> None:
+        """Windowed and soft-capped layers read the pool in the CPU backends' layout."""
+        if (self.sliding_window or self.softcap) and not isinstance(backend, TorchPagedAttention):
             raise ValueError(f"autodeploy: sliding window / soft-capped attention needs the 'torch' or 'native' "
                              f"attention backend, not {type(backend).__name__}")
 

@@ -28,5 +28,9 @@ def resolve_model(setting: str | None) -> tuple[str, str]:
     path = Path(setting).expanduser()
     if not path.exists():
         raise ValueError(f"model: {setting!r} does not exist (give a local Hugging Face folder or .gguf file)")
+    from llm_engine.loader.engine_manifest import EngineManifest, is_engine_dir  # imports torch: only here
+
+    if is_engine_dir(path):  # a built engine this installation cannot load: refused now, not once serving
+        EngineManifest.read(path)
     name = path.stem if path.is_file() else path.name
     return str(path), name

@@ -11,6 +11,7 @@ import torch
 from gguf import GGUFReader
 
 from llm_engine.layers.quantization_formats import CheckpointQuant
+from llm_engine.loader.engine_manifest import EngineManifest, is_engine_dir
 from llm_engine.loader.gguf_conversion import config_and_tokenizer
 from llm_engine.loader.gguf_weights import iter_gguf, tensor_types
 from llm_engine.loader.quantized_checkpoint import read_checkpoint_quant, repack
@@ -31,6 +32,7 @@ class ModelSource:
         if not path.exists():
             raise ValueError(f"model: path {model!r} does not exist (only local models are loaded)")
         self.gguf_file: str | None = None
+        self.engine = EngineManifest.read(path) if is_engine_dir(path) else None  # `codeyard llm build`'s output
         if path.is_file():
             if path.suffix != ".gguf":
                 raise ValueError(f"model: {model!r} is a file but not a .gguf file")

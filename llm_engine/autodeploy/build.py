@@ -1,0 +1,112 @@
+"""`codeyard llm build`: run capture, the passes, weight loading and quantization once and save
+the result as an ENGINE_DIR (see engine_dir.py), with a line of progress per step and a report."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from llm_engine.autodeploy.engine_dir import save_model
+from llm_engine.layers.attention import TorchPagedAttention
+from llm_engine.layers.linear import LinearBase
+from llm_engine.layers.quant_config import assign_quantization, summarize, validate
+from llm_engine.layers.quantization import WeightOnlyLinearMethod
+from llm_engine.loader import ModelSource
+from llm_engine.loader.engine_manifest import DTYPES, MANIFEST, MODEL_FILE, is_engine_dir
+
+
+@dataclass
+class BuildReport:
+    seconds: float
+    source_bytes: int
+    engine_bytes: int
+    passes: list[str]
+    quantization: str
+    choices: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return [*(f"pass {line}" for line in self.passes), *(f"choice {line}" for line in self.choices),
+                f"quantization: {self.quantization}",
+                f"built in {self.seconds:.1f} s: source {self.source_bytes / 1e6:.1f} MB -> engine "
+                f"{self.engine_bytes / 1e6:.1f} MB"]
+
+
+def check_output(out: Path) -> None:
+    """`out` must be new, empty, or an engine built before (replaced), and writable."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out: {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not is_engine_dir(out):
+        raise ValueError(f"--out: {out} holds files and is not an engine folder; give a new or empty folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".codeyard-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"--out: cannot write to {out} ({exc.strerror or exc})") from None
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def quantize_loaded(model: torch.nn.Module) -> None:
+    """Quantize the layers that round float weights at load, and mark them as holding quantized
+    tensors, so loading the engine only attaches the kernels. Float layers keep their weights as
+    loaded: their prepacking (oneDNN's bf16 layout) is machine-specific and cheap."""
+    for module in model.modules():
+        if isinstance(module, LinearBase) and isinstance(module.quant_method, WeightOnlyLinearMethod):
+            if not module.quant_method.prequantized:
+                module.quant_method.process_weights_after_loading(module)
+                module.quant_method.prequantized = True
+
+
+def build_engine(src: str, out: Path, dtype: str = "float32", quantization: str | dict[str, Any] | None = None,
+                 progress: Callable[[str], None] = print) -> BuildReport:
+    """Build `src` (a model folder or .gguf) into the engine folder `out`."""
+    from llm_engine.autodeploy.model import AutoDeployedCausalLM
+
+    start = time.perf_counter()
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype: must be one of {sorted(DTYPES)}, got {dtype!r}")
+    validate(quantization)
+    source = ModelSource(src)
+    if source.engine is not None:
+        raise ValueError(f"SRC: {src} is already a built engine; give the checkpoint it came from")
+    check_output(out)
+    progress(f"[1/5] reading {src}")
+    hf_config = source.hf_config()
+    tokenizer = source.tokenizer()
+    progress("[2/5] capturing with torch.export and running the passes")
+    with torch.device("cpu"):
+        model = AutoDeployedCausalLM(hf_config, TorchPagedAttention(), DTYPES[dtype])
+    for line in model.report:
+        progress(f"      {line}")
+    progress("[3/5] loading weights")
+    checkpoint = source.checkpoint_quant(hf_config)
+    effective, keep = assign_quantization(model, quantization, source.gguf_tensor_types(), checkpoint)
+    model.load_weights(source.weights(hf_config, keep, checkpoint))
+    progress(f"[4/5] quantizing ({summarize(effective)})")
+    quantize_loaded(model)
+    model.eval()
+    progress(f"[5/5] writing {out}")
+    for stale in (MANIFEST, MODEL_FILE):  # a rebuild: the old engine is not one until the new is complete
+        (out / stale).unlink(missing_ok=True)
+    hf_config.save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)  # type: ignore[attr-defined]  # a Hugging Face tokenizer
+    for extra in ("generation_config.json", "chat_template.jinja"):
+        if (source.folder / extra).is_file() and source.gguf_file is None:
+            shutil.copy(source.folder / extra, out / extra)
+    report = BuildReport(0.0, _size(source.folder / source.gguf_file if source.gguf_file else source.folder), 0,
+                         model.report, summarize(effective))
+    save_model(model, out, {"source": str(Path(src).resolve()), "dtype": dtype, "quantization": effective,
+                            "passes": model.report})
+    report.seconds, report.engine_bytes = time.perf_counter() - start, _size(out)
+    return report

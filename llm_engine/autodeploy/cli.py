@@ -1,0 +1,25 @@
+"""`codeyard llm build SRC --out ENGINE_DIR` (registered on llm_engine/cli.py's app)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def build(
+    source: Annotated[str, typer.Argument(metavar="SRC", help="Local Hugging Face model folder or .gguf file.")],
+    out: Annotated[Path, typer.Option(help="Engine folder to write (new, empty, or an engine to replace).")],
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
+    quantization: Annotated[str, typer.Option(help="none, auto (a GGUF stays quantized), int8, int4, fp8, w8a8, "
+                                                   "w4a8 or a per-layer YAML/JSON config file.")] = "auto",
+) -> None:
+    """Capture, transform, load and quantize SRC once; `LLM(model=ENGINE_DIR)` and `codeyard llm serve
+    --model ENGINE_DIR` then load it without re-exporting."""
+    from llm_engine.autodeploy.build import build_engine
+
+    report = build_engine(source, out, dtype, None if quantization == "none" else quantization, progress=typer.echo)
+    for line in report.lines():
+        typer.echo(line)
+    typer.echo(f"wrote {out}; load it with LLM({str(out)!r}) or `codeyard llm serve --model {out}`")

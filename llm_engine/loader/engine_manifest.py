@@ -1,0 +1,65 @@
+"""The manifest of a built engine folder (`codeyard llm build`; llm_engine/autodeploy/engine_dir.py):
+what built it and how, read before anything else so an engine this installation cannot load is
+refused with the reason, not with a pickle error."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MANIFEST = "codeyard_engine.json"
+MODEL_FILE = "model.pt"
+FORMAT = 1
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def installed_versions() -> dict[str, str]:
+    """What an engine depends on: its modules' code (codeyard) and how they pickle (torch, transformers)."""
+    import transformers
+
+    try:
+        codeyard = version("codeyard")
+    except PackageNotFoundError:
+        codeyard = "0.0.0+source"
+    return {"codeyard": codeyard, "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def is_engine_dir(path: Path) -> bool:
+    return path.is_dir() and (path / MANIFEST).is_file()
+
+
+def write_manifest(folder: Path, fields: dict[str, Any]) -> None:
+    data = {"format": FORMAT, "versions": installed_versions(), **fields}
+    (folder / MANIFEST).write_text(json.dumps(data, indent=2) + "\n")
+
+
+@dataclass
+class EngineManifest:
+    dtype: torch.dtype
+    quantization: dict[str, str]  # module -> scheme or "float", as the build chose
+    data: dict[str, Any]
+
+    @classmethod
+    def read(cls, folder: Path) -> EngineManifest:
+        """The manifest, refused (ValueError) when it is not one this installation can load."""
+        try:
+            data = json.loads((folder / MANIFEST).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"model: {folder} has an unreadable {MANIFEST} ({exc})") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            found = data.get("format") if isinstance(data, dict) else None
+            raise ValueError(f"model: {folder} is an engine of format {found!r}; this codeyard reads format {FORMAT} "
+                             f"(rebuild it with `codeyard llm build`)")
+        built, here = data.get("versions") or {}, installed_versions()
+        if built != here:
+            differ = ", ".join(f"{k} {built.get(k)} (here {v})" for k, v in here.items() if built.get(k) != v)
+            raise ValueError(f"model: the engine in {folder} was built with {differ}; rebuild it with "
+                             f"`codeyard llm build` on this installation")
+        if data.get("dtype") not in DTYPES or not (folder / MODEL_FILE).is_file():
+            raise ValueError(f"model: the engine in {folder} is incomplete (no {MODEL_FILE} or dtype)")
+        return cls(DTYPES[data["dtype"]], dict(data.get("quantization") or {}), data)
