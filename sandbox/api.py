@@ -47,6 +47,7 @@ from sandbox.packages.install import bubblewrap_installer, runners_installer
 from sandbox.run_queue import RunQueue
 from sandbox.runner import start_own_runner
 from sandbox.schemas import PackagesAdd, PackagesPublic, RunCreate, RunPublic
+from sandbox.server_presence import OrphanedRuns, server_presence
 from sandbox.service import ProjectRuns, public_of_record
 from sandbox.shell import serve_shell
 from sandbox.sweep import sweep
@@ -289,23 +290,31 @@ async def open_runs(core: Core, *, events: ProjectEvents | None, collab: Collab 
         installer = runners_installer(backend, settings.effective_packages_dir)
     else:
         installer = bubblewrap_installer(settings.effective_packages_dir) if backend is not None else None
+    presence = server_presence(settings.redis_url)
+    await presence.start()
     runs = ProjectRuns(backend, unavailable, sessions=core.sessions, projects_dir=settings.projects_dir,
                        editors=OpenEditors.of(collab),
                        announce=events.announce if events else None,
                        environment_of=_run_environment(core.sessions, secrets),
                        installer=installer, max_running=settings.sandbox_max_running,
                        max_running_per_user=settings.sandbox_max_running_per_user,
-                       max_per_user=settings.sandbox_max_runs_per_user)
-    await run_in_threadpool(runs.close_interrupted)
+                       max_per_user=settings.sandbox_max_runs_per_user, server_id=presence.server_id)
+    orphans = OrphanedRuns(presence, runs.unfinished_servers, runs.close_runs_of)
+    await orphans.sweep_logged()
+    sweeping = asyncio.create_task(orphans.sweep_forever()) if presence.shared else None
     if events is not None:
         events.on_access_changed(runs.access_changed)  # a removed member's Webviews close at once
     own_runner = await start_own_runner(settings) if backend is not None and backend.name == "runners" else None
     try:
         yield runs
     finally:
+        if sweeping is not None:
+            sweeping.cancel()
+            await asyncio.gather(sweeping, return_exceptions=True)
         if own_runner is not None:
             await own_runner()
         await runs.shutdown()
+        await presence.close()
         close = getattr(backend, "close", None)
         if close is not None:
             await close()

@@ -34,3 +34,4 @@ class RunRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+    server_id: Mapped[str | None] = mapped_column(String(16), default=None)  # who follows it (server_presence)

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from collab.editors import OpenEditors
@@ -83,13 +83,13 @@ class ProjectRuns:
                  editors: OpenEditors, installer: Installer | None = None, max_running: int, max_running_per_user: int,
                  max_per_user: int, max_queued: int = 64, max_shells: int = 16, max_shells_per_user: int = 2,
                  announce: Callable[[str, dict[str, Any]], None] | None = None,
-                 environment_of: Callable[[str], dict[str, str]] | None = None) -> None:
-        """announce: tells a project's open workspaces something (the events hub): a run started (so every
+                 environment_of: Callable[[str], dict[str, str]] | None = None, server_id: str | None = None) -> None:
+        """server_id: this server's, recorded with each run (see sandbox.server_presence). announce: tells a project's open workspaces something (the events hub): a run started (so every
         member's console follows it), or a run wrote files (so their trees re-read). environment_of: a
         project's extra run environment (the secrets its owner exposes to runs), called in a worker thread."""
         self.backend, self.unavailable = backend, unavailable
         self.sessions, self.projects_dir, self.editors = sessions, projects_dir, editors
-        self.installer = installer
+        self.installer, self.server_id = installer, server_id
         self.queue = RunQueue(PackagesFirst(backend, installer) if installer else backend, max_running=max_running,
                               max_running_per_user=max_running_per_user, max_queued=max_queued,
                               max_per_user=max_per_user) if backend else None
@@ -261,7 +261,7 @@ class ProjectRuns:
         """In a worker thread: a write waits for SQLite's write lock, which the event loop must never do."""
         with self.sessions() as db, db.begin():
             db.add(RunRow(id=record.id, project_id=project_id, user_id=user_id, argv=record.argv, status="queued",
-                          created_at=_time(record.created_at)))
+                          created_at=_time(record.created_at), server_id=self.server_id))
 
     def _store(self, record: RunRecord) -> None:
         public = public_of_record(record)
@@ -329,10 +329,18 @@ class ProjectRuns:
             answer.append(public.model_copy(update={"username": username}))
         return answer
 
-    def close_interrupted(self) -> int:
-        """At start-up: runs a previous server left unfinished end as internal_error."""
+    def unfinished_servers(self) -> set[str | None]:
+        """The servers following unfinished runs (None: a run recorded before runs named their server)."""
+        with self.sessions() as db:
+            return set(db.scalars(select(RunRow.server_id).where(RunRow.status != "finished").distinct()))
+
+    def close_runs_of(self, servers: set[str | None]) -> int:
+        """Unfinished runs of these stopped servers end as internal_error (their server would store the outcome)."""
+        whose = [RunRow.server_id.in_({server for server in servers if server is not None})]
+        if None in servers:
+            whose.append(RunRow.server_id.is_(None))
         with self.sessions() as db, db.begin():
-            rows = db.scalars(select(RunRow).where(RunRow.status != "finished")).all()
+            rows = db.scalars(select(RunRow).where(RunRow.status != "finished", or_(*whose))).all()
             for row in rows:
                 row.status, row.verdict = "finished", "internal_error"
                 row.message, row.finished_at = "the server stopped during this run", datetime.now(UTC)
