@@ -36,14 +36,19 @@ def swarm():
     deployed = docker("stack", "deploy", "-c", "docker-compose.yml", "-c", "docker/swarm.yml", STACK, check=False)
     assert deployed.returncode == 0, deployed.stderr[-3000:]
     try:
-        eventually(lambda: httpx.get("http://127.0.0.1:8780/readyz", timeout=5).status_code == 200, 300,
-                   "the swarm stack answering")
+        # Both replicas, not just the proxy: swarm ignores depends_on, so a replica that started before PostgreSQL
+        # exits and comes back, and a test begun meanwhile would meet it half-way
+        for url in ("http://127.0.0.1:8780", *REPLICAS):
+            eventually(lambda: httpx.get(f"{url}/readyz", timeout=5).status_code == 200, 300, f"{url} answering")
         yield
     finally:
         services = docker("stack", "ps", STACK, "--no-trunc", "--format", "{{.Name}} {{.CurrentState}} {{.Error}}",
                           check=False)
+        logs = [docker("service", "logs", "--no-task-ids", "--timestamps", "--tail", "80", f"{STACK}_{service}", check=False)
+                for service in ("proxy", "app1", "app2", "runner1")]  # why a task was replaced, if one was
         (REPO / "test-artifacts").mkdir(exist_ok=True)
-        (REPO / "test-artifacts" / "swarm.log").write_text(services.stdout + services.stderr)
+        (REPO / "test-artifacts" / "swarm.log").write_text(services.stdout + services.stderr
+                                                           + "".join(log.stdout + log.stderr for log in logs))
         docker("stack", "rm", STACK, check=False)
         workers = docker("ps", "-aq", "--filter", "label=codeyard.runner.worker", check=False).stdout.split()
         if workers:  # a launcher killed before its worker stopped leaves it behind
