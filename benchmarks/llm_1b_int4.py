@@ -1,0 +1,104 @@
+"""What a ~1B model costs on this machine: INT4 (the engine's default int4, g128 asym) against bf16.
+
+    flock /tmp/codeyard-bench.lock .venv/bin/python benchmarks/llm_1b_int4.py
+    .venv/bin/python benchmarks/llm_1b_int4.py --npl 1,16 --ntg 32 --rows int4
+
+A Llama-shaped model with random weights is built on the spot with Transformers (hidden 2048, 16
+layers, 32 heads with 8 KV heads, intermediate 5632, SmolLM2's 49152-token vocabulary and
+tokenizer, untied LM head: ~0.92B parameters, TinyLlama's shape) and saved as bf16 safetensors to
+a temporary folder: nothing is downloaded. Each row loads it and reports its weight memory,
+single-stream decode tok/s (the B=1 run's tokens after the first) and batched output tok/s (B
+prompts of NPP random tokens decoding NTG tokens each, all at once; see
+llm_batched_vs_llamacpp.py). Rows: `bf16` (oneDNN's bf16 matmuls), `int4` (linear layers rounded
+at load to int4 g128 with zero points, bf16 activations, embedding and LM head bf16). Random
+weights make the arithmetic, not the text, realistic. The machine is shared: figures are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.llm_batched_vs_llamacpp import engine_batched, print_table  # noqa: E402
+
+SHAPE = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "intermediate_size": 5632, "max_position_embeddings": 2048}
+ROWS = {"bf16": ("bfloat16", None), "int4": ("bfloat16", "int4"), "int4-f32": ("float32", "int4")}
+
+
+def build_model(folder: Path, layers: int) -> None:
+    """Random bf16 weights (seeded), SmolLM2's tokenizer, saved as a local Transformers folder."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from benchmarks.__main__ import load_tokenizer
+    from llm_engine.entrypoints.models import builtin_model_path
+
+    tokenizer = load_tokenizer(str(builtin_model_path()))
+    config = LlamaConfig(**{**SHAPE, "num_hidden_layers": layers}, vocab_size=len(tokenizer),
+                         tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters, {layers} layers",
+          flush=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--npp", type=int, default=32, help="prompt tokens per sequence (default 32)")
+    p.add_argument("--ntg", type=int, default=16, help="output tokens per sequence (default 16)")
+    p.add_argument("--npl", default="1,8", help="batch sizes; 1 gives the single-stream figure (default 1,8)")
+    p.add_argument("--rows", default="int4,bf16", help=f"of {','.join(ROWS)} (default int4,bf16)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--layers", type=int, default=SHAPE["num_hidden_layers"], help="fewer for a quick check")
+    args = p.parse_args(argv)
+    try:
+        npl = sorted({int(b) for b in args.npl.split(",")})
+    except ValueError:
+        p.error(f"--npl: expected numbers like 1,8, got {args.npl!r}")
+    rows = [r for r in args.rows.split(",") if r]
+    if unknown := [r for r in rows if r not in ROWS]:
+        p.error(f"--rows: unknown {unknown}; choose from {list(ROWS)}")
+    if args.npp < 1 or args.ntg < 2 or args.threads < 1 or args.layers < 1 or min(npl) < 1:
+        p.error("--npp, --threads, --layers and batch sizes must be at least 1, --ntg at least 2")
+    from llm_engine import LLM
+
+    report: dict = {}
+    with tempfile.TemporaryDirectory(prefix="codeyard-1b-") as tmp:
+        start = time.perf_counter()
+        build_model(Path(tmp), args.layers)
+        print(f"built and saved in {time.perf_counter() - start:.0f} s; prompts {args.npp}, outputs {args.ntg}, "
+              f"batch sizes {npl}, {args.threads} threads; load averages "
+              f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} (shared machine: noisy)", flush=True)
+        for row in rows:
+            dtype, quantization = ROWS[row]
+            print(f"engine {row} ...", file=sys.stderr, flush=True)
+            llm = LLM(model=tmp, dtype=dtype, quantization=quantization, num_threads=args.threads,
+                      max_num_seqs=max(npl), enable_prefix_caching=False, kv_cache_memory="512MiB")
+            figures = engine_batched(llm, args.npp, args.ntg, npl)
+            report[row] = {"weight_bytes": llm.engine.model_runner.weight_bytes, "batched": figures}
+            del llm
+            print_table(f"{row}: weights {report[row]['weight_bytes'] / 2**30:.2f} GiB", figures, None)
+    print()
+    for row, r in report.items():
+        single = r["batched"].get(1, {}).get("decode_tok_s")
+        batched = max(f["output_tok_s"] for f in r["batched"].values())
+        line = f"{row:<9} weights {r['weight_bytes'] / 2**30:.2f} GiB"
+        if "bf16" in report:
+            line += f" ({r['weight_bytes'] / report['bf16']['weight_bytes']:.2f}x bf16)"
+        line += f", single-stream {single:.1f} tok/s" if single else ""
+        print(line + f", best batched {batched:.1f} output tok/s")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+"""Batched throughput: our engine against llama.cpp's own batched decoding (`llama-batched-bench`).
+
+    flock /tmp/codeyard-bench.lock .venv/bin/python benchmarks/llm_batched_vs_llamacpp.py
+    .venv/bin/python benchmarks/llm_batched_vs_llamacpp.py --npp 64 --ntg 32 --npl 1,8,32 --rows int4,bf16
+    .venv/bin/python benchmarks/llm_batched_vs_llamacpp.py --build-llamacpp     # build the anchor only
+
+The same GGUF (the built-in SmolLM2-135M Q4_1), the same prompt and output lengths and the same
+batch sizes for both, in one run: for each batch size B, B prompts of NPP random tokens, each
+decoding NTG tokens (greedy, EOS ignored; llama.cpp's tool feeds random tokens and does not sample,
+which favours it), all submitted at once. A run's output tok/s is B * NTG over its wall time
+(prefill included; llama.cpp gets `-ntg NTG-1`, its prompt step giving the first token as ours
+does); decode tok/s counts the tokens after the first over the time after the last first token.
+Our rows: `int4` is the GGUF's Q4_1 blocks kept quantized (the default, float32 activations),
+`bf16` the same weights dequantized to bfloat16, `f32` to float32. Goals (issue 16): our best
+output tok/s >= 2x llama.cpp's best, and int4 >= 1.3x our bf16. For the largest batch each row
+also prints where an engine step's time goes (decoder layers, LM head, sampling, the rest).
+
+llama.cpp is built natively (-DGGML_NATIVE=ON, as a user builds it on their machine) with CMake
+from the llama.cpp source that the llama-cpp-python sdist vendors (LLAMA_CPP_PYTHON, the version
+constraints.txt pins), into .codeyard/cache/llama.cpp-build (not tracked). `--build-llamacpp`
+downloads the sdist with pip and builds only `llama-batched-bench`: 30-60+ minutes on 2 busy cores.
+Until it is built (`--llamacpp auto`, the default) the anchor is the tool's loop run through
+llama-cpp-python's bindings, whose library the README has built natively from the same source.
+With one thread the CPU seconds of each run are printed too (waiting for a core is not in them).
+The machine is shared: rerun and read the ratios, not the absolute figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.suites.throughput import VOCAB_HIGH, VOCAB_LOW, StepClock, find_smollm2_gguf, mark  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA_CPP_PYTHON = "0.3.36"
+BUILD_DIR = ROOT / ".codeyard" / "cache" / "llama.cpp-build"
+BINARY = "llama-batched-bench"
+BATCHED_GOAL = 2.0  # our best output tok/s vs llama.cpp's best
+INT4_GOAL = 1.3  # our int4 vs our bf16
+ROWS = {"int4": ("float32", "auto"), "bf16": ("bfloat16", None), "f32": ("float32", None)}
+
+
+class LlamaCppMissing(RuntimeError):
+    """llama-batched-bench is not built; the message says how to build it."""
+
+
+def find_batched_bench(build_dir: Path = BUILD_DIR) -> Path:
+    binary = build_dir / "bin" / BINARY
+    if not binary.is_file():
+        raise LlamaCppMissing(
+            f"{BINARY} is not built ({binary} is missing): run `.venv/bin/python "
+            f"benchmarks/llm_batched_vs_llamacpp.py --build-llamacpp` to build it natively from the "
+            f"llama-cpp-python=={LLAMA_CPP_PYTHON} sdist's llama.cpp (needs pip, cmake and a C++ compiler)")
+    return binary
+
+
+def build_batched_bench(build_dir: Path = BUILD_DIR) -> Path:
+    """Download the sdist, configure natively and build the one tool, with the build's progress shown."""
+    for tool in ("cmake", "c++"):
+        if shutil.which(tool) is None:
+            raise LlamaCppMissing(f"building {BINARY} needs {tool} on PATH")
+    source_root = build_dir.parent / "llama.cpp-src"
+    source = source_root / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
+    if not source.is_dir():
+        print(f"downloading the llama-cpp-python=={LLAMA_CPP_PYTHON} sdist into {source_root} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+                        f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(source_root)], check=True)
+        with tarfile.open(source_root / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz") as sdist:
+            sdist.extractall(source_root, filter="data")
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    print(f"configuring {source} natively (-DGGML_NATIVE=ON) into {build_dir} ...", flush=True)
+    subprocess.run(["cmake", "-S", str(source), "-B", str(build_dir), *generator, "-DCMAKE_BUILD_TYPE=Release",
+                    "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF"], check=True)
+    print(f"building {BINARY} (each compiled file is printed) ...", flush=True)
+    subprocess.run(["cmake", "--build", str(build_dir), "--target", BINARY, "-j", str(os.cpu_count() or 1)],
+                   check=True)
+    return find_batched_bench(build_dir)
+
+
+def llamacpp_batched(binary: Path, gguf: Path, npp: int, ntg: int, npl: list[int], threads: int) -> dict[int, dict]:
+    """llama-batched-bench's figures per batch size, in this benchmark's terms."""
+    command = [str(binary), "-m", str(gguf), "-c", str(max(npl) * (npp + ntg)), "-b", "2048", "-ub", "512",
+               "-npp", str(npp), "-ntg", str(ntg - 1), "-npl", ",".join(map(str, npl)),
+               "-t", str(threads), "-tb", str(threads), "--output-format", "jsonl"]
+    print("llama.cpp: " + " ".join(command), file=sys.stderr, flush=True)
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{BINARY} failed ({done.returncode}): {done.stderr[-2000:]}")
+    rows = [json.loads(line) for line in (done.stdout + done.stderr).splitlines() if line.startswith("{")]
+    return {r["pl"]: {"output_tok_s": r["pl"] * ntg / r["t"], "decode_tok_s": r["speed_tg"],
+                      "prefill_tok_s": r["speed_pp"], "seconds": r["t"]} for r in rows}
+
+
+def llamacpp_batched_bindings(gguf: Path, npp: int, ntg: int, npl: list[int], threads: int) -> dict[int, dict]:
+    """llama-batched-bench's loop (prompts of all sequences decoded together in 2048-token calls,
+    then one call per output step with one token per sequence, random tokens, no sampling), run
+    through llama-cpp-python's bindings to the library built from the same source: for when the
+    tool is not built. Filling the batch from Python adds ~1 us per token to each call."""
+    import llama_cpp as lc
+
+    lc.llama_backend_init()
+    model = lc.llama_model_load_from_file(str(gguf).encode(), lc.llama_model_default_params())
+    params = lc.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch = max(npl) * (npp + ntg), 2048, 512
+    params.n_threads = params.n_threads_batch = threads
+    params.n_seq_max, params.kv_unified = max(npl), False  # as the tool sets them
+    ctx = lc.llama_init_from_model(model, params)
+    batch = lc.llama_batch_init(2048, 0, 1)
+    n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+    rng = random.Random(0)
+
+    def decode(tokens: list[tuple[int, int, bool]]) -> None:  # (position, sequence, wants logits)
+        for first in range(0, len(tokens), 2048):
+            chunk = tokens[first:first + 2048]
+            batch.n_tokens = len(chunk)
+            for i, (pos, seq, logits) in enumerate(chunk):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = rng.randrange(n_vocab), pos, 1
+                batch.seq_id[i][0], batch.logits[i] = seq, logits
+            if lc.llama_decode(ctx, batch) != 0:
+                raise SystemExit(f"llama_decode failed for a batch of {len(chunk)} tokens")
+        lc.llama_synchronize(ctx)
+
+    try:
+        decode([(i, 0, False) for i in range(16)])  # warm-up, as the tool does
+        results = {}
+        for b in npl:
+            lc.llama_memory_clear(lc.llama_get_memory(ctx), False)
+            start, cpu = time.perf_counter(), time.process_time()
+            decode([(i, s, i == npp - 1) for s in range(b) for i in range(npp)])
+            prompt_done = time.perf_counter()
+            for step in range(ntg - 1):
+                decode([(npp + step, s, True) for s in range(b)])
+            t_pp, t_tg = prompt_done - start, time.perf_counter() - prompt_done
+            results[b] = {"output_tok_s": b * ntg / (t_pp + t_tg), "decode_tok_s": b * (ntg - 1) / t_tg,
+                          "prefill_tok_s": b * npp / t_pp, "seconds": t_pp + t_tg,
+                          "cpu_seconds": time.process_time() - cpu}
+            print(f"  B={b}: {results[b]['output_tok_s']:.1f} output tok/s", file=sys.stderr, flush=True)
+        return results
+    finally:
+        lc.llama_batch_free(batch)
+        lc.llama_free(ctx)
+        lc.llama_model_free(model)
+
+
+def prompts(count: int, length: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(length)] for _ in range(count)]
+
+
+def engine_batched(llm, npp: int, ntg: int, npl: list[int], seed: int = 0, vocab: int = VOCAB_HIGH) -> dict[int, dict]:
+    """Our engine's figures per batch size (one generate() call each); the largest batch's step
+    breakdown under "breakdown_ms"."""
+    from llm_engine import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=ntg, ignore_eos=True)
+    llm.generate(prompts(2, npp, seed - 1), params, use_tqdm=False)  # warm-up
+    results: dict[int, dict] = {}
+    for b in npl:
+        batch = [[t % vocab for t in p] for p in prompts(b, npp, seed + b)]
+        if b == max(npl):
+            clock, steps = StepClock(llm), count_steps(llm)
+        start, cpu = time.perf_counter(), time.process_time()
+        outputs = llm.generate(batch, params, use_tqdm=False)
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+        if any(len(o.outputs[0].token_ids) != ntg for o in outputs):
+            raise RuntimeError("the engine produced a different number of tokens than asked")
+        last_first = max(o.metrics.first_token_time for o in outputs)
+        decode_s = max(o.metrics.finished_time for o in outputs) - last_first
+        results[b] = {"output_tok_s": b * ntg / seconds, "decode_tok_s": b * (ntg - 1) / decode_s,
+                      "prefill_tok_s": b * npp / (last_first - min(o.metrics.arrival_time for o in outputs)),
+                      "seconds": seconds, "cpu_seconds": cpu}
+        print(f"  B={b}: {results[b]['output_tok_s']:.1f} output tok/s", file=sys.stderr, flush=True)
+    results[max(npl)]["breakdown_ms"] = clock.breakdown(steps[0])
+    return results
+
+
+def count_steps(llm) -> list[int]:
+    """A counter of the engine's steps from now on (a one-item list, updated in place)."""
+    count, step = [0], llm.engine.step
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return step(*args, **kwargs)
+
+    llm.engine.step = counted
+    return count
+
+
+def print_table(title: str, figures: dict[int, dict], anchor: dict[int, dict] | None) -> None:
+    print(f"\n{title}")
+    print(f"{'B':>4}{'output tok/s':>14}{'decode tok/s':>14}{'prefill tok/s':>15}{'seconds':>9}{'CPU s':>8}"
+          + ("   vs llama.cpp (output / decode / output per CPU s)" if anchor else ""))
+    for b, f in figures.items():
+        line = (f"{b:>4}{f['output_tok_s']:14.1f}{f['decode_tok_s']:14.1f}{f['prefill_tok_s']:15.1f}"
+                f"{f['seconds']:9.2f}{f.get('cpu_seconds', math.nan):8.2f}")
+        if anchor and b in anchor:
+            theirs = anchor[b]
+            line += (f"   {f['output_tok_s'] / theirs['output_tok_s']:.2f}x / "
+                     f"{f['decode_tok_s'] / theirs['decode_tok_s']:.2f}x / "
+                     f"{theirs.get('cpu_seconds', math.nan) / f['cpu_seconds']:.2f}x")
+        print(line)
+    if "breakdown_ms" in figures[max(figures)]:
+        bd = figures[max(figures)]["breakdown_ms"]
+        print(f"  B={max(figures)}, ms per engine step: " + ", ".join(f"{k} {v:.1f}" for k, v in bd.items()))
+
+
+def best(figures: dict[int, dict]) -> tuple[float, int]:
+    return max((f["output_tok_s"], b) for b, f in figures.items())
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--npp", type=int, default=128, help="prompt tokens per sequence (default 128)")
+    p.add_argument("--ntg", type=int, default=64, help="output tokens per sequence (default 64)")
+    p.add_argument("--npl", default="1,4,16,64", help="batch sizes (default 1,4,16,64)")
+    p.add_argument("--rows", default="int4,bf16", help=f"our rows, of {','.join(ROWS)} (default int4,bf16)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--llamacpp", choices=("auto", "binary", "bindings", "none"), default="auto",
+                   help=f"the anchor: {BINARY} if built, else (auto) its loop through llama-cpp-python")
+    p.add_argument("--build-llamacpp", action="store_true", help=f"build {BINARY} (if needed) and exit")
+    p.add_argument("--json", help="write the figures to this file")
+    args = p.parse_args(argv)
+    try:
+        args.npl = sorted({int(b) for b in args.npl.split(",")})
+    except ValueError:
+        p.error(f"--npl: expected numbers like 1,4,16, got {args.npl!r}")
+    args.rows = [r for r in args.rows.split(",") if r]
+    if unknown := [r for r in args.rows if r not in ROWS]:
+        p.error(f"--rows: unknown {unknown}; choose from {list(ROWS)}")
+    if args.npp < 1 or args.ntg < 2 or args.threads < 1 or min(args.npl) < 1:
+        p.error("--npp, --threads and batch sizes must be at least 1, --ntg at least 2")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.build_llamacpp:
+        try:
+            print(f"built: {find_batched_bench()}")
+        except LlamaCppMissing:
+            print(f"built: {build_batched_bench()}")
+        return {}
+    from llm_engine import LLM
+
+    gguf = find_smollm2_gguf()
+    binary = None
+    if args.llamacpp in ("auto", "binary"):
+        try:
+            binary = find_batched_bench()
+        except LlamaCppMissing as missing:
+            if args.llamacpp == "binary":
+                raise SystemExit(str(missing)) from None
+            print(f"{missing}. Using its loop through llama-cpp-python's bindings instead.")
+    print(f"{gguf.name}: prompts {args.npp}, outputs {args.ntg}, batch sizes {args.npl}, {args.threads} threads; "
+          f"load averages {' '.join(f'{x:.1f}' for x in os.getloadavg())} (shared machine: noisy)")
+    report: dict = {"args": vars(args)}
+    anchor = None
+    if binary:
+        anchor = report["llama.cpp"] = llamacpp_batched(binary, gguf, args.npp, args.ntg, args.npl, args.threads)
+        print_table(f"llama.cpp {BINARY} (Q4_1, native build)", anchor, None)
+    elif args.llamacpp != "none":
+        anchor = report["llama.cpp"] = llamacpp_batched_bindings(gguf, args.npp, args.ntg, args.npl, args.threads)
+        print_table(f"llama.cpp, {BINARY}'s loop through llama-cpp-python (Q4_1, native build)", anchor, None)
+    for row in args.rows:
+        dtype, quantization = ROWS[row]
+        print(f"engine {row} ...", file=sys.stderr, flush=True)
+        llm = LLM(model=str(gguf), dtype=dtype, quantization=quantization, num_threads=args.threads,
+                  max_num_seqs=max(args.npl), enable_prefix_caching=False,
+                  kv_cache_memory=max(256 << 20, 60_000 * max(args.npl) * (args.npp + args.ntg)))
+        report[row] = engine_batched(llm, args.npp, args.ntg, args.npl)
+        weight_mb = llm.engine.model_runner.weight_bytes / 1e6
+        del llm
+        print_table(f"engine {row} (weights {weight_mb:.0f} MB)", report[row], anchor)
+    print()
+    if anchor:
+        theirs, their_b = best(anchor)
+        ours, our_b, our_row = max((best(report[r])[0], best(report[r])[1], r) for r in args.rows)
+        ratio = ours / theirs
+        report["best_vs_llamacpp"] = ratio
+        print(f"best batched: ours {ours:.1f} tok/s ({our_row}, B={our_b}), llama.cpp {theirs:.1f} tok/s "
+              f"(B={their_b}): {ratio:.2f}x (goal >= {BATCHED_GOAL:g}x: {mark(ratio >= BATCHED_GOAL)})")
+    if "int4" in args.rows and "bf16" in args.rows:
+        ratio = best(report["int4"])[0] / best(report["bf16"])[0]
+        report["int4_vs_bf16"] = ratio
+        print(f"best batched int4 vs bf16: {ratio:.2f}x (goal >= {INT4_GOAL:g}x: {mark(ratio >= INT4_GOAL)})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1, default=str))
+    return report
+
+
+if __name__ == "__main__":
+    main()
