@@ -7,7 +7,9 @@ to one CPU with taskset (runs inherit it), and dispatches runs through the runne
 replica does. Throughput: `--in-flight` runs kept going for `--seconds` with 1 runner, then with 2 (goal:
 2 runners >= 1.8x one). Latency: `--runs` runs one after another through a runner vs the same runs on
 bubblewrap in this process (p50/p99 and the p99 ratio: what the Redis hop costs). Needs root and 2 CPUs;
-on a shared machine the figures move with the neighbours' load.
+on a shared machine the figures move with the neighbours' load. Each throughput phase also says the CPU
+each part used per run (this process as the dispatching replica, Redis, the runner processes themselves,
+not their runs): with 2 runners the machine has no CPU left for the first two, which take it from the runners.
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's own CPU time so far (user + system, not its children's)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Cluster:
     """A Redis server and runner processes under one temporary folder."""
 
@@ -62,11 +70,17 @@ class Cluster:
         env = {**os.environ, "CODEYARD_REDIS_URL": self.url, "CODEYARD_DATA_DIR": str(self.root / "data"),
                "CODEYARD_SANDBOX_BACKEND": "bwrap", "CODEYARD_LOG_LEVEL": "warning"}
         self.procs.append(subprocess.Popen(["taskset", "-c", str(cpu), CODEYARD, "runner", "--name", name,
-                                            "--slots", str(slots)], env=env))
+                                            "--slots", str(slots)], env=env))  # (taskset execs: the runner's pid)
         redis = aioredis.from_url(self.url)
         while not await redis.exists(heartbeat_key(name)):
             await asyncio.sleep(0.05)
         await redis.aclose()
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of the dispatcher (this process), Redis and the runner processes (their runs apart)."""
+        redis, *runners = self.procs
+        return {"dispatcher": cpu_seconds(os.getpid()), "Redis": cpu_seconds(redis.pid),
+                "runners": sum(cpu_seconds(runner.pid) for runner in runners)}
 
     def close(self) -> None:
         for proc in reversed(self.procs):
@@ -81,8 +95,10 @@ async def one_run(backend: Backend, project: Path) -> float:
     return time.perf_counter() - began
 
 
-async def throughput(backend: Backend, project: Path, seconds: float, in_flight: int) -> float:
-    """Runs finished per second with `in_flight` kept going (after a warm-up of one round)."""
+async def throughput(backend: Backend, cluster: Cluster, seconds: float, in_flight: int) -> tuple[float, dict[str, float]]:
+    """Runs finished per second with `in_flight` kept going (after a warm-up of one round), and each part's CPU
+    milliseconds per run meanwhile."""
+    project = cluster.project
     await asyncio.gather(*(one_run(backend, project) for _ in range(in_flight)))
     done = 0
     deadline = time.perf_counter() + seconds
@@ -93,9 +109,10 @@ async def throughput(backend: Backend, project: Path, seconds: float, in_flight:
             await one_run(backend, project)
             done += 1
 
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), cluster.cpu()
     await asyncio.gather(*(keep_going() for _ in range(in_flight)))
-    return done / (time.perf_counter() - began)
+    rate, after = done / (time.perf_counter() - began), cluster.cpu()
+    return rate, {part: (after[part] - used) * 1000 / done for part, used in cpu.items()}
 
 
 async def latencies(backend: Backend, project: Path, runs: int) -> list[float]:
@@ -119,9 +136,9 @@ async def main() -> None:
             await cluster.add_runner("r0", cpu=0, slots=args.slots)
             local = await latencies(BwrapBackend(), cluster.project, args.runs)
             dispatched = await latencies(remote, cluster.project, args.runs)
-            one = await throughput(remote, cluster.project, args.seconds, args.in_flight)
+            one, one_cpu = await throughput(remote, cluster, args.seconds, args.in_flight)
             await cluster.add_runner("r1", cpu=1, slots=args.slots)
-            two = await throughput(remote, cluster.project, args.seconds, args.in_flight)
+            two, two_cpu = await throughput(remote, cluster, args.seconds, args.in_flight)
         finally:
             await remote.close()
             cluster.close()
@@ -131,8 +148,10 @@ async def main() -> None:
     print(f"  dispatched / local p99: {percentile(dispatched, 99) / percentile(local, 99):.2f}x   "
           f"p50: {percentile(dispatched, 50) / percentile(local, 50):.2f}x")
     print(f"print(1) throughput, {args.in_flight} in flight for {args.seconds:g} s, {args.slots} slots per runner:")
-    print(f"  1 runner (1 CPU)   {one:6.1f} runs/s")
-    print(f"  2 runners (1 CPU each) {two:6.1f} runs/s")
+    for label, rate, cpu in (("1 runner (1 CPU)", one, one_cpu), ("2 runners (1 CPU each)", two, two_cpu)):
+        parts = ", ".join(f"{part} {ms:.1f}" for part, ms in cpu.items())
+        print(f"  {label:24s} {rate:6.1f} runs/s   CPU ms per run: {parts} "
+              f"(dispatcher + Redis: {(cpu['dispatcher'] + cpu['Redis']) * rate / 1000:.2f} of a CPU)")
     verdict = "met" if two / one >= GOAL_SCALING else "NOT met"
     print(f"  scaling 2 vs 1: {two / one:.2f}x (goal >= {GOAL_SCALING}x: {verdict})")
 
