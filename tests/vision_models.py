@@ -15,9 +15,14 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoImageProcessor,
     AutoModelForImageTextToText,
+    AutoProcessor,
     AutoTokenizer,
     CLIPImageProcessor,
     CLIPVisionConfig,
+    Idefics3Config,
+    Idefics3ImageProcessorPil,
+    Idefics3Processor,
+    Idefics3VisionConfig,
     LlamaConfig,
     LlavaConfig,
     LlavaNextConfig,
@@ -69,18 +74,23 @@ CORPUS = ["What is in this plot? The axes show the sine of x.", "def area(radius
           "You are a helpful programming assistant inside a code editor. Answer briefly and concretely."]
 
 
-def tiny_chat_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE trained here on a few lines, ChatML's template and an `<image>` token: a chat
-    tokenizer in milliseconds (SmolLM2's, read from its GGUF file, takes seconds). Its bytes are ASCII's
-    (others are dropped), so whatever tokens a random model picks decode to text."""
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>"]
+def tiny_bpe(specials: list[str], corpus: list[str]) -> Tokenizer:
+    """A byte-level BPE trained here on a few lines, in milliseconds. Its bytes are ASCII's (others
+    are dropped), so whatever tokens a random model picks decode to text."""
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     ascii_bytes = sorted({c for word, _ in bpe.pre_tokenizer.pre_tokenize_str("".join(map(chr, range(128))))
                           for c in word})
-    bpe.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
                                                         initial_alphabet=ascii_bytes))
+    return bpe
+
+
+def tiny_chat_tokenizer() -> PreTrainedTokenizerFast:
+    """ChatML's template and an `<image>` token over `tiny_bpe`: a chat tokenizer in milliseconds
+    (SmolLM2's, read from its GGUF file, takes seconds)."""
+    bpe = tiny_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>"], CORPUS)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|im_start|>", eos_token="<|im_end|>",
                                         pad_token="<|endoftext|>", additional_special_tokens=["<image>"])
     tokenizer.chat_template = CHATML
@@ -139,6 +149,51 @@ def build_llava_onevision(folder: Path) -> Path:
     AutoModelForImageTextToText.from_config(config, dtype=torch.float32).save_pretrained(folder)
     PROCESSORS["llava_onevision"]().save_pretrained(folder)
     return folder
+
+
+IDEFICS3_TOKENS = ["<|endoftext|>", "<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>",
+                   *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))]
+
+
+def idefics3_processor(folder: Path, split: bool = True) -> Idefics3Processor:
+    """Idefics3's processor: a tokenizer with its layout tokens ("\n\n" one token, as in SmolVLM's), pictures
+    resized to a 60 px longest edge and cut into 30 px tiles (or squeezed into one without splitting)."""
+    bpe = tiny_bpe(IDEFICS3_TOKENS, CORPUS + ["Question:\n\nAnswer:\n\n"] * 20)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<end_of_utterance>",
+                                        pad_token="<|endoftext|>", additional_special_tokens=IDEFICS3_TOKENS[1:])
+    images = Idefics3ImageProcessorPil(size={"longest_edge": 60}, max_image_size={"longest_edge": 30},
+                                       do_image_splitting=split)
+    processor = Idefics3Processor(images, tokenizer, image_seq_len=9)
+    processor.save_pretrained(folder)
+    return processor
+
+
+def build_idefics3(folder: Path) -> Path:
+    """Idefics3 / SmolVLM shape: its SigLIP-like tower (30 px tiles, 5 px patches: 36 patch states,
+    9 features after the 2x pixel shuffle), the connector, a Llama decoder."""
+    tokenizer = idefics3_processor(folder).tokenizer
+    vision = Idefics3VisionConfig(**{k: v for k, v in CLIP_VISION.items() if k != "projection_dim"} | {"patch_size": 5})
+    config = Idefics3Config(vision_config=vision, text_config=LlamaConfig(**TEXT | {"vocab_size": len(tokenizer)}),
+                            image_token_id=tokenizer.convert_tokens_to_ids("<image>"), scale_factor=2)
+    config.architectures = ["Idefics3ForConditionalGeneration"]
+    torch.manual_seed(77)
+    AutoModelForImageTextToText.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    return folder
+
+
+def idefics3_reference(folder: Path, text: str, images: list[Image.Image],
+                       max_new_tokens: int) -> tuple[list[int], list[int], list[float]]:
+    """(the processor's prompt ids, greedy tokens, their logprobs) from transformers for a prompt with
+    one `<image>` per picture."""
+    processor = AutoProcessor.from_pretrained(folder)
+    inputs = processor(text=[text], images=[images] if images else None, return_tensors="pt")
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
+                             pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    prompt = inputs["input_ids"][0].tolist()
+    tokens = out.sequences[0, len(prompt):].tolist()
+    return prompt, tokens, [float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(out.logits, tokens)]
 
 
 def picture(width: int, height: int, seed: int, mode: str = "RGB") -> Image.Image:

@@ -25,11 +25,6 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 TEXT_MODELS: dict[str, type[LlamaForCausalLM]] = {"llama": LlamaForCausalLM, "mistral": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}
-# Checkpoint name forms (Hugging Face hub files, and what transformers 5 writes) -> ours.
-_RENAMES = [(re.compile(r"^model\.language_model\."), "language_model.model."),
-            (re.compile(r"^lm_head\."), "language_model.lm_head."),
-            (re.compile(r"^model\.(vision_tower|multi_modal_projector|image_newline)"), r"\1"),
-            (re.compile(r"^vision_tower\.vision_model\."), "vision_tower.")]
 
 
 def text_model_class(config: PretrainedConfig) -> type[LlamaForCausalLM]:
@@ -72,12 +67,76 @@ class LlavaProjector(nn.Module):
         return out
 
 
-class LlavaForConditionalGeneration(nn.Module):
+class ImageTextModel(nn.Module):
+    """What every vision-language model here shares: a decoder whose image rows take the image
+    features as embeddings (`forward`), and loading a checkpoint whose tensor names
+    `checkpoint_renames` maps to ours. Subclasses add the vision tower and its connector."""
+
+    checkpoint_renames: list[tuple[re.Pattern[str], str]] = []
+    vision_tower: VisionTransformer
+
     def __init__(self, config: PretrainedConfig, backend: AttentionBackend, dtype: torch.dtype) -> None:
         super().__init__()
         self.config = config
         self.image_token_id = config.image_token_id
         self.language_model = text_model_class(config)(config.get_text_config(), backend, dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: object,
+                mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """`mm_embeds`: (rows, embeddings) that replace the token embeddings of those rows."""
+        decoder = self.language_model.model
+        embeds: torch.Tensor = decoder.embed_tokens(input_ids)
+        if mm_embeds is not None:
+            rows, values = mm_embeds
+            embeds[rows] = values.to(embeds.dtype)
+        hidden: torch.Tensor = decoder(input_ids, positions, metadata, inputs_embeds=embeds)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.language_model.compute_logits(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Language-model tensors go to the decoder's loader; vision tensors of layers past the
+        feature layer (and the unused final norm / pooling head) are skipped."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        depth = len(self.vision_tower.encoder.layers)
+        loaded: set[str] = set()
+
+        def text_weights() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                for pattern, replacement in self.checkpoint_renames:
+                    name = pattern.sub(replacement, name)
+                if name.startswith("language_model."):
+                    yield name.removeprefix("language_model."), tensor
+                elif name in params:
+                    _copy_loader(params[name], tensor)
+                    loaded.add(name)
+                elif not self._unused_vision_tensor(name, depth):
+                    raise ValueError(f"model: checkpoint tensor {name!r} has no matching parameter")
+
+        self.language_model.load_weights(text_weights())
+        missing = sorted(n for n in params if not n.startswith("language_model.") and n not in loaded)
+        if missing:
+            raise ValueError(f"model: checkpoint lacks weights for {missing[:5]}")
+
+    @staticmethod
+    def _unused_vision_tensor(name: str, depth: int) -> bool:
+        if not name.startswith("vision_tower."):
+            return False
+        layer = re.match(r"vision_tower\.encoder\.layers\.(\d+)\.", name)
+        return (layer is not None and int(layer.group(1)) >= depth) or any(
+            part in name for part in ("post_layernorm", ".head.", "position_ids"))
+
+
+class LlavaForConditionalGeneration(ImageTextModel):
+    # Checkpoint name forms (Hugging Face hub files, and what transformers 5 writes) -> ours.
+    checkpoint_renames = [(re.compile(r"^model\.language_model\."), "language_model.model."),
+                          (re.compile(r"^lm_head\."), "language_model.lm_head."),
+                          (re.compile(r"^model\.(vision_tower|multi_modal_projector|image_newline)"), r"\1"),
+                          (re.compile(r"^vision_tower\.vision_model\."), "vision_tower.")]
+
+    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, dtype: torch.dtype) -> None:
+        super().__init__(config, backend, dtype)
         self.vision_tower = vision_tower(config, dtype)
         self.multi_modal_projector = LlavaProjector(config, dtype)
         self.skip_class_token = (config.vision_feature_select_strategy == "default"
@@ -105,49 +164,3 @@ class LlavaForConditionalGeneration(nn.Module):
     def encode_image(self, pixels: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor:
         """One image's placeholder embeddings [tokens, text hidden]."""
         return self.image_features(pixels.unsqueeze(0))[0]
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: object,
-                mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """`mm_embeds`: (rows, embeddings) that replace the token embeddings of those rows."""
-        decoder = self.language_model.model
-        embeds: torch.Tensor = decoder.embed_tokens(input_ids)
-        if mm_embeds is not None:
-            rows, values = mm_embeds
-            embeds[rows] = values.to(embeds.dtype)
-        hidden: torch.Tensor = decoder(input_ids, positions, metadata, inputs_embeds=embeds)
-        return hidden
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.language_model.compute_logits(hidden)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Language-model tensors go to the decoder's loader; vision tensors of layers past the
-        feature layer (and the unused final norm / pooling head) are skipped."""
-        params = dict(self.named_parameters(remove_duplicate=False))
-        depth = len(self.vision_tower.encoder.layers)
-        loaded: set[str] = set()
-
-        def text_weights() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, tensor in weights:
-                for pattern, replacement in _RENAMES:
-                    name = pattern.sub(replacement, name)
-                if name.startswith("language_model."):
-                    yield name.removeprefix("language_model."), tensor
-                elif name in params:
-                    _copy_loader(params[name], tensor)
-                    loaded.add(name)
-                elif not self._unused_vision_tensor(name, depth):
-                    raise ValueError(f"model: checkpoint tensor {name!r} has no matching parameter")
-
-        self.language_model.load_weights(text_weights())
-        missing = sorted(n for n in params if not n.startswith("language_model.") and n not in loaded)
-        if missing:
-            raise ValueError(f"model: checkpoint lacks weights for {missing[:5]}")
-
-    @staticmethod
-    def _unused_vision_tensor(name: str, depth: int) -> bool:
-        if not name.startswith("vision_tower."):
-            return False
-        layer = re.match(r"vision_tower\.encoder\.layers\.(\d+)\.", name)
-        return (layer is not None and int(layer.group(1)) >= depth) or any(
-            part in name for part in ("post_layernorm", ".head.", "position_ids"))

@@ -7,6 +7,7 @@ from importlib.metadata import entry_points
 
 from torch import nn
 
+from llm_engine.models.idefics3 import Idefics3ForConditionalGeneration
 from llm_engine.models.llama import LlamaForCausalLM
 from llm_engine.models.llava import LlavaForConditionalGeneration
 from llm_engine.models.llava_next import LlavaNextForConditionalGeneration
@@ -15,6 +16,7 @@ from llm_engine.models.qwen2 import Qwen2ForCausalLM
 from llm_engine.models.qwen3 import Qwen3ForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
+    "Idefics3ForConditionalGeneration": Idefics3ForConditionalGeneration,
     "LlamaForCausalLM": LlamaForCausalLM,
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     "LlavaNextForConditionalGeneration": LlavaNextForConditionalGeneration,

@@ -71,8 +71,14 @@ def step_image_embeddings(model: ImageEncoder, cache: EncoderCache, scheduled: l
             if lo >= hi:
                 continue
             features = cache.get_or_compute(item.hash, partial(_encode, model, item, device))
-            parts.append(features[lo - item.offset:hi - item.offset])
-            rows.extend(range(row + lo - start, row + hi - start))
+            if item.feature_mask is None:
+                parts.append(features[lo - item.offset:hi - item.offset])
+                rows.extend(range(row + lo - start, row + hi - start))
+            else:  # features only for the masked positions, in order
+                mask = item.feature_mask[lo - item.offset:hi - item.offset]
+                first = int(item.feature_mask[:lo - item.offset].sum())
+                parts.append(features[first:first + int(mask.sum())])
+                rows.extend(row + lo - start + int(i) for i in mask.nonzero().flatten())
         row += num_new
     if not rows:
         return None

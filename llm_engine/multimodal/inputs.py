@@ -1,8 +1,9 @@
 """Images attached to a prompt: decoded, preprocessed, and given their placeholder positions.
 
 A prompt carries one image placeholder token per image (LLaVA's `<image>`); each is expanded to
-as many placeholders as the model has features for that image, so the image's features occupy
-prompt positions (and KV-cache blocks) like tokens do.
+as many placeholders as the model has features for that image (Idefics3 adds tile-marker tokens
+between them), so the image's features occupy prompt positions (and KV-cache blocks) like tokens do.
+A model class may name its own `processor_class` (anything with `from_folder`).
 """
 
 from __future__ import annotations
@@ -29,14 +30,17 @@ class ImageItem:
     pixel_values: torch.Tensor
     image_size: tuple[int, int]  # (width, height) of the upright picture
     offset: int  # its first placeholder position in the prompt
-    num_tokens: int
+    num_tokens: int  # positions it spans
+    # which of them take image features (the others are layout tokens, such as Idefics3's tile
+    # markers, embedded as text); None: all of them
+    feature_mask: torch.Tensor | None = None
 
 
 class VisionModelClass(Protocol):
     """A vision model's class: an image's pixel values and the token ids that stand for it in the
     prompt, which may depend on how many images the prompt has (LLaVA-OneVision)."""
 
-    def image_inputs(self, config: Any, processor: ImageProcessor, image: Image.Image,
+    def image_inputs(self, config: Any, processor: Any, image: Image.Image,
                      num_images: int) -> tuple[torch.Tensor, list[int]]: ...
 
 
@@ -47,7 +51,7 @@ class ImageInputs:
                  limits: ImageLimits = ImageLimits()) -> None:
         self.config = hf_config
         self.model_class = model_class
-        self.processor = ImageProcessor.from_folder(folder)
+        self.processor = getattr(model_class, "processor_class", ImageProcessor).from_folder(folder)
         self.image_token_id = hf_config.image_token_id
         self.limits = limits
 
@@ -70,7 +74,9 @@ class ImageInputs:
             expanded.extend(token_ids[last:place])
             # the pixels' shape in the key: the same picture preprocessed another way has other features
             key = f"{image_hash(picture)}:{'x'.join(map(str, pixels.shape))}"
-            items.append(ImageItem(key, pixels, picture.size, len(expanded), len(placeholders)))
+            mask = torch.tensor(placeholders) == self.image_token_id
+            items.append(ImageItem(key, pixels, picture.size, len(expanded), len(placeholders),
+                                   None if bool(mask.all()) else mask))
             expanded.extend(placeholders)
             last = place + 1
         expanded.extend(token_ids[last:])

@@ -12,6 +12,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,6 +26,17 @@ def _size(value: dict[str, int] | int | None) -> dict[str, int]:
     if isinstance(value, int):
         return {"height": value, "width": value}
     return dict(value or {})
+
+
+def image_processor_config(folder: Path) -> dict[str, Any]:
+    """The image processor's settings: preprocessor_config.json, or the `image_processor` part of
+    processor_config.json (where Transformers 5 saves a whole processor's settings)."""
+    single, whole = Path(folder) / "preprocessor_config.json", Path(folder) / "processor_config.json"
+    if single.is_file():
+        return dict(json.loads(single.read_text()))
+    if whole.is_file() and "image_processor" in (cfg := json.loads(whole.read_text())):
+        return dict(cfg["image_processor"])
+    raise ValueError(f"model: {folder} has no preprocessor_config.json; it cannot read images")
 
 
 @dataclass
@@ -43,10 +55,7 @@ class ImageProcessor:
 
     @classmethod
     def from_folder(cls, folder: Path) -> ImageProcessor:
-        path = Path(folder) / "preprocessor_config.json"
-        if not path.is_file():
-            raise ValueError(f"model: {folder} has no preprocessor_config.json; it cannot read images")
-        cfg = json.loads(path.read_text())
+        cfg = image_processor_config(folder)
         return cls(size=_size(cfg.get("size")), crop_size=_size(cfg.get("crop_size")),
                    resample=cfg.get("resample", Image.Resampling.BICUBIC),
                    do_resize=cfg.get("do_resize", True), do_center_crop=cfg.get("do_center_crop", False),

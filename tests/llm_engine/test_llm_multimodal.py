@@ -164,13 +164,21 @@ def other_architecture(request, tmp_path_factory):
 @pytest.mark.parametrize("prefix_caching", [True, False], ids=["prefix-cache", "no-prefix-cache"])
 def test_other_architectures_batched_parity_with_transformers(other_architecture, prefix_caching):
     folder, prompts, references = other_architecture
+    check_batched_parity(folder, as_inputs(prompts), references, prefix_caching)
+
+
+def check_batched_parity(folder, inputs, references, prefix_caching):
+    """Greedy parity for the prompts in one batch (prefill chunks of 64 tokens), and again from the
+    prefix cache when it is on. Returns the first outputs."""
     llm = LLM(str(folder), dtype="float32", num_kv_blocks=256, max_num_batched_tokens=64,
               enable_prefix_caching=prefix_caching)
-    check_logprobs_close(results(llm.generate(as_inputs(prompts), GREEDY, use_tqdm=False)), references)
+    outputs = llm.generate(inputs, GREEDY, use_tqdm=False)
+    check_logprobs_close(results(outputs), references)
     if prefix_caching:  # everything again: from the prefix cache
-        again = llm.generate(as_inputs(prompts), GREEDY, use_tqdm=False)
+        again = llm.generate(inputs, GREEDY, use_tqdm=False)
         assert sum(o.metrics.num_cached_tokens for o in again) > 0
         check_logprobs_close(results(again), references)
+    return outputs
 
 
 @pytest.fixture(scope="module")
