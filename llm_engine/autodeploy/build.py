@@ -13,12 +13,16 @@ from typing import Any
 import torch
 
 from llm_engine.autodeploy.engine_dir import save_model
+from llm_engine.autodeploy.sensitivity import calibration_tokens, measure_sensitivity
+from llm_engine.calibration import default_calibration_files
 from llm_engine.layers.attention import TorchPagedAttention
 from llm_engine.layers.linear import LinearBase
-from llm_engine.layers.quant_config import assign_quantization, summarize, validate
+from llm_engine.layers.quant_config import METHODS, assign_quantization, summarize, validate
 from llm_engine.layers.quantization import WeightOnlyLinearMethod
 from llm_engine.loader import ModelSource
 from llm_engine.loader.engine_manifest import DTYPES, MANIFEST, MODEL_FILE, is_engine_dir
+
+_CALIBRATION = (4, 256)  # sequences x tokens for the sensitivity pass
 
 
 @dataclass
@@ -67,15 +71,34 @@ def quantize_loaded(model: torch.nn.Module) -> None:
                 module.quant_method.prequantized = True
 
 
+def parse_budget(value: str) -> float:
+    """'1%' or '0.01' -> 0.01."""
+    try:
+        budget = float(value[:-1]) / 100 if value.endswith("%") else float(value)
+    except ValueError:
+        raise ValueError(f"--accuracy-budget: expected a perplexity increase such as 1% or 0.01, got {value!r}") from None
+    if not 0 <= budget < 10:
+        raise ValueError(f"--accuracy-budget: must be between 0% and 1000%, got {value!r}")
+    return budget
+
+
 def build_engine(src: str, out: Path, dtype: str = "float32", quantization: str | dict[str, Any] | None = None,
+                 accuracy_budget: float | None = None, calibration: list[Path] | None = None,
                  progress: Callable[[str], None] = print) -> BuildReport:
-    """Build `src` (a model folder or .gguf) into the engine folder `out`."""
+    """Build `src` (a model folder or .gguf) into the engine folder `out`. With `accuracy_budget`,
+    `quantization` (one method) applies only to the layers the sensitivity pass lets go."""
     from llm_engine.autodeploy.model import AutoDeployedCausalLM
 
     start = time.perf_counter()
     if dtype not in DTYPES:
         raise ValueError(f"--dtype: must be one of {sorted(DTYPES)}, got {dtype!r}")
     validate(quantization)
+    if accuracy_budget is not None and quantization not in METHODS:
+        raise ValueError(f"--accuracy-budget: needs --quantization set to one of {METHODS}, got {quantization!r}")
+    files = calibration or default_calibration_files()
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise ValueError(f"--calibration: {missing[0]} is not a file")
     source = ModelSource(src)
     if source.engine is not None:
         raise ValueError(f"SRC: {src} is already a built engine; give the checkpoint it came from")
@@ -90,6 +113,22 @@ def build_engine(src: str, out: Path, dtype: str = "float32", quantization: str 
         progress(f"      {line}")
     progress("[3/5] loading weights")
     checkpoint = source.checkpoint_quant(hf_config)
+    choices: list[str] = []
+    sensitivity: dict[str, Any] = {}
+    if accuracy_budget is not None:
+        if checkpoint is not None:
+            raise ValueError("--accuracy-budget: the checkpoint is already quantized; give a float checkpoint")
+        assign_quantization(model, None, None)
+        model.load_weights(source.weights(hf_config))
+        progress(f"      measuring each layer's {quantization} sensitivity on {len(files)} calibration files")
+        batch = calibration_tokens(files, tokenizer, hf_config.get_text_config().vocab_size, *_CALIBRATION)
+        chosen = measure_sensitivity(model, str(quantization), batch, accuracy_budget)
+        choices = chosen.lines()
+        for line in choices:
+            progress(f"      {line}")
+        quantization = chosen.quantization()
+        sensitivity = {"budget": accuracy_budget, "errors": chosen.errors, "kept": chosen.kept,
+                       "perplexity": chosen.perplexity}
     effective, keep = assign_quantization(model, quantization, source.gguf_tensor_types(), checkpoint)
     model.load_weights(source.weights(hf_config, keep, checkpoint))
     progress(f"[4/5] quantizing ({summarize(effective)})")
@@ -105,8 +144,8 @@ def build_engine(src: str, out: Path, dtype: str = "float32", quantization: str 
         if (source.folder / extra).is_file() and source.gguf_file is None:
             shutil.copy(source.folder / extra, out / extra)
     report = BuildReport(0.0, _size(source.folder / source.gguf_file if source.gguf_file else source.folder), 0,
-                         model.report, summarize(effective))
+                         model.report, summarize(effective), choices)
     save_model(model, out, {"source": str(Path(src).resolve()), "dtype": dtype, "quantization": effective,
-                            "passes": model.report})
+                            "sensitivity": sensitivity, "passes": model.report})
     report.seconds, report.engine_bytes = time.perf_counter() - start, _size(out)
     return report

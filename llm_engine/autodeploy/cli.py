@@ -14,12 +14,19 @@ def build(
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
     quantization: Annotated[str, typer.Option(help="none, auto (a GGUF stays quantized), int8, int4, fp8, w8a8, "
                                                    "w4a8 or a per-layer YAML/JSON config file.")] = "auto",
+    accuracy_budget: Annotated[str | None, typer.Option(help="With one --quantization method: keep the layers "
+                                                        "whose quantization raises perplexity on the calibration "
+                                                        "text most in float, within this increase (e.g. 1%).")] = None,
+    calibration: Annotated[list[Path] | None, typer.Option(help="Text file for the sensitivity pass (repeatable; "
+                                                           "default: Python standard library sources).")] = None,
 ) -> None:
     """Capture, transform, load and quantize SRC once; `LLM(model=ENGINE_DIR)` and `codeyard llm serve
     --model ENGINE_DIR` then load it without re-exporting."""
-    from llm_engine.autodeploy.build import build_engine
+    from llm_engine.autodeploy.build import build_engine, parse_budget
 
-    report = build_engine(source, out, dtype, None if quantization == "none" else quantization, progress=typer.echo)
+    budget = None if accuracy_budget is None else parse_budget(accuracy_budget)
+    report = build_engine(source, out, dtype, None if quantization == "none" else quantization, budget, calibration,
+                          progress=typer.echo)
     for line in report.lines():
         typer.echo(line)
     typer.echo(f"wrote {out}; load it with LLM({str(out)!r}) or `codeyard llm serve --model {out}`")
