@@ -3,6 +3,8 @@ quantize a checkpoint."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -51,10 +53,11 @@ def serve(
     max_num_seqs: Annotated[int, typer.Option(min=1)] = 64,
     tensor_parallel_size: Annotated[int, typer.Option(min=1, help="Worker processes the model is split "
                                                        "across (CPU, gloo).")] = 1,
-    distributed_executor: Annotated[str, typer.Option(help="Where the tensor-parallel ranks run: mp (local "
+    distributed_executor: Annotated[str, typer.Option(help="Where the tensor-parallel ranks, data-parallel "
+                                                      "replicas and disaggregated instances run: mp (local "
                                                       "processes) or ray (a Ray cluster at $RAY_ADDRESS).")] = "mp",
     ray_placement_strategy: Annotated[str, typer.Option(help="ray: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD "
-                                                        "(a rank per node).")] = "PACK",
+                                                        "(a rank, replica or instance per node).")] = "PACK",
     data_parallel_size: Annotated[int, typer.Option(min=1, help="Replica servers behind one endpoint, "
                                                      "routed by cached prefix.")] = 1,
     max_waiting: Annotated[int, typer.Option(min=0, help="Waiting requests before answering 429.")] = 64,
@@ -96,6 +99,10 @@ def serve(
     path, name = resolve_model(model or os.environ.get("CODEYARD_LLM_MODEL"))
     keys = api_key or [k for k in [os.environ.get("CODEYARD_LLM_API_KEY")] if k]
     check_disaggregation(disaggregated, role, kv_port, kv_transport, data_parallel_size, tensor_parallel_size)
+    servers_on_ray = check_ray_servers(distributed_executor, data_parallel_size > 1 or disaggregated,
+                                       ray_placement_strategy)
+    if servers_on_ray is not None and tensor_parallel_size == 1:
+        distributed_executor = "mp"  # "ray" placed the servers; each one's single rank runs in it
     serve_args = ["--model", path, "--served-model-name", served_model_name or name, "--device", device,
                   "--max-num-seqs", str(max_num_seqs), "--max-waiting", str(max_waiting),
                   "--kv-cache-memory", kv_cache_memory, "--request-timeout", str(request_timeout),
@@ -111,14 +118,25 @@ def serve(
         from llm_engine.entrypoints.replicas import replica_servers
         from llm_engine.entrypoints.router import create_router_app
 
-        with replica_servers(serve_args, data_parallel_size) as (urls, replica_key):
+        replicas = replica_servers(serve_args, data_parallel_size)
+        if servers_on_ray is not None:
+            from llm_engine.ray_servers import ray_replica_servers
+
+            replicas = ray_replica_servers(serve_in_process, serve_args, data_parallel_size, servers_on_ray)
+        with replicas as (urls, replica_key):
             uvicorn.run(create_router_app(urls, frozenset(keys), replica_key), host=host, port=port, log_level="info")
         return
     if disaggregated:
         from llm_engine.entrypoints.disagg_proxy import create_disagg_app
         from llm_engine.entrypoints.disagg_servers import disaggregated_servers
+        from llm_engine.entrypoints.replicas import Servers
 
-        with disaggregated_servers(serve_args, kv_transport) as pair:
+        pair_servers: contextlib.AbstractContextManager[Servers] = disaggregated_servers(serve_args, kv_transport)
+        if servers_on_ray is not None:
+            from llm_engine.ray_servers import ray_disaggregated_servers
+
+            pair_servers = ray_disaggregated_servers(serve_in_process, serve_args, kv_transport, servers_on_ray)
+        with pair_servers as pair:
             app = create_disagg_app(pair.urls[0], pair.urls[1], frozenset(keys), pair.key)
             uvicorn.run(app, host=host, port=port, log_level="info")
         return
@@ -153,6 +171,26 @@ def check_disaggregation(disaggregated: bool, role: str | None, kv_port: int | N
                                  param_hint="--disaggregated/--role")
     if disaggregated and role:
         raise typer.BadParameter("--disaggregated starts both roles itself", param_hint="--role")
+
+
+def serve_in_process(args: list[str]) -> None:
+    """`codeyard llm serve <args>` in this process until it stops (a Ray actor's server thread)."""
+    typer.main.get_command(app).main(["serve", *args], prog_name="codeyard llm", standalone_mode=False)
+
+
+def check_ray_servers(distributed_executor: str, several_servers: bool, strategy: str) -> str | None:
+    """The placement strategy when the replicas or instances go on Ray, else None; usage errors exit 2."""
+    from llm_engine.config import _RAY_PLACEMENT_STRATEGIES as RAY_PLACEMENT_STRATEGIES
+
+    if distributed_executor != "ray" or not several_servers:
+        return None
+    if importlib.util.find_spec("ray") is None:
+        raise typer.BadParameter("ray needs the ray package (pip install 'codeyard[ray]')",
+                                 param_hint="--distributed-executor")
+    if strategy not in RAY_PLACEMENT_STRATEGIES:
+        raise typer.BadParameter(f"must be one of {RAY_PLACEMENT_STRATEGIES}, got {strategy!r}",
+                                 param_hint="--ray-placement-strategy")
+    return strategy
 
 
 @app.command()

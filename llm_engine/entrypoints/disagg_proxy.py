@@ -25,8 +25,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response, StreamingResponse
 
 from llm_engine.entrypoints.protocol import OpenAIError
-from llm_engine.entrypoints.router import DEAD_FOR_S, Unreachable, open_upstream, openai_front
-from llm_engine.entrypoints.serving import sse
+from llm_engine.entrypoints.router import DEAD_FOR_S, Unreachable, open_upstream, openai_front, relay_events
 
 
 def splittable(payload: dict[str, Any]) -> bool:
@@ -84,18 +83,14 @@ def create_disagg_app(prefill_url: str, decode_url: str, api_keys: frozenset[str
     async def relay(client: httpx.AsyncClient, answer: httpx.Response, from_decode: bool) -> AsyncIterator[bytes]:
         """The instance's SSE events as they come, whole events only, so that a failure can end the
         stream with an error event of its own."""
-        pending = b""
-        try:
-            async for chunk in answer.aiter_raw():
-                pending += chunk
-                end = pending.rfind(b"\n\n") + 2
-                if end > 1:
-                    yield pending[:end]
-                    pending = pending[end:]
-        except httpx.HTTPError as exc:
+        def failed(exc: httpx.HTTPError) -> OpenAIError:
             if from_decode:
                 decode.mark_dead()
-            yield sse(decode_failed(exc).body()) + sse("[DONE]")
+            return decode_failed(exc)
+
+        try:
+            async for event in relay_events(answer, failed):
+                yield event
         finally:
             await answer.aclose()
             await client.aclose()

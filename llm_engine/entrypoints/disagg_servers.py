@@ -1,6 +1,7 @@
-"""`codeyard llm serve --disaggregated` on one machine: a prefill and a decode instance as child
-processes, each pinned to a core of its own when there are two, sharing a key only the proxy knows
-(also the key of the prefill instance's KV port)."""
+"""`codeyard llm serve --disaggregated`: a prefill and a decode instance sharing a key only the
+proxy knows (also the key of the prefill instance's KV port). On one machine they are child
+processes, each pinned to a core of its own when there are two; with `--distributed-executor ray`
+they are Ray actors (`llm_engine/ray_servers.py`), on different nodes with STRICT_SPREAD."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from collections.abc import Iterator
 
 from llm_engine.entrypoints.replicas import ChildServers, child_servers, free_port
 
+NAMES = ["prefill instance", "decode instance"]
+
 
 def instance_cores(pin: bool) -> list[set[int] | None] | None:
     """One core each for the prefill and the decode instance, when this process may use two."""
@@ -17,14 +20,19 @@ def instance_cores(pin: bool) -> list[set[int] | None] | None:
     return [{cores[0]}, {cores[1]}] if len(cores) >= 2 else None
 
 
+def role_args(serve_args: list[str], kv_host: str, kv_port: int, kv_transport: str) -> list[list[str]]:
+    """The prefill and the decode instance's arguments: the decode side pulls from kv_host:kv_port."""
+    kv = ["--kv-host", kv_host, "--kv-port", str(kv_port)]
+    return [[*serve_args, "--role", "prefill", *kv],
+            [*serve_args, "--role", "decode", *kv, "--kv-transport", kv_transport]]
+
+
 @contextlib.contextmanager
 def disaggregated_servers(serve_args: list[str], kv_transport: str = "shm", pin: bool = True,
                           ready_timeout_s: float = 900) -> Iterator[ChildServers]:
     """Start the pair; yields once both answer /health (urls: prefill, decode), stops them after."""
-    kv_port = free_port()
     cpus = instance_cores(pin)
     threads = ["--num-threads", "1"] if cpus else []
-    prefill = [*serve_args, *threads, "--role", "prefill", "--kv-port", str(kv_port)]
-    decode = [*serve_args, *threads, "--role", "decode", "--kv-port", str(kv_port), "--kv-transport", kv_transport]
-    with child_servers([prefill, decode], ["prefill instance", "decode instance"], cpus, ready_timeout_s) as children:
+    arg_lists = role_args([*serve_args, *threads], "127.0.0.1", free_port(), kv_transport)
+    with child_servers(arg_lists, NAMES, cpus, ready_timeout_s) as children:
         yield children

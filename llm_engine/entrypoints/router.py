@@ -6,7 +6,8 @@ replica, the chained hashes of the leading 64-character chunks of the prompts it
 bounded LRU, like SGLang's cache-aware router keeps an approximate radix tree) and picks the one
 matching the most leading chunks; with no match it takes the replica with the fewest requests in
 flight. A replica that cannot be reached is left out for a while and the request goes to the next
-one, so a dead replica costs its own in-flight requests only.
+one, so a dead replica costs its own in-flight requests only: a stream it was sending ends with an
+error event (`replica_failed`) and it is left out too.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from fastapi.responses import Response, StreamingResponse
 from llm_engine.entrypoints.api import install
 from llm_engine.entrypoints.app import check_bearer
 from llm_engine.entrypoints.protocol import OpenAIError
+from llm_engine.entrypoints.serving import sse
 
 CHUNK_CHARS = 64
 REPLICA_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
@@ -115,6 +117,21 @@ async def open_upstream(url: str, key: str | None, method: str, path: str, body:
         raise Unreachable(f"{url}: {type(exc).__name__}") from None
 
 
+async def relay_events(answer: httpx.Response, failed: Callable[[httpx.HTTPError], OpenAIError]) -> AsyncIterator[bytes]:
+    """An upstream SSE stream as whole events, so that when the upstream fails mid-stream the
+    stream can end with an error event of its own (`failed` says which)."""
+    pending = b""
+    try:
+        async for chunk in answer.aiter_raw():
+            pending += chunk
+            end = pending.rfind(b"\n\n") + 2
+            if end > 1:
+                yield pending[:end]
+                pending = pending[end:]
+    except httpx.HTTPError as exc:
+        yield sse(failed(exc).body()) + sse("[DONE]")
+
+
 Route = Callable[[bytes, dict[str, Any], str], Awaitable[Response]]  # (body, its JSON object, path) -> answer
 
 
@@ -155,11 +172,20 @@ def create_router_app(replica_urls: list[str], api_keys: frozenset[str] = frozen
                       replica_key: str | None = None, policy: str = "prefix") -> FastAPI:
     router = PrefixRouter(len(replica_urls), policy)
 
+    def failed(replica: int, exc: httpx.HTTPError) -> OpenAIError:
+        router.mark_dead(replica)
+        return OpenAIError(502, f"replica {replica + 1} failed during this request ({type(exc).__name__}); the "
+                                "answer is incomplete", code="replica_failed")
+
     async def relay(client: httpx.AsyncClient, answer: httpx.Response, replica: int | None) -> AsyncIterator[bytes]:
         """The replica's body as it arrives; leaving early closes its connection (it aborts)."""
         try:
-            async for chunk in answer.aiter_raw():
-                yield chunk
+            if replica is not None and answer.headers.get("content-type", "").startswith("text/event-stream"):
+                async for event in relay_events(answer, lambda exc: failed(replica, exc)):
+                    yield event
+            else:
+                async for chunk in answer.aiter_raw():
+                    yield chunk
         finally:
             if replica is not None:
                 router.in_flight[replica] -= 1

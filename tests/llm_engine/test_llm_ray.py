@@ -1,39 +1,49 @@
-"""Tensor-parallel ranks on a Ray cluster (distributed_executor_backend="ray").
+"""Tensor-parallel ranks, data-parallel replicas and disaggregated instances on a Ray cluster
+(distributed_executor_backend="ray", `--distributed-executor ray`).
 
-The default suite checks the option's clear errors: bad values, one rank, ray missing (where it is
-not installed) and no cluster reachable (where it is). `make test-llm-ray` (CODEYARD_RAY=1) starts
-a real two-node Ray cluster on this machine (`ray start --head` and a second `ray start --address`,
-two CPUs each so that two groups fit, their own temp dirs and ports, stopped at the end) and serves
-TP=2 with one rank on each node: the same greedy tokens as one rank, from the LLM class and from
-`codeyard llm serve --distributed-executor ray` through the openai client, and a killed rank's
-requests fail cleanly, every block is freed and a fresh group serves the next ones. Ray's start-up
-is heavy: minutes on a busy 2-core machine.
+The default suite checks the options' clear errors: bad values, one rank, ray missing (where it is
+not installed), no cluster reachable (where it is), and the serve CLI's exit 2. `make
+test-llm-ray` (CODEYARD_RAY=1) starts a real two-node Ray cluster on this machine (`ray start
+--head` and a second `ray start --address`, three CPUs each so that the groups fit, their own
+temp dirs and ports, stopped at the end; ray_kit.py) and, with one worker on each node: serves
+TP=2 with the same greedy tokens as one rank, from the LLM class and from `codeyard llm serve
+--distributed-executor ray` through the openai client, and a killed rank's requests fail cleanly,
+every block is freed and a fresh group serves the next ones; serves DP=2 behind the router with
+one engine's answers, and a killed replica's actor ends its stream with a clear error while the
+other replica answers; serves a prefill and a decode instance whose KV crosses the nodes over a
+socket, with one engine's answers. Ray's start-up is heavy: minutes on a busy 2-core machine.
 """
-
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
-import signal
+import re
 import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from ray_kit import NODE_START_TIMEOUT_S, RayCluster, free_port, session_members
 from tp_kit import assert_same, gone, kill_rank_one_mid_run, prompts, tokens_and_logprobs
 
 from llm_engine import LLM, SamplingParams
+from llm_engine.cli import serve_in_process
 from llm_engine.config import EngineConfig
+from llm_engine.entrypoints.disagg_proxy import create_disagg_app
+from llm_engine.entrypoints.replicas import replica_names
+from llm_engine.entrypoints.router import create_router_app
 from llm_engine.executor import WorkerGroupError
+from tests.llm_serving.conftest import start_server
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 cluster_test = pytest.mark.skipif(os.environ.get("CODEYARD_RAY") != "1", reason="a Ray cluster: make test-llm-ray")
-RAY = str(Path(sys.executable).with_name("ray"))
-NODE_START_TIMEOUT_S = 300
+CODEYARD = str(Path(sys.executable).with_name("codeyard"))
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -62,91 +72,6 @@ def test_no_reachable_cluster_is_a_clear_error(tiny_llama, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{closed}")
     with pytest.raises(WorkerGroupError, match=f"no Ray cluster reachable at RAY_ADDRESS=127.0.0.1:{closed}"):
         LLM(str(tiny_llama), dtype="float32", tensor_parallel_size=2, distributed_executor_backend="ray")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _session_members(sids: set[int], named: str = "") -> list[int]:
-    """Processes in the given sessions (each Ray node's processes share its `ray start`'s session),
-    those whose command line has `named` in it when given (Ray titles an actor's process ray::Class)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[3]) in sids and named in cmdline:
-                members.append(int(entry.name))
-    return members
-
-
-class RayCluster:
-    """A head and a worker node on this machine, each `ray start --block` in a session of its own, so
-    that stopping the cluster ends exactly its processes (not `ray stop`, which ends every Ray process
-    on the machine)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.nodes: list[subprocess.Popen[bytes]] = []
-        self.address = f"127.0.0.1:{_free_port()}"
-
-    def start(self) -> None:
-        common = ["--block", "--num-cpus", "2", "--disable-usage-stats", "--node-ip-address", "127.0.0.1",
-                  "--min-worker-port", "0", "--max-worker-port", "0", "--object-store-memory", str(80 * 2**20)]
-        head = ["--head", "--port", self.address.rsplit(":", 1)[1], "--include-dashboard", "false",
-                "--dashboard-port", str(_free_port()), "--ray-client-server-port", str(_free_port())]
-        self._start_node("head", [*head, *common])
-        self._wait_for_nodes(1)
-        self._start_node("worker", ["--address", self.address, *common])
-        self._wait_for_nodes(2)
-
-    def _start_node(self, name: str, args: list[str]) -> None:
-        node_args = ["--temp-dir", str(self.root / name), "--dashboard-agent-listen-port", str(_free_port()),
-                     "--node-manager-port", str(_free_port()), "--object-manager-port", str(_free_port())]
-        log = (self.root / f"{name}.log").open("wb")
-        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-        env.pop("RAY_ADDRESS", None)
-        self.nodes.append(subprocess.Popen([RAY, "start", *args, *node_args], stdout=log, stderr=subprocess.STDOUT,
-                                           env=env, start_new_session=True))
-
-    def _wait_for_nodes(self, count: int) -> None:
-        """Until the cluster lists `count` live nodes (`ray status` asks the head)."""
-        deadline = time.monotonic() + NODE_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if any(node.poll() is not None for node in self.nodes):
-                pytest.fail(f"a Ray node exited while starting; see {self.root}/*.log")
-            status = subprocess.run([RAY, "status", "--address", self.address], capture_output=True, text=True)
-            if status.returncode == 0 and status.stdout.count(" node_") >= count:
-                return
-            time.sleep(2)
-        pytest.fail(f"the Ray cluster did not list {count} nodes within {NODE_START_TIMEOUT_S} s")
-
-    @property
-    def sessions(self) -> set[int]:
-        return {node.pid for node in self.nodes}  # each `ray start` leads its own session
-
-    def stop(self) -> None:
-        sids = self.sessions
-        for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
-            for pid in _session_members(sids):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + wait_s
-            while _session_members(sids) and time.monotonic() < deadline:
-                time.sleep(0.2)
-        for node in self.nodes:
-            node.wait(timeout=5)
-        left = _session_members(sids)
-        assert not left, f"Ray processes outlived the cluster: {left}"
 
 
 @pytest.fixture(scope="module")
@@ -222,9 +147,9 @@ def test_a_cluster_without_room_is_a_clear_error(ray_cluster, tiny_llama, monkey
 def test_serve_places_the_ranks_on_ray(ray_cluster, tiny_llama_smollm_vocab):
     """`codeyard llm serve --distributed-executor ray` as users run it: the completion one rank gives,
     and the server's ranks (Ray actors beside the other test's group) end with it."""
-    before = set(_session_members(ray_cluster.sessions, "RankActor"))
-    port = _free_port()
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("codeyard")), "llm", "serve", "--model",
+    before = set(session_members(ray_cluster.sessions, "RankActor"))
+    port = free_port()
+    proc = subprocess.Popen([CODEYARD, "llm", "serve", "--model",
                              str(tiny_llama_smollm_vocab), "--port", str(port), "--served-model-name", "tiny",
                              "--tensor-parallel-size", "2", "--distributed-executor", "ray",
                              "--ray-placement-strategy", "STRICT_SPREAD", "--kv-cache-memory", "16MiB"],
@@ -235,7 +160,7 @@ def test_serve_places_the_ranks_on_ray(ray_cluster, tiny_llama_smollm_vocab):
             assert proc.poll() is None, proc.communicate()[0]
             assert time.monotonic() < deadline, "server not ready"
             time.sleep(1)
-        ranks = set(_session_members(ray_cluster.sessions, "RankActor")) - before
+        ranks = set(session_members(ray_cluster.sessions, "RankActor")) - before
         assert len(ranks) == 2
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         out = client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=8, temperature=0,
@@ -252,8 +177,127 @@ def test_serve_places_the_ranks_on_ray(ray_cluster, tiny_llama_smollm_vocab):
     assert all(gone(pid) for pid in ranks), "a rank's actor outlived the server"
 
 
+def test_servers_on_ray_with_a_bad_strategy_or_without_ray_is_exit_2(tiny_llama):
+    result = subprocess.run([CODEYARD, "llm", "serve", "--model", str(tiny_llama), "--data-parallel-size", "2",
+                             "--distributed-executor", "ray", "--ray-placement-strategy", "EVERYWHERE"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert ("--ray-placement-strategy" if HAS_RAY else "needs the ray package") in result.stderr
+
+
 def _healthy(port: int) -> bool:
     try:
         return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
     except httpx.TransportError:
         return False
+
+
+TEXT_PROMPTS = ["def add(a, b):", "The quick brown fox " * 12, "Write a haiku about compilers.\n" * 5, "Hello"]
+
+
+@pytest.fixture(scope="module")
+def long_text_model(tiny_llama_smollm_vocab, tmp_path_factory) -> Path:
+    """The tiny SmolLM2-vocabulary Llama with room for a 3000-token stream (a stream that is still
+    running when its replica is killed)."""
+    folder = tmp_path_factory.mktemp("long-text-model")
+    for file in tiny_llama_smollm_vocab.iterdir():
+        (folder / file.name).symlink_to(file)
+    config = json.loads((tiny_llama_smollm_vocab / "config.json").read_text())
+    (folder / "config.json").unlink()
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def one_engine_texts(long_text_model) -> list[str]:
+    llm = LLM(str(long_text_model), kv_cache_memory="16MiB")
+    outputs = llm.generate(TEXT_PROMPTS, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    return [output.outputs[0].text for output in outputs]
+
+
+def server_args(model: Path) -> list[str]:
+    return ["--model", str(model), "--served-model-name", "tiny", "--kv-cache-memory", "16MiB", "--max-num-seqs", "8"]
+
+
+def client_for(url: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def complete(client: openai.OpenAI, prompt: str, stream: bool = False) -> str:
+    kwargs = dict(model="tiny", prompt=prompt, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    if stream:
+        return "".join(chunk.choices[0].text for chunk in client.completions.create(stream=True, **kwargs))
+    return client.completions.create(**kwargs).choices[0].text
+
+
+def alive_nodes() -> set[str]:
+    import ray
+
+    return {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+
+
+@cluster_test
+def test_replicas_one_per_node_answer_like_one_engine_and_outlive_a_killed_one(ray_cluster, long_text_model,
+                                                                               one_engine_texts):
+    """DP=2 on Ray with STRICT_SPREAD: each replica and the router in front give one engine's greedy
+    answers; killing the actor of the replica serving a stream ends that stream with a clear error,
+    and the other replica answers everything after."""
+    import ray
+
+    from llm_engine.ray_servers import server_group
+
+    with server_group(replica_names(2), "STRICT_SPREAD") as group:
+        servers = group.serve(serve_in_process, [server_args(long_text_model)] * 2, NODE_START_TIMEOUT_S)
+        assert {place.node_id for place in servers.places} == alive_nodes()  # one replica on each node
+        for url in servers.urls:
+            assert [complete(client_for(url, servers.key), p) for p in TEXT_PROMPTS] == one_engine_texts
+        router = start_server(create_router_app(servers.urls, frozenset({"outer"}), servers.key))
+        try:
+            front = client_for(router.url, "outer")
+            with ThreadPoolExecutor(len(TEXT_PROMPTS)) as pool:
+                assert list(pool.map(lambda p: complete(front, p, stream=True), TEXT_PROMPTS)) == one_engine_texts
+            stream = iter(front.completions.create(model="tiny", prompt="Once upon a time", max_tokens=3000,
+                                                   temperature=0, stream=True, extra_body={"ignore_eos": True}))
+            received = [next(stream).choices[0].text]
+            serving = router.app.state.router.in_flight.index(1)
+            ray.kill(servers.actors[serving], no_restart=True)
+            with pytest.raises(openai.APIError, match=f"replica {serving + 1} failed during this request"):
+                received.extend(chunk.choices[0].text for chunk in stream)
+            assert len(received) < 3000
+            assert [complete(front, p) for p in TEXT_PROMPTS] == one_engine_texts  # all on the other replica
+            assert httpx.get(router.url + "/health", timeout=10).json()["alive"] == 1
+        finally:
+            router.stop()
+    deadline = time.monotonic() + 30
+    while session_members(ray_cluster.sessions, "ServerActor") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not session_members(ray_cluster.sessions, "ServerActor"), "a replica's actor outlived its group"
+
+
+def counter(url: str, key: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=10).text
+    return float(re.search(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", text, re.M).group(1))
+
+
+@cluster_test
+def test_prefill_and_decode_instances_on_two_nodes_answer_like_one_engine(ray_cluster, long_text_model,
+                                                                          one_engine_texts):
+    """Disaggregated serving on Ray with STRICT_SPREAD: the decode instance pulls the prompts' KV from
+    the prefill instance's node over the socket transport (it computes only each last prompt token),
+    and a mixed batch, streamed and not, gets one engine's greedy answers."""
+    from llm_engine.ray_servers import ray_disaggregated_servers
+
+    with ray_disaggregated_servers(serve_in_process, server_args(long_text_model), "shm", "STRICT_SPREAD",
+                                   NODE_START_TIMEOUT_S) as pair:
+        assert {place.node_id for place in pair.places} == alive_nodes()
+        proxy = start_server(create_disagg_app(pair.urls[0], pair.urls[1], frozenset({"outer"}), pair.key))
+        try:
+            split = client_for(proxy.url, "outer")
+            with ThreadPoolExecutor(len(TEXT_PROMPTS)) as pool:
+                answers = list(pool.map(lambda job: complete(split, job[1], stream=job[0] % 2 == 0),
+                                        enumerate(TEXT_PROMPTS)))
+            assert answers == one_engine_texts
+        finally:
+            proxy.stop()
+        computed = counter(pair.urls[1], pair.key, "vllm:iteration_tokens_total_sum")
+        assert computed == len(TEXT_PROMPTS) * 8  # per request its last prompt token, then 7 decode steps

@@ -1,0 +1,167 @@
+"""Whole servers on a Ray cluster: data-parallel replicas and disaggregated prefill/decode instances
+(`codeyard llm serve --distributed-executor ray` with `--data-parallel-size N` or `--disaggregated`).
+
+Each server is `codeyard llm serve` run in a thread of a Ray actor's process, listening on its
+node's address with a key only the router (or proxy) knows. So a server lives and dies with its
+actor: `ray.kill`, a lost node or the router's exit (Ray ends the actors a driver owns) take it
+down and leave nothing behind, which a child process of the actor would not promise. The actors
+sit in one placement group of a one-CPU bundle each under `ray_placement_strategy`, as the TP
+ranks do (STRICT_SPREAD: one per node). The router and the proxy in front are the local ones,
+unchanged: they see URLs only. Instances of disaggregated serving on different nodes pull the KV
+over the socket transport (shm needs one host); the transfer itself is unchanged. Like the ranks,
+this joins the cluster at RAY_ADDRESS and never starts one; every node needs this package and the
+model at the same path. What a server runs is passed in (`Serve`: the CLI's `serve_in_process`),
+so this module, below the CLI, never imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayError
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from llm_engine.entrypoints.disagg_servers import NAMES, role_args
+from llm_engine.entrypoints.replicas import Servers, replica_names, wait_healthy
+from llm_engine.ray_executor import PLACEMENT_TIMEOUT_S, connect
+
+Serve = Callable[[list[str]], None]  # runs `codeyard llm serve <args>` in the calling thread until it stops
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a server actor runs: its Ray node, that node's address, its pid, and two ports that
+    were free there (HTTP, and the KV port a prefill instance serves)."""
+
+    node_id: str
+    ip: str
+    pid: int
+    port: int
+    kv_port: int
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ServerActor:
+    """`codeyard llm serve <args>` inside this actor's process, in a thread of its own."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.error: str | None = None
+
+    def place(self) -> Place:
+        return Place(ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid(),
+                     _free_port(), _free_port())
+
+    def serve(self, serve: Serve, args: list[str]) -> None:
+        def run() -> None:
+            try:
+                serve(args)
+                self.error = "stopped"
+            except BaseException as exc:  # noqa: BLE001 - whatever ended the server is what the launcher reports
+                self.error = f"failed: {type(exc).__name__}: {exc}"
+
+        self.thread = threading.Thread(target=run, name="codeyard-serve", daemon=True)
+        self.thread.start()
+
+    def failure(self) -> str | None:
+        """None while the server runs, else how it ended."""
+        return self.error
+
+
+@dataclass
+class RayServers(Servers):
+    """Servers running in Ray actors: `places` says where each runs."""
+
+    actors: list[Any]  # ray.actor.ActorHandle of ServerActor
+    places: list[Place]
+
+
+class ServerGroup:
+    """Server actors placed on the cluster (one CPU each); `serve` starts them, `stop` ends them."""
+
+    def __init__(self, names: list[str], strategy: str) -> None:
+        connect()
+        self.names = names
+        self.actors: list[Any] = []  # ray.actor.ActorHandle of ServerActor
+        self.placement: PlacementGroup | None = placement_group([{"CPU": 1}] * len(names), strategy=strategy)
+        ready, _ = ray.wait([self.placement.ready()], timeout=PLACEMENT_TIMEOUT_S)
+        if not ready:
+            self.stop()
+            raise RuntimeError(f"the Ray cluster cannot place {len(names)} servers of one CPU each with strategy "
+                               f"{strategy} within {PLACEMENT_TIMEOUT_S} s (free now: {ray.available_resources()})")
+        actor_class = ray.remote(ServerActor)
+        self.actors = [actor_class.options(
+            num_cpus=1, max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self.placement, placement_group_bundle_index=i)).remote() for i in range(len(names))]
+        self.places: list[Place] = ray.get([actor.place.remote() for actor in self.actors])
+
+    def serve(self, serve: Serve, arg_lists: list[list[str]], ready_timeout_s: float) -> RayServers:
+        """Start `codeyard llm serve <args>` in each actor on its node's address; returns once all
+        answer /health."""
+        key = secrets.token_urlsafe(24)
+        ray.get([actor.serve.remote(serve, [*args, "--host", place.ip, "--port", str(place.port), "--api-key", key])
+                 for actor, place, args in zip(self.actors, self.places, arg_lists)])
+        urls = [f"http://{place.ip}:{place.port}" for place in self.places]
+        wait_healthy(self.names, urls, self._ended, ready_timeout_s)
+        return RayServers(urls, key, self.actors, self.places)
+
+    def _ended(self, index: int) -> str | None:
+        place = self.places[index]
+        try:
+            failure: str | None = ray.get(self.actors[index].failure.remote())
+        except RayError as exc:
+            kind = "died" if isinstance(exc, RayActorError) else "failed"
+            return f"{kind} (Ray actor, pid {place.pid} on node {place.ip}): {str(exc).splitlines()[0]}"
+        return failure
+
+    def stop(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []
+        if self.placement is not None:
+            remove_placement_group(self.placement)
+            self.placement = None
+
+
+@contextlib.contextmanager
+def server_group(names: list[str], strategy: str) -> Iterator[ServerGroup]:
+    group = ServerGroup(names, strategy)
+    try:
+        yield group
+    finally:
+        group.stop()
+
+
+@contextlib.contextmanager
+def ray_replica_servers(serve: Serve, serve_args: list[str], count: int, strategy: str,
+                        ready_timeout_s: float = 900) -> Iterator[tuple[list[str], str]]:
+    """`replica_servers` on Ray: yields (the replicas' URLs, their key) once all answer /health."""
+    with server_group(replica_names(count), strategy) as group:
+        servers = group.serve(serve, [serve_args] * count, ready_timeout_s)
+        yield servers.urls, servers.key
+
+
+@contextlib.contextmanager
+def ray_disaggregated_servers(serve: Serve, serve_args: list[str], kv_transport: str, strategy: str,
+                              ready_timeout_s: float = 900) -> Iterator[RayServers]:
+    """`disaggregated_servers` on Ray (urls: prefill, decode); instances on different nodes pull the
+    KV over a socket."""
+    with server_group(NAMES, strategy) as group:
+        prefill, decode = group.places
+        transport = kv_transport if prefill.node_id == decode.node_id else "socket"
+        yield group.serve(serve, role_args(serve_args, prefill.ip, prefill.kv_port, transport), ready_timeout_s)
