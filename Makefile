@@ -55,9 +55,10 @@ test-llm-parallel: venv
 	CODEYARD_TP_MORE=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_tensor_parallel.py \
 	  tests/llm_engine/test_llm_tensor_parallel_more.py tests/llm_serving/test_cli_tensor_parallel.py
 
-# Tensor parallelism on a real two-node Ray cluster started on this machine (ray start --head and a second node, two CPUs
+# Multi-node on a real two-node Ray cluster started on this machine (ray start --head and a second node, three CPUs
 # each, stopped at the end): TP=2 across the nodes gives one rank's tokens (LLM and codeyard llm serve), a killed rank
-# restarts the group. ~3 min on a busy 2-core machine.
+# restarts the group; DP=2 replicas and a prefill/decode pair, one per node, give one engine's answers, and a killed
+# replica's actor leaves the other serving. ~10 min on a busy 2-core machine.
 test-llm-ray: venv
 	$(BIN)/pip install -q -c constraints.txt -e '.[ray]'
 	CODEYARD_RAY=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_ray.py
