@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
+from tokenizers import Tokenizer
 
 from llm_engine.multimodal.processor import ImageProcessor, image_processor_config
 
@@ -62,7 +62,7 @@ class Idefics3ImageProcessor:
     longest_edge: int | None  # None: no first resize
     tile: int
     split: bool
-    tokenizer: Any  # the model's tokenizer: writes the layout's tokens
+    tokenizer: Tokenizer  # the model's (its Rust core: encoding is thread-safe), for the layout's tokens
 
     @classmethod
     def from_folder(cls, folder: Path) -> Idefics3ImageProcessor:
@@ -73,7 +73,7 @@ class Idefics3ImageProcessor:
             raise ValueError(f"model: {folder}'s image processor resizes but names no size.longest_edge")
         return cls(base, base.size["longest_edge"] if base.do_resize else None,
                    cfg.get("max_image_size", {}).get("longest_edge", 364), cfg.get("do_image_splitting", True),
-                   AutoTokenizer.from_pretrained(folder))
+                   AutoTokenizer.from_pretrained(folder).backend_tokenizer)
 
     def tiles(self, image: Image.Image) -> tuple[list[Image.Image], int, int]:
         """(tiles, rows, cols): the split tiles then the global image, or one tile (rows = cols = 0)."""
@@ -101,5 +101,5 @@ class Idefics3ImageProcessor:
         text = "".join("".join(f"{AROUND}<row_{r + 1}_col_{c + 1}>{image}" for c in range(cols)) + "\n"
                        for r in range(rows))
         text += ("\n" if rows else "") + f"{AROUND}{GLOBAL}{image}{AROUND}"
-        ids: list[int] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
         return ids
