@@ -70,10 +70,11 @@ test-llm-decoding: venv
 	  tests/llm_engine/test_llm_spec_decode.py tests/llm_engine/test_llm_spec_draft.py \
 	  tests/llm_engine/test_llm_structured_outputs.py
 
-# Vision-language models: LLaVA-NeXT, LLaVA-OneVision and SigLIP/Qwen2 parity besides the default LLaVA-1.5 runs: ~2 min.
+# Vision-language models: LLaVA-NeXT, LLaVA-OneVision (one and several pictures), SigLIP/Qwen2 and Idefics3 parity
+# besides the default LLaVA-1.5 runs: ~3 min.
 test-llm-vision: venv
 	CODEYARD_VISION_FULL=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_multimodal.py \
-	  tests/llm_serving/test_openai_images.py
+	  tests/llm_engine/test_llm_idefics3.py tests/llm_serving/test_openai_images.py
 
 # The regression detector both ways on the CI gate (10 repeats each): the same commit twice is not
 # flagged, an engine slowed 20% is: ~10 min on a quiet 2-core machine.
