@@ -15,6 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
+from llm_engine.autodeploy.cli import build
+
 app = typer.Typer(help="Serve the LLM engine over an OpenAI-compatible HTTP API, or quantize a checkpoint.",
                   no_args_is_help=True)
 
@@ -208,3 +210,6 @@ def quantize(
 
     quant = quantize_checkpoint(source, out, method, group_size, calibration, progress=typer.echo)
     typer.echo(f"wrote {out} ({json.dumps(quant)}); load it with LLM({str(out)!r})")
+
+
+app.command()(build)

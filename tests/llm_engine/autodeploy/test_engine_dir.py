@@ -1,0 +1,92 @@
+"""Built engines (`codeyard llm build`): an ENGINE_DIR gives its checkpoint's greedy tokens without
+capturing again, and bad input is a clear error (CLI exit 2). One tiny Gemma 2 is built once for
+the module (window, soft-capping, tied embeddings: the pickled graph's hardest parts)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from autodeploy_models import build, hf_greedy, prompts
+
+from ide_server.cli import main
+from llm_engine import LLM, SamplingParams
+from llm_engine.autodeploy import model as autodeploy_model
+from llm_engine.autodeploy.model import AutoDeployedCausalLM
+from llm_engine.loader.engine_manifest import MANIFEST
+
+MAX_NEW = 10
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+
+
+def run_cli(*argv: str) -> int:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["llm", *argv])
+    return int(exit_info.value.code or 0)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """(checkpoint folder, engine folder, the build command's output)."""
+    root = tmp_path_factory.mktemp("engine")
+    checkpoint = build("gemma2", root / "gemma2")
+    capture = pytest.MonkeyPatch()
+    lines: list[str] = []
+    capture.setattr("typer.echo", lambda message="", **_: lines.append(str(message)))
+    try:
+        code = run_cli("build", str(checkpoint), "--out", str(root / "engine"))
+    finally:
+        capture.undo()
+    assert code == 0, lines
+    return checkpoint, root / "engine", lines
+
+
+def test_build_reports_progress_passes_and_sizes(built):
+    _, engine, lines = built
+    text = "\n".join(lines)
+    assert "[1/5]" in text and "[5/5]" in text
+    assert "replace_attention: 2 layers -> paged attention (" in text and "window+softcap" in text
+    assert "merge_sibling_linears" in text and "built in" in text and "MB -> engine" in text
+    assert json.loads((engine / MANIFEST).read_text())["dtype"] == "float32"
+
+
+def test_engine_gives_the_checkpoints_greedy_tokens_without_capturing(built, monkeypatch):
+    checkpoint, engine, _ = built
+    monkeypatch.setattr(autodeploy_model, "capture", lambda *a: pytest.fail("an engine must load without export"))
+    batch = prompts()
+    llm = LLM(str(engine), block_size=4, num_kv_blocks=12)
+    assert isinstance(llm.engine.model_runner.model, AutoDeployedCausalLM)
+    outputs = llm.generate(batch, GREEDY, use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in outputs] == hf_greedy(checkpoint, batch, MAX_NEW)
+    assert sum(o.metrics.num_preemptions for o in outputs) > 0
+    assert sum(o.metrics.num_cached_tokens for o in outputs) >= 12
+
+
+def test_an_engine_from_another_version_is_refused_with_the_reason(built, tmp_path):
+    _, engine, _ = built
+    other = shutil.copytree(engine, tmp_path / "other")
+    manifest = json.loads((other / MANIFEST).read_text())
+    manifest["versions"]["torch"] = "1.0.0"
+    (other / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"built with torch 1\.0\.0 \(here .*\); rebuild it"):
+        LLM(str(other))
+    assert run_cli("serve", "--model", str(other)) == 2
+    with pytest.raises(ValueError, match="dtype: the engine was built in torch.float32"):
+        LLM(str(engine), dtype="bfloat16")
+
+
+def test_bad_build_input_exits_2(built, tmp_path, capsys):
+    checkpoint, engine, _ = built
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    (tmp_path / "file").write_text("")
+    cases = {"no config.json": (tmp_path / "empty", tmp_path / "out1"),
+             "already a built engine": (engine, tmp_path / "out2"),
+             "is not an engine folder": (checkpoint, tmp_path / "busy"),
+             "cannot write to": (checkpoint, tmp_path / "file" / "sub")}
+    for message, (src, out) in cases.items():
+        assert run_cli("build", str(src), "--out", str(out)) == 2, message
+        assert message in capsys.readouterr().err
+    assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
