@@ -3,7 +3,8 @@ float32, alone and batched, with prefix-cache hits and forced preemption (a 12-b
 
 The default suite runs Gemma 2 (sliding window, soft-capping, tied embeddings, GELU);
 `make test-autodeploy` (CODEYARD_AUTODEPLOY_FULL=1) runs every architecture in
-autodeploy_models.ARCHITECTURES and Llama through the pipeline against its hand-written path.
+autodeploy_models.ARCHITECTURES, and Llama, Mistral, Qwen2 and Qwen3 through the pipeline against their
+hand-written paths.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def test_greedy_parity_alone_batched_cached_and_preempted(case):
 
 
 @pytest.mark.skipif(not FULL, reason="make test-autodeploy")
-def test_registered_llama_through_the_pipeline_matches_its_hand_written_path(tmp_path):
-    folder = build("llama", tmp_path / "llama")
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
+def test_registered_architecture_through_the_pipeline_matches_its_hand_written_path(tmp_path, model_type):
+    folder = build(model_type, tmp_path / model_type)
     batch = prompts()
     native = LLM(str(folder), dtype="float32")
     auto = LLM(str(folder), dtype="float32", model_impl="auto")
