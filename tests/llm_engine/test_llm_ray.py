@@ -144,14 +144,18 @@ def test_a_cluster_without_room_is_a_clear_error(ray_cluster, tiny_llama, monkey
 
 
 @cluster_test
-def test_serve_places_the_ranks_on_ray(ray_cluster, tiny_llama_smollm_vocab):
-    """`codeyard llm serve --distributed-executor ray` as users run it: the completion one rank gives,
-    and the server's ranks (Ray actors beside the other test's group) end with it."""
-    before = set(session_members(ray_cluster.sessions, "RankActor"))
+@pytest.mark.parametrize(("options", "actor"), [(["--tensor-parallel-size", "2"], "RankActor"),
+                                                (["--data-parallel-size", "2"], "ServerActor"),
+                                                (["--disaggregated"], "ServerActor")], ids=["tp", "dp", "disagg"])
+def test_serve_places_its_workers_on_ray(ray_cluster, tiny_llama_smollm_vocab, options, actor):
+    """`codeyard llm serve --distributed-executor ray` as users run it: the ranks, replicas or
+    prefill/decode instances go one on each node (Ray actors beside the other tests' groups), the
+    completion is one engine's, and the actors end with the server."""
+    before = set(session_members(ray_cluster.sessions, actor))
     port = free_port()
     proc = subprocess.Popen([CODEYARD, "llm", "serve", "--model",
                              str(tiny_llama_smollm_vocab), "--port", str(port), "--served-model-name", "tiny",
-                             "--tensor-parallel-size", "2", "--distributed-executor", "ray",
+                             *options, "--distributed-executor", "ray",
                              "--ray-placement-strategy", "STRICT_SPREAD", "--kv-cache-memory", "16MiB"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -160,21 +164,22 @@ def test_serve_places_the_ranks_on_ray(ray_cluster, tiny_llama_smollm_vocab):
             assert proc.poll() is None, proc.communicate()[0]
             assert time.monotonic() < deadline, "server not ready"
             time.sleep(1)
-        ranks = set(session_members(ray_cluster.sessions, "RankActor")) - before
-        assert len(ranks) == 2
+        for node in ray_cluster.nodes:  # each `ray start` leads the session of its node's processes
+            assert len(set(session_members({node.pid}, actor)) - before) == 1
+        workers = set(session_members(ray_cluster.sessions, actor)) - before
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         out = client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=8, temperature=0,
                                         extra_body={"ignore_eos": True})
     finally:
         proc.terminate()
         proc.communicate(timeout=60)
-    one_rank = LLM(str(tiny_llama_smollm_vocab), kv_cache_memory="16MiB").generate(
+    one_engine = LLM(str(tiny_llama_smollm_vocab), kv_cache_memory="16MiB").generate(
         "def add(a, b):", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
-    assert out.choices[0].text == one_rank.outputs[0].text
+    assert out.choices[0].text == one_engine.outputs[0].text
     deadline = time.monotonic() + 60
-    while not all(gone(pid) for pid in ranks) and time.monotonic() < deadline:
+    while not all(gone(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert all(gone(pid) for pid in ranks), "a rank's actor outlived the server"
+    assert all(gone(pid) for pid in workers), f"a {actor} outlived the server"
 
 
 def test_servers_on_ray_with_a_bad_strategy_or_without_ray_is_exit_2(tiny_llama):
