@@ -31,8 +31,10 @@ import openai
 import pytest
 from ray_kit import NODE_START_TIMEOUT_S, RayCluster, free_port, session_members
 from tp_kit import assert_same, gone, kill_rank_one_mid_run, prompts, tokens_and_logprobs
+from typer.testing import CliRunner
 
 from llm_engine import LLM, SamplingParams
+from llm_engine.cli import app as cli_app
 from llm_engine.cli import serve_in_process
 from llm_engine.config import EngineConfig
 from llm_engine.entrypoints.disagg_proxy import create_disagg_app
@@ -183,11 +185,10 @@ def test_serve_places_its_workers_on_ray(ray_cluster, tiny_llama_smollm_vocab, o
 
 
 def test_servers_on_ray_with_a_bad_strategy_or_without_ray_is_exit_2(tiny_llama):
-    result = subprocess.run([CODEYARD, "llm", "serve", "--model", str(tiny_llama), "--data-parallel-size", "2",
-                             "--distributed-executor", "ray", "--ray-placement-strategy", "EVERYWHERE"],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2
-    assert ("--ray-placement-strategy" if HAS_RAY else "needs the ray package") in result.stderr
+    result = CliRunner().invoke(cli_app, ["serve", "--model", str(tiny_llama), "--data-parallel-size", "2",
+                                          "--distributed-executor", "ray", "--ray-placement-strategy", "EVERYWHERE"])
+    assert result.exit_code == 2
+    assert ("--ray-placement-strategy" if HAS_RAY else "needs the ray package") in result.output
 
 
 def _healthy(port: int) -> bool:
