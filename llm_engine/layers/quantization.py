@@ -25,6 +25,10 @@ from llm_engine.layers.native import CpuKernels, cpu_kernels
 # Above this many rows (prefill chunks) one dequantized copy per call and oneDNN's blocked matmul
 # beat the row-by-row kernel; decode steps and small batches stay on the kernel.
 KERNEL_MAX_ROWS = 16
+# On 32-input int4/int8 groups (GGUF's Q4/Q8 blocks) the kernel unpacks each group once per 8 rows
+# and keeps up to here (csrc/quant_gemm.cpp's G32_MAX_ROWS): batched decode steps of up to 64
+# sequences; dequantizing SmolLM2's Q8_0 LM head for 64 rows cost ~2x the kernel's CPU time.
+G32_KERNEL_MAX_ROWS = 64
 
 
 class QuantLayer(Protocol):
@@ -248,6 +252,11 @@ class WeightOnlyLinearMethod(QuantMethod):
     def group(self, layer: nn.Module) -> int:
         return self.scheme.group_size or cast(QuantLayer, layer).input_size
 
+    def kernel_max_rows(self, layer: nn.Module) -> int:
+        """Rows up to which the float-activation kernel runs rather than a dequantized matmul."""
+        g32 = self.group(layer) == 32 and cast(QuantLayer, layer).input_size % 32 == 0
+        return G32_KERNEL_MAX_ROWS if g32 and self.scheme.weights != "fp8" else KERNEL_MAX_ROWS
+
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int,
                        dtype: torch.dtype) -> None:
         int4 = self.scheme.weights == "int4"
@@ -299,7 +308,8 @@ class WeightOnlyLinearMethod(QuantMethod):
         act_block = self.scheme.act_block(quant_layer.input_size)
         triton = use_triton(x)
         kernels = quant_layer.kernels
-        if kernels is not None and rows <= KERNEL_MAX_ROWS and not triton:
+        max_rows = KERNEL_MAX_ROWS if act_block else self.kernel_max_rows(layer)
+        if kernels is not None and rows <= max_rows and not triton:
             flat = x.reshape(rows, -1).float()
             if act_block:
                 out = kernels.quant_gemm_q8(flat, quant_layer.qweight, quant_layer.scales, offsets,

@@ -9,6 +9,7 @@ import torch
 from llm_engine.layers.linear import ReplicatedLinear
 from llm_engine.layers.native import CpuKernels, cpu_kernels
 from llm_engine.layers.quantization import (
+    G32_KERNEL_MAX_ROWS,
     KERNEL_MAX_ROWS,
     QuantScheme,
     WeightOnlyLinearMethod,
@@ -62,12 +63,33 @@ def test_reused_buffer_serves_one_matmul_at_a_time_and_large_weights_get_their_o
     assert torch.equal(own, dequantize(*big, None, 32))
 
 
-def test_prefill_sized_inputs_multiply_with_the_dequantized_weight(kernels):
-    """More rows than the few-row kernel takes: F.linear with exactly the dequantized weight."""
+def quantized_linear(scheme: QuantScheme, k_in: int = 320, n_out: int = 48) -> ReplicatedLinear:
     torch.manual_seed(0)
-    layer = ReplicatedLinear(320, 48, bias=False, quant_method=WeightOnlyLinearMethod(QuantScheme("int4", 32, False)))
-    layer.weight.data.copy_(torch.randn(48, 320) * 0.05)
+    layer = ReplicatedLinear(k_in, n_out, bias=False, quant_method=WeightOnlyLinearMethod(scheme))
+    layer.weight.data.copy_(torch.randn(n_out, k_in) * 0.05)
     layer.quant_method.process_weights_after_loading(layer)
-    x = torch.randn(KERNEL_MAX_ROWS + 7, 320)
-    weight = dequantize(layer.qweight, layer.scales, layer.offsets, 32)
+    return layer
+
+
+@pytest.mark.parametrize(("scheme", "rows"), [(QuantScheme("int4", 32, False), G32_KERNEL_MAX_ROWS + 7),
+                                              (QuantScheme("int4", 64, False), KERNEL_MAX_ROWS + 7)],
+                         ids=["g32", "g64"])
+def test_prefill_sized_inputs_multiply_with_the_dequantized_weight(kernels, scheme, rows):
+    """More rows than the few-row kernel takes: F.linear with exactly the dequantized weight."""
+    layer = quantized_linear(scheme)
+    x = torch.randn(rows, 320)
+    weight = dequantize(layer.qweight, layer.scales, layer.offsets, scheme.group_size)
     assert torch.equal(layer(x), torch.nn.functional.linear(x, weight))
+
+
+@pytest.mark.parametrize("scheme", [QuantScheme("int4", 32, False), QuantScheme("int8", 32)], ids=QuantScheme.describe)
+def test_decode_batches_of_32_input_groups_stay_on_the_kernel_row_by_row(kernels, scheme):
+    """A batched decode step of up to 64 sequences on GGUF-shaped groups: every row is what that
+    sequence alone computes (the kernel, not a dequantized matmul with another summation order)."""
+    layer = quantized_linear(scheme)
+    x = torch.randn(G32_KERNEL_MAX_ROWS, 320)
+    batched = layer(x)
+    assert all(torch.equal(batched[r], layer(x[r:r + 1])[0]) for r in range(0, G32_KERNEL_MAX_ROWS, 7))
+    weight = dequantize(layer.qweight, layer.scales, getattr(layer, "offsets", None), 32)
+    assert not torch.equal(batched, torch.nn.functional.linear(x, weight))  # it is not the dequantized path
+    torch.testing.assert_close(batched, torch.nn.functional.linear(x, weight), atol=2e-4, rtol=1e-4)

@@ -218,7 +218,7 @@ void rows_dot_float_g32(const float* x, const float* x_sums, int64_t k_in, const
   }
 }
 
-constexpr int64_t G32_MAX_ROWS = 16;  // quantization.py's KERNEL_MAX_ROWS: larger calls dequantize
+constexpr int64_t G32_MAX_ROWS = 64;  // quantization.py's G32_KERNEL_MAX_ROWS: larger calls dequantize
 constexpr int64_t G32_TILE = 8;       // rows per pass over the weights: 8 accumulators stay in registers
 
 template <Weights KIND>
