@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.llm_batched_vs_llamacpp import engine_batched, print_table  # noqa: E402
+from benchmarks.llm_batched_vs_llamacpp import best, engine_batched, print_table  # noqa: E402
 
 SHAPE = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
          "intermediate_size": 5632, "max_position_embeddings": 2048}
@@ -90,13 +90,15 @@ def main(argv: list[str] | None = None) -> dict:
             print_table(f"{row}: weights {report[row]['weight_bytes'] / 2**30:.2f} GiB", figures, None)
     print()
     for row, r in report.items():
-        single = r["batched"].get(1, {}).get("decode_tok_s")
-        batched = max(f["output_tok_s"] for f in r["batched"].values())
+        single = r["batched"].get(1)
         line = f"{row:<9} weights {r['weight_bytes'] / 2**30:.2f} GiB"
         if "bf16" in report:
             line += f" ({r['weight_bytes'] / report['bf16']['weight_bytes']:.2f}x bf16)"
-        line += f", single-stream {single:.1f} tok/s" if single else ""
-        print(line + f", best batched {batched:.1f} output tok/s")
+        if single:
+            line += (f", single-stream {single['decode_tok_s']:.1f} decode tok/s "
+                     f"({args.ntg / single['cpu_seconds']:.1f} output tok per CPU s)")
+        (batched, b), (per_cpu, b_cpu) = best(r["batched"]), best(r["batched"], per_cpu=True)
+        print(line + f", best batched {batched:.1f} output tok/s (B={b}), {per_cpu:.1f} per CPU s (B={b_cpu})")
     return report
 
 
