@@ -33,10 +33,6 @@ if TYPE_CHECKING:
     from ide_server.settings import Settings
 from ide_server.errors import DomainError
 
-# Seconds an idle HTTP connection stays open: longer than a student's pause between two actions,
-# since a browser reusing a connection the server has just closed sees a reset (uvicorn: 5 s).
-KEEP_ALIVE_S = 75
-
 # name -> ("module:typer_app", one-line help). Imported lazily.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "llm": ("llm_engine.cli:app", "Serve the LLM over an OpenAI-compatible API."),
@@ -119,29 +115,34 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Address to listen on (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port (default 8000).")] = None,
     data_dir: DataDir = None,
+    workers: Annotated[int, typer.Option(
+        min=1, max=64, envvar="CODEYARD_WORKERS", help="Server processes on the port, to use several cores "
+        "(above 1: Redis is needed, a private redis-server is started unless CODEYARD_REDIS_URL is set).")] = 1,
 ) -> None:
     """Run the IDE server."""
     settings = _settings(host=host, port=port, data_dir=data_dir)
+    if workers > 1:
+        from ide_server.workers import check_combination, serve_workers
+
+        check_combination(settings, workers)
+        _announce(settings)
+        serve_workers(settings, workers)
+        return
     import uvicorn
 
     from ide_server.app import create_app
+    from ide_server.workers import SERVER_OPTIONS
 
     server_app = create_app(settings)
+    _announce(settings)
+    uvicorn.run(server_app, host=settings.host, port=settings.port, **SERVER_OPTIONS)
+
+
+def _announce(settings: "Settings") -> None:
     typer.echo(f"Codeyard {__version__} on http://{settings.host}:{settings.port}", err=True)
     if settings.deploy_apps_port:
         where = f" as http://{{slug}}.apps.{settings.deploy_apps_host}/" if settings.deploy_apps_host else ""
         typer.echo(f"Deployed apps also on port {settings.deploy_apps_port}{where}", err=True)
-    uvicorn.run(
-        server_app,
-        host=settings.host,
-        port=settings.port,
-        log_config=None,
-        access_log=False,
-        proxy_headers=True,
-        # Collab updates are small binary frames: compressing each one was the largest server CPU cost.
-        ws_per_message_deflate=False,
-        timeout_keep_alive=KEEP_ALIVE_S,
-    )
 
 
 PasswordStdin = Annotated[

@@ -1,0 +1,294 @@
+"""`codeyard serve --workers N`: N server processes on one listening socket, so one machine uses N cores.
+
+One process is bound by its event loop and the GIL (~90% of a core under a class). The workers are
+replicas of one machine, as `benchmarks/load_bench.py --replicas` runs them: rooms, runs and deploys
+cross processes through Redis and the shared database. The parent does once, before any worker
+starts, what must happen once: the data dir and secret key, the migrations, and (unless
+CODEYARD_REDIS_URL is set) a private Redis on a Unix socket in the data dir, stopped with it. The
+first worker starts alone (it may clear a crash's sandbox leftovers, which must not race another
+worker's first runs); the others follow once it serves. A worker that dies is started again.
+
+Each worker also listens on a port of its own (any free one on the same host) and advertises it
+as its replica address: deploy calls and app traffic must reach the one worker running the apps,
+and the shared port would hand them to any worker.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ide_server.settings import Settings
+
+# Seconds an idle HTTP connection stays open: longer than a student's pause between two actions,
+# since a browser reusing a connection the server has just closed sees a reset (uvicorn: 5 s).
+KEEP_ALIVE_S = 75
+SERVER_OPTIONS: dict[str, Any] = {
+    "log_config": None,
+    "access_log": False,
+    "proxy_headers": True,
+    # Collab updates are small binary frames: compressing each one was the largest server CPU cost.
+    "ws_per_message_deflate": False,
+    "timeout_keep_alive": KEEP_ALIVE_S,
+}
+NEEDS_REDIS = "--workers needs Redis: install redis-server or set CODEYARD_REDIS_URL"
+STOP_GRACE_S = 8.0  # a stopping worker's time to close its sockets and runs before it is killed
+REDIS_READY_S = 10.0
+RESTART_PAUSE_S = 1.0  # between restarts of a worker that keeps dying at start
+UNIX_PATH_MAX = 100  # sun_path holds 108 bytes; keep a margin
+
+
+def check_combination(settings: Settings, workers: int) -> None:
+    """Refuse what N processes cannot share (ValueError: the CLI's exit 2)."""
+    if workers < 2:
+        return
+    if settings.deploy_apps_port is not None:
+        raise ValueError("--workers cannot serve CODEYARD_DEPLOY_APPS_PORT (one port, several processes): unset it "
+                         "and deployed apps answer at /apps/ on the IDE's port, or run replicas behind a proxy")
+    if settings.llm_grpc_port is not None and not os.environ.get("CODEYARD_LLM_URL"):
+        raise ValueError("--workers cannot serve CODEYARD_LLM_GRPC_PORT (one port, several processes): serve the model "
+                         "with `codeyard llm serve --grpc-port` and set CODEYARD_LLM_URL")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when `codeyard serve` dies, even by SIGKILL (Linux's PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
+class PrivateRedis:
+    """redis-server on a Unix socket (mode 0700) in the data dir, nothing written to disk."""
+
+    def __init__(self, executable: str, data_dir: Path) -> None:
+        path = (data_dir / "redis.sock").resolve()
+        if len(str(path)) > UNIX_PATH_MAX:  # too long for a socket address: a private folder in /tmp
+            path = Path(tempfile.mkdtemp(prefix="codeyard-redis-")) / "redis.sock"
+        self.path = path
+        self.url = f"unix://{path}"
+        self.process = subprocess.Popen(
+            [executable, "--port", "0", "--unixsocket", str(path), "--unixsocketperm", "700", "--save", "",
+             "--appendonly", "no", "--dir", str(path.parent), "--loglevel", "warning"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+            start_new_session=True)  # a Ctrl-C reaches the parent, which stops the workers before Redis
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        import redis
+
+        deadline = time.monotonic() + REDIS_READY_S
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"redis-server exited with code {self.process.returncode} at start")
+            try:
+                if redis.Redis(unix_socket_path=str(self.path)).ping():
+                    return
+            except redis.RedisError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"redis-server did not answer on {self.path} in {REDIS_READY_S:.0f} s") from None
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The port every worker accepts on, inherited by them."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+@dataclass
+class Worker:
+    """One worker process and the pipe it says "serving" on (read end; -1 once it did)."""
+
+    process: subprocess.Popen[bytes]
+    ready: int
+    started: float = field(default_factory=time.monotonic)
+
+    def wait_ready(self) -> bool:
+        """Block until the worker serves (True) or exits first (False: EOF before the byte)."""
+        got = os.read(self.ready, 1)
+        self.forget_pipe()
+        return got == b"1"
+
+    def forget_pipe(self) -> None:
+        if self.ready >= 0:
+            os.close(self.ready)
+            self.ready = -1
+
+
+class Supervisor:
+    """Starts, restarts and stops the workers; owns the listening socket and the private Redis."""
+
+    def __init__(self, settings: Settings, workers: int) -> None:
+        self.settings, self.count = settings, workers
+        self.redis: PrivateRedis | None = None
+        self.sock: socket.socket | None = None
+        self.workers: list[Worker] = []
+        self.stopping = False
+
+    def prepare(self) -> None:
+        """Data dir, secret key, migrations and Redis, once, before any worker."""
+        from ide_server import db
+
+        redis_server = None if self.settings.redis_url else shutil.which("redis-server")
+        if not self.settings.redis_url and redis_server is None:
+            raise ValueError(NEEDS_REDIS)
+        self.settings.prepare()
+        engine = db.make_engine(self.settings.effective_database_url)
+        try:
+            db.migrate(engine)
+        finally:
+            engine.dispose()
+        if redis_server is not None:
+            self.redis = PrivateRedis(redis_server, self.settings.data_dir)
+        self.sock = listening_socket(self.settings.host, self.settings.port)
+
+    def environment(self) -> dict[str, str]:
+        redis_url = self.settings.redis_url or (self.redis.url if self.redis else "")
+        env = {**os.environ, "CODEYARD_DATA_DIR": str(self.settings.data_dir.resolve()),
+               "CODEYARD_HOST": self.settings.host, "CODEYARD_REDIS_URL": redis_url}
+        # Each worker would load its own copy of the model: only on first use, not N at start.
+        env.setdefault("CODEYARD_LLM_EAGER", "0")
+        return env
+
+    def spawn(self, gate: int = -1) -> Worker:
+        """A worker; with `gate` (a pipe's read end) it prepares its app, then waits for a byte there to serve."""
+        assert self.sock is not None
+        read, write = os.pipe()
+        fd = self.sock.fileno()
+        process = subprocess.Popen([sys.executable, "-m", "ide_server.workers", str(fd), str(write), str(gate)],
+                                   pass_fds=(fd, write) + ((gate,) if gate >= 0 else ()), env=self.environment(),
+                                   stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                                   start_new_session=True)  # signals come from us
+        os.close(write)
+        return Worker(process, read)
+
+    def start(self) -> None:
+        """All workers import and build their app at once, but the first serves alone before the others
+        start (its start-up may clear a crash's sandbox leftovers, which must not race their first runs).
+        RuntimeError if one dies meanwhile."""
+        gate, go = os.pipe()
+        self.workers.append(self.spawn())
+        self.workers += [self.spawn(gate) for _ in range(self.count - 1)]
+        os.close(gate)
+        try:
+            self._serving(1)
+            os.write(go, b"1" * (self.count - 1))
+        finally:
+            os.close(go)
+        for number in range(2, self.count + 1):
+            self._serving(number)
+
+    def _serving(self, number: int) -> None:
+        worker = self.workers[number - 1]
+        if not worker.wait_ready():
+            raise RuntimeError(f"worker {number} exited with code {worker.process.wait()} during start-up")
+
+    def supervise(self) -> None:
+        """Until SIGTERM/SIGINT: start again a worker that exits."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._stop_signal)
+        while not self.stopping:
+            pipes = [w.ready for w in self.workers if w.ready >= 0]
+            readable, _, _ = select.select(pipes, [], [], 0.5)
+            for worker in self.workers:
+                if worker.ready in readable:
+                    worker.wait_ready()  # a restarted worker serves (or died: seen below)
+            for i, worker in enumerate(self.workers):
+                if worker.process.poll() is None or self.stopping:
+                    continue
+                print(f"codeyard: worker {i + 1} (pid {worker.process.pid}) exited with code "
+                      f"{worker.process.returncode}; starting it again", file=sys.stderr, flush=True)
+                worker.forget_pipe()
+                if time.monotonic() - worker.started < 10 * RESTART_PAUSE_S:  # dying at start: don't spin
+                    time.sleep(RESTART_PAUSE_S)
+                self.workers[i] = self.spawn()
+
+    def _stop_signal(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
+    def stop(self) -> None:
+        """Workers first (they hand over leases and close runs), then Redis."""
+        for worker in self.workers:
+            if worker.process.poll() is None:
+                worker.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for worker in self.workers:
+            try:
+                worker.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                worker.process.kill()
+                worker.process.wait()
+            worker.forget_pipe()
+        if self.redis is not None:
+            self.redis.stop()
+        if self.sock is not None:
+            self.sock.close()
+
+
+def serve_workers(settings: Settings, workers: int) -> None:
+    """Run the parent: prepare, start the workers, supervise them until told to stop."""
+    supervisor = Supervisor(settings, workers)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stop during start-up still cleans up
+    try:
+        supervisor.prepare()
+        supervisor.start()
+        print(f"codeyard: {workers} workers (pids {' '.join(str(w.process.pid) for w in supervisor.workers)})"
+              f"{', private Redis at ' + supervisor.redis.url if supervisor.redis else ''}", file=sys.stderr, flush=True)
+        supervisor.supervise()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        supervisor.stop()
+
+
+def run_worker(listen_fd: int, ready_fd: int, gate_fd: int) -> None:
+    """A worker: the app on the shared socket and on a port of its own; a byte on `ready_fd` once it serves.
+    With a gate, it starts serving only after reading a byte there (EOF: the parent gave up; exit)."""
+    import uvicorn
+
+    from ide_server.app import create_app
+
+    shared = socket.socket(fileno=listen_fd)
+    settings = Settings()
+    own = listening_socket(settings.host, 0)
+    settings.port = own.getsockname()[1]  # the replica address the others reach this worker at
+    app = create_app(settings)
+    if gate_fd >= 0:
+        go = os.read(gate_fd, 1)
+        os.close(gate_fd)
+        if not go:
+            sys.exit(1)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                os.write(ready_fd, b"1")
+                os.close(ready_fd)
+
+    Server(uvicorn.Config(app, **SERVER_OPTIONS)).run(sockets=[shared, own])
+
+
+if __name__ == "__main__":
+    run_worker(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))

@@ -1,0 +1,222 @@
+"""`codeyard serve --workers 2` (issue 25): two processes on one port, one SQLite file and a private Redis.
+
+Against real processes: sockets on the shared port reach both workers; two editors of one file on
+different workers converge; a save through one is read back through the other, also with the file
+open in both; a run started through one has its verdict read through the other. Without
+redis-server, or with a port only one process can bind, exit 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import websockets
+from pycrdt import Doc, Text
+from serve_process import codeyard_serve
+
+from collab.protocol import (
+    SyncStep1,
+    SyncStep2,
+    SyncUpdate,
+    decode_message,
+    encode_sync_step1,
+    encode_sync_step2,
+    encode_sync_update,
+)
+from ide_server.cli import main
+
+PASSWORD = "a long password"
+
+
+class Workers:
+    """The server's base URL, and each worker's pid and own port (to reach one worker on purpose)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        port = int(url.rsplit(":", 1)[1])
+        # (the shared socket is listed under one of the processes holding it: parent or a worker)
+        holder = psutil.Process(next(c.pid for c in psutil.net_connections("tcp")
+                                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid))
+        parent = holder.parent() if "ide_server.workers" in holder.cmdline() else holder
+        assert parent is not None
+        self.pids = sorted(p.pid for p in parent.children() if "ide_server.workers" in p.cmdline())
+        self.own_urls = {pid: f"http://127.0.0.1:{c.laddr.port}" for pid in self.pids
+                         for c in psutil.Process(pid).net_connections("tcp")
+                         if c.status == psutil.CONN_LISTEN and c.laddr.port != port}
+
+    def serving(self, local_port: int) -> int | None:
+        """The worker holding the server end of the client connection from `local_port`."""
+        for pid in self.pids:
+            if any(c.raddr and c.raddr.port == local_port for c in psutil.Process(pid).net_connections("tcp")):
+                return pid
+        return None
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
+    data_dir = tmp_path_factory.mktemp("workers")
+    with codeyard_serve(data_dir, {"CODEYARD_WORKERS": "2"}) as url:
+        found = Workers(url)
+        for _ in range(600):  # the first worker answers /readyz while the second is still starting
+            if len(found.own_urls) == 2:
+                break
+            time.sleep(0.1)
+            found = Workers(url)
+        yield found
+    assert not (data_dir / "redis.sock").exists() or not _answers(data_dir / "redis.sock")  # Redis stopped with serve
+
+
+def _answers(path: Path) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis(unix_socket_path=str(path)).ping())
+    except redis.RedisError:
+        return False
+
+
+class Editor:
+    """A y-websocket client on one file (what the browser's editor does), on a pycrdt document."""
+
+    def __init__(self, ws: websockets.ClientConnection) -> None:
+        self.ws, self.doc = ws, Doc()
+        self.text = self.doc.get("content", type=Text)
+        self.synced = asyncio.Event()
+
+    @classmethod
+    async def open(cls, url: str, project: str, cookie: str) -> Editor:
+        ws = await websockets.connect(url.replace("http", "ws", 1) + f"/ws/collab/{project}/main.py",
+                                      additional_headers={"Cookie": cookie}, origin=url)
+        editor = cls(ws)
+        editor.task = asyncio.create_task(editor._receive())
+        await ws.send(encode_sync_step1(editor.doc.get_state()))
+        await asyncio.wait_for(editor.synced.wait(), 10)
+        return editor
+
+    async def _receive(self) -> None:
+        async for raw in self.ws:
+            message = decode_message(raw)
+            if isinstance(message, SyncStep1):
+                await self.ws.send(encode_sync_step2(self.doc.get_update(message.state_vector)))
+            elif isinstance(message, (SyncStep2, SyncUpdate)):
+                self.doc.apply_update(message.update)
+                self.synced.set()
+
+    async def type(self, chars: str) -> None:
+        before = self.doc.get_state()
+        self.text.insert(len(self.text), chars)
+        await self.ws.send(encode_sync_update(self.doc.get_update(before)))
+
+    @property
+    def local_port(self) -> int:
+        return int(self.ws.transport.get_extra_info("sockname")[1])
+
+    async def close(self) -> None:
+        await self.ws.close()
+        self.task.cancel()
+
+
+async def converged(editors: list[Editor], *markers: str) -> str:
+    for _ in range(200):
+        texts = {str(e.text) for e in editors}
+        if len(texts) == 1 and all(m in next(iter(texts)) for m in markers):
+            return texts.pop()
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the editors did not converge: {[str(e.text) for e in editors]}")
+
+
+async def follow_run(url: str, run_id: str, cookie: str) -> tuple[str, str]:
+    """(verdict, stdout) of a run, followed on its socket to the exit frame."""
+    stdout = ""
+    async with asyncio.timeout(30), websockets.connect(url.replace("http", "ws", 1) + f"/ws/runs/{run_id}",
+                                                       additional_headers={"Cookie": cookie}, origin=url) as ws:
+        async for raw in ws:
+            frame = json.loads(raw)
+            if frame["type"] == "stdout":
+                stdout += frame["data"]
+            elif frame["type"] == "exit":
+                return frame["verdict"], stdout
+    raise AssertionError("the run's socket closed before its exit frame")
+
+
+def test_two_workers_share_editors_runs_and_saves(workers: Workers) -> None:
+    assert len(workers.pids) == 2 and len(workers.own_urls) == 2
+    client = httpx.Client(base_url=workers.url, timeout=20)
+    client.post("/api/auth/register", json={"username": "teacher", "password": PASSWORD}).raise_for_status()
+    csrf = {"X-CSRF-Token": client.cookies["codeyard_csrf"]}
+    project = client.post("/api/projects", json={"name": "class", "template": "python"}, headers=csrf).json()["id"]
+    cookie = "; ".join(f"{k}={v}" for k, v in client.cookies.items())
+    first, second = (workers.own_urls[pid] for pid in workers.pids)
+
+    async def scenario() -> None:
+        editors: dict[int, Editor] = {}
+        for _ in range(40):  # the shared port hands connections to either worker
+            editor = await Editor.open(workers.url, project, cookie)
+            pid = workers.serving(editor.local_port)
+            if pid is not None and pid not in editors:
+                editors[pid] = editor
+            else:
+                await editor.close()
+            if len(editors) == 2:
+                break
+        assert len(editors) == 2, "every connection on the shared port went to one worker"
+        one, other = editors.values()
+        await one.type("# from the first worker\n")
+        await other.type("# from the second worker\n")
+        await converged([one, other], "first worker", "second worker")
+
+        headers = {**csrf, "Cookie": cookie}
+        program = "print(1)\n"
+        put = httpx.put(f"{second}/api/projects/{project}/files/content/run.py", content=program.encode(),
+                        headers=headers, timeout=20)
+        put.raise_for_status()
+        read = httpx.get(f"{first}/api/projects/{project}/files/content/run.py", headers=headers, timeout=20)
+        assert read.text == program
+        run = httpx.post(f"{first}/api/projects/{project}/runs", json={"entry": "run.py"}, headers=headers, timeout=20)
+        run.raise_for_status()
+        assert await follow_run(first, run.json()["id"], cookie) == ("ok", "1\n")  # live: on the worker running it
+        record = httpx.get(f"{second}/api/runs/{run.json()['id']}", headers=headers, timeout=20).json()
+        assert (record["status"], record["verdict"], record["stdout"]) == ("finished", "ok", "1\n")
+
+        saved = "print('saved')\n"  # a save while both workers have the file open in an editor
+        put = httpx.put(f"{second}/api/projects/{project}/files/content/main.py", content=saved.encode(),
+                        headers=headers, timeout=20)
+        put.raise_for_status()
+        read = httpx.get(f"{first}/api/projects/{project}/files/content/main.py", headers=headers, timeout=20)
+        assert read.text == saved
+        await converged([one, other], "print('saved')")
+        for editor in (one, other):
+            await editor.close()
+
+    asyncio.run(scenario())
+
+
+def test_workers_without_redis_server_is_exit_2(tmp_path: Path, monkeypatch, capsys) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.delenv("CODEYARD_REDIS_URL", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--workers", "2", "--data-dir", str(tmp_path / "data")])
+    assert exited.value.code == 2
+    assert "--workers needs Redis: install redis-server or set CODEYARD_REDIS_URL" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()  # refused before anything was prepared
+
+
+@pytest.mark.parametrize("variable", ["CODEYARD_DEPLOY_APPS_PORT", "CODEYARD_LLM_GRPC_PORT"])
+def test_ports_only_one_process_can_bind_are_refused_with_workers(tmp_path: Path, monkeypatch, capsys,
+                                                                  variable: str) -> None:
+    monkeypatch.setenv(variable, "0")
+    monkeypatch.delenv("CODEYARD_LLM_URL", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--workers", "2", "--data-dir", str(tmp_path / "data")])
+    assert exited.value.code == 2
+    assert variable in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()  # refused before anything was prepared
