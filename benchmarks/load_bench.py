@@ -52,6 +52,7 @@ from collab.protocol import (  # noqa: E402
 from tests.serve_process import codeyard_serve  # noqa: E402
 
 TIMEOUT_S = 10.0
+RUN_ELSEWHERE = 4404  # a run's socket on a worker that does not run it: "run X is over; read it with GET"
 # Plain HTTP, but httpx builds a TLS context (loading every CA certificate) per client unless given
 # one: for 100 students that blocked the load generator for seconds and looked like server latency.
 NO_TLS = ssl.create_default_context()
@@ -75,6 +76,7 @@ class Tally:
     timeouts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     socket_drops: int = 0
     requests: int = 0
+    runs_read_after: int = 0  # runs whose socket landed on another worker (4404): their verdict read with GET
 
     def error(self, what: str) -> None:
         if len(self.errors) < 10_000:
@@ -263,7 +265,8 @@ class Student:
         answer = await self.call("run_start", "POST", f"/api/projects/{self.project}/runs", json={"entry": "main.py"})
         if answer is None:
             return
-        url = self.base.replace("http", "ws", 1) + f"/ws/runs/{answer.json()['id']}"
+        run_id = answer.json()["id"]
+        url = self.base.replace("http", "ws", 1) + f"/ws/runs/{run_id}"
         stdout = ""
         try:
             async with asyncio.timeout(TIMEOUT_S * 3), websockets.connect(
@@ -273,25 +276,74 @@ class Student:
                     if frame["type"] == "stdout":
                         stdout += frame["data"]
                     elif frame["type"] == "exit":
-                        if frame["verdict"] != "ok" or stdout != "1\n":
-                            self.tally.error(f"run: {frame['verdict']} {frame['message']!r} {stdout[:60]!r}")
-                        else:
-                            self.tally.latencies["run_e2e"].append(time.monotonic() - started)
+                        self.verdict(frame["verdict"], frame["message"], stdout, started)
                         return
             self.tally.error("run: its socket closed before the exit frame")
         except TimeoutError:
             self.tally.timeouts["run_e2e"] += 1
+        except websockets.ConnectionClosed as exc:
+            if exc.rcvd is None or exc.rcvd.code != RUN_ELSEWHERE:
+                self.tally.error(f"run socket: {type(exc).__name__} {exc}")
+                return
+            self.tally.runs_read_after += 1  # --workers: the run is another worker's; read its end instead
+            await self.read_verdict(run_id, started)
         except (OSError, websockets.WebSocketException) as exc:
             self.tally.error(f"run socket: {type(exc).__name__} {exc}")
+
+    async def read_verdict(self, run_id: str, started: float) -> None:
+        while time.monotonic() - started < TIMEOUT_S * 3:
+            answer = await self.call("run_read", "GET", f"/api/runs/{run_id}")
+            if answer is None:
+                return
+            record = answer.json()
+            if record["status"] == "finished":
+                self.verdict(record["verdict"], record["message"], record["stdout"], started)
+                return
+            await asyncio.sleep(0.2)
+        self.tally.timeouts["run_e2e"] += 1
+
+    def verdict(self, verdict: str, message: str, stdout: str, started: float) -> None:
+        if verdict != "ok" or stdout != "1\n":
+            self.tally.error(f"run: {verdict} {message!r} {stdout[:60]!r}")
+        else:
+            self.tally.latencies["run_e2e"].append(time.monotonic() - started)
 
     def cookie(self) -> str:
         return "; ".join(f"{k}={v}" for k, v in self.http.cookies.items())
 
 
 def server_pid(base: str) -> int:
-    """The process listening on the server's port (the `codeyard serve` under its launcher)."""
+    """The `codeyard serve` listening on the server's port (with --workers: the parent of the workers)."""
     port = int(base.rsplit(":", 1)[1])
-    return next(c.pid for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port)
+    holder = psutil.Process(next(c.pid for c in psutil.net_connections("tcp")
+                                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port))
+    parent = holder.parent() if "ide_server.workers" in holder.cmdline() else None  # (the socket is shared)
+    return parent.pid if parent is not None else holder.pid
+
+
+def server_processes(pid: int) -> list[psutil.Process]:
+    """The server and, with --workers, its workers and private Redis (not the sandboxed runs)."""
+    server = psutil.Process(pid)
+    return [server] + [c for c in server.children() if "ide_server.workers" in c.cmdline() or c.name() == "redis-server"]
+
+
+def wait_for_workers(pid: int, count: int) -> None:
+    """Until `count` workers answer on their own ports (the first serves alone before the others start)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        workers = server_processes(pid)[1:]
+        ports = [c.laddr.port for w in workers if "ide_server.workers" in w.cmdline()
+                 for c in w.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+        ready = 0
+        for port in set(ports):
+            try:
+                ready += httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                pass
+        if ready >= count + 1:  # each worker's own port, and the shared one (listed under one of them)
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"{count} workers did not all start")
 
 
 def cpu_seconds(processes: list[psutil.Process]) -> float:
@@ -301,7 +353,8 @@ def cpu_seconds(processes: list[psutil.Process]) -> float:
 async def run_step(bases: list[str], users: int, args: argparse.Namespace, server_pids: list[int]) -> dict:
     """One step: `users` students for `args.seconds`, spread over the replicas; the summary as a dict."""
     tally = Tally()
-    servers, client = [psutil.Process(pid) for pid in server_pids], psutil.Process()
+    tops, client = [psutil.Process(pid) for pid in server_pids], psutil.Process()
+    servers = [p for pid in server_pids for p in server_processes(pid)]
     cpu_before, client_before, started = cpu_seconds(servers), cpu_seconds([client]), time.monotonic()
     stop_at = started + args.seconds
     ramp = args.ramp / max(1, users)
@@ -314,7 +367,7 @@ async def run_step(bases: list[str], users: int, args: argparse.Namespace, serve
     elapsed = time.monotonic() - started
     cpu = cpu_seconds(servers) - cpu_before
     client_cpu = cpu_seconds([client]) - client_before
-    memory = sum(s.memory_info().rss + sum(c.memory_info().rss for c in s.children(recursive=True)) for s in servers)
+    memory = sum(s.memory_info().rss + sum(c.memory_info().rss for c in s.children(recursive=True)) for s in tops)
     api = [v for op, values in tally.latencies.items() if op not in ("keystroke", "run_e2e", "socket") for v in values]
     ops = {op: {"n": len(v), "p50_ms": percentile(v, 0.5) * 1000, "p99_ms": percentile(v, 0.99) * 1000}
            for op, v in sorted(tally.latencies.items())}
@@ -323,7 +376,7 @@ async def run_step(bases: list[str], users: int, args: argparse.Namespace, serve
         "req_per_s": round(tally.requests / elapsed, 1), "ops": ops,
         "api_p99_ms": percentile(api, 0.99) * 1000, "errors": len(tally.errors), "error_samples": tally.errors[:5],
         "timeouts": sum(tally.timeouts.values()), "timeouts_by_op": dict(tally.timeouts),
-        "socket_drops": tally.socket_drops, "server_cpu_percent": round(100 * cpu / elapsed, 1),
+        "socket_drops": tally.socket_drops, "runs_read_after": tally.runs_read_after, "server_cpu_percent": round(100 * cpu / elapsed, 1),
         "server_rss_mb": round(memory / 2**20, 1), "load_generator_cpu_percent": round(100 * client_cpu / elapsed, 1),
         "host_load_average": os.getloadavg()[0],
     }
@@ -334,7 +387,8 @@ def print_step(result: dict) -> None:
           f"errors {result['errors']}, timeouts {result['timeouts']} {result['timeouts_by_op'] or ''}, "
           f"socket drops {result['socket_drops']}, server CPU {result['server_cpu_percent']}%, RSS {result['server_rss_mb']} MB")
     print(f"   load generator CPU {result['load_generator_cpu_percent']}%, host load average {result['host_load_average']:.1f}")
-    print(f"   API p99 {result['api_p99_ms']:.0f} ms")
+    print(f"   API p99 {result['api_p99_ms']:.0f} ms; runs whose socket reached another worker (verdict polled): "
+          f"{result['runs_read_after']}")
     for op, figures in result["ops"].items():
         print(f"   {op:14} n={figures['n']:6}  p50 {figures['p50_ms']:8.1f} ms  p99 {figures['p99_ms']:8.1f} ms")
     for sample in result["error_samples"]:
@@ -384,6 +438,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--redis", help="Redis URL (what several replicas share besides the database)")
     parser.add_argument("--replicas", type=int, default=1, help="servers sharing the data (needs --redis for more "
                         "than one; on SQLite they share its file); each student's partner tab talks to the next one")
+    parser.add_argument("--workers", type=int, default=1, help="`codeyard serve --workers N` (processes on one port, "
+                        "a private Redis unless --redis)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     return parser.parse_args(argv)
 
@@ -397,6 +453,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         settings["CODEYARD_DATABASE_URL"] = args.postgres
     if args.redis:
         settings["CODEYARD_REDIS_URL"] = args.redis
+    if args.workers > 1:
+        settings["CODEYARD_WORKERS"] = str(args.workers)
     results = []
     with ExitStack() as stack:
         data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="codeyard-load-", ignore_cleanup_errors=True)))
@@ -404,7 +462,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         bases = [stack.enter_context(codeyard_serve(data_dir, settings, log_name=f"serve{i}.log"))
                  for i in range(args.replicas)]
         pids = [server_pid(base) for base in bases]
-        print(f"{len(bases)} server(s) {' '.join(bases)} (pids {pids}) on {'PostgreSQL' if args.postgres else 'SQLite'}"
+        for pid in pids if args.workers > 1 else []:
+            wait_for_workers(pid, args.workers)
+        print(f"{len(bases)} server(s) {' '.join(bases)} (pids {pids}, {args.workers} worker(s) each) on {'PostgreSQL' if args.postgres else 'SQLite'}"
               f"{' + Redis' if args.redis else ''}; think {args.think} s, keystroke every {args.keystroke_every} s, "
               f"run every {args.run_every} iterations")
         logs, seen = [data_dir / f"serve{i}.log" for i in range(len(bases))], [0] * len(bases)
