@@ -169,6 +169,8 @@ class Supervisor:
                "CODEYARD_HOST": self.settings.host, "CODEYARD_REDIS_URL": redis_url}
         # Each worker would load its own copy of the model: only on first use, not N at start.
         env.setdefault("CODEYARD_LLM_EAGER", "0")
+        # Runs at once are counted per process: the machine's share (one CPU each) is split between the workers.
+        env.setdefault("CODEYARD_SANDBOX_MAX_RUNNING", str(-(-self.settings.sandbox_max_running // self.count)))
         return env
 
     def spawn(self, gate: int = -1) -> Worker:

@@ -30,6 +30,7 @@ from collab.protocol import (
     encode_sync_step2,
     encode_sync_update,
 )
+from deploy_service.owner import LEASE_KEY
 from ide_server.cli import main
 
 PASSWORD = "a long password"
@@ -38,8 +39,8 @@ PASSWORD = "a long password"
 class Workers:
     """The server's base URL, and each worker's pid and own port (to reach one worker on purpose)."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, url: str, data_dir: Path) -> None:
+        self.url, self.data_dir = url, data_dir
         port = int(url.rsplit(":", 1)[1])
         # (the shared socket is listed under one of the processes holding it: parent or a worker)
         holder = psutil.Process(next(c.pid for c in psutil.net_connections("tcp")
@@ -63,12 +64,12 @@ class Workers:
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
     data_dir = tmp_path_factory.mktemp("workers")
     with codeyard_serve(data_dir, {"CODEYARD_WORKERS": "2"}) as url:
-        found = Workers(url)
+        found = Workers(url, data_dir)
         for _ in range(600):  # the first worker answers /readyz while the second is still starting
             if len(found.own_urls) == 2:
                 break
             time.sleep(0.1)
-            found = Workers(url)
+            found = Workers(url, data_dir)
         yield found
     assert not (data_dir / "redis.sock").exists() or not _answers(data_dir / "redis.sock")  # Redis stopped with serve
 
@@ -196,6 +197,21 @@ def test_two_workers_share_editors_runs_and_saves(workers: Workers) -> None:
             await editor.close()
 
     asyncio.run(scenario())
+
+
+def test_deploy_calls_reach_the_worker_running_the_apps(workers: Workers) -> None:
+    """The apps' owner advertises its own port (the shared one would hand a forwarded call to any worker)."""
+    import redis
+
+    owner = json.loads(redis.Redis(unix_socket_path=str(workers.data_dir / "redis.sock")).get(LEASE_KEY) or "null")
+    assert owner is not None and f"http://{owner['http']}" in workers.own_urls.values()
+    client = httpx.Client(base_url=workers.url, timeout=20)
+    client.post("/api/auth/register", json={"username": "deployer", "password": PASSWORD}).raise_for_status()
+    csrf = {"X-CSRF-Token": client.cookies["codeyard_csrf"]}
+    project = client.post("/api/projects", json={"name": "site", "template": "python"}, headers=csrf).json()["id"]
+    for own in workers.own_urls.values():  # the other worker forwards the call to the owner
+        answer = httpx.get(f"{own}/api/projects/{project}/deployment", cookies=client.cookies, timeout=20)
+        assert (answer.status_code, answer.json()) == (200, None)
 
 
 def test_workers_without_redis_server_is_exit_2(tmp_path: Path, monkeypatch, capsys) -> None:
