@@ -72,7 +72,8 @@ class PrivateRedis:
 
     def __init__(self, executable: str, data_dir: Path) -> None:
         path = (data_dir / "redis.sock").resolve()
-        if len(str(path)) > UNIX_PATH_MAX:  # too long for a socket address: a private folder in /tmp
+        self.own_folder = len(str(path)) > UNIX_PATH_MAX  # too long for a socket address: a private folder in /tmp
+        if self.own_folder:
             path = Path(tempfile.mkdtemp(prefix="codeyard-redis-")) / "redis.sock"
         self.path = path
         self.url = f"unix://{path}"
@@ -106,10 +107,12 @@ class PrivateRedis:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        if self.own_folder:
+            shutil.rmtree(self.path.parent, ignore_errors=True)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """The port every worker accepts on, inherited by them."""
+    """A listening socket that child processes can inherit (the shared port, or a worker's own)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family, backlog=2048)
     sock.set_inheritable(True)
@@ -260,6 +263,9 @@ def serve_workers(settings: Settings, workers: int) -> None:
         supervisor.supervise()
     except KeyboardInterrupt:
         pass
+    except RuntimeError as exc:  # a worker or Redis failed to start (what it printed says why)
+        print(f"codeyard: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     finally:
         supervisor.stop()
 
