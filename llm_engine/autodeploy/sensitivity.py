@@ -29,6 +29,7 @@ from llm_engine.tokenizer import Tokenizer
 
 _BLOCK = 16
 _ROWS_KEPT = 1024  # calibration rows per layer for its error score
+_NAMES_SHOWN = 6  # kept layers named in the report line
 
 
 @dataclass
@@ -48,7 +49,8 @@ class Sensitivity:
         worst = sorted(self.errors.items(), key=lambda item: -item[1])[:3]
         return [f"sensitivity ({self.method}, budget {self.budget:.2%} perplexity): float {ppl['float']:.3f}, "
                 f"all quantized {ppl['all quantized']:.3f}, chosen {ppl['chosen']:.3f}",
-                f"kept in float: {len(self.kept)} of {len(self.errors)} layers {self.kept}",
+                f"kept in float: {len(self.kept)} of {len(self.errors)} layers {self.kept[:_NAMES_SHOWN]}"
+                + (f" and {len(self.kept) - _NAMES_SHOWN} more (all in the manifest)" if len(self.kept) > _NAMES_SHOWN else ""),
                 "most sensitive: " + ", ".join(f"{name} {error:.3%}" for name, error in worst)]
 
 
