@@ -356,6 +356,7 @@ async def run_step(bases: list[str], users: int, args: argparse.Namespace, serve
     tops, client = [psutil.Process(pid) for pid in server_pids], psutil.Process()
     servers = [p for pid in server_pids for p in server_processes(pid)]
     cpu_before, client_before, started = cpu_seconds(servers), cpu_seconds([client]), time.monotonic()
+    cpu_each = [cpu_seconds([p]) for p in servers]
     stop_at = started + args.seconds
     ramp = args.ramp / max(1, users)
 
@@ -366,6 +367,7 @@ async def run_step(bases: list[str], users: int, args: argparse.Namespace, serve
     await asyncio.gather(*(student(i) for i in range(users)))
     elapsed = time.monotonic() - started
     cpu = cpu_seconds(servers) - cpu_before
+    by_process = [round(100 * (cpu_seconds([p]) - before) / elapsed, 1) for p, before in zip(servers, cpu_each)]
     client_cpu = cpu_seconds([client]) - client_before
     memory = sum(s.memory_info().rss + sum(c.memory_info().rss for c in s.children(recursive=True)) for s in tops)
     api = [v for op, values in tally.latencies.items() if op not in ("keystroke", "run_e2e", "socket") for v in values]
@@ -377,6 +379,7 @@ async def run_step(bases: list[str], users: int, args: argparse.Namespace, serve
         "api_p99_ms": percentile(api, 0.99) * 1000, "errors": len(tally.errors), "error_samples": tally.errors[:5],
         "timeouts": sum(tally.timeouts.values()), "timeouts_by_op": dict(tally.timeouts),
         "socket_drops": tally.socket_drops, "runs_read_after": tally.runs_read_after, "server_cpu_percent": round(100 * cpu / elapsed, 1),
+        "server_cpu_percent_by_process": by_process,
         "server_rss_mb": round(memory / 2**20, 1), "load_generator_cpu_percent": round(100 * client_cpu / elapsed, 1),
         "host_load_average": os.getloadavg()[0],
     }
@@ -386,6 +389,8 @@ def print_step(result: dict) -> None:
     print(f"\n== {result['users']} users, {result['seconds']} s: {result['req_per_s']} req/s, "
           f"errors {result['errors']}, timeouts {result['timeouts']} {result['timeouts_by_op'] or ''}, "
           f"socket drops {result['socket_drops']}, server CPU {result['server_cpu_percent']}%, RSS {result['server_rss_mb']} MB")
+    if len(result["server_cpu_percent_by_process"]) > 1:
+        print(f"   server CPU by process (serve, workers, Redis): {result['server_cpu_percent_by_process']}")
     print(f"   load generator CPU {result['load_generator_cpu_percent']}%, host load average {result['host_load_average']:.1f}")
     print(f"   API p99 {result['api_p99_ms']:.0f} ms; runs whose socket reached another worker (verdict polled): "
           f"{result['runs_read_after']}")
