@@ -327,6 +327,10 @@ def server_processes(pid: int) -> list[psutil.Process]:
     return [server] + [c for c in server.children() if "ide_server.workers" in c.cmdline() or c.name() == "redis-server"]
 
 
+def process_role(process: psutil.Process) -> str:
+    return "worker" if "ide_server.workers" in process.cmdline() else "redis" if process.name() == "redis-server" else "serve"
+
+
 def wait_for_workers(pid: int, count: int) -> None:
     """Until `count` workers answer on their own ports (the first serves alone before the others start)."""
     deadline = time.monotonic() + 300
@@ -367,7 +371,8 @@ async def run_step(bases: list[str], users: int, args: argparse.Namespace, serve
     await asyncio.gather(*(student(i) for i in range(users)))
     elapsed = time.monotonic() - started
     cpu = cpu_seconds(servers) - cpu_before
-    by_process = [round(100 * (cpu_seconds([p]) - before) / elapsed, 1) for p, before in zip(servers, cpu_each)]
+    by_process = {f"{process_role(p)} {p.pid}": round(100 * (cpu_seconds([p]) - before) / elapsed, 1)
+                  for p, before in zip(servers, cpu_each)}
     client_cpu = cpu_seconds([client]) - client_before
     memory = sum(s.memory_info().rss + sum(c.memory_info().rss for c in s.children(recursive=True)) for s in tops)
     api = [v for op, values in tally.latencies.items() if op not in ("keystroke", "run_e2e", "socket") for v in values]
@@ -390,7 +395,7 @@ def print_step(result: dict) -> None:
           f"errors {result['errors']}, timeouts {result['timeouts']} {result['timeouts_by_op'] or ''}, "
           f"socket drops {result['socket_drops']}, server CPU {result['server_cpu_percent']}%, RSS {result['server_rss_mb']} MB")
     if len(result["server_cpu_percent_by_process"]) > 1:
-        print(f"   server CPU by process (serve, workers, Redis): {result['server_cpu_percent_by_process']}")
+        print(f"   server CPU % by process: {result['server_cpu_percent_by_process']}")
     print(f"   load generator CPU {result['load_generator_cpu_percent']}%, host load average {result['host_load_average']:.1f}")
     print(f"   API p99 {result['api_p99_ms']:.0f} ms; runs whose socket reached another worker (verdict polled): "
           f"{result['runs_read_after']}")
