@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict:
         print_table(f"engine {row} (weights {weight_mb:.0f} MB)", report[row], anchor)
     print()
     for per_cpu, unit in ((False, "tok/s"), (True, "tok per CPU s")):
-        if anchor:
+        if anchor and (not per_cpu or all("cpu_seconds" in f for f in anchor.values())):  # not the tool's
             theirs, their_b = best(anchor, per_cpu)
             ours, our_b, our_row = max((*best(report[r], per_cpu), r) for r in args.rows)
             ratio = report[f"best_vs_llamacpp ({unit})"] = ours / theirs
