@@ -418,7 +418,10 @@ def server_side_latency(lines: list[str]) -> dict[str, dict[str, float]]:
     for line in lines:
         if '"event": "request"' not in line:
             continue
-        entry = json.loads(line)
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:  # --workers: two workers' lines can meet on their shared stderr
+            continue
         if entry.get("method") != "WS":
             durations[f"{entry['method']} {entry.get('route')}"].append(entry["duration_ms"])
     return {route: {"n": len(v), "p50_ms": percentile(v, 0.5), "p99_ms": percentile(v, 0.99)}
