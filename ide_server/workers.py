@@ -16,6 +16,7 @@ and the shared port would hand them to any worker.
 from __future__ import annotations
 
 import ctypes
+import io
 import os
 import select
 import shutil
@@ -277,6 +278,9 @@ def run_worker(listen_fd: int, ready_fd: int, gate_fd: int) -> None:
 
     from ide_server.app import create_app
 
+    # One write per log line: the workers share the parent's stderr, and print()'s two writes (the line,
+    # then its newline) from two workers met on one line. Buffered until the newline, they are one write.
+    sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False), 1 << 16), line_buffering=True)
     shared = socket.socket(fileno=listen_fd)
     settings = Settings()
     own = listening_socket(settings.host, 0)
