@@ -81,12 +81,13 @@ class ProjectRuns:
 
     def __init__(self, backend: Backend | None, unavailable: str, *, sessions: sessionmaker[Session], projects_dir: Path,
                  editors: OpenEditors, installer: Installer | None = None, max_running: int, max_running_per_user: int,
-                 max_per_user: int, max_queued: int = 64, max_shells: int = 16, max_shells_per_user: int = 2,
-                 announce: Callable[[str, dict[str, Any]], None] | None = None,
-                 environment_of: Callable[[str], dict[str, str]] | None = None, server_id: str | None = None) -> None:
-        """server_id: this server's, recorded with each run (see sandbox.server_presence). announce: tells a project's open workspaces something (the events hub): a run started (so every
-        member's console follows it), or a run wrote files (so their trees re-read). environment_of: a
-        project's extra run environment (the secrets its owner exposes to runs), called in a worker thread."""
+                 max_per_user: int, server_id: str, max_queued: int = 64, max_shells: int = 16,
+                 max_shells_per_user: int = 2, announce: Callable[[str, dict[str, Any]], None] | None = None,
+                 environment_of: Callable[[str], dict[str, str]] | None = None) -> None:
+        """server_id: this server's, recorded with each run (see sandbox.server_presence). announce: tells
+        a project's open workspaces something (the events hub): a run started (so every member's console
+        follows it), or a run wrote files (so their trees re-read). environment_of: a project's extra run
+        environment (the secrets its owner exposes to runs), called in a worker thread."""
         self.backend, self.unavailable = backend, unavailable
         self.sessions, self.projects_dir, self.editors = sessions, projects_dir, editors
         self.installer, self.server_id = installer, server_id

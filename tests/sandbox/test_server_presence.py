@@ -18,7 +18,7 @@ from collab.editors import OpenEditors
 from ide_server import db as database
 from ide_server.models import Project, User
 from sandbox.models import RunRow
-from sandbox.server_presence import KEY_PREFIX, AloneOnHost, OrphanedRuns, SharedPresence
+from sandbox.server_presence import KEY_PREFIX, AloneOnHost, OrphanedRuns, SharedPresence, new_server_id
 from sandbox.service import ProjectRuns
 
 
@@ -31,7 +31,7 @@ def runs(tmp_path: Path) -> ProjectRuns:
         db.add(User(id=1, username="alice", password_hash="-"))
         db.add(Project(id="p1", name="one", template="python", visibility="private"))
     return ProjectRuns(None, "no backend here", sessions=sessions, projects_dir=tmp_path, editors=OpenEditors(None),
-                       max_running=1, max_running_per_user=1, max_per_user=1)
+                       max_running=1, max_running_per_user=1, max_per_user=1, server_id=new_server_id())
 
 
 def record(runs: ProjectRuns, run_id: str, server_id: str | None, status: str = "running") -> None:
