@@ -17,18 +17,9 @@ import httpx
 import psutil
 import pytest
 import websockets
-from pycrdt import Doc, Text
 from serve_process import codeyard_serve
 
-from collab.protocol import (
-    SyncStep1,
-    SyncStep2,
-    SyncUpdate,
-    decode_message,
-    encode_sync_step1,
-    encode_sync_step2,
-    encode_sync_update,
-)
+from benchmarks.load_bench import Tally, YClient
 from deploy_service.owner import LEASE_KEY
 from ide_server.cli import main
 
@@ -82,48 +73,21 @@ def _answers(path: Path) -> bool:
         return False
 
 
-class Editor:
-    """A y-websocket client on one file (what the browser's editor does), on a pycrdt document."""
-
-    def __init__(self, ws: websockets.ClientConnection) -> None:
-        self.ws, self.doc = ws, Doc()
-        self.text = self.doc.get("content", type=Text)
-        self.synced = asyncio.Event()
-
-    @classmethod
-    async def open(cls, url: str, project: str, cookie: str) -> Editor:
-        ws = await websockets.connect(url.replace("http", "ws", 1) + f"/ws/collab/{project}/main.py",
-                                      additional_headers={"Cookie": cookie}, origin=url)
-        editor = cls(ws)
-        editor.task = asyncio.create_task(editor._receive())
-        await ws.send(encode_sync_step1(editor.doc.get_state()))
-        await asyncio.wait_for(editor.synced.wait(), 10)
-        return editor
-
-    async def _receive(self) -> None:
-        async for raw in self.ws:
-            message = decode_message(raw)
-            if isinstance(message, SyncStep1):
-                await self.ws.send(encode_sync_step2(self.doc.get_update(message.state_vector)))
-            elif isinstance(message, (SyncStep2, SyncUpdate)):
-                self.doc.apply_update(message.update)
-                self.synced.set()
-
-    async def type(self, chars: str) -> None:
-        before = self.doc.get_state()
-        self.text.insert(len(self.text), chars)
-        await self.ws.send(encode_sync_update(self.doc.get_update(before)))
-
-    @property
-    def local_port(self) -> int:
-        return int(self.ws.transport.get_extra_info("sockname")[1])
-
-    async def close(self) -> None:
-        await self.ws.close()
-        self.task.cancel()
+async def open_editor(url: str, project: str, cookie: str, receiving: list[asyncio.Task]) -> YClient:
+    """The load test's y-websocket client on main.py through `url`, synced (its receive loop goes in `receiving`)."""
+    ws = await websockets.connect(url.replace("http", "ws", 1) + f"/ws/collab/{project}/main.py",
+                                  additional_headers={"Cookie": cookie}, origin=url)
+    editor = YClient(ws, Tally())
+    receiving.append(await editor.start())
+    await asyncio.wait_for(editor.synced.wait(), 10)
+    return editor
 
 
-async def converged(editors: list[Editor], *markers: str) -> str:
+def local_port(editor: YClient) -> int:
+    return int(editor.ws.transport.get_extra_info("sockname")[1])
+
+
+async def converged(editors: list[YClient], *markers: str) -> str:
     for _ in range(200):
         texts = {str(e.text) for e in editors}
         if len(texts) == 1 and all(m in next(iter(texts)) for m in markers):
@@ -158,8 +122,9 @@ def test_two_workers_share_editors_runs_and_saves(workers: Workers) -> None:
     async def scenario() -> None:
         # Each worker's own port, to be sure of reaching both: on the shared port the kernel wakes every
         # worker for a connection and the first to accept it wins, so an idle host may favour one.
-        one, other = [await Editor.open(workers.own_urls[pid], project, cookie) for pid in workers.pids]
-        assert [workers.serving(e.local_port) for e in (one, other)] == workers.pids
+        receiving: list[asyncio.Task] = []
+        one, other = [await open_editor(workers.own_urls[pid], project, cookie, receiving) for pid in workers.pids]
+        assert [workers.serving(local_port(e)) for e in (one, other)] == workers.pids
         await one.type("# from the first worker\n")
         await other.type("# from the second worker\n")
         await converged([one, other], "first worker", "second worker")
@@ -185,7 +150,8 @@ def test_two_workers_share_editors_runs_and_saves(workers: Workers) -> None:
         assert read.text == saved
         await converged([one, other], "print('saved')")
         for editor in (one, other):
-            await editor.close()
+            await editor.ws.close()
+        await asyncio.gather(*receiving)  # each loop ends with its socket
 
     asyncio.run(scenario())
 
