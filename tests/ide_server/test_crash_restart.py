@@ -27,7 +27,7 @@ from collab.protocol import SyncStep1, SyncStep2, SyncUpdate, decode_message, en
 
 STUDENTS = 30
 EDITORS = 10  # students who keep main.py open in the editor
-KILLS = 10 if os.environ.get("CODEYARD_LONG") else 4  # make test-long: the 10 kills
+KILLS = 10 if os.environ.get("CODEYARD_LONG") else 2  # make test-long: the 10 kills
 PASSWORD = "a long password"
 SLOW_PROGRAM = "import time\ntime.sleep(20)\n"
 
