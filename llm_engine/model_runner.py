@@ -17,10 +17,11 @@ from llm_engine.cuda_graphs import DecodeGraphs, capture_sizes
 from llm_engine.distributed import get_tp_size
 from llm_engine.layers.attention import Attention, AttentionBackend, NativePagedAttention, SeqSlice, TorchPagedAttention
 from llm_engine.layers.decode_stack import DecodeStack
-from llm_engine.layers.embedding import ParallelLMHead
+from llm_engine.layers.embedding import VocabParallelEmbedding
 from llm_engine.layers.linear import LinearBase
 from llm_engine.layers.native import KernelBuildError
 from llm_engine.layers.quant_config import assign_quantization, summarize
+from llm_engine.layers.quantization import weight_bytes
 from llm_engine.loader import ModelSource
 from llm_engine.models.registry import resolve_model_class
 from llm_engine.multimodal.encoder_cache import EncoderCache, ImageEncoder, step_image_embeddings
@@ -152,10 +153,10 @@ class ModelRunner:
         for module in self.model.modules():
             if isinstance(module, LinearBase):
                 module.quant_method.process_weights_after_loading(module)
-            elif isinstance(module, ParallelLMHead):
+            elif isinstance(module, VocabParallelEmbedding):  # the LM head too
                 module.process_weights_after_loading()
         self.model.eval()
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())  # tied: once
+        self.weight_bytes = weight_bytes(self.model)
         self.max_model_len: int = min(config.max_model_len or hf_config.get_text_config().max_position_embeddings,
                                  hf_config.get_text_config().max_position_embeddings)
         self.sampler = Sampler(config.seed, self.device)

@@ -1,8 +1,9 @@
 """Vocabulary-parallel embedding and LM head (each rank holds a contiguous slice of the vocab).
 
-Both can hold their table quantized (a GGUF file's Q8_0/Q4 token embedding, kept as is): the
-embedding then widens only the rows it looks up, and the LM head multiplies with the packed
-table in the weight-only kernel, through the same WeightOnlyLinearMethod as linear layers.
+Both can hold their table quantized (a GGUF file's Q8_0/Q4 token embedding, kept as is, or a
+float table rounded at load when the quantization config targets it): the embedding then widens
+only the rows it looks up, and the LM head multiplies with the packed table in the weight-only
+kernel, through the same WeightOnlyLinearMethod as linear layers.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ class VocabParallelEmbedding(nn.Module):
                           None if offsets is None else offsets[ids.reshape(-1)], self.quant_method.group(self))
         return rows.to(self.dtype).view(*ids.shape, -1)
 
+    def process_weights_after_loading(self) -> None:
+        """Round a float table loaded for a quantized method (once: a tied head may ask again)."""
+        if self.quant_method is not None and not hasattr(self, "qweight"):
+            self.quant_method.process_weights_after_loading(self)
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         shard = loaded[self.vocab_start:self.vocab_start + self.shard_size]
         param.data[:shard.shape[0]].copy_(shard)
@@ -63,17 +69,25 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to logits; with tied embeddings it shares the embedding weight."""
 
     packed_weight: torch.Tensor | None = None
+    tied_to: VocabParallelEmbedding | None = None
 
     def tie(self, embedding: VocabParallelEmbedding) -> None:
-        """Share the (quantized) table of a tied embedding."""
-        del self.weight
-        self.quant_method = embedding.quant_method
+        """Share the (quantized) table of a tied embedding: its tensors as they are now, and
+        again after loading, once the embedding has rounded a float table."""
+        for name, _ in list(self.named_parameters(recurse=False)):
+            delattr(self, name)
+        self.__dict__["tied_to"] = embedding  # a reference, not a submodule: the decoder owns it
+        method = embedding.quant_method
+        self.quant_method = None if method is None else WeightOnlyLinearMethod(method.scheme, prequantized=True)
         for name, param in embedding.named_parameters(recurse=False):
             setattr(self, name, param)
 
     def process_weights_after_loading(self) -> None:
         """A oneDNN-packed copy for the logits matmul where `prepack` applies (the plain weight
         stays: tied embeddings look tokens up in it); a quantized table gets its kernel."""
+        if self.tied_to is not None and self.tied_to.quant_method is not None:
+            self.tied_to.process_weights_after_loading()
+            self.tie(self.tied_to)
         if self.quant_method is not None:
             self.quant_method.process_weights_after_loading(self)
         else:

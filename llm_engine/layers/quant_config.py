@@ -18,10 +18,14 @@
       ignore: ["re:model.layers.0.mlp.*"]
     or one scheme for all linear layers: {method: int4, group_size: 64}; fp8 also takes
     strategy: tensor (one scale for the matrix) or channel (the default).
-A target is "Linear" (every linear layer), "re:<regex>" (full match) or a module name or suffix
-("down_proj", "model.layers.3.mlp"), matched against the engine's module names and the
-checkpoint's (a fused qkv_proj also answers to q_proj, k_proj and v_proj). The first group that
-matches wins; ignored layers stay float.
+A target is "Linear" (every linear layer of the decoder), "Embedding" (the token embedding),
+"re:<regex>" (full match) or a module name or suffix ("down_proj", "model.layers.3.mlp",
+"lm_head"), matched against the engine's module names and the checkpoint's (a fused qkv_proj also
+answers to q_proj, k_proj and v_proj). The first group that matches wins; ignored layers stay
+float. The token embedding and the LM head stay float unless a group targets them ("Embedding",
+"lm_head" or a pattern matching their names): llama.cpp's Q4 files store them quantized, and they
+are a fifth of a 1B model's weights. A quantized embedding widens only the rows it looks up; a
+tied LM head shares the embedding's table, so the embedding's group decides for both.
 """
 
 from __future__ import annotations
@@ -131,11 +135,13 @@ class QuantConfig:
                            _scheme(entry, f"group {name!r}")))
         return cls(groups, ignore)
 
-    def scheme_for(self, names: list[str]) -> QuantScheme | None:
+    def scheme_for(self, names: list[str], kind: str | None = "Linear") -> QuantScheme | None:
+        """The first group's scheme that targets `kind` (the module's class as compressed-tensors
+        names it: "Linear", "Embedding"; None for the LM head) or one of `names`."""
         if any(_matches(t, n) for t in self.ignore for n in names):
             return None
         for targets, scheme in self.groups:
-            if any(t == "Linear" or _matches(t, n) for t in targets for n in names):
+            if any(t == kind or _matches(t, n) for t in targets for n in names):
                 return scheme
         return None
 
@@ -193,6 +199,8 @@ def assign_quantization(model: nn.Module, value: object, gguf_types: dict[str, s
     keep: set[str] = set()
     if kept_types is not None:
         _keep_gguf_tables(model, kept_types, effective, keep)
+    elif config is not None:
+        _quantize_tables(model, config, effective)
     for name, module in model.named_modules():
         if not isinstance(module, LinearBase):
             continue
@@ -260,6 +268,31 @@ def _keep_gguf_tables(model: nn.Module, gguf_types: dict[str, str], effective: d
             module.set_quant_method(WeightOnlyLinearMethod(scheme, prequantized=True))
             keep.add(f"{name}.weight")
             effective[name] = f"gguf {kind} -> {scheme.describe()}"
+
+
+def _quantize_tables(model: nn.Module, config: QuantConfig, effective: dict[str, str]) -> None:
+    """The token embedding and LM head, rounded at load where the config targets them."""
+    tied = getattr(model, "tied", False)
+    for name, module in model.named_modules():
+        if not isinstance(module, VocabParallelEmbedding):
+            continue
+        scheme = config.scheme_for([name], None if isinstance(module, ParallelLMHead) else "Embedding")
+        if isinstance(module, ParallelLMHead) and tied:
+            embedding = cast(VocabParallelEmbedding, model.get_submodule("model.embed_tokens"))
+            shared = None if embedding.quant_method is None else embedding.quant_method.scheme
+            if scheme is not None and scheme != shared:
+                raise ValueError(f"quantization: {name} is tied to model.embed_tokens (tie_word_embeddings), so it "
+                                 f"shares the embedding's table: target the embedding ('Embedding') with "
+                                 f"{scheme.describe()} instead")
+            if shared is not None:
+                module.tie(embedding)
+            effective[name] = "tied to model.embed_tokens" if shared is not None else "float"
+            continue
+        if scheme is None:
+            effective[name] = "float"
+            continue
+        module.set_quant_method(WeightOnlyLinearMethod(scheme))
+        effective[name] = scheme.describe()
 
 
 def summarize(effective: dict[str, str]) -> str:

@@ -68,6 +68,14 @@ def prepack(weight: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
+def weight_bytes(model: nn.Module) -> int:
+    """Memory of a model's weights: its parameters (a tied one once) and oneDNN's prepacked
+    copies, which replace a bf16 linear layer's parameter or sit beside an LM head's."""
+    packed = [getattr(m, "packed_weight", None) for m in model.modules()]
+    tensors = [*model.parameters(), *(t for t in packed if isinstance(t, torch.Tensor))]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def onednn_bf16_available() -> bool:
     """oneDNN's bf16 linear needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT on x86."""
     return (torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]

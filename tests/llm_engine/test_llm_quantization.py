@@ -6,8 +6,8 @@ import logging
 
 import pytest
 import torch
-from conftest import check_logprobs_close, hf_greedy
-from transformers import AutoModelForCausalLM
+from conftest import COMMON, check_logprobs_close, hf_greedy
+from transformers import AutoModelForCausalLM, LlamaConfig
 
 from llm_engine import LLM, SamplingParams
 from llm_engine.config import EngineConfig
@@ -114,11 +114,12 @@ def test_without_a_compiler_quantized_layers_dequantize_in_pytorch(monkeypatch, 
 
 
 def hf_with_dequantized_weights(folder, plan: dict[str, QuantScheme | None]):
-    """The Transformers model with each linear weight replaced by its quantize-dequantize image."""
+    """The Transformers model with each linear weight (and embedding table) replaced by its
+    quantize-dequantize image."""
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     for name, module in model.named_modules():
         scheme = plan.get(name)
-        if scheme is None or not isinstance(module, torch.nn.Linear):
+        if scheme is None or not isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
             continue
         w = module.weight.data
         group = scheme.group_size or w.shape[1]
@@ -161,6 +162,78 @@ def test_per_layer_mixed_methods_match_transformers_on_the_same_rounded_weights(
     check_logprobs_close(ours, hf_greedy(hf_with_dequantized_weights(tiny_llama, plan), prompts, 12), atol=1e-3)
 
 
+TABLES_INT4 = QuantScheme("int4", 32, False)
+WITH_TABLES = {"config_groups": {
+    "tables": {"targets": ["Embedding", "lm_head"], "method": "int4", "group_size": 32, "symmetric": False},
+    "linear": {"targets": ["Linear"], "method": "int8"},
+}}
+
+
+def test_embedding_and_lm_head_are_quantized_when_targeted_and_match_transformers(tiny_llama):
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory="16MiB", quantization=WITH_TABLES)
+    runner = llm.engine.model_runner
+    assert runner.quantization["model.embed_tokens"] == runner.quantization["lm_head"] == "int4 g32 asym"
+    assert runner.quantization["model.layers.1.mlp.down_proj"] == "int8 per-channel"
+    assert not any(name.endswith(".weight") and ("embed_tokens" in name or "lm_head" in name)
+                   for name, _ in runner.model.named_parameters())  # no float table kept
+    plan: dict[str, QuantScheme | None] = {"model.embed_tokens": TABLES_INT4, "lm_head": TABLES_INT4}
+    for layer in range(2):
+        for proj in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+            plan[f"model.layers.{layer}.{proj}"] = QuantScheme("int8")
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
+    ours = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, params, use_tqdm=False)]
+    check_logprobs_close(ours, hf_greedy(hf_with_dequantized_weights(tiny_llama, plan), prompts, 12), atol=1e-3)
+
+
+@pytest.mark.parametrize("scheme", [QuantScheme("int8"), TABLES_INT4, QuantScheme("int4", 128, True),
+                                    QuantScheme("fp8")], ids=QuantScheme.describe)
+def test_a_quantized_embedding_gathers_exactly_the_dequantized_rows(scheme):
+    from llm_engine.layers.embedding import VocabParallelEmbedding
+
+    torch.manual_seed(0)
+    table = torch.randn(50, 200) * 0.1
+    embedding = VocabParallelEmbedding(50, 200)
+    embedding.set_quant_method(WeightOnlyLinearMethod(scheme))
+    embedding.weight_loader(embedding.weight, table)
+    embedding.process_weights_after_loading()
+    group = scheme.group_size or 200
+    whole = dequantize(embedding.qweight, embedding.scales, getattr(embedding, "offsets", None), group)
+    ids = torch.tensor([[3, 49, 0], [3, 17, 48]])
+    assert torch.equal(embedding(ids), whole[ids])
+    assert float((whole - table).abs().max()) < 0.1 * float(table.abs().max())
+
+
+def test_a_tied_lm_head_shares_the_quantized_embedding_table(tmp_path):
+    config = LlamaConfig(**{**COMMON, "tie_word_embeddings": True})
+    config.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(5)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), dtype="float32", kv_cache_memory="16MiB",
+              quantization={"targets": ["Embedding"], "method": "int8", "group_size": 32})
+    runner = llm.engine.model_runner
+    assert runner.quantization["model.embed_tokens"] == "int8 g32"
+    assert runner.quantization["lm_head"] == "tied to model.embed_tokens"
+    assert runner.quantization["model.layers.0.mlp.down_proj"] == "float"
+    head, embedding = runner.model.lm_head, runner.model.model.embed_tokens
+    assert head.qweight is embedding.qweight and head.scales is embedding.scales
+    hidden = torch.randn(3, COMMON["hidden_size"])
+    deq = dequantize(embedding.qweight, embedding.scales, None, 32)
+    torch.testing.assert_close(head.compute_logits(hidden), hidden @ deq.T, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="tied to model.embed_tokens"):
+        LLM(str(tmp_path), dtype="float32", kv_cache_memory="16MiB",
+            quantization={"targets": ["lm_head"], "method": "int8"})
+
+
+def test_plain_method_names_leave_the_embedding_and_lm_head_float():
+    assert QuantConfig.parse("int4").scheme_for(["model.embed_tokens"], "Embedding") is None
+    assert QuantConfig.parse("int4").scheme_for(["lm_head"], None) is None
+    config = QuantConfig.parse({"targets": ["Linear", "Embedding"], "method": "int8", "ignore": ["lm_head"]})
+    assert config.scheme_for(["model.embed_tokens"], "Embedding") == QuantScheme("int8")
+    assert config.scheme_for(["lm_head"], None) is None
+
+
 def linear_bytes(llm: LLM) -> int:
     from llm_engine.layers.linear import LinearBase
 
@@ -170,11 +243,11 @@ def linear_bytes(llm: LLM) -> int:
 
 @pytest.mark.parametrize("quantization,goal", [("int8", 0.55), ({"method": "int4", "group_size": 64}, 0.35)])
 def test_quantized_linear_weights_meet_the_memory_goals_against_bf16(tiny_llama, quantization, goal):
-    bf16_bytes = linear_bytes(LLM(str(tiny_llama), dtype="bfloat16", num_kv_blocks=4))
+    float32 = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=4)
+    bf16_bytes = linear_bytes(float32) // 2  # a bf16 engine holds oneDNN's packed copies, not parameters
     llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=4, quantization=quantization)
     assert linear_bytes(llm) <= goal * bf16_bytes
-    assert llm.engine.model_runner.weight_bytes < LLM(str(tiny_llama), dtype="float32",
-                                                      num_kv_blocks=4).engine.model_runner.weight_bytes
+    assert llm.engine.model_runner.weight_bytes < float32.engine.model_runner.weight_bytes
     out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
 
