@@ -17,6 +17,11 @@ The producer lets go of a transfer's blocks when its connection ends (done, an e
 consumer) or when nobody asked for them within `hold_timeout_s`. The engine frees them on its own
 thread (`take_released`), because the block manager is not shared between threads. Held blocks are
 never written: the engine only writes blocks it has just handed out.
+
+A consumer pulls on a thread of its own (`start_load`, then `finished_loads`), as vLLM's async KV
+loads do: a pull waits for the producer's answer, and the producer is busy computing long
+prompts, so a pull on the engine's thread stalled every running request's next token for that
+long. The socket waits and the tensor copies release the GIL, so the engine keeps stepping.
 """
 
 from __future__ import annotations
@@ -139,6 +144,14 @@ class _Hold:
     deadline: float
 
 
+@dataclass
+class _Load:
+    key: int
+    params: dict[str, Any]
+    first_block: int
+    dst_block_ids: list[int]
+
+
 class KVConnector:
     """One instance's side of KV transfers: `send` on a producer, `receive` on a consumer.
 
@@ -158,9 +171,14 @@ class KVConnector:
         self._released: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
         self._mapped: dict[str, torch.Tensor] = {}  # a consumer's mappings of producers' pool files
         self._server: socketserver.ThreadingTCPServer | None = None
+        self._loads: queue.SimpleQueue[_Load | None] = queue.SimpleQueue()
+        self._finished: queue.SimpleQueue[tuple[int, KVTransferError | None]] = queue.SimpleQueue()
+        self._finished_event = threading.Event()
         if config.is_producer:
             self._server = _KVServer((config.kv_ip, config.kv_port), _KVHandler, self)
             threading.Thread(target=self._server.serve_forever, name="kv-connector", daemon=True).start()
+        else:
+            threading.Thread(target=self._load_forever, name="kv-loads", daemon=True).start()
 
     @property
     def port(self) -> int:
@@ -174,6 +192,7 @@ class KVConnector:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+        self._loads.put(None)
         if self.pool_path is not None:
             self.pool_path.unlink(missing_ok=True)
 
@@ -255,6 +274,37 @@ class KVConnector:
             self._released.put(hold.block_ids)
 
     # ----- consumer -----------------------------------------------------------------------------
+
+    def start_load(self, key: int, params: dict[str, Any], first_block: int, dst_block_ids: list[int]) -> None:
+        """Pull like `receive`, on the connector's thread; `finished_loads` says when, under `key`
+        (an id of the caller's choosing).
+        The caller keeps `dst_block_ids` allocated until then (they are written meanwhile)."""
+        self._loads.put(_Load(key, params, first_block, list(dst_block_ids)))
+
+    def finished_loads(self) -> list[tuple[int, KVTransferError | None]]:
+        """The loads that ended since the last call: (key, None) when filled, (key, why) when not."""
+        self._finished_event.clear()
+        done: list[tuple[int, KVTransferError | None]] = []
+        while True:
+            try:
+                done.append(self._finished.get_nowait())
+            except queue.Empty:
+                return done
+
+    def wait_for_loads(self, timeout: float) -> None:
+        """Until a load ends (or `timeout` seconds): an engine with nothing else to run waits here
+        instead of spinning."""
+        self._finished_event.wait(timeout)
+
+    def _load_forever(self) -> None:
+        while (load := self._loads.get()) is not None:
+            error = None
+            try:
+                self.receive(load.params, load.first_block, load.dst_block_ids)
+            except KVTransferError as exc:
+                error = exc
+            self._finished.put((load.key, error))
+            self._finished_event.set()
 
     def receive(self, params: dict[str, Any], first_block: int, dst_block_ids: list[int]) -> None:
         """Fill `dst_block_ids` with the transfer's blocks from `first_block` on (the ones before

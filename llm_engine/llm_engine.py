@@ -11,7 +11,7 @@ from llm_engine.config import EngineConfig
 from llm_engine.detokenizer import IncrementalDetokenizer, find_stop_string
 from llm_engine.draft_model import DraftModelProposer
 from llm_engine.executor import MultiprocExecutor, WorkerGroupError, WorkerGroupExecutor
-from llm_engine.kv_connector import KVConnector, KVTransferConfig, KVTransferError
+from llm_engine.kv_connector import KVConnector, KVTransferConfig
 from llm_engine.loader import ModelSource
 from llm_engine.model_runner import ModelRunner
 from llm_engine.models.registry import resolve_model_class
@@ -26,6 +26,8 @@ from llm_engine.speculative import SpecThrottle, VerifyCost, propose_ngram
 from llm_engine.structured_outputs import Grammar, GrammarCompiler
 
 logger = logging.getLogger(__name__)
+
+KV_LOAD_POLL_S = 0.005  # a step with only KV loads to wait for waits this long at most, then takes new requests
 
 
 @dataclass
@@ -116,6 +118,7 @@ class LLMEngine:
                         if self.speculative is not None and self.speculative.model else None)
         self._grammar_compiler: GrammarCompiler | None = None  # built by the first constrained request
         self.kv_connector = self._make_kv_connector()
+        self._kv_loads: dict[int, tuple[Sequence, list[int]]] = {}  # seq_id -> (seq, its held blocks)
 
     def _make_kv_connector(self) -> KVConnector | None:
         """Disaggregated serving's side of this engine (config checked: one rank, a ModelRunner)."""
@@ -253,6 +256,7 @@ class LLMEngine:
         started = time.perf_counter()
         self._abort_timed_out()
         self.release_kv_holds()
+        self._finish_remote_kv_loads()
         if self.speculative is not None:
             self._propose_drafts()
         out = self.scheduler.schedule()
@@ -261,10 +265,13 @@ class LLMEngine:
             for seq in out.preempted:  # recomputed later: by the draft too
                 self.drafter.free(seq)
         for seq, first_block in out.loads:
-            self._load_remote_kv(seq, first_block)
+            self._start_remote_kv_load(seq, first_block)
         self.last_iteration_tokens = out.num_batched_tokens
         if out.scheduled:
             self._run(out)
+        elif self._kv_loads:
+            assert self.kv_connector is not None
+            self.kv_connector.wait_for_loads(KV_LOAD_POLL_S)
         if width:
             self.verify_cost.record(width, time.perf_counter() - started)
         return self._collect_outputs()
@@ -325,21 +332,36 @@ class LLMEngine:
         self.block_manager.release(released)
         return len(released)
 
-    def _load_remote_kv(self, seq: Sequence, first_block: int) -> None:
-        """A decode instance: pull the prompt's KV from the prefill instance into the blocks its
-        prefix cache did not have; the last prompt token is computed here, so it samples as usual.
-        A failed pull leaves the prompt to be computed here (vLLM's "recompute" policy)."""
+    def _start_remote_kv_load(self, seq: Sequence, first_block: int) -> None:
+        """A decode instance: start pulling the prompt's KV from the prefill instance into the
+        blocks its prefix cache did not have. The pull holds its blocks, so a request aborted
+        meanwhile frees them only once nothing writes them any more."""
         assert self.kv_connector is not None
         params = seq.request.params.kv_transfer_params
         assert params is not None
-        try:
-            self.kv_connector.receive(params, first_block, seq.block_table[first_block:])
-        except KVTransferError as exc:
-            logger.warning("request %s: KV transfer failed, computing its prompt here: %s",
-                           seq.request.request_id, exc)
+        blocks = seq.block_table[first_block:]
+        self._kv_loads[seq.seq_id] = (seq, self.block_manager.hold(blocks))
+        self.kv_connector.start_load(seq.seq_id, params, first_block, blocks)
+
+    def _finish_remote_kv_loads(self) -> None:
+        """Loads that ended since the last step: their sequences run from this one. The last
+        prompt token is computed here, so it samples as usual; a failed pull leaves the prompt to
+        be computed here too (vLLM's "recompute" policy)."""
+        if not self._kv_loads:
             return
-        seq.num_computed_tokens = seq.num_tokens - 1
-        self.block_manager.cache_full_blocks(seq)
+        assert self.kv_connector is not None
+        for seq_id, error in self.kv_connector.finished_loads():
+            seq, held = self._kv_loads.pop(seq_id)
+            self.block_manager.release(held)
+            if seq.is_finished:  # aborted while its KV came
+                continue
+            if error is None:
+                seq.num_computed_tokens = seq.num_tokens - 1
+                self.block_manager.cache_full_blocks(seq)
+            else:
+                logger.warning("request %s: KV transfer failed, computing its prompt here: %s",
+                               seq.request.request_id, error)
+            self.scheduler.loaded(seq)
 
     def _keep_kv_for_decode(self, seq: Sequence) -> None:
         """A prefill instance: keep the finished prompt's blocks for the decode instance to pull."""

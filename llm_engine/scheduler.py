@@ -9,7 +9,8 @@ preempts running ones of lower priority, as in vLLM. Images are budgeted like to
 chunk stops before an image whose encoding would take the step's image placeholders past
 `max_num_batched_tokens` (the step's first image always runs). On a decode instance of
 disaggregated serving, a request prefilled elsewhere is admitted with blocks for its prompt but
-nothing to compute: its KV is loaded into them (`loads`) and it decodes from the next step.
+nothing to compute: its KV is loaded into them (`loads`) while it sits in `loading`, outside the
+batch, and it joins the running set once the load ends (`loaded`), so steps never wait on it.
 """
 
 from __future__ import annotations
@@ -45,11 +46,13 @@ class Scheduler:
         self.loads_remote_kv = getattr(config.kv_transfer_config, "kv_role", None) == "kv_consumer"
         self.waiting: list[Sequence] = []  # kept sorted by Sequence.sort_key
         self.running: list[Sequence] = []
+        self.loading: list[Sequence] = []  # admitted, their prompt KV on its way from a prefill instance
         self.num_preemptions = 0
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        """Requests not yet running: queued, or waiting for their KV (vLLM counts both as waiting)."""
+        return len(self.waiting) + len(self.loading)
 
     @property
     def num_running(self) -> int:
@@ -68,6 +71,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        elif seq in self.loading:
+            self.loading.remove(seq)
         seq.set_status(status)
         self.block_manager.free(seq)
 
@@ -119,14 +124,16 @@ class Scheduler:
             seq = self.waiting[0]
             group = seq.request.params.n if seq.num_output_tokens == 0 else 1
             copies = None
-            if len(self.running) + group <= self.max_num_seqs:
+            if len(self.running) + len(self.loading) + group <= self.max_num_seqs:
                 cached = [] if seq.request.needs_prompt_logits else bm.find_cached_prefix(seq)
                 if self._prefilled_elsewhere(seq):
                     # blocks up to the last prompt token, which is computed here to sample from
                     copies = bm.allocate_slots(seq, seq.num_tokens - 1 - len(cached) * bm.block_size, cached)
                     if copies is None:
                         break
-                    self._admit(seq, cached)
+                    self._record_admission(seq, cached)
+                    self.waiting.pop(0)
+                    self.loading.append(seq)
                     out.loads.append((seq, len(cached)))
                     continue
                 num_new = min(seq.num_tokens - len(cached) * bm.block_size, budget)
@@ -151,13 +158,23 @@ class Scheduler:
         return (self.loads_remote_kv and seq.status is SequenceStatus.WAITING
                 and seq.request.params.kv_transfer_params is not None)
 
-    def _admit(self, seq: Sequence, cached: list[int]) -> None:
-        """Move the head of the waiting queue, which got its blocks, into the running set."""
+    def _record_admission(self, seq: Sequence, cached: list[int]) -> None:
         bm = self.block_manager
         bm.record_prefix_lookup(seq.num_tokens, len(cached) * bm.block_size)
         if seq.status is SequenceStatus.WAITING:
             seq.request.metrics.num_cached_tokens = len(cached) * bm.block_size
+
+    def _admit(self, seq: Sequence, cached: list[int]) -> None:
+        """Move the head of the waiting queue, which got its blocks, into the running set."""
+        self._record_admission(seq, cached)
         self.waiting.pop(0)
+        seq.set_status(SequenceStatus.RUNNING)
+        self.running.append(seq)
+
+    def loaded(self, seq: Sequence) -> None:
+        """A loading sequence's KV load ended: it runs from the next step (and computes what the
+        load did not bring)."""
+        self.loading.remove(seq)
         seq.set_status(SequenceStatus.RUNNING)
         self.running.append(seq)
 

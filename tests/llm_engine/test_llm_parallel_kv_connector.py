@@ -1,7 +1,8 @@
 """Disaggregated prefill/decode at the engine level: a prefill engine keeps a prompt's KV, a
 decode engine pulls it over the KV connector's shared memory and gives the same greedy tokens as
 one engine; the socket transport brings the very same bytes. The decode side pulls only the blocks its prefix cache
-lacks. Every block is freed on both sides, after failed transfers too. The served pair behind
+lacks. Every block is freed on both sides, after failed transfers too. Pulls run beside the
+steps: a pull waiting on its answer stalls no other request. The served pair behind
 the proxy is tested in tests/llm_serving/test_llm_parallel_disagg.py."""
 
 from __future__ import annotations
@@ -136,3 +137,51 @@ def test_failed_transfers_free_every_block_and_say_why(tiny_llama, producer, con
     time.sleep(0.05)
     assert_all_free(producer, consumer)
     connector.config.hold_timeout_s = 30.0
+
+
+@pytest.fixture
+def silent_producer():
+    """A KV port that takes pulls and answers none: they fail when it closes their connections: a prefill
+    instance busy with long prompts, or a hung one."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    yield listener
+    listener.close()
+
+
+def test_steps_go_on_while_a_pull_waits_and_an_abort_frees_its_blocks_after_it(tiny_llama, silent_producer):
+    port = silent_producer.getsockname()[1]
+    consumer = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64,
+                   kv_transfer_config={"kv_role": "kv_consumer", "kv_port": port, "kv_key": KEY})
+    engine = consumer.engine
+    waiting_pull = list(range(30, 70))
+    aborted = list(range(200, 260))
+
+    def transfer(prompt: list[int]) -> SamplingParams:
+        params = {"transfer_id": "t", "num_tokens": len(prompt), "token_hash": token_hash(prompt)}
+        return SamplingParams(**GREEDY, kv_transfer_params=params)
+
+    engine.add_request("local", PROMPTS[3], SamplingParams(**GREEDY))
+    engine.add_request("pulled", waiting_pull, transfer(waiting_pull))
+    engine.add_request("aborted", aborted, transfer(aborted))
+    for _ in range(4):
+        engine.step()
+    # the local request decoded while both pulls waited for an answer, outside the batch
+    assert len(engine.requests["local"].seqs[0].output_token_ids) == 4
+    assert engine.get_stats().num_waiting == 2 and engine.get_stats().num_running == 1
+    engine.abort_request("aborted")
+    engine.step()
+    assert engine.get_stats().num_waiting == 1
+    in_use = engine.get_stats().num_total_blocks - engine.get_stats().num_free_blocks
+    live = {b for rid in ("local", "pulled") for b in engine.requests[rid].seqs[0].block_table}
+    assert in_use == len(live) + -(-(len(aborted) - 1) // BS)  # the aborted one's wait for its pull to end
+
+    for _ in range(2):  # the pulls go one after the other; each fails as its connection closes
+        silent_producer.accept()[0].close()
+    outs = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outs[out.request_id] = out
+    assert outs["pulled"].error is None and len(outs["pulled"].outputs[0].token_ids) == 8  # computed here
+    assert engine.kv_connector.failed_pulls == 2
+    assert_all_free(consumer)
+    engine.shutdown()
