@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
+import os
 import queue
 import sys
 import threading
@@ -89,12 +90,15 @@ StepCallback = Callable[["EngineStats", list[RequestOutput]], None]
 
 class AsyncLLMEngine:
     def __init__(self, config: EngineConfig, max_waiting: int = 64,
-                 on_step: StepCallback | None = None) -> None:
+                 on_step: StepCallback | None = None, cpus: frozenset[int] | None = None) -> None:
+        """`cpus`: pin the loop thread (and torch's threads, which it starts) to these CPUs, leaving
+        the caller's threads (a server's event loop) where they are."""
         if max_waiting < 0:
             raise ValueError(f"max_waiting: must be >= 0, got {max_waiting!r}")
         self.config = config
         self.max_waiting = max_waiting
         self.on_step = on_step
+        self.cpus = cpus
         self.engine: LLMEngine | None = None
         self.load_error: str | None = None
         self.load_progress = 0  # percent, coarse phases of LLMEngine construction
@@ -231,6 +235,8 @@ class AsyncLLMEngine:
 
     def _load(self) -> LLMEngine:
         started = time.monotonic()
+        if self.cpus:
+            os.sched_setaffinity(0, self.cpus)  # pid 0: this thread alone (Linux), before torch starts threads
         log.info("LLM: loading %s: 0%%", self.config.model)
         from llm_engine.llm_engine import LLMEngine
 

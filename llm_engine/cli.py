@@ -38,6 +38,19 @@ def parse_json_option(value: str | None, option: str) -> dict[str, Any] | None:
     return parsed
 
 
+def parse_cpus(text: str) -> frozenset[int]:
+    """"0", "0,2" or "0-3": CPUs of this machine (ValueError otherwise)."""
+    try:
+        cpus = frozenset(c for part in text.split(",")
+                         for c in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1))
+    except ValueError:
+        raise ValueError(f"a CPU list such as 0 or 0,1 or 0-3, got {text!r}") from None
+    count = os.cpu_count() or 1
+    if not cpus or not all(0 <= c < count for c in cpus):
+        raise ValueError(f"CPUs {sorted(cpus)} are not all on this machine (0-{count - 1})")
+    return cpus
+
+
 @app.command()
 def serve(
     model: Annotated[str | None, typer.Option(help="Local HF folder or .gguf file (default: $CODEYARD_LLM_MODEL, "
@@ -78,6 +91,9 @@ def serve(
                                                            '\'{"method": "ngram", "num_speculative_tokens": 5}\' '
                                                            '(prompt lookup; default: none).')] = None,
     num_threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: one per core).")] = None,
+    engine_cpus: Annotated[str | None, typer.Option(help="Pin the engine's thread (and torch's, one per CPU "
+                                                    "unless --num-threads) to these CPUs, e.g. 0 or 0-3; "
+                                                    "the HTTP and gRPC threads are not pinned.")] = None,
     disaggregated: Annotated[bool, typer.Option(help="Serve a prefill and a decode instance (a core each) "
                                                      "behind a proxy on this port.")] = False,
     role: Annotated[str | None, typer.Option(help="prefill or decode: one side of disaggregated serving "
@@ -101,6 +117,12 @@ def serve(
     path, name = resolve_model(model or os.environ.get("CODEYARD_LLM_MODEL"))
     keys = api_key or [k for k in [os.environ.get("CODEYARD_LLM_API_KEY")] if k]
     check_disaggregation(disaggregated, role, kv_port, kv_transport, data_parallel_size, tensor_parallel_size)
+    try:
+        pinned = parse_cpus(engine_cpus) if engine_cpus is not None else None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--engine-cpus") from None
+    if pinned is not None and (data_parallel_size > 1 or disaggregated or tensor_parallel_size > 1):
+        raise typer.BadParameter("pins the one engine thread of a single server", param_hint="--engine-cpus")
     servers_on_ray = check_ray_servers(distributed_executor, data_parallel_size > 1 or disaggregated,
                                        ray_placement_strategy)
     if servers_on_ray is not None and tensor_parallel_size == 1:
@@ -146,7 +168,8 @@ def serve(
         "kv_role": "kv_producer" if role == "prefill" else "kv_consumer", "kv_ip": kv_host,
         "kv_port": kv_port or 0, "kv_transport": kv_transport, "kv_key": keys[0] if keys else None}
     config = EngineConfig(model=path, device=device, max_num_seqs=max_num_seqs, kv_cache_memory=kv_cache_memory,
-                          tensor_parallel_size=tensor_parallel_size, num_threads=num_threads,
+                          tensor_parallel_size=tensor_parallel_size,
+                          num_threads=num_threads or (len(pinned) if pinned else None),
                           distributed_executor_backend=distributed_executor,
                           ray_placement_strategy=ray_placement_strategy,
                           gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
@@ -155,7 +178,7 @@ def serve(
                           kv_transfer_config=kv_transfer)
     options = ServerOptions(max_waiting=max_waiting, request_timeout=request_timeout, api_keys=frozenset(keys),
                             grpc_address=f"{host}:{grpc_port}" if grpc_port else None,
-                            ensembles=tuple(Ensemble.load(p) for p in ensemble or ()))
+                            ensembles=tuple(Ensemble.load(p) for p in ensemble or ()), engine_cpus=pinned)
     uvicorn.run(create_app(config, served_model_name or name, options), host=host, port=port, log_level="info")
 
 

@@ -19,13 +19,15 @@ if TYPE_CHECKING:
 @dataclass
 class ServerOptions:
     """How the server serves: queue bound, per-request timeout, optional API keys, and where the
-    KServe v2 gRPC service listens (host:port; None: no gRPC), and the /v2 ensembles."""
+    KServe v2 gRPC service listens (host:port; None: no gRPC), the /v2 ensembles, and the CPUs the
+    engine's thread is pinned to (None: anywhere; the event loop and gRPC threads stay unpinned)."""
 
     max_waiting: int = 64
     request_timeout: float | None = 600.0
     api_keys: frozenset[str] = field(default_factory=frozenset)
     grpc_address: str | None = None
     ensembles: tuple[Ensemble, ...] = ()  # served under /v2 next to the model
+    engine_cpus: frozenset[int] | None = None
 
 
 class LLMService:
@@ -36,7 +38,8 @@ class LLMService:
         self.metrics = EngineMetrics(served_name)
         self.triton_metrics = TritonMetrics([served_name, *(e.name for e in self.options.ensembles)])
         self.metrics.sections.append(self.triton_metrics.render)  # nv_inference_* on the same /metrics
-        self.engine = AsyncLLMEngine(config, self.options.max_waiting, on_step=self.metrics.on_step)
+        self.engine = AsyncLLMEngine(config, self.options.max_waiting, on_step=self.metrics.on_step,
+                                     cpus=self.options.engine_cpus)
         self.started_at = time.time()
 
     def max_model_len(self) -> int | None:

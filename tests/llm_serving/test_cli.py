@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -12,7 +13,8 @@ import openai
 import pytest
 import tritonclient.grpc
 
-from llm_engine.cli import parse_json_option
+from llm_engine.async_engine import ENGINE_THREAD
+from llm_engine.cli import parse_cpus, parse_json_option
 
 from .conftest import free_port
 
@@ -48,13 +50,26 @@ def test_bad_speculative_config_is_one_line_and_exit_2(tiny_chat_model):
         parse_json_option("{nope", "--speculative-config")
 
 
+def test_engine_cpus_is_a_list_of_this_machines_cpus():
+    assert parse_cpus("0") == parse_cpus("0-0,0") == {0}
+    for bad in ("zero", "", "1-", f"0-{os.cpu_count()}"):
+        with pytest.raises(ValueError, match="CPU"):
+            parse_cpus(bad)
+
+
 def test_serve_answers_openai_requests(tiny_chat_model):
     port, grpc_port = free_port(), free_port()
     proc = subprocess.Popen([*CODEYARD, "llm", "serve", "--model", str(tiny_chat_model), "--port", str(port),
-                             "--grpc-port", str(grpc_port), "--served-model-name", "tiny", "--max-num-seqs", "4"],
+                             "--grpc-port", str(grpc_port), "--served-model-name", "tiny", "--max-num-seqs", "4",
+                             "--engine-cpus", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_healthy(proc, port, 180)
+        # --engine-cpus pins the engine's thread alone; the event loop (the main thread) stays unpinned
+        threads = {Path(f"/proc/{proc.pid}/task/{t}/comm").read_text().strip(): int(t)
+                   for t in os.listdir(f"/proc/{proc.pid}/task")}
+        assert os.sched_getaffinity(threads[ENGINE_THREAD]) == {0}
+        assert os.sched_getaffinity(proc.pid) == os.sched_getaffinity(0)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         out = client.completions.create(model="tiny", prompt="hello", max_tokens=3, extra_body={"ignore_eos": True})
         assert out.usage.completion_tokens == 3
