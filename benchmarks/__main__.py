@@ -91,7 +91,7 @@ def cmd_run(args) -> int:
     server = None
     if any(k != "offline" for k in kinds):
         server = Server(model_path, args.max_num_seqs, url=args.url, grpc=args.grpc, api_key=args.api_key,
-                        cpus=engine_cpus)
+                        engine_cpus=engine_cpus, other_cpus=client_cpus)
     offline = {"model": model_path, "max_num_seqs": args.max_num_seqs, "slowdown": args.inject_slowdown,
                "cpus": engine_cpus}
     try:
@@ -108,15 +108,17 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _cpus(text: str | None, option: str) -> set[int] | None:
+def _cpus(text: str | None, option: str) -> frozenset[int] | None:
     """"0" or "0,2" or "0-3": CPUs of this machine."""
+    from llm_engine.cli import parse_cpus
+
     if not text:
         return None
     try:
-        cpus = {c for part in text.split(",") for c in (range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1))}
-    except ValueError:
-        raise UsageError(f"{option}: a CPU list such as 0 or 0,1 or 0-3, got {text!r}") from None
-    if not cpus or not cpus <= os.sched_getaffinity(0):
+        cpus = parse_cpus(text)
+    except ValueError as exc:
+        raise UsageError(f"{option}: {exc}") from None
+    if not cpus <= os.sched_getaffinity(0):
         raise UsageError(f"{option}: CPUs {sorted(cpus)} are not all available here ({sorted(os.sched_getaffinity(0))})")
     return cpus
 
@@ -245,8 +247,9 @@ def dispatch(argv: list[str], prog: str) -> int:
                      help="seconds between samples of memory and KV usage (0: none; a server renders /metrics "
                           "for each, CPU time that --targets' comparison of serving CPU per token should not count)")
     run.add_argument("--inject-slowdown", type=float, default=0.0, help="offline: sleep this fraction of each step")
-    run.add_argument("--engine-cpus", help="pin the engine (offline: its thread; a server: its whole process) "
-                     "here, with one torch thread per CPU, so every target's engine gets the same CPU")
+    run.add_argument("--engine-cpus", help="pin every target's engine thread here, with one torch thread per "
+                     "CPU; the rest (offline: this process's consumer; a server: its event loop and gRPC "
+                     "threads) runs on --client-cpus with the client")
     run.add_argument("--client-cpus", help="pin this benchmark's client here (with --engine-cpus)")
     run.add_argument("--out", help="write the result JSON here")
 

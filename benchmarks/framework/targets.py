@@ -101,7 +101,7 @@ class Offline:
 
     name = "offline"
 
-    def __init__(self, model: str, max_num_seqs: int, slowdown: float = 0.0, cpus: set[int] | None = None,
+    def __init__(self, model: str, max_num_seqs: int, slowdown: float = 0.0, cpus: frozenset[int] | None = None,
                  **engine_kwargs) -> None:
         from llm_engine.async_engine import AsyncLLMEngine
         from llm_engine.config import EngineConfig
@@ -109,11 +109,10 @@ class Offline:
         if slowdown:
             inject_slowdown(slowdown)
         self.peak_kv = 0.0
-        self.cpus = cpus  # the engine thread moves there at its first step (see `pinned`)
         if cpus:
             engine_kwargs["num_threads"] = len(cpus)
         self.engine = AsyncLLMEngine(EngineConfig(model=model, max_num_seqs=max_num_seqs, **engine_kwargs),
-                                     max_waiting=1_000_000, on_step=self._on_step)
+                                     max_waiting=1_000_000, on_step=self._on_step, cpus=cpus)
         self.engine.start()
         self.engine.wait_ready(600)
 
@@ -129,9 +128,6 @@ class Offline:
         return clock.done()
 
     def _on_step(self, stats, _outputs) -> None:
-        if self.cpus:  # called on the engine's thread: pid 0 is this thread alone (Linux)
-            os.sched_setaffinity(0, self.cpus)
-            self.cpus = None
         self.peak_kv = max(self.peak_kv, stats.kv_cache_usage)
 
     def probe(self) -> tuple[int, float]:
@@ -166,11 +162,17 @@ def inject_slowdown(fraction: float) -> None:
 # ----- servers ------------------------------------------------------------------------------------
 
 class Server:
-    """A `codeyard llm serve` subprocess with HTTP and gRPC, or an existing server's addresses."""
+    """A `codeyard llm serve` subprocess with HTTP and gRPC, or an existing server's addresses.
+
+    `engine_cpus` pins its engine thread (`--engine-cpus`) and `other_cpus` the rest of the process
+    (event loop, gRPC threads), as the offline target's engine thread and its consumer are pinned:
+    with the whole server on the engine's CPU, its serving threads took that CPU from the engine
+    while the offline target's consumer ran beside it, so the comparison charged the servers for
+    sharing a core rather than for their protocol (whose CPU is counted apart, `cpu`)."""
 
     def __init__(self, model: str | None = None, max_num_seqs: int = 32, url: str | None = None,
                  grpc: str | None = None, api_key: str | None = None, name: str = "bench",
-                 cpus: set[int] | None = None) -> None:
+                 engine_cpus: frozenset[int] | None = None, other_cpus: frozenset[int] | None = None) -> None:
         self.proc: subprocess.Popen | None = None
         self.api_key = api_key
         self.name = name
@@ -185,10 +187,10 @@ class Server:
                "--served-model-name", name]
         if model:
             cmd += ["--model", model]
-        if cpus:
-            cmd += ["--num-threads", str(len(cpus))]
+        if engine_cpus:
+            cmd += ["--engine-cpus", ",".join(map(str, sorted(engine_cpus)))]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, other_cpus)) if other_cpus else None)
         deadline = time.monotonic() + 600
         while True:
             if self.proc.poll() is not None:
