@@ -139,7 +139,7 @@ class AppsEdge:
 
     def connect(self, exchange: _Exchange, instance: AppInstance, client: ClientConnection) -> None:
         """Send the exchange on an idle connection to its instance, or on a new one."""
-        path = str(instance.socket_path)
+        path, preamble = instance.address, instance.preamble
         idle = self._idle.get(path)
         while idle:
             connection = idle.pop()
@@ -147,7 +147,12 @@ class AppsEdge:
                 connection.send(exchange, client)
                 return
         loop = asyncio.get_running_loop()
-        task = loop.create_task(loop.create_unix_connection(lambda: UpstreamConnection(self, path), path))
+        if path.startswith("/"):
+            opening = loop.create_unix_connection(lambda: UpstreamConnection(self, path, preamble), path)
+        else:  # the relay in front of it on its runner node
+            host, _, port = path.rpartition(":")
+            opening = loop.create_connection(lambda: UpstreamConnection(self, path, preamble), host, int(port))
+        task = loop.create_task(opening)
         task.add_done_callback(lambda done: self._connected(done, path, exchange, client))
 
     def _connected(self, task: asyncio.Task[tuple[asyncio.Transport, UpstreamConnection]], path: str,
@@ -384,10 +389,11 @@ class ClientConnection(asyncio.Protocol):
 
 
 class UpstreamConnection(asyncio.Protocol):
-    """A kept-alive connection to one instance's socket, carrying one exchange at a time."""
+    """A kept-alive connection to one instance, carrying one exchange at a time."""
 
-    def __init__(self, edge: AppsEdge, path: str) -> None:
-        self.edge, self.path = edge, path
+    def __init__(self, edge: AppsEdge, path: str, preamble: bytes = b"") -> None:
+        """path: the instance's address (its socket, or its runner's relay, which first takes `preamble`)."""
+        self.edge, self.path, self.preamble = edge, path, preamble
         self.exchange: _Exchange | None = None
         self.client: ClientConnection | None = None
         self.parser: httptools.HttpResponseParser | None = None
@@ -400,6 +406,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # a stream connection's
+        if self.preamble:
+            self.transport.write(self.preamble)
 
     def send(self, exchange: _Exchange, client: ClientConnection) -> None:
         """Write the request head (and the body that arrived so far) and wait for the answer."""

@@ -1,144 +1,28 @@
-"""One running copy of a release: a long-lived sandbox (bubblewrap or Docker) reached through a unix socket.
+"""One running copy of a release: a hosted sandboxed process (sandbox.hosted) on this machine or on a runner
+node, health-checked and counted while it serves requests.
 
-The app is launched by the runs' own backend, so it gets their hardening (bubblewrap: new
-user/pid/net/ipc/mount namespaces; Docker: a container with network "none"; both: no
-capabilities, the seccomp policy, read-only system folders, a quota'd tmpfs workspace) plus its
-own cgroup (memory, pids, a CPU quota) and a host uid from a range runs never use. Its network
-namespace is empty: it cannot reach the host, other apps or the internet. A small bridge started
-inside the sandbox listens on a unix socket in a folder only this instance mounts, and connects
-each accepted stream to 127.0.0.1:$PORT, where the app listens; the server's proxy is the only
-thing that opens that socket.
+Where it runs is the `Hosting`'s choice: a lone server hosts its apps itself (`LocalHosting`), replicas
+that send runs to runner nodes place app instances on them too (`RunnerHosting`, by free capacity).
+Either way the instance is reached at one `address` (the app's unix socket, or the relay in front of it
+on its runner) with a `preamble` sent first on each connection.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
-import shutil
-import stat
-import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from deploy_service.detect import PORT
 from deploy_service.upstream import Upstream, UpstreamError
-from sandbox import MIB, Backend, Limits, Mount, RunSpec, SandboxUnavailable, copy_in
-from sandbox.backend import Execution, ExitStatus, RunContext, SandboxRun
-from sandbox.cgroups import RunCgroup, cgroup_dirs, remove_cgroup
-from sandbox.host_lease import lease_uid
-from sandbox.socket_relay import UNIX_TO_TCP
-from sandbox.workspace import kill_uid, runs_root, scratch
+from sandbox import MIB, ExitStatus, Hosted, HostedSpec, Hosting, Limits, Mount, Stream
 
-APP_UID_BASE = 640000  # runs use 620000..624095; apps have a range of their own
-APP_UID_COUNT = 1024
-SOCKET_DIR = "/run/codeyard-app"
-SOCKET_NAME = "app.sock"
 HEALTH_ERRORS = 5  # error answers (5xx) in a row that fail a health check
-APPS_CGROUP = "codeyard-apps"
 # cpu_seconds/wall_seconds are per-run bounds; an app runs until stopped (its CPU use is bounded by the quota)
 APP_LIMITS = Limits(cpu_seconds=10**9, wall_seconds=10**9, memory_bytes=256 * MIB, pids=192, output_bytes=1,
                     file_bytes=16 * MIB, open_files=1024, disk_bytes=128 * MIB, files_count=5000)
-
-# Runs inside the sandbox: listen on argv[1] (a unix socket), start the app (argv[4:]) and join each
-# accepted connection to 127.0.0.1:argv[2]; exits with the app's status when the app exits.
-BRIDGE = UNIX_TO_TCP + r"""
-import signal, subprocess, sys
-path, port = sys.argv[1], int(sys.argv[2])
-app = subprocess.Popen(sys.argv[4:])
-signal.signal(signal.SIGTERM, lambda *_: app.terminate())
-serve_unix(path, lambda: port)
-code = app.wait()
-sys.exit(code if code >= 0 else 128 - code)
-"""
-
-
-def app_cgroup(name: str, limits: Limits, cpus: float = 1.0) -> RunCgroup | None:
-    """An instance's cgroup (memory, pids, a quota of `cpus`), or None where the host gives none. On cgroup v1
-    it goes beside the runs' folder (sandbox tests check that folder empties after every run; an
-    app outlives them)."""
-    return RunCgroup.create(name, limits.memory_bytes, limits.pids, folder=APPS_CGROUP, cpus=cpus)
-
-
-def remove_stale_cgroups() -> list[str]:
-    """At start-up: remove instance cgroups (v1) a server that died left, those whose uid nobody leases now."""
-    removed: list[str] = []
-    base = RunCgroup.base_relpath(APPS_CGROUP)
-    if base is None:
-        return removed
-    names = {child.name for folder in cgroup_dirs(base) for child in folder.iterdir() if child.is_dir()}
-    for name in sorted(names):
-        kind, _, rest = name.partition("-")
-        uid = rest.partition("-")[0]
-        if kind == "app" and uid.isdigit() and (fd := lease_uid(int(uid))) is not None:
-            try:
-                kill_uid(int(uid))
-                remove_cgroup(f"{base}/{name}")
-                removed.append(name)
-            finally:
-                os.close(fd)
-    return removed
-
-
-class _Uids:
-    """Host uids of live instances, one per instance, leased host-wide (another server on this host,
-    or a test session, never gets the same one), so cleanup can find and kill every process of one."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._leases: dict[int, int] = {}  # uid -> lease descriptor
-
-    def take(self) -> int:
-        with self._lock:
-            for uid in range(APP_UID_BASE, APP_UID_BASE + APP_UID_COUNT):
-                if uid in self._leases or (fd := lease_uid(uid)) is None:
-                    continue
-                kill_uid(uid)  # nobody holds it: anything still running as it was left by a server that died
-                self._leases[uid] = fd
-                return uid
-        raise SandboxUnavailable("too many running apps: no free app uid")
-
-    def give_back(self, uid: int) -> None:
-        kill_uid(uid)
-        with self._lock:
-            os.close(self._leases.pop(uid))
-
-
-UIDS = _Uids()
-
-
-Stream = Literal["stdout", "stderr"]
-
-
-class _Output(SandboxRun):
-    """The app's output, as whole lines, goes to the deployment's log, never bounded by a run's output limit."""
-
-    MAX_LINE = 8192
-
-    def __init__(self, limits: Limits, sink: Callable[[Stream, str], None]) -> None:
-        super().__init__(limits)
-        self._sink = sink
-        self._partial: dict[Stream, str] = {"stdout": "", "stderr": ""}
-
-    def emit(self, stream: Stream, data: bytes) -> None:
-        text = self._partial[stream] + data.decode("utf-8", "replace")
-        *lines, rest = text.split("\n")
-        for line in lines:
-            self._sink(stream, line + "\n")
-        if len(rest) > self.MAX_LINE:
-            self._sink(stream, rest)
-            rest = ""
-        self._partial[stream] = rest
-
-    def flush(self) -> None:
-        for stream, rest in self._partial.items():
-            if rest:
-                self._sink(stream, rest + "\n")
-            self._partial[stream] = ""
 
 
 @dataclass
@@ -153,78 +37,61 @@ class Launch:
     limits: Limits = APP_LIMITS
     cpus: float = 1.0  # each instance's CPU quota
 
+    def hosted_spec(self) -> HostedSpec:
+        return HostedSpec(self.release_dir, self.argv, PORT, self.limits, self.env, self.mounts, self.cpus)
+
 
 class AppInstance:
     """Start, health-check, count requests in flight, and stop one instance."""
 
-    def __init__(self, backend: Backend, launch: Launch, sink: Callable[[Stream, str], None]) -> None:
-        self.backend, self.launch, self.sink = backend, launch, sink
-        self.id = secrets.token_hex(4)
-        self.socket_dir = runs_root() / f"app-{self.id}"  # beside the workspaces: a folder the app's uid can reach
-        self.socket_path = self.socket_dir / SOCKET_NAME
+    def __init__(self, hosting: Hosting, launch: Launch, sink: Callable[[Stream, str], None]) -> None:
+        self.launch = launch
+        self.process: Hosted = hosting.host(launch.hosted_spec(), sink)
         self.in_flight = 0
         self.started_at = 0.0
         self.stopping = False
         self.upstream: Upstream | None = None
-        self._exit: asyncio.Future[ExitStatus] | None = None
-        self._stack = ExitStack()
-        self._execution: Execution | None = None
-        self._output: _Output | None = None
-        self._cgroup: RunCgroup | None = None
-        self._uid: int | None = None
-        self._sealed = False  # the socket folder taken back from the app (see _socket_ready)
+
+    @property
+    def address(self) -> str:
+        return self.process.address
+
+    @property
+    def preamble(self) -> bytes:
+        return self.process.preamble
 
     async def start(self) -> None:
         """Launch the sandbox (returns once it runs; `wait_healthy` says when the app answers)."""
-        try:
-            await self._start()
-        except BaseException:
-            await self.stop()
-            raise
-
-    async def _start(self) -> None:
-        limits = self.launch.limits
-        self._uid = uid = UIDS.take()
-        self._cgroup = app_cgroup(f"app-{uid}-{self.id}", limits, self.launch.cpus)
-        workspace = self._stack.enter_context(scratch(limits.disk_bytes, limits.files_count * 2 + 64, uid))
-        await asyncio.to_thread(copy_in, self.launch.release_dir, workspace, max_bytes=limits.disk_bytes,
-                                max_files=limits.files_count, owner=uid)
-        self.socket_dir.mkdir(parents=True)
-        os.chown(self.socket_dir, uid, uid)
-        os.chmod(self.socket_dir, 0o700)
-        argv = ["python3", "-c", BRIDGE, f"{SOCKET_DIR}/{SOCKET_NAME}", str(PORT), "--", *self.launch.argv]
-        spec = RunSpec(argv, self.launch.release_dir, limits, {**self.launch.env, "PORT": str(PORT)},
-                       mounts=(Mount(self.socket_dir, SOCKET_DIR, writable=True), *self.launch.mounts))
-        self._output = _Output(limits, self.sink)
-        self._execution = await self.backend.launch(RunContext(spec, workspace, uid, self._cgroup, self._output))
-        self._exit = asyncio.ensure_future(self._execution.wait())
+        await self.process.start()
         self.started_at = time.monotonic()
-        self.upstream = Upstream(str(self.socket_path))
 
     @property
     def exited(self) -> bool:
-        return self._exit is not None and self._exit.done()
+        return self.process.exited
 
     async def wait_exit(self) -> ExitStatus:
         """The ExitStatus once the app (and its sandbox) ended."""
-        assert self._exit is not None
-        return await asyncio.shield(self._exit)
+        return await self.process.wait_exit()
+
+    def how_it_ended(self, status: ExitStatus) -> str:
+        if self.process.lost:
+            return self.process.lost
+        return f"signal {status.signal}" if status.signal else f"exit code {status.exit_code}"
 
     async def wait_healthy(self, timeout: float) -> str | None:
         """None once the health path answers below 500; else why not (exited, kept failing, or the timeout)."""
-        assert self.upstream is not None
         deadline = time.monotonic() + timeout
         last, errors = "no answer", 0
         while time.monotonic() < deadline and errors < HEALTH_ERRORS:
-            if self._exit is not None and self._exit.done():
-                status = self._exit.result()
-                how = f"signal {status.signal}" if status.signal else f"exit code {status.exit_code}"
-                return f"the app exited ({how}) before answering its health check"
+            if self.process.exited:
+                return f"the app exited ({self.how_it_ended(await self.process.wait_exit())}) before answering its health check"
             try:
-                ready = self._socket_ready()
+                ready = self.process.socket_ready()
             except PermissionError as exc:
                 return str(exc)
             if ready:
+                if self.upstream is None:  # (a runner says where its relay listens once the socket is there)
+                    self.upstream = Upstream(self.process.address, self.process.preamble)
                 try:
                     response = await asyncio.wait_for(self._get(self.launch.health_path), 5.0)
                     if response < 500:
@@ -237,24 +104,6 @@ class AppInstance:
         if errors >= HEALTH_ERRORS:
             return f"the health check failed: {last} ({errors} times)"
         return f"the health check of {self.launch.health_path} did not pass within {timeout:.0f} s (last: {last})"
-
-    def _socket_ready(self) -> bool:
-        """Whether the bridge has bound its socket. The first time it has, the folder is taken back
-        from the app (root's, and read-only to it), so the name can no longer be swapped for a link
-        to a host socket (the Docker daemon's, say), where every visitor's request would then go.
-        PermissionError if what stands there is not a socket of the app's own."""
-        if self._sealed:
-            return True
-        if not os.path.lexists(self.socket_path):
-            return False
-        os.chown(self.socket_dir, 0, 0)
-        os.chmod(self.socket_dir, 0o755)
-        found = os.lstat(self.socket_path)
-        if not stat.S_ISSOCK(found.st_mode) or found.st_uid != self._uid:
-            raise PermissionError(f"the app replaced its socket ({SOCKET_DIR}/{SOCKET_NAME}) with something else; "
-                                  "only the bridge may listen there")
-        self._sealed = True
-        return True
 
     async def _get(self, path: str) -> int:
         """The status of GET path (its body read and dropped)."""
@@ -271,28 +120,8 @@ class AppInstance:
             await asyncio.sleep(0.02)
 
     async def stop(self) -> None:
-        """Kill everything of the instance and release its uid, cgroup, workspace and socket (idempotent)."""
+        """Kill everything of the instance and release what it held (idempotent)."""
         self.stopping = True
         if self.upstream is not None:
             self.upstream.close()
-        if self._execution is not None:
-            self._execution.kill()
-        if self._cgroup is not None:
-            self._cgroup.kill_all()
-        if self._uid is not None:
-            kill_uid(self._uid)
-        if self._exit is not None:
-            await asyncio.gather(self._exit, return_exceptions=True)
-        if self._execution is not None:
-            await self._execution.cleanup()
-            self._execution = None
-        if self._output is not None:
-            self._output.flush()
-        self._stack.close()
-        shutil.rmtree(self.socket_dir, ignore_errors=True)
-        if self._cgroup is not None:
-            self._cgroup.remove()
-            self._cgroup = None
-        if self._uid is not None:
-            UIDS.give_back(self._uid)
-            self._uid = None
+        await self.process.stop()

@@ -19,6 +19,7 @@ import asyncio
 import itertools
 import logging
 import re
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
@@ -266,10 +267,24 @@ async def proxy_websocket(websocket: WebSocket, routes: Routes, slug: str) -> No
     path, prefix = _upstream_path(websocket.scope, slug)
     instance.in_flight += 1
     try:
-        await relay_websocket(websocket, prefix, lambda **options: unix_connect(
-            str(instance.socket_path), f"ws://app{path}", **options))
+        await relay_websocket(websocket, prefix, lambda **options: _connect_instance(instance, path, options))
     finally:
         instance.in_flight -= 1
+
+
+async def _connect_instance(instance: AppInstance, path: str, options: dict[str, Any]) -> ClientConnection:
+    """A WebSocket to the instance: on its socket, or through its runner's relay (the relay's token sent first)."""
+    if instance.address.startswith("/"):
+        return await unix_connect(instance.address, f"ws://app{path}", **options)
+    host, _, port = instance.address.rpartition(":")
+
+    def opened() -> socket.socket:
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        sock.sendall(instance.preamble)
+        sock.setblocking(False)
+        return sock
+
+    return await connect(f"ws://app{path}", sock=await asyncio.to_thread(opened), **options)
 
 
 async def relay_websocket(websocket: WebSocket, prefix: str, connect_upstream: Callable[..., Awaitable[Any]]) -> None:

@@ -26,7 +26,7 @@ from deploy_service.schemas import DeploymentPublic, DeploymentStatus
 from deploy_service.supervisor import MAX_RUNNING_INSTANCES, AppSupervisor
 from ide_server.errors import Conflict
 from ide_server.models import User
-from sandbox import Backend, Installer, SandboxUnavailable
+from sandbox import Backend, Hosting, Installer, LocalHosting, SandboxUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +35,16 @@ class DeployService:
     def __init__(self, *, sessions: sessionmaker[Session], projects_dir: Path, root: Path, backend: Backend | None,
                  unavailable: str, installer: Installer | None, editors: OpenEditors,
                  secrets_of: Callable[[Session, str], dict[str, str]] | None, apps_host: str | None = None,
-                 https: bool = False, max_instances: int = MAX_RUNNING_INSTANCES) -> None:
+                 https: bool = False, max_instances: int = MAX_RUNNING_INSTANCES, hosting: Hosting | None = None) -> None:
+        """backend: where builds run; hosting: where instances run (default: this machine, on `backend`)."""
         self.backend, self.unavailable, self.editors = backend, unavailable, editors
+        if hosting is None and backend is not None:
+            hosting = LocalHosting(backend)
         self.apps_host, self.https = apps_host, https
         self.routes = Routes()
         self.ownership = Ownership(Replica("lone", "", None), redis_url=None)  # a lone server runs the apps
         self.rules = DeployRules(sessions)
-        self.supervisor = AppSupervisor(rules=self.rules, routes=self.routes, backend=backend, root=root,
+        self.supervisor = AppSupervisor(rules=self.rules, routes=self.routes, hosting=hosting, root=root,
                                         max_instances=max_instances)
         self.pipeline = ReleasePipeline(rules=self.rules, supervisor=self.supervisor, projects_dir=projects_dir,
                                         backend=backend, installer=installer, secrets_of=secrets_of)

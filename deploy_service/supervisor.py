@@ -21,7 +21,7 @@ from deploy_service.logs import DeployLog
 from deploy_service.proxy import Route, Routes
 from deploy_service.rules import DeployFailed, DeployRules
 from ide_server.errors import Conflict
-from sandbox import Backend, SandboxUnavailable
+from sandbox import Hosting, SandboxUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +51,9 @@ class LiveApp:
 
 
 class AppSupervisor:
-    def __init__(self, *, rules: DeployRules, routes: Routes, backend: Backend | None, root: Path,
+    def __init__(self, *, rules: DeployRules, routes: Routes, hosting: Hosting | None, root: Path,
                  max_instances: int = MAX_RUNNING_INSTANCES) -> None:
-        self.rules, self.routes, self.backend, self.root = rules, routes, backend, root
+        self.rules, self.routes, self.hosting, self.root = rules, routes, hosting, root
         self.max_instances = max_instances
         self.apps: dict[str, LiveApp] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -84,7 +84,8 @@ class AppSupervisor:
     # ----- instances -----
 
     async def start_instances(self, app: LiveApp, launch: Launch, count: int, release_id: str) -> list[AppInstance]:
-        """`count` healthy instances, or DeployFailed (and none left running)."""
+        """`count` healthy instances, or DeployFailed (and none left running). The cap counts this replica's instances
+        wherever they run (here, or on runner nodes, which refuse what exceeds their own capacity)."""
 
         def sink(stream: str, line: str) -> None:
             app.log.write(stream, line, release_id)
@@ -93,8 +94,8 @@ class AppSupervisor:
         if running + count > self.max_instances:
             raise DeployFailed(f"the server already runs {running} app instances, its maximum is {self.max_instances}: "
                                "stop an app (or scale one down) first")
-        assert self.backend is not None
-        instances = [AppInstance(self.backend, launch, sink) for _ in range(count)]
+        assert self.hosting is not None
+        instances = [AppInstance(self.hosting, launch, sink) for _ in range(count)]
         reasons: list[str | None]
         try:
             await asyncio.gather(*(i.start() for i in instances))
@@ -184,7 +185,7 @@ class AppSupervisor:
             return
         if time.monotonic() - instance.started_at > STABLE_SECONDS:
             app.restarts = 0
-        how = f"signal {status.signal}" if status.signal else f"exit code {status.exit_code}"
+        how = instance.how_it_ended(status)
         async with app.lock:
             if instance not in app.instances:
                 return  # retired meanwhile

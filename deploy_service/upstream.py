@@ -100,9 +100,10 @@ class Response:
 
 
 class Upstream:
-    def __init__(self, address: str) -> None:
-        """`address`: a unix socket's path, or "host:port"."""
-        self.address = address
+    def __init__(self, address: str, preamble: bytes = b"") -> None:
+        """`address`: a unix socket's path, or "host:port"; `preamble`: sent first on each new connection (the token
+        of a runner's relay in front of an app, sandbox.app_relay)."""
+        self.address, self.preamble = address, preamble
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self._closed = False
 
@@ -149,9 +150,13 @@ class Upstream:
 
     async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.address.startswith("/"):
-            return await asyncio.open_unix_connection(self.address, limit=READ_CHUNK)
-        host, _, port = self.address.rpartition(":")
-        return await asyncio.open_connection(host, int(port), limit=READ_CHUNK)
+            reader, writer = await asyncio.open_unix_connection(self.address, limit=READ_CHUNK)
+        else:
+            host, _, port = self.address.rpartition(":")
+            reader, writer = await asyncio.open_connection(host, int(port), limit=READ_CHUNK)
+        if self.preamble:
+            writer.write(self.preamble)
+        return reader, writer
 
     def _connection(self) -> tuple[bool, tuple[asyncio.StreamReader, asyncio.StreamWriter] | None]:
         while self._idle:

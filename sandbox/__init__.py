@@ -14,12 +14,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from sandbox.backend import Backend, Mount, RunSpec
+from sandbox.backend import Backend, ExitStatus, Mount, RunSpec
 from sandbox.backends.choice import make_backend
+from sandbox.backends.remote_apps import RunnerHosting
 from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.files import WorkspaceTooLarge, copy_in
 from sandbox.frames import CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, SOCKET_GONE
 from sandbox.friendly import ErrorInfo, error_from_output, explain_error
+from sandbox.hosted import Hosted, HostedSpec, Hosting, LocalHosting, Stream, remove_stale_cgroups
 from sandbox.languages import CONFIG_FILE, read_config_table
 from sandbox.limits import MIB, Limits
 from sandbox.packages.install import Installer, InstallFailed, bubblewrap_installer
@@ -39,6 +41,8 @@ __all__ = [
     "SandboxError", "SandboxUnavailable",
     # the IDE's runs: the app-facing service, the queue and its records (loaded on first use)
     "ProjectRuns", "RunQueue", "RunRecord",
+    # long-lived processes (deployed apps' instances): on this machine or on runner nodes
+    "Hosted", "HostedSpec", "ExitStatus", "Hosting", "LocalHosting", "RunnerHosting", "Stream", "remove_stale_cgroups",
     # files in and out of a sandbox; a project's codeyard.toml
     "copy_in", "WorkspaceTooLarge", "CONFIG_FILE", "read_config_table",
     # packages for runs and deploys

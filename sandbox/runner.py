@@ -42,6 +42,8 @@ from sandbox.backends.dispatch import (
     patiently,
     stream_entries,
 )
+from sandbox.hosted import remove_stale_cgroups
+from sandbox.runner_apps import AppHost
 from sandbox.verdict import RunResult, Verdict
 
 if TYPE_CHECKING:
@@ -63,8 +65,9 @@ class Runner:
     """One runner node's loop over the runs stream."""
 
     def __init__(self, redis: aioredis.Redis, backend: Backend, roots: tuple[Path, ...], *, slots: int = 4,
-                 name: str | None = None, cpus: float | None = None) -> None:
-        """roots: the folders shared with the replicas (data, packages); a spec naming paths outside them is refused."""
+                 name: str | None = None, cpus: float | None = None, apps_host: str | None = None) -> None:
+        """roots: the folders shared with the replicas (data, packages); a spec naming paths outside them is refused.
+        apps_host: host deployed apps too, behind relays on this address (None: runs only)."""
         self.redis, self.backend, self.roots = redis, backend, tuple(root.resolve() for root in roots)
         self.slots, self.name = slots, name or f"{socket.gethostname()}-{os.getpid()}"
         # This process among those that carry the name: a runner restarted under it does not keep its runs alive
@@ -74,6 +77,9 @@ class Runner:
         self.draining = False
         self._free = asyncio.Semaphore(slots)
         self._left = asyncio.Event()  # drained: the heartbeat stops
+        self._drain = asyncio.Event()
+        self.apps = (AppHost(redis, backend, self.roots, runner=self.name, incarnation=self.incarnation, host=apps_host)
+                     if apps_host else None)
 
     async def serve(self, stop: asyncio.Event, drain_seconds: float = 600) -> None:
         """Take and run work until `stop` is set, then drain and leave.
@@ -81,20 +87,29 @@ class Runner:
         Loops end on `draining` rather than by cancelling them: redis-py may swallow a cancel that
         lands in a blocking read, and every read here blocks for at most a second."""
         await self._ensure_group()
+        if self.apps is not None and (stale := await asyncio.to_thread(remove_stale_cgroups)):
+            log.warning("runner %s: removed %d cgroups of apps a previous runner left", self.name, len(stale))
         await self._beat()
         beating = asyncio.create_task(self._heartbeat())
         taking = asyncio.create_task(self._take_work())
-        log.info("runner %s ready: %d slots, %g CPUs", self.name, self.slots, self.cpus)
+        hosting = asyncio.create_task(self.apps.serve(self._drain)) if self.apps else None
+        log.info("runner %s ready: %d slots, %g CPUs%s", self.name, self.slots, self.cpus,
+                 f", apps on {self.apps.host}" if self.apps else "")
         await stop.wait()
         self.draining = True
+        self._drain.set()
         await self._beat()
         await taking
+        if hosting is not None:
+            await hosting
         log.info("runner %s draining %d runs", self.name, len(self.running))
         if self.running:
             _, late = await asyncio.wait(set(self.running.values()), timeout=drain_seconds)
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
+        if self.apps is not None:  # their replicas see them end and start them again on another runner
+            await self.apps.stop_all()
         self._left.set()
         await beating
         await self.redis.delete(heartbeat_key(self.name))
@@ -109,7 +124,8 @@ class Runner:
         key = heartbeat_key(self.name)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(key, mapping={"incarnation": self.incarnation, "cpus": self.cpus, "memory_bytes": memory_bytes(), "slots": self.slots,
-                                    "busy": len(self.running), "draining": int(self.draining), "at": time.time()})
+                                    "busy": len(self.running), "draining": int(self.draining), "at": time.time(),
+                                    **(self.apps.load() if self.apps else {})})
             pipe.pexpire(key, HEARTBEAT_TTL_MS)
             await pipe.execute()
 
@@ -119,6 +135,8 @@ class Runner:
                 await asyncio.wait_for(self._left.wait(), HEARTBEAT_S)
             try:
                 await self._beat()
+                if self.apps is not None:
+                    await self.apps.stop_orphans()
             except Exception:
                 log.exception("runner %s: heartbeat failed", self.name)
 
@@ -299,7 +317,8 @@ async def start_own_runner(settings: Settings) -> Callable[[], Awaitable[None]] 
         return None
     redis = connect(settings.redis_url, 2 * settings.runner_slots + 8)
     runner = Runner(redis, local, (settings.data_dir, settings.effective_packages_dir), slots=settings.runner_slots,
-                    name=f"{socket.gethostname()}-{os.getpid()}-replica")
+                    name=f"{socket.gethostname()}-{os.getpid()}-replica",
+                    apps_host=settings.replica_host or own_address(settings.host))
     stop = asyncio.Event()
     serving = asyncio.create_task(runner.serve(stop, drain_seconds=30))
 
@@ -309,6 +328,11 @@ async def start_own_runner(settings: Settings) -> Callable[[], Awaitable[None]] 
         await redis.aclose()
 
     return stopped
+
+
+def own_address(listen_host: str) -> str:
+    """Where the other machines reach this one: the listen address, or this host's own when listening on all."""
+    return listen_host if listen_host not in ("0.0.0.0", "::", "") else socket.gethostbyname(socket.gethostname())
 
 
 def hand_back(folder: Path) -> None:

@@ -19,6 +19,9 @@ def runner_command(
     drain_seconds: Annotated[float, typer.Option(min=0, help="On shutdown, how long running runs may take to end.")] = 600,
     check: Annotated[bool, typer.Option(help="Only say whether Redis answers and a sandbox backend works here.")] = False,
     list_: Annotated[bool, typer.Option("--list", help="Only list the live runners and their capacity.")] = False,
+    apps_host: Annotated[str | None, typer.Option(
+        help="The address deployed apps hosted here are reached on by the replicas (default: this host's own "
+             "address); 'none': host no apps.")] = None,
     in_worker: Annotated[bool, typer.Option(
         "--in-worker", help="Run in a container of its own, started through this node's Docker engine with the security "
                             "options bubblewrap needs (for swarm services, which cannot take them).")] = False,
@@ -31,7 +34,7 @@ def runner_command(
     from ide_server.settings import Settings
     from sandbox.backends.choice import make_backend
     from sandbox.errors import SandboxUnavailable
-    from sandbox.runner import Runner, live_runners
+    from sandbox.runner import Runner, live_runners, own_address
 
     if in_worker:
         _in_worker(slots, name, drain_seconds)
@@ -64,14 +67,17 @@ def runner_command(
                 return
             if list_:
                 for beat in await live_runners(redis):
+                    apps = f", {beat['apps']} apps on {beat['apps_host']}" if "apps_host" in beat else ""
                     typer.echo(f"{beat['name']}: {beat['busy']}/{beat['slots']} slots busy, {beat['cpus']} CPUs, "
-                               f"{int(beat['memory_bytes']) >> 20} MiB{', draining' if beat['draining'] == '1' else ''}")
+                               f"{int(beat['memory_bytes']) >> 20} MiB{apps}{', draining' if beat['draining'] == '1' else ''}")
                 return
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, stop.set)
-            runner = Runner(redis, backend, (settings.data_dir, settings.effective_packages_dir), slots=slots, name=name)
+            hosts_apps = None if apps_host == "none" else apps_host or own_address("0.0.0.0")
+            runner = Runner(redis, backend, (settings.data_dir, settings.effective_packages_dir), slots=slots, name=name,
+                            apps_host=hosts_apps)
             await runner.serve(stop, drain_seconds)
         finally:
             await redis.aclose()

@@ -20,7 +20,6 @@ from starlette.requests import HTTPConnection
 
 from collab.editors import OpenEditors
 from deploy_service.edge import AppsEdge
-from deploy_service.instance import remove_stale_cgroups
 from deploy_service.owner import Ownership, this_replica
 from deploy_service.preview import PreviewGateway
 from deploy_service.proxy import AppsGateway
@@ -32,6 +31,7 @@ from ide_server.components import Component
 from ide_server.deps import ProjectEditor, ProjectMember, ProjectOwner, authenticate_websocket
 from ide_server.error_handlers import ERROR_RESPONSES, answer_like_domain_errors
 from ide_server.errors import DomainError, NotAuthenticated
+from ide_server.leases import connect
 from ide_server.models import Role
 from ide_server.services import projects
 from ide_server.wiring import Builders, Collab, Core, DeployParts, required, services_of
@@ -41,10 +41,12 @@ from sandbox import (
     CLOSE_UNAUTHENTICATED,
     SOCKET_GONE,
     ProjectRuns,
+    RunnerHosting,
     SandboxError,
     SandboxUnavailable,
     bubblewrap_installer,
     make_backend,
+    remove_stale_cgroups,
 )
 
 log = logging.getLogger(__name__)
@@ -156,13 +158,16 @@ async def open_deploys(core: Core, *, runs: ProjectRuns | None, collab: Collab |
                        secrets: ProjectSecrets | None) -> AsyncIterator[DeployParts]:
     """A sandbox backend for the apps (or the reason there is none), then bring back what was deployed."""
     settings = core.settings
-    try:  # the runs' choice (auto: Docker where an engine answers with the runner image, else bubblewrap)
-        # Apps are not placed on runner nodes yet: with the runners backend they run on this replica's own sandbox.
-        local = "auto" if settings.sandbox_backend == "runners" else settings.sandbox_backend
-        backend, unavailable = make_backend(local), ""
-    except SandboxUnavailable as exc:
-        backend, unavailable = None, f"deploys are off: {exc.detail}"
-        log.warning(unavailable)
+    hosting: RunnerHosting | None = None
+    if settings.sandbox_backend == "runners" and runs is not None and runs.backend is not None and settings.redis_url:
+        # Runner nodes: builds are runs like any other, instances are placed on runners by their free capacity
+        backend, unavailable, hosting = runs.backend, "", RunnerHosting(connect(settings.redis_url))
+    else:
+        try:  # the runs' choice (auto: Docker where an engine answers with the runner image, else bubblewrap)
+            backend, unavailable = make_backend(settings.sandbox_backend), ""
+        except SandboxUnavailable as exc:
+            backend, unavailable = None, f"deploys are off: {exc.detail}"
+            log.warning(unavailable)
     installer = runs.installer if runs is not None else None  # the runs' package cache, shared
     if installer is None and backend is not None:
         installer = bubblewrap_installer(settings.effective_packages_dir)
@@ -170,8 +175,8 @@ async def open_deploys(core: Core, *, runs: ProjectRuns | None, collab: Collab |
         sessions=core.sessions, projects_dir=settings.projects_dir, root=settings.data_dir / "deploy",
         backend=backend, unavailable=unavailable, installer=installer, editors=OpenEditors.of(collab),
         secrets_of=secrets.environment_for if secrets is not None else None,
-        apps_host=settings.deploy_apps_host, https=settings.secure_cookies)
-    if backend is not None and (stale := await run_in_threadpool(remove_stale_cgroups)):
+        apps_host=settings.deploy_apps_host, https=settings.secure_cookies, hosting=hosting)
+    if backend is not None and hosting is None and (stale := await run_in_threadpool(remove_stale_cgroups)):
         log.warning("removed %d cgroups of app instances a previous server left", len(stale))
     edge = None
     if settings.deploy_apps_port is not None:
@@ -196,8 +201,10 @@ async def open_deploys(core: Core, *, runs: ProjectRuns | None, collab: Collab |
             await edge.close()
         await deploys.shutdown()
         await ownership.close()
-        close = getattr(backend, "close", None)
-        if close is not None:
+        if hosting is not None:
+            await hosting.close()
+            await hosting.redis.aclose()
+        elif (close := getattr(backend, "close", None)) is not None:  # (the runs' backend is theirs to close)
             await close()
 
 

@@ -7,6 +7,10 @@
   copied, the result), read by the replica that dispatched it.
 - `codeyard:run:<id>:in`: what it is told (input, end of input, terminal size, cancel).
 - `codeyard:runner:<name>`: a runner's heartbeat with its capacity; it expires when the runner dies.
+- `codeyard:runner-apps:<name>`: what one runner is told to host (start an app, stop it), by the replica that
+  placed the app there; `codeyard:app:<id>:out` what the app says (where its relay listens, its log lines,
+  its exit); `codeyard:apps-holder:<token>` the placing replica's keep-alive: a runner stops the apps of a
+  holder whose key expired (that replica is gone; its successor starts them again where it chooses).
 
 Runners share the data folder with the replicas (the same volume, at the same path), so a run's spec
 names the project and package folders as they are; only the spec, the output and the result travel.
@@ -21,12 +25,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sandbox.backend import Mount, RunSpec
+from sandbox.hosted import HostedSpec
 from sandbox.limits import Limits
 from sandbox.verdict import RunResult, Verdict
 
@@ -74,14 +79,45 @@ def heartbeat_key(runner: str) -> str:
     return f"codeyard:runner:{runner}"
 
 
+def apps_key(runner: str) -> str:
+    return f"codeyard:runner-apps:{runner}"
+
+
+def app_out_key(app_id: str) -> str:
+    return f"codeyard:app:{app_id}:out"
+
+
+def holder_key(holder: str) -> str:
+    return f"codeyard:apps-holder:{holder}"
+
+
+def _mounts(mounts: tuple[Mount, ...]) -> list[dict[str, object]]:
+    return [{"source": str(m.source), "target": m.target, "writable": m.writable, "owned_by_run": m.owned_by_run}
+            for m in mounts]
+
+
+def _decode_mounts(data: list[dict[str, Any]]) -> tuple[Mount, ...]:
+    return tuple(Mount(Path(m["source"]), m["target"], m["writable"], m.get("owned_by_run", False)) for m in data)
+
+
 def encode_spec(spec: RunSpec) -> str:
     return json.dumps({
         "argv": list(spec.argv), "project_dir": str(spec.project_dir), "limits": dataclasses.asdict(spec.limits),
-        "env": dict(spec.env), "terminal": spec.terminal,
-        "mounts": [{"source": str(m.source), "target": m.target, "writable": m.writable, "owned_by_run": m.owned_by_run}
-                   for m in spec.mounts],
+        "env": dict(spec.env), "terminal": spec.terminal, "mounts": _mounts(spec.mounts),
         "input_wait_seconds": spec.input_wait_seconds, "sync_seconds": spec.sync_seconds,
     })
+
+
+def encode_hosted(spec: HostedSpec) -> str:
+    return json.dumps({"release_dir": str(spec.release_dir), "argv": list(spec.argv), "port": spec.port,
+                       "limits": dataclasses.asdict(spec.limits), "env": dict(spec.env), "mounts": _mounts(spec.mounts),
+                       "cpus": spec.cpus})
+
+
+def decode_hosted(text: str | bytes) -> HostedSpec:
+    data = json.loads(text)
+    return HostedSpec(Path(data["release_dir"]), [str(a) for a in data["argv"]], int(data["port"]),
+                      Limits(**data["limits"]), dict(data["env"]), _decode_mounts(data["mounts"]), float(data["cpus"]))
 
 
 def decode_spec(text: str | bytes) -> RunSpec:
@@ -90,8 +126,7 @@ def decode_spec(text: str | bytes) -> RunSpec:
     return RunSpec(
         argv=data["argv"], project_dir=Path(data["project_dir"]), limits=Limits(**data["limits"]), env=data["env"],
         terminal=tuple(data["terminal"]) if data["terminal"] else None,
-        mounts=tuple(Mount(Path(m["source"]), m["target"], m["writable"], m.get("owned_by_run", False))
-                     for m in data["mounts"]),
+        mounts=_decode_mounts(data["mounts"]),
         input_wait_seconds=data["input_wait_seconds"], sync_seconds=data["sync_seconds"],
     )
 

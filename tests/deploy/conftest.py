@@ -18,9 +18,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sandbox_fixtures import docker_engine, runner_image  # noqa: F401  (fixtures for the Docker tests)
 
-from deploy_service.instance import UIDS
 from ide_server.app import create_app
 from ide_server.settings import Settings
+from sandbox.hosted import UIDS
 from sandbox.workspace import processes_of_uid, runs_root
 
 COMPONENTS = [

@@ -6,8 +6,9 @@ import secrets
 
 import pytest
 
-from deploy_service.instance import APP_LIMITS, app_cgroup
+from deploy_service.instance import APP_LIMITS
 from sandbox.cgroups import CgroupV1
+from sandbox.hosted import app_cgroup
 
 
 def test_an_instance_cgroup_gets_the_cpus_asked_for():
