@@ -1,9 +1,11 @@
 """The framework's self-timed suites (the former standalone scripts) on tiny random models: each
 runs through `python -m benchmarks run NAME` and leaves its figures in the result JSON, where
-`compare` and `report` read them. The router suite starts five server processes: too slow here,
-it is run by hand (benchmarks/README.md)."""
+`compare` and `report` read them. The router suite starts five server processes: too slow for
+`make test`, it runs with CODEYARD_BENCH_ROUTER=1."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -75,3 +77,13 @@ def test_vision_suite_ttft_kinds(tmp_path):
     assert set(result["figures"]) == {"new", "repeat", "repeat-moved"}
     assert result["figures"]["new"]["runs"][0]["ttft_vs_new"] == pytest.approx(1.0)
     assert result["report"]["encoder_cache"]["hits"] >= 1  # the repeated picture's features came from the cache
+
+
+@pytest.mark.skipif(not os.environ.get("CODEYARD_BENCH_ROUTER"), reason="starts five servers (~1 min): "
+                    "CODEYARD_BENCH_ROUTER=1")
+def test_router_suite_hit_rates(tiny_chat_model, tmp_path):
+    result = run_suite(tmp_path, "router", "--model", str(tiny_chat_model), "--preambles", "2", "--rounds", "2")
+    rates = {setup: entry["runs"][0]["hit_rate"] for setup, entry in result["figures"].items()}
+    assert set(rates) == {"1 replica", "2 replicas, cache-aware", "2 replicas, round-robin"}
+    # the second round repeats every preamble: one replica and the cache-aware pair reuse them
+    assert rates["1 replica"] > 0.3 and rates["2 replicas, cache-aware"] >= rates["2 replicas, round-robin"]
