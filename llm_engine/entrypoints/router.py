@@ -12,7 +12,9 @@ error event (`replica_failed`) and it is left out too.
 
 from __future__ import annotations
 
+import functools
 import json
+import ssl
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -102,11 +104,19 @@ class Unreachable(Exception):
     """The replica did not answer (connection refused or reset): route the request elsewhere."""
 
 
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """One TLS context for every upstream client: httpx builds one per client otherwise, reading the
+    CA bundle (~30 ms of CPU), and a request opens a client per upstream (two when split), so the
+    proxy spent a fifth of a core on it at 3.5 requests a second, beside the instances' cores."""
+    return httpx.create_ssl_context()
+
+
 async def open_upstream(url: str, key: str | None, method: str, path: str, body: bytes | None
                         ) -> tuple[httpx.AsyncClient, httpx.Response]:
     """Send a request to a replica with its key; the answer streams (a client per request:
     requests stream for seconds to minutes and a client is never shared across event loops)."""
-    client = httpx.AsyncClient(base_url=url, timeout=REPLICA_TIMEOUT,
+    client = httpx.AsyncClient(base_url=url, timeout=REPLICA_TIMEOUT, verify=tls_context(),
                                headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
         request = client.build_request(method, path, content=body,
