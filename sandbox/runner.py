@@ -78,6 +78,7 @@ class Runner:
         self._free = asyncio.Semaphore(slots)
         self._left = asyncio.Event()  # drained: the heartbeat stops
         self._drain = asyncio.Event()
+        self._next_orphan_check = 0.0
         self.apps = (AppHost(redis, backend, self.roots, runner=self.name, incarnation=self.incarnation, host=apps_host)
                      if apps_host else None)
 
@@ -148,7 +149,8 @@ class Runner:
                 self._free.release()
                 return
             try:
-                entry = await self._claim_orphan() or await self._read_new()
+                entry = await self._claim_orphan() if self._orphans_due() else None
+                entry = entry or await self._read_new()
             except Exception as exc:
                 self._free.release()
                 log.warning("runner %s: reading the runs stream failed: %s", self.name, exc)
@@ -179,6 +181,15 @@ class Runner:
         entries = stream_entries(await self.redis.xreadgroup(GROUP, self.name, {RUNS_STREAM: ">"}, count=1, block=1000))
         return entries[0] if entries else None
 
+    def _orphans_due(self) -> bool:
+        """Whether to look for orphaned entries before this read: at most once a heartbeat (an orphan waits
+        CLAIM_IDLE_MS anyway), not before every run, which cost a round trip to Redis per run."""
+        now = time.monotonic()
+        if now < self._next_orphan_check:
+            return False
+        self._next_orphan_check = now + HEARTBEAT_S
+        return True
+
     async def _claim_orphan(self) -> Entry | None:
         """A run another runner read but never started, once that runner's heartbeat is gone; or one read under this
         name by an earlier process (this one starts what it reads at once, so its own entries are never this idle)."""
@@ -207,14 +218,18 @@ class Runner:
 
     async def _run_entry(self, entry_id: bytes, run_id: str, fields: Fields) -> None:
         out = out_key(run_id)
-        if time.time() > float(fields[b"deadline"]) or await self._told_to_cancel(run_id):
+        if time.time() > float(fields[b"deadline"]):
             await self._done_with(entry_id)  # its replica has given up on it
             return
         async with self.redis.pipeline(transaction=True) as pipe:  # started and acknowledged at once
+            pipe.xrange(in_key(run_id), count=16)  # (told to cancel before it started?)
             pipe.xadd(out, {"t": "started", "runner": self.name, "incarnation": self.incarnation})
             pipe.xack(RUNS_STREAM, GROUP, entry_id)
             pipe.xdel(RUNS_STREAM, entry_id)
-            await pipe.execute()
+            told = cast(list[Entry], (await pipe.execute())[0])
+        if any(f.get(b"t") == b"cancel" for _, f in told):  # it is not run; a replica still following hears why
+            await self._say(out, t="result", r=encode_result(RunResult(Verdict.CANCELLED, message="cancelled before it started")))
+            return
         try:
             spec = self._checked(decode_spec(fields[b"spec"]))
         except (ValueError, KeyError, TypeError) as exc:
@@ -239,17 +254,13 @@ class Runner:
             ended.set()
         result = await run.result()
         await _handed_back(spec.project_dir)
-        await self._say(out, t="result", r=encode_result(result))
-        await self._say(in_key(run_id), t="ended")  # wakes the steering read now, not after its 1 s block: the slot frees
+        # The result, and "ended" on the in stream, which wakes the steering read now (not after its 1 s block): the slot frees
+        await self._say(out, t="result", r=encode_result(result), also=(in_key(run_id), {"t": "ended"}))
         await steering
 
     async def _files_copied(self, out: str, project_dir: Path) -> None:
         await _handed_back(project_dir)
         await self._say(out, t="files")
-
-    async def _told_to_cancel(self, run_id: str) -> bool:
-        entries = cast(list[Entry], await self.redis.xrange(in_key(run_id)))
-        return any(f.get(b"t") == b"cancel" for _, f in entries)
 
     def _checked(self, spec: RunSpec) -> RunSpec:
         """Refuse a spec naming folders outside the shared folders."""
@@ -277,13 +288,16 @@ class Runner:
                 except (ValueError, OSError) as exc:
                     log.info("run %s: %s ignored: %s", run_id, kind.decode(), exc)
 
-    async def _say(self, out: str, **fields: EncodableT) -> None:
+    async def _say(self, out: str, also: tuple[str, dict[FieldT, EncodableT]] | None = None, **fields: EncodableT) -> None:
+        """Add an entry to a run's stream (and `also` one to another stream, in the same round trip)."""
         entry: dict[FieldT, EncodableT] = {name: value for name, value in fields.items()}
+        said = [(out, entry), *([also] if also else [])]
 
         async def say() -> None:
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.xadd(out, entry)
-                pipe.expire(out, RUN_KEYS_TTL_S)
+                for stream, stream_entry in said:
+                    pipe.xadd(stream, stream_entry)
+                    pipe.expire(stream, RUN_KEYS_TTL_S)
                 await pipe.execute()
 
         await patiently(say)

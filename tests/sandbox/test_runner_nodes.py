@@ -177,8 +177,19 @@ async def test_cancel_and_limits_travel(shared, to_shared):
     run = await to_shared.start(spec(data_dir, "sleep", "30"))
     while runner_of(run) is None:
         await asyncio.sleep(0.05)
+    # Another queued while both runners are busy and cancelled there: the runner that takes it does not run it
+    other = await to_shared.start(spec(data_dir, "sleep", "30"))
+    queued = await to_shared.start(spec(data_dir, "touch", "never.txt"))
+    while runner_of(other) is None:
+        await asyncio.sleep(0.05)
+    queued.cancel()
+    await asyncio.sleep(0.1)  # (the cancel on its way before a slot frees)
     run.cancel()
+    other.cancel()
     assert (await run.result()).verdict is Verdict.CANCELLED
+    result = await queued.result()
+    assert result.verdict is Verdict.CANCELLED and result.message == "cancelled before it started", result
+    assert not (data_dir / "projects" / "p1" / "never.txt").exists()
     looping = await to_shared.start(RunSpec(["python3", "-c", "while True: pass"], data_dir / "projects" / "p1",
                                          Limits(cpu_seconds=1, wall_seconds=10)))
     assert (await looping.result()).verdict is Verdict.TIME_LIMIT
