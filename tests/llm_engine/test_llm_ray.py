@@ -11,7 +11,8 @@ TP=2 with the same greedy tokens as one rank, from the LLM class and from `codey
 every block is freed and a fresh group serves the next ones; serves DP=2 behind the router with
 one engine's answers, and a killed replica's actor ends its stream with a clear error while the
 other replica answers; serves a prefill and a decode instance whose KV crosses the nodes over a
-socket, with one engine's answers. Ray's start-up is heavy: minutes on a busy 2-core machine.
+socket, with one engine's answers, and a killed decode instance's actor ends its stream with a
+clear error while every prefill block is freed. Ray's start-up is heavy: minutes on a busy 2-core machine.
 """
 from __future__ import annotations
 
@@ -286,11 +287,15 @@ def counter(url: str, key: str, name: str) -> float:
 
 
 @cluster_test
-def test_prefill_and_decode_instances_on_two_nodes_answer_like_one_engine(ray_cluster, long_text_model,
-                                                                          one_engine_texts):
+def test_prefill_and_decode_instances_on_two_nodes_answer_like_one_engine_and_a_killed_decode_fails_cleanly(
+        ray_cluster, long_text_model, one_engine_texts):
     """Disaggregated serving on Ray with STRICT_SPREAD: the decode instance pulls the prompts' KV from
     the prefill instance's node over the socket transport (it computes only each last prompt token),
-    and a mixed batch, streamed and not, gets one engine's greedy answers."""
+    and a mixed batch, streamed and not, gets one engine's greedy answers. Killing the decode
+    instance's actor mid-stream ends that stream with the proxy's error, every block of the prefill
+    instance is freed, and requests then run whole on the prefill instance."""
+    import ray
+
     from llm_engine.ray_servers import ray_disaggregated_servers
 
     with ray_disaggregated_servers(serve_in_process, server_args(long_text_model), "shm", "STRICT_SPREAD",
@@ -303,7 +308,21 @@ def test_prefill_and_decode_instances_on_two_nodes_answer_like_one_engine(ray_cl
                 answers = list(pool.map(lambda job: complete(split, job[1], stream=job[0] % 2 == 0),
                                         enumerate(TEXT_PROMPTS)))
             assert answers == one_engine_texts
+            computed = counter(pair.urls[1], pair.key, "vllm:iteration_tokens_total_sum")
+            assert computed == len(TEXT_PROMPTS) * 8  # per request its last prompt token, then 7 decode steps
+
+            stream = iter(split.completions.create(model="tiny", prompt="Once upon a time", max_tokens=3000,
+                                                   temperature=0, stream=True, extra_body={"ignore_eos": True}))
+            received = [next(stream).choices[0].text]
+            ray.kill(pair.actors[1], no_restart=True)
+            with pytest.raises(openai.APIError, match="the decode instance failed during this request"):
+                received.extend(chunk.choices[0].text for chunk in stream)
+            assert len(received) < 3000
+            deadline = time.monotonic() + 15  # the prefill instance frees pulled blocks within its idle second
+            while counter(pair.urls[0], pair.key, "vllm:kv_cache_usage_perc") > 0 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert counter(pair.urls[0], pair.key, "vllm:kv_cache_usage_perc") == 0
+            assert httpx.get(proxy.url + "/health", timeout=10).json()["decode_instance"] == "unreachable"
+            assert complete(split, TEXT_PROMPTS[0]) == one_engine_texts[0]  # whole on the prefill instance
         finally:
             proxy.stop()
-        computed = counter(pair.urls[1], pair.key, "vllm:iteration_tokens_total_sum")
-        assert computed == len(TEXT_PROMPTS) * 8  # per request its last prompt token, then 7 decode steps
