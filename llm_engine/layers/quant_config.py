@@ -271,28 +271,32 @@ def _keep_gguf_tables(model: nn.Module, gguf_types: dict[str, str], effective: d
 
 
 def _quantize_tables(model: nn.Module, config: QuantConfig, effective: dict[str, str]) -> None:
-    """The token embedding and LM head, rounded at load where the config targets them."""
-    tied = getattr(model, "tied", False)
-    for name, module in model.named_modules():
-        if not isinstance(module, VocabParallelEmbedding):
+    """The token embedding and LM head of each causal LM in `model` (a vision-language model
+    wraps one), rounded at load where the config targets them; a tied head shares the table."""
+    for prefix, owner in model.named_modules():
+        head = getattr(owner, "lm_head", None)
+        if not isinstance(head, ParallelLMHead):
             continue
-        scheme = config.scheme_for([name], None if isinstance(module, ParallelLMHead) else "Embedding")
-        if isinstance(module, ParallelLMHead) and tied:
-            embedding = cast(VocabParallelEmbedding, model.get_submodule("model.embed_tokens"))
-            shared = None if embedding.quant_method is None else embedding.quant_method.scheme
-            if scheme is not None and scheme != shared:
-                raise ValueError(f"quantization: {name} is tied to model.embed_tokens (tie_word_embeddings), so it "
-                                 f"shares the embedding's table: target the embedding ('Embedding') with "
-                                 f"{scheme.describe()} instead")
-            if shared is not None:
-                module.tie(embedding)
-            effective[name] = "tied to model.embed_tokens" if shared is not None else "float"
+        dot = f"{prefix}." if prefix else ""
+        embedding = cast(VocabParallelEmbedding, owner.get_submodule("model.embed_tokens"))
+        names = {"embedding": f"{dot}model.embed_tokens", "head": f"{dot}lm_head"}
+        scheme = config.scheme_for([names["embedding"]], "Embedding")
+        head_scheme = config.scheme_for([names["head"]], None)
+        if scheme is not None:
+            embedding.set_quant_method(WeightOnlyLinearMethod(scheme))
+        effective[names["embedding"]] = "float" if scheme is None else scheme.describe()
+        if not getattr(owner, "tied", False):
+            if head_scheme is not None:
+                head.set_quant_method(WeightOnlyLinearMethod(head_scheme))
+            effective[names["head"]] = "float" if head_scheme is None else head_scheme.describe()
             continue
-        if scheme is None:
-            effective[name] = "float"
-            continue
-        module.set_quant_method(WeightOnlyLinearMethod(scheme))
-        effective[name] = scheme.describe()
+        if head_scheme is not None and head_scheme != scheme:
+            raise ValueError(f"quantization: {names['head']} is tied to {names['embedding']} (tie_word_embeddings), "
+                             f"so it shares the embedding's table: target the embedding ('Embedding') with "
+                             f"{head_scheme.describe()} instead")
+        if scheme is not None:
+            head.tie(embedding)
+        effective[names["head"]] = "float" if scheme is None else f"tied to {names['embedding']}"
 
 
 def summarize(effective: dict[str, str]) -> str:
