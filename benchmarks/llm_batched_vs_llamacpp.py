@@ -21,7 +21,8 @@ constraints.txt pins), into .codeyard/cache/llama.cpp-build (not tracked). `--bu
 downloads the sdist with pip and builds only `llama-batched-bench`: 30-60+ minutes on 2 busy cores.
 Until it is built (`--llamacpp auto`, the default) the anchor is the tool's loop run through
 llama-cpp-python's bindings, whose library the README has built natively from the same source.
-Each run's CPU seconds (this process: our engine or the bindings) are printed too, and the best
+Each run's CPU seconds (this process: our engine or the bindings; the tool, run once per batch
+size: its own rusage, model load and warm-up included) are printed too, and the best
 figures per CPU second: waiting for a core is not in them, so with one thread (`--threads 1`, no
 spinning) they are the steadier comparison on a loaded machine.
 The machine is shared: rerun and read the ratios, not the absolute figures.
@@ -34,6 +35,7 @@ import json
 import math
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -93,17 +95,28 @@ def build_batched_bench(build_dir: Path = BUILD_DIR) -> Path:
 
 
 def llamacpp_batched(binary: Path, gguf: Path, npp: int, ntg: int, npl: list[int], threads: int) -> dict[int, dict]:
-    """llama-batched-bench's figures per batch size, in this benchmark's terms."""
-    command = [str(binary), "-m", str(gguf), "-c", str(max(npl) * (npp + ntg)), "-b", "2048", "-ub", "512",
-               "-npp", str(npp), "-ntg", str(ntg - 1), "-npl", ",".join(map(str, npl)),
-               "-t", str(threads), "-tb", str(threads), "--output-format", "jsonl"]
-    print("llama.cpp: " + " ".join(command), file=sys.stderr, flush=True)
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{BINARY} failed ({done.returncode}): {done.stderr[-2000:]}")
-    rows = [json.loads(line) for line in (done.stdout + done.stderr).splitlines() if line.startswith("{")]
-    return {r["pl"]: {"output_tok_s": r["pl"] * ntg / r["t"], "decode_tok_s": r["speed_tg"],
-                      "prefill_tok_s": r["speed_pp"], "seconds": r["t"]} for r in rows}
+    """llama-batched-bench's figures per batch size, in this benchmark's terms: one run of the tool
+    per batch size, so that each has its CPU seconds (the child's rusage: its model load and
+    16-token warm-up included, a fraction of a second). `--no-repack`: on a CPU with AMX the
+    native build's AMX matmul (an extra buffer type, like the repacked layouts this turns off too)
+    crashed in ggml_backend_amx_mul_mat on the first decode, whatever the thread count."""
+    results = {}
+    for b in npl:
+        command = [str(binary), "-m", str(gguf), "-c", str(b * (npp + ntg)), "-b", "2048", "-ub", "512",
+                   "-npp", str(npp), "-ntg", str(ntg - 1), "-npl", str(b),
+                   "-t", str(threads), "-tb", str(threads), "--no-repack", "--output-format", "jsonl"]
+        print("llama.cpp: " + " ".join(command), file=sys.stderr, flush=True)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        done = subprocess.run(command, capture_output=True, text=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if done.returncode != 0:
+            raise SystemExit(f"{BINARY} failed ({done.returncode}): {done.stderr[-2000:]}")
+        row = next(json.loads(line) for line in (done.stdout + done.stderr).splitlines() if line.startswith("{"))
+        results[b] = {"output_tok_s": b * ntg / row["t"], "decode_tok_s": row["speed_tg"],
+                      "prefill_tok_s": row["speed_pp"], "seconds": row["t"],
+                      "cpu_seconds": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime}
+        print(f"  B={b}: {results[b]['output_tok_s']:.1f} output tok/s", file=sys.stderr, flush=True)
+    return results
 
 
 def llamacpp_batched_bindings(gguf: Path, npp: int, ntg: int, npl: list[int], threads: int) -> dict[int, dict]:
@@ -290,7 +303,7 @@ def main(argv: list[str] | None = None) -> dict:
         print_table(f"engine {row} (weights {weight_mb:.0f} MB)", report[row], anchor)
     print()
     for per_cpu, unit in ((False, "tok/s"), (True, "tok per CPU s")):
-        if anchor and (not per_cpu or all("cpu_seconds" in f for f in anchor.values())):  # not the tool's
+        if anchor:
             theirs, their_b = best(anchor, per_cpu)
             ours, our_b, our_row = max((*best(report[r], per_cpu), r) for r in args.rows)
             ratio = report[f"best_vs_llamacpp ({unit})"] = ours / theirs

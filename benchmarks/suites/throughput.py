@@ -204,23 +204,31 @@ def throughput_ratios(summaries: dict[str, RunSummary]) -> dict[str, dict[str, f
 
 
 # (label, dtype, quantization) rows of --single-stream and --perplexity; "auto" keeps the GGUF's
-# Q4_1 blocks (int4 g32) and its Q8_0 embedding/LM head; the others start from the dequantized floats.
+# Q4_1 blocks (int4 g32) and its Q8_0 embedding/LM head; the others start from the dequantized floats,
+# with the (tied) embedding/LM head float unless the row says "+emb/head".
 QUANT_ROWS = [
     ("float32", "float32", None),
     ("bfloat16", "bfloat16", None),
     ("gguf kept (default)", "float32", "auto"),
     ("int8", "float32", "int8"),
+    ("int8 +emb/head", "float32", {"targets": ["Linear", "Embedding"], "method": "int8"}),
     ("int4 g32 sym", "float32", {"method": "int4", "group_size": 32, "symmetric": True}),
     ("int4 g32 asym", "float32", {"method": "int4", "group_size": 32, "symmetric": False}),
+    ("int4 g32 asym +emb/head", "float32",
+     {"targets": ["Linear", "Embedding"], "method": "int4", "group_size": 32, "symmetric": False}),
     ("int4 g64 asym", "float32", {"method": "int4", "group_size": 64, "symmetric": False}),
     ("int4 g128 asym", "float32", {"method": "int4", "group_size": 128, "symmetric": False}),
+    ("int4 g128 asym +emb/head int8", "float32", {"config_groups": {
+        "linear": {"targets": ["Linear"], "method": "int4", "group_size": 128, "symmetric": False},
+        "tables": {"targets": ["Embedding"], "method": "int8"}}}),
     ("fp8", "float32", "fp8"),
     ("fp8 per-tensor", "float32", {"method": "fp8", "strategy": "tensor"}),
     ("w8a8", "float32", "w8a8"),
     ("w4a8 g32 asym", "float32", "w4a8"),
 ]
 # relative to bfloat16 (issue 16), else the first row
-PPL_GOALS = {"int8": 0.01, "int4 g32 asym": 0.03, "fp8": 0.02, "fp8 per-tensor": 0.02}
+PPL_GOALS = {"int8": 0.01, "int8 +emb/head": 0.01, "int4 g32 asym": 0.03, "int4 g32 asym +emb/head": 0.03,
+             "fp8": 0.02, "fp8 per-tensor": 0.02}
 SINGLE_GOAL = 1.3  # single-stream decode tok/s vs llama.cpp
 MEMORY_GOALS = {"int8": 0.55, "int4": 0.35}  # weight bytes vs bf16
 

@@ -26,3 +26,17 @@ def test_bad_options_exit_2(argv, capsys):
         parse_args(argv)
     assert exit_.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_each_batch_size_runs_the_tool_once_and_reads_its_jsonl(tmp_path):
+    from benchmarks.llm_batched_vs_llamacpp import llamacpp_batched
+
+    tool = tmp_path / "llama-batched-bench"  # answers as the real tool does: one jsonl line on stdout
+    tool.write_text('#!/bin/sh\ncase " $* " in *" --no-repack "*) ;; *) exit 3 ;; esac\n'
+                    'while [ "$1" != "-npl" ]; do shift; done\n'
+                    'echo "{\\"pl\\": $2, \\"t\\": 2.0, \\"speed_tg\\": 10.0, \\"speed_pp\\": 20.0}"\n')
+    tool.chmod(0o755)
+    figures = llamacpp_batched(tool, tmp_path / "model.gguf", npp=8, ntg=5, npl=[1, 4], threads=1)
+    assert sorted(figures) == [1, 4]
+    assert figures[4]["output_tok_s"] == 4 * 5 / 2.0 and figures[4]["decode_tok_s"] == 10.0
+    assert figures[1]["prefill_tok_s"] == 20.0 and figures[1]["cpu_seconds"] >= 0
