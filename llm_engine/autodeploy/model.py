@@ -36,7 +36,7 @@ class AutoDeployedCausalLM(nn.Module):
         captured = capture(config, dtype)
         for graph in (captured.body, captured.head):
             clean_graph(graph, device)
-        context = PassContext(backend, dtype)
+        context = PassContext(backend, dtype, device, config.get_text_config().max_position_embeddings)
         self.report = run_passes(captured.body, context)
         captured.body.delete_all_unused_submodules()  # the projections merged away: no second copy of their weights
         for line in self.report:

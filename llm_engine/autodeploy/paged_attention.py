@@ -31,11 +31,12 @@ class PagedAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: object) -> torch.Tensor:
         """q [1, heads, T, dim], k/v [1, kv_heads, T, dim] -> [1, T, heads, dim]."""
         tokens, heads, dim = q.shape[2], q.shape[1], q.shape[3]
-        q, k, v = q[0].transpose(0, 1), k[0].transpose(0, 1).contiguous(), v[0].transpose(0, 1).contiguous()
+        # as the hand-written layers pass them: q and k may be views of the fused qkv output
+        q, k, v = _rows(q[0].transpose(0, 1)), _rows(k[0].transpose(0, 1)), v[0].transpose(0, 1).contiguous()
         if self.sliding_window or self.softcap:
-            out = self._masked(q, k, v, metadata)
+            out = self._masked(q, k.contiguous(), v, metadata)
         else:
-            out = self.attn(q.contiguous(), k, v, metadata)
+            out = self.attn(q, k, v, metadata)
         return out.view(1, tokens, heads, dim)
 
     def _masked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: object) -> torch.Tensor:
@@ -74,6 +75,12 @@ class PagedAttention(nn.Module):
             allowed &= k_positions[None, :] > q_positions[:, None] - self.sliding_window
         probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1).to(values.dtype)
         return torch.matmul(probs, values).transpose(0, 1)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [tokens, heads, dim] with each token's heads contiguous (a view of a fused projection's
+    output already is; a copy otherwise)."""
+    return x if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] else x.contiguous()
 
 
 def _gather(cache: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:

@@ -20,6 +20,8 @@ from llm_engine.layers.attention import AttentionBackend
 class PassContext:
     backend: AttentionBackend
     dtype: torch.dtype
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where tables computed at build go
+    max_positions: int = 0  # rotary tables cover positions [0, max_positions); 0: rotary stays unfused
     weight_map: dict[str, tuple[str, int]] = field(default_factory=dict)  # checkpoint name -> (param, shard)
     weight_offsets: dict[str, float] = field(default_factory=dict)  # param -> constant added at load (Gemma norms)
     packed_modules: dict[str, tuple[str, int]] = field(default_factory=dict)  # for quantization targets
@@ -32,11 +34,14 @@ def default_passes() -> list[Pass]:
     from llm_engine.autodeploy.passes.activation import fuse_silu_and_mul
     from llm_engine.autodeploy.passes.attention import replace_attention
     from llm_engine.autodeploy.passes.check import check_supported
+    from llm_engine.autodeploy.passes.cleanup import drop_noop_casts
     from llm_engine.autodeploy.passes.linear import merge_sibling_linears, swap_linears
-    from llm_engine.autodeploy.passes.norm import fuse_rms_norm
+    from llm_engine.autodeploy.passes.norm import fuse_add_rms_norm, fuse_rms_norm
+    from llm_engine.autodeploy.passes.rotary import fuse_rotary
 
-    return [replace_attention, fuse_rms_norm, merge_sibling_linears, swap_linears, fuse_silu_and_mul,
-            check_supported]
+    # fuse_rotary last but one: it checks which tensors it may rotate in place on the final graph
+    return [replace_attention, drop_noop_casts, fuse_rms_norm, fuse_add_rms_norm, merge_sibling_linears,
+            swap_linears, fuse_silu_and_mul, fuse_rotary, check_supported]
 
 
 def run_passes(gm: fx.GraphModule, ctx: PassContext, passes: list[Pass] | None = None) -> list[str]:

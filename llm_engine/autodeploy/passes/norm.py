@@ -8,6 +8,8 @@ dtypes differ from the weight's stay unfused (the report counts them).
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import fx
 
@@ -87,3 +89,60 @@ def fuse_rms_norm(gm: fx.GraphModule, ctx: PassContext) -> str:
         last.replace_all_uses_with(call)
         fused += 1
     return f"{fused} RMSNorms fused" + (f", {skipped} left unfused (mixed dtypes)" if skipped else "")
+
+
+# ops whose output is a new tensor (never a view of an input): a residual they made may be updated in place
+_FRESH = {aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.embedding.default}
+
+
+def _fresh(node: fx.Node, gm: fx.GraphModule) -> bool:
+    """`node`'s value is a tensor of its own: a fresh op's output, an engine layer's, or the
+    residual half of an add + RMSNorm already fused."""
+    if node.op == "call_module":
+        return True
+    if node.target is operator.getitem and isinstance(node.args[0], fx.Node) and node.args[0].op == "call_module":
+        return isinstance(gm.get_submodule(str(node.args[0].target)), RMSNorm)
+    return node.op == "call_function" and node.target in _FRESH
+
+
+def _updatable(residual: fx.Node, add: fx.Node, order: dict[fx.Node, int], gm: fx.GraphModule) -> bool:
+    """Whether `add` may write its sum into `residual`: it is a contiguous tensor of its own,
+    and all its other readers run before `add` and make new tensors (no view of it outlives
+    `add`)."""
+    if not (_fresh(residual, gm) and fake(residual).is_contiguous()):
+        return False
+    return all(user is add or (order[user] < order[add] and _fresh(user, gm)) for user in residual.users)
+
+
+def fuse_add_rms_norm(gm: fx.GraphModule, ctx: PassContext) -> str:
+    """`norm(residual + x)` becomes the engine's fused add + RMSNorm (one kernel pass that leaves
+    the sum in `residual`, as the hand-written decoder layers do); other readers of the sum (the
+    next residual add) read it from there."""
+    fused = 0
+    for norm in [n for n in gm.graph.nodes if n.op == "call_module"]:
+        module = gm.get_submodule(str(norm.target))
+        add = norm.args[0]
+        if not (isinstance(module, RMSNorm) and len(norm.args) == 1 and isinstance(add, fx.Node)
+                and add.target is aten.add.Tensor and len(add.args) == 2 and add.args[0] is not add.args[1]
+                and all(isinstance(a, fx.Node) for a in add.args)):
+            continue
+        order = {node: index for index, node in enumerate(gm.graph.nodes)}
+        a, b = add.args
+        assert isinstance(a, fx.Node) and isinstance(b, fx.Node)
+        if not (fake(a).shape == fake(b).shape == fake(add).shape and fake(a).dtype == fake(b).dtype == module.weight.dtype):
+            continue
+        residual, x = (a, b) if _updatable(a, add, order, gm) else (b, a)
+        if not _updatable(residual, add, order, gm):
+            continue
+        with gm.graph.inserting_before(add):  # the sum's other readers may come before the norm
+            call = gm.graph.call_module(str(norm.target), (x, residual))
+            normed = gm.graph.call_function(operator.getitem, (call, 0))
+            summed = gm.graph.call_function(operator.getitem, (call, 1))
+        call.meta = {}
+        normed.meta, summed.meta = dict(norm.meta), dict(add.meta)
+        norm.replace_all_uses_with(normed)
+        gm.graph.erase_node(norm)
+        add.replace_all_uses_with(summed)
+        gm.graph.erase_node(add)
+        fused += 1
+    return f"{fused} residual adds fused into RMSNorm"

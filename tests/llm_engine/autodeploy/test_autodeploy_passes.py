@@ -14,8 +14,10 @@ from llm_engine.autodeploy.passes import PassContext, run_passes
 from llm_engine.autodeploy.passes.activation import fuse_silu_and_mul
 from llm_engine.autodeploy.passes.attention import replace_attention
 from llm_engine.autodeploy.passes.check import check_supported
+from llm_engine.autodeploy.passes.cleanup import drop_noop_casts
 from llm_engine.autodeploy.passes.linear import merge_sibling_linears, swap_linears
-from llm_engine.autodeploy.passes.norm import fuse_rms_norm
+from llm_engine.autodeploy.passes.norm import fuse_add_rms_norm, fuse_rms_norm
+from llm_engine.autodeploy.passes.rotary import TableRotary, fuse_rotary
 from llm_engine.layers.activation import SiluAndMul
 from llm_engine.layers.attention import SeqSlice, TorchPagedAttention
 from llm_engine.layers.linear import MergedColumnParallelLinear, ReplicatedLinear
@@ -31,7 +33,7 @@ def exported(module: nn.Module, *inputs: torch.Tensor):
 
 
 def context() -> PassContext:
-    return PassContext(TorchPagedAttention(), torch.float32)
+    return PassContext(TorchPagedAttention(), torch.float32, torch.device("cpu"), max_positions=64)
 
 
 class Weight(nn.Module):
@@ -142,3 +144,117 @@ def test_unsupported_op_is_named():
         check_supported(gm, context())
     with pytest.raises(ValueError, match="no attention found"):
         replace_attention(gm, context())
+
+
+class Casts(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float() * 2 + x.to(torch.float32).type_as(x) + x.to(torch.bfloat16).float()
+
+
+def test_drop_noop_casts_keeps_real_ones():
+    x = torch.randn(1, 3, 4)
+    gm = exported(Casts(), x)
+    before = gm(x)
+    assert run_passes(gm, context(), [drop_noop_casts]) == ["drop_noop_casts: 3 no-op casts dropped"]
+    assert [n.args[1] for n in gm.graph.nodes if n.target is torch.ops.aten.to.dtype] == [torch.bfloat16, torch.float32]
+    torch.testing.assert_close(gm(x), before, rtol=0, atol=0)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    h = x.float()
+    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+class Residual(nn.Module):
+    """A decoder layer's residual stream: norm(r + a), then the sum read again; with
+    `read_late` both addends are also read after the add (neither may be overwritten)."""
+
+    def __init__(self, read_late: bool) -> None:
+        super().__init__()
+        self.norm, self.proj = Weight(16), nn.Linear(16, 16, bias=False)
+        self.read_late = read_late
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        residual, update = x * 2, self.proj(x)
+        summed = residual + update
+        out = self.proj(rms_norm(summed, self.norm.weight)) + summed
+        return out + residual + update if self.read_late else out
+
+
+@pytest.mark.parametrize("read_late", [False, True])
+def test_fuse_add_rms_norm_updates_the_residual_in_place_only_when_nothing_reads_it_later(read_late):
+    x = torch.randn(1, 5, 16)
+    gm = exported(Residual(read_late), x)
+    before = gm(x)
+    report = run_passes(gm, context(), [fuse_rms_norm, fuse_add_rms_norm])
+    assert report[1] == f"fuse_add_rms_norm: {0 if read_late else 1} residual adds fused into RMSNorm"
+    norm_calls = [n for n in gm.graph.nodes if n.op == "call_module" and n.target == "norm"]
+    assert [len(n.args) for n in norm_calls] == [1 if read_late else 2]
+    torch.testing.assert_close(gm(x), before)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    return torch.cat((-x[..., x.shape[-1] // 2:], x[..., :x.shape[-1] // 2]), dim=-1)
+
+
+class Rope(nn.Module):
+    """Llama's attention block as Transformers writes it: cos/sin from inv_freq and the
+    positions, rotate-half RoPE on q and k (on the first `rotated` dims of each head only: partial
+    rotary), the captured attention op. With `q_read_later` the q projection's output is read
+    again after the attention (so it cannot be rotated in place)."""
+
+    def __init__(self, rotated: int = 8, q_read_later: bool = False) -> None:
+        super().__init__()
+        self.proj = nn.ModuleDict({n: nn.Linear(16, size, bias=False) for n, size in
+                                   (("q_proj", 32), ("k_proj", 16), ("v_proj", 16))})
+        inv_freq = 1.0 / (500.0 ** (torch.arange(0, rotated, 2).float() / rotated))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.rotated, self.q_read_later = rotated, q_read_later
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        freqs = (self.inv_freq[None, :, None].float() @ position_ids[:, None, :].float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(x.dtype).unsqueeze(1), emb.sin().to(x.dtype).unsqueeze(1)
+        projected = {n: self.proj[n](x) for n in ("q_proj", "k_proj", "v_proj")}
+        q, k, v = (projected[n].view(1, x.shape[1], -1, 8).transpose(1, 2) for n in ("q_proj", "k_proj", "v_proj"))
+        rot, keep = self.rotated, slice(self.rotated, None)
+        if rot < 8:
+            q = torch.cat((q[..., :rot] * cos + rotate_half(q[..., :rot]) * sin, q[..., keep]), dim=-1)
+            k = torch.cat((k[..., :rot] * cos + rotate_half(k[..., :rot]) * sin, k[..., keep]), dim=-1)
+        else:
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        out = torch.ops.autodeploy.attention(q, k, v, 8 ** -0.5, 0, 0.0).flatten(2)
+        return out + projected["q_proj"] if self.q_read_later else out
+
+
+def run_paged(gm: torch.fx.GraphModule, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """A 6-token prefill then one decode over a fresh pool; the outputs of both."""
+    paged = next(m for m in gm.modules() if isinstance(m, PagedAttention))
+    paged.attn.k_cache, paged.attn.v_cache = torch.zeros(4, 2, 4, 8), torch.zeros(4, 2, 4, 8)
+    backend = TorchPagedAttention()
+    prefill = gm(x[:, :6], positions[:, :6], backend.build_metadata([SeqSlice(0, 6, [2, 0])], 4, torch.device("cpu")))
+    decode = gm(x[:, 6:], positions[:, 6:], backend.build_metadata([SeqSlice(6, 1, [2, 0])], 4, torch.device("cpu")))
+    return torch.cat([prefill, decode], dim=1)
+
+
+@pytest.mark.parametrize("q_read_later", [False, True])
+def test_fuse_rotary_puts_the_models_own_tables_on_the_engine_op(q_read_later):
+    x, positions = torch.randn(1, 7, 16), torch.arange(7).unsqueeze(0)
+    gm = exported(Rope(q_read_later=q_read_later), x[:, :4], torch.arange(4).unsqueeze(0))
+    ctx = context()
+    run_passes(gm, ctx, [replace_attention])
+    before = run_paged(gm, x, positions)
+    assert run_passes(gm, ctx, [fuse_rotary]) == ["fuse_rotary: 1 layers' q/k -> the engine's rotary op"]
+    rotary = next(m for m in gm.modules() if isinstance(m, TableRotary))
+    assert rotary.in_place is not q_read_later
+    assert tuple(rotary.rotary.cos.shape) == (64, 4)
+    assert not any(n.target in (torch.ops.aten.cos.default, torch.ops.aten.neg.default) for n in gm.graph.nodes)
+    torch.testing.assert_close(run_paged(gm, x, positions), before)
+
+
+def test_fuse_rotary_leaves_partial_rotary_as_it_is():
+    x, positions = torch.randn(1, 4, 16), torch.arange(4).unsqueeze(0)
+    gm = exported(Rope(rotated=4), x, positions)
+    ctx = context()
+    assert run_passes(gm, ctx, [replace_attention, fuse_rotary])[1] == \
+        "fuse_rotary: 0 layers' q/k -> the engine's rotary op, 1 left as they are"
