@@ -15,12 +15,12 @@ import torch
 from llm_engine.autodeploy.engine_dir import save_model
 from llm_engine.autodeploy.sensitivity import calibration_tokens, measure_sensitivity
 from llm_engine.calibration import default_calibration_files
-from llm_engine.layers.attention import TorchPagedAttention
+from llm_engine.layers.attention import AttentionBackend, TorchPagedAttention
 from llm_engine.layers.linear import LinearBase
 from llm_engine.layers.quant_config import METHODS, assign_quantization, summarize, validate
 from llm_engine.layers.quantization import WeightOnlyLinearMethod
 from llm_engine.loader import ModelSource
-from llm_engine.loader.engine_manifest import DTYPES, MANIFEST, MODEL_FILE, is_engine_dir
+from llm_engine.loader.engine_manifest import DTYPES, MANIFEST, MODEL_FILE, TARGETS, is_engine_dir
 
 _CALIBRATION = (4, 256)  # sequences x tokens for the sensitivity pass
 
@@ -71,6 +71,22 @@ def quantize_loaded(model: torch.nn.Module) -> None:
                 module.quant_method.prequantized = True
 
 
+def target_device(target: str) -> tuple[torch.device, AttentionBackend]:
+    """The device an engine for `target` is built on, and the attention backend its layers are
+    checked against there; a target this machine lacks is refused before anything is built."""
+    if target not in TARGETS:
+        raise ValueError(f"--target: must be one of {', '.join(TARGETS)}, got {target!r}")
+    if target == "cpu":
+        return torch.device("cpu"), TorchPagedAttention()
+    if not torch.cuda.is_available():
+        raise ValueError(f"--target cuda: this machine has no CUDA GPU (torch {torch.__version__}, CUDA build: "
+                         f"{torch.version.cuda or 'none'}); build on the machine that will serve the engine, "
+                         f"or use --target cpu")
+    from llm_engine.layers.attention_triton import TritonPagedAttention  # imports triton: only when used
+
+    return torch.device("cuda", torch.cuda.current_device()), TritonPagedAttention()
+
+
 def parse_budget(value: str) -> float:
     """'1%' or '0.01' -> 0.01."""
     try:
@@ -84,7 +100,7 @@ def parse_budget(value: str) -> float:
 
 def build_engine(src: str, out: Path, dtype: str = "float32", quantization: str | dict[str, Any] | None = None,
                  accuracy_budget: float | None = None, calibration: list[Path] | None = None,
-                 progress: Callable[[str], None] = print) -> BuildReport:
+                 progress: Callable[[str], None] = print, target: str = "cpu") -> BuildReport:
     """Build `src` (a model folder or .gguf) into the engine folder `out`. With `accuracy_budget`,
     `quantization` (one method) applies only to the layers the sensitivity pass lets go."""
     from llm_engine.autodeploy.model import AutoDeployedCausalLM
@@ -93,6 +109,7 @@ def build_engine(src: str, out: Path, dtype: str = "float32", quantization: str 
     if dtype not in DTYPES:
         raise ValueError(f"--dtype: must be one of {sorted(DTYPES)}, got {dtype!r}")
     validate(quantization)
+    device, backend = target_device(target)
     if accuracy_budget is not None and quantization not in METHODS:
         raise ValueError(f"--accuracy-budget: needs --quantization set to one of {METHODS}, got {quantization!r}")
     files = calibration or default_calibration_files()
@@ -107,8 +124,8 @@ def build_engine(src: str, out: Path, dtype: str = "float32", quantization: str 
     hf_config = source.hf_config()
     tokenizer = source.tokenizer()
     progress("[2/5] capturing with torch.export and running the passes")
-    with torch.device("cpu"):
-        model = AutoDeployedCausalLM(hf_config, TorchPagedAttention(), DTYPES[dtype])
+    with device:
+        model = AutoDeployedCausalLM(hf_config, backend, DTYPES[dtype])
     for line in model.report:
         progress(f"      {line}")
     progress("[3/5] loading weights")
@@ -145,7 +162,7 @@ def build_engine(src: str, out: Path, dtype: str = "float32", quantization: str 
             shutil.copy(source.folder / extra, out / extra)
     report = BuildReport(0.0, _size(source.folder / source.gguf_file if source.gguf_file else source.folder), 0,
                          model.report, summarize(effective), choices)
-    save_model(model, out, {"source": str(Path(src).resolve()), "dtype": dtype, "quantization": effective,
+    save_model(model, out, {"source": str(Path(src).resolve()), "target": target, "dtype": dtype, "quantization": effective,
                             "sensitivity": sensitivity, "passes": model.report})
     report.seconds, report.engine_bytes = time.perf_counter() - start, _size(out)
     return report

@@ -19,6 +19,8 @@ def build(
                                                         "text most in float, within this increase (e.g. 1%).")] = None,
     calibration: Annotated[list[Path] | None, typer.Option(help="Text file for the sensitivity pass (repeatable; "
                                                            "default: Python standard library sources).")] = None,
+    target: Annotated[str, typer.Option(help="cpu or cuda: the device the engine will run on (cuda needs a GPU "
+                                             "here; an engine runs only on its target).")] = "cpu",
 ) -> None:
     """Capture, transform, load and quantize SRC once; `LLM(model=ENGINE_DIR)` and `codeyard llm serve
     --model ENGINE_DIR` then load it without re-exporting."""
@@ -26,7 +28,7 @@ def build(
 
     budget = None if accuracy_budget is None else parse_budget(accuracy_budget)
     report = build_engine(source, out, dtype, None if quantization == "none" else quantization, budget, calibration,
-                          progress=typer.echo)
+                          progress=typer.echo, target=target)
     for line in report.lines():
         typer.echo(line)
     typer.echo(f"wrote {out}; load it with LLM({str(out)!r}) or `codeyard llm serve --model {out}`")

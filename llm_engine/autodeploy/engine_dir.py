@@ -85,8 +85,13 @@ def load_model(folder: Path, backend: AttentionBackend, device: torch.device) ->
 
 
 def check_engine_options(config: EngineConfig, engine: EngineManifest) -> torch.dtype:
-    """The dtype to run a built engine in: its own. Its dtype and quantization are fixed at build,
-    so asking for others is an error, not a silent rebuild."""
+    """The dtype to run a built engine in: its own. Its target device, dtype and quantization are
+    fixed at build, so asking for others is an error, not a silent rebuild."""
+    device = torch.device(config.device).type
+    if device != engine.target:
+        raise ValueError(f"device: the engine was built for {engine.target} (`llm build --target {engine.target}`) and "
+                         f"cannot run on {device}; load it with device={engine.target!r} on a machine that has one, "
+                         f"or rebuild it with --target {device}")
     if config.dtype not in ("auto", str(engine.dtype).removeprefix("torch.")):
         raise ValueError(f"dtype: the engine was built in {engine.dtype}; load it with dtype 'auto' or rebuild it")
     if config.quantization != "auto":

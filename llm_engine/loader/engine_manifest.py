@@ -16,6 +16,7 @@ MANIFEST = "codeyard_engine.json"
 MODEL_FILE = "model.pt"
 FORMAT = 1
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TARGETS = ("cpu", "cuda")  # the device type an engine is built for (`llm build --target`)
 
 
 def installed_versions() -> dict[str, str]:
@@ -43,6 +44,7 @@ class EngineManifest:
     dtype: torch.dtype
     quantization: dict[str, str]  # module -> scheme or "float", as the build chose
     data: dict[str, Any]
+    target: str = "cpu"
 
     @classmethod
     def read(cls, folder: Path) -> EngineManifest:
@@ -62,4 +64,6 @@ class EngineManifest:
                              f"`codeyard llm build` on this installation")
         if data.get("dtype") not in DTYPES or not (folder / MODEL_FILE).is_file():
             raise ValueError(f"model: the engine in {folder} is incomplete (no {MODEL_FILE} or dtype)")
-        return cls(DTYPES[data["dtype"]], dict(data.get("quantization") or {}), data)
+        if data.get("target", "cpu") not in TARGETS:
+            raise ValueError(f"model: the engine in {folder} is for target {data['target']!r}; this codeyard runs {TARGETS}")
+        return cls(DTYPES[data["dtype"]], dict(data.get("quantization") or {}), data, data.get("target", "cpu"))

@@ -9,6 +9,7 @@ import json
 import shutil
 
 import pytest
+import torch
 from autodeploy_models import build, hf_greedy, prompts
 
 from ide_server.cli import main
@@ -49,7 +50,8 @@ def test_build_reports_progress_passes_and_sizes(built):
     assert "[1/5]" in text and "[5/5]" in text
     assert "replace_attention: 1 layers -> paged attention (1 window+softcap" in text
     assert "merge_sibling_linears" in text and "built in" in text and "MB -> engine" in text
-    assert json.loads((engine / MANIFEST).read_text())["dtype"] == "float32"
+    manifest = json.loads((engine / MANIFEST).read_text())
+    assert (manifest["dtype"], manifest["target"]) == ("float32", "cpu")
 
 
 def test_engine_gives_the_checkpoints_greedy_tokens_without_capturing(built, monkeypatch):
@@ -91,3 +93,19 @@ def test_bad_build_input_exits_2(built, tmp_path, capsys):
         assert run_cli("build", str(src), "--out", str(out)) == 2, message
         assert message in capsys.readouterr().err
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+
+
+def test_target_is_checked_at_build_and_at_load(built, tmp_path, capsys):
+    checkpoint, engine, _ = built
+    assert run_cli("build", str(checkpoint), "--out", str(tmp_path / "tpu"), "--target", "tpu") == 2
+    assert "--target: must be one of cpu, cuda, got 'tpu'" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert run_cli("build", str(checkpoint), "--out", str(tmp_path / "gpu"), "--target", "cuda") == 2
+        assert "--target cuda: this machine has no CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "tpu").exists() and not (tmp_path / "gpu").exists()  # refused before anything is written
+    for_gpu = shutil.copytree(engine, tmp_path / "for_gpu")
+    manifest = json.loads((for_gpu / MANIFEST).read_text())
+    manifest["target"] = "cuda"
+    (for_gpu / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"device: the engine was built for cuda .* cannot run on cpu"):
+        LLM(str(for_gpu))
