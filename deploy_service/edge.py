@@ -33,6 +33,7 @@ from deploy_service.proxy import (
     unavailable,
 )
 from deploy_service.service import DeployService
+from sandbox import PipeTo
 
 log = logging.getLogger(__name__)
 
@@ -178,9 +179,9 @@ class AppsEdge:
             return
         host, _, port = owner.apps.rpartition(":")
         loop = asyncio.get_running_loop()
-        task = loop.create_task(loop.create_connection(lambda: _Pipe(client.transport), host, int(port)))
+        task = loop.create_task(loop.create_connection(lambda: PipeTo(client.transport), host, int(port)))
 
-        def connected(done: asyncio.Task[tuple[asyncio.Transport, _Pipe]]) -> None:
+        def connected(done: asyncio.Task[tuple[asyncio.Transport, PipeTo]]) -> None:
             if done.cancelled() or done.exception() is not None or client.transport.is_closing():
                 if not done.cancelled() and done.exception() is None:
                     done.result()[0].close()
@@ -562,25 +563,3 @@ class UpstreamConnection(asyncio.Protocol):
             client.finish(exchange, reusable=exchange.body_done)
             return
         client.fail(exchange, 502, "The app did not answer.")  # (mid-body: the visitor's connection is cut)
-
-
-class _Pipe(asyncio.Protocol):
-    """The far end of a visitor's connection forwarded whole to another replica."""
-
-    def __init__(self, visitor: asyncio.Transport) -> None:
-        self.visitor = visitor
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # a stream connection's
-
-    def data_received(self, data: bytes) -> None:
-        self.visitor.write(data)
-
-    def pause_writing(self) -> None:
-        self.visitor.pause_reading()
-
-    def resume_writing(self) -> None:
-        self.visitor.resume_reading()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.visitor.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from sandbox.app_relay import PipeTo
 from sandbox.backend import Backend, ExitStatus, Mount, RunSpec
 from sandbox.backends.choice import make_backend
 from sandbox.backends.remote_apps import RunnerHosting
@@ -43,6 +44,7 @@ __all__ = [
     "ProjectRuns", "RunQueue", "RunRecord",
     # long-lived processes (deployed apps' instances): on this machine or on runner nodes
     "Hosted", "HostedSpec", "ExitStatus", "Hosting", "LocalHosting", "RunnerHosting", "Stream", "remove_stale_cgroups",
+    "PipeTo",
     # files in and out of a sandbox; a project's codeyard.toml
     "copy_in", "WorkspaceTooLarge", "CONFIG_FILE", "read_config_table",
     # packages for runs and deploys

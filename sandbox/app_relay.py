@@ -20,8 +20,9 @@ log = logging.getLogger(__name__)
 TOKEN_BYTES = 32
 
 
-class _AppSide(asyncio.Protocol):
-    """The connection to the app's socket: what it says goes back to the visitor's side."""
+class PipeTo(asyncio.Protocol):
+    """The far end of a connection forwarded whole: what it receives goes, as it is, to `visitor` (the app's side of
+    a relay here; a visitor's connection tunnelled to another replica in the apps' edge)."""
 
     def __init__(self, visitor: asyncio.Transport) -> None:
         self.visitor = visitor
@@ -48,7 +49,7 @@ class _VisitorSide(asyncio.Protocol):
     def __init__(self, relay: AppRelay) -> None:
         self.relay = relay
         self.early = b""  # what came before the app's side was connected (the token first)
-        self.app: _AppSide | None = None
+        self.app: PipeTo | None = None
         self.checked = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -67,10 +68,10 @@ class _VisitorSide(asyncio.Protocol):
         self.checked, self.early = True, self.early[TOKEN_BYTES:]
         self.transport.pause_reading()
         task = asyncio.get_running_loop().create_task(asyncio.get_running_loop().create_unix_connection(
-            lambda: _AppSide(self.transport), self.relay.socket_path))
+            lambda: PipeTo(self.transport), self.relay.socket_path))
         task.add_done_callback(self._connected)
 
-    def _connected(self, done: asyncio.Task[tuple[asyncio.Transport, _AppSide]]) -> None:
+    def _connected(self, done: asyncio.Task[tuple[asyncio.Transport, PipeTo]]) -> None:
         if done.cancelled() or done.exception() is not None or self.transport.is_closing():
             if not done.cancelled() and done.exception() is None:
                 done.result()[0].close()

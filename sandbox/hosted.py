@@ -148,7 +148,22 @@ class _Output(SandboxRun):
             self._partial[stream] = ""
 
 
-class HostedApp:
+class ExitFollowed:
+    """What a hosted process says of its end, wherever it runs: set `_exit` when it starts."""
+
+    _exit: asyncio.Future[ExitStatus] | None = None
+
+    @property
+    def exited(self) -> bool:
+        return self._exit is not None and self._exit.done()
+
+    async def wait_exit(self) -> ExitStatus:
+        """The ExitStatus once the app (and its sandbox) ended."""
+        assert self._exit is not None
+        return await asyncio.shield(self._exit)
+
+
+class HostedApp(ExitFollowed):
     """One hosted process on this machine: start, seal its socket, wait for its exit, stop (idempotent)."""
 
     def __init__(self, backend: Backend, spec: HostedSpec, sink: Callable[[Stream, str], None]) -> None:
@@ -159,7 +174,6 @@ class HostedApp:
         self.address = str(self.socket_path)  # what a client connects to (here: the socket itself)
         self.preamble = b""  # what a client sends first on each connection (here: nothing)
         self.lost: str | None = None  # (its exit is always the app's own here)
-        self._exit: asyncio.Future[ExitStatus] | None = None
         self._stack = ExitStack()
         self._execution: Execution | None = None
         self._output: _Output | None = None
@@ -192,15 +206,6 @@ class HostedApp:
         self._output = _Output(limits, self.sink)
         self._execution = await self.backend.launch(RunContext(run, workspace, uid, self._cgroup, self._output))
         self._exit = asyncio.ensure_future(self._execution.wait())
-
-    @property
-    def exited(self) -> bool:
-        return self._exit is not None and self._exit.done()
-
-    async def wait_exit(self) -> ExitStatus:
-        """The ExitStatus once the app (and its sandbox) ended."""
-        assert self._exit is not None
-        return await asyncio.shield(self._exit)
 
     def socket_ready(self) -> bool:
         """Whether the bridge has bound its socket. The first time it has, the folder is taken back

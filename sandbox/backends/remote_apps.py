@@ -34,14 +34,14 @@ from sandbox.backends.dispatch import (
     stream_entries,
 )
 from sandbox.errors import SandboxUnavailable
-from sandbox.hosted import Hosted, HostedSpec, Stream
+from sandbox.hosted import ExitFollowed, Hosted, HostedSpec, Stream
 
 log = logging.getLogger(__name__)
 HOLDER_TTL_MS = 3 * HEARTBEAT_TTL_MS  # runners stop this replica's apps this long after it stopped renewing
 STOP_WAIT_S = 15.0  # how long a stop waits for the runner to say the app ended
 
 
-class RunnerApp:
+class RunnerApp(ExitFollowed):
     """One app on one runner node, followed through its out stream (a `Hosted`)."""
 
     def __init__(self, hosting: RunnerHosting, spec: HostedSpec, sink: Callable[[Stream, str], None]) -> None:
@@ -52,7 +52,6 @@ class RunnerApp:
         self.address = ""  # the relay's "host:port", once the runner has said it
         self.preamble = b""  # the relay's token
         self.lost: str | None = None
-        self._exit: asyncio.Future[ExitStatus] | None = None
         self._following: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -62,14 +61,6 @@ class RunnerApp:
         self._following = asyncio.create_task(self._follow())
         await self.hosting.tell(self.runner, t="start", id=self.id, spec=encode_hosted(self.spec),
                                 incarnation=self.incarnation, holder=self.hosting.holder)
-
-    @property
-    def exited(self) -> bool:
-        return self._exit is not None and self._exit.done()
-
-    async def wait_exit(self) -> ExitStatus:
-        assert self._exit is not None
-        return await asyncio.shield(self._exit)
 
     def socket_ready(self) -> bool:
         """Whether the runner has said where the app's relay listens (it seals the socket before)."""
