@@ -1,7 +1,8 @@
 """The multi-machine stack for real (`make test-stack`, too long for CI): the images built here without a
 registry, docker-compose.yml brought up, and through the proxy: sign up, edit from two replicas, run code,
-install a package and open a shell on the runners, ask the assistant; then broken on purpose (a runner killed during runs, an app
-replica killed, Redis and PostgreSQL restarted) and checked to recover by itself.
+install a package and open a shell on the runners, ask the assistant, deploy an app (hosted by a runner) and reach
+it; then broken on purpose (a runner killed during runs, the runner hosting the app killed, an app replica killed,
+Redis and PostgreSQL restarted) and checked to recover by itself.
 
 Needs a Docker engine at DOCKER_HOST with the images (scripts/test-stack.sh starts one and builds them).
 """
@@ -133,6 +134,37 @@ def test_a_runner_killed_during_runs(stack):
     compose("up", "-d", "runner1")
     again = alice.finished(alice.run(pid, limits={"wall_seconds": 40}))
     assert again["verdict"] == "ok"
+
+
+def app_hosts() -> dict[str, tuple[str, str]]:
+    """{runner: (apps it hosts, their CPUs)} from the live runners' heartbeats (sandbox.runner_apps)."""
+    with redis() as r:
+        beats = {key.removeprefix("codeyard:runner:"): r.hgetall(key) for key in r.scan_iter(match="codeyard:runner:*")}
+    return {name: (beat.get("apps", ""), beat.get("app_cpus", "")) for name, beat in beats.items() if beat}
+
+
+def test_a_deployed_app_runs_on_a_runner_and_comes_back_on_the_other_when_it_dies(stack):
+    alice = User()
+    pid = alice.project({"index.html": "<h1>served by a runner</h1>\n", "codeyard.toml": "[deploy]\ncpus = 0.5\n"})
+    assert alice.http.post(f"/api/projects/{pid}/deployments").status_code == 202
+    deployment = eventually(lambda: (d := alice.http.get(f"/api/projects/{pid}/deployment").json())["status"] == "running"
+                            and d, 240, "the app live")
+    page = f"{PROXY}/apps/{deployment['slug']}/"
+
+    def answers() -> bool:
+        response = httpx.get(page, timeout=10)
+        return response.status_code == 200 and "served by a runner" in response.text
+
+    eventually(answers, 60, "the app answering through the proxy")
+    hosts = {name: load for name, load in app_hosts().items() if load[0] == "1"}
+    assert len(hosts) == 1 and next(iter(hosts.values()))[1] == "0.5", app_hosts()  # one runner hosts it, 0.5 CPU
+    dead = next(iter(hosts))
+    subprocess.run(["docker", "kill", container(dead)], check=True, capture_output=True)
+    other = eventually(lambda: [n for n, load in app_hosts().items() if load[0] == "1" and n != dead], 120,
+                       "the app hosted by the other runner")
+    assert other == [{"runner1": "runner2", "runner2": "runner1"}[dead]], app_hosts()
+    eventually(answers, 60, "the app answering again, from the other runner")
+    compose("up", "-d", dead)
 
 
 def test_an_app_replica_killed(stack):
