@@ -31,7 +31,7 @@ class PhaseRun:
     duration: float
     peak_rss: int
     peak_kv: float
-    cpu: tuple[float, float] | None  # CPU seconds of the serving process: (engine threads, whole)
+    cpu: tuple[float, float, float] | None  # serving process seconds: (engine CPU, whole CPU, engine's CPU wait)
 
 
 async def run_phase(target, phase: Phase, probe_interval: float = PROBE_INTERVAL_S) -> PhaseRun:
@@ -61,22 +61,24 @@ async def run_phase(target, phase: Phase, probe_interval: float = PROBE_INTERVAL
     done.set()
     await prober
     cpu = None if cpu_before is None or cpu_after is None else (
-        cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1])
+        cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1], cpu_after[2] - cpu_before[2])
     return PhaseRun(samples, duration, peak_rss, peak_kv, cpu)
 
 
 def cpu_figures(run: PhaseRun) -> dict:
     """CPU milliseconds per output token of the serving process: its engine threads, and the rest
-    (a server's event loop and gRPC threads; offline, the in-process consumer of the outputs)."""
+    (a server's event loop and gRPC threads; offline, the in-process consumer of the outputs); and
+    the milliseconds per token its engine threads waited for a CPU (the machine's load)."""
     tokens = sum(s.tokens for s in run.samples if s.ok)
     if run.cpu is None or not tokens:
         return {}
-    engine, whole = run.cpu
+    engine, whole, wait = run.cpu
     # The engine's threads are read one by one, each rounded to a clock tick: on a short phase their
     # sum can pass the process's own total by a tick or two (seen in CI), so the rest is then 0.
     rest = max(0.0, whole - engine)
     return {"engine_cpu_ms_per_token": round(engine * 1000 / tokens, 3),
-            "serving_cpu_ms_per_token": round(rest * 1000 / tokens, 3)}
+            "serving_cpu_ms_per_token": round(rest * 1000 / tokens, 3),
+            "engine_wait_ms_per_token": round(wait * 1000 / tokens, 3)}
 
 
 async def run(workload: Workload, target_kinds: list[str], repeats: int, server: Server | None,
@@ -106,7 +108,8 @@ async def run(workload: Workload, target_kinds: list[str], repeats: int, server:
                     results.add_repeat(result, f"{target.name} / {phase.label}", figures, phase.x)
                     errors = {s.error for s in measured.samples if not s.ok}
                     cpu = (f"  CPU ms/token engine {figures['engine_cpu_ms_per_token']:.2f} serving "
-                           f"{figures['serving_cpu_ms_per_token']:.3f}" if "engine_cpu_ms_per_token" in figures else "")
+                           f"{figures['serving_cpu_ms_per_token']:.3f} engine waited "
+                           f"{figures['engine_wait_ms_per_token']:.2f}" if "engine_cpu_ms_per_token" in figures else "")
                     log(f"{target.name:>7} {phase.label:>16} #{repeat + 1}: {figures['output_tokens_per_s']:8.1f} "
                         f"tok/s  TTFT p50 {figures['ttft_p50_ms']:7.1f} ms  TPOT p50 {figures['tpot_p50_ms']:6.1f} ms"
                         + cpu + (f"  failed {figures['failed']}: {sorted(errors)[:2]}" if errors else ""))

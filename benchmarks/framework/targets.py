@@ -76,22 +76,26 @@ def free_port() -> int:
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_split(pid: int) -> tuple[float, float]:
-    """(CPU seconds of the process's engine threads, of the whole process). AsyncLLMEngine names its
-    loop thread in the OS, and torch's workers started from it inherit the name; their time is read
-    in nanoseconds (schedstat). The whole comes from the process's stat (10 ms units), which keeps
-    the time of threads that have ended, so the rest is whole - engine (event loop, gRPC, client)."""
+def cpu_split(pid: int) -> tuple[float, float, float]:
+    """(CPU seconds of the process's engine threads, of the whole process, seconds the engine threads
+    waited for a CPU while runnable). AsyncLLMEngine names its loop thread in the OS, and torch's
+    workers started from it inherit the name; their times are read in nanoseconds (schedstat: run
+    time, run-queue wait). The whole comes from the process's stat (10 ms units), which keeps the
+    time of threads that have ended, so the rest is whole - engine (event loop, gRPC, client). The
+    wait is the machine's share of a slow run: an engine that waited for a core lost that time to
+    whatever else ran there, not to its protocol."""
     proc = Path(f"/proc/{pid}")
-    engine = 0.0
+    engine = wait = 0.0
     for task in (proc / "task").iterdir():
         try:
             if (task / "comm").read_text().strip() == ENGINE_THREAD:
-                engine += int((task / "schedstat").read_text().split()[0]) / 1e9
+                ran, waited = (task / "schedstat").read_text().split()[:2]
+                engine, wait = engine + int(ran) / 1e9, wait + int(waited) / 1e9
         except (FileNotFoundError, ProcessLookupError):  # ended meanwhile
             continue
     stat = (proc / "stat").read_text()
     fields = stat[stat.rindex(")") + 2:].split()  # after the name, which may hold spaces: utime, stime at 11, 12
-    return engine, (int(fields[11]) + int(fields[12])) / _TICKS
+    return engine, (int(fields[11]) + int(fields[12])) / _TICKS, wait
 
 
 # ----- offline ------------------------------------------------------------------------------------
@@ -135,7 +139,7 @@ class Offline:
         peak, self.peak_kv = self.peak_kv, 0.0
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, peak
 
-    def cpu(self) -> tuple[float, float] | None:
+    def cpu(self) -> tuple[float, float, float] | None:
         """This process's CPU split: the engine and, beside it, the in-process consumer of its outputs."""
         return cpu_split(os.getpid())
 
@@ -224,7 +228,7 @@ class Server:
                    if line.startswith("vllm:kv_cache_usage_perc{")), 0.0)
         return rss, kv
 
-    def cpu(self) -> tuple[float, float] | None:
+    def cpu(self) -> tuple[float, float, float] | None:
         """The server process's CPU split (None for a server this benchmark did not start)."""
         return cpu_split(self.proc.pid) if self.proc is not None else None
 
@@ -243,7 +247,7 @@ class _OverServer:
     def probe(self) -> tuple[int, float]:
         return self.server.probe()
 
-    def cpu(self) -> tuple[float, float] | None:
+    def cpu(self) -> tuple[float, float, float] | None:
         return self.server.cpu()
 
     async def aclose(self) -> None:
@@ -319,7 +323,7 @@ class Grpc:
     def probe(self) -> tuple[int, float]:
         return self.server.probe()
 
-    def cpu(self) -> tuple[float, float] | None:
+    def cpu(self) -> tuple[float, float, float] | None:
         return self.server.cpu()
 
     def _on_response(self, result, error) -> None:

@@ -80,6 +80,7 @@ def test_every_target_answers_the_same_workload(bench_results):
         assert result["figures"]["offline / b3 in24 out6"]["runs"][0]["peak_kv_usage"] > 0
     offline = result["figures"]["offline / b3 in24 out6"]["runs"][0]  # CPU time of this process, per token
     assert offline["engine_cpu_ms_per_token"] >= 0 and offline["serving_cpu_ms_per_token"] >= 0  # 10 ms ticks
+    assert offline["engine_wait_ms_per_token"] >= 0
     assert "engine_cpu_ms_per_token" not in result["figures"]["v1 / b3 in24 out6"]["runs"][0]  # a server not started here
     # each target warmed up on the whole workload before its timed runs, not only the first target
     assert result["warmup_requests"] == {"offline": 4, "v1": 4, "v2": 4, "grpc": 4}
@@ -138,8 +139,8 @@ def test_pinning_gives_the_offline_engine_its_own_cpu(tiny_chat_model, capsys):
         # the OS knows the engine's thread by name, so the CPU split finds it (and not the rest)
         assert Path(f"/proc/self/task/{thread.native_id}/comm").read_text().strip() == "llm-engine"
         assert Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip() != "llm-engine"
-        engine, whole = target.cpu()
-        assert 0 < engine < whole
+        engine, whole, wait = target.cpu()
+        assert 0 < engine < whole and wait >= 0
     finally:
         asyncio.run(target.aclose())
     for engine, client in (("0", "0"), ("0", None), ("0-99", "1"), ("zero", "1")):
