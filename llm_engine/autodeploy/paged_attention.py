@@ -20,6 +20,7 @@ class PagedAttention(nn.Module):
         super().__init__()
         self.attn = Attention(num_heads, num_kv_heads, head_dim, scale, backend)
         self.sliding_window, self.softcap = sliding_window, softcap
+        self.tokens_first = False  # inputs [1, T, heads, dim] (as projected) instead of [1, heads, T, dim]
         self.check_backend(backend)
 
     def check_backend(self, backend: AttentionBackend) -> None:
@@ -29,10 +30,12 @@ class PagedAttention(nn.Module):
                              f"attention backend, not {type(backend).__name__}")
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: object) -> torch.Tensor:
-        """q [1, heads, T, dim], k/v [1, kv_heads, T, dim] -> [1, T, heads, dim]."""
-        tokens, heads, dim = q.shape[2], q.shape[1], q.shape[3]
+        """q [1, heads, T, dim], k/v [1, kv_heads, T, dim] (tokens first: [1, T, heads, dim]) ->
+        [1, T, heads, dim]."""
+        q, k, v = (x[0] if self.tokens_first else x[0].transpose(0, 1) for x in (q, k, v))
+        tokens, heads, dim = q.shape
         # as the hand-written layers pass them: q and k may be views of the fused qkv output
-        q, k, v = _rows(q[0].transpose(0, 1)), _rows(k[0].transpose(0, 1)), v[0].transpose(0, 1).contiguous()
+        q, k, v = _rows(q), _rows(k), v.contiguous()
         if self.sliding_window or self.softcap:
             out = self._masked(q, k.contiguous(), v, metadata)
         else:

@@ -15,6 +15,7 @@ from llm_engine.autodeploy.passes.activation import fuse_silu_and_mul
 from llm_engine.autodeploy.passes.attention import replace_attention
 from llm_engine.autodeploy.passes.check import check_supported
 from llm_engine.autodeploy.passes.cleanup import drop_noop_casts
+from llm_engine.autodeploy.passes.layout import tokens_first_attention
 from llm_engine.autodeploy.passes.linear import merge_sibling_linears, swap_linears
 from llm_engine.autodeploy.passes.norm import fuse_add_rms_norm, fuse_rms_norm
 from llm_engine.autodeploy.passes.rotary import TableRotary, fuse_rotary
@@ -130,6 +131,11 @@ def test_replace_attention_runs_paged_over_the_pool(window, softcap):
     prefill = ctx.backend.build_metadata([SeqSlice(0, 6, [2, 0])], 4, torch.device("cpu"))
     torch.testing.assert_close(gm(x[:, :6], prefill), expected[:, :6])
     decode = ctx.backend.build_metadata([SeqSlice(6, 1, [2, 0])], 4, torch.device("cpu"))
+    torch.testing.assert_close(gm(x[:, 6:], decode), expected[:, 6:])
+    assert run_passes(gm, ctx, [tokens_first_attention]) == [
+        "tokens_first_attention: 1 of 1 attention layers take q/k/v tokens first"]
+    assert paged.tokens_first and not any(n.target is torch.ops.aten.transpose.int for n in gm.graph.nodes)
+    torch.testing.assert_close(gm(x[:, :6], prefill), expected[:, :6])  # the same slots written again
     torch.testing.assert_close(gm(x[:, 6:], decode), expected[:, 6:])
 
 
@@ -250,11 +256,16 @@ def test_fuse_rotary_puts_the_models_own_tables_on_the_engine_op(q_read_later):
     assert tuple(rotary.rotary.cos.shape) == (64, 4)
     assert not any(n.target in (torch.ops.aten.cos.default, torch.ops.aten.neg.default) for n in gm.graph.nodes)
     torch.testing.assert_close(run_paged(gm, x, positions), before)
+    assert run_passes(gm, ctx, [tokens_first_attention]) == [
+        "tokens_first_attention: 1 of 1 attention layers take q/k/v tokens first"]
+    assert not any(n.target is torch.ops.aten.transpose.int for n in gm.graph.nodes)
+    torch.testing.assert_close(run_paged(gm, x, positions), before)
 
 
 def test_fuse_rotary_leaves_partial_rotary_as_it_is():
     x, positions = torch.randn(1, 4, 16), torch.arange(4).unsqueeze(0)
     gm = exported(Rope(rotated=4), x, positions)
     ctx = context()
-    assert run_passes(gm, ctx, [replace_attention, fuse_rotary])[1] == \
-        "fuse_rotary: 0 layers' q/k -> the engine's rotary op, 1 left as they are"
+    assert run_passes(gm, ctx, [replace_attention, fuse_rotary, tokens_first_attention])[1:] == [
+        "fuse_rotary: 0 layers' q/k -> the engine's rotary op, 1 left as they are",
+        "tokens_first_attention: 0 of 1 attention layers take q/k/v tokens first"]  # q/k come from a cat
