@@ -43,6 +43,7 @@ from llm_engine.entrypoints.replicas import replica_names
 from llm_engine.entrypoints.router import create_router_app
 from llm_engine.executor import WorkerGroupError
 from tests.llm_serving.conftest import start_server
+from tests.llm_serving.test_llm_parallel_disagg import assert_prefill_blocks_free_and_decode_out
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 cluster_test = pytest.mark.skipif(os.environ.get("CODEYARD_RAY") != "1", reason="a Ray cluster: make test-llm-ray")
@@ -318,11 +319,7 @@ def test_prefill_and_decode_instances_on_two_nodes_answer_like_one_engine_and_a_
             with pytest.raises(openai.APIError, match="the decode instance failed during this request"):
                 received.extend(chunk.choices[0].text for chunk in stream)
             assert len(received) < 3000
-            deadline = time.monotonic() + 15  # the prefill instance frees pulled blocks within its idle second
-            while counter(pair.urls[0], pair.key, "vllm:kv_cache_usage_perc") > 0 and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert counter(pair.urls[0], pair.key, "vllm:kv_cache_usage_perc") == 0
-            assert httpx.get(proxy.url + "/health", timeout=10).json()["decode_instance"] == "unreachable"
+            assert_prefill_blocks_free_and_decode_out(pair.urls[0], pair.key, proxy.url)
             assert complete(split, TEXT_PROMPTS[0]) == one_engine_texts[0]  # whole on the prefill instance
         finally:
             proxy.stop()

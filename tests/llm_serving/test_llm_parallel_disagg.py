@@ -87,12 +87,18 @@ def test_killing_the_decode_instance_mid_stream_fails_only_that_request(pair):
         for chunk in stream:
             received.append(chunk.choices[0].text)
     assert len(received) < 3000
-    deadline = time.monotonic() + 15  # the prefill instance frees pulled blocks within its idle second
-    while metric(children.urls[0], children.key, "vllm:kv_cache_usage_perc") > 0 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert metric(children.urls[0], children.key, "vllm:kv_cache_usage_perc") == 0
-    assert httpx.get(proxy.url + "/health", timeout=10).json()["decode_instance"] == "unreachable"
+    assert_prefill_blocks_free_and_decode_out(children.urls[0], children.key, proxy.url)
     assert complete(split, "Still there?", 4, True)  # whole on the prefill instance meanwhile
+
+
+def assert_prefill_blocks_free_and_decode_out(prefill_url: str, key: str, proxy_url: str) -> None:
+    """After the decode instance died: the prefill instance frees every pulled block (within its
+    idle second) and the proxy counts the decode instance out (also for the pair on Ray)."""
+    deadline = time.monotonic() + 15
+    while metric(prefill_url, key, "vllm:kv_cache_usage_perc") > 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert metric(prefill_url, key, "vllm:kv_cache_usage_perc") == 0
+    assert httpx.get(proxy_url + "/health", timeout=10).json()["decode_instance"] == "unreachable"
 
 
 def test_a_decode_instance_without_the_prefill_kv_port_is_exit_2(tiny_chat_model):
