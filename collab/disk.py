@@ -24,6 +24,7 @@ import os
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,9 +45,11 @@ class DiskHost(Protocol):
     async def merge_outside_change(self, base_text: str, base_state: bytes, new_text: str) -> bytes:
         """Merge the edit; returns the document state that the file's text now corresponds to."""
 
-    async def before_write(self, text: str) -> None: ...
+    def mark_writing(self, text: str) -> Future[None]:
+        """Record, before the write, that `text` is about to be written (done when committed)."""
 
-    async def after_write(self, text: str) -> None: ...
+    def mark_written(self, text: str) -> Future[None]:
+        """Record that the file now holds `text` (done when committed)."""
 
     async def owns_disk(self) -> bool: ...
 
@@ -144,10 +147,10 @@ class DiskMirror:
         self._task: asyncio.Task[None] | None = None
         self._io_lock = asyncio.Lock()
 
-    def adopt(self, disk_text: str) -> None:
-        """Record what the file holds now; the current document state becomes the merge base."""
+    def adopt(self, disk_text: str, disk_state: bytes) -> None:
+        """Record what the file holds now and the document state it belongs to (the merge base)."""
         self.written_text = disk_text
-        self.written_state = self.host.snapshot()[1]
+        self.written_state = disk_state
         self._stamp = file_stamp(self.path)
         self.owner = True
         self._owner_checked = time.monotonic()
@@ -189,16 +192,22 @@ class DiskMirror:
                     log.warning("%s is no longer UTF-8 text: the document replaces it", self.path)
                 text, state = self.host.snapshot()
                 if text != self.written_text:
-                    await self.host.before_write(text)
                     try:
-                        await asyncio.to_thread(write_text_atomic, self.path, text, self._stamp)
+                        self._stamp = await asyncio.to_thread(self._write_recorded, text, self._stamp)
                     except ChangedMeanwhile:
                         continue
-                    self._stamp = file_stamp(self.path)
-                    await self.host.after_write(text)
                 self.written_text, self.written_state = text, state
                 return
             self.mark_dirty()  # outside writes kept racing ours: try again on the next round
+
+    def _write_recorded(self, text: str, expected: FileStamp | None) -> FileStamp | None:
+        """In a worker thread, the write and its two records in one hop: each hop back to a busy
+        event loop cost a turn of it, and a run waits for these writes."""
+        self.host.mark_writing(text).result()
+        write_text_atomic(self.path, text, expected)
+        stamp = file_stamp(self.path)
+        self.host.mark_written(text).result()
+        return stamp
 
     async def _run(self) -> None:
         while True:
@@ -216,8 +225,7 @@ class DiskMirror:
                 timeout = min(timeout, due - now)
             self._wake.clear()
             try:
-                async with asyncio.timeout(timeout):  # in this task: wait_for would start one per poll
-                    await self._wake.wait()
+                await asyncio.wait_for(self._wake.wait(), timeout)
             except TimeoutError:
                 await self._guarded(self.check_now)
 
