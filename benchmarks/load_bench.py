@@ -58,6 +58,8 @@ RUN_ELSEWHERE = 4404  # a run's socket on a worker that does not run it: "run X 
 NO_TLS = ssl.create_default_context()
 SERVER_TROUBLE = re.compile(r"\"level\": \"(error|warning|critical)\"|^Traceback")
 PASSWORD = "load-test-password"
+# After the last student arrives, time for its sign-up and its three sockets before the class is "at work".
+ARRIVAL_SETTLE_S = 10.0
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -71,12 +73,20 @@ def percentile(values: list[float], q: float) -> float:
 class Tally:
     """What every student of one step saw."""
 
+    steady_from: float = 0.0  # operations started after this are the class at work, past its arrival
     latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    steady: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     errors: list[str] = field(default_factory=list)
     timeouts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     socket_drops: int = 0
     requests: int = 0
     runs_read_after: int = 0  # runs whose socket landed on another worker (4404): their verdict read with GET
+
+    def record(self, op: str, started: float) -> None:
+        elapsed = time.monotonic() - started
+        self.latencies[op].append(elapsed)
+        if started >= self.steady_from:
+            self.steady[op].append(elapsed)
 
     def error(self, what: str) -> None:
         if len(self.errors) < 10_000:
@@ -165,7 +175,7 @@ class Student:
         except httpx.HTTPError as exc:
             self.tally.error(f"{op}: {type(exc).__name__} {exc}")
             return None
-        self.tally.latencies[op].append(time.monotonic() - started)
+        self.tally.record(op, started)
         if response.status_code >= 400:
             self.tally.error(f"{op}: {response.status_code} {response.text[:200]}")
             return None
@@ -197,7 +207,7 @@ class Student:
         if client.closed:
             self.tally.error(f"socket: closed {ws.close_code} {ws.close_reason}")
             return None
-        self.tally.latencies["socket"].append(time.monotonic() - started)
+        self.tally.record("socket", started)
         return client
 
     async def live(self) -> None:
@@ -242,7 +252,7 @@ class Student:
             started = time.monotonic()
             await typist.type(marker)
             if await watcher.wait_for(marker, TIMEOUT_S):
-                self.tally.latencies["keystroke"].append(time.monotonic() - started)
+                self.tally.record("keystroke", started)
             elif not watcher.closed:
                 self.tally.timeouts["keystroke"] += 1
             await asyncio.sleep(self.args.keystroke_every)
@@ -306,7 +316,7 @@ class Student:
         if verdict != "ok" or stdout != "1\n":
             self.tally.error(f"run: {verdict} {message!r} {stdout[:60]!r}")
         else:
-            self.tally.latencies["run_e2e"].append(time.monotonic() - started)
+            self.tally.record("run_e2e", started)
 
     def cookie(self) -> str:
         return "; ".join(f"{k}={v}" for k, v in self.http.cookies.items())
@@ -356,10 +366,10 @@ def cpu_seconds(processes: list[psutil.Process]) -> float:
 
 async def run_step(bases: list[str], users: int, args: argparse.Namespace, server_pids: list[int]) -> dict:
     """One step: `users` students for `args.seconds`, spread over the replicas; the summary as a dict."""
-    tally = Tally()
     tops, client = [psutil.Process(pid) for pid in server_pids], psutil.Process()
     servers = [p for pid in server_pids for p in server_processes(pid)]
     cpu_before, client_before, started = cpu_seconds(servers), cpu_seconds([client]), time.monotonic()
+    tally = Tally(steady_from=started + args.ramp + ARRIVAL_SETTLE_S)
     cpu_each = [cpu_seconds([p]) for p in servers]
     stop_at = started + args.seconds
     ramp = args.ramp / max(1, users)
@@ -375,19 +385,28 @@ async def run_step(bases: list[str], users: int, args: argparse.Namespace, serve
                   for p, before in zip(servers, cpu_each)}
     client_cpu = cpu_seconds([client]) - client_before
     memory = sum(s.memory_info().rss + sum(c.memory_info().rss for c in s.children(recursive=True)) for s in tops)
-    api = [v for op, values in tally.latencies.items() if op not in ("keystroke", "run_e2e", "socket") for v in values]
-    ops = {op: {"n": len(v), "p50_ms": percentile(v, 0.5) * 1000, "p99_ms": percentile(v, 0.99) * 1000}
-           for op, v in sorted(tally.latencies.items())}
+    ops, steady_ops = latency_summary(tally.latencies), latency_summary(tally.steady)
     return {
         "users": users, "seconds": round(elapsed, 1), "requests": tally.requests,
         "req_per_s": round(tally.requests / elapsed, 1), "ops": ops,
-        "api_p99_ms": percentile(api, 0.99) * 1000, "errors": len(tally.errors), "error_samples": tally.errors[:5],
+        "api_p99_ms": api_p99_ms(tally.latencies), "steady_ops": steady_ops,
+        "steady_api_p99_ms": api_p99_ms(tally.steady), "steady_after_s": args.ramp + ARRIVAL_SETTLE_S, "errors": len(tally.errors), "error_samples": tally.errors[:5],
         "timeouts": sum(tally.timeouts.values()), "timeouts_by_op": dict(tally.timeouts),
         "socket_drops": tally.socket_drops, "runs_read_after": tally.runs_read_after, "server_cpu_percent": round(100 * cpu / elapsed, 1),
         "server_cpu_percent_by_process": by_process,
         "server_rss_mb": round(memory / 2**20, 1), "load_generator_cpu_percent": round(100 * client_cpu / elapsed, 1),
         "host_load_average": os.getloadavg()[0],
     }
+
+
+def latency_summary(latencies: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    return {op: {"n": len(v), "p50_ms": percentile(v, 0.5) * 1000, "p99_ms": percentile(v, 0.99) * 1000}
+            for op, v in sorted(latencies.items())}
+
+
+def api_p99_ms(latencies: dict[str, list[float]]) -> float:
+    api = [v for op, values in latencies.items() if op not in ("keystroke", "run_e2e", "socket") for v in values]
+    return percentile(api, 0.99) * 1000
 
 
 def print_step(result: dict) -> None:
@@ -400,6 +419,10 @@ def print_step(result: dict) -> None:
     print(f"   API p99 {result['api_p99_ms']:.0f} ms; runs whose socket reached another worker (verdict polled): "
           f"{result['runs_read_after']}")
     for op, figures in result["ops"].items():
+        print(f"   {op:14} n={figures['n']:6}  p50 {figures['p50_ms']:8.1f} ms  p99 {figures['p99_ms']:8.1f} ms")
+    print(f"   at work (operations started {result['steady_after_s']:.0f} s or more into the step, after the class "
+          f"arrived): API p99 {result['steady_api_p99_ms']:.0f} ms")
+    for op, figures in result["steady_ops"].items():
         print(f"   {op:14} n={figures['n']:6}  p50 {figures['p50_ms']:8.1f} ms  p99 {figures['p99_ms']:8.1f} ms")
     for sample in result["error_samples"]:
         print(f"   error: {sample}")

@@ -16,7 +16,7 @@ import builtins
 import functools
 import re
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -246,7 +246,7 @@ class AutoCheckpointer:
         self,
         rooms: RoomManager,
         history_of: Callable[[str], ProjectHistory],
-        author_of: Callable[[str], Awaitable[Author]],
+        author_of: Callable[[str], Author],
         *,
         pause_s: float = 30.0,
     ) -> None:
@@ -275,9 +275,10 @@ class AutoCheckpointer:
             timer.cancel()
         user_ids = self._editors.pop(project_id, [])
         await self.rooms.flush_project(project_id)
-        authors = [await self.author_of(user_id) for user_id in user_ids]
-        # history_of may create the repository (git runs): in the thread too, not on the event loop
-        return await asyncio.to_thread(lambda: self.history_of(project_id).checkpoint(message, authors))
+        # The authors' lookups and git (history_of may create the repository) in one worker-thread
+        # hop: a run waits for this, and under a class's load each hop back to the loop cost a turn.
+        return await asyncio.to_thread(
+            lambda: self.history_of(project_id).checkpoint(message, [self.author_of(u) for u in user_ids]))
 
     async def close(self) -> None:
         for timer in self._timers.values():

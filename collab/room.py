@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -142,19 +143,25 @@ class Room:
         self.mirror.start()
 
     async def reconcile_disk(self) -> None:
-        """Called by the disk owner on load (or takeover): seed, merge or catch up the file."""
+        """Called by the disk owner on load (or takeover): seed, merge or catch up the file.
+
+        The document is judged as it was before reading the file: edits arriving meanwhile (a
+        client typing, another replica's update) are kept by rebasing the file's change onto
+        them. Replacing the whole text with the file's erased such an edit when it landed
+        during the reads (seen with rooms opening together on two replicas)."""
+        base_text, base_state, first_open = str(self.text), self.doc.get_update(), self.doc.get_state() == EMPTY_STATE
         disk_text = await asyncio.to_thread(read_text, self.mirror.path)
-        if str(self.text) != disk_text:
+        disk_state = base_state
+        if base_text != disk_text:
             written = await asyncio.to_thread(self.store.written_hashes, self.key.name)
-            if self.doc.get_state() == EMPTY_STATE or sha256_text(disk_text) not in written:
+            if first_open or sha256_text(disk_text) not in written:
                 # First open, or someone changed the file while the room was closed.
-                self._edit_text(disk_text)
-                await self.wait_stored()
+                disk_state = await self.merge_outside_change(base_text, base_state, disk_text)
             # Otherwise the file is merely behind the stored document (the writer stopped
             # before writing it): the document wins and is written by the mirror.
-        self.mirror.adopt(disk_text)
+        self.mirror.adopt(disk_text, disk_state)
         if str(self.text) == disk_text:
-            await self.after_write(disk_text)
+            await asyncio.wrap_future(self.mark_written(disk_text))
         else:
             self.mirror.mark_dirty()
 
@@ -303,11 +310,11 @@ class Room:
     def snapshot(self) -> tuple[str, bytes]:
         return str(self.text), self.doc.get_update()
 
-    async def before_write(self, text: str) -> None:
-        await asyncio.wrap_future(self.store.mark_writing(self.key.name, sha256_text(text)))
+    def mark_writing(self, text: str) -> Future[None]:
+        return self.store.mark_writing(self.key.name, sha256_text(text))
 
-    async def after_write(self, text: str) -> None:
-        await asyncio.wrap_future(self.store.mark_written(self.key.name, sha256_text(text)))
+    def mark_written(self, text: str) -> Future[None]:
+        return self.store.mark_written(self.key.name, sha256_text(text))
 
     async def owns_disk(self) -> bool:
         return self.publisher is None or await self.publisher.claim_disk(self.key.name)

@@ -96,10 +96,10 @@ class RoomManager:
             pass  # deleted meanwhile: the delete forgets the room
 
     async def flush_project(self, project_id: str) -> None:
-        """Write every open file of a project to disk now (before a run, deploy or checkpoint)."""
-        for key, room in list(self.rooms.items()):
-            if key.project_id == project_id and room.mirror.owner:
-                await room.mirror.flush()
+        """Write every open file of a project to disk now (before a run, deploy or checkpoint),
+        all at once: a run waits for this."""
+        await asyncio.gather(*(room.mirror.flush() for key, room in list(self.rooms.items())
+                               if key.project_id == project_id and room.mirror.owner))
 
     async def close_user(self, project_id: str, user_id: str, code: int = CLOSE_FORBIDDEN) -> None:
         """Close a user's sockets in a project on every replica (access revoked).

@@ -25,7 +25,7 @@ from ide_server.models import Role, User
 from ide_server.services import projects
 from sandbox.backend import Backend, OutputChunk, RunSpec
 from sandbox.errors import QueueFull, RunNotFound, SandboxError, SandboxUnavailable
-from sandbox.languages import plan_run
+from sandbox.languages import RunPlan, plan_run
 from sandbox.limits import SERVER_MAXIMA
 from sandbox.models import RunRow
 from sandbox.packages.first import PackagesFirst
@@ -138,12 +138,10 @@ class ProjectRuns:
         await self.editors.checkpoint(project_id, "Checkpoint before a run")
         project_dir = self.project_dir(project_id)
         try:
-            plan = await asyncio.to_thread(plan_run, project_dir, body.entry)
+            plan, env = await asyncio.to_thread(self._prepare, project_id, project_dir, body.entry)
             limits = plan.limits.with_overrides(body.limits, SERVER_MAXIMA)
-            await asyncio.to_thread(auto_install, project_dir)  # a bad [packages] answers 400 too, not a failed run later
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
-        env = await asyncio.to_thread(self.environment_of, project_id)
         interactive = body.interactive and body.stdin is None
         preview = Preview() if interactive else None
         try:
@@ -257,6 +255,14 @@ class ProjectRuns:
             await asyncio.to_thread(self._store, record)
         except Exception:
             log.exception("could not finish run %s", record.id)
+
+    def _prepare(self, project_id: str, project_dir: Path, entry: str | None) -> tuple[RunPlan, dict[str, str]]:
+        """In one worker-thread hop (a run start waits for each hop's turn on a busy event loop): the
+        plan, the packages' check (a bad [packages] answers 400 too, not a failed run later), the
+        project's run environment."""
+        plan = plan_run(project_dir, entry)
+        auto_install(project_dir)
+        return plan, self.environment_of(project_id)
 
     def _insert(self, record: RunRecord, project_id: str, user_id: int) -> None:
         """In a worker thread: a write waits for SQLite's write lock, which the event loop must never do."""

@@ -114,9 +114,9 @@ class AppEvents:
         code = CLOSE_FORBIDDEN if role is None else CLOSE_ROLE_CHANGED
         await self.rooms.close_user(project_id, str(user_id), code)
 
-    async def author(self, user_id: str) -> Author:
-        """The git author of a user's edits (for automatic checkpoints)."""
-        user = await run_in_threadpool(self._user, int(user_id))
+    def author(self, user_id: str) -> Author:
+        """The git author of a user's edits (for automatic checkpoints; blocking: call it in a thread)."""
+        user = self._user(int(user_id))
         return user_author(user.username if user is not None else f"user{user_id}")
 
     def _role(self, project_id: str, user_id: int) -> Role | None:

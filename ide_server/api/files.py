@@ -9,11 +9,12 @@ from urllib.parse import quote
 from fastapi import APIRouter, Query, Request, status
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from ide_server.components import Component
 from ide_server.deps import ProjectEditor, ProjectViewer, SettingsDep
 from ide_server.error_handlers import ERROR_RESPONSES
-from ide_server.errors import TooLarge
+from ide_server.errors import InvalidInput, TooLarge
 from ide_server.events import EventsDep, ProjectEvents
 from ide_server.schemas import FileCreate, FileEntry, FileMove, SearchMatch, SearchResults, UploadResult
 from ide_server.services import files, projects, search
@@ -45,12 +46,16 @@ async def _body_to_file(request: Request, limit: int) -> IO[bytes]:
         raise TooLarge(f"the upload is larger than {limit} bytes")
     out = tempfile.SpooledTemporaryFile(max_size=files.CHUNK * 8)
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            out.close()
-            raise TooLarge(f"the upload is larger than {limit} bytes")
-        out.write(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                out.close()
+                raise TooLarge(f"the upload is larger than {limit} bytes")
+            out.write(chunk)
+    except ClientDisconnect:  # the client gave up mid-upload (a timeout): nothing was written
+        out.close()
+        raise InvalidInput("the upload was cut off before its end; nothing was saved") from None
     out.seek(0)
     return out
 

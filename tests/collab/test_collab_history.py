@@ -126,7 +126,7 @@ async def test_pause_in_editing_commits_with_the_editors_as_authors(
     history.checkpoint("v1", [])
     authors = {"alice": ALICE, "bob": BOB}
 
-    async def author_of(user_id: str) -> Author:
+    def author_of(user_id: str) -> Author:
         return authors[user_id]
 
     checkpointer = AutoCheckpointer(rooms, lambda pid: history, author_of, pause_s=0.3)

@@ -239,14 +239,14 @@ async def test_an_outside_write_landing_during_our_write_is_merged_not_overwritt
     await asyncio.sleep(0.3)
     alice.type(0, "typed ")
     await eventually(lambda: "typed" in str(room.text))
-    before_write = room.before_write
+    mark_writing = room.mark_writing
 
-    async def save_lands_meanwhile(text: str) -> None:
-        monkeypatch.setattr(room, "before_write", before_write)
+    def save_lands_meanwhile(text: str) -> Future[None]:
+        monkeypatch.setattr(room, "mark_writing", mark_writing)
         file_path.write_text("hello 😀\nsaved meanwhile\n", encoding="utf-8")
-        await before_write(text)
+        return mark_writing(text)
 
-    monkeypatch.setattr(room, "before_write", save_lands_meanwhile)
+    monkeypatch.setattr(room, "mark_writing", save_lands_meanwhile)
     await room.mirror.flush()
     assert file_path.read_text(encoding="utf-8") == "typed hello 😀\nsaved meanwhile\n"
     await eventually(lambda: str(alice.text) == "typed hello 😀\nsaved meanwhile\n")
@@ -406,3 +406,32 @@ async def joined_as(manager: RoomManager, key: RoomKey, text: str) -> PyClient:
     await eventually(lambda: key in manager.rooms and manager.rooms[key].mirror.written_text == text)
     await eventually(lambda: str(client.text) == text)
     return client
+
+
+async def test_an_update_arriving_while_the_owner_reads_the_file_is_kept(
+    store: UpdateStore, key: RoomKey, file_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another replica's edit can land while a room being opened reads its file: the file's text
+    is merged with it. Replacing the document's text with the file's erased that edit."""
+    import collab.room
+
+    reading, go_on, calls = threading.Event(), threading.Event(), []
+
+    def slow_read(path: Path) -> str:
+        calls.append(path)
+        if len(calls) == 2:  # the disk owner's reconcile, after load's binary-file check
+            reading.set()
+            go_on.wait(5)
+        return disk.read_text(path)
+
+    monkeypatch.setattr(collab.room, "read_text", slow_read)
+    room = collab.room.Room(key, file_path, store, None)
+    loading = asyncio.create_task(room.load())
+    assert await asyncio.to_thread(reading.wait, 5)
+    remote = Doc()
+    remote.get("content", type=Text).insert(0, "from the other replica\n")
+    room.receive_remote_update(remote.get_update())
+    go_on.set()
+    await loading
+    assert sorted(str(room.text).splitlines()) == ["from the other replica", "hello 😀"]
+    await room.unload(keep=True)

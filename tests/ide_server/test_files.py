@@ -1,10 +1,15 @@
 """Files API: tree, read/write (binary-exact), create, move, delete, zip download and upload."""
 
+import asyncio
 import io
 import os
 import zipfile
 
 import pytest
+from starlette.requests import Request
+
+from ide_server.api.files import _body_to_file
+from ide_server.errors import InvalidInput
 
 
 @pytest.fixture
@@ -121,3 +126,16 @@ def test_bad_and_oversized_zips_are_refused(owner_and_project, settings):
 
     huge = b"x" * (settings.max_upload_bytes + 1)
     assert alice.post(f"{files}/zip", content=huge).status_code == 413
+
+
+def test_an_upload_cut_off_midway_is_a_clear_400_not_a_server_error():
+    """A client that gives up mid-upload (its timeout) used to be logged as an exception in the
+    ASGI application; it is an InvalidInput (400) now, and nothing is kept of the part sent."""
+    messages = iter([{"type": "http.request", "body": b"print(", "more_body": True}, {"type": "http.disconnect"}])
+
+    async def receive() -> dict:
+        return next(messages)
+
+    request = Request({"type": "http", "method": "PUT", "headers": [(b"content-length", b"100")]}, receive)
+    with pytest.raises(InvalidInput, match="cut off"):
+        asyncio.run(_body_to_file(request, limit=1000))
