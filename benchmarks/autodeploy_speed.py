@@ -43,11 +43,11 @@ def timed_generate(llm: LLM, prompts: list[list[int]], tokens: int) -> tuple[flo
 
 def ops_per_token(llm: LLM, prompt: list[int], tokens: int = 8) -> float:
     """Torch ops dispatched per decoded token: a run of `tokens` minus a run of one (the prefill)."""
-    counts = []
+    counts: list[int] = []
     for n in (1, tokens):
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             timed_generate(llm, [prompt], n)
-        counts.append(sum(event.count for event in prof.key_averages() if event.key.startswith("aten::")))
+        counts.append(sum(int(event.count) for event in prof.key_averages() if event.key.startswith("aten::")))
     return (counts[1] - counts[0]) / (tokens - 1)
 
 
