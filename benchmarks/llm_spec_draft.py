@@ -68,13 +68,13 @@ def main(argv: list[str] | None = None) -> None:
     from llm_engine import LLM
 
     target = args.model or find_smollm2_gguf()
-    common = dict(model=str(target), kv_cache_memory="256MiB", num_threads=args.threads)
+    common = dict(model=str(target), kv_cache_memory="256MiB", num_threads=args.threads, dtype=args.dtype)
     plain = LLM(**common)
     loads = workloads(plain.get_tokenizer(), args)
     with tempfile.TemporaryDirectory(prefix="draft-") as tmp:
         drafts = ([args.draft_model] if args.draft_model else
                   [cut_gguf(target, int(n), Path(tmp)) for n in args.draft_layers.split(",")])
-        print(f"target {target.name}, {args.threads} threads, k={args.k}; greedy, one request at a time")
+        print(f"target {target.name}, {args.threads} threads, dtype {args.dtype}, k={args.k}; greedy, one request at a time")
         print(f"{'draft':<40}{'workload':<11}{'tokens':>7}{'plain tok/s':>12}{'spec tok/s':>11}{'ratio':>7}"
               f"{'accepted':>12}{'rate':>6}{'accept len':>11}{'identical':>10}")
         for draft in drafts:

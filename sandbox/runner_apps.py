@@ -35,6 +35,7 @@ from sandbox.hosted import HostedApp, HostedSpec, Stream
 
 log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 60.0  # an app whose bridge has not bound its socket by then is stopped
+ORPHAN_AFTER_S = 6.0  # an app whose replica's keep-alive is missing this long is stopped (replicas renew every 3 s)
 
 
 class _App:
@@ -55,6 +56,7 @@ class AppHost:
         self.redis, self.backend, self.roots = redis, backend, roots
         self.runner, self.incarnation, self.host = runner, incarnation, host
         self.apps: dict[str, _App] = {}
+        self._missing: dict[str, float] = {}  # holder -> since when its keep-alive is missing
 
     def load(self) -> dict[FieldT, EncodableT]:
         """What the heartbeat says of the apps here (the replicas place apps by it)."""
@@ -149,10 +151,15 @@ class AppHost:
         await patiently(say)
 
     async def stop_orphans(self) -> None:
-        """Stop the apps whose replica stopped renewing its keep-alive (called with each heartbeat)."""
+        """Stop the apps whose replica stopped renewing its keep-alive (called with each heartbeat). A key missing
+        for less than ORPHAN_AFTER_S is given time: a Redis restarted without its data has lost every one of them,
+        and their replicas set them again within a few seconds."""
         holders = {app.holder for app in self.apps.values()}
+        now = time.monotonic()
         for holder in holders:
-            if not await self.redis.exists(holder_key(holder)):
+            if await self.redis.exists(holder_key(holder)):
+                self._missing.pop(holder, None)
+            elif now - self._missing.setdefault(holder, now) >= ORPHAN_AFTER_S:
                 for app in [a for a in self.apps.values() if a.holder == holder and a.task is not None]:
                     log.warning("runner %s: stopping app %s: the replica that placed it is gone", self.runner, app.id)
                     cast(asyncio.Task[None], app.task).cancel()

@@ -75,7 +75,11 @@ def runner_command(
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, stop.set)
-            hosts_apps = None if apps_host == "none" else apps_host or own_address("0.0.0.0")
+            try:
+                hosts_apps = None if apps_host == "none" else apps_host or own_address("0.0.0.0")
+            except OSError as exc:
+                typer.echo(f"error: this host's own address is unknown ({exc}): give one with --apps-host", err=True)
+                raise typer.Exit(2) from None
             runner = Runner(redis, backend, (settings.data_dir, settings.effective_packages_dir), slots=slots, name=name,
                             apps_host=hosts_apps)
             await runner.serve(stop, drain_seconds)

@@ -18,6 +18,12 @@ which speculation does not touch, left out) and the acceptance figures (vllm:spe
     python -m benchmarks run spec                 # 8 code edits, 6 free-text prompts
     python -m benchmarks run spec --quick         # 3 + 3
     python -m benchmarks run spec --k 8 --out out.json
+    python -m benchmarks run spec --dtype auto    # the engine's own choice (bfloat16 on AVX512-BF16 CPUs)
+
+Both engines run in float32 unless --dtype says otherwise: that is where one sequence's decode
+step (and its draft's verification) is the fused native stack, and what earlier figures used;
+`dtype="auto"` picks bfloat16 on CPUs with AVX512-BF16, where the GGUF model's quantized layers
+still compute in float32 and the step runs layer by layer (slower with and without speculation).
 """
 
 from __future__ import annotations
@@ -116,6 +122,8 @@ def parse_args(argv: list[str] | None, parser: argparse.ArgumentParser) -> argpa
     parser.add_argument("--k", type=int, default=5, help="num_speculative_tokens")
     parser.add_argument("--lookup-max", type=int, default=4, help="prompt_lookup_max")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "auto"),
+                        help="both engines' dtype (float32: the fused single-sequence step)")
     args = parser.parse_args(argv)
     if args.quick:
         args.code_edits, args.free_text = 3, 3
@@ -126,17 +134,18 @@ def run(args: argparse.Namespace) -> dict:
     from llm_engine import LLM
 
     gguf = args.model or find_smollm2_gguf()
-    common = dict(model=str(gguf), kv_cache_memory="256MiB", num_threads=args.threads)
+    common = dict(model=str(gguf), kv_cache_memory="256MiB", num_threads=args.threads, dtype=args.dtype)
     spec_config = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max,
                    "prompt_lookup_min": 1}
     plain, spec = LLM(**common), LLM(**common, speculative_config=spec_config)
     loads = workloads(plain.get_tokenizer(), args)
     for llm in (plain, spec):  # warm-up, outside the timings
         run_one(llm, loads["code-edit"][0][0], 16)
-    print(f"model {gguf.name}, {args.threads} threads, speculative_config {spec_config}")
+    print(f"model {gguf.name}, {args.threads} threads, dtype {args.dtype}, speculative_config {spec_config}")
     print(f"{'workload':<11}{'requests':>9}{'tokens':>8}{'plain tok/s':>13}{'spec tok/s':>12}{'ratio':>7}"
           f"{'goal':>7}{'decode ratio':>13}{'accept len':>11}{'drafts':>8}{'accepted/drafted':>18}{'identical':>10}")
-    report: dict = {"model": gguf.name, "threads": args.threads, "speculative_config": spec_config, "workloads": {}}
+    report: dict = {"model": gguf.name, "threads": args.threads, "dtype": args.dtype, "speculative_config": spec_config,
+                    "workloads": {}}
     for name, requests in loads.items():
         row = measure(plain, spec, requests)
         row |= {"goal": GOALS[name], "met": row["ratio"] >= GOALS[name]}

@@ -83,15 +83,18 @@ class ParallelLMHead(VocabParallelEmbedding):
             setattr(self, name, param)
 
     def process_weights_after_loading(self) -> None:
-        """A oneDNN-packed copy for the logits matmul where `prepack` applies (the plain weight
-        stays: tied embeddings look tokens up in it); a quantized table gets its kernel."""
+        """A oneDNN-packed copy for the logits matmul where `prepack` applies (it replaces an
+        untied head's plain weight; a tied one stays: the embedding looks tokens up in it); a
+        quantized table gets its kernel."""
         if self.tied_to is not None and self.tied_to.quant_method is not None:
             self.tied_to.process_weights_after_loading()
             self.tie(self.tied_to)
         if self.quant_method is not None:
             self.quant_method.process_weights_after_loading(self)
-        else:
-            self.packed_weight = prepack(self.weight)
+            return
+        self.packed_weight = prepack(self.weight)
+        if self.packed_weight is not None and self.tied_to is None:
+            del self.weight
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.quant_method is not None:

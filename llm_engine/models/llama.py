@@ -127,7 +127,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype)
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
         if self.tied:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.tie(self.model.embed_tokens)
 
     @staticmethod
     def attention_options(config: PretrainedConfig) -> tuple[bool, bool, bool]:

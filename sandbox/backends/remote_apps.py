@@ -37,7 +37,7 @@ from sandbox.errors import SandboxUnavailable
 from sandbox.hosted import ExitFollowed, Hosted, HostedSpec, Stream
 
 log = logging.getLogger(__name__)
-HOLDER_TTL_MS = 3 * HEARTBEAT_TTL_MS  # runners stop this replica's apps this long after it stopped renewing
+HOLDER_TTL_MS = 3 * HEARTBEAT_TTL_MS  # runners stop this replica's apps this long (and ORPHAN_AFTER_S) after it stopped renewing
 STOP_WAIT_S = 15.0  # how long a stop waits for the runner to say the app ended
 
 

@@ -144,6 +144,7 @@ def silent_producer():
     """A KV port that takes pulls and answers none: they fail when it closes their connections: a prefill
     instance busy with long prompts, or a hung one."""
     listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(30)  # a pull that never comes fails the test instead of hanging it
     yield listener
     listener.close()
 

@@ -14,6 +14,7 @@ from redis_server import RedisServer
 from deploy_service.instance import APP_LIMITS, AppInstance, Launch
 from deploy_service.upstream import Upstream, UpstreamError
 from ide_server.leases import connect
+from sandbox import runner_apps
 from sandbox.backends.choice import make_backend
 from sandbox.backends.dispatch import heartbeat_key
 from sandbox.backends.remote_apps import RunnerApp, RunnerHosting
@@ -81,7 +82,7 @@ async def get(instance: AppInstance) -> bytes:
     return b"".join([chunk async for chunk in response.body()])
 
 
-async def test_apps_go_to_the_runner_with_most_free_cpu_and_are_reached_through_its_relay(runners):
+async def test_apps_go_to_the_runner_with_most_free_cpu_and_are_reached_through_its_relay(runners, monkeypatch):
     hosting = RunnerHosting(connect(runners.url))
     lines: list[str] = []
     first = AppInstance(hosting, launch(runners.data_dir, "first"), lambda stream, line: lines.append(line))
@@ -111,6 +112,12 @@ async def test_apps_go_to_the_runner_with_most_free_cpu_and_are_reached_through_
 
         await second.stop()
         assert second.exited and not runners.runners["small"][0].apps.apps  # type: ignore[union-attr]
+
+        # The replica that placed `first` goes away (its keep-alive ends): the runner stops the app by itself
+        monkeypatch.setattr(runner_apps, "ORPHAN_AFTER_S", 0.0)
+        await hosting.close()
+        await asyncio.wait_for(first.wait_exit(), 10)
+        assert not runners.runners["big"][0].apps.apps  # type: ignore[union-attr]
     finally:
         await first.stop()
         await second.stop()
