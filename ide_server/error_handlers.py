@@ -84,10 +84,23 @@ async def _domain_error(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": error.detail}, status_code=error.status_code, headers=error.headers())
 
 
+def _database_unavailable(exc: OperationalError) -> bool:
+    """SQLite's write lock held past the wait, or PostgreSQL out of reach: refused, restarting
+    ("the database system is starting up", SQLSTATE 57P03), shutting down (57P0x) or a dropped
+    connection (class 08). What a client should retry, not a bug."""
+    if "database is locked" in str(exc.orig) or exc.connection_invalidated:
+        return True
+    if not type(exc.orig).__module__.startswith("psycopg"):
+        return False
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    return sqlstate is None or sqlstate.startswith(("08", "57P"))
+
+
 async def _busy(_request: Request, exc: Exception) -> JSONResponse:
-    """Back-pressure: no database connection (or SQLite's write lock) within the wait is a 503 the
-    client retries, not a hang or a 500. Other operational errors stay 500s."""
-    if isinstance(exc, OperationalError) and "database is locked" not in str(exc.orig):
+    """Back-pressure: no database connection within the wait, SQLite's write lock or a database
+    being restarted is a 503 the client retries, not a hang or a 500. Other operational errors
+    stay 500s."""
+    if isinstance(exc, OperationalError) and not _database_unavailable(exc):
         raise exc
     return JSONResponse({"detail": "the server is busy; try again in a moment"}, status_code=503,
                         headers={"Retry-After": str(BUSY_RETRY_AFTER_S)})

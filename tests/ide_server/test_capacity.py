@@ -19,6 +19,7 @@ import sqlalchemy
 import websockets
 from fastapi.testclient import TestClient
 from serve_process import codeyard_serve
+from sqlalchemy.orm import sessionmaker
 
 from ide_server import db
 from ide_server.app import create_app
@@ -99,6 +100,23 @@ def test_no_connection_within_the_wait_is_a_503_with_retry_after(tmp_path: Path,
         assert answer.headers["Retry-After"] == "2"
         assert "busy" in answer.json()["detail"]
         assert client.get("/api/me").json()["username"] == "ann"
+
+
+def test_a_database_out_of_reach_is_a_503_with_retry_after_not_a_500(tmp_path: Path) -> None:
+    """PostgreSQL restarting refuses connections ("the database system is starting up") for a
+    while: the stack test's sign-ups got 500s with a traceback then."""
+    app = create_app(Settings(data_dir=tmp_path, sandbox_backend="bwrap"))
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        nowhere = f"postgresql+psycopg://codeyard@127.0.0.1:{closed.getsockname()[1]}/codeyard"
+    with TestClient(app, raise_server_exceptions=False) as client:
+        working = app.state.sessionmaker
+        app.state.sessionmaker = sessionmaker(sqlalchemy.create_engine(nowhere))
+        answer = client.post("/api/auth/register", json={"username": "ann", "password": "a long password"})
+        assert answer.status_code == 503, answer.text
+        assert answer.headers["Retry-After"] == "2"
+        app.state.sessionmaker = working
+        assert client.post("/api/auth/register", json={"username": "ann", "password": "a long password"}).status_code == 201
 
 
 def test_a_project_request_checks_who_asks_in_one_connection_and_two_queries(tmp_path: Path) -> None:
