@@ -113,7 +113,9 @@ class LLMEngine:
         self.finished_by_reason: dict[str, int] = {}
         self.speculative = config.speculative_config
         self.spec_counters = SpecDecodeCounters()
-        self.verify_cost = VerifyCost()
+        # the step's forward on this thread: its CPU time; GPUs and worker ranks: wall time
+        on_this_thread = config.device == "cpu" and config.tensor_parallel_size == 1
+        self.verify_cost = VerifyCost(clock=time.thread_time if on_this_thread else time.perf_counter)
         self.drafter = (DraftModelProposer(config, self.speculative.model, num_blocks, self.vocab_size)
                         if self.speculative is not None and self.speculative.model else None)
         self._grammar_compiler: GrammarCompiler | None = None  # built by the first constrained request
@@ -253,7 +255,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Schedule, run one forward pass, sample, and report requests that changed."""
-        started = time.perf_counter()
+        started = self.verify_cost.clock()
         self._abort_timed_out()
         self.release_kv_holds()
         self._finish_remote_kv_loads()
@@ -273,7 +275,7 @@ class LLMEngine:
             assert self.kv_connector is not None
             self.kv_connector.wait_for_loads(KV_LOAD_POLL_S)
         if width:
-            self.verify_cost.record(width, time.perf_counter() - started)
+            self.verify_cost.record(width, self.verify_cost.clock() - started)
         return self._collect_outputs()
 
     @staticmethod

@@ -15,6 +15,8 @@ itself down, and it tries again later.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,10 +98,16 @@ def propose_ngram(token_ids: list[int], k: int, n_max: int, n_min: int) -> list[
 class VerifyCost:
     """What one more token in a sequence's step costs, as a fraction of a one-token step: running
     means of the engine's single-sequence decode steps (whole steps: proposing, the forward pass,
-    sampling), one-token steps against wider ones."""
+    sampling), one-token steps against wider ones.
 
-    def __init__(self, initial: float = 0.3, weight: float = 0.05) -> None:
-        self.initial, self.weight = initial, weight
+    `clock` times the steps: where the forward runs on the engine's own thread (the CPU, one
+    rank) that is the thread's CPU time, so time other processes take from a shared machine does
+    not read as a costly verification (on wall time one slowed wide step raised c enough to turn
+    drafting off for the next steps: the benchmark's drafted tokens varied 2x between runs)."""
+
+    def __init__(self, initial: float = 0.3, weight: float = 0.05,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.initial, self.weight, self.clock = initial, weight, clock
         self.step_seconds: float | None = None  # a one-token step
         self.token_seconds: float | None = None  # each further token of a wider step
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 
 import pytest
 import torch
@@ -66,6 +67,14 @@ def test_verify_cost_is_a_further_token_against_a_one_token_step():
     assert cost.fraction == pytest.approx(0.2, rel=0.05)  # (36 - 20) / 4 ms per token, over 20 ms
     cost.record(3, 0.001)  # a step faster than a one-token one (noise) counts as free
     assert 0.01 <= cost.fraction < 0.2
+
+
+def test_a_cpu_engine_times_its_steps_by_the_engine_threads_cpu_time(tiny_llama):
+    """The forward runs on the stepping thread: time other processes take is not verification cost."""
+    engine = LLMEngine.from_kwargs(model=str(tiny_llama), dtype="float32", block_size=4, num_kv_blocks=16,
+                                   speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    assert engine.verify_cost.clock is time.thread_time
+    assert VerifyCost().clock is time.perf_counter  # elsewhere (GPUs, worker ranks): wall time
 
 
 @pytest.mark.parametrize("config, message", [
