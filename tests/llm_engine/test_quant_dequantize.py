@@ -82,12 +82,14 @@ def test_prefill_sized_inputs_multiply_with_the_dequantized_weight(kernels, sche
     assert torch.equal(layer(x), torch.nn.functional.linear(x, weight))
 
 
+# groups per channel: one; ten (a part of the AVX-512 path's 16); 17 (16, then one without a pair); 33
+@pytest.mark.parametrize("k_in", [32, 320, 544, 1056])
 @pytest.mark.parametrize("scheme", [QuantScheme("int4", 32, False), QuantScheme("int8", 32)], ids=QuantScheme.describe)
-def test_decode_batches_of_32_input_groups_stay_on_the_kernel_row_by_row(kernels, scheme):
+def test_decode_batches_of_32_input_groups_stay_on_the_kernel_row_by_row(kernels, scheme, k_in):
     """A batched decode step of up to 64 sequences on GGUF-shaped groups: every row is what that
     sequence alone computes (the kernel, not a dequantized matmul with another summation order)."""
-    layer = quantized_linear(scheme)
-    x = torch.randn(G32_KERNEL_MAX_ROWS, 320)
+    layer = quantized_linear(scheme, k_in)
+    x = torch.randn(G32_KERNEL_MAX_ROWS, k_in)
     batched = layer(x)
     assert all(torch.equal(batched[r], layer(x[r:r + 1])[0]) for r in range(0, G32_KERNEL_MAX_ROWS, 7))
     weight = dequantize(layer.qweight, layer.scales, getattr(layer, "offsets", None), 32)

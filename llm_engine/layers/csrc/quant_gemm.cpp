@@ -150,6 +150,65 @@ inline float dot(const float* x, const float* w, int64_t n) {
 enum class Weights { INT8, INT4, FP8 };
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// The AVX-512 form of the kernel below (same sums, another order): a group's 32 weights are two
+// 16-lane vectors (int4: the low and the high nibbles of its 16 bytes; int8: 16 bytes each),
+// sixteen groups' scales and offsets convert at once (a masked load for the last ones), even and
+// odd groups go to two accumulators per row (a single row is otherwise bound by the FMA chain),
+// and the offset term is added into the even one once per sixteen groups.
+template <Weights KIND, int R>
+void rows_dot_float_g32(const float* x, const float* x_sums, int64_t k_in, const uint8_t* q, const uint16_t* scales,
+                        const uint16_t* offsets, float* out, int64_t n_out) {
+  const int64_t groups = k_in / 32, row_bytes = KIND == Weights::INT4 ? k_in / 2 : k_in;
+  const auto weights = [](const uint8_t* qg, __m512& w0, __m512& w1) {
+    if (KIND == Weights::INT4) {  // byte b holds element b (low nibble) and b + 16 (high)
+      const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qg)));
+      w0 = _mm512_cvtepi32_ps(_mm512_and_si512(codes, _mm512_set1_epi32(15)));
+      w1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(codes, 4));
+    } else {
+      w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qg))));
+      w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qg + 16))));
+    }
+  };
+  const int64_t group_bytes = KIND == Weights::INT4 ? 16 : 32;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < n_out; ++n) {
+    const uint8_t* qn = q + n * row_bytes;
+    __m512 even[R], odd[R];
+    for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm512_setzero_ps();
+    alignas(64) float scale16[16];
+    for (int64_t g0 = 0; g0 < groups; g0 += 16) {
+      const int64_t count = groups - g0 < 16 ? groups - g0 : 16;
+      const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
+      _mm512_store_ps(scale16, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, scales + n * groups + g0)));
+      if (KIND == Weights::INT4) {
+        const __m512 offset16 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, offsets + n * groups + g0));
+        for (int r = 0; r < R; ++r)
+          even[r] = _mm512_fmadd_ps(offset16, _mm512_maskz_loadu_ps(mask, x_sums + r * groups + g0), even[r]);
+      }
+      for (int64_t j = 0; j < count; j += 2) {
+        const int64_t g = g0 + j;
+        const bool pair = j + 1 < count;
+        __m512 a0, a1, b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+        weights(qn + g * group_bytes, a0, a1);
+        if (pair) weights(qn + (g + 1) * group_bytes, b0, b1);
+        const __m512 scale_a = _mm512_set1_ps(scale16[j]), scale_b = _mm512_set1_ps(pair ? scale16[j + 1] : 0.0f);
+        for (int r = 0; r < R; ++r) {
+          const float* xg = x + r * k_in + g * 32;
+          const __m512 sum_a = _mm512_fmadd_ps(a1, _mm512_loadu_ps(xg + 16), _mm512_mul_ps(a0, _mm512_loadu_ps(xg)));
+          even[r] = _mm512_fmadd_ps(sum_a, scale_a, even[r]);
+          if (pair) {
+            const __m512 sum_b =
+                _mm512_fmadd_ps(b1, _mm512_loadu_ps(xg + 48), _mm512_mul_ps(b0, _mm512_loadu_ps(xg + 32)));
+            odd[r] = _mm512_fmadd_ps(sum_b, scale_b, odd[r]);
+          }
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) out[r * n_out + n] = _mm512_reduce_add_ps(_mm512_add_ps(even[r], odd[r]));
+  }
+}
+#else
 // R decode rows against one weight row of 32-input int4/int8 groups, without the L1 buffer:
 // sum_k x_k (q_k s + o) = s * sum_k x_k q_k + o * sum_k x_k, with sum_k x_k per group given
 // (x_sums [R, groups]). Each group is unpacked once for all R rows, and every row gets the
@@ -217,6 +276,7 @@ void rows_dot_float_g32(const float* x, const float* x_sums, int64_t k_in, const
     for (int r = 0; r < R; ++r) out[r * n_out + n] = hsum(acc[r]) + (hsum(offset_acc[r]) + offset_tail[r]);
   }
 }
+#endif
 
 constexpr int64_t G32_MAX_ROWS = 64;  // quantization.py's G32_KERNEL_MAX_ROWS: larger calls dequantize
 constexpr int64_t G32_TILE = 8;       // rows per pass over the weights: 8 accumulators stay in registers
@@ -349,9 +409,14 @@ inline __m256i int4_sub(const uint8_t* group_bytes, int64_t length, int64_t s) {
 template <bool INT4>
 inline __m256 sub_dot(__m256i w, const int8_t* xq) {
   const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
-  const __m256i pairs = INT4 ? _mm256_maddubs_epi16(w, x)
-                             : _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  const __m256i u = INT4 ? w : _mm256_sign_epi8(w, w), s = INT4 ? x : _mm256_sign_epi8(x, w);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  // VNNI: one u8 x s8 multiply-add into int32 lanes; the same exact sums as the AVX2 pair below
+  // (whose int16 pair sums cannot saturate: |code| <= 128 and |xq| <= 127).
+  return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s));
+#else
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
 }
 #endif
 
