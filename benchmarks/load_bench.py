@@ -52,7 +52,6 @@ from collab.protocol import (  # noqa: E402
 from tests.serve_process import codeyard_serve  # noqa: E402
 
 TIMEOUT_S = 10.0
-RUN_ELSEWHERE = 4404  # a run's socket on a worker that does not run it: "run X is over; read it with GET"
 # Plain HTTP, but httpx builds a TLS context (loading every CA certificate) per client unless given
 # one: for 100 students that blocked the load generator for seconds and looked like server latency.
 NO_TLS = ssl.create_default_context()
@@ -80,7 +79,6 @@ class Tally:
     timeouts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     socket_drops: int = 0
     requests: int = 0
-    runs_read_after: int = 0  # runs whose socket landed on another worker (4404): their verdict read with GET
 
     def record(self, op: str, started: float) -> None:
         elapsed = time.monotonic() - started
@@ -291,26 +289,8 @@ class Student:
             self.tally.error("run: its socket closed before the exit frame")
         except TimeoutError:
             self.tally.timeouts["run_e2e"] += 1
-        except websockets.ConnectionClosed as exc:
-            if exc.rcvd is None or exc.rcvd.code != RUN_ELSEWHERE:
-                self.tally.error(f"run socket: {type(exc).__name__} {exc}")
-                return
-            self.tally.runs_read_after += 1  # --workers: the run is another worker's; read its end instead
-            await self.read_verdict(run_id, started)
         except (OSError, websockets.WebSocketException) as exc:
             self.tally.error(f"run socket: {type(exc).__name__} {exc}")
-
-    async def read_verdict(self, run_id: str, started: float) -> None:
-        while time.monotonic() - started < TIMEOUT_S * 3:
-            answer = await self.call("run_read", "GET", f"/api/runs/{run_id}")
-            if answer is None:
-                return
-            record = answer.json()
-            if record["status"] == "finished":
-                self.verdict(record["verdict"], record["message"], record["stdout"], started)
-                return
-            await asyncio.sleep(0.2)
-        self.tally.timeouts["run_e2e"] += 1
 
     def verdict(self, verdict: str, message: str, stdout: str, started: float) -> None:
         if verdict != "ok" or stdout != "1\n":
@@ -392,7 +372,7 @@ async def run_step(bases: list[str], users: int, args: argparse.Namespace, serve
         "api_p99_ms": api_p99_ms(tally.latencies), "steady_ops": steady_ops,
         "steady_api_p99_ms": api_p99_ms(tally.steady), "steady_after_s": args.ramp + ARRIVAL_SETTLE_S, "errors": len(tally.errors), "error_samples": tally.errors[:5],
         "timeouts": sum(tally.timeouts.values()), "timeouts_by_op": dict(tally.timeouts),
-        "socket_drops": tally.socket_drops, "runs_read_after": tally.runs_read_after, "server_cpu_percent": round(100 * cpu / elapsed, 1),
+        "socket_drops": tally.socket_drops, "server_cpu_percent": round(100 * cpu / elapsed, 1),
         "server_cpu_percent_by_process": by_process,
         "server_rss_mb": round(memory / 2**20, 1), "load_generator_cpu_percent": round(100 * client_cpu / elapsed, 1),
         "host_load_average": os.getloadavg()[0],
@@ -416,8 +396,7 @@ def print_step(result: dict) -> None:
     if len(result["server_cpu_percent_by_process"]) > 1:
         print(f"   server CPU % by process: {result['server_cpu_percent_by_process']}")
     print(f"   load generator CPU {result['load_generator_cpu_percent']}%, host load average {result['host_load_average']:.1f}")
-    print(f"   API p99 {result['api_p99_ms']:.0f} ms; runs whose socket reached another worker (verdict polled): "
-          f"{result['runs_read_after']}")
+    print(f"   API p99 {result['api_p99_ms']:.0f} ms")
     for op, figures in result["ops"].items():
         print(f"   {op:14} n={figures['n']:6}  p50 {figures['p50_ms']:8.1f} ms  p99 {figures['p99_ms']:8.1f} ms")
     print(f"   at work (operations started {result['steady_after_s']:.0f} s or more into the step, after the class "

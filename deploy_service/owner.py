@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 import secrets
-import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -39,10 +38,8 @@ class Replica:
     apps: str | None
 
 
-def this_replica(listen_host: str, port: int, apps_port: int | None, advertise: str | None) -> Replica:
-    """`advertise`, else the listen address, else (listening on every interface) this host's own address."""
-    host = advertise or (listen_host if listen_host not in ("0.0.0.0", "::", "") else
-                         socket.gethostbyname(socket.gethostname()))
+def this_replica(host: str, port: int, apps_port: int | None) -> Replica:
+    """This replica as the others reach it: `host` is Settings.reachable_host."""
     return Replica(secrets.token_hex(6), f"{host}:{port}", f"{host}:{apps_port}" if apps_port else None)
 
 

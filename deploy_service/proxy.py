@@ -21,20 +21,20 @@ import logging
 import re
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 from websockets.asyncio.client import ClientConnection, connect, unix_connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.exceptions import InvalidHandshake, InvalidStatus
 
 from deploy_service.instance import AppInstance
 from deploy_service.owner import Replica
 from deploy_service.upstream import Upstream, UpstreamError
 from ide_server.wiring import required, services_of
+from ide_server.ws_relay import relay
 
 log = logging.getLogger(__name__)
 
@@ -302,37 +302,7 @@ async def relay_websocket(websocket: WebSocket, prefix: str, connect_upstream: C
         return
     async with upstream:
         await websocket.accept(subprotocol=upstream.subprotocol)
-        await _relay(websocket, upstream)
-
-
-async def _relay(websocket: WebSocket, upstream: ClientConnection) -> None:
-    async def client_to_app() -> None:
-        while True:
-            message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                await upstream.close(message.get("code", 1000))
-                return
-            await upstream.send(message["bytes"] if message.get("bytes") is not None else message.get("text", ""))
-
-    async def app_to_client() -> None:
-        try:
-            async for message in upstream:
-                await (websocket.send_bytes(message) if isinstance(message, bytes) else websocket.send_text(message))
-        except ConnectionClosed:
-            pass
-        code = upstream.close_code or 1000
-        with suppress(Exception):
-            await websocket.close(code if code not in (1005, 1006) else 1000)
-
-    tasks = [asyncio.create_task(client_to_app()), asyncio.create_task(app_to_client())]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        with suppress(WebSocketDisconnect, RuntimeError, ConnectionClosed):
-            await websocket.close()
+        await relay(websocket, upstream)
 
 
 @lru_cache(maxsize=8)

@@ -2,6 +2,7 @@
 
 import os
 import secrets
+import socket
 import tempfile
 from pathlib import Path
 from typing import Literal
@@ -82,6 +83,14 @@ class Settings(BaseSettings):
         default=None, description="Apps answer at {slug}.apps.<this> (e.g. example.org, or localhost:8001 with the apps "
         "port 8001); their URLs then use it. Point that wildcard name at the apps port."
     )
+
+    @property
+    def reachable_host(self) -> str:
+        """How the other replicas reach this one: `replica_host`, else the listen address, else
+        (listening on every interface) this host's own address."""
+        if self.replica_host:
+            return self.replica_host
+        return self.host if self.host not in ("0.0.0.0", "::", "") else socket.gethostbyname(socket.gethostname())
 
     @property
     def projects_dir(self) -> Path:

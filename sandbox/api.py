@@ -17,7 +17,8 @@ import anyio
 from fastapi import APIRouter, Depends, FastAPI, Query, WebSocket, status
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import HTTPConnection
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse
 
 from collab.editors import OpenEditors
 from ide_server.components import Component
@@ -31,7 +32,7 @@ from ide_server.services import projects
 from ide_server.wiring import Builders, Collab, Core, RunSecrets, required, services_of
 from sandbox.backends.choice import make_backend
 from sandbox.backends.dockerd import docker_client
-from sandbox.errors import SandboxError, SandboxUnavailable
+from sandbox.errors import RunNotFound, SandboxError, SandboxUnavailable
 from sandbox.frames import (
     CLOSE_BUSY,
     CLOSE_FORBIDDEN,
@@ -45,6 +46,7 @@ from sandbox.frames import (
 from sandbox.host_lease import HostLease
 from sandbox.packages.install import bubblewrap_installer, runners_installer
 from sandbox.run_queue import RunQueue
+from sandbox.run_relay import forward_post, serve_from
 from sandbox.runner import start_own_runner
 from sandbox.schemas import PackagesAdd, PackagesPublic, RunCreate, RunPublic
 from sandbox.server_presence import OrphanedRuns, server_presence
@@ -94,10 +96,12 @@ def get_run(run_id: RandomId, user: CurrentUser, db: DbSession, runs: Runs) -> R
     return runs.get(db, run_id, user)
 
 
-@router.post("/api/runs/{run_id}/cancel")
-def cancel_run(run_id: RandomId, user: CurrentUser, db: DbSession, runs: Runs) -> RunPublic:
+@router.post("/api/runs/{run_id}/cancel", response_model=RunPublic)
+async def cancel_run(run_id: RandomId, user: CurrentUser, request: Request, runs: Runs) -> RunPublic | JSONResponse:
     """Stop a queued or running run (editors of its project); a finished run is returned as it is."""
-    return runs.cancel(db, run_id, user)
+    if (address := await runs.elsewhere(run_id, user)) is not None:
+        return await forward_post(request, address)  # live on another replica or worker
+    return await run_in_threadpool(runs.cancel_run, run_id, user)
 
 
 def _caller(websocket: WebSocket) -> User:
@@ -141,6 +145,7 @@ async def run_socket(websocket: WebSocket, run_id: str) -> None:
     editors may send {"type": "stdin", "data"} and {"type": "stdin_eof"}."""
     await websocket.accept()
     runs = runs_of(websocket)
+    user: User | None = None
     try:
         user = await run_in_threadpool(_caller, websocket)
 
@@ -154,6 +159,13 @@ async def run_socket(websocket: WebSocket, run_id: str) -> None:
                     return False
 
         can_write = await run_in_threadpool(allowed)
+    except RunNotFound as exc:  # not live here: perhaps on another replica or worker
+        address = await _elsewhere(runs, run_id, user)
+        if address is None:
+            await _close_denied(websocket, exc)
+        else:
+            await serve_from(websocket, address, f"/ws/runs/{run_id}")
+        return
     except (DomainError, SandboxError) as exc:
         await _close_denied(websocket, exc)
         return
@@ -163,6 +175,15 @@ async def run_socket(websocket: WebSocket, run_id: str) -> None:
             runs.check(db, run_id, user, Role.editor if can_write else Role.viewer)
 
     await _stream_run(websocket, runs, run_id, user, can_write, check_access)
+
+
+async def _elsewhere(runs: ProjectRuns, run_id: str, user: User | None) -> str | None:
+    if user is None:
+        return None
+    try:
+        return await runs.elsewhere(run_id, user)
+    except (DomainError, SandboxError):
+        return None
 
 
 async def _read_stdin(websocket: WebSocket, queue: RunQueue, run_id: str, can_write: bool) -> None:
@@ -290,7 +311,7 @@ async def open_runs(core: Core, *, events: ProjectEvents | None, collab: Collab 
         installer = runners_installer(backend, settings.effective_packages_dir)
     else:
         installer = bubblewrap_installer(settings.effective_packages_dir) if backend is not None else None
-    presence = server_presence(settings.redis_url)
+    presence = server_presence(settings.redis_url, f"{settings.reachable_host}:{settings.port}")
     await presence.start()
     runs = ProjectRuns(backend, unavailable, sessions=core.sessions, projects_dir=settings.projects_dir,
                        editors=OpenEditors.of(collab),
@@ -298,7 +319,8 @@ async def open_runs(core: Core, *, events: ProjectEvents | None, collab: Collab 
                        environment_of=_run_environment(core.sessions, secrets),
                        installer=installer, max_running=settings.sandbox_max_running,
                        max_running_per_user=settings.sandbox_max_running_per_user,
-                       max_per_user=settings.sandbox_max_runs_per_user, server_id=presence.server_id)
+                       max_per_user=settings.sandbox_max_runs_per_user, server_id=presence.server_id,
+                       address_of=presence.address_of)
     orphans = OrphanedRuns(presence, runs.unfinished_servers, runs.close_runs_of)
     await orphans.sweep_logged()
     sweeping = asyncio.create_task(orphans.sweep_forever()) if presence.shared else None

@@ -46,17 +46,23 @@ class AloneOnHost:
     async def alive(self, server_ids: set[str]) -> set[str]:
         return server_ids & {self.server_id}
 
+    async def address_of(self, server_id: str) -> str | None:
+        return None
+
     async def close(self) -> None:
         return None
 
 
 class SharedPresence:
-    """Replicas sharing Redis: a heartbeat key per server, which expires TTL_S after its server dies."""
+    """Replicas sharing Redis: a heartbeat key per server, which expires TTL_S after its server dies.
+    Its value is where the server answers ("host:port"), so a run's socket opened on another replica
+    is served by the one that runs it (sandbox.run_relay)."""
 
     shared = True
 
-    def __init__(self, redis_url: str, *, beat_s: float = BEAT_S, ttl_s: float = TTL_S) -> None:
+    def __init__(self, redis_url: str, address: str = "", *, beat_s: float = BEAT_S, ttl_s: float = TTL_S) -> None:
         self.server_id = new_server_id()
+        self.address = address
         self.redis = connect(redis_url, max_connections=2)
         self.beat_s, self.ttl_s = beat_s, ttl_s
         self._beating: asyncio.Task[None] | None = None
@@ -75,6 +81,13 @@ class SharedPresence:
         found = await self.redis.mget([KEY_PREFIX + server_id for server_id in ordered])
         return {server_id for server_id, value in zip(ordered, found, strict=True) if value is not None}
 
+    async def address_of(self, server_id: str) -> str | None:
+        """Where a live server answers; None when it is gone or did not say."""
+        value: bytes | str | None = await self.redis.get(KEY_PREFIX + server_id)
+        if not value:
+            return None
+        return value.decode() if isinstance(value, bytes) else value
+
     async def close(self) -> None:
         if self._beating is not None:
             self._beating.cancel()
@@ -84,7 +97,7 @@ class SharedPresence:
         await self.redis.aclose()
 
     async def _beat(self) -> None:
-        await self.redis.set(KEY_PREFIX + self.server_id, b"1", px=int(self.ttl_s * 1000))
+        await self.redis.set(KEY_PREFIX + self.server_id, self.address, px=int(self.ttl_s * 1000))
 
     async def _beat_forever(self) -> None:
         while True:
@@ -98,8 +111,8 @@ class SharedPresence:
 ServerPresence = AloneOnHost | SharedPresence
 
 
-def server_presence(redis_url: str | None) -> ServerPresence:
-    return SharedPresence(redis_url) if redis_url else AloneOnHost()
+def server_presence(redis_url: str | None, address: str = "") -> ServerPresence:
+    return SharedPresence(redis_url, address) if redis_url else AloneOnHost()
 
 
 class OrphanedRuns:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -83,8 +83,10 @@ class ProjectRuns:
                  editors: OpenEditors, installer: Installer | None = None, max_running: int, max_running_per_user: int,
                  max_per_user: int, server_id: str, max_queued: int = 64, max_shells: int = 16,
                  max_shells_per_user: int = 2, announce: Callable[[str, dict[str, Any]], None] | None = None,
-                 environment_of: Callable[[str], dict[str, str]] | None = None) -> None:
-        """server_id: this server's, recorded with each run (see sandbox.server_presence). announce: tells
+                 environment_of: Callable[[str], dict[str, str]] | None = None,
+                 address_of: Callable[[str], Awaitable[str | None]] | None = None) -> None:
+        """server_id: this server's, recorded with each run (see sandbox.server_presence); address_of: where
+        another live server answers ("host:port"), to serve a run's socket from there. announce: tells
         a project's open workspaces something (the events hub): a run started (so every member's console
         follows it), or a run wrote files (so their trees re-read). environment_of: a project's extra run
         environment (the secrets its owner exposes to runs), called in a worker thread."""
@@ -101,6 +103,7 @@ class ProjectRuns:
         self._sockets: set[HeldSocket] = set()
         self.announce: Callable[[str, dict[str, Any]], None] = announce or (lambda project_id, event: None)
         self.environment_of: Callable[[str], dict[str, str]] = environment_of or (lambda project_id: {})
+        self.address_of = address_of
 
     def claim_shell(self, user: User) -> None:
         """Take one of the open-shell places (give it back with release_shell); QueueFull when none is free."""
@@ -313,6 +316,24 @@ class ProjectRuns:
         _, record, _ = self._visible(db, run_id, user, min_role)
         if record is None:
             raise RunNotFound(f"run {run_id} is over; read it with GET /api/runs/{run_id}")
+
+    async def elsewhere(self, run_id: str, user: User) -> str | None:
+        """Where the run is live if another server runs it ("host:port"): replicas, `serve --workers`.
+        None when it is ours, over, or its server is gone; RunNotFound for non-members, as everywhere."""
+        server = await asyncio.to_thread(self._other_server, run_id, user)
+        return await self.address_of(server) if server and self.address_of else None
+
+    def _other_server(self, run_id: str, user: User) -> str | None:
+        with self.sessions() as db:
+            _, record, row = self._visible(db, run_id, user, Role.viewer)
+        if record is not None or row is None or row.status == "finished" or row.server_id == self.server_id:
+            return None
+        return row.server_id
+
+    def cancel_run(self, run_id: str, user: User) -> RunPublic:
+        """cancel on a session of its own (blocking: in a worker thread)."""
+        with self.sessions() as db:
+            return self.cancel(db, run_id, user)
 
     def cancel(self, db: Session, run_id: str, user: User) -> RunPublic:
         _, record, row = self._visible(db, run_id, user, Role.editor)

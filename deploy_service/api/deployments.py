@@ -184,7 +184,7 @@ async def open_deploys(core: Core, *, runs: ProjectRuns | None, collab: Collab |
         await edge.start(settings.host, settings.deploy_apps_port)
         log.info("apps also on port %d", edge.port)
     deploys.ownership = ownership = Ownership(
-        this_replica(settings.host, settings.port, edge.port if edge else None, settings.replica_host), settings.redis_url,
+        this_replica(settings.reachable_host, settings.port, edge.port if edge else None), settings.redis_url,
         can_own=backend is not None)
     keeping = None
     if ownership.redis is not None:  # replicas: the lease holder runs the apps

@@ -1,7 +1,7 @@
 """`codeyard serve --workers 2` (issue 25): two processes on one port, one SQLite file and a private Redis.
 
 Against real processes: two editors of one file on different workers converge; a save through one is read back through the other, also with the file
-open in both; a run started through one has its verdict read through the other. Without
+open in both; a run started through one is followed live, its input typed, and cancelled through the other. Without
 redis-server, or with a port only one process can bind, exit 2.
 """
 
@@ -96,11 +96,13 @@ async def converged(editors: list[YClient], *markers: str) -> str:
     raise AssertionError(f"the editors did not converge: {[str(e.text) for e in editors]}")
 
 
-async def follow_run(url: str, run_id: str, cookie: str) -> tuple[str, str]:
-    """(verdict, stdout) of a run, followed on its socket to the exit frame."""
+async def follow_run(url: str, run_id: str, cookie: str, typed: str | None = None) -> tuple[str, str]:
+    """(verdict, stdout) of a run, followed on its socket to the exit frame; `typed`: its input."""
     stdout = ""
     async with asyncio.timeout(30), websockets.connect(url.replace("http", "ws", 1) + f"/ws/runs/{run_id}",
                                                        additional_headers={"Cookie": cookie}, origin=url) as ws:
+        if typed is not None:
+            await ws.send(json.dumps({"type": "stdin", "data": typed}))
         async for raw in ws:
             frame = json.loads(raw)
             if frame["type"] == "stdout":
@@ -141,6 +143,27 @@ def test_two_workers_share_editors_runs_and_saves(workers: Workers) -> None:
         assert await follow_run(first, run.json()["id"], cookie) == ("ok", "1\n")  # live: on the worker running it
         record = httpx.get(f"{second}/api/runs/{run.json()['id']}", headers=headers, timeout=20).json()
         assert (record["status"], record["verdict"], record["stdout"]) == ("finished", "ok", "1\n")
+        # Live through the other worker too, both ways: it relays the socket to the run's worker.
+        put = httpx.put(f"{second}/api/projects/{project}/files/content/ask.py",
+                        content=b"print(input() + '!')\n", headers=headers, timeout=20)
+        put.raise_for_status()
+        run = httpx.post(f"{first}/api/projects/{project}/runs", json={"entry": "ask.py", "interactive": True},
+                         headers=headers, timeout=20)
+        run.raise_for_status()
+        assert await follow_run(second, run.json()["id"], cookie, typed="hi\n") == ("ok", "hi!\n")
+        # And cancelled through the other worker (it used to answer the run as it was and cancel nothing).
+        put = httpx.put(f"{second}/api/projects/{project}/files/content/wait.py",
+                        content=b"import time\ntime.sleep(60)\n", headers=headers, timeout=20)
+        put.raise_for_status()
+        run = httpx.post(f"{first}/api/projects/{project}/runs", json={"entry": "wait.py"}, headers=headers, timeout=20)
+        run.raise_for_status()
+        httpx.post(f"{second}/api/runs/{run.json()['id']}/cancel", headers=headers, timeout=20).raise_for_status()
+        for _ in range(100):
+            record = httpx.get(f"{first}/api/runs/{run.json()['id']}", headers=headers, timeout=20).json()
+            if record["status"] == "finished":
+                break
+            await asyncio.sleep(0.1)
+        assert record["verdict"] == "cancelled", record
 
         saved = "print('saved')\n"  # a save while both workers have the file open in an editor
         put = httpx.put(f"{second}/api/projects/{project}/files/content/main.py", content=saved.encode(),

@@ -1,0 +1,48 @@
+"""Frames between an accepted client WebSocket and an upstream one, both ways, until either ends.
+
+Two users: the apps' proxy (a visitor's socket to an app) and a run's socket opened on a replica
+that does not run it (served by the one that does, sandbox.run_relay). The upstream's close code
+and reason reach the client, so "access revoked" (4403) or a run's own 4404 read the same relayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import suppress
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+
+NO_STATUS = (1005, 1006)  # "no close frame" codes: not sendable in a close frame of our own
+
+
+async def relay(websocket: WebSocket, upstream: ClientConnection) -> None:
+    async def client_to_upstream() -> None:
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                await upstream.close(message.get("code", 1000))
+                return
+            await upstream.send(message["bytes"] if message.get("bytes") is not None else message.get("text", ""))
+
+    async def upstream_to_client() -> None:
+        try:
+            async for message in upstream:
+                await (websocket.send_bytes(message) if isinstance(message, bytes) else websocket.send_text(message))
+        except ConnectionClosed:
+            pass
+        code = upstream.close_code or 1000
+        with suppress(Exception):
+            await websocket.close(code if code not in NO_STATUS else 1000,
+                                  (upstream.close_reason or "") if code not in NO_STATUS else "")
+
+    tasks = [asyncio.create_task(client_to_upstream()), asyncio.create_task(upstream_to_client())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with suppress(WebSocketDisconnect, RuntimeError, ConnectionClosed):
+            await websocket.close()
