@@ -9,9 +9,9 @@
 //   fp8:  w = e4m3(q) * scale                q: float8 E4M3 (fn) bits, widened through a table.
 // Each thread widens one output channel at a time into a K-float buffer that stays in L1 and
 // dots every row of x with it: memory traffic is the packed bytes, and the widening is paid once
-// per channel however many rows x has. AVX2+FMA where the compiler targets it (plain loops
-// elsewhere and for tails); output channels are spread over torch's OpenMP threads.
-// Up to 16 rows against 32-input int4/int8 groups (GGUF's Q4/Q8 shape: decode steps, a
+// per channel however many rows x has. AVX-512, else AVX2+FMA, where the compiler targets it
+// (plain loops elsewhere and for tails); output channels are spread over torch's OpenMP threads.
+// Up to 64 rows against 32-input int4/int8 groups (GGUF's Q4/Q8 shape: decode steps, a
 // speculative draft's verification) skip the buffer and unpack each group into registers once
 // for all rows; each row's arithmetic is then the same whatever the number of rows.
 // A second pair of kernels (int4_gemm_q8/int8_gemm_q8, after quantize_rows_q8) multiplies in
@@ -77,6 +77,12 @@ inline __m256 widen(__m128i bytes8, bool is_signed) {  // 8 integers in the low 
 // One group's weights as floats, q * scale + offset (int8: offset 0; int4: low nibbles then high).
 inline void widen_int8(const int8_t* q, int64_t n, float scale, float* out) {
   int64_t k = 0;
+#if defined(__AVX512F__)
+  for (; k + 16 <= n; k += 16) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k));
+    _mm512_storeu_ps(out + k, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), _mm512_set1_ps(scale)));
+  }
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
   const __m256 s = _mm256_set1_ps(scale);
   for (; k + 8 <= n; k += 8)
@@ -89,6 +95,15 @@ inline void widen_int8(const int8_t* q, int64_t n, float scale, float* out) {
 inline void widen_int4(const uint8_t* q, int64_t n, float scale, float offset, float* out) {
   const int64_t half = n / 2;
   int64_t j = 0;
+#if defined(__AVX512F__)
+  for (; j + 16 <= half; j += 16) {  // 16 bytes: elements j.. (low nibbles) and j + half.. (high)
+    const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + j)));
+    const __m512 s = _mm512_set1_ps(scale), o = _mm512_set1_ps(offset);
+    const __m512 low = _mm512_cvtepi32_ps(_mm512_and_si512(codes, _mm512_set1_epi32(15)));
+    _mm512_storeu_ps(out + j, _mm512_add_ps(_mm512_mul_ps(low, s), o));
+    _mm512_storeu_ps(out + j + half, _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(codes, 4)), s), o));
+  }
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
   const __m128i low = _mm_set1_epi8(15);
   const __m256 s = _mm256_set1_ps(scale), o = _mm256_set1_ps(offset);
@@ -133,6 +148,19 @@ inline void widen_fp8(const uint8_t* q, int64_t n, float scale, float* out) {
 }
 
 inline float dot(const float* x, const float* w, int64_t n) {
+#if defined(__AVX512F__)
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= n; k += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), _mm512_loadu_ps(w + k), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16), _mm512_loadu_ps(w + k + 16), acc1);
+  }
+  for (; k < n; k += 16) {  // the tail through masked loads (zeros past the end)
+    const __mmask16 mask = n - k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - k)) - 1);
+    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, x + k), _mm512_maskz_loadu_ps(mask, w + k), acc0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#else
   int64_t k = 0;
   float sum = 0.0f;
 #if defined(__AVX2__) && defined(__FMA__)
@@ -145,62 +173,73 @@ inline float dot(const float* x, const float* w, int64_t n) {
 #endif
   for (; k < n; ++k) sum += x[k] * w[k];
   return sum;
+#endif
 }
 
 enum class Weights { INT8, INT4, FP8 };
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-// The AVX-512 form of the kernel below (same sums, another order): a group's 32 weights are two
-// 16-lane vectors (int4: the low and the high nibbles of its 16 bytes; int8: 16 bytes each),
-// sixteen groups' scales and offsets convert at once (a masked load for the last ones), even and
-// odd groups go to two accumulators per row (a single row is otherwise bound by the FMA chain),
-// and the offset term is added into the even one once per sixteen groups.
+constexpr bool X_SUMS = false;  // int4's offset is in the weights this kernel builds (below)
+// The AVX-512 form of the kernel below: sixteen groups' float16 scales (and offsets) convert at
+// once, a masked load for the last ones. int4 skips the int-to-float conversions: per group a
+// 16-float table, code * scale + offset (quantization.py's dequantized weights bit for bit), and
+// one permute per 16 codes (vpermps reads the low 4 bits of each index: the low nibbles as they
+// are, the high ones after a shift) gives the group's 32 weights; each row then costs two FMAs
+// per group, into one accumulator for the group's first 16 inputs and one for its last 16.
+// int8 widens the 32 codes into two 16-lane vectors and scales each group's sum, even and odd
+// groups into two accumulators. Sums in another order than the AVX2 kernel, the same per row
+// whatever R is.
 template <Weights KIND, int R>
-void rows_dot_float_g32(const float* x, const float* x_sums, int64_t k_in, const uint8_t* q, const uint16_t* scales,
+void rows_dot_float_g32(const float* x, const float*, int64_t k_in, const uint8_t* q, const uint16_t* scales,
                         const uint16_t* offsets, float* out, int64_t n_out) {
   const int64_t groups = k_in / 32, row_bytes = KIND == Weights::INT4 ? k_in / 2 : k_in;
-  const auto weights = [](const uint8_t* qg, __m512& w0, __m512& w1) {
-    if (KIND == Weights::INT4) {  // byte b holds element b (low nibble) and b + 16 (high)
-      const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qg)));
-      w0 = _mm512_cvtepi32_ps(_mm512_and_si512(codes, _mm512_set1_epi32(15)));
-      w1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(codes, 4));
-    } else {
-      w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qg))));
-      w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qg + 16))));
-    }
-  };
-  const int64_t group_bytes = KIND == Weights::INT4 ? 16 : 32;
+  const __m512 codes16 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < n_out; ++n) {
     const uint8_t* qn = q + n * row_bytes;
     __m512 even[R], odd[R];
     for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm512_setzero_ps();
-    alignas(64) float scale16[16];
+    alignas(64) float scale16[16], offset16[16];
     for (int64_t g0 = 0; g0 < groups; g0 += 16) {
       const int64_t count = groups - g0 < 16 ? groups - g0 : 16;
       const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
       _mm512_store_ps(scale16, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, scales + n * groups + g0)));
-      if (KIND == Weights::INT4) {
-        const __m512 offset16 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, offsets + n * groups + g0));
-        for (int r = 0; r < R; ++r)
-          even[r] = _mm512_fmadd_ps(offset16, _mm512_maskz_loadu_ps(mask, x_sums + r * groups + g0), even[r]);
-      }
-      for (int64_t j = 0; j < count; j += 2) {
-        const int64_t g = g0 + j;
-        const bool pair = j + 1 < count;
-        __m512 a0, a1, b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
-        weights(qn + g * group_bytes, a0, a1);
-        if (pair) weights(qn + (g + 1) * group_bytes, b0, b1);
-        const __m512 scale_a = _mm512_set1_ps(scale16[j]), scale_b = _mm512_set1_ps(pair ? scale16[j + 1] : 0.0f);
-        for (int r = 0; r < R; ++r) {
-          const float* xg = x + r * k_in + g * 32;
-          const __m512 sum_a = _mm512_fmadd_ps(a1, _mm512_loadu_ps(xg + 16), _mm512_mul_ps(a0, _mm512_loadu_ps(xg)));
-          even[r] = _mm512_fmadd_ps(sum_a, scale_a, even[r]);
-          if (pair) {
-            const __m512 sum_b =
-                _mm512_fmadd_ps(b1, _mm512_loadu_ps(xg + 48), _mm512_mul_ps(b0, _mm512_loadu_ps(xg + 32)));
-            odd[r] = _mm512_fmadd_ps(sum_b, scale_b, odd[r]);
+      if constexpr (KIND == Weights::INT4) {
+        _mm512_store_ps(offset16, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, offsets + n * groups + g0)));
+        for (int64_t j = 0; j < count; ++j) {
+          const int64_t g = g0 + j;
+          const __m512 table =
+              _mm512_add_ps(_mm512_mul_ps(codes16, _mm512_set1_ps(scale16[j])), _mm512_set1_ps(offset16[j]));
+          const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qn + g * 16)));
+          const __m512 w0 = _mm512_permutexvar_ps(codes, table);  // byte b: element b (low), b + 16 (high)
+          const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table);
+          for (int r = 0; r < R; ++r) {
+            const float* xg = x + r * k_in + g * 32;
+            even[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg), even[r]);
+            odd[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 16), odd[r]);
+          }
+        }
+      } else {
+        const auto widen16 = [](const uint8_t* bytes) {
+          return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))));
+        };
+        for (int64_t j = 0; j < count; j += 2) {
+          const int64_t g = g0 + j;
+          const bool pair = j + 1 < count;
+          const __m512 a0 = widen16(qn + g * 32), a1 = widen16(qn + g * 32 + 16);
+          const __m512 b0 = pair ? widen16(qn + g * 32 + 32) : _mm512_setzero_ps();
+          const __m512 b1 = pair ? widen16(qn + g * 32 + 48) : _mm512_setzero_ps();
+          const __m512 scale_a = _mm512_set1_ps(scale16[j]), scale_b = _mm512_set1_ps(pair ? scale16[j + 1] : 0.0f);
+          for (int r = 0; r < R; ++r) {
+            const float* xg = x + r * k_in + g * 32;
+            const __m512 sum_a = _mm512_fmadd_ps(a1, _mm512_loadu_ps(xg + 16), _mm512_mul_ps(a0, _mm512_loadu_ps(xg)));
+            even[r] = _mm512_fmadd_ps(sum_a, scale_a, even[r]);
+            if (pair) {
+              const __m512 sum_b =
+                  _mm512_fmadd_ps(b1, _mm512_loadu_ps(xg + 48), _mm512_mul_ps(b0, _mm512_loadu_ps(xg + 32)));
+              odd[r] = _mm512_fmadd_ps(sum_b, scale_b, odd[r]);
+            }
           }
         }
       }
@@ -209,6 +248,7 @@ void rows_dot_float_g32(const float* x, const float* x_sums, int64_t k_in, const
   }
 }
 #else
+constexpr bool X_SUMS = true;  // the kernel below takes int4's offset term from sum_k x_k per group
 // R decode rows against one weight row of 32-input int4/int8 groups, without the L1 buffer:
 // sum_k x_k (q_k s + o) = s * sum_k x_k q_k + o * sum_k x_k, with sum_k x_k per group given
 // (x_sums [R, groups]). Each group is unpacked once for all R rows, and every row gets the
@@ -286,7 +326,7 @@ void rows_g32(const float* x, const uint8_t* q, const uint16_t* scales, const ui
               int64_t rows, int64_t n_out, int64_t k_in) {
   const int64_t groups = k_in / 32;
   float* x_sums = new float[rows * groups];  // int4's offset term: sum_k x_k per row and group
-  for (int64_t m = 0; m < rows && KIND == Weights::INT4; ++m)
+  for (int64_t m = 0; m < rows && KIND == Weights::INT4 && X_SUMS; ++m)
     for (int64_t g = 0; g < groups; ++g) {
       float& sum = x_sums[m * groups + g];
       sum = 0.0f;
