@@ -187,9 +187,9 @@ constexpr bool X_SUMS = false;  // int4's offset is in the weights this kernel b
 // one permute per 16 codes (vpermps reads the low 4 bits of each index: the low nibbles as they
 // are, the high ones after a shift) gives the group's 32 weights; each row then costs two FMAs
 // per group, into one accumulator for the group's first 16 inputs and one for its last 16.
-// int8 widens the 32 codes into two 16-lane vectors and scales each group's sum, even and odd
-// groups into two accumulators. Sums in another order than the AVX2 kernel, the same per row
-// whatever R is.
+// int8 widens the 32 codes into two 16-lane vectors times the scale (dequantize's weights too),
+// then the same two FMAs per row. Sums in another order than the AVX2 kernel, which factors the
+// scale and offset out of each group (3 vector ops per row and group), the same per row whatever R is.
 template <Weights KIND, int R>
 void rows_dot_float_g32(const float* x, const float*, int64_t k_in, const uint8_t* q, const uint16_t* scales,
                         const uint16_t* offsets, float* out, int64_t n_out) {
@@ -205,42 +205,26 @@ void rows_dot_float_g32(const float* x, const float*, int64_t k_in, const uint8_
       const int64_t count = groups - g0 < 16 ? groups - g0 : 16;
       const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
       _mm512_store_ps(scale16, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, scales + n * groups + g0)));
-      if constexpr (KIND == Weights::INT4) {
+      if constexpr (KIND == Weights::INT4)
         _mm512_store_ps(offset16, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, offsets + n * groups + g0)));
-        for (int64_t j = 0; j < count; ++j) {
-          const int64_t g = g0 + j;
-          const __m512 table =
-              _mm512_add_ps(_mm512_mul_ps(codes16, _mm512_set1_ps(scale16[j])), _mm512_set1_ps(offset16[j]));
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t g = g0 + j;
+        const __m512 scale = _mm512_set1_ps(scale16[j]);
+        __m512 w0, w1;  // the group's weights, as quantization.py's dequantize gives them
+        if constexpr (KIND == Weights::INT4) {
+          const __m512 table = _mm512_add_ps(_mm512_mul_ps(codes16, scale), _mm512_set1_ps(offset16[j]));
           const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qn + g * 16)));
-          const __m512 w0 = _mm512_permutexvar_ps(codes, table);  // byte b: element b (low), b + 16 (high)
-          const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table);
-          for (int r = 0; r < R; ++r) {
-            const float* xg = x + r * k_in + g * 32;
-            even[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg), even[r]);
-            odd[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 16), odd[r]);
-          }
+          w0 = _mm512_permutexvar_ps(codes, table);  // byte b: element b (low nibble), b + 16 (high)
+          w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table);
+        } else {
+          const __m128i* bytes = reinterpret_cast<const __m128i*>(qn + g * 32);
+          w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(bytes))), scale);
+          w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(bytes + 1))), scale);
         }
-      } else {
-        const auto widen16 = [](const uint8_t* bytes) {
-          return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))));
-        };
-        for (int64_t j = 0; j < count; j += 2) {
-          const int64_t g = g0 + j;
-          const bool pair = j + 1 < count;
-          const __m512 a0 = widen16(qn + g * 32), a1 = widen16(qn + g * 32 + 16);
-          const __m512 b0 = pair ? widen16(qn + g * 32 + 32) : _mm512_setzero_ps();
-          const __m512 b1 = pair ? widen16(qn + g * 32 + 48) : _mm512_setzero_ps();
-          const __m512 scale_a = _mm512_set1_ps(scale16[j]), scale_b = _mm512_set1_ps(pair ? scale16[j + 1] : 0.0f);
-          for (int r = 0; r < R; ++r) {
-            const float* xg = x + r * k_in + g * 32;
-            const __m512 sum_a = _mm512_fmadd_ps(a1, _mm512_loadu_ps(xg + 16), _mm512_mul_ps(a0, _mm512_loadu_ps(xg)));
-            even[r] = _mm512_fmadd_ps(sum_a, scale_a, even[r]);
-            if (pair) {
-              const __m512 sum_b =
-                  _mm512_fmadd_ps(b1, _mm512_loadu_ps(xg + 48), _mm512_mul_ps(b0, _mm512_loadu_ps(xg + 32)));
-              odd[r] = _mm512_fmadd_ps(sum_b, scale_b, odd[r]);
-            }
-          }
+        for (int r = 0; r < R; ++r) {
+          const float* xg = x + r * k_in + g * 32;
+          even[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg), even[r]);
+          odd[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 16), odd[r]);
         }
       }
     }
