@@ -49,7 +49,7 @@ from sandbox.run_queue import RunQueue
 from sandbox.run_relay import forward_post, serve_from
 from sandbox.runner import start_own_runner
 from sandbox.schemas import PackagesAdd, PackagesPublic, RunCreate, RunPublic
-from sandbox.server_presence import OrphanedRuns, server_presence
+from sandbox.server_presence import OrphanedRuns, SharedPresence, server_presence
 from sandbox.service import ProjectRuns, public_of_record
 from sandbox.shell import serve_shell
 from sandbox.sweep import sweep
@@ -320,7 +320,7 @@ async def open_runs(core: Core, *, events: ProjectEvents | None, collab: Collab 
                        installer=installer, max_running=settings.sandbox_max_running,
                        max_running_per_user=settings.sandbox_max_running_per_user,
                        max_per_user=settings.sandbox_max_runs_per_user, server_id=presence.server_id,
-                       address_of=presence.address_of)
+                       address_of=presence.address_of if isinstance(presence, SharedPresence) else None)
     orphans = OrphanedRuns(presence, runs.unfinished_servers, runs.close_runs_of)
     await orphans.sweep_logged()
     sweeping = asyncio.create_task(orphans.sweep_forever()) if presence.shared else None

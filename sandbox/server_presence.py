@@ -46,9 +46,6 @@ class AloneOnHost:
     async def alive(self, server_ids: set[str]) -> set[str]:
         return server_ids & {self.server_id}
 
-    async def address_of(self, server_id: str) -> str | None:
-        return None
-
     async def close(self) -> None:
         return None
 

@@ -320,8 +320,10 @@ class ProjectRuns:
     async def elsewhere(self, run_id: str, user: User) -> str | None:
         """Where the run is live if another server runs it ("host:port"): replicas, `serve --workers`.
         None when it is ours, over, or its server is gone; RunNotFound for non-members, as everywhere."""
+        if self.address_of is None:  # a server alone: every live run is its own
+            return None
         server = await asyncio.to_thread(self._other_server, run_id, user)
-        return await self.address_of(server) if server and self.address_of else None
+        return await self.address_of(server) if server else None
 
     def _other_server(self, run_id: str, user: User) -> str | None:
         with self.sessions() as db:

@@ -167,11 +167,9 @@ def cpu_kind() -> str:
     """"avx512_bf16" where the CPU multiplies bf16 natively (AVX512-BF16 or AMX), else "avx2". The
     ratios move with it: on such a CPU Transformers' float32 prefill gains more than the engine's
     (last stop's code: TTFT ratio 0.063 on an AVX2 machine, 0.112 on an AVX512-BF16/AMX one)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "avx2"
-    return "avx512_bf16" if " avx512_bf16" in flags or " amx_bf16" in flags else "avx2"
+    from llm_engine.model_runner import cpu_has_fast_bf16
+
+    return "avx512_bf16" if cpu_has_fast_bf16() else "avx2"
 
 
 def default_baseline() -> Path:
