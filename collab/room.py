@@ -1,7 +1,8 @@
 """One open file: its CRDT document, the clients editing it, their presence, storage and disk copy.
 
-Every document change goes through one path: applied to the doc, queued, stored durably by the
-flush task (one transaction per batch), and only then sent to clients, other replicas and disk.
+Every document change goes through one path: applied to the doc and sent to the room's other
+clients at once (as y-websocket does), then stored durably by the flush task (one transaction per
+batch), and only then sent to other replicas, the file on disk and history.
 """
 
 from __future__ import annotations
@@ -209,7 +210,7 @@ class Room:
             raise ProtocolError(f"bad state vector: {exc}") from exc
 
     def receive_update(self, update: bytes, origin: Peer | None) -> None:
-        """Apply a client's update; it is stored and broadcast by the flush task."""
+        """Apply a client's update and send it to the room's other clients; the flush task stores it."""
         try:
             self.doc.apply_update(update)
         except ValueError as exc:
@@ -293,12 +294,20 @@ class Room:
         self._captured.append(event.update)
 
     def _queue_captured(self, origin: Peer | None) -> None:
+        """Send the captured changes to every client but their origin, and queue them for storing.
+
+        Sending does not wait for the commit: under a class's load the writer's commit took up to a
+        third of a second, and every keystroke waited for it. Nothing is lost by not waiting: Yjs
+        clients keep every update they have seen and hand back what the server lacks when they
+        reconnect, so if storing fails (the room closes, see _fail) the edit returns with them."""
         changes, self._captured = self._captured, []
+        if not changes:
+            return
+        self._send_all(encode_sync_update(merge_updates(*changes) if len(changes) > 1 else changes[0]), skip=origin)
         for update in changes:
             self._pending.append((update, origin))
             self._queued += 1
-        if changes:
-            self._wake.set()
+        self._wake.set()
 
     async def wait_stored(self) -> None:
         target = self._queued
@@ -330,11 +339,6 @@ class Room:
             if not await self._store(updates):
                 await self._fail()
                 return
-            merged = updates[0] if len(updates) == 1 else merge_updates(*updates)
-            if len(batch) == 1:
-                self._send_all(encode_sync_update(merged), skip=batch[0][1])
-            else:
-                self._send_all(encode_sync_update(merged))
             self.mirror.mark_dirty()
             if self.on_edit:
                 for user_id in {peer.user_id for _, peer in batch if peer is not None}:
@@ -344,6 +348,7 @@ class Room:
                 self._stored += len(batch)
                 self._stored_changed.notify_all()
             if self.publisher:
+                merged = updates[0] if len(updates) == 1 else merge_updates(*updates)
                 await self.publisher.publish_update(self.key.name, merged)
             self._maybe_compact()
 

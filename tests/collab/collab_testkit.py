@@ -296,6 +296,16 @@ class PyClient:
         self._inbox.put_nowait(encode_sync_step1(self.doc.get_state()))
         self.set_presence({"user": {"name": self.user}}, clock=1)
 
+    async def reconnect(self) -> PyClient:
+        """A new connection holding this client's document, as a y-websocket provider reconnects:
+        the server's sync step 1 is answered with every update the server lacks."""
+        again = PyClient(self.connection.manager, self.connection.key, self.user)
+        again._applying = True
+        again.doc.apply_update(self.doc.get_update())
+        again._applying = False
+        await again.start()
+        return again
+
     def set_presence(self, state: dict, clock: int) -> None:
         self._inbox.put_nowait(encode_awareness([AwarenessEntry(self.client_id, clock, json.dumps(state))]))
 

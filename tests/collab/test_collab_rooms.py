@@ -302,8 +302,65 @@ async def test_a_busy_database_delays_storing_but_keeps_the_room_open(
     monkeypatch.setattr(store, "append", busy_twice)
     alice.type(0, "still here ")
     await eventually(lambda: str(bob.text) == "still here hello 😀\n", timeout=3.0)
+    await asyncio.wait_for(manager.rooms[key].wait_stored(), 3.0)
     assert len(failures) == 2 and not manager.rooms[key].closed
     await alice.leave()
+    await bob.leave()
+
+
+async def test_keystrokes_reach_other_editors_without_waiting_for_the_commit(
+    manager: RoomManager, key: RoomKey, file_path: Path, store: UpdateStore
+) -> None:
+    """Fan-out waited for the writer's commit, whose tail under a class's load (60-330 ms) became
+    every keystroke's (issue 25). The file on disk still follows only stored edits."""
+    alice = await joined(manager, key)
+    bob = PyClient(manager, key, "bob")
+    await bob.start()
+    await eventually(lambda: str(bob.text) == "hello 😀\n")
+    release = threading.Event()
+    busy = store._write(lambda conn: None if release.wait(10) else None)  # the writer is busy until released
+    try:
+        alice.type(0, "typed ")
+        await eventually(lambda: str(bob.text) == "typed hello 😀\n", timeout=2.0)
+        assert len(store.load(key.name)) == 1  # the file's first text only: the edit is not stored yet
+        await asyncio.sleep(1.2)  # longer than the disk mirror's debounce
+        assert file_path.read_text(encoding="utf-8") == "hello 😀\n"
+    finally:
+        release.set()
+    busy.result()
+    await eventually(lambda: file_path.read_text(encoding="utf-8") == "typed hello 😀\n", timeout=5.0)
+    await alice.leave()
+    await bob.leave()
+
+
+async def test_an_edit_whose_store_failed_comes_back_with_its_editors(
+    manager: RoomManager, key: RoomKey, file_path: Path, store: UpdateStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Editors see an edit before it is stored; if storing it fails the room closes them, and the
+    edit returns when they reconnect (Yjs clients hand back what the server lacks)."""
+    alice = await joined(manager, key)
+    bob = PyClient(manager, key, "bob")
+    await bob.start()
+    await eventually(lambda: str(bob.text) == "hello 😀\n")
+    append, broken = store.append, [True]
+
+    def append_unless_broken(room: str, updates: list[bytes]) -> Future[None]:
+        if broken[0]:
+            raise RuntimeError("the disk is full")
+        return append(room, updates)
+
+    monkeypatch.setattr(store, "append", append_unless_broken)
+    alice.type(0, "kept ")
+    await eventually(lambda: alice.closed_with == bob.closed_with == 1011, timeout=3.0)
+    assert str(bob.text) == "kept hello 😀\n"
+    broken[0] = False
+    bob = await bob.reconnect()
+    await eventually(lambda: key in manager.rooms and str(manager.rooms[key].text) == "kept hello 😀\n", timeout=3.0)
+    await eventually(lambda: file_path.read_text(encoding="utf-8") == "kept hello 😀\n", timeout=5.0)
+    stored = Doc()
+    for update in store.load(key.name):
+        stored.apply_update(update)
+    assert str(stored.get("content", type=Text)) == "kept hello 😀\n"
     await bob.leave()
 
 
