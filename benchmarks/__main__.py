@@ -280,9 +280,9 @@ def dispatch(argv: list[str], prog: str) -> int:
         from benchmarks.framework.workloads import WORKLOADS
 
         for name, fn in WORKLOADS.items():
-            print(f"{name:<16} {(fn.__doc__ or '').strip().splitlines()[0]}")
+            print(f"{name:<20} {(fn.__doc__ or '').strip().splitlines()[0]}")
         for name, module in SUITES.items():
-            print(f"{name:<16} (self-timed) {(import_module(module).__doc__ or '').strip().splitlines()[0]}")
+            print(f"{name:<20} (self-timed) {(import_module(module).__doc__ or '').strip().splitlines()[0]}")
         return 0
     return {"run": cmd_run, "compare": cmd_compare, "gate": cmd_gate, "report": cmd_report}[args.command](args)
 

@@ -2,6 +2,7 @@
 
     flock /tmp/codeyard-bench.lock .venv/bin/python benchmarks/llm_1b_int4.py
     .venv/bin/python benchmarks/llm_1b_int4.py --npl 1,16 --ntg 32 --rows int4
+    python -m benchmarks run 1b-int4 --repeats 3 --out out.json    # the same, as a suite
 
 A Llama-shaped model with random weights is built on the spot with Transformers (hidden 2048, 16
 layers, 32 heads with 8 KV heads, intermediate 5632, SmolLM2's 49152-token vocabulary and
@@ -28,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.llm_batched_vs_llamacpp import best, engine_batched, print_table  # noqa: E402
+from benchmarks.llm_batched_vs_llamacpp import batched_figures, best, engine_batched, print_table  # noqa: E402
 
 SHAPE = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
          "intermediate_size": 5632, "max_position_embeddings": 2048}
@@ -63,8 +64,8 @@ def build_model(folder: Path, layers: int) -> int:
     return parameters
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None, p: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    p = p or argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--npp", type=int, default=32, help="prompt tokens per sequence (default 32)")
     p.add_argument("--ntg", type=int, default=16, help="output tokens per sequence (default 16)")
     p.add_argument("--npl", default="1,8", help="batch sizes; 1 gives the single-stream figure (default 1,8)")
@@ -73,15 +74,21 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--layers", type=int, default=SHAPE["num_hidden_layers"], help="fewer for a quick check")
     args = p.parse_args(argv)
     try:
-        npl = sorted({int(b) for b in args.npl.split(",")})
+        args.npl = sorted({int(b) for b in args.npl.split(",")})
     except ValueError:
         p.error(f"--npl: expected numbers like 1,8, got {args.npl!r}")
-    rows = [r for r in args.rows.split(",") if r]
-    if unknown := [r for r in rows if r not in ROWS]:
+    args.rows = [r for r in args.rows.split(",") if r]
+    if unknown := [r for r in args.rows if r not in ROWS]:
         p.error(f"--rows: unknown {unknown}; choose from {list(ROWS)}")
-    if args.npp < 1 or args.ntg < 2 or args.threads < 1 or args.layers < 1 or min(npl) < 1:
+    if args.npp < 1 or args.ntg < 2 or args.threads < 1 or args.layers < 1 or min(args.npl) < 1:
         p.error("--npp, --threads, --layers and batch sizes must be at least 1, --ntg at least 2")
+    return args
+
+
+def run(args: argparse.Namespace) -> dict:
     from llm_engine import LLM
+
+    npl, rows = args.npl, args.rows
 
     report: dict = {}
     with tempfile.TemporaryDirectory(prefix="codeyard-1b-") as tmp:
@@ -115,5 +122,19 @@ def main(argv: list[str] | None = None) -> dict:
     return report
 
 
+DIRECTIONS = {"output_tok_s": True, "decode_tok_s": True, "prefill_tok_s": True, "weight_bytes": False}
+
+
+def figures(report: dict) -> dict[str, dict[str, float]]:
+    """Per row: its weight bytes, and its output, decode and prefill tok/s per batch size."""
+    out: dict[str, dict[str, float]] = {}
+    for row, r in report.items():
+        out[row] = {"weight_bytes": r["weight_bytes"]}
+        out |= batched_figures(row, r["batched"])
+    return out
+
+
 if __name__ == "__main__":
-    main()
+    from benchmarks.__main__ import main as bench_main
+
+    sys.exit(bench_main(["run", "1b-int4", *sys.argv[1:]]))

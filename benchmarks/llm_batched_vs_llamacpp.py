@@ -3,6 +3,7 @@
     flock /tmp/codeyard-bench.lock .venv/bin/python benchmarks/llm_batched_vs_llamacpp.py
     .venv/bin/python benchmarks/llm_batched_vs_llamacpp.py --npp 64 --ntg 32 --npl 1,8,32 --rows int4,bf16
     .venv/bin/python benchmarks/llm_batched_vs_llamacpp.py --build-llamacpp     # build the anchor only
+    python -m benchmarks run batched-vs-llamacpp --repeats 3 --out out.json    # the same, as a suite
 
 The same GGUF (the built-in SmolLM2-135M Q4_1), the same prompt and output lengths and the same
 batch sizes for both, in one run: for each batch size B, B prompts of NPP random tokens, each
@@ -238,8 +239,8 @@ def best(figures: dict[int, dict], per_cpu: bool = False) -> tuple[float, int]:
                for b, f in figures.items())
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None, p: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    p = p or argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--npp", type=int, default=128, help="prompt tokens per sequence (default 128)")
     p.add_argument("--ntg", type=int, default=64, help="output tokens per sequence (default 64)")
     p.add_argument("--npl", default="1,4,16,64", help="batch sizes (default 1,4,16,64)")
@@ -248,7 +249,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--llamacpp", choices=("auto", "binary", "bindings", "none"), default="auto",
                    help=f"the anchor: {BINARY} if built, else (auto) its loop through llama-cpp-python")
     p.add_argument("--build-llamacpp", action="store_true", help=f"build {BINARY} (if needed) and exit")
-    p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args(argv)
     try:
         args.npl = sorted({int(b) for b in args.npl.split(",")})
@@ -262,8 +262,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> dict:
     if args.build_llamacpp:
         try:
             print(f"built: {find_batched_bench()}")
@@ -312,10 +311,30 @@ def main(argv: list[str] | None = None) -> dict:
         if "int4" in args.rows and "bf16" in args.rows:
             ratio = report[f"int4_vs_bf16 ({unit})"] = best(report["int4"], per_cpu)[0] / best(report["bf16"], per_cpu)[0]
             print(f"best batched int4 vs bf16, {unit}: {ratio:.2f}x (goal >= {INT4_GOAL:g}x: {mark(ratio >= INT4_GOAL)})")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1, default=str))
     return report
 
 
+DIRECTIONS = {"output_tok_s": True, "decode_tok_s": True, "prefill_tok_s": True, "ratio": True}
+
+
+def batched_figures(label: str, figures: dict[int, dict]) -> dict[str, dict[str, float]]:
+    """One system's per-batch-size rates, keyed as the framework's result JSON keys them."""
+    return {f"{label} / B={b}": {k: f[k] for k in ("output_tok_s", "decode_tok_s", "prefill_tok_s")}
+            for b, f in figures.items()}
+
+
+def figures(report: dict) -> dict[str, dict[str, float]]:
+    """Per system and batch size: output, decode and prefill tok/s; the best-vs-best ratios."""
+    out: dict[str, dict[str, float]] = {}
+    for label, value in report.items():
+        if label in ROWS or label == "llama.cpp":
+            out |= batched_figures(label, value)
+        elif label != "args":
+            out[label] = {"ratio": value}
+    return out
+
+
 if __name__ == "__main__":
-    main()
+    from benchmarks.__main__ import main as bench_main
+
+    sys.exit(bench_main(["run", "batched-vs-llamacpp", *sys.argv[1:]]))

@@ -235,4 +235,6 @@ def figures(report: dict) -> dict[str, dict[str, float]]:
 
 
 if __name__ == "__main__":
-    run(parse_args(None, argparse.ArgumentParser(description=__doc__.split("\n\n")[0])))
+    from benchmarks.__main__ import main as bench_main
+
+    sys.exit(bench_main(["run", "disagg", *sys.argv[1:]]))

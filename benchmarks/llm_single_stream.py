@@ -1,6 +1,7 @@
 """Single-stream decode and prefill speed: our engine vs llama.cpp on the same GGUF, and where a step's time goes.
 
     flock /tmp/codeyard-bench.lock .venv/bin/python benchmarks/llm_single_stream.py [--threads 1,2]
+    python -m benchmarks run single-stream --threads 1 --repeats 3 --out out.json    # as a suite
 
 The built-in SmolLM2-135M Q4_1 file runs in our engine (weights kept quantized, the default) and in
 llama.cpp (llama-cpp-python, built natively), each with the same thread count, the same 32-token
@@ -223,23 +224,44 @@ def measure(gguf: Path, threads: int, args: argparse.Namespace) -> dict:
     return result
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None, p: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    p = p or argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     p.add_argument("--rounds", type=int, default=4, help="interleaved rounds per thread count")
     p.add_argument("--tokens", type=int, default=64, help="output tokens per request")
     p.add_argument("--breakdown-rounds", type=int, default=2)
     args = p.parse_args(argv)
     try:
-        threads = [int(t) for t in args.threads.split(",")]
+        args.threads = [int(t) for t in args.threads.split(",")]
     except ValueError:
         p.error(f"--threads: expected numbers like 1,2, got {args.threads!r}")
-    if args.tokens < 2 or args.rounds < 1 or any(t < 1 for t in threads):
+    if args.tokens < 2 or args.rounds < 1 or any(t < 1 for t in args.threads):
         p.error("--tokens must be at least 2, --rounds and thread counts at least 1")
+    return args
+
+
+def run(args: argparse.Namespace) -> dict:
     gguf = smollm2_gguf()
     print(f"model {gguf.name}; uptime load averages {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    return {t: measure(gguf, t, args) for t in threads}
+    return {t: measure(gguf, t, args) for t in args.threads}
+
+
+# figure -> (the key measure() stores it under, higher is better)
+FIGURES = {"fused_ms_per_token": ("fused", False), "layered_ms_per_token": ("layered", False),
+           "llamacpp_ms_per_token": ("llama.cpp", False), "fused_vs_llamacpp": ("fused_vs_llamacpp", True),
+           "cpu_fused_vs_llamacpp": ("cpu_fused_vs_llamacpp", True), "prefill_tok_s": ("prefill tok/s", True),
+           "prefill_vs_llamacpp": ("prefill_vs_llamacpp", True)}
+DIRECTIONS = {figure: higher for figure, (_, higher) in FIGURES.items()}
+
+
+def figures(report: dict) -> dict[str, dict[str, float]]:
+    """Per thread count: the medians over rounds and the ratios against llama.cpp."""
+    return {f"{threads} thread(s)": {figure: result[key] for figure, (key, _) in FIGURES.items()}
+            for threads, result in report.items()}
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.__main__ import main as bench_main
+
+    sys.exit(bench_main(["run", "single-stream", *sys.argv[1:]]))

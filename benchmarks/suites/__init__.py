@@ -15,5 +15,11 @@ SUITES = {
     "router": "benchmarks.suites.router",
     "vision-ttft": "benchmarks.suites.vision_ttft",
     "structured": "benchmarks.suites.structured",
+    # suites whose code stays at the script path their owners and notes name (`python benchmarks/X.py`
+    # runs them through the framework too, with --repeats and --out)
     "disagg": "benchmarks.llm_disagg",
+    "batched-vs-llamacpp": "benchmarks.llm_batched_vs_llamacpp",
+    "1b-int4": "benchmarks.llm_1b_int4",
+    "single-stream": "benchmarks.llm_single_stream",
+    "spec-draft": "benchmarks.llm_spec_draft",
 }

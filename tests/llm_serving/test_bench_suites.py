@@ -65,6 +65,29 @@ def test_spec_suite_outputs_match_and_count_drafts(tiny_chat_model, tmp_path):
     assert result["figures"]["code-edit"]["runs"][0]["spec_tok_s"] > 0
 
 
+def test_spec_draft_suite_with_a_draft_model(tiny_chat_model, tmp_path):
+    model = str(tiny_chat_model)  # the model as its own draft: every drafted token is accepted
+    result = run_suite(tmp_path, "spec-draft", "--model", model, "--draft-model", model, "--code-edits", "1",
+                       "--free-text", "1", "--max-tokens", "8", "--k", "2")
+    draft = tiny_chat_model.name
+    assert set(result["figures"]) == {f"{draft} / code-edit", f"{draft} / free-text"}
+    rows = result["report"][draft]
+    assert all(row["identical"] == row["requests"] == 1 for row in rows.values())
+    assert rows["code-edit"]["accepted_tokens"] == rows["code-edit"]["draft_tokens"] > 0
+
+
+@pytest.mark.parametrize("name", ["batched-vs-llamacpp", "1b-int4", "single-stream", "spec-draft", "disagg"])
+def test_script_suites_take_the_framework_options(name, capsys):
+    """The scripts kept at their paths are suites too: `--help` lists their options beside
+    --repeats and --out, and a bad value is one line and exit 2 before anything is built."""
+    with pytest.raises(SystemExit) as done:
+        bench_main(["run", name, "--help"])
+    assert done.value.code == 0
+    assert "--repeats" in capsys.readouterr().out
+    assert bench_main(["run", name, "--repeats", "0"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
 def test_structured_suite_times_masks(tiny_chat_model, tmp_path):
     result = run_suite(tmp_path, "structured", "--model", str(tiny_chat_model), "--prompts", "1",
                        "--max-tokens", "12")
