@@ -1,11 +1,17 @@
 """Run a workload against targets: warm-up, then every phase `repeats` times per target, all in one
 process and one run, so the targets' figures are comparable (the protocol-overhead table).
 
-Each target's warm-up is the whole workload, every request once, sent together and untimed. With a
-shorter one the first target to run a phase on the server met a cold prefix cache and the others
-reused its blocks (/v1 had 2.6 s TTFT in repeat 1 where /v2, right after it, had 0.4 s), so the
-order of the targets leaked into the comparison. Warmed this way, every timed run of every target
-finds the same cache: the prompts' blocks are in (the offline engine's own cache is warmed alike).
+Each engine's warm-up is the whole workload, every request once, sent together and untimed, through
+the first target that reaches it. With a shorter one the first target to run a phase on the server
+met a cold prefix cache and the others reused its blocks (/v1 had 2.6 s TTFT in repeat 1 where /v2,
+right after it, had 0.4 s), so the order of the targets leaked into the comparison. Warmed this
+way, every timed run of every target finds the same cache: the prompts' blocks are in (the offline
+engine's own cache is warmed alike). The other targets of a warm engine (/v2 and gRPC after /v1)
+send only a few requests, enough to open their connections and streams: the whole workload again
+added two untimed bursts to a run that should fit a few quiet minutes.
+
+The targets take turns in each repeat, and the turn order rotates from repeat to repeat (offline
+first, then /v1 first, ...), so no target always runs right after the same neighbour or first.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from benchmarks.framework.workloads import Phase, Workload
 # Even once a second it is a visible share of a server's CPU outside the engine (prometheus_client
 # renders every histogram bucket), so the CPU-per-token comparison runs with --probe-interval 0.
 PROBE_INTERVAL_S = 1.0
+# A target whose engine another target warmed: enough requests to open its connections and streams.
+PATH_WARMUP_REQUESTS = 2
 
 
 @dataclasses.dataclass
@@ -81,6 +89,11 @@ def cpu_figures(run: PhaseRun) -> dict:
             "engine_wait_ms_per_token": round(wait * 1000 / tokens, 3)}
 
 
+def turns(targets: list, repeats: int) -> list[list]:
+    """Each repeat's order of the targets: every one in turn, the first moving one place per repeat."""
+    return [targets[r % len(targets):] + targets[:r % len(targets)] for r in range(repeats)]
+
+
 async def run(workload: Workload, target_kinds: list[str], repeats: int, server: Server | None,
               offline_args: dict, ttft_slo_ms: float, tpot_slo_ms: float, log=print,
               probe_interval: float = PROBE_INTERVAL_S) -> dict:
@@ -92,12 +105,18 @@ async def run(workload: Workload, target_kinds: list[str], repeats: int, server:
     targets = [make_target(kind, server, offline_args) for kind in target_kinds]
     try:
         everything = [dataclasses.replace(item, at=0.0) for phase in workload.phases for item in phase.items]
+        warm_engines: list = []  # the offline target itself, or the Server behind /v1, /v2 and gRPC
         for target in targets:
-            warm = await run_phase(target, Phase("warm-up", everything))
+            engine = getattr(target, "server", target)
+            items = everything[:PATH_WARMUP_REQUESTS] if engine in warm_engines else everything
+            warm_engines.append(engine)
+            warm = await run_phase(target, Phase("warm-up", items))
             result["warmup_requests"][target.name] = sum(s.ok for s in warm.samples)
             log(f"{target.name:>7} {'warm-up':>16}: {len(warm.samples)} requests in {warm.duration:.1f} s")
-        for repeat in range(repeats):  # targets take turns, so a slow spell of the machine hits all
-            for target in targets:
+        orders = turns(targets, repeats)
+        result["turns"] = [[t.name for t in order] for order in orders]
+        for repeat, order in enumerate(orders):  # a slow spell of the machine hits every target
+            for target in order:
                 for phase in workload.phases:
                     measured = await run_phase(target, phase, probe_interval)
                     figures = results.summarize(measured.samples, measured.duration, ttft_slo_ms, tpot_slo_ms)

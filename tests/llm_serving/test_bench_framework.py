@@ -82,8 +82,16 @@ def test_every_target_answers_the_same_workload(bench_results):
     assert offline["engine_cpu_ms_per_token"] >= 0 and offline["serving_cpu_ms_per_token"] >= 0  # 10 ms ticks
     assert offline["engine_wait_ms_per_token"] >= 0
     assert "engine_cpu_ms_per_token" not in result["figures"]["v1 / b3 in24 out6"]["runs"][0]  # a server not started here
-    # each target warmed up on the whole workload before its timed runs, not only the first target
-    assert result["warmup_requests"] == {"offline": 4, "v1": 4, "v2": 4, "grpc": 4}
+    # each engine warmed up on the whole workload before its timed runs (the server's through /v1,
+    # the first target to reach it); /v2 and gRPC then only opened their connections and stream
+    assert result["warmup_requests"] == {"offline": 4, "v1": 4, "v2": runner.PATH_WARMUP_REQUESTS,
+                                         "grpc": runner.PATH_WARMUP_REQUESTS}
+    assert result["turns"] == [["offline", "v1", "v2", "grpc"]]
+
+
+def test_turn_order_rotates_between_repeats():
+    assert runner.turns(["offline", "v1", "v2"], 4) == [["offline", "v1", "v2"], ["v1", "v2", "offline"],
+                                                        ["v2", "offline", "v1"], ["offline", "v1", "v2"]]
 
 
 def test_compare_cli_exits_1_only_on_a_regression(bench_results, tmp_path, capsys):
