@@ -8,8 +8,10 @@ replica does. Throughput: `--in-flight` runs kept going for `--seconds` with 1 r
 2 runners >= 1.8x one). Latency: `--runs` runs one after another through a runner vs the same runs on
 bubblewrap in this process (p50/p99 and the p99 ratio: what the Redis hop costs). Needs root and 2 CPUs;
 on a shared machine the figures move with the neighbours' load. Each throughput phase also says the CPU
-each part used per run (this process as the dispatching replica, Redis, the runner processes themselves,
-not their runs): with 2 runners the machine has no CPU left for the first two, which take it from the runners.
+each part used per run: this process as the dispatching replica, Redis, the runner processes themselves, the
+runs' sandboxes (their cgroups' CPU), and the rest of the machine (kernel threads' deferred work, such as tearing
+down the runs' namespaces and cgroups, and other processes). With 1 runner the parts off its CPU run on the
+other one for free; with 2 runners they take their CPU from the runners.
 """
 
 from __future__ import annotations
@@ -49,6 +51,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_busy_seconds() -> float:
+    """CPU time the whole machine has spent not idle, all CPUs together (/proc/stat)."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in Path("/proc/stat").read_text().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 class Cluster:
     """A Redis server and runner processes under one temporary folder."""
 
@@ -77,10 +85,11 @@ class Cluster:
         await redis.aclose()
 
     def cpu(self) -> dict[str, float]:
-        """CPU seconds so far of the dispatcher (this process), Redis and the runner processes (their runs apart)."""
+        """CPU seconds so far of the dispatcher (this process), Redis, the runner processes (their runs apart) and the
+        whole machine."""
         redis, *runners = self.procs
         return {"dispatcher": cpu_seconds(os.getpid()), "Redis": cpu_seconds(redis.pid),
-                "runners": sum(cpu_seconds(runner.pid) for runner in runners)}
+                "runners": sum(cpu_seconds(runner.pid) for runner in runners), "machine": machine_busy_seconds()}
 
     def close(self) -> None:
         for proc in reversed(self.procs):
@@ -88,36 +97,41 @@ class Cluster:
             proc.wait(60)
 
 
-async def one_run(backend: Backend, project: Path) -> float:
+async def one_run(backend: Backend, project: Path) -> tuple[float, float]:
+    """(seconds it took, the CPU seconds of its sandbox: its cgroup's, bwrap and the launcher included)."""
     began = time.perf_counter()
     result = await backend.run(RunSpec(["python3", "-c", "print(1)"], project))
     assert result.verdict is Verdict.OK and result.stdout == b"1\n", result
-    return time.perf_counter() - began
+    return time.perf_counter() - began, result.cpu_seconds
 
 
 async def throughput(backend: Backend, cluster: Cluster, seconds: float, in_flight: int) -> tuple[float, dict[str, float]]:
     """Runs finished per second with `in_flight` kept going (after a warm-up of one round), and each part's CPU
-    milliseconds per run meanwhile."""
+    milliseconds per run meanwhile: the dispatcher, Redis, the runner processes, the runs' sandboxes and the rest of
+    the machine (kernel threads doing deferred work such as tearing down namespaces, and other processes)."""
     project = cluster.project
     await asyncio.gather(*(one_run(backend, project) for _ in range(in_flight)))
-    done = 0
+    done, runs_cpu = 0, 0.0
     deadline = time.perf_counter() + seconds
 
     async def keep_going() -> None:
-        nonlocal done
+        nonlocal done, runs_cpu
         while time.perf_counter() < deadline:
-            await one_run(backend, project)
-            done += 1
+            _, sandbox_cpu = await one_run(backend, project)
+            runs_cpu, done = runs_cpu + sandbox_cpu, done + 1  # (`x += await ...` would read x before the await)
 
     began, cpu = time.perf_counter(), cluster.cpu()
     await asyncio.gather(*(keep_going() for _ in range(in_flight)))
     rate, after = done / (time.perf_counter() - began), cluster.cpu()
-    return rate, {part: (after[part] - used) * 1000 / done for part, used in cpu.items()}
+    used = {part: (after[part] - before) * 1000 / done for part, before in cpu.items()}
+    machine = used.pop("machine")
+    used["runs"] = runs_cpu * 1000 / done
+    return rate, {**used, "rest": machine - sum(used.values())}
 
 
 async def latencies(backend: Backend, project: Path, runs: int) -> list[float]:
     await one_run(backend, project)
-    return [await one_run(backend, project) for _ in range(runs)]
+    return [(await one_run(backend, project))[0] for _ in range(runs)]
 
 
 async def main() -> None:

@@ -222,7 +222,7 @@ class Runner:
             await self._done_with(entry_id)  # its replica has given up on it
             return
         async with self.redis.pipeline(transaction=True) as pipe:  # started and acknowledged at once
-            pipe.xrange(in_key(run_id), count=16)  # (told to cancel before it started?)
+            pipe.xrange(in_key(run_id), count=16)  # (told to cancel before it started? steering goes on after these)
             pipe.xadd(out, {"t": "started", "runner": self.name, "incarnation": self.incarnation})
             pipe.xack(RUNS_STREAM, GROUP, entry_id)
             pipe.xdel(RUNS_STREAM, entry_id)
@@ -239,8 +239,14 @@ class Runner:
         loop = asyncio.get_running_loop()
         run.on_change = lambda: loop.create_task(self._say(out, t="wait", v=int(run.waiting_for_input)))
         run.on_files_copied = lambda: loop.create_task(self._files_copied(out, spec.project_dir))
+        if b"stdin" in fields:  # the input its replica had when it queued the run came with it
+            await run.send_stdin(fields[b"stdin"])
+        if b"eof" in fields:
+            await run.close_stdin()
+        for _, told_fields in told:  # what its in stream said before the start
+            await _steer_once(run_id, run, told_fields)
         ended = asyncio.Event()
-        steering = asyncio.create_task(self._steer(run_id, run, ended))
+        steering = asyncio.create_task(self._steer(run_id, run, ended, told[-1][0] if told else "0"))
         try:
             async for chunk in run.chunks():
                 await self._say(out, t="out", s=chunk.stream, d=chunk.data)
@@ -269,24 +275,13 @@ class Runner:
                 raise ValueError(f"{path} is outside this runner's shared folders")
         return spec
 
-    async def _steer(self, run_id: str, run: SandboxRun, ended: asyncio.Event) -> None:
-        """Pass input, end of input, resizes and cancel from the run's in stream to the run, until it has ended."""
-        last: str | bytes = "0"
+    async def _steer(self, run_id: str, run: SandboxRun, ended: asyncio.Event, last: str | bytes) -> None:
+        """Pass what the run's in stream says after entry `last` to the run, until it has ended."""
         while not ended.is_set():
             answer = await patiently(lambda: self.redis.xread({in_key(run_id): last}, count=256, block=1000))
             for entry_id, fields in stream_entries(answer):
-                last, kind = entry_id, fields[b"t"]
-                try:
-                    if kind == b"stdin":
-                        await run.send_stdin(fields[b"d"])
-                    elif kind == b"eof":
-                        await run.close_stdin()
-                    elif kind == b"resize":
-                        await run.resize(int(fields[b"rows"]), int(fields[b"cols"]))
-                    elif kind == b"cancel":
-                        run.cancel()
-                except (ValueError, OSError) as exc:
-                    log.info("run %s: %s ignored: %s", run_id, kind.decode(), exc)
+                last = entry_id
+                await _steer_once(run_id, run, fields)
 
     async def _say(self, out: str, also: tuple[str, dict[FieldT, EncodableT]] | None = None, **fields: EncodableT) -> None:
         """Add an entry to a run's stream (and `also` one to another stream, in the same round trip)."""
@@ -302,6 +297,22 @@ class Runner:
 
         await patiently(say)
 
+
+
+async def _steer_once(run_id: str, run: SandboxRun, fields: Fields) -> None:
+    """Apply one entry of a run's in stream: input, end of input, a resize or cancel."""
+    kind = fields.get(b"t", b"")
+    try:
+        if kind == b"stdin":
+            await run.send_stdin(fields[b"d"])
+        elif kind == b"eof":
+            await run.close_stdin()
+        elif kind == b"resize":
+            await run.resize(int(fields[b"rows"]), int(fields[b"cols"]))
+        elif kind == b"cancel":
+            run.cancel()
+    except (ValueError, OSError) as exc:
+        log.info("run %s: %s ignored: %s", run_id, kind.decode(), exc)
 
 
 async def live_runners(redis: aioredis.Redis) -> list[dict[str, str]]:
@@ -367,7 +378,8 @@ def hand_back(folder: Path) -> None:
 
 async def _handed_back(folder: Path) -> None:
     try:
-        await asyncio.to_thread(hand_back, folder)
+        if os.stat(folder).st_uid != os.geteuid():  # (runner and replicas as one user: nothing to give, no thread hop)
+            await asyncio.to_thread(hand_back, folder)
     except OSError as exc:  # the files are there all the same; only their owner is not the folder's
         log.warning("handing %s back to its owner failed: %s", folder, exc)
 

@@ -102,7 +102,8 @@ class RemoteBackend(Backend):
         execution = RemoteExecution(self.redis, run.id)
         try:
             deadline = time.time() + self.start_timeout
-            job: dict[FieldT, EncodableT] = {"id": run.id, "spec": encode_spec(spec), "deadline": repr(deadline)}
+            job: dict[FieldT, EncodableT] = {"id": run.id, "spec": encode_spec(spec), "deadline": repr(deadline),
+                                             **_input_given(run)}
             await patiently(lambda: self.redis.xadd(RUNS_STREAM, job))
             await run._bind(execution)
             outcome = await self._follow(run, execution, deadline)
@@ -145,6 +146,14 @@ class RemoteBackend(Backend):
 
     async def close(self) -> None:
         await self.redis.aclose()
+
+
+def _input_given(run: SandboxRun) -> dict[FieldT, EncodableT]:
+    """The input (and end of input) given before the run was queued, taken off the run to travel in its entry: a run
+    given all its input at once (Backend.run: graders, installs, tests) costs no message on its in stream."""
+    given, run._pending_stdin[:] = list(run._pending_stdin), []
+    data = b"".join(chunk for chunk in given if chunk is not None)
+    return {**({"stdin": data} if data else {}), **({"eof": 1} if None in given else {})}
 
 
 def _take(run: SandboxRun, execution: RemoteExecution, fields: dict[bytes, bytes]) -> RunResult | None:

@@ -20,7 +20,7 @@ from redis_server import RedisServer
 
 from ide_server.leases import connect
 from sandbox.backend import RunSpec
-from sandbox.backends.dispatch import GROUP, RUNS_STREAM, heartbeat_key
+from sandbox.backends.dispatch import GROUP, RUNS_STREAM, heartbeat_key, in_key
 from sandbox.backends.remote import RemoteBackend, runner_of
 from sandbox.cgroups import RunCgroup, cgroup_dirs, remove_cgroup
 from sandbox.limits import Limits
@@ -142,6 +142,30 @@ async def test_a_run_on_a_runner_streams_output_and_input_and_writes_back(shared
     assert runner_of(run) in ("s1", "s2")
     assert result.files_written == ["out.txt"]
     assert (data_dir / "projects" / "p1" / "out.txt").read_text() == "ann"
+    # Given before the run was queued, the input travelled in the run's entry: its in stream only says it ended
+    assert [f[b"t"] for _, f in await to_shared.redis.xrange(in_key(run.id))] == [b"ended"]
+
+
+async def test_input_given_while_a_run_waits_or_runs_reaches_it_in_order(runners, remote, data_dir, redis_url):
+    """Input sent after the run was queued goes through its in stream: what was said while it waited for a slot is
+    applied when it starts, and what comes while it runs after that."""
+    runners.start("only", slots=1)
+    blocker = await remote.start(spec(data_dir, "python3", "-c", "import time; time.sleep(1.5)"))
+    while runner_of(blocker) is None:
+        await asyncio.sleep(0.05)
+    echo = "import sys\nfor line in sys.stdin: print(line.strip(), flush=True)"
+    run = await remote.start(spec(data_dir, "python3", "-c", echo))
+    await run.send_stdin(b"given\n")  # (with the entry)
+    await asyncio.sleep(0.3)  # queued behind the blocker
+    assert runner_of(run) is None
+    await run.send_stdin(b"while queued\n")
+    chunks = run.chunks()
+    assert (await anext(chunks)).data.startswith(b"given")
+    await run.send_stdin(b"while running\n")
+    await run.close_stdin()
+    result = await run.result()
+    assert result.verdict is Verdict.OK and result.stdout == b"given\nwhile queued\nwhile running\n", result
+    assert (await blocker.result()).verdict is Verdict.OK
 
 
 async def test_what_a_run_writes_belongs_to_the_owner_of_its_folder(shared, to_shared):
