@@ -206,7 +206,9 @@ def split_at_head(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule]:
         hidden = hidden.args[0]
     assert isinstance(hidden, fx.Node)
     head_graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {head_linear.args[0]: head_graph.placeholder("hidden")}  # type: ignore[dict-item]
+    placeholder = head_graph.placeholder("hidden")
+    placeholder.meta = dict(head_linear.args[0].meta)  # type: ignore[union-attr]  # a node: the linear's input
+    env: dict[fx.Node, fx.Node] = {head_linear.args[0]: placeholder}  # type: ignore[dict-item]
 
     def copy_arg(node: fx.Node) -> fx.Node:
         if node not in env:

@@ -12,6 +12,7 @@ from torch import fx, nn
 
 from llm_engine.autodeploy.capture import capture, clean_graph
 from llm_engine.autodeploy.passes import PassContext, run_passes
+from llm_engine.autodeploy.passes.flatten import flatten_batch
 from llm_engine.distributed import get_tp_size
 from llm_engine.layers.attention import AttentionBackend
 
@@ -38,6 +39,7 @@ class AutoDeployedCausalLM(nn.Module):
             clean_graph(graph, device)
         context = PassContext(backend, dtype, device, config.get_text_config().max_position_embeddings)
         self.report = run_passes(captured.body, context)
+        self.report += [f"head {line}" for line in run_passes(captured.head, context, [flatten_batch])]
         captured.body.delete_all_unused_submodules()  # the projections merged away: no second copy of their weights
         for line in self.report:
             logger.info("autodeploy: %s", line)
@@ -51,12 +53,12 @@ class AutoDeployedCausalLM(nn.Module):
         _materialize(self, device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: object) -> torch.Tensor:
-        hidden: torch.Tensor = self.body(input_ids.unsqueeze(0), positions.unsqueeze(0), metadata)
-        return hidden[0]
+        hidden: torch.Tensor = self.body(input_ids, positions, metadata)  # flatten_batch: no batch dimension
+        return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.head(hidden.unsqueeze(0))
-        return logits[0]
+        logits: torch.Tensor = self.head(hidden)
+        return logits
 
     def _targets(self, name: str) -> list[tuple[str, int | None]]:
         """Where a checkpoint tensor goes: a fused parameter's shard, or the parameter of that

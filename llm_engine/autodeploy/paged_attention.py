@@ -21,6 +21,7 @@ class PagedAttention(nn.Module):
         self.attn = Attention(num_heads, num_kv_heads, head_dim, scale, backend)
         self.sliding_window, self.softcap = sliding_window, softcap
         self.tokens_first = False  # inputs [1, T, heads, dim] (as projected) instead of [1, heads, T, dim]
+        self.batch_dim = True  # False (tokens first only): inputs [T, heads, dim], output [T, heads * dim]
         self.check_backend(backend)
 
     def check_backend(self, backend: AttentionBackend) -> None:
@@ -31,16 +32,18 @@ class PagedAttention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: object) -> torch.Tensor:
         """q [1, heads, T, dim], k/v [1, kv_heads, T, dim] (tokens first: [1, T, heads, dim]) ->
-        [1, T, heads, dim]."""
-        q, k, v = (x[0] if self.tokens_first else x[0].transpose(0, 1) for x in (q, k, v))
+        [1, T, heads, dim]; without the batch dimension [T, heads, dim] -> [T, heads * dim], as the
+        engine's attention returns it for the output projection."""
+        if self.batch_dim:
+            q, k, v = (x[0] if self.tokens_first else x[0].transpose(0, 1) for x in (q, k, v))
         tokens, heads, dim = q.shape
         # as the hand-written layers pass them: q and k may be views of the fused qkv output
         q, k, v = _rows(q), _rows(k), v.contiguous()
         if self.sliding_window or self.softcap:
-            out = self._masked(q, k.contiguous(), v, metadata)
+            out = self._masked(q, k.contiguous(), v, metadata).flatten(1)
         else:
             out = self.attn(q, k, v, metadata)
-        return out.view(1, tokens, heads, dim)
+        return out.view(1, tokens, heads, dim) if self.batch_dim else out
 
     def _masked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: object) -> torch.Tensor:
         assert isinstance(metadata, TorchAttentionMetadata) and isinstance(self.attn.backend, TorchPagedAttention)

@@ -4,6 +4,8 @@ then chooses (int8/int4/fp8/... per layer), as for the hand-written models."""
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import fx
 
@@ -78,3 +80,38 @@ def swap_linears(gm: fx.GraphModule, ctx: PassContext) -> str:
         gm.graph.erase_node(node)
         swapped += 1
     return f"{swapped} linears -> engine linear layers"
+
+
+def _column_range(node: fx.Node) -> tuple[int, int] | None:
+    """(start, end) when `node` is a step-1 slice of its input's last dimension, else None."""
+    if node.target is not aten.slice.Tensor or len(node.args) != 4 or node.args[1] != -1:
+        return None
+    start, end = node.args[2:4]
+    return (start, end) if isinstance(start, int) and isinstance(end, int) else None
+
+
+def split_merged_outputs(gm: fx.GraphModule, ctx: PassContext) -> str:
+    """A merged projection's output read as slices covering its columns in order (q, k, v)
+    becomes one split, as the hand-written layers take it (one op per layer, not one per part)."""
+    split = 0
+    for node in list(gm.graph.nodes):
+        if not (node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), MergedColumnParallelLinear)):
+            continue
+        parts = sorted(((found, user) for user in node.users if (found := _column_range(user)) is not None),
+                       key=lambda part: part[0])
+        ends = [0] + [end for (_, end), _ in parts]
+        module = gm.get_submodule(str(node.target))
+        if (len(parts) < 2 or len(parts) != len(node.users) or ends[-1] != module.output_size
+                or any(start != end for ((start, _), _), end in zip(parts, ends))):
+            continue
+        with gm.graph.inserting_after(node):
+            whole = gm.graph.call_function(aten.split_with_sizes.default,
+                                           (node, [end - start for (start, end), _ in parts], -1))
+        for index, (_, user) in enumerate(parts):
+            with gm.graph.inserting_before(user):
+                piece = gm.graph.call_function(operator.getitem, (whole, index))
+            piece.meta = dict(user.meta)
+            user.replace_all_uses_with(piece)
+            gm.graph.erase_node(user)
+        split += 1
+    return f"{split} merged outputs -> one split each"

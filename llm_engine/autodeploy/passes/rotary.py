@@ -29,7 +29,8 @@ _TABLE_STEPS = (aten.unsqueeze.default, aten.to.dtype, aten._to_copy.default)  #
 
 class TableRotary(nn.Module):
     """The engine's rotary op over q [1, heads, T, dim] and k [1, kv_heads, T, dim] (a captured
-    graph's layout; tokens first: [1, T, heads, dim]) with given cos/sin tables [positions, dim / 2]."""
+    graph's layout; tokens first: [1, T, heads, dim]; without the batch dimension: [T, heads, dim] and
+    positions [T]) with given cos/sin tables [positions, dim / 2]."""
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor, in_place: bool) -> None:
         super().__init__()
@@ -37,16 +38,20 @@ class TableRotary(nn.Module):
         self.rotary.cos, self.rotary.sin = cos, sin
         self.in_place = in_place
         self.tokens_first = False  # q/k in and out [1, T, heads, dim] (as projected)
+        self.batch_dim = True  # False (tokens first only): q/k [T, heads, dim], positions [T]
 
     def _tokens_first(self, x: torch.Tensor) -> torch.Tensor:
         """[T, heads, dim] with each token's heads contiguous, as the kernel rotates them."""
-        x = x[0] if self.tokens_first else x[0].transpose(0, 1)
+        if self.batch_dim:
+            x = x[0] if self.tokens_first else x[0].transpose(0, 1)
         if not self.in_place:
             return x.clone(memory_format=torch.contiguous_format)
         return x if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] else x.contiguous()
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q, k = self.rotary(positions[0], self._tokens_first(q), self._tokens_first(k))
+        q, k = self.rotary(positions[0] if self.batch_dim else positions, self._tokens_first(q), self._tokens_first(k))
+        if not self.batch_dim:
+            return q, k
         if self.tokens_first:
             return q.unsqueeze(0), k.unsqueeze(0)
         return q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0)

@@ -15,8 +15,9 @@ from llm_engine.autodeploy.passes.activation import fuse_silu_and_mul
 from llm_engine.autodeploy.passes.attention import replace_attention
 from llm_engine.autodeploy.passes.check import check_supported
 from llm_engine.autodeploy.passes.cleanup import drop_noop_casts
+from llm_engine.autodeploy.passes.flatten import flatten_batch
 from llm_engine.autodeploy.passes.layout import tokens_first_attention
-from llm_engine.autodeploy.passes.linear import merge_sibling_linears, swap_linears
+from llm_engine.autodeploy.passes.linear import merge_sibling_linears, split_merged_outputs, swap_linears
 from llm_engine.autodeploy.passes.norm import fuse_add_rms_norm, fuse_rms_norm
 from llm_engine.autodeploy.passes.rotary import TableRotary, fuse_rotary
 from llm_engine.layers.activation import SiluAndMul
@@ -86,6 +87,14 @@ class Block(nn.Module):
         return qkv[..., :16] + mlp
 
 
+def load(gm: torch.fx.GraphModule, module: nn.Module, ctx: PassContext) -> None:
+    """The module's weights into the engine linears the passes made, as the model's loader does."""
+    for name, tensor in module.named_parameters():
+        target, shard = ctx.weight_map.get(name, (name, None))
+        param = gm.get_parameter(target)
+        param.weight_loader(param, tensor.detach(), *([] if shard is None else [shard]))
+
+
 def test_linear_passes_merge_siblings_swap_to_engine_layers_and_fuse_silu():
     block, x = Block(), torch.randn(1, 6, 16)
     gm = exported(block, x)
@@ -98,10 +107,7 @@ def test_linear_passes_merge_siblings_swap_to_engine_layers_and_fuse_silu():
     assert isinstance(gm.get_submodule("mlp.down_proj"), ReplicatedLinear)
     assert isinstance(gm.get_submodule("mlp.gate_proj_up_proj_act"), SiluAndMul)
     assert ctx.weight_map["attn.k_proj.weight"] == ("attn.q_proj_k_proj_v_proj.weight", 1)
-    for name, tensor in block.state_dict().items():  # load as the model does
-        target, shard = ctx.weight_map.get(name, (name, None))
-        param = gm.get_parameter(target)
-        param.weight_loader(param, tensor, *([] if shard is None else [shard]))
+    load(gm, block, ctx)
     torch.testing.assert_close(gm(x), before)
 
 
@@ -233,14 +239,19 @@ class Rope(nn.Module):
         return out + projected["q_proj"] if self.q_read_later else out
 
 
-def run_paged(gm: torch.fx.GraphModule, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """A 6-token prefill then one decode over a fresh pool; the outputs of both."""
+def run_paged(gm: torch.fx.GraphModule, x: torch.Tensor, positions: torch.Tensor, flat: bool = False) -> torch.Tensor:
+    """A 6-token prefill then one decode over a fresh pool; the outputs of both (`flat`: the
+    graph takes and returns tensors without the batch dimension, as after flatten_batch)."""
     paged = next(m for m in gm.modules() if isinstance(m, PagedAttention))
     paged.attn.k_cache, paged.attn.v_cache = torch.zeros(4, 2, 4, 8), torch.zeros(4, 2, 4, 8)
     backend = TorchPagedAttention()
-    prefill = gm(x[:, :6], positions[:, :6], backend.build_metadata([SeqSlice(0, 6, [2, 0])], 4, torch.device("cpu")))
-    decode = gm(x[:, 6:], positions[:, 6:], backend.build_metadata([SeqSlice(6, 1, [2, 0])], 4, torch.device("cpu")))
-    return torch.cat([prefill, decode], dim=1)
+    outputs = []
+    for start, end in ((0, 6), (6, 7)):
+        metadata = backend.build_metadata([SeqSlice(start, end - start, [2, 0])], 4, torch.device("cpu"))
+        inputs = (x[0, start:end], positions[0, start:end]) if flat else (x[:, start:end], positions[:, start:end])
+        out = gm(*inputs, metadata)
+        outputs.append(out.unsqueeze(0) if flat else out)
+    return torch.cat(outputs, dim=1)
 
 
 @pytest.mark.parametrize("q_read_later", [False, True])
@@ -269,3 +280,76 @@ def test_fuse_rotary_leaves_partial_rotary_as_it_is():
     assert run_passes(gm, ctx, [replace_attention, fuse_rotary, tokens_first_attention])[1:] == [
         "fuse_rotary: 0 layers' q/k -> the engine's rotary op, 1 left as they are",
         "tokens_first_attention: 0 of 1 attention layers take q/k/v tokens first"]  # q/k come from a cat
+
+
+class Projections(Block):
+    """q/k/v and gate/up projections read separately, as Transformers' layers read them."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (self.attn[n](x) for n in ("q_proj", "k_proj", "v_proj"))
+        mlp = self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](x)) * self.mlp["up_proj"](x))
+        return q * 2 + torch.cat([v, k], dim=-1) + mlp
+
+
+def test_split_merged_outputs_takes_qkv_in_one_split_and_leaves_an_output_read_whole():
+    block, x = Projections(), torch.randn(1, 6, 16)
+    gm = exported(block, x)
+    before = gm(x)
+    ctx = context()
+    report = run_passes(gm, ctx, [merge_sibling_linears, swap_linears, fuse_silu_and_mul, split_merged_outputs])
+    assert report[-1] == "split_merged_outputs: 1 merged outputs -> one split each"  # gate/up: read by SiluAndMul
+    splits = [n for n in gm.graph.nodes if n.target is torch.ops.aten.split_with_sizes.default]
+    assert [(n.args[0].target, n.args[1]) for n in splits] == [("attn.q_proj_k_proj_v_proj", [16, 8, 8])]
+    assert not any(n.target is torch.ops.aten.slice.Tensor for n in gm.graph.nodes)
+    load(gm, block, ctx)
+    torch.testing.assert_close(gm(x), before)
+
+
+def ops(gm: torch.fx.GraphModule, *targets: object) -> int:
+    return sum(1 for n in gm.graph.nodes if n.target in targets)
+
+
+def test_flatten_batch_runs_a_decoder_layer_without_the_batch_dimension():
+    x, positions, rope = torch.randn(1, 7, 16), torch.arange(7).unsqueeze(0), Rope()
+    gm = exported(rope, x[:, :4], torch.arange(4).unsqueeze(0))
+    ctx = context()
+    run_passes(gm, ctx, [replace_attention, merge_sibling_linears, swap_linears, fuse_rotary, tokens_first_attention,
+                         split_merged_outputs])
+    load(gm, rope, ctx)
+    before = run_paged(gm, x, positions)
+    reshapes = (torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten.flatten.using_ints)
+    views = ops(gm, *reshapes)
+    assert run_passes(gm, ctx, [flatten_batch]) == [
+        "flatten_batch: 14 nodes without the batch dimension, 0 given it back for an op no rule knows"]
+    attention, rotary = (next(m for m in gm.modules() if isinstance(m, kind)) for kind in (PagedAttention, TableRotary))
+    assert not attention.batch_dim and not rotary.batch_dim
+    # no op adds or removes the batch dimension, and the attention's output reshape is gone
+    assert ops(gm, torch.ops.aten.unsqueeze.default, torch.ops.aten.select.int) == 0
+    assert ops(gm, *reshapes) == views - 1
+    torch.testing.assert_close(run_paged(gm, x, positions, flat=True), before)
+
+
+def test_flatten_batch_gives_the_dimension_back_where_no_rule_applies():
+    """Partial rotary stays as captured: its cos/sin matmul has no rule and gets the positions
+    back as [1, T]; q and k meet the [1, 1, T, dim] tables with the batch dimension again."""
+    x, positions = torch.randn(1, 7, 16), torch.arange(7).unsqueeze(0)
+    gm = exported(Rope(rotated=4), x[:, :4], torch.arange(4).unsqueeze(0))
+    ctx = context()
+    run_passes(gm, ctx, [replace_attention])
+    before = run_paged(gm, x, positions)
+    report = run_passes(gm, ctx, [flatten_batch])[0]
+    assert report.endswith("given it back for an op no rule knows") and not report.endswith(" 0 given it back for an op no rule knows")
+    assert next(m for m in gm.modules() if isinstance(m, PagedAttention)).batch_dim  # its q/k arrive batched
+    torch.testing.assert_close(run_paged(gm, x, positions, flat=True), before)
+
+
+@pytest.mark.parametrize("module", [Norms(), Residual(read_late=True), Cumulative()], ids=["norms", "residual", "cumsum"])
+def test_flatten_batch_keeps_every_graphs_values(module):
+    x = torch.randn(1, 5, 16)
+    gm = exported(module, x)
+    before = gm(x)
+    ctx = context()
+    run_passes(gm, ctx, [fuse_rms_norm, fuse_add_rms_norm, flatten_batch])
+    for name, offset in ctx.weight_offsets.items():  # what the loader does (Gemma's 1 + w)
+        gm.get_parameter(name).data.add_(offset)
+    torch.testing.assert_close(gm(x[0]), before[0])
