@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from sandbox.backend import Backend, Execution, ExitStatus, Mount, RunContext, RunSpec, SandboxRun
-from sandbox.cgroups import RunCgroup, cgroup_dirs, remove_cgroup
+from sandbox.cgroups import RUNS_FOLDER, RunCgroup, cgroup_dirs, remove_cgroup
 from sandbox.errors import SandboxUnavailable
 from sandbox.files import copy_in
 from sandbox.host_lease import lease_uid
@@ -74,17 +74,19 @@ def app_cgroup(name: str, limits: Limits, cpus: float = 1.0) -> RunCgroup | None
     return RunCgroup.create(name, limits.memory_bytes, limits.pids, folder=APPS_CGROUP, cpus=cpus)
 
 
-def remove_stale_cgroups() -> list[str]:
-    """At start-up: remove app cgroups (v1) a process that died left, those whose uid nobody leases now."""
+def remove_stale_cgroups(kind: Literal["app", "run"] = "app") -> list[str]:
+    """At start-up: remove the cgroups of hosted apps, or of sandbox runs, that a process that died left (a runner
+    killed, then started again on the host or in the same container), those whose uid nobody leases now: a live run or app of any process holds its uid
+    host-wide from before its cgroup is made until after it is removed."""
     removed: list[str] = []
-    base = RunCgroup.base_relpath(APPS_CGROUP)
+    base = RunCgroup.base_relpath(APPS_CGROUP if kind == "app" else RUNS_FOLDER)
     if base is None:
         return removed
     names = {child.name for folder in cgroup_dirs(base) for child in folder.iterdir() if child.is_dir()}
     for name in sorted(names):
-        kind, _, rest = name.partition("-")
+        prefix, _, rest = name.partition("-")
         uid = rest.partition("-")[0]
-        if kind == "app" and uid.isdigit() and (fd := lease_uid(int(uid))) is not None:
+        if prefix == kind and uid.isdigit() and (fd := lease_uid(int(uid))) is not None:
             try:
                 kill_uid(int(uid))
                 remove_cgroup(f"{base}/{name}")

@@ -88,8 +88,9 @@ class Runner:
         Loops end on `draining` rather than by cancelling them: redis-py may swallow a cancel that
         lands in a blocking read, and every read here blocks for at most a second."""
         await self._ensure_group()
-        if self.apps is not None and (stale := await asyncio.to_thread(remove_stale_cgroups)):
-            log.warning("runner %s: removed %d cgroups of apps a previous runner left", self.name, len(stale))
+        for kind in ("run", "app") if self.apps is not None else ("run",):
+            if stale := await asyncio.to_thread(remove_stale_cgroups, kind):
+                log.warning("runner %s: removed %d cgroups of %ss a previous runner left", self.name, len(stale), kind)
         await self._beat()
         beating = asyncio.create_task(self._heartbeat())
         taking = asyncio.create_task(self._take_work())

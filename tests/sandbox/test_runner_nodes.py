@@ -225,6 +225,9 @@ async def test_a_spec_outside_the_shared_folders_or_a_malformed_entry_is_refused
     elsewhere.mkdir()
     result = await (await to_shared.start(RunSpec(["true"], elsewhere, LIMITS))).result()
     assert result.verdict is Verdict.INTERNAL_ERROR and "outside this runner's shared folders" in result.message
+    deadline = time.monotonic() + 10  # (the other runner may have read the junk and not yet deleted it)
+    while await to_shared.redis.xlen(RUNS_STREAM) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     assert await to_shared.redis.xlen(RUNS_STREAM) == 0
 
 
@@ -245,6 +248,10 @@ async def test_a_runner_killed_mid_run_fails_the_run_with_a_message(runners, rem
     assert result.verdict is Verdict.INTERNAL_ERROR
     assert "runner victim stopped during the run" in result.message
     assert time.monotonic() - began < 15  # the heartbeat's time to live and a read, well before the run's own 60 s
+    left = _run_cgroups() - before
+    assert left, "the killed runner's run left no cgroup behind: nothing to clean up"
+    runners.start("successor")  # a runner starting on the host removes the cgroups of runs nobody runs any more
+    assert not left & _run_cgroups()
     _clean_after_kill(runners.runs_dir("victim"), before)
 
 
