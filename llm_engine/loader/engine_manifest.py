@@ -14,7 +14,7 @@ import torch
 
 MANIFEST = "codeyard_engine.json"
 MODEL_FILE = "model.pt"
-FORMAT = 2  # 2: attention and rotary modules take a layout flag
+FORMAT = 3  # 2: attention and rotary modules take a layout flag; 3: the graph runs without the batch dimension
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 TARGETS = ("cpu", "cuda")  # the device type an engine is built for (`llm build --target`)
 
