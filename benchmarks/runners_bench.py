@@ -1,6 +1,7 @@
-"""Runner nodes: `print(1)` runs per second on 1 runner vs 2, and a dispatched run's latency vs a local one.
+"""Runner nodes: `print(1)` runs per second on 1 runner vs 2, a dispatched run's latency vs a local one, and a
+hosted app's traffic through a runner's relay vs direct.
 
-    flock /tmp/codeyard-bench.lock .venv/bin/python benchmarks/runners_bench.py [--seconds 20] [--runs 60]
+    flock /tmp/codeyard-bench.lock .venv/bin/python benchmarks/runners_bench.py [--seconds 20] [--runs 60] [--relay-seconds 5]
 
 Starts a Redis server of its own (unix socket) and `codeyard runner` processes on bubblewrap, each pinned
 to one CPU with taskset (runs inherit it), and dispatches runs through the runners backend as an IDE
@@ -12,6 +13,10 @@ each part used per run: this process as the dispatching replica, Redis, the runn
 runs' sandboxes (their cgroups' CPU), and the rest of the machine (kernel threads' deferred work, such as tearing
 down the runs' namespaces and cgroups, and other processes). With 1 runner the parts off its CPU run on the
 other one for free; with 2 runners they take their CPU from the runners.
+Relay: an ASGI app (uvicorn) on a unix socket, as a hosted app listens, is asked by `--connections` keep-alive
+connections directly (its socket) and through the TCP relay a runner opens for it (sandbox.app_relay, in a
+process of its own as in the runner), alternated over 2 rounds: requests/s for a small answer, MB/s for 1 MiB
+answers, and the relay's CPU per request and per MiB.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis.asyncio as aioredis  # noqa: E402
 
+from benchmarks.deploy_bench import throughput as http_throughput  # noqa: E402
 from ide_server.leases import connect  # noqa: E402
 from sandbox.backend import Backend, RunSpec  # noqa: E402
 from sandbox.backends.bwrap import BwrapBackend  # noqa: E402
@@ -37,7 +43,29 @@ from sandbox.backends.remote import RemoteBackend  # noqa: E402
 from sandbox.verdict import Verdict  # noqa: E402
 
 CODEYARD = str(Path(sys.executable).with_name("codeyard"))
+REPO = Path(__file__).resolve().parents[1]
 GOAL_SCALING = 1.8
+BIG = 1 << 20  # bytes of the bulk answer
+APP = f"""
+import sys, uvicorn
+ANSWERS = {{"/big": b"x" * {BIG}}}
+async def app(scope, receive, send):
+    if scope["type"] == "http":
+        body = ANSWERS.get(scope["path"], b"hello")
+        await send({{"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body)).encode())]}})
+        await send({{"type": "http.response.body", "body": body}})
+uvicorn.run(app, uds=sys.argv[1], log_level="warning", lifespan="off")
+"""
+RELAY = """
+import asyncio, sys
+from sandbox.app_relay import AppRelay
+async def main():
+    relay = AppRelay(sys.argv[1])
+    await relay.start("127.0.0.1")
+    print(relay.address, relay.token.hex(), flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -134,12 +162,54 @@ async def latencies(backend: Backend, project: Path, runs: int) -> list[float]:
     return [(await one_run(backend, project))[0] for _ in range(runs)]
 
 
+async def relay_figures(seconds: float, connections: int) -> None:
+    """Print the app's requests/s and MB/s directly and through a relay, and the relay's CPU for them."""
+    with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp:
+        socket_path = str(Path(tmp) / "app.sock")
+        app = subprocess.Popen([sys.executable, "-c", APP, socket_path])
+        relay = subprocess.Popen([sys.executable, "-c", RELAY, socket_path], stdout=subprocess.PIPE, text=True,
+                                 env={**os.environ, "PYTHONPATH": str(REPO)})
+        try:
+            assert relay.stdout is not None
+            address, token = relay.stdout.readline().split()
+            host, port = address.rsplit(":", 1)
+            while not Path(socket_path).exists():
+                await asyncio.sleep(0.05)
+
+            async def through_relay() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+                reader, writer = await asyncio.open_connection(host, int(port))
+                writer.write(bytes.fromhex(token))
+                return reader, writer
+
+            doors = {"direct": lambda: asyncio.open_unix_connection(socket_path, limit=2 * BIG), "relay": through_relay}
+            figures: dict[tuple[str, str], list[tuple[float, float]]] = {}
+            for _ in range(2):
+                for path, expected in (("/", b"hello"), ("/big", b"x" * BIG)):
+                    for door, open_connection in doors.items():
+                        used = cpu_seconds(relay.pid)
+                        rate = await http_throughput(open_connection, path, "app", connections, seconds, expected)
+                        relay_cpu = (cpu_seconds(relay.pid) - used) / (rate * seconds)
+                        figures.setdefault((path, door), []).append((rate, relay_cpu))
+        finally:
+            for proc in (relay, app):
+                proc.terminate()
+                proc.wait(10)
+    print(f"app traffic, {connections} keep-alive connections, {seconds:g} s each, 2 rounds alternated:")
+    for path, label, unit, scale in (("/", "small answers", "req/s", 1.0), ("/big", "1 MiB answers", "MB/s", BIG / 1e6)):
+        (direct, _), (relayed, relay_cpu) = ((sum(f) / len(f) for f in zip(*figures[path, door])) for door in doors)
+        per = f"{relay_cpu * 1e6:.0f} us per request" if path == "/" else f"{relay_cpu * 1000:.2f} ms per MiB"
+        print(f"  {label:14s} direct {direct * scale:8.1f} {unit}   through the relay {relayed * scale:8.1f} {unit} "
+              f"({relayed / direct:.2f}x; the relay's CPU: {per})")
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--runs", type=int, default=60)
     parser.add_argument("--in-flight", type=int, default=8)
     parser.add_argument("--slots", type=int, default=2, help="slots per runner")
+    parser.add_argument("--relay-seconds", type=float, default=5, help="per door and answer size (0: no relay figures)")
+    parser.add_argument("--connections", type=int, default=8, help="the relay figures' keep-alive connections")
     args = parser.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         sys.exit("needs 2 CPUs (one per runner)")
@@ -168,6 +238,8 @@ async def main() -> None:
               f"(dispatcher + Redis: {(cpu['dispatcher'] + cpu['Redis']) * rate / 1000:.2f} of a CPU)")
     verdict = "met" if two / one >= GOAL_SCALING else "NOT met"
     print(f"  scaling 2 vs 1: {two / one:.2f}x (goal >= {GOAL_SCALING}x: {verdict})")
+    if args.relay_seconds:
+        await relay_figures(args.relay_seconds, args.connections)
 
 
 if __name__ == "__main__":
