@@ -24,10 +24,15 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "paged_attention.cpp", CSRC / "elementwise.cpp", CSRC / "quant_gemm.cpp", CSRC / "decode_stack.cpp"]
+SOURCES = [CSRC / "paged_attention.cpp", CSRC / "elementwise.cpp", CSRC / "quant_gemm.cpp", CSRC / "quant_gemm_amx.cpp",
+           CSRC / "decode_stack.cpp"]
 HEADERS = [CSRC / "simd.h"]
 # -ffp-contract=off: a*b - c*d stays two roundings, as in the PyTorch code the kernels replace.
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+
+
+# From this many rows the integer-activation matmuls run on AMX tiles (16 rows each) where there are any.
+AMX_MIN_ROWS = 2
 
 
 class KernelBuildError(RuntimeError):
@@ -95,6 +100,12 @@ def load_kernels() -> ctypes.CDLL:
                            "decode_stack_f32": [pointer, pointer, i64, i64, pointer, i32, pointer]}.items():
         getattr(library, name).argtypes = argtypes
         getattr(library, name).restype = None
+    library.amx_int8_ready.argtypes, library.amx_int8_ready.restype = [], i32
+    if library.amx_int8_ready():  # built only where the compiler targets AMX
+        for name, argtypes in {"int8_gemm_q8_amx": [pointer] * 6 + [i64] * 4,
+                               "int4_gemm_q8_amx": [pointer] * 7 + [i64] * 4}.items():
+            getattr(library, name).argtypes = argtypes
+            getattr(library, name).restype = None
     return library
 
 
@@ -114,6 +125,8 @@ class CpuKernels:
         self._reused = threading.local()  # dequantize's buffer
         self._quantize_rows = library.quantize_rows_q8
         self._int8_gemm_q8, self._int4_gemm_q8 = library.int8_gemm_q8, library.int4_gemm_q8
+        # AMX tiles for batches (csrc/quant_gemm_amx.cpp): None where the CPU or the build lacks them
+        self.amx = (library.int8_gemm_q8_amx, library.int4_gemm_q8_amx) if library.amx_int8_ready() else None
 
     def supports(self, x: torch.Tensor) -> bool:
         return x.device.type == "cpu" and x.dtype in self._SUFFIXES
@@ -212,11 +225,13 @@ class CpuKernels:
         rows, k_in = x.shape
         xq, dx, sx = self.quantize_rows(x, act_block)
         out = torch.empty(rows, qweight.shape[0], dtype=torch.float32)
+        int8_gemm, int4_gemm = (self.amx if self.amx is not None and rows >= AMX_MIN_ROWS
+                                else (self._int8_gemm_q8, self._int4_gemm_q8))
         if offsets is None:
-            self._int8_gemm_q8(xq.data_ptr(), dx.data_ptr(), sx.data_ptr(), qweight.data_ptr(), scales.data_ptr(),
+            int8_gemm(xq.data_ptr(), dx.data_ptr(), sx.data_ptr(), qweight.data_ptr(), scales.data_ptr(),
                                out.data_ptr(), rows, qweight.shape[0], k_in, group_size)
         else:
-            self._int4_gemm_q8(xq.data_ptr(), dx.data_ptr(), sx.data_ptr(), qweight.data_ptr(), scales.data_ptr(),
+            int4_gemm(xq.data_ptr(), dx.data_ptr(), sx.data_ptr(), qweight.data_ptr(), scales.data_ptr(),
                                offsets.data_ptr(), out.data_ptr(), rows, qweight.shape[0], k_in, group_size)
         return out
 

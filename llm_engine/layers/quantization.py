@@ -316,7 +316,10 @@ class WeightOnlyLinearMethod(QuantMethod):
         act_block = self.scheme.act_block(quant_layer.input_size)
         triton = use_triton(x)
         kernels = quant_layer.kernels
-        max_rows = KERNEL_MAX_ROWS if act_block else self.kernel_max_rows(layer)
+        if act_block:  # on AMX tiles the integer kernel beats a dequantized matmul at every size (prefill too)
+            max_rows = rows if kernels is not None and kernels.amx is not None else KERNEL_MAX_ROWS
+        else:
+            max_rows = self.kernel_max_rows(layer)
         if kernels is not None and rows <= max_rows and not triton:
             flat = x.reshape(rows, -1).float()
             if act_block:

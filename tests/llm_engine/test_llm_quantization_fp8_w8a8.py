@@ -62,10 +62,11 @@ def test_fp8_kernel_matches_the_dequantized_float_matmul(scheme, rows):
 
 
 @pytest.mark.parametrize("scheme,k_in", ACT_CASES, ids=lambda v: v.describe() if isinstance(v, QuantScheme) else str(v))
-@pytest.mark.parametrize("rows", [1, 5, 64])
+@pytest.mark.parametrize("rows", [1, 5, 64, 300])
 def test_integer_kernels_match_int8_activations_times_the_dequantized_weight(scheme, k_in, rows):
-    """Decode sizes run the integer kernel, 64 rows the PyTorch path: both equal the reference
-    (activations rounded per token or per 32 inputs, then a float matmul), and stay near float."""
+    """Decode sizes run the integer kernel, larger batches the PyTorch path, or AMX tiles for all
+    but one row where the CPU has them (300 rows: two passes over the weights): all equal the
+    reference (activations rounded per token or per 32 inputs, then a float matmul), near float."""
     layer, weight = quantized_layer(scheme, k_in, n_out=45)
     x = torch.randn(rows, k_in)
     x[0, 3] = 9.0  # an outlier: its block's scale is coarse
@@ -74,6 +75,25 @@ def test_integer_kernels_match_int8_activations_times_the_dequantized_weight(sch
     torch.testing.assert_close(layer(x), expected, atol=3e-4, rtol=1e-4)
     float_out = x @ weight.t() + layer.bias
     assert (layer(x) - float_out).abs().max() < 0.05 * float_out.abs().max()
+
+
+@pytest.mark.skipif(native.cpu_kernels() is None or native.cpu_kernels().amx is None,  # type: ignore[union-attr]
+                    reason="no AMX tiles on this CPU or in this build")
+@pytest.mark.parametrize("scheme,k_in", ACT_CASES, ids=lambda v: v.describe() if isinstance(v, QuantScheme) else str(v))
+def test_amx_tiles_give_the_vnni_kernels_results_up_to_float_summation_order(scheme, k_in):
+    kernels = native.cpu_kernels()
+    assert kernels is not None and kernels.amx is not None
+    layer, _ = quantized_layer(scheme, k_in, n_out=45)  # 45: a partial block of 16 channels
+    x = torch.randn(37, k_in)  # a partial block of 16 rows
+    group, block = scheme.group_size or k_in, scheme.act_block(k_in)
+    offsets = getattr(layer, "offsets", None)
+    tiles = kernels.quant_gemm_q8(x, layer.qweight, layer.scales, offsets, group, block)
+    amx, kernels.amx = kernels.amx, None
+    try:
+        vnni = kernels.quant_gemm_q8(x, layer.qweight, layer.scales, offsets, group, block)
+    finally:
+        kernels.amx = amx
+    torch.testing.assert_close(tiles, vnni, atol=1e-5 * float(vnni.abs().max()), rtol=0)
 
 
 def test_activation_rounding_reference_matches_the_kernels_own():
