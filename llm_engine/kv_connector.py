@@ -26,17 +26,14 @@ long. The socket waits and the tensor copies release the GIL, so the engine keep
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import hmac
 import json
 import math
-import os
 import queue
 import secrets
 import socket
 import socketserver
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -45,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from llm_engine.kv_pool_files import new_pool_file, remove_pool
 
 ROLES = ("kv_producer", "kv_consumer")
 TRANSPORTS = ("shm", "socket")
@@ -101,12 +100,9 @@ class KVTransferConfig:
 
 
 def shared_kv_pool(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, Path]:
-    """A zeroed pool in a new file that only this user can map (under /dev/shm where it exists).
-    The file is removed by `KVConnector.close` or at exit. A killed process leaves it behind."""
-    folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-    path = folder / f"codeyard-kv-{os.getpid()}-{secrets.token_hex(6)}"
-    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
-    atexit.register(path.unlink, missing_ok=True)
+    """A zeroed pool in a new file that only this user can map (under /dev/shm where it exists),
+    removed by `KVConnector.close`, at exit, or by the next sweep if this process is killed."""
+    path = new_pool_file()
     pool = torch.from_file(str(path), shared=True, size=math.prod(shape), dtype=dtype)
     return pool.view(shape), path
 
@@ -194,7 +190,7 @@ class KVConnector:
             self._server.server_close()
         self._loads.put(None)
         if self.pool_path is not None:
-            self.pool_path.unlink(missing_ok=True)
+            remove_pool(self.pool_path)
 
     # ----- producer -----------------------------------------------------------------------------
 

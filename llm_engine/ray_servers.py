@@ -21,6 +21,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from llm_engine.entrypoints.disagg_servers import NAMES, role_args
 from llm_engine.entrypoints.replicas import Servers, replica_names, wait_healthy
+from llm_engine.kv_pool_files import sweep_dead_pools
 from llm_engine.ray_executor import PLACEMENT_TIMEOUT_S, connect
 
 Serve = Callable[[list[str]], None]  # runs `codeyard llm serve <args>` in the calling thread until it stops
@@ -98,6 +100,7 @@ class ServerGroup:
         connect()
         self.names = names
         self.actors: list[Any] = []  # ray.actor.ActorHandle of ServerActor
+        self.places: list[Place] = []
         self.placement: PlacementGroup | None = placement_group([{"CPU": 1}] * len(names), strategy=strategy)
         ready, _ = ray.wait([self.placement.ready()], timeout=PLACEMENT_TIMEOUT_S)
         if not ready:
@@ -108,7 +111,7 @@ class ServerGroup:
         self.actors = [actor_class.options(
             num_cpus=1, max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self.placement, placement_group_bundle_index=i)).remote() for i in range(len(names))]
-        self.places: list[Place] = ray.get([actor.place.remote() for actor in self.actors])
+        self.places = ray.get([actor.place.remote() for actor in self.actors])
 
     def serve(self, serve: Serve, arg_lists: list[list[str]], ready_timeout_s: float) -> RayServers:
         """Start `codeyard llm serve <args>` in each actor on its node's address; returns once all
@@ -130,12 +133,30 @@ class ServerGroup:
         return failure
 
     def stop(self) -> None:
+        """Kill the actors and free their bundles. `ray.kill` skips a server's own cleanup, so a
+        prefill instance's KV pool file stays in /dev/shm: once the actors on this host are gone,
+        the sweep removes it (on other hosts the next producer started there does)."""
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
+        here = ray.util.get_node_ip_address() if self.actors else None
+        _wait_ended([place.pid for place in self.places if place.ip == here])
+        sweep_dead_pools()
         self.actors = []
         if self.placement is not None:
             remove_placement_group(self.placement)
             self.placement = None
+
+
+def _wait_ended(pids: list[int], timeout_s: float = 10.0) -> None:
+    """Until these processes of this host have ended (`ray.kill` returns before they do)."""
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except (ProcessLookupError, PermissionError):  # gone (the pid may be another user's now)
+                break
+            time.sleep(0.05)
 
 
 @contextlib.contextmanager

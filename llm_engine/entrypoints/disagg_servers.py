@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterator
 
 from llm_engine.entrypoints.replicas import ChildServers, child_servers, free_port
+from llm_engine.kv_pool_files import sweep_dead_pools
 
 NAMES = ["prefill instance", "decode instance"]
 
@@ -30,9 +31,13 @@ def role_args(serve_args: list[str], kv_host: str, kv_port: int, kv_transport: s
 @contextlib.contextmanager
 def disaggregated_servers(serve_args: list[str], kv_transport: str = "shm", pin: bool = True,
                           ready_timeout_s: float = 900) -> Iterator[ChildServers]:
-    """Start the pair; yields once both answer /health (urls: prefill, decode), stops them after."""
+    """Start the pair; yields once both answer /health (urls: prefill, decode), stops them after
+    and removes the prefill instance's KV pool file if it could not (killed)."""
     cpus = instance_cores(pin)
     threads = ["--num-threads", "1"] if cpus else []
     arg_lists = role_args([*serve_args, *threads], "127.0.0.1", free_port(), kv_transport)
-    with child_servers(arg_lists, NAMES, cpus, ready_timeout_s) as children:
-        yield children
+    try:
+        with child_servers(arg_lists, NAMES, cpus, ready_timeout_s) as children:
+            yield children
+    finally:
+        sweep_dead_pools()

@@ -2,20 +2,25 @@
 decode engine pulls it over the KV connector's shared memory and gives the same greedy tokens as
 one engine; the socket transport brings the very same bytes. The decode side pulls only the blocks its prefix cache
 lacks. Every block is freed on both sides, after failed transfers too. Pulls run beside the
-steps: a pull waiting on its answer stalls no other request. The served pair behind
+steps: a pull waiting on its answer stalls no other request. A killed producer's pool file
+is swept, a live one's kept. The served pair behind
 the proxy is tested in tests/llm_serving/test_llm_parallel_disagg.py."""
 
 from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from llm_engine import LLM, SamplingParams
 from llm_engine.kv_connector import KVConnector, KVTransferConfig, token_hash
+from llm_engine.kv_pool_files import sweep_dead_pools
 from llm_engine.sequence import Request
 
 KEY = "kv-secret"
@@ -186,3 +191,26 @@ def test_steps_go_on_while_a_pull_waits_and_an_abort_frees_its_blocks_after_it(t
     assert engine.kv_connector.failed_pulls == 2
     assert_all_free(consumer)
     engine.shutdown()
+
+
+def test_a_killed_producers_pool_file_is_swept_and_live_ones_stay(producer):
+    """SIGKILL (as `ray.kill` sends) skips a producer's cleanup and leaves its pool file in /dev/shm;
+    the next sweep (a producer starting, the launcher or Ray driver stopping its servers) removes
+    it, and never a live producer's file, in another process or this one."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; from llm_engine.kv_pool_files import new_pool_file; "
+                              "print(new_pool_file(), flush=True); time.sleep(120)"],
+                             stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert child.stdout is not None
+        left = Path(child.stdout.readline().strip())
+        assert left.name.startswith(f"codeyard-kv-{child.pid}-") and left.exists()
+        assert left not in sweep_dead_pools()
+        assert left.exists()
+    finally:
+        child.kill()
+        child.wait()
+    assert left.exists()
+    assert left in sweep_dead_pools()
+    assert not left.exists()
+    ours = producer.engine.kv_connector.pool_path
+    assert ours is not None and ours.exists()

@@ -42,6 +42,7 @@ from llm_engine.entrypoints.disagg_proxy import create_disagg_app
 from llm_engine.entrypoints.replicas import replica_names
 from llm_engine.entrypoints.router import create_router_app
 from llm_engine.executor import WorkerGroupError
+from llm_engine.kv_pool_files import POOL_PREFIX, pool_folder
 from tests.llm_serving.conftest import start_server
 from tests.llm_serving.test_llm_parallel_disagg import assert_prefill_blocks_free_and_decode_out
 
@@ -294,7 +295,8 @@ def test_prefill_and_decode_instances_on_two_nodes_answer_like_one_engine_and_a_
     the prefill instance's node over the socket transport (it computes only each last prompt token),
     and a mixed batch, streamed and not, gets one engine's greedy answers. Killing the decode
     instance's actor mid-stream ends that stream with the proxy's error, every block of the prefill
-    instance is freed, and requests then run whole on the prefill instance."""
+    instance is freed, and requests then run whole on the prefill instance. Once the group stops,
+    no KV pool file of the prefill instance is left in /dev/shm."""
     import ray
 
     from llm_engine.ray_servers import ray_disaggregated_servers
@@ -323,3 +325,5 @@ def test_prefill_and_decode_instances_on_two_nodes_answer_like_one_engine_and_a_
             assert complete(split, TEXT_PROMPTS[0]) == one_engine_texts[0]  # whole on the prefill instance
         finally:
             proxy.stop()
+    # ray.kill skipped the prefill instance's own cleanup: stopping the group swept its KV pool file
+    assert not list(pool_folder().glob(f"{POOL_PREFIX}{pair.places[0].pid}-*"))
