@@ -198,6 +198,11 @@ void rows_dot_float_g32(const float* x, const float*, int64_t k_in, const uint8_
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < n_out; ++n) {
     const uint8_t* qn = q + n * row_bytes;
+    // The codes of the channel two ahead start on their way to L1 while this one is multiplied: a
+    // sequence's step reads ~90 MB of weights, and without it the rows' arithmetic waited on those
+    // reads (SmolLM2 Q4_1 + Q8_0 head, one thread: one row 21.8 -> 15.2 ms, six rows 34.4 -> 25.9 ms).
+    if (n + 2 < n_out)
+      for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(qn + 2 * row_bytes + b), _MM_HINT_T0);
     __m512 even[R], odd[R];
     for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm512_setzero_ps();
     alignas(64) float scale16[16], offset16[16];
