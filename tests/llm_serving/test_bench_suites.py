@@ -63,6 +63,8 @@ def test_spec_suite_outputs_match_and_count_drafts(tiny_chat_model, tmp_path):
     rows = result["report"]["workloads"]
     assert all(row["identical"] == row["requests"] == 1 for row in rows.values())  # speculation changes nothing
     assert result["figures"]["code-edit"]["runs"][0]["spec_tok_s"] > 0
+    assert all(row["plain_cpu_ms_per_token"] > 0 and row["spec_cpu_ms_per_token"] > 0 for row in rows.values())
+    assert result["figures"]["code-edit"]["runs"][0]["cpu_ratio"] > 0
 
 
 def test_spec_draft_suite_with_a_draft_model(tiny_chat_model, tmp_path):
