@@ -14,6 +14,7 @@ import torch
 
 from llm_engine.autodeploy.engine_dir import save_model
 from llm_engine.autodeploy.sensitivity import calibration_tokens, measure_sensitivity
+from llm_engine.autodeploy.tune import DtypeTrial, candidate_dtypes, choose_dtype, measure_dtype
 from llm_engine.calibration import default_calibration_files
 from llm_engine.layers.attention import AttentionBackend, TorchPagedAttention
 from llm_engine.layers.linear import LinearBase
@@ -22,7 +23,8 @@ from llm_engine.layers.quantization import WeightOnlyLinearMethod
 from llm_engine.loader import ModelSource
 from llm_engine.loader.engine_manifest import DTYPES, MANIFEST, MODEL_FILE, TARGETS, is_engine_dir
 
-_CALIBRATION = (4, 256)  # sequences x tokens for the sensitivity pass
+_CALIBRATION = (4, 256)  # sequences x tokens for the sensitivity pass and the dtype trials
+_DTYPE_BUDGET = 0.01  # --dtype auto without --accuracy-budget: perplexity within 1% of float32's
 
 
 @dataclass
@@ -98,16 +100,26 @@ def parse_budget(value: str) -> float:
     return budget
 
 
+@dataclass
+class _Built:
+    """One dtype's model after steps 2-4, with what was chosen for it."""
+
+    model: torch.nn.Module
+    quantization: dict[str, str]
+    choices: list[str]
+    sensitivity: dict[str, Any]
+
+
 def build_engine(src: str, out: Path, dtype: str = "float32", quantization: str | dict[str, Any] | None = None,
                  accuracy_budget: float | None = None, calibration: list[Path] | None = None,
                  progress: Callable[[str], None] = print, target: str = "cpu") -> BuildReport:
     """Build `src` (a model folder or .gguf) into the engine folder `out`. With `accuracy_budget`,
-    `quantization` (one method) applies only to the layers the sensitivity pass lets go."""
-    from llm_engine.autodeploy.model import AutoDeployedCausalLM
-
+    `quantization` (one method) applies only to the layers the sensitivity pass lets go. dtype
+    "auto" builds each candidate dtype and keeps the fastest on this machine whose perplexity is
+    within the budget (1% if none is given) of float32's (autodeploy/tune.py)."""
     start = time.perf_counter()
-    if dtype not in DTYPES:
-        raise ValueError(f"--dtype: must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if dtype not in (*DTYPES, "auto"):
+        raise ValueError(f"--dtype: must be auto or one of {sorted(DTYPES)}, got {dtype!r}")
     validate(quantization)
     device, backend = target_device(target)
     if accuracy_budget is not None and quantization not in METHODS:
@@ -123,7 +135,48 @@ def build_engine(src: str, out: Path, dtype: str = "float32", quantization: str 
     progress(f"[1/5] reading {src}")
     hf_config = source.hf_config()
     tokenizer = source.tokenizer()
-    progress("[2/5] capturing with torch.export and running the passes")
+    measured = dtype == "auto" or accuracy_budget is not None
+    windows = (calibration_tokens(files, tokenizer, hf_config.get_text_config().vocab_size, *_CALIBRATION)
+               if measured else [])
+    dtypes = candidate_dtypes(device) if dtype == "auto" else [dtype]
+    built: dict[str, _Built] = {}
+    trials: list[DtypeTrial] = []
+    for candidate in dtypes:
+        built[candidate] = _build_model(source, hf_config, candidate, quantization, accuracy_budget, windows,
+                                        device, backend, progress)
+        if dtype == "auto":
+            trials.append(measure_dtype(built[candidate].model, candidate, windows))
+            progress(f"      {trials[-1].line()}")
+    chosen = choose_dtype(trials, _DTYPE_BUDGET if accuracy_budget is None else accuracy_budget).dtype if trials else dtype
+    result = built[chosen]
+    choices = [*result.choices, *(t.line() for t in trials)] + ([f"dtype {chosen} (the fastest within the budget)"]
+                                                                if trials else [])
+    progress(f"[5/5] writing {out}")
+    for stale in (MANIFEST, MODEL_FILE):  # a rebuild: the old engine is not one until the new is complete
+        (out / stale).unlink(missing_ok=True)
+    hf_config.save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)  # type: ignore[attr-defined]  # a Hugging Face tokenizer
+    for extra in ("generation_config.json", "chat_template.jinja"):
+        if (source.folder / extra).is_file() and source.gguf_file is None:
+            shutil.copy(source.folder / extra, out / extra)
+    model = result.model
+    report = BuildReport(0.0, _size(source.folder / source.gguf_file if source.gguf_file else source.folder), 0,
+                         model.report, summarize(result.quantization), choices)  # type: ignore[arg-type]  # AutoDeployedCausalLM
+    save_model(model, out, {"source": str(Path(src).resolve()), "target": target, "dtype": chosen,
+                            "quantization": result.quantization, "sensitivity": result.sensitivity,
+                            "dtype_trials": [vars(t) for t in trials], "passes": model.report})
+    report.seconds, report.engine_bytes = time.perf_counter() - start, _size(out)
+    return report
+
+
+def _build_model(source: ModelSource, hf_config: Any, dtype: str, quantization: str | dict[str, Any] | None,
+                 accuracy_budget: float | None, windows: list[list[int]], device: torch.device,
+                 backend: AttentionBackend, progress: Callable[[str], None]) -> _Built:
+    """Steps 2-4 for one dtype: capture and passes, weights (and the sensitivity pass), quantization."""
+    from llm_engine.autodeploy.model import AutoDeployedCausalLM
+
+    progress(f"[2/5] capturing with torch.export and running the passes ({dtype})")
     with device:
         model = AutoDeployedCausalLM(hf_config, backend, DTYPES[dtype])
     for line in model.report:
@@ -137,9 +190,8 @@ def build_engine(src: str, out: Path, dtype: str = "float32", quantization: str 
             raise ValueError("--accuracy-budget: the checkpoint is already quantized; give a float checkpoint")
         assign_quantization(model, None, None)
         model.load_weights(source.weights(hf_config))
-        progress(f"      measuring each layer's {quantization} sensitivity on {len(files)} calibration files")
-        batch = calibration_tokens(files, tokenizer, hf_config.get_text_config().vocab_size, *_CALIBRATION)
-        chosen = measure_sensitivity(model, str(quantization), batch, accuracy_budget)
+        progress(f"      measuring each layer's {quantization} sensitivity on {len(windows)} calibration windows")
+        chosen = measure_sensitivity(model, str(quantization), windows, accuracy_budget)
         choices = chosen.lines()
         for line in choices:
             progress(f"      {line}")
@@ -151,18 +203,4 @@ def build_engine(src: str, out: Path, dtype: str = "float32", quantization: str 
     progress(f"[4/5] quantizing ({summarize(effective)})")
     quantize_loaded(model)
     model.eval()
-    progress(f"[5/5] writing {out}")
-    for stale in (MANIFEST, MODEL_FILE):  # a rebuild: the old engine is not one until the new is complete
-        (out / stale).unlink(missing_ok=True)
-    hf_config.save_pretrained(out)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out)  # type: ignore[attr-defined]  # a Hugging Face tokenizer
-    for extra in ("generation_config.json", "chat_template.jinja"):
-        if (source.folder / extra).is_file() and source.gguf_file is None:
-            shutil.copy(source.folder / extra, out / extra)
-    report = BuildReport(0.0, _size(source.folder / source.gguf_file if source.gguf_file else source.folder), 0,
-                         model.report, summarize(effective), choices)
-    save_model(model, out, {"source": str(Path(src).resolve()), "target": target, "dtype": dtype, "quantization": effective,
-                            "sensitivity": sensitivity, "passes": model.report})
-    report.seconds, report.engine_bytes = time.perf_counter() - start, _size(out)
-    return report
+    return _Built(model, effective, choices, sensitivity)

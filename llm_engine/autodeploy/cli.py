@@ -11,7 +11,9 @@ import typer
 def build(
     source: Annotated[str, typer.Argument(metavar="SRC", help="Local Hugging Face model folder or .gguf file.")],
     out: Annotated[Path, typer.Option(help="Engine folder to write (new, empty, or an engine to replace).")],
-    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16, or auto: build each dtype this machine may "
+                                            "run faster, time its decode here and keep the fastest within the "
+                                            "accuracy budget (default 1% perplexity over float32).")] = "float32",
     quantization: Annotated[str, typer.Option(help="none, auto (a GGUF stays quantized), int8, int4, fp8, w8a8, "
                                                    "w4a8 or a per-layer YAML/JSON config file.")] = "auto",
     accuracy_budget: Annotated[str | None, typer.Option(help="With one --quantization method: keep the layers "

@@ -66,24 +66,33 @@ def calibration_tokens(files: list[Path], tokenizer: Tokenizer | None, vocab_siz
     return [ids[i * length:(i + 1) * length] for i in range(sequences)]
 
 
-class _Runner:
-    """Runs one prompt through the built model with a scratch KV pool (the PyTorch backend)."""
+class ScratchRunner:
+    """Runs sequences through the built model with a scratch KV pool (the PyTorch backend): the
+    sensitivity pass's perplexity and the dtype tuner's decode steps (autodeploy/tune.py)."""
 
-    def __init__(self, model: nn.Module, length: int) -> None:
+    def __init__(self, model: nn.Module, length: int, sequences: int = 1) -> None:
         self.model, self.backend = model, TorchPagedAttention()
         self.layers = [m for m in model.modules() if isinstance(m, Attention)]
         blocks = -(-length // _BLOCK)
         first = self.layers[0]
-        self.caches = [torch.zeros(2, blocks, first.num_kv_heads, _BLOCK, first.head_dim,
+        self.caches = [torch.zeros(2, blocks * sequences, first.num_kv_heads, _BLOCK, first.head_dim,
                                    dtype=next(model.parameters()).dtype) for _ in self.layers]
-        self.table = list(range(blocks))
+        self.tables = [list(range(s * blocks, (s + 1) * blocks)) for s in range(sequences)]
+
+    def metadata(self, slices: list[SeqSlice]) -> object:
+        """The step's attention metadata, with the pool bound to the model's attention layers."""
+        for layer, cache in zip(self.layers, self.caches):
+            layer.backend, layer.k_cache, layer.v_cache = self.backend, cache[0], cache[1]
+        return self.backend.build_metadata(slices, _BLOCK, torch.device("cpu"))
+
+    def release(self) -> None:
+        for attention in self.layers:
+            attention.k_cache = attention.v_cache = torch.empty(0)
 
     @torch.inference_mode()
     def nll(self, ids: list[int]) -> tuple[float, int]:
         """(summed negative log-likelihood of each next token, tokens predicted)."""
-        for layer, cache in zip(self.layers, self.caches):
-            layer.backend, layer.k_cache, layer.v_cache = self.backend, cache[0], cache[1]
-        metadata = self.backend.build_metadata([SeqSlice(0, len(ids), self.table)], _BLOCK, torch.device("cpu"))
+        metadata = self.metadata([SeqSlice(0, len(ids), self.tables[0])])
         tokens = torch.tensor(ids)
         hidden = self.model(tokens, torch.arange(len(ids)), metadata)
         logits = self.model.compute_logits(hidden[:-1]).float()  # type: ignore[operator]  # AutoDeployedCausalLM
@@ -120,7 +129,7 @@ def measure_sensitivity(model: nn.Module, method: str, batch: list[list[int]], b
     inputs: dict[str, list[torch.Tensor]] = {name: [] for name in linears}
     hooks = [m.register_forward_pre_hook(lambda _, args, name=name: inputs[name].append(args[0].detach().clone()))
              for name, m in linears.items()]
-    runner = _Runner(model, max(len(ids) for ids in batch))
+    runner = ScratchRunner(model, max(len(ids) for ids in batch))
     try:
         float_ppl = runner.perplexity(batch)
     finally:
@@ -155,7 +164,6 @@ def measure_sensitivity(model: nn.Module, method: str, batch: list[list[int]], b
                 low = middle + 1
     for name, layer in linears.items():  # the model leaves as it came: float
         _swap(model, name, layer)
-    for attention in runner.layers:
-        attention.k_cache = attention.v_cache = torch.empty(0)
+    runner.release()
     return Sensitivity(method, budget, errors, ranking[:kept],
                        {"float": float_ppl, "all quantized": all_quantized, "chosen": chosen})

@@ -1,0 +1,86 @@
+"""The measured dtype choice of `codeyard llm build --dtype auto`: each candidate dtype is built,
+timed on this machine and scored on the calibration text, and the fastest one within the accuracy
+budget is kept.
+
+Which dtype is fastest depends on the CPU and the model, not on a rule: with AMX or AVX512-BF16
+oneDNN runs bfloat16 matmuls natively (a float model's decode steps are mostly its matmuls),
+while a weight-only quantized model's fused float32 kernels can lose in bfloat16. So the build
+measures: decode steps of a few sequences over the built graph (the engine's own layers and
+kernels, a scratch KV pool), best of two timings, and the perplexity of each dtype on the same
+calibration windows. float32 is the reference the budget is measured from.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from llm_engine.autodeploy.sensitivity import ScratchRunner
+from llm_engine.layers.attention import SeqSlice
+
+DECODE = (4, 16)  # sequences decoding together, steps timed (after a prefill of their calibration windows)
+_TIMINGS = 2
+
+
+@dataclass
+class DtypeTrial:
+    dtype: str
+    tokens_per_s: float  # decoding DECODE[0] sequences together over the built graph
+    perplexity: float  # on the calibration windows
+
+    def line(self) -> str:
+        return f"dtype {self.dtype}: {self.tokens_per_s:.1f} tok/s decoding {DECODE[0]} sequences, perplexity {self.perplexity:.3f}"
+
+
+def candidate_dtypes(device: torch.device) -> list[str]:
+    """float32, and bfloat16 where it can be faster: a GPU, or a CPU with native bf16 matmuls."""
+    from llm_engine.model_runner import cpu_has_fast_bf16
+
+    return ["float32", "bfloat16"] if device.type != "cpu" or cpu_has_fast_bf16() else ["float32"]
+
+
+@torch.inference_mode()
+def decode_rate(model: nn.Module, windows: list[list[int]], steps: int = DECODE[1]) -> float:
+    """Tokens/s of `steps` greedy decode steps of the windows' sequences together, each after a
+    prefill of its window; the best of two timings (the first also warms the kernels up)."""
+    runner = ScratchRunner(model, max(len(w) for w in windows) + steps, len(windows))
+    best = 0.0
+    try:
+        for _ in range(_TIMINGS):
+            slices = [SeqSlice(0, len(w), table) for w, table in zip(windows, runner.tables)]
+            tokens = torch.tensor([t for w in windows for t in w])
+            positions = torch.cat([torch.arange(len(w)) for w in windows])
+            hidden = model(tokens, positions, runner.metadata(slices))
+            ends = torch.tensor([len(w) for w in windows]).cumsum(0) - 1
+            tokens = model.compute_logits(hidden[ends]).argmax(-1)  # type: ignore[operator]  # AutoDeployedCausalLM
+            start = time.perf_counter()
+            for step in range(steps):
+                slices = [SeqSlice(len(w) + step, 1, table) for w, table in zip(windows, runner.tables)]
+                positions = torch.tensor([len(w) + step for w in windows])
+                hidden = model(tokens, positions, runner.metadata(slices))
+                tokens = model.compute_logits(hidden).argmax(-1)  # type: ignore[operator]
+            best = max(best, len(windows) * steps / (time.perf_counter() - start))
+    finally:
+        runner.release()
+    return best
+
+
+def measure_dtype(model: nn.Module, dtype: str, windows: list[list[int]]) -> DtypeTrial:
+    """A loaded (and quantized) model's trial: decode speed on the first DECODE[0] windows,
+    perplexity on all of them."""
+    runner = ScratchRunner(model, max(len(w) for w in windows))
+    try:
+        perplexity = runner.perplexity(windows)
+    finally:
+        runner.release()
+    return DtypeTrial(dtype, decode_rate(model, windows[:DECODE[0]]), perplexity)
+
+
+def choose_dtype(trials: list[DtypeTrial], budget: float) -> DtypeTrial:
+    """The fastest trial whose perplexity is within `budget` (relative increase) of float32's."""
+    reference = next(t for t in trials if t.dtype == "float32")
+    allowed = [t for t in trials if t.perplexity <= reference.perplexity * (1 + budget)]
+    return max(allowed, key=lambda t: t.tokens_per_s)
