@@ -54,7 +54,11 @@ BUILD_DIR = ROOT / ".codeyard" / "cache" / "llama.cpp-build"
 BINARY = "llama-batched-bench"
 BATCHED_GOAL = 2.0  # our best output tok/s vs llama.cpp's best
 INT4_GOAL = 1.3  # our int4 vs our bf16
-ROWS = {"int4": ("float32", "auto"), "bf16": ("bfloat16", None), "f32": ("float32", None)}
+# w4a8: the GGUF's layers re-rounded to int4 g32 asym (Q4_1's layout) and its Q8_0 tables to int8 g32,
+# activations rounded to int8 at run time (the integer kernels: AMX tiles for batches where the CPU has them)
+W4A8 = {"config_groups": {"layers": {"targets": ["Linear"], "method": "w4a8"},
+                          "tables": {"targets": ["Embedding"], "method": "w8a8", "group_size": 32}}}
+ROWS = {"int4": ("float32", "auto"), "w4a8": ("float32", W4A8), "bf16": ("bfloat16", None), "f32": ("float32", None)}
 
 
 class LlamaCppMissing(RuntimeError):

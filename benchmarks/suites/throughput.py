@@ -225,6 +225,9 @@ QUANT_ROWS = [
     ("fp8 per-tensor", "float32", {"method": "fp8", "strategy": "tensor"}),
     ("w8a8", "float32", "w8a8"),
     ("w4a8 g32 asym", "float32", "w4a8"),
+    ("w4a8 g32 asym +emb/head w8a8 g32", "float32", {"config_groups": {  # llm_batched_vs_llamacpp's w4a8 row
+        "linear": {"targets": ["Linear"], "method": "w4a8"},
+        "tables": {"targets": ["Embedding"], "method": "w8a8", "group_size": 32}}}),
 ]
 # relative to bfloat16 (issue 16), else the first row
 PPL_GOALS = {"int8": 0.01, "int8 +emb/head": 0.01, "int4 g32 asym": 0.03, "int4 g32 asym +emb/head": 0.03,
