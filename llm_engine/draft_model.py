@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-import torch
-
 from llm_engine.config import EngineConfig
 from llm_engine.layers.attention import SeqSlice
 from llm_engine.loader import ModelSource
 from llm_engine.model_runner import ModelRunner, StepInput
+from llm_engine.sampler import greedy_tokens
 from llm_engine.sequence import Sequence
 
 
@@ -121,4 +120,4 @@ class DraftModelProposer:
 
     def _greedy(self, step: StepInput) -> list[int]:
         logits, _ = self.runner.run_step(step)
-        return [int(t) for t in torch.argmax(logits, dim=-1).tolist()]
+        return [int(t) for t in greedy_tokens(logits).tolist()]

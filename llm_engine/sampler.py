@@ -43,6 +43,15 @@ def _top_logprobs(row: torch.Tensor, token: int, top_n: int) -> dict[int, Logpro
     return top
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax (the first of equal maxima; NaN counts as the largest, as in torch). Float32
+    on the CPU goes through numpy: torch's CPU argmax over SmolLM2's 49k vocabulary takes ~75 us a
+    row, numpy's ~3 (a 6-row speculative verification: 563 vs 18 us)."""
+    if logits.device.type != "cpu" or logits.dtype != torch.float32:
+        return logits.argmax(dim=-1)
+    return torch.from_numpy(logits.numpy().argmax(axis=-1))
+
+
 def adjusts_logits(seq: Sequence) -> bool:
     """Whether penalties or min_tokens change this sequence's logits this step."""
     p = seq.request.params
@@ -75,7 +84,7 @@ class Sampler:
             self._suppress_stops_before_min_tokens(logits, seqs, eos_token_ids)
             if constrained:
                 apply_grammar_masks(logits, constrained, [grammar for _, grammar in grammars])
-        tokens = logits.argmax(dim=-1)
+        tokens = greedy_tokens(logits)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
             rows = torch.tensor(random_rows, device=logits.device)
@@ -201,7 +210,7 @@ class Sampler:
         logits = logits.float().cpu()
         params = seq.request.params
         if params.greedy:
-            targets = logits.argmax(dim=-1).tolist()
+            targets = greedy_tokens(logits).tolist()
             accepted = 0
             while accepted < len(draft) and draft[accepted] == targets[accepted]:
                 accepted += 1

@@ -10,7 +10,7 @@ import torch
 from conftest import VOCAB
 
 from llm_engine import LLM, LLMEngine, SamplingParams
-from llm_engine.sampler import Sampler
+from llm_engine.sampler import Sampler, greedy_tokens
 from llm_engine.sequence import Request
 
 
@@ -166,3 +166,15 @@ def test_prompt_logprobs_match_transformers_over_chunks_and_a_warm_prefix_cache(
     assert llm.generate(prompt, SamplingParams(max_tokens=1), use_tqdm=False)[0].prompt_logprobs is None
     with pytest.raises(ValueError, match="^prompt_logprobs:"):
         SamplingParams(prompt_logprobs=-1)
+
+
+def test_greedy_tokens_agree_with_torch_argmax():
+    logits = torch.randn(6, 49152, generator=torch.Generator().manual_seed(0))
+    logits[1, 7] = logits[1, 9] = logits[1].max() + 1.0  # equal maxima: the first wins
+    logits[2, 5] = float("nan")  # NaN counts as the largest
+    logits[3] = float("-inf")
+    expected = logits.argmax(dim=-1)
+    assert greedy_tokens(logits).tolist() == expected.tolist() == [*expected[:1].tolist(), 7, 5, 0,
+                                                                  *expected[4:].tolist()]
+    assert greedy_tokens(logits[::2]).tolist() == expected[::2].tolist()  # strided rows
+    assert greedy_tokens(logits.bfloat16()).tolist() == logits.bfloat16().argmax(dim=-1).tolist()
