@@ -37,8 +37,10 @@ def swarm():
     assert deployed.returncode == 0, deployed.stderr[-3000:]
     try:
         # Both replicas, not just the proxy: swarm ignores depends_on, so a replica that started before PostgreSQL
-        # exits and comes back, and a test begun meanwhile would meet it half-way
-        for url in ("http://127.0.0.1:8780", *REPLICAS):
+        # exits and comes back, and a test begun meanwhile would meet it half-way. The replicas first: a request through
+        # the proxy while they start marks them failed there for 10 s (max_fails=1), and the first request after the
+        # proxy's own /readyz answered then met "no live upstreams" (502)
+        for url in (*REPLICAS, "http://127.0.0.1:8780"):
             eventually(lambda: httpx.get(f"{url}/readyz", timeout=5).status_code == 200, 300, f"{url} answering")
         yield
     finally:
