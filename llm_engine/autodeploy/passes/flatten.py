@@ -40,10 +40,13 @@ _UNARY = {
 }
 _BROADCAST = {aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.pow.Tensor_Tensor,
               aten.where.self}
-# ops with one dimension argument: (its position, its default)
-_ONE_DIM = {aten.slice.Tensor: (1, 0), aten.select.int: (1, None), aten.softmax.int: (1, None),
-            aten.split.Tensor: (2, 0), aten.split_with_sizes.default: (2, 0), aten.chunk.default: (2, 0),
-            aten.transpose.int: (1, None), aten.sym_size.int: (1, None)}
+# ops with dimension arguments: ((position, default), ...)
+_DIM_ARGS: dict[object, tuple[tuple[int, int | None], ...]] = {
+    aten.slice.Tensor: ((1, 0),), aten.select.int: ((1, None),), aten.softmax.int: ((1, None),),
+    aten.split.Tensor: ((2, 0),), aten.split_with_sizes.default: ((2, 0),), aten.chunk.default: ((2, 0),),
+    aten.sym_size.int: ((1, None),), aten.transpose.int: ((1, None), (2, None)),
+    aten.flatten.using_ints: ((1, 0), (2, -1)),
+}
 _REDUCTIONS = {aten.mean.dim, aten.sum.dim_IntList, aten.amax.default}
 _TOKEN_WISE_MODULES = (LinearBase, RMSNorm, SiluAndMul)
 _RESHAPES = {aten.view.default, aten.reshape.default}
@@ -125,7 +128,7 @@ class _Flattener:
 
     def _rewrite(self, node: fx.Node) -> bool:
         """Rewrite `node` in place for its flattened inputs; False when no rule applies."""
-        if node.kwargs:
+        if any(isinstance(value, fx.Node) for value in node.kwargs.values()):
             return False
         if node.op == "call_module":
             return self._module(node)
@@ -187,19 +190,19 @@ class _Flattener:
             if arg in self.flat:
                 if self.rank.get(arg) != rank:
                     return False
-            elif (self._ndim(arg) or rank) >= rank:  # unknown rank: left as it is
-                return False
+            else:
+                other = self._ndim(arg)
+                if other is None or other >= rank:  # unknown rank: left as it is
+                    return False
         self._mark(node, rank)
         return True
 
-    def one_dim(self, node: fx.Node) -> bool:
+    def dim_args(self, node: fx.Node) -> bool:
         source = node.args[0]
-        if not (isinstance(source, fx.Node) and source in self.flat and source in self.rank):
+        if node.kwargs or not (isinstance(source, fx.Node) and source in self.flat and source in self.rank):
             return False
-        index, default = _ONE_DIM[node.target]  # type: ignore[index]  # only registered ops get here
-        dims = [index] if node.target is not aten.transpose.int else [1, 2]
         args = list(node.args)
-        for position in dims:
+        for position, default in _DIM_ARGS[node.target]:
             dim = args[position] if position < len(args) else default
             if not isinstance(dim, int):
                 return False
@@ -215,7 +218,7 @@ class _Flattener:
 
     def reduction(self, node: fx.Node) -> bool:
         source, dims = node.args[0], node.args[1] if len(node.args) > 1 else []
-        if not (isinstance(source, fx.Node) and source in self.rank and isinstance(dims, (list, tuple)) and dims):
+        if node.kwargs or not (isinstance(source, fx.Node) and source in self.rank and isinstance(dims, (list, tuple)) and dims):
             return False
         shifted = [_shifted(d, self.rank[source]) for d in dims]
         if None in shifted:
@@ -267,14 +270,18 @@ class _Flattener:
         return True
 
     def cat(self, node: fx.Node) -> bool:
+        """cat or stack of flattened tensors of one rank (stack's dim counts the new dimension)."""
         parts, dim = node.args[0], node.args[1] if len(node.args) > 1 else 0
-        if not (isinstance(parts, (list, tuple)) and isinstance(dim, int)):
+        if node.kwargs or not (isinstance(parts, (list, tuple)) and isinstance(dim, int)):
             return False
         ranks = {self.rank.get(p) if isinstance(p, fx.Node) else None for p in parts}
         rank = ranks.pop() if len(ranks) == 1 else None
-        if rank is None or _shifted(dim, rank) is None:
+        if rank is None:
             return False
-        node.args = (parts, _shifted(dim, rank))
+        shifted = _shifted(dim, rank + (node.target is aten.stack.default))
+        if shifted is None:
+            return False
+        node.args = (parts, shifted)
         self._mark(node, None)
         return True
 
@@ -292,11 +299,11 @@ class _Flattener:
 _RULES: dict[object, Callable[[_Flattener, fx.Node], bool]] = {
     **{op: _Flattener.unary for op in _UNARY},
     **{op: _Flattener.broadcast for op in _BROADCAST},
-    **{op: _Flattener.one_dim for op in _ONE_DIM},
+    **{op: _Flattener.dim_args for op in _DIM_ARGS},
     **{op: _Flattener.reduction for op in _REDUCTIONS},
     **{op: _Flattener.reshape for op in _RESHAPES},
     aten.unsqueeze.default: _Flattener.unsqueeze, aten.permute.default: _Flattener.permute,
-    aten.expand.default: _Flattener.expand, aten.cat.default: _Flattener.cat,
+    aten.expand.default: _Flattener.expand, aten.cat.default: _Flattener.cat, aten.stack.default: _Flattener.cat,
     aten.embedding.default: _Flattener.embedding, operator.getitem: _Flattener.getitem,
 }
 
