@@ -103,6 +103,9 @@ def serve(
     kv_port: Annotated[int | None, typer.Option(min=1, max=65535, help="prefill: port its KV is pulled from; "
                                                 "decode: the prefill instance's KV port.")] = None,
     kv_transport: Annotated[str, typer.Option(help="decode: shm (same host) or socket (between hosts).")] = "shm",
+    max_local_prefill_length: Annotated[int, typer.Option(min=0, help="--disaggregated: prompts of at most this "
+                                                           "many tokens are prefilled on the decode instance "
+                                                           "itself (0: none).")] = 0,
 ) -> None:
     """Serve MODEL on HOST:PORT (/v1 and /v2; gRPC on --grpc-port); it loads in the background (503 until ready)."""
     import uvicorn
@@ -117,6 +120,8 @@ def serve(
     path, name = resolve_model(model or os.environ.get("CODEYARD_LLM_MODEL"))
     keys = api_key or [k for k in [os.environ.get("CODEYARD_LLM_API_KEY")] if k]
     check_disaggregation(disaggregated, role, kv_port, kv_transport, data_parallel_size, tensor_parallel_size)
+    if max_local_prefill_length and not disaggregated:
+        raise typer.BadParameter("applies to the --disaggregated proxy", param_hint="--max-local-prefill-length")
     try:
         pinned = parse_cpus(engine_cpus) if engine_cpus is not None else None
     except ValueError as exc:
@@ -161,7 +166,7 @@ def serve(
 
             pair_servers = ray_disaggregated_servers(serve_in_process, serve_args, kv_transport, servers_on_ray)
         with pair_servers as pair:
-            app = create_disagg_app(pair.urls[0], pair.urls[1], frozenset(keys), pair.key)
+            app = create_disagg_app(pair.urls[0], pair.urls[1], frozenset(keys), pair.key, max_local_prefill_length)
             uvicorn.run(app, host=host, port=port, log_level="info")
         return
     kv_transfer = None if role is None else {

@@ -6,6 +6,14 @@ client's own request plus the prefill instance's `kv_transfer_params`, pulls tha
 only the last prompt token and streams the answer, which the proxy relays as it comes. Long
 prompts then cost the prefill instance's time, not the decode instance's running streams.
 
+With `max_local_prefill_length` N > 0, a prompt of at most N tokens goes whole to the decode
+instance, which prefills it itself (NVIDIA Dynamo's conditional disaggregation, same name): a
+short prefill costs the decode instance little, and on the prefill instance short prompts queue
+behind long ones, then reach the decode instance together and swell its batch. The proxy has no
+tokenizer, so a text prompt counts as many tokens as its UTF-8 bytes (a byte-level BPE token
+covers at least one byte) and a chat as the bytes of its messages as JSON (the template's tokens
+too): an upper bound, so only prompts that are surely short stay local.
+
 Requests that cannot be split go whole to the prefill instance: several prompts, echo, prompt
 logprobs, beam search, max_tokens=1. So do all requests while the decode instance cannot be
 reached; it is tried again after DEAD_FOR_S. A decode instance that dies mid-stream ends that
@@ -36,6 +44,18 @@ def splittable(payload: dict[str, Any]) -> bool:
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) and len(prompt) != 1:
         return False
     return (payload.get("max_completion_tokens") or payload.get("max_tokens")) != 1
+
+
+def prompt_tokens_bound(payload: dict[str, Any]) -> int:
+    """At least the request's prompt tokens: exact for token ids, else UTF-8 bytes (see above)."""
+    prompt = payload.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and all(isinstance(token, int) for token in prompt):
+        return len(prompt)
+    if isinstance(prompt, str):
+        return len(prompt.encode())
+    return len(json.dumps(payload.get("messages"), ensure_ascii=False).encode())
 
 
 def prefill_payload(payload: dict[str, Any]) -> dict[str, Any]:
@@ -74,7 +94,7 @@ async def read_whole(client: httpx.AsyncClient, answer: httpx.Response) -> bytes
 
 
 def create_disagg_app(prefill_url: str, decode_url: str, api_keys: frozenset[str] = frozenset(),
-                      instance_key: str | None = None) -> FastAPI:
+                      instance_key: str | None = None, max_local_prefill_length: int = 0) -> FastAPI:
     decode = _Decode()
 
     async def open_at(url: str, path: str, payload: dict[str, Any]) -> tuple[httpx.AsyncClient, httpx.Response]:
@@ -118,6 +138,8 @@ def create_disagg_app(prefill_url: str, decode_url: str, api_keys: frozenset[str
         payload.pop("kv_transfer_params", None)  # set by the proxy only
         if not splittable(payload) or not decode.alive:
             return await whole_on_prefill(path, payload)
+        if max_local_prefill_length and prompt_tokens_bound(payload) <= max_local_prefill_length:
+            return await on_decode(path, payload, payload)
         try:
             client, answer = await open_at(prefill_url, path, prefill_payload(payload))
         except Unreachable:
@@ -131,11 +153,16 @@ def create_disagg_app(prefill_url: str, decode_url: str, api_keys: frozenset[str
         transfer = json.loads(content).get("kv_transfer_params")
         if transfer is None:
             raise OpenAIError(502, "the prefill instance kept no KV for this request", code="prefill_failed")
+        return await on_decode(path, {**payload, "kv_transfer_params": transfer}, payload)
+
+    async def on_decode(path: str, payload: dict[str, Any], original: dict[str, Any]) -> Response:
+        """The request on the decode instance, or whole on the prefill instance (`original`) if that
+        one cannot be reached (a prefill instance's hold then expires on its own)."""
         try:
-            client, answer = await open_at(decode_url, path, {**payload, "kv_transfer_params": transfer})
-        except Unreachable:  # the prefill instance's hold expires on its own
+            client, answer = await open_at(decode_url, path, payload)
+        except Unreachable:
             decode.mark_dead()
-            return await whole_on_prefill(path, payload)
+            return await whole_on_prefill(path, original)
         return await answer_of(client, answer, bool(payload.get("stream")), from_decode=True)
 
     app, dependencies = openai_front("Codeyard LLM disaggregated proxy", api_keys, route)

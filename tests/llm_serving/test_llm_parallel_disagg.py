@@ -2,7 +2,8 @@
 processes (each pinned to a core), the proxy in front, through the official openai client. A mixed
 batch, streamed and not, completions and chat, gives one engine's greedy answers. Killing the
 decode instance mid-stream ends that stream with a clear error, the prefill instance's blocks are
-all free, and the service keeps answering. One pair serves the whole module (processes are slow
+all free, and the service keeps answering. With max_local_prefill_length, short prompts go whole
+to the decode instance. One pair serves the whole module (processes are slow
 to start); the engine-level transfers are in tests/llm_engine/test_llm_parallel_kv_connector.py."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from llm_engine.entrypoints.disagg_proxy import create_disagg_app
+from llm_engine.entrypoints.disagg_proxy import create_disagg_app, prompt_tokens_bound
 from llm_engine.entrypoints.disagg_servers import disaggregated_servers
 
 from .conftest import start_server
@@ -76,6 +77,38 @@ def test_a_mixed_batch_gets_one_engines_greedy_answers(pair):
         complete(client_for(proxy.url, "wrong"), "hi", 2, False)
 
 
+def test_short_prompts_are_prefilled_on_the_decode_instance_under_max_local_prefill_length(pair):
+    """A prompt surely within max_local_prefill_length runs whole on the decode instance (the
+    prefill instance computes nothing for it); a longer one is still split. One engine's answers
+    either way."""
+    children, _ = pair
+    proxy = start_server(create_disagg_app(children.urls[0], children.urls[1], frozenset({"outer"}), children.key,
+                                           max_local_prefill_length=32))
+    try:
+        split, whole = client_for(proxy.url, "outer"), client_for(children.urls[0], children.key)
+        short, long = PROMPTS[0], PROMPTS[1]  # 14 and 240 bytes
+        expected = [complete(whole, short, 6, True), complete(whole, long, 6, False)]
+        prefilled = metric(children.urls[0], children.key, "vllm:prompt_tokens_total")
+        assert complete(split, short, 6, True) == expected[0]
+        assert metric(children.urls[0], children.key, "vllm:prompt_tokens_total") == prefilled
+        assert complete(split, long, 6, False) == expected[1]
+        assert metric(children.urls[0], children.key, "vllm:prompt_tokens_total") > prefilled
+    finally:
+        proxy.stop()
+
+
+def test_the_proxys_prompt_bound_is_at_least_the_tokens(tiny_chat_model):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_chat_model)
+    for text in ["def add(a, b):", "héllo wörld 😀 ∑", "    \n\t\t}\n"]:
+        assert len(tokenizer(text).input_ids) <= prompt_tokens_bound({"prompt": text})
+    messages = [{"role": "user", "content": "Ünïcode? 😀"}]
+    templated = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    assert len(templated) <= prompt_tokens_bound({"messages": messages})
+    assert prompt_tokens_bound({"prompt": [5, 6, 7]}) == prompt_tokens_bound({"prompt": [[5, 6, 7]]}) == 3
+
+
 def test_killing_the_decode_instance_mid_stream_fails_only_that_request(pair):
     children, proxy = pair
     split = client_for(proxy.url, "outer")
@@ -106,3 +139,6 @@ def test_a_decode_instance_without_the_prefill_kv_port_is_exit_2(tiny_chat_model
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "--kv-port" in result.stderr
+    result = subprocess.run([*CODEYARD, "llm", "serve", "--model", str(tiny_chat_model), "--max-local-prefill-length",
+                             "64"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--disaggregated" in result.stderr
