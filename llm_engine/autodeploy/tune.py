@@ -21,7 +21,7 @@ from torch import nn
 from llm_engine.autodeploy.sensitivity import ScratchRunner
 from llm_engine.layers.attention import SeqSlice
 
-DECODE = (4, 16)  # sequences decoding together, steps timed (after a prefill of their calibration windows)
+DECODE = (4, 32, 16)  # sequences decoding together, their prompt tokens (from the calibration windows), steps timed
 _TIMINGS = 2
 
 
@@ -32,7 +32,8 @@ class DtypeTrial:
     perplexity: float  # on the calibration windows
 
     def line(self) -> str:
-        return f"dtype {self.dtype}: {self.tokens_per_s:.1f} tok/s decoding {DECODE[0]} sequences, perplexity {self.perplexity:.3f}"
+        return (f"dtype {self.dtype}: {self.tokens_per_s:.1f} tok/s decoding {DECODE[0]} sequences, "
+                f"perplexity {self.perplexity:.3f}")
 
 
 def candidate_dtypes(device: torch.device) -> list[str]:
@@ -43,7 +44,7 @@ def candidate_dtypes(device: torch.device) -> list[str]:
 
 
 @torch.inference_mode()
-def decode_rate(model: nn.Module, windows: list[list[int]], steps: int = DECODE[1]) -> float:
+def decode_rate(model: nn.Module, windows: list[list[int]], steps: int = DECODE[2]) -> float:
     """Tokens/s of `steps` greedy decode steps of the windows' sequences together, each after a
     prefill of its window; the best of two timings (the first also warms the kernels up)."""
     runner = ScratchRunner(model, max(len(w) for w in windows) + steps, len(windows))
@@ -69,14 +70,14 @@ def decode_rate(model: nn.Module, windows: list[list[int]], steps: int = DECODE[
 
 
 def measure_dtype(model: nn.Module, dtype: str, windows: list[list[int]]) -> DtypeTrial:
-    """A loaded (and quantized) model's trial: decode speed on the first DECODE[0] windows,
-    perplexity on all of them."""
+    """A loaded (and quantized) model's trial: decode speed of DECODE[0] sequences prompted with
+    the first DECODE[1] tokens of as many windows, perplexity on all of them."""
     runner = ScratchRunner(model, max(len(w) for w in windows))
     try:
         perplexity = runner.perplexity(windows)
     finally:
         runner.release()
-    return DtypeTrial(dtype, decode_rate(model, windows[:DECODE[0]]), perplexity)
+    return DtypeTrial(dtype, decode_rate(model, [w[:DECODE[1]] for w in windows[:DECODE[0]]]), perplexity)
 
 
 def choose_dtype(trials: list[DtypeTrial], budget: float) -> DtypeTrial:
