@@ -59,3 +59,17 @@ def hf_greedy(folder: Path, batch: list[list[int]], max_new_tokens: int) -> list
                                  eos_token_id=None, pad_token_id=0)
         results.append(out[0, len(prompt):].tolist())
     return results
+
+
+def hand_written_llama(folder: Path) -> Any:
+    """A tiny Llama checkpoint loaded into the engine's own model class (no capture: ~1 s), for
+    the passes that take any engine model (sensitivity, dtype trials)."""
+    from llm_engine.layers.attention import TorchPagedAttention
+    from llm_engine.loader import ModelSource
+    from llm_engine.models.llama import LlamaForCausalLM
+
+    source = ModelSource(str(build("llama", folder)))
+    config = source.hf_config()
+    model = LlamaForCausalLM(config, TorchPagedAttention(), torch.float32)
+    model.load_weights(source.weights(config))
+    return model

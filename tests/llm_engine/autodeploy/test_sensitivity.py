@@ -9,7 +9,7 @@ import os
 
 import pytest
 import torch
-from autodeploy_models import build
+from autodeploy_models import build, hand_written_llama
 
 from llm_engine.autodeploy.sensitivity import calibration_tokens, measure_sensitivity
 from llm_engine.calibration import default_calibration_files
@@ -54,12 +54,8 @@ def test_a_fragile_layer_is_kept_in_float_and_the_rest_quantized(tmp_path):
 
 
 def test_a_loose_budget_keeps_nothing(tmp_path):
-    folder = build("llama", tmp_path / "llama")
-    source = ModelSource(str(folder))
-    config = source.hf_config()
-    model = LlamaForCausalLM(config, TorchPagedAttention(), torch.float32)
-    model.load_weights(source.weights(config))
-    assert measure_sensitivity(model, "int8", batch(config.vocab_size), budget=1.0).kept == []
+    model = hand_written_llama(tmp_path / "llama")
+    assert measure_sensitivity(model, "int8", batch(model.config.vocab_size), budget=1.0).kept == []
 
 
 @pytest.mark.skipif(not FULL, reason="make test-autodeploy")

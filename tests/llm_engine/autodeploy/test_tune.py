@@ -9,15 +9,13 @@ import os
 
 import pytest
 import torch
-from autodeploy_models import build, prompts
+from autodeploy_models import build, hand_written_llama, prompts
 
 from llm_engine.autodeploy.sensitivity import ScratchRunner, calibration_tokens
 from llm_engine.autodeploy.tune import DtypeTrial, choose_dtype, decode_rate, measure_dtype
 from llm_engine.calibration import default_calibration_files
-from llm_engine.layers.attention import Attention, TorchPagedAttention
-from llm_engine.loader import ModelSource
+from llm_engine.layers.attention import Attention
 from llm_engine.loader.engine_manifest import MANIFEST
-from llm_engine.models.llama import LlamaForCausalLM
 
 FULL = os.environ.get("CODEYARD_AUTODEPLOY_FULL") == "1"
 
@@ -30,12 +28,8 @@ def test_the_fastest_dtype_within_the_budget_is_chosen():
 
 
 def test_the_trial_decodes_the_model_and_scores_its_perplexity(tmp_path):
-    folder = build("llama", tmp_path / "llama")
-    source = ModelSource(str(folder))
-    config = source.hf_config()
-    model = LlamaForCausalLM(config, TorchPagedAttention(), torch.float32)
-    model.load_weights(source.weights(config))
-    windows = calibration_tokens(default_calibration_files(), None, config.vocab_size, 4, 32)
+    model = hand_written_llama(tmp_path / "llama")
+    windows = calibration_tokens(default_calibration_files(), None, model.config.vocab_size, 4, 32)
     trial = measure_dtype(model, "float32", windows)
     assert trial.dtype == "float32" and trial.tokens_per_s > 0
     assert all(a.k_cache.numel() == 0 for a in model.modules() if isinstance(a, Attention))  # the pool released
