@@ -37,10 +37,10 @@ class DtypeTrial:
 
 
 def candidate_dtypes(device: torch.device) -> list[str]:
-    """float32, and bfloat16 where it can be faster: a GPU, or a CPU with native bf16 matmuls."""
-    from llm_engine.model_runner import cpu_has_fast_bf16
-
-    return ["float32", "bfloat16"] if device.type != "cpu" or cpu_has_fast_bf16() else ["float32"]
+    """float32, and bfloat16 where it can be faster: a GPU, or a CPU with native bf16 matmuls
+    (as torch's own CPU checks report them: AVX512-BF16 or AMX tiles)."""
+    native_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return ["float32", "bfloat16"] if device.type != "cpu" or native_bf16 else ["float32"]
 
 
 @torch.inference_mode()
