@@ -70,12 +70,12 @@ def _merges_heads(node: fx.Node) -> bool:
 
 
 class _Flattener:
-    """Walks the graph once; `flat` maps each node whose value had the batch dimension to the
-    node computing it without (the node itself when rewritten in place)."""
+    """Walks the graph once, rewriting nodes in place; `flat` holds those whose value had the
+    batch dimension and now has not."""
 
     def __init__(self, gm: fx.GraphModule) -> None:
         self.gm, self.graph = gm, gm.graph
-        self.flat: dict[fx.Node, fx.Node] = {}
+        self.flat: set[fx.Node] = set()
         self.rank: dict[fx.Node, int] = {}  # each flattened node's rank before the pass
         self.restored: dict[fx.Node, fx.Node] = {}
         self.fallbacks = 0
@@ -87,7 +87,7 @@ class _Flattener:
         return value.dim() if isinstance(value, torch.Tensor) else None
 
     def _mark(self, node: fx.Node, rank: int | None) -> None:
-        self.flat[node] = node
+        self.flat.add(node)
         if rank is not None:
             self.rank[node] = rank
         value = node.meta.get("val")
@@ -148,7 +148,8 @@ class _Flattener:
             return False
         rank = self._ndim(node)
         if isinstance(module, PagedAttention):
-            if not (module.tokens_first and self._calls(node) == 1 and all(_merges_heads(u) for u in node.users)):
+            if not (module.tokens_first and self._calls(node) == 1 and node.users
+                    and all(_merges_heads(u) for u in node.users)):
                 return False
             module.batch_dim = False  # its output [T, heads * dim] is what the users' reshapes made
             rank, node.meta["val"] = 3, fake(next(iter(node.users)))
@@ -161,7 +162,8 @@ class _Flattener:
                 return False
             module.batch_dim = False
         elif isinstance(module, _TOKEN_WISE_MODULES):
-            rank = rank or self.rank.get(tensors[0])  # (nodes the passes made record no shape) the input's rank
+            if rank is None:  # nodes the passes made record no shape: the input's rank
+                rank = self.rank.get(tensors[0])
         else:
             return False
         self._mark(node, rank)
