@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 import pytest
 from conftest import new_project, wait_finished
 from file_names import FILE_NAMES
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pycrdt import Doc, Text
 from test_run_sockets import frames_until_exit
@@ -184,6 +184,7 @@ def edit_through_collab(person, project_id: str, path: str, piece: str) -> str:
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(planted=RUN_NAMES, written=RUN_NAMES)
+@example(planted=[b"%01", b"%ok"], written=[b"%41"])  # '%' then hex digits: once lost in the test's own URL
 def test_any_file_names_leave_runs_tree_zip_and_editing_working(owner, app, planted, written):
     """Names planted in the project by hand (an older server, the shell) and names a run writes: the run,
     the run list, the tree, the zip, each listed file and editing a normal file all keep answering."""
@@ -205,7 +206,9 @@ def test_any_file_names_leave_runs_tree_zip_and_editing_working(owner, app, plan
     assert tree.status_code == 200, tree.text
     for entry in tree.json():
         if entry["kind"] == "file":
-            path = "/".join(part.replace("%", "%25").replace("?", "%3F").replace("#", "%23") for part in entry["path"].split("/"))
+            # '%' twice: Starlette's TestClient unquotes the path httpx already decoded (a name '%01' reached
+            # the app as a control character); a real server decodes once.
+            path = "/".join(part.replace("%", "%2525").replace("?", "%3F").replace("#", "%23") for part in entry["path"].split("/"))
             assert owner.get(f"/api/projects/{pid}/files/content/{path}").status_code == 200, entry
     assert set(run["files_written"]) <= {entry["path"] for entry in tree.json()}
     assert owner.get(f"/api/projects/{pid}/files/zip").status_code == 200
