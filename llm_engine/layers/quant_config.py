@@ -173,16 +173,6 @@ def validate(value: object) -> None:
     QuantConfig.parse(value)
 
 
-def quantizes_weights(value: object, gguf_types: dict[str, str] | None, checkpoint: CheckpointQuant | None) -> bool:
-    """Whether `assign_quantization` will give some layer quantized weights (known before the
-    model is built, which needs its dtype: the quantized CPU kernels compute in float32)."""
-    if checkpoint is not None:
-        return True
-    if value in ("auto", "gguf"):
-        return gguf_types is not None and any(kind in GGUF_SCHEMES for kind in gguf_types.values())
-    return value is not None and value not in CHECKPOINT_METHODS  # those fail in assign_quantization
-
-
 def checkpoint_names(model: nn.Module, name: str) -> list[str]:
     """A linear module's own name and the checkpoint names of the projections fused into it."""
     prefix, _, leaf = name.rpartition(".")
