@@ -22,13 +22,13 @@ load): a decode instance whose TPOT is high because it waited is the machine's d
     python benchmarks/llm_disagg.py --seconds 30 --burst-every 10 --burst 4 --long-tokens 2000
 
 The default model is the built-in one, because the goal is about a real model's costs: a 2k-token
-prefill takes seconds on one core (~1.5 s in bfloat16, ~4.8 s in the float32 that dtype=auto picks
-for this GGUF model since issue 16's cc56bba) while a batch-8 decode step takes ~50 ms, so a burst
+prefill takes seconds on one core (~1.5 s in bfloat16, dtype=auto's choice on a CPU with native
+bf16; ~4.8 s in float32) while a batch-8 decode step takes ~50 ms, so a burst
 of long prompts stalls a colocated stream for seconds. The random 4-layer model (its 49k
 vocabulary's LM head half of a decode step, a 2k prefill ~60 ms) made decode expensive and prefill
 cheap, the opposite of real models, so it could not show what disaggregation is for. The burst
 rate was chosen to leave the single-core prefill instance half idle at bfloat16's prefill cost;
-in float32 it and the colocated server fall behind (TTFT is then queueing; a lighter rate such as
+in float32 (dtype=auto on a CPU without native bf16) it and the colocated server fall behind (TTFT is then queueing; a lighter rate such as
 `--burst-every 30 --seconds 60` should not, unmeasured). Each server is a real `codeyard llm
 serve` process (the proxy is the --disaggregated launcher's); the client runs in this process.
 Run it under `flock /tmp/codeyard-bench.lock` on a shared machine: the figures move with other load.
