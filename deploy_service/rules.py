@@ -11,7 +11,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -107,10 +107,7 @@ class DeployRules:
     # ----- reading -----
 
     def deployment(self, db: Session, project_id: str) -> Deployment:
-        deployment = db.scalar(select(Deployment).where(Deployment.project_id == project_id))
-        if deployment is None:
-            raise DeploymentNotFound("this project has not been deployed yet")
-        return deployment
+        return db.scalar(select(Deployment).where(Deployment.project_id == project_id)) or _gone()
 
     def deployment_id(self, project_id: str) -> str:
         with self.sessions() as db:
@@ -128,14 +125,24 @@ class DeployRules:
             return set(db.scalars(select(Deployment.id)))
 
     def releases(self, project_id: str) -> tuple[Deployment, list[ReleasePublic]]:
-        """The deployment and its last KEPT_RELEASE_ROWS releases, newest first, each saying if it can be rolled back to."""
+        """The deployment and its last KEPT_RELEASE_ROWS releases, newest first, each saying if it can be rolled back to.
+
+        The releases are read between two reads of the deployment's status, again until both agree: each
+        SELECT sees the latest commit (SQLite outside a write, PostgreSQL's read committed), and a release
+        going live between two of them showed it live under a deployment still "deploying" (seen in CI)."""
         with self.sessions() as db:
             deployment = self.deployment(db, project_id)
-            rows = db.scalars(select(Release).where(Release.deployment_id == deployment.id)
-                              .order_by(Release.number.desc()).limit(KEPT_RELEASE_ROWS)).all()
-            can_roll_back = self._rollback_ids(db, deployment)
-            return deployment, [ReleasePublic.model_validate(r).model_copy(update={"can_roll_back": r.id in can_roll_back})
-                                for r in rows]
+            while True:
+                seen = (deployment.status, deployment.current_release_id)
+                rows = db.scalars(select(Release).where(Release.deployment_id == deployment.id)
+                                  .order_by(Release.number.desc()).limit(KEPT_RELEASE_ROWS)
+                                  .execution_options(populate_existing=True)).all()
+                can_roll_back = self._rollback_ids(db, deployment)
+                deployment = db.scalars(select(Deployment).where(Deployment.project_id == project_id)
+                                        .execution_options(populate_existing=True)).one_or_none() or _gone()
+                if (deployment.status, deployment.current_release_id) == seen:
+                    return deployment, [ReleasePublic.model_validate(r).model_copy(update={"can_roll_back": r.id in can_roll_back})
+                                        for r in rows]
 
     def rollout_start(self, deployment_id: str, release_id: str) -> tuple[bool, int] | None:
         """(whether the release was ever live, the instances the deployment wants); None once either row is gone."""
@@ -241,3 +248,7 @@ class DeployRules:
         rows = db.scalars(select(Release.id).where(Release.deployment_id == deployment.id, Release.live_at.is_not(None))
                           .order_by(Release.number.desc()).limit(ROLLBACK_RELEASES + 1)).all()
         return {r for r in rows if r != deployment.current_release_id}
+
+
+def _gone() -> NoReturn:
+    raise DeploymentNotFound("this project has not been deployed yet")

@@ -115,3 +115,23 @@ def test_after_a_restart_releases_under_way_fail_and_serving_apps_come_back(
     restorable = rules.restorable()
     assert serving.deployment_id not in {d for d, _ in restorable.wanted}
     assert rules.deployment_by_id(serving.deployment_id).slug in restorable.stopped_slugs
+
+
+def test_a_release_going_live_during_a_read_is_never_shown_half_done(
+        rules: DeployRules, owner_and_project: tuple[User, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each SELECT sees the latest commit: a release going live between the read of the deployment and the
+    read of its releases showed it live under a deployment still "deploying" (seen in CI)."""
+    user, project_id = owner_and_project
+    new = rules.open_release(user, project_id)
+    rollback_ids, commits = rules._rollback_ids, []
+
+    def going_live_meanwhile(db: Session, deployment: object) -> set[str]:
+        if not commits:  # once, after the releases were read
+            commits.append(rules.went_live(new.deployment_id, new.release_id, 1))
+        return rollback_ids(db, deployment)
+
+    monkeypatch.setattr(rules, "_rollback_ids", going_live_meanwhile)
+    deployment, releases = rules.releases(project_id)
+    assert commits == [1]
+    assert (deployment.status, deployment.current_release_id) == ("running", new.release_id)
+    assert [r.status for r in releases] == ["live"]
