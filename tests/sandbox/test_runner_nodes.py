@@ -207,7 +207,8 @@ async def test_cancel_and_limits_travel(shared, to_shared):
     while runner_of(other) is None:
         await asyncio.sleep(0.05)
     queued.cancel()
-    await asyncio.sleep(0.1)  # (the cancel on its way before a slot frees)
+    while not await to_shared.redis.xlen(in_key(queued.id)):  # its cancel is told before a slot frees
+        await asyncio.sleep(0.02)  # (a fixed 0.1 s was once too short in CI: the run started and ran)
     run.cancel()
     other.cancel()
     assert (await run.result()).verdict is Verdict.CANCELLED
