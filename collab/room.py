@@ -250,7 +250,7 @@ class Room:
         self.doc.apply_update(update)
         changes, self._captured = self._captured, []
         if changes:
-            self._send_all(encode_sync_update(merge_updates(*changes) if len(changes) > 1 else changes[0]))
+            self._send_all(encode_sync_update(_merged(changes)))
             self.mirror.mark_dirty()
 
     def receive_remote_awareness(self, entries: list[AwarenessEntry]) -> None:
@@ -303,7 +303,7 @@ class Room:
         changes, self._captured = self._captured, []
         if not changes:
             return
-        self._send_all(encode_sync_update(merge_updates(*changes) if len(changes) > 1 else changes[0]), skip=origin)
+        self._send_all(encode_sync_update(_merged(changes)), skip=origin)
         for update in changes:
             self._pending.append((update, origin))
             self._queued += 1
@@ -348,8 +348,7 @@ class Room:
                 self._stored += len(batch)
                 self._stored_changed.notify_all()
             if self.publisher:
-                merged = updates[0] if len(updates) == 1 else merge_updates(*updates)
-                await self.publisher.publish_update(self.key.name, merged)
+                await self.publisher.publish_update(self.key.name, _merged(updates))
             self._maybe_compact()
 
     async def _store(self, updates: list[bytes]) -> bool:
@@ -387,6 +386,11 @@ class Room:
         for peer in self.peers:
             if peer is not skip:
                 peer.enqueue(message)
+
+
+def _merged(updates: list[bytes]) -> bytes:
+    """One update carrying them all (the one itself when alone: merging costs a decode and encode)."""
+    return updates[0] if len(updates) == 1 else merge_updates(*updates)
 
 
 def _rebase(base_state: bytes, base_text: str, new_text: str) -> tuple[bytes, bytes] | None:

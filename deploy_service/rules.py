@@ -11,7 +11,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -107,7 +107,12 @@ class DeployRules:
     # ----- reading -----
 
     def deployment(self, db: Session, project_id: str) -> Deployment:
-        return db.scalar(select(Deployment).where(Deployment.project_id == project_id)) or _gone()
+        """The project's deployment as stored now (read again, not from the session's identity map)."""
+        deployment = db.scalar(select(Deployment).where(Deployment.project_id == project_id)
+                               .execution_options(populate_existing=True))
+        if deployment is None:
+            raise DeploymentNotFound("this project has not been deployed yet")
+        return deployment
 
     def deployment_id(self, project_id: str) -> str:
         with self.sessions() as db:
@@ -138,8 +143,7 @@ class DeployRules:
                                   .order_by(Release.number.desc()).limit(KEPT_RELEASE_ROWS)
                                   .execution_options(populate_existing=True)).all()
                 can_roll_back = self._rollback_ids(db, deployment)
-                deployment = db.scalars(select(Deployment).where(Deployment.project_id == project_id)
-                                        .execution_options(populate_existing=True)).one_or_none() or _gone()
+                deployment = self.deployment(db, project_id)
                 if (deployment.status, deployment.current_release_id) == seen:
                     return deployment, [ReleasePublic.model_validate(r).model_copy(update={"can_roll_back": r.id in can_roll_back})
                                         for r in rows]
@@ -248,7 +252,3 @@ class DeployRules:
         rows = db.scalars(select(Release.id).where(Release.deployment_id == deployment.id, Release.live_at.is_not(None))
                           .order_by(Release.number.desc()).limit(ROLLBACK_RELEASES + 1)).all()
         return {r for r in rows if r != deployment.current_release_id}
-
-
-def _gone() -> NoReturn:
-    raise DeploymentNotFound("this project has not been deployed yet")
