@@ -203,9 +203,9 @@ async def test_cancel_and_limits_travel(shared, to_shared):
         await asyncio.sleep(0.05)
     # Another queued while both runners are busy and cancelled there: the runner that takes it does not run it
     other = await to_shared.start(spec(data_dir, "sleep", "30"))
-    queued = await to_shared.start(spec(data_dir, "touch", "never.txt"))
-    while runner_of(other) is None:
+    while runner_of(other) is None:  # both busy before it is queued: two queued at once may reach Redis in either order
         await asyncio.sleep(0.05)
+    queued = await to_shared.start(spec(data_dir, "touch", "never.txt"))
     queued.cancel()
     while not await to_shared.redis.xlen(in_key(queued.id)):  # its cancel is told before a slot frees
         await asyncio.sleep(0.02)  # (a fixed 0.1 s was once too short in CI: the run started and ran)
