@@ -9,6 +9,11 @@ random Llama with SmolLM2's tokenizer, built on the spot. Figures: output-throug
 Transformers' prefill of the batch, lower is better), judged by results.compare's rank test.
 Accuracy is checked outright: greedy outputs must agree with Transformers and the perplexity of
 a fixed local text (the Zen of Python) must match it within 1%.
+
+The speed verdict comes from a same-run A/B (gate_ab.py) where it can: the baseline file's commit's
+engine against this tree's, alternating. The stored ratios are printed beside it and decide only
+where that commit is not in the clone: on a shared cloud host they drift more than the 20% slowdown
+the gate must catch.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.framework import results
+from benchmarks.framework import gate_ab, results
 from benchmarks.framework.workloads import Corpus
 
 NUM_PROMPTS, OUTPUT_LEN, INPUT_LEN = 8, 16, (32, 128)
@@ -55,6 +60,25 @@ def zen() -> str:
     return codecs.decode(this.s, "rot13")
 
 
+def open_engine(folder: Path):
+    """The engine as the gate times it: float32, one thread, all prompts in one batch."""
+    from llm_engine import LLM
+
+    return LLM(str(folder), max_num_seqs=NUM_PROMPTS, dtype="float32", max_model_len=1024, num_threads=1)
+
+
+def engine_round(llm, prompts: list[list[int]]) -> tuple[float, float, list[list[int]]]:
+    """One timed `generate` of all prompts: (output tokens/s, mean TTFT s, outputs)."""
+    from llm_engine import SamplingParams
+
+    params = SamplingParams(max_tokens=OUTPUT_LEN, temperature=0, ignore_eos=True)
+    start = time.perf_counter()
+    outs = llm.generate([list(p) for p in prompts], params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    ttft = sum(o.metrics.first_token_time - o.metrics.arrival_time for o in outs) / len(outs)
+    return len(prompts) * OUTPUT_LEN / elapsed, ttft, [list(o.outputs[0].token_ids) for o in outs]
+
+
 class Pair:
     """The engine and Transformers over one model folder, timed on the same prompts."""
 
@@ -62,14 +86,11 @@ class Pair:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from llm_engine import LLM
-
         torch.set_num_threads(1)  # one thread each: a busy machine delays them, never oversubscribes them
         self.torch = torch
         self.prompts = prompts
         self.tokenizer = tokenizer
-        self.llm = LLM(str(folder), max_num_seqs=NUM_PROMPTS, dtype="float32", max_model_len=1024,
-                       num_threads=1)
+        self.llm = open_engine(folder)
         self.hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         width = max(len(p) for p in prompts)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -78,15 +99,7 @@ class Pair:
         self.pad = pad
 
     def engine(self) -> tuple[float, float, list[list[int]]]:
-        """(output tokens/s, mean TTFT s, outputs)."""
-        from llm_engine import SamplingParams
-
-        params = SamplingParams(max_tokens=OUTPUT_LEN, temperature=0, ignore_eos=True)
-        start = time.perf_counter()
-        outs = self.llm.generate([list(p) for p in self.prompts], params, use_tqdm=False)
-        elapsed = time.perf_counter() - start
-        ttft = sum(o.metrics.first_token_time - o.metrics.arrival_time for o in outs) / len(outs)
-        return NUM_PROMPTS * OUTPUT_LEN / elapsed, ttft, [list(o.outputs[0].token_ids) for o in outs]
+        return engine_round(self.llm, self.prompts)
 
     def transformers(self) -> tuple[float, float, list[list[int]]]:
         """(output tokens/s, prefill seconds of the batch, outputs)."""
@@ -114,7 +127,9 @@ class Pair:
         return engine, math.exp(loss)
 
 
-def measure(repeats: int, slowdown: float, log=print) -> dict:
+def measure(repeats: int, slowdown: float, ab_commit: str | None = None, log=print) -> dict:
+    """The ratios against Transformers, accuracy, and with `ab_commit` the same-run A/B against that
+    commit's engine (or why it could not run, under "ab_unavailable")."""
     from benchmarks.framework.targets import inject_slowdown
 
     result = results.new_result("gate", "engine-vs-transformers", {
@@ -140,6 +155,11 @@ def measure(repeats: int, slowdown: float, log=print) -> dict:
             results.add_repeat(result, "engine / transformers", figures)
             log(f"repeat {repeat + 1}: engine {e_tps:7.1f} tok/s, Transformers {h_tps:7.1f} tok/s -> "
                 f"ratio {figures['throughput_ratio']:.3f}; TTFT ratio {figures['ttft_ratio']:.3f}")
+        if ab_commit:
+            try:
+                gate_ab.measure(result, ab_commit, Path(tmp), prompts, repeats, ROUNDS, slowdown, log)
+            except gate_ab.ABUnavailable as exc:
+                result["ab_unavailable"] = str(exc)
         agree = sum(a == b for a, b in zip(e_out, h_out)) / len(prompts)
         ppl_engine, ppl_hf = pair.perplexities(zen())
         result["accuracy"] = {"greedy_agreement": agree, "perplexity": round(ppl_engine, 4),
@@ -179,24 +199,31 @@ def default_baseline() -> Path:
 
 
 def main(args) -> int:
-    result = measure(args.repeats, args.inject_slowdown)
+    baseline_path = Path(args.baseline) if args.baseline else default_baseline()
+    baseline = results.load(baseline_path) if baseline_path.exists() and not args.update_baseline else None
+    result = measure(args.repeats, args.inject_slowdown, baseline["git"]["commit"] if baseline else None)
     if args.out:
         results.save(result, args.out)
-    baseline_path = Path(args.baseline) if args.baseline else default_baseline()
     print(f"baseline: {baseline_path.name} (this CPU: {cpu_kind()})")
     if args.update_baseline:
         results.save(result, baseline_path)
         print(f"wrote the baseline {baseline_path}")
         return 0
-    baseline = results.load(baseline_path) if baseline_path.exists() else None
     problems = accuracy_problems(result, baseline)
     regressions = []
     if baseline is None:
         print(f"no baseline at {baseline_path}; write one with --update-baseline")
     else:
-        verdicts = results.compare(baseline, result, ["throughput_ratio", "ttft_ratio"], min_change=args.min_change)
-        print(results.table(verdicts, baseline, result))
-        regressions = [v for v in verdicts if v.status == "regression"]
+        stored = results.compare(baseline, result, ["throughput_ratio", "ttft_ratio"], min_change=args.min_change)
+        print(results.table(stored, baseline, result))
+        if "ab_unavailable" in result:
+            print(f"no same-run A/B ({result['ab_unavailable']}): the stored ratios decide")
+            regressions = [v for v in stored if v.status == "regression"]
+        else:
+            same_run = gate_ab.verdicts(result, alpha=0.05, min_change=args.min_change)
+            print("same-run A/B against the baseline commit's engine (decides):")
+            print("\n".join(results.table(same_run, baseline, result).splitlines()[1:]))
+            regressions = [v for v in same_run if v.status == "regression"]
     for problem in problems:
         print("accuracy:", problem)
     print("gate:", "FAILED" if regressions or problems else "passed")

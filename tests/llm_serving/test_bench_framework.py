@@ -7,13 +7,14 @@ import asyncio
 import json
 import os
 import random
+import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 
 from benchmarks.__main__ import main as bench_main
-from benchmarks.framework import report, results, runner
+from benchmarks.framework import gate_ab, report, results, runner
 from benchmarks.framework.targets import Server
 from benchmarks.framework.workloads import WORKLOADS, Corpus
 
@@ -155,3 +156,13 @@ def test_pinning_gives_the_offline_engine_its_own_cpu(tiny_chat_model, capsys):
         argv = ["run", "grid", "--engine-cpus", engine] + (["--client-cpus", client] if client else [])
         assert bench_main(argv) == 2
         assert "cpus" in capsys.readouterr().err.lower()
+
+
+def test_the_gate_takes_its_baseline_engine_out_of_git_or_says_why_not(tmp_path):
+    """The gate's A/B imports the baseline commit's llm_engine from a scratch copy; a commit the clone lacks
+    (a shallow clone) is a reason to fall back to the stored ratios, not an error."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=gate_ab.REPO, capture_output=True, text=True).stdout.strip()
+    tree = gate_ab.extract_engine(head, tmp_path)
+    assert (tree / "llm_engine" / "__init__.py").is_file() and not (tree / "benchmarks").exists()
+    with pytest.raises(gate_ab.ABUnavailable, match="not in this clone"):
+        gate_ab.extract_engine("0" * 40, tmp_path / "other")
