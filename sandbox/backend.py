@@ -74,6 +74,9 @@ class RunSpec:
     # Copy what the program wrote back every this many seconds while it runs (the Shell), not only at the end.
     sync_seconds: float | None = None
     wrapper: tuple[str, ...] = ()  # a helper run in front of argv, which execs it (the Webview's bridge)
+    # A package install's only way out: CONNECT tunnels to these index hosts, through a proxy that the machine the
+    # run lands on sets up (sandbox.packages.proxy.behind_index_proxy; a runner node for the runners backend).
+    index_hosts: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if isinstance(self.argv, (str, bytes)) or not self.argv:

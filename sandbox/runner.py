@@ -17,7 +17,7 @@ import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import suppress
+from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -43,6 +43,7 @@ from sandbox.backends.dispatch import (
     stream_entries,
 )
 from sandbox.hosted import remove_stale_cgroups
+from sandbox.packages.proxy import INDEX_HOSTS, behind_index_proxy
 from sandbox.runner_apps import AppHost
 from sandbox.verdict import RunResult, Verdict
 
@@ -236,6 +237,16 @@ class Runner:
         except (ValueError, KeyError, TypeError) as exc:
             await self._say(out, t="result", r=_internal_error(f"the run's description was refused: {exc}"))
             return
+        async with AsyncExitStack() as stack:
+            try:  # an install's way out to the index: a proxy on this machine
+                here = await stack.enter_async_context(behind_index_proxy(spec))
+            except OSError as exc:
+                await self._say(out, t="result", r=_internal_error(f"runner {self.name} could not serve the index proxy: {exc}"))
+                return
+            await self._run(run_id, out, here, fields, told)
+
+    async def _run(self, run_id: str, out: str, spec: RunSpec, fields: Fields, told: list[Entry]) -> None:
+        """Start the run, give it what its entry and in stream said, and stream its output and result."""
         run = await self.backend.start(spec)
         loop = asyncio.get_running_loop()
         run.on_change = lambda: loop.create_task(self._say(out, t="wait", v=int(run.waiting_for_input)))
@@ -270,10 +281,12 @@ class Runner:
         await self._say(out, t="files")
 
     def _checked(self, spec: RunSpec) -> RunSpec:
-        """Refuse a spec naming folders outside the shared folders."""
+        """Refuse a spec naming folders outside the shared folders, or a way out to anything but a package index."""
         for path in (spec.project_dir, *(m.source for m in spec.mounts)):
             if not any(Path(path).resolve().is_relative_to(root) for root in self.roots):
                 raise ValueError(f"{path} is outside this runner's shared folders")
+        if other := spec.index_hosts - INDEX_HOSTS:
+            raise ValueError(f"{', '.join(sorted(other))} is not a package index this runner lets installs reach")
         return spec
 
     async def _steer(self, run_id: str, run: SandboxRun, ended: asyncio.Event, last: str | bytes) -> None:

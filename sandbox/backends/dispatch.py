@@ -13,7 +13,9 @@
   holder whose key expired (that replica is gone; its successor starts them again where it chooses).
 
 Runners share the data folder with the replicas (the same volume, at the same path), so a run's spec
-names the project and package folders as they are; only the spec, the output and the result travel.
+names the project and package folders as they are; only the spec, the output and the result travel. A package
+install's spec names the index hosts it may reach; its runner serves that proxy itself (nothing of the replica's
+machine but the shared folders is reachable from a runner on another machine).
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ def encode_spec(spec: RunSpec) -> str:
         "argv": list(spec.argv), "project_dir": str(spec.project_dir), "limits": dataclasses.asdict(spec.limits),
         "env": dict(spec.env), "terminal": spec.terminal, "mounts": _mounts(spec.mounts),
         "input_wait_seconds": spec.input_wait_seconds, "sync_seconds": spec.sync_seconds,
+        "index_hosts": sorted(spec.index_hosts),
     })
 
 
@@ -128,6 +131,7 @@ def decode_spec(text: str | bytes) -> RunSpec:
         terminal=tuple(data["terminal"]) if data["terminal"] else None,
         mounts=_decode_mounts(data["mounts"]),
         input_wait_seconds=data["input_wait_seconds"], sync_seconds=data["sync_seconds"],
+        index_hosts=frozenset(str(host) for host in data.get("index_hosts", ())),
     )
 
 

@@ -5,7 +5,8 @@ rlimits, a quota'd workspace, a cleared environment); the host's pip configurati
 `--isolated` ignores any other. A Python install is two runs:
 
 1. fetch: `pip download` (and the build requirements of each sdist) into the run's own folder, with the
-   IndexProxy as the only way out and the shared download cache (packages_dir/cache/pypi) read-only;
+   IndexProxy (proxy.py, on the machine the run lands on) as the only way out and the shared download
+   cache (packages_dir/cache/pypi) read-only;
 2. build: `pip install --no-index` from those downloads into --target, with no network at all.
 
 Between them the host shares with later installs only the downloads whose sha256 the index publishes
@@ -36,9 +37,8 @@ from packaging.utils import canonicalize_name
 from sandbox.backend import Backend, Mount, RunSpec
 from sandbox.backends.bwrap import BwrapBackend
 from sandbox.limits import MIB, Limits
-from sandbox.packages.proxy import NPM_HOSTS, PYPI_HOSTS, SOCKET_NAME, IndexProxy
+from sandbox.packages.proxy import NPM_HOSTS, PYPI_HOSTS, behind_index_proxy
 from sandbox.packages.verify import share_verified
-from sandbox.socket_relay import PIPE
 from sandbox.verdict import Verdict
 
 log = logging.getLogger(__name__)
@@ -49,33 +49,12 @@ CA_FILE = "/etc/ssl/certs/ca-certificates.crt"
 ENV_TARGET = "/packages"  # where a Python run sees its environment, read-only
 NODE_TARGET = "/node_modules"  # where Node finds a Node run's packages (a parent of /workspace)
 CACHE_TARGET = "/cache"
-PROXY_TARGET = "/run/codeyard-proxy"
 SOURCES_TARGET = "/sources"
 SITE = "site"  # the --target folder inside an environment
 DOWNLOADS = "downloads"  # the fetch run's --dest, inside the staging folder
 PINS_FILE = "pins.txt"
 INSTALL_LIMITS = Limits(cpu_seconds=300, wall_seconds=600, memory_bytes=1024 * MIB, pids=128, output_bytes=4 * MIB,
                         file_bytes=256 * MIB, open_files=1024, disk_bytes=768 * MIB, files_count=50000)
-
-# Runs argv[2:] (with "{proxy}" replaced by the forwarder's URL) behind a loopback forwarder to the
-# host's proxy socket (argv[1]). umask 0: npm's cache is shared by installs running as different per-run uids.
-FORWARD_AND_INSTALL = PIPE + r"""
-import os, subprocess, sys, threading
-def serve(listener):
-    while True:
-        client, _ = listener.accept()
-        upstream = socket.socket(socket.AF_UNIX)
-        try: upstream.connect(sys.argv[1])
-        except OSError: client.close(); continue
-        for a, b in ((client, upstream), (upstream, client)):
-            threading.Thread(target=pipe, args=(a, b), daemon=True).start()
-listener = socket.create_server(("127.0.0.1", 0))
-threading.Thread(target=serve, args=(listener,), daemon=True).start()
-os.umask(0)
-proxy = "http://127.0.0.1:%d" % listener.getsockname()[1]
-sys.exit(subprocess.call([arg.replace("{proxy}", proxy) for arg in sys.argv[2:]]))
-"""
-
 
 # `pip download`s the requirements after "--" into argv[1], then the build requirements of every sdist
 # among the downloads (so the build run can work offline), each time trying the shared cache alone
@@ -174,19 +153,19 @@ class Installer:
     """Installs requirement lists into root/envs, once per distinct list; serialises same-list installs."""
 
     def __init__(self, backend: Backend, root: Path, *, index_url: str | None = PYPI_INDEX,
-                 find_links: Path | None = None, limits: Limits = INSTALL_LIMITS, shared_proxy: bool = False) -> None:
-        """shared_proxy: the index proxy's socket goes under root (installs run on runner nodes sharing it)."""
+                 find_links: Path | None = None, limits: Limits = INSTALL_LIMITS, proxy_where_run: bool = False) -> None:
+        """proxy_where_run: installs run elsewhere (runner nodes, which share root) and the machine each lands on
+        serves its index proxy, as its spec's index_hosts ask; else this process serves it."""
         if index_url is None and find_links is None:
             raise ValueError("index_url or find_links: an installer needs somewhere to install from")
         self.backend, self.index_url, self.find_links, self.limits = backend, index_url, find_links, limits
+        self.proxy_where_run = proxy_where_run
         root = Path(root).absolute()
         if blocked := [p for p in (root, *root.parents) if p.exists() and not p.stat().st_mode & 0o001]:
             raise ValueError(f"packages_dir: sandbox uids cannot reach {root}: {blocked[-1]} is not searchable "
                              f"by others (chmod o+x it, or choose another packages_dir)")
         self.envs, self.shared, self.npm_cache = root / "envs", root / "cache" / "pypi", root / "cache" / "npm"
-        self.proxies = root / "proxies" if shared_proxy else None
-        folders = ((self.envs, 0o711), (self.shared.parent, 0o755), (self.shared, 0o755), (self.npm_cache, 0o777),
-                   *([(self.proxies, 0o755)] if self.proxies else []))
+        folders = ((self.envs, 0o711), (self.shared.parent, 0o755), (self.shared, 0o755), (self.npm_cache, 0o777))
         for folder, mode in folders:
             folder.mkdir(parents=True, exist_ok=True)
             os.chmod(folder, mode)  # npm's cache is written by installs under changing per-run uids; pypi by the host only
@@ -275,14 +254,12 @@ class Installer:
                          progress: Callable[[str], None], mounts: tuple[Mount, ...] = (),
                          hosts: frozenset[str] | None = None) -> None:
         """Run `command` over staging, with a way out to `hosts` through the index proxy or with no network at all."""
+        spec = RunSpec(command, staging, self.limits, {"PYTHONDONTWRITEBYTECODE": "1"}, mounts=mounts,
+                       index_hosts=hosts or frozenset())
         async with contextlib.AsyncExitStack() as stack:
-            if hosts is not None:
-                proxy = await stack.enter_async_context(IndexProxy(hosts, self.proxies))
-                assert proxy.folder is not None
-                mounts = (*mounts, Mount(proxy.folder, PROXY_TARGET))
-                command = ["python3", "-c", FORWARD_AND_INSTALL, f"{PROXY_TARGET}/{SOCKET_NAME}", *command]
-            run = await self.backend.start(RunSpec(command, staging, self.limits, {"PYTHONDONTWRITEBYTECODE": "1"},
-                                                  mounts=mounts))
+            if not self.proxy_where_run:
+                spec = await stack.enter_async_context(behind_index_proxy(spec))
+            run = await self.backend.start(spec)
             await run.close_stdin()
             tail = bytearray()
             try:
@@ -306,9 +283,10 @@ class Installer:
 
 
 def runners_installer(backend: Backend, packages_dir: Path) -> Installer | None:
-    """The installer for the runners backend: installs run on runner nodes, which share packages_dir."""
+    """The installer for the runners backend: installs run on runner nodes, which share packages_dir and each serve
+    the index proxy of the installs they run (so a runner on another machine installs too)."""
     try:
-        return Installer(backend, packages_dir, shared_proxy=True)
+        return Installer(backend, packages_dir, proxy_where_run=True)
     except ValueError as exc:
         log.warning("package installs are off: %s", exc)
         return None

@@ -4,21 +4,51 @@ An install runs with no network of its own (fresh network namespace, loopback on
 the index through a forwarder inside the sandbox and this proxy on the host, which tunnels to the
 allowed hosts on port 443 and nothing else: not the host's loopback services, not the internet at
 large. A hostile setup.py gets the same answer as pip for anything but the index.
+
+The proxy runs on the machine the install runs on (`behind_index_proxy`, given the spec's `index_hosts`):
+the server itself for a local backend, the runner node for the runners backend, so an install works on
+a runner on another machine, which a Unix socket on the server could not reach.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+from sandbox.backend import Mount, RunSpec
+from sandbox.socket_relay import PIPE
 
 PYPI_HOSTS = frozenset({"pypi.org", "files.pythonhosted.org"})
 NPM_HOSTS = frozenset({"registry.npmjs.org"})
+INDEX_HOSTS = PYPI_HOSTS | NPM_HOSTS  # all a spec's index_hosts may name (a runner refuses any other)
 SOCKET_NAME = "proxy.sock"
+PROXY_TARGET = "/run/codeyard-proxy"  # where the install sees the proxy's folder
 MAX_HEAD = 8192
+
+# Runs argv[2:] (with "{proxy}" replaced by the forwarder's URL) behind a loopback forwarder to the
+# proxy's socket (argv[1]). umask 0: npm's cache is shared by installs running as different per-run uids.
+FORWARD_AND_INSTALL = PIPE + r"""
+import os, subprocess, sys, threading
+def serve(listener):
+    while True:
+        client, _ = listener.accept()
+        upstream = socket.socket(socket.AF_UNIX)
+        try: upstream.connect(sys.argv[1])
+        except OSError: client.close(); continue
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+listener = socket.create_server(("127.0.0.1", 0))
+threading.Thread(target=serve, args=(listener,), daemon=True).start()
+os.umask(0)
+proxy = "http://127.0.0.1:%d" % listener.getsockname()[1]
+sys.exit(subprocess.call([arg.replace("{proxy}", proxy) for arg in sys.argv[2:]]))
+"""
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -36,16 +66,14 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 class IndexProxy:
     """Serve CONNECT tunnels to `hosts`:443 on a Unix socket in a folder of its own, while in use."""
 
-    def __init__(self, hosts: frozenset[str] = PYPI_HOSTS, parent: Path | None = None) -> None:
-        """parent: where its folder goes (default the temporary folder; a shared one where the install runs
-        on a runner node of this machine: a Unix socket on a shared volume connects across containers)."""
-        self.hosts, self.parent = hosts, parent
+    def __init__(self, hosts: frozenset[str] = PYPI_HOSTS) -> None:
+        self.hosts = hosts
         self.refused: list[str] = []  # what was asked for and not allowed, for the install's log
         self.folder: Path | None = None
         self._server: asyncio.AbstractServer | None = None
 
     async def __aenter__(self) -> IndexProxy:
-        self.folder = Path(tempfile.mkdtemp(prefix="codeyard-proxy-", dir=self.parent))
+        self.folder = Path(tempfile.mkdtemp(prefix="codeyard-proxy-"))
         os.chmod(self.folder, 0o755)
         self._server = await asyncio.start_unix_server(self._serve, path=str(self.folder / SOCKET_NAME))
         os.chmod(self.folder / SOCKET_NAME, 0o666)  # the install runs as a per-run uid
@@ -82,3 +110,17 @@ class IndexProxy:
             return host.lower()
         self.refused.append(" ".join(parts)[:200])
         return None
+
+
+@contextlib.asynccontextmanager
+async def behind_index_proxy(spec: RunSpec) -> AsyncIterator[RunSpec]:
+    """`spec` as this machine starts it: with index_hosts, its proxy serves while the run lasts, mounted at
+    PROXY_TARGET, and the forwarder runs in front of argv; without, unchanged (no network at all)."""
+    if not spec.index_hosts:
+        yield spec
+        return
+    async with IndexProxy(spec.index_hosts) as proxy:
+        assert proxy.folder is not None
+        yield dataclasses.replace(spec, argv=["python3", "-c", FORWARD_AND_INSTALL, f"{PROXY_TARGET}/{SOCKET_NAME}",
+                                              *spec.argv],
+                                  mounts=(*spec.mounts, Mount(proxy.folder, PROXY_TARGET)), index_hosts=frozenset())

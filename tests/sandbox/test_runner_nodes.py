@@ -7,6 +7,7 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,8 @@ from sandbox.backends.dispatch import GROUP, RUNS_STREAM, heartbeat_key, in_key
 from sandbox.backends.remote import RemoteBackend, runner_of
 from sandbox.cgroups import RunCgroup, cgroup_dirs, remove_cgroup
 from sandbox.limits import Limits
+from sandbox.packages.install import runners_installer
+from sandbox.packages.proxy import PYPI_HOSTS
 from sandbox.verdict import Verdict
 from sandbox.workspace import umount
 
@@ -57,10 +60,10 @@ class Runners:
         self.redis_url, self.data_dir, self.tmp_path = redis_url, data_dir, tmp_path
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, slots: int = 2) -> subprocess.Popen:
-        """Start a runner and wait for its first heartbeat."""
+    def start(self, name: str, slots: int = 2, **env_vars: str) -> subprocess.Popen:
+        """Start a runner (with env_vars in its environment) and wait for its first heartbeat."""
         env = {**os.environ, "CODEYARD_REDIS_URL": self.redis_url, "CODEYARD_DATA_DIR": str(self.data_dir),
-               "CODEYARD_SANDBOX_BACKEND": "bwrap", "CODEYARD_SANDBOX_DIR": str(self.runs_dir(name))}
+               "CODEYARD_SANDBOX_BACKEND": "bwrap", "CODEYARD_SANDBOX_DIR": str(self.runs_dir(name)), **env_vars}
         log = open(self.tmp_path / f"runner-{name}.log", "wb")
         proc = subprocess.Popen([CODEYARD, "runner", "--slots", str(slots), "--name", name, "--drain-seconds", "30"],
                                 env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -230,6 +233,69 @@ async def test_a_spec_outside_the_shared_folders_or_a_malformed_entry_is_refused
     while await to_shared.redis.xlen(RUNS_STREAM) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert await to_shared.redis.xlen(RUNS_STREAM) == 0
+
+
+# Asks the proxy for two tunnels through the forwarder (argv[1], "http://127.0.0.1:<port>"), then tries the index itself.
+ASK_PROXY = r"""
+import socket, sys
+host, port = sys.argv[1].rsplit("/", 1)[1].rsplit(":", 1)
+for target in ("pypi.org:443", sys.argv[2]):
+    with socket.create_connection((host, int(port))) as proxy:
+        proxy.sendall(b"CONNECT %s HTTP/1.1\r\n\r\n" % target.encode())
+        print(target, proxy.recv(200).split(b"\r\n")[0].decode(), flush=True)
+try:
+    socket.create_connection(("pypi.org", 443), timeout=3)
+    print("direct: reached")
+except OSError:
+    print("direct: no network")
+"""
+
+
+async def test_a_runs_only_way_out_is_the_index_through_its_runners_own_proxy(shared, to_shared):
+    """A spec's index_hosts travel and the runner serves the proxy: the index answers, a service on the runner's
+    loopback is refused, and nothing is reachable but through the proxy."""
+    with socket.create_server(("127.0.0.1", 0)) as service:
+        target = f"127.0.0.1:{service.getsockname()[1]}"
+        run = await to_shared.start(spec(shared.data_dir, "python3", "-c", ASK_PROXY, "{proxy}", target,
+                                         index_hosts=PYPI_HOSTS))
+        result = await run.result()
+    assert result.verdict is Verdict.OK, (result.message, result.stderr)
+    assert result.stdout.decode().splitlines() == ["pypi.org:443 HTTP/1.1 200 Connection established",
+                                                   f"{target} HTTP/1.1 403 Forbidden", "direct: no network"]
+    refused = await (await to_shared.start(spec(shared.data_dir, "true", index_hosts=frozenset({"example.com"})))).result()
+    assert refused.verdict is Verdict.INTERNAL_ERROR and "example.com is not a package index" in refused.message
+
+
+async def test_a_package_install_runs_on_a_runner_behind_that_runners_proxy(runners, remote, data_dir):
+    """The replica (this process) serves no proxy: the runner, a process of its own, serves it in its own
+    temporary folder; the environment lands in the shared packages folder and a run on the runner imports it."""
+    packages, runner_tmp = (Path(tempfile.mkdtemp(prefix=f"codeyard-runner-{what}-")) for what in ("packages", "tmp"))
+    try:
+        for folder in (packages, runner_tmp):
+            os.chmod(folder, 0o711)
+        runners.start("installs", CODEYARD_PACKAGES_DIR=str(packages), TMPDIR=str(runner_tmp))
+        installer = runners_installer(remote, packages)
+        assert installer is not None
+        sockets: set[Path] = set()
+
+        async def watch() -> None:
+            while True:
+                sockets.update([*runner_tmp.glob("codeyard-proxy-*/*.sock"), *packages.rglob("*.sock")])
+                await asyncio.sleep(0.02)
+
+        watching = asyncio.create_task(watch())
+        try:
+            env = await installer.install(["six"])
+        finally:
+            watching.cancel()
+        assert "six" in env.pins
+        assert sockets and all(path.is_relative_to(runner_tmp) for path in sockets), sockets
+        result = await (await remote.start(spec(data_dir, "python3", "-c", "import six; print(six.__version__)",
+                                                mounts=(env.mount(),), env=env.env()))).result()
+        assert result.verdict is Verdict.OK and result.stdout.decode().strip() == env.pins["six"], result
+    finally:
+        shutil.rmtree(packages, ignore_errors=True)
+        shutil.rmtree(runner_tmp, ignore_errors=True)
 
 
 async def test_a_runner_killed_mid_run_fails_the_run_with_a_message(runners, remote, data_dir, redis_url):

@@ -26,8 +26,8 @@ from packaging.version import Version
 from sandbox_fixtures import make_spec
 
 from sandbox.backends.bwrap import BwrapBackend
-from sandbox.packages.install import PROXY_TARGET, Installer, InstallFailed
-from sandbox.packages.proxy import SOCKET_NAME
+from sandbox.packages.install import Installer, InstallFailed
+from sandbox.packages.proxy import PROXY_TARGET, SOCKET_NAME
 
 FAKE_SECRET = "fake-secret-key-5b0c9e1d7a"
 ATTACK = r'''
