@@ -164,7 +164,7 @@ def measure(repeats: int, slowdown: float, ab_commit: str | None = None, log=pri
         ppl_engine, ppl_hf = pair.perplexities(zen())
         result["accuracy"] = {"greedy_agreement": agree, "perplexity": round(ppl_engine, 4),
                               "reference_perplexity": round(ppl_hf, 4)}
-        log(f"accuracy: greedy agreement {agree:.2f}, perplexity {ppl_engine:.3f} vs Transformers {ppl_hf:.3f}")
+        log(f"outputs: greedy agreement {agree:.2f}, perplexity {ppl_engine:.3f} vs Transformers {ppl_hf:.3f}")
     return result
 
 
