@@ -45,6 +45,7 @@ from sandbox.backends.dispatch import (
 from sandbox.hosted import remove_stale_cgroups
 from sandbox.packages.proxy import INDEX_HOSTS, behind_index_proxy
 from sandbox.runner_apps import AppHost
+from sandbox.runner_cgroups import remove_orphaned_sibling_cgroups
 from sandbox.verdict import RunResult, Verdict
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ class Runner:
         for kind in ("run", "app") if self.apps is not None else ("run",):
             if stale := await asyncio.to_thread(remove_stale_cgroups, kind):
                 log.warning("runner %s: removed %d cgroups of %ss a previous runner left", self.name, len(stale), kind)
+        await asyncio.to_thread(remove_orphaned_sibling_cgroups)  # left by runners in other cgroups (a recreated container)
         await self._beat()
         beating = asyncio.create_task(self._heartbeat())
         taking = asyncio.create_task(self._take_work())

@@ -60,13 +60,15 @@ class Runners:
         self.redis_url, self.data_dir, self.tmp_path = redis_url, data_dir, tmp_path
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, slots: int = 2, **env_vars: str) -> subprocess.Popen:
-        """Start a runner (with env_vars in its environment) and wait for its first heartbeat."""
+    def start(self, name: str, slots: int = 2, cgroup: Path | None = None, **env_vars: str) -> subprocess.Popen:
+        """Start a runner (in `cgroup`, a v1 memory cgroup folder; with env_vars in its environment) and wait for
+        its first heartbeat."""
         env = {**os.environ, "CODEYARD_REDIS_URL": self.redis_url, "CODEYARD_DATA_DIR": str(self.data_dir),
                "CODEYARD_SANDBOX_BACKEND": "bwrap", "CODEYARD_SANDBOX_DIR": str(self.runs_dir(name)), **env_vars}
         log = open(self.tmp_path / f"runner-{name}.log", "wb")
         proc = subprocess.Popen([CODEYARD, "runner", "--slots", str(slots), "--name", name, "--drain-seconds", "30"],
-                                env=env, stdout=log, stderr=subprocess.STDOUT)
+                                env=env, stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=(lambda: (cgroup / "cgroup.procs").write_text("0")) if cgroup else None)
         self.procs[name] = proc
         redis = SyncRedis.from_url(self.redis_url)
         deadline = time.monotonic() + 30
@@ -320,6 +322,42 @@ async def test_a_runner_killed_mid_run_fails_the_run_with_a_message(runners, rem
     runners.start("successor")  # a runner starting on the host removes the cgroups of runs nobody runs any more
     assert not left & _run_cgroups()
     _clean_after_kill(runners.runs_dir("victim"), before)
+
+
+async def test_a_runner_removes_the_runs_a_runner_in_another_cgroup_left(runners):
+    """A runner container created anew, or a runner another job started, has a cgroup of its own, beside the old
+    one's: a starting runner kills and removes the runs' cgroups of a sibling no other process lives in any more
+    (its runner is gone; here one of its runs outlived it), never a live one's."""
+    own = next((line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+                if "memory" in line.split(":")[1].split(",")), None)
+    hierarchies = [Path("/sys/fs/cgroup") / name for name in ("memory", "pids", "cpuacct")]
+    if own is None or not all(h.is_dir() for h in hierarchies) or RunCgroup.base_relpath() is None:
+        pytest.skip("needs cgroup v1 with memory, pids and cpuacct hierarchies")
+    parent = f"{own.rstrip('/')}/siblings-{os.getpid()}-{time.monotonic_ns()}"
+    runs = {who: f"{parent}/{who}/codeyard/run-1-left" for who in ("old", "live")}
+    for relpath in (*runs.values(), f"{parent}/new"):
+        for hierarchy in hierarchies:
+            (hierarchy / relpath.lstrip("/")).mkdir(parents=True)
+
+    def sleeper(*relpaths: str) -> subprocess.Popen:
+        def join() -> None:
+            for relpath in relpaths:
+                (hierarchies[0] / relpath.lstrip("/") / "cgroup.procs").write_text("0")
+        return subprocess.Popen(["sleep", "60"], preexec_fn=join)
+
+    outlived = sleeper(runs["old"])  # a run whose runner (in <parent>/old) is gone
+    live_runner, live_run = sleeper(f"{parent}/live"), sleeper(runs["live"])
+    try:
+        runners.start("new", cgroup=hierarchies[0] / parent.lstrip("/") / "new")
+        assert outlived.wait(5) == -signal.SIGKILL
+        assert not any((hierarchy / runs["old"].lstrip("/")).exists() for hierarchy in hierarchies)
+        assert live_run.poll() is None and all((hierarchy / runs["live"].lstrip("/")).is_dir() for hierarchy in hierarchies)
+    finally:
+        for proc in (outlived, live_runner, live_run):
+            proc.kill()
+            proc.wait()
+        runners.stop()
+        remove_cgroup(parent)
 
 
 async def test_a_run_taken_by_a_runner_that_died_before_starting_it_runs_elsewhere(runners, remote, data_dir, redis_url):
