@@ -103,7 +103,8 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_copies: list[tuple
         tokens = seq.step_token_ids
         step.input_ids.extend(tokens[start:start + num_new])
         step.positions.extend(range(start, start + num_new))
-        step.slices.append(SeqSlice(start, num_new, seq.block_table))
+        verifies = bool(seq.spec_token_ids) and num_new == 1 + len(seq.spec_token_ids) == len(tokens) - start
+        step.slices.append(SeqSlice(start, num_new, seq.block_table, as_decodes=verifies))
         if start + num_new == len(tokens):  # the last token's logits, and each draft token's
             step.logit_rows.extend(range(len(step.input_ids) - 1 - len(seq.spec_token_ids), len(step.input_ids)))
     return step

@@ -24,11 +24,16 @@ from torch import nn
 
 @dataclass
 class SeqSlice:
-    """One sequence's part of a step: tokens [computed, computed + new) and its block table."""
+    """One sequence's part of a step: tokens [computed, computed + new) and its block table.
+    `as_decodes`: each new token attends as a one-token step of its own would (a speculative
+    draft's verification): the decode kernel then gives every row that step's bits in any dtype,
+    so greedy speculation returns exactly what decoding without it does (a causal SDPA over the
+    chunk rounds differently in bfloat16)."""
 
     num_computed: int
     num_new: int
     block_table: list[int]
+    as_decodes: bool = False
 
 
 @dataclass
@@ -94,10 +99,11 @@ class TorchPagedAttention(AttentionBackend):
                 slot_blocks.append(s.block_table[position // block_size])
                 slot_offsets.append(position % block_size)
             num_blocks = -(-end // block_size)
-            if s.num_new == 1:
-                decode_rows.append(row)
-                decode_tables.append(s.block_table[:num_blocks])
-                decode_lens.append(end)
+            if s.num_new == 1 or s.as_decodes:
+                for length in range(s.num_computed + 1, end + 1):
+                    decode_rows.append(row + length - s.num_computed - 1)
+                    decode_tables.append(s.block_table[:-(-length // block_size)])
+                    decode_lens.append(length)
             elif s.num_computed == 0:
                 prefills.append(PrefillChunk(row, s.num_new, end, None, None))
             else:
