@@ -159,12 +159,12 @@ async def run_socket(websocket: WebSocket, run_id: str) -> None:
                     return False
 
         can_write = await run_in_threadpool(allowed)
-    except RunNotFound as exc:  # not live here: perhaps on another replica or worker
+    except RunNotFound as exc:  # not live here: perhaps on another replica or worker, or over
         address = await _elsewhere(runs, run_id, user)
-        if address is None:
-            await _close_denied(websocket, exc)
-        else:
+        if address is not None:
             await serve_from(websocket, address, f"/ws/runs/{run_id}")
+        elif not await _replayed(websocket, runs, run_id, user):
+            await _close_denied(websocket, exc)
         return
     except (DomainError, SandboxError) as exc:
         await _close_denied(websocket, exc)
@@ -184,6 +184,34 @@ async def _elsewhere(runs: ProjectRuns, run_id: str, user: User | None) -> str |
         return await runs.elsewhere(run_id, user)
     except (DomainError, SandboxError):
         return None
+
+
+async def _replayed(websocket: WebSocket, runs: ProjectRuns, run_id: str, user: User | None) -> bool:
+    """A run that is over and no longer live anywhere ends its socket as a followed run does: its stored output
+    (stdout, then stderr) and its exit frame. A quick run started on another `serve --workers` worker or replica
+    is often over before the browser's socket opens: that used to close 4404 and the console said its output
+    stopped."""
+    if user is None:
+        return False
+
+    def stored() -> RunPublic | None:
+        with websocket.app.state.sessionmaker() as db:
+            try:
+                run = runs.get(db, run_id, user)
+            except (DomainError, SandboxError):
+                return None
+        return run if run.status == "finished" else None
+
+    run = await run_in_threadpool(stored)
+    if run is None:
+        return False
+    with suppress(*SOCKET_GONE):
+        for stream, text in (("stdout", run.stdout), ("stderr", run.stderr)):
+            if text:
+                await websocket.send_json({"type": stream, "data": text})
+        await websocket.send_json({**run.model_dump(mode="json", exclude={"stdout", "stderr"}), "type": "exit"})
+        await websocket.close(1000)
+    return True
 
 
 async def _read_stdin(websocket: WebSocket, queue: RunQueue, run_id: str, can_write: bool) -> None:

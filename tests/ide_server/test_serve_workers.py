@@ -143,6 +143,8 @@ def test_two_workers_share_editors_runs_and_saves(workers: Workers) -> None:
         assert await follow_run(first, run.json()["id"], cookie) == ("ok", "1\n")  # live: on the worker running it
         record = httpx.get(f"{second}/api/runs/{run.json()['id']}", headers=headers, timeout=20).json()
         assert (record["status"], record["verdict"], record["stdout"]) == ("finished", "ok", "1\n")
+        # Over before its socket opened on the other worker (a quick run under load): that worker replays it
+        assert await follow_run(second, run.json()["id"], cookie) == ("ok", "1\n")
         # Live through the other worker too, both ways: it relays the socket to the run's worker.
         put = httpx.put(f"{second}/api/projects/{project}/files/content/ask.py",
                         content=b"print(input() + '!')\n", headers=headers, timeout=20)

@@ -23,9 +23,12 @@ def test_run_records_outlive_the_server(owner, app):
             time.sleep(0.05)
         assert (run["stdout"], run["status"], run["verdict"]) == ("kept\n", "finished", "ok")
         assert [r["id"] for r in again.get(f"/api/projects/{pid}/runs").json()] == [run_id]
-        # too late to follow it live: the socket says where to read it
+        # too late to follow it live: the socket replays what was stored and ends as a followed run does
         with again.websocket_connect(f"/ws/runs/{run_id}") as ws:
-            assert ws.receive()["code"] == 4404
+            assert ws.receive_json() == {"type": "stdout", "data": "kept\n"}
+            exit_frame = ws.receive_json()
+            assert (exit_frame["type"], exit_frame["id"], exit_frame["verdict"]) == ("exit", run_id, "ok")
+            assert "stdout" not in exit_frame and ws.receive()["code"] == 1000
     restarted.state.engine.dispose()
 
 
