@@ -4,6 +4,7 @@ import os
 import secrets
 import socket
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Literal
 
@@ -55,6 +56,12 @@ class Settings(BaseSettings):
         default=None, description="How the other replicas reach this one (deploy calls and app traffic go to the one "
         "running the apps); default: the listen address, or this host's own address when listening on all interfaces."
     )
+    worker_addresses: str | None = Field(
+        default=None, description="Set by `codeyard serve --workers N` for its workers, not by hand: every worker's "
+        "own address (host:port, comma-separated, in order). A project's collab sockets are served by one of them."
+    )
+    worker_index: int | None = Field(default=None, ge=0, description="Set by `codeyard serve --workers N`: which of "
+                                     "worker_addresses this worker is.")
     llm_model: str | None = None
     llm_eager: bool = Field(default=True, description="Start loading the LLM's model in the background when the "
                             "server starts, so the assistant is ready when first asked; false: on the first request.")
@@ -91,6 +98,16 @@ class Settings(BaseSettings):
         if self.replica_host:
             return self.replica_host
         return self.host if self.host not in ("0.0.0.0", "::", "") else socket.gethostbyname(socket.gethostname())
+
+    def rooms_worker(self, project_id: str) -> str | None:
+        """Under `serve --workers`: the address of the worker that hosts this project's collab rooms, when
+        it is another one (None: this one, or a server alone). One host per project keeps its editors'
+        keystrokes in one process; spread over the workers, each sent one through Redis after storing it."""
+        if not self.worker_addresses or self.worker_index is None:
+            return None
+        addresses = self.worker_addresses.split(",")
+        chosen = zlib.crc32(project_id.encode()) % len(addresses)
+        return addresses[chosen] if chosen != self.worker_index else None
 
     @property
     def projects_dir(self) -> Path:

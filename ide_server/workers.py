@@ -8,9 +8,11 @@ CODEYARD_REDIS_URL is set) a private Redis on a Unix socket in the data dir, sto
 first worker starts alone (it may clear a crash's sandbox leftovers, which must not race another
 worker's first runs); the others follow once it serves. A worker that dies is started again.
 
-Each worker also listens on a port of its own (any free one on the same host) and advertises it
-as its replica address: deploy calls and app traffic must reach the one worker running the apps,
-and the shared port would hand them to any worker.
+Each worker also listens on a port of its own (any free one on the same host, opened by the parent
+and kept across the worker's restarts) and advertises it as its replica address: deploy calls and
+app traffic must reach the one worker running the apps, and the shared port would hand them to any
+worker. Every worker knows the others' own ports (CODEYARD_WORKER_ADDRESSES): a project's collab
+sockets are relayed to the one worker hosting its rooms (Settings.rooms_worker).
 """
 
 from __future__ import annotations
@@ -147,6 +149,7 @@ class Supervisor:
         self.settings, self.count = settings, workers
         self.redis: PrivateRedis | None = None
         self.sock: socket.socket | None = None
+        self.own: list[socket.socket] = []  # each worker's own port, kept across its restarts
         self.workers: list[Worker] = []
         self.stopping = False
 
@@ -166,24 +169,28 @@ class Supervisor:
         if redis_server is not None:
             self.redis = PrivateRedis(redis_server, self.settings.data_dir)
         self.sock = listening_socket(self.settings.host, self.settings.port)
+        self.own = [listening_socket(self.settings.host, 0) for _ in range(self.count)]
 
-    def environment(self) -> dict[str, str]:
+    def environment(self, index: int) -> dict[str, str]:
         redis_url = self.settings.redis_url or (self.redis.url if self.redis else "")
+        host = self.settings.host if self.settings.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        addresses = ",".join(f"{host}:{sock.getsockname()[1]}" for sock in self.own)
         env = {**os.environ, "CODEYARD_DATA_DIR": str(self.settings.data_dir.resolve()),
-               "CODEYARD_HOST": self.settings.host, "CODEYARD_REDIS_URL": redis_url}
+               "CODEYARD_HOST": self.settings.host, "CODEYARD_REDIS_URL": redis_url,
+               "CODEYARD_WORKER_ADDRESSES": addresses, "CODEYARD_WORKER_INDEX": str(index)}
         # Each worker would load its own copy of the model: only on first use, not N at start.
         env.setdefault("CODEYARD_LLM_EAGER", "0")
         # Runs at once are counted per process: the machine's share (one CPU each) is split between the workers.
         env.setdefault("CODEYARD_SANDBOX_MAX_RUNNING", str(-(-self.settings.sandbox_max_running // self.count)))
         return env
 
-    def spawn(self, gate: int = -1) -> Worker:
-        """A worker; with `gate` (a pipe's read end) it prepares its app, then waits for a byte there to serve."""
+    def spawn(self, index: int, gate: int = -1) -> Worker:
+        """Worker `index`; with `gate` (a pipe's read end) it prepares its app, then waits for a byte there to serve."""
         assert self.sock is not None
         read, write = os.pipe()
-        fd = self.sock.fileno()
-        process = subprocess.Popen([sys.executable, "-m", "ide_server.workers", str(fd), str(write), str(gate)],
-                                   pass_fds=(fd, write) + ((gate,) if gate >= 0 else ()), env=self.environment(),
+        fd, own = self.sock.fileno(), self.own[index].fileno()
+        process = subprocess.Popen([sys.executable, "-m", "ide_server.workers", str(fd), str(own), str(write), str(gate)],
+                                   pass_fds=(fd, own, write) + ((gate,) if gate >= 0 else ()), env=self.environment(index),
                                    stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
                                    start_new_session=True)  # signals come from us
         os.close(write)
@@ -194,8 +201,8 @@ class Supervisor:
         start (its start-up may clear a crash's sandbox leftovers, which must not race their first runs).
         RuntimeError if one dies meanwhile."""
         gate, go = os.pipe()
-        self.workers.append(self.spawn())
-        self.workers += [self.spawn(gate) for _ in range(self.count - 1)]
+        self.workers.append(self.spawn(0))
+        self.workers += [self.spawn(index, gate) for index in range(1, self.count)]
         os.close(gate)
         try:
             self._serving(1)
@@ -228,7 +235,7 @@ class Supervisor:
                 worker.forget_pipe()
                 if time.monotonic() - worker.started < 10 * RESTART_PAUSE_S:  # dying at start: don't spin
                     time.sleep(RESTART_PAUSE_S)
-                self.workers[i] = self.spawn()
+                self.workers[i] = self.spawn(i)
 
     def _stop_signal(self, signum: int, frame: object) -> None:
         self.stopping = True
@@ -248,8 +255,8 @@ class Supervisor:
             worker.forget_pipe()
         if self.redis is not None:
             self.redis.stop()
-        if self.sock is not None:
-            self.sock.close()
+        for sock in [*([self.sock] if self.sock else []), *self.own]:
+            sock.close()
 
 
 def serve_workers(settings: Settings, workers: int) -> None:
@@ -271,7 +278,7 @@ def serve_workers(settings: Settings, workers: int) -> None:
         supervisor.stop()
 
 
-def run_worker(listen_fd: int, ready_fd: int, gate_fd: int) -> None:
+def run_worker(listen_fd: int, own_fd: int, ready_fd: int, gate_fd: int) -> None:
     """A worker: the app on the shared socket and on a port of its own; a byte on `ready_fd` once it serves.
     With a gate, it starts serving only after reading a byte there (EOF: the parent gave up; exit)."""
     import uvicorn
@@ -283,7 +290,7 @@ def run_worker(listen_fd: int, ready_fd: int, gate_fd: int) -> None:
     sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False), 1 << 16), line_buffering=True)
     shared = socket.socket(fileno=listen_fd)
     settings = Settings()
-    own = listening_socket(settings.host, 0)
+    own = socket.socket(fileno=own_fd)
     settings.port = own.getsockname()[1]  # the replica address the others reach this worker at
     app = create_app(settings)
     if gate_fd >= 0:
@@ -303,4 +310,4 @@ def run_worker(listen_fd: int, ready_fd: int, gate_fd: int) -> None:
 
 
 if __name__ == "__main__":
-    run_worker(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+    run_worker(*(int(arg) for arg in sys.argv[1:5]))

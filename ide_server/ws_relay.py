@@ -1,20 +1,44 @@
 """Frames between an accepted client WebSocket and an upstream one, both ways, until either ends.
 
-Two users: the apps' proxy (a visitor's socket to an app) and a run's socket opened on a replica
-that does not run it (served by the one that does, sandbox.run_relay). The upstream's close code
-and reason reach the client, so "access revoked" (4403) or a run's own 4404 read the same relayed.
+Three users: the apps' proxy (a visitor's socket to an app), a run's socket opened on a replica
+that does not run it (served by the one that does, sandbox.run_relay), and a collab socket opened on
+a `serve --workers` worker that does not host the project's rooms (collab.api.editing). The
+upstream's close code and reason reach the client, so "access revoked" (4403) or a run's own 4404
+read the same relayed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import suppress
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
-from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.typing import Origin
 
 NO_STATUS = (1005, 1006)  # "no close frame" codes: not sendable in a close frame of our own
+CREDENTIALS = ("cookie", "authorization", "x-csrf-token")  # what a relayed request carries of the client's
+
+log = logging.getLogger(__name__)
+
+
+async def relay_to(websocket: WebSocket, address: str, path: str) -> bool:
+    """Relay an accepted socket to `path` on the server at `address` ("host:port") with the client's own
+    credentials: that server checks them and the caller's access again. The Origin sent is that server's
+    own, as its cross-site check expects; this one checked the client's. False if it does not answer
+    (nothing was relayed; the socket is still open)."""
+    headers = [(name, value) for name in CREDENTIALS if (value := websocket.headers.get(name))]
+    try:
+        upstream = await connect(f"ws://{address}{path}", additional_headers=headers, origin=Origin(f"http://{address}"),
+                                 open_timeout=10, max_size=None, compression=None)
+    except (TimeoutError, OSError, InvalidHandshake) as exc:
+        log.warning("could not reach the server at %s for %s: %s", address, path, exc)
+        return False
+    async with upstream:
+        await relay(websocket, upstream)
+    return True
 
 
 async def relay(websocket: WebSocket, upstream: ClientConnection) -> None:

@@ -15,32 +15,18 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket
-from websockets.asyncio.client import connect
-from websockets.exceptions import InvalidHandshake
-from websockets.typing import Origin
 
-from ide_server.ws_relay import relay
+from ide_server.ws_relay import CREDENTIALS, relay_to
 from sandbox.frames import CLOSE_UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
-CREDENTIALS = ("cookie", "authorization", "x-csrf-token")
-
 
 async def serve_from(websocket: WebSocket, address: str, path: str) -> None:
-    """Relay an accepted socket to the same path on the replica at `address` ("host:port"), with
-    the client's own credentials: that replica checks them and the caller's access again. The
-    Origin sent is the replica's own, as its cross-site check expects; this one checked the client's."""
-    headers = [(name, value) for name in CREDENTIALS if (value := websocket.headers.get(name))]
-    try:
-        upstream = await connect(f"ws://{address}{path}", additional_headers=headers, origin=Origin(f"http://{address}"),
-                                 open_timeout=10, max_size=None, compression=None)
-    except (TimeoutError, OSError, InvalidHandshake) as exc:
-        log.warning("could not reach the run's server at %s: %s", address, exc)
+    """Relay an accepted socket to the same path on the replica at `address` ("host:port"); closed
+    CLOSE_UNAVAILABLE if that replica does not answer."""
+    if not await relay_to(websocket, address, path):
         await websocket.close(CLOSE_UNAVAILABLE, "the server running this run does not answer")
-        return
-    async with upstream:
-        await relay(websocket, upstream)
 
 
 async def forward_post(request: Request, address: str) -> JSONResponse:

@@ -1,7 +1,8 @@
 """Collaboration as an ide_server component: the /ws/collab websocket and the process's rooms.
 
 The handler is thin: accept, authenticate (session cookie or Bearer token), look up the role,
-then hand the socket to collab.websocket.serve_websocket. Failures close with 4401 (not signed
+then hand the socket to collab.websocket.serve_websocket. Under `serve --workers`, a socket for a
+project whose rooms another worker hosts is relayed there first (Settings.rooms_worker). Failures close with 4401 (not signed
 in) or 4403 (no access, bad path) after accepting, so y-websocket clients can tell them apart.
 Other parts of the app get the rooms from the composition root (`open_collab` builds them; runs and
 deploys take them as constructor arguments, the history API through `rooms_of`). The files API and
@@ -37,6 +38,7 @@ from ide_server.models import Role, User
 from ide_server.services.projects import project_dir
 from ide_server.settings import Settings
 from ide_server.wiring import Builders, Collab, Core, required, services_of
+from ide_server.ws_relay import relay_to
 
 CLOSE_UNAUTHENTICATED = 4401
 # The user's role changed: reconnect (and get the new role). Clients stop only on 4401/4403.
@@ -75,6 +77,8 @@ def _authorise(websocket: WebSocket, project_id: str) -> tuple[str, Role]:
 @router.websocket("/ws/collab/{project_id}/{file_path:path}")
 async def collab_socket(websocket: WebSocket, project_id: str, file_path: str) -> None:
     await websocket.accept()
+    if (host := websocket.app.state.settings.rooms_worker(project_id)) and await relay_to(websocket, host, _path(websocket)):
+        return  # served by the worker hosting the project's rooms, which checks who asks (if it is down: here)
     try:
         user_id, role = await run_in_threadpool(_authorise, websocket, project_id)
         key = RoomKey(project_id, paths.normalise(file_path))
@@ -88,6 +92,13 @@ async def collab_socket(websocket: WebSocket, project_id: str, file_path: str) -
     await serve_websocket(
         websocket, rooms_of(websocket.app), key, can_write=role.at_least(Role.editor), user_id=user_id
     )
+
+
+def _path(websocket: WebSocket) -> str:
+    """The socket's path and query as the client sent them (still percent-encoded)."""
+    raw_path: bytes = websocket.scope.get("raw_path") or websocket.url.path.encode()  # (optional in ASGI)
+    query: bytes = websocket.scope.get("query_string", b"")
+    return raw_path.decode("latin-1") + (f"?{query.decode('latin-1')}" if query else "")
 
 
 class AppEvents:

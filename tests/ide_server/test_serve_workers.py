@@ -1,6 +1,7 @@
 """`codeyard serve --workers 2` (issue 25): two processes on one port, one SQLite file and a private Redis.
 
-Against real processes: two editors of one file on different workers converge; a save through one is read back through the other, also with the file
+Against real processes: two editors of one file on different workers converge, in the one worker hosting the
+project's rooms; a save through one is read back through the other, also with the file
 open in both; a run started through one is followed live, its input typed, and cancelled through the other. Without
 redis-server, or with a port only one process can bind, exit 2.
 """
@@ -22,6 +23,7 @@ from serve_process import codeyard_serve
 from benchmarks.load_bench import Tally, YClient
 from deploy_service.owner import LEASE_KEY
 from ide_server.cli import main
+from ide_server.settings import Settings
 
 PASSWORD = "a long password"
 
@@ -130,6 +132,12 @@ def test_two_workers_share_editors_runs_and_saves(workers: Workers) -> None:
         await one.type("# from the first worker\n")
         await other.type("# from the second worker\n")
         await converged([one, other], "first worker", "second worker")
+        # In one process: the worker not hosting the project's rooms relays its editor's socket to the one that
+        # does, on that worker's own port (spread over both, each keystroke crossed through Redis after its store).
+        own_ports = {pid: int(url.rsplit(":", 1)[1]) for pid, url in workers.own_urls.items()}
+        relaying = {pid for pid in workers.pids for c in psutil.Process(pid).net_connections("tcp")
+                    if c.raddr and c.raddr.port in own_ports.values() and c.raddr.port != own_ports[pid]}
+        assert len(relaying) == 1, relaying
 
         headers = {**csrf, "Cookie": cookie}
         program = "print(1)\n"
@@ -218,3 +226,13 @@ def test_ports_only_one_process_can_bind_are_refused_with_workers(tmp_path: Path
     assert exited.value.code == 2
     assert variable in capsys.readouterr().err
     assert not (tmp_path / "data").exists()  # refused before anything was prepared
+
+
+def test_each_project_has_one_rooms_worker() -> None:
+    addresses = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003"
+    workers = [Settings(worker_addresses=addresses, worker_index=i) for i in range(3)]
+    hosts = [[w.rooms_worker(f"project{n}") for w in workers] for n in range(30)]
+    assert all(row.count(None) == 1 for row in hosts), hosts  # served by one, relayed there by the others
+    assert all(len(set(row) - {None}) == 1 for row in hosts)
+    assert {row.index(None) for row in hosts} == {0, 1, 2}  # spread over the workers
+    assert Settings().rooms_worker("project0") is None  # a server alone hosts every room
