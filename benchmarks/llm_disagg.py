@@ -208,19 +208,31 @@ def summarize(label: str, results: list[Result], args: argparse.Namespace) -> di
     return row
 
 
-def engine_processes(pid: int, label: str) -> dict[str, int]:
-    """The processes running engines: the colocated server itself, or the --disaggregated
-    launcher's two children (prefill, decode: the order it starts them in)."""
+def server_processes(pid: int, label: str) -> dict[str, int]:
+    """The serving processes: the colocated server itself, or the --disaggregated launcher (the
+    proxy) and its two children (prefill, decode: the order it starts them in)."""
     if label == "colocated":
         return {"server": pid}
     children = sorted(int(child) for task in Path(f"/proc/{pid}/task").iterdir()
                       for child in (task / "children").read_text().split())
-    return dict(zip(["prefill", "decode"], children))
+    return {**dict(zip(["prefill", "decode"], children)), "proxy": pid}
 
 
-def engine_times(pids: dict[str, int]) -> dict[str, tuple[float, float]]:
-    """(CPU seconds, seconds waiting for a CPU) of each process's engine threads so far."""
-    return {name: (split[0], split[2]) for name, pid in pids.items() for split in [cpu_split(pid)]}
+def process_times(pids: dict[str, int]) -> dict[str, tuple[float, float, float]]:
+    """(CPU seconds of the engine threads, of the whole process, seconds the engine threads waited
+    for a CPU while runnable) of each process so far."""
+    return {name: cpu_split(pid) for name, pid in pids.items()}
+
+
+def cpu_line(label: str, spent: dict[str, tuple[float, float, float]], client_cpu: float, tokens: int) -> str:
+    """Where the CPU went: each engine's threads and their wait for a CPU, the rest of each process
+    (HTTP, streaming; all of the proxy's), and this client's. On two cores whatever is not an
+    engine's runs beside the engines."""
+    parts = [f"{name} {cpu:.1f} / {wait:.1f} s ({1000 * wait / max(tokens, 1):.1f} ms a token), rest of the process "
+             f"{whole - cpu:.1f} s" for name, (cpu, whole, wait) in spent.items() if name != "proxy"]
+    proxy = f"; proxy {spent['proxy'][1]:.1f} s" if "proxy" in spent else ""
+    return (f"{label}: engine threads' CPU / wait for a CPU: " + ", ".join(parts) + proxy
+            + f"; benchmark client {client_cpu:.1f} s")
 
 
 def run_setup(label: str, serve_args: list[str], arrivals: list[Arrival], args: argparse.Namespace) -> dict:
@@ -230,19 +242,18 @@ def run_setup(label: str, serve_args: list[str], arrivals: list[Arrival], args: 
     cores = instance_cores(pin=True)
     both = [cores[0] | cores[1]] if cores and "--disaggregated" not in serve_args else None
     with child_servers([serve_args], [label], both) as server:
-        pids = engine_processes(server.procs[0].pid, label)
-        load_before, before = os.getloadavg()[0], engine_times(pids)
+        pids = server_processes(server.procs[0].pid, label)
+        load_before, before, client_before = os.getloadavg()[0], process_times(pids), time.process_time()
         results = asyncio.run(drive(server.urls[0], server.key, arrivals))
-        after = engine_times(pids)
+        after, client_cpu = process_times(pids), time.process_time() - client_before
     tokens = sum(r.tokens for r in results)
-    spent = {name: (after[name][0] - before[name][0], after[name][1] - before[name][1]) for name in pids}
-    print(f"{label}: load average {load_before:.1f} before the schedule, {os.getloadavg()[0]:.1f} after; engine "
-          "threads' CPU / wait for a CPU: " + ", ".join(
-              f"{name} {cpu:.1f} / {wait:.1f} s ({1000 * wait / max(tokens, 1):.1f} ms a token)"
-              for name, (cpu, wait) in spent.items()), flush=True)
-    return {**summarize(label, results, args),
-            **{f"{name}_engine_{kind}_s": value for name, pair in spent.items()
-               for kind, value in zip(("cpu", "wait"), pair)}}
+    spent = {name: (after[name][0] - before[name][0], after[name][1] - before[name][1], after[name][2] - before[name][2])
+             for name in pids}
+    print(f"{label}: load average {load_before:.1f} before the schedule, {os.getloadavg()[0]:.1f} after", flush=True)
+    print(cpu_line(label, spent, client_cpu, tokens), flush=True)
+    return {**summarize(label, results, args), "client_cpu_s": client_cpu,
+            **{f"{name}_{kind}_s": value for name, (engine, whole, wait) in spent.items()
+               for kind, value in (("engine_cpu", engine), ("process_cpu", whole), ("engine_wait", wait))}}
 
 
 def parse_args(argv: list[str] | None, parser: argparse.ArgumentParser) -> argparse.Namespace:

@@ -1,6 +1,7 @@
 """`codeyard llm serve --disaggregated`: a prefill and a decode instance sharing a key only the
 proxy knows (also the key of the prefill instance's KV port). On one machine they are child
-processes, each pinned to a core of its own when there are two; with `--distributed-executor ray`
+processes, each pinned to a core of its own when there are two (the proxy, this process, beside the
+prefill instance); with `--distributed-executor ray`
 they are Ray actors (`llm_engine/ray_servers.py`), on different nodes with STRICT_SPREAD."""
 
 from __future__ import annotations
@@ -32,12 +33,38 @@ def role_args(serve_args: list[str], kv_host: str, kv_port: int, kv_transport: s
 def disaggregated_servers(serve_args: list[str], kv_transport: str = "shm", pin: bool = True,
                           ready_timeout_s: float = 900) -> Iterator[ChildServers]:
     """Start the pair; yields once both answer /health (urls: prefill, decode), stops them after
-    and removes the prefill instance's KV pool file if it could not (killed)."""
+    and removes the prefill instance's KV pool file if it could not (killed). Pinned, this process
+    runs on the prefill instance's core meanwhile (`proxy_beside_prefill`)."""
     cpus = instance_cores(pin)
     threads = ["--num-threads", "1"] if cpus else []
     arg_lists = role_args([*serve_args, *threads], "127.0.0.1", free_port(), kv_transport)
     try:
-        with child_servers(arg_lists, NAMES, cpus, ready_timeout_s) as children:
+        with child_servers(arg_lists, NAMES, cpus, ready_timeout_s) as children, \
+                proxy_beside_prefill(cpus[0] if cpus else None):
             yield children
     finally:
         sweep_dead_pools()
+
+
+@contextlib.contextmanager
+def proxy_beside_prefill(cores: set[int] | None) -> Iterator[None]:
+    """Every thread of this process (the proxy) on the prefill instance's cores while the pair
+    serves. The proxy relays every token it streams; left to the OS it runs where there is room,
+    which during a burst of long prompts (the prefill core busy) is the decode instance's core, so
+    its CPU came out of the decode steps. Time taken from the prefill instance costs TTFT only."""
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    _pin_threads(cores)
+    try:
+        yield
+    finally:
+        _pin_threads(before)
+
+
+def _pin_threads(cores: set[int]) -> None:
+    """All of this process's threads: sched_setaffinity(0) moves only the calling one."""
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task), cores)

@@ -8,8 +8,10 @@ to start); the engine-level transfers are in tests/llm_engine/test_llm_parallel_
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,7 +20,7 @@ import openai
 import pytest
 
 from llm_engine.entrypoints.disagg_proxy import create_disagg_app, prompt_tokens_bound
-from llm_engine.entrypoints.disagg_servers import disaggregated_servers
+from llm_engine.entrypoints.disagg_servers import disaggregated_servers, proxy_beside_prefill
 
 from .conftest import start_server
 from .test_cli import CODEYARD
@@ -142,3 +144,16 @@ def test_a_decode_instance_without_the_prefill_kv_port_is_exit_2(tiny_chat_model
     result = subprocess.run([*CODEYARD, "llm", "serve", "--model", str(tiny_chat_model), "--max-local-prefill-length",
                              "64"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "--disaggregated" in result.stderr
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_the_proxy_runs_beside_the_prefill_instance_while_the_pair_serves():
+    before = os.sched_getaffinity(0)
+    prefill_core = {min(before)}
+    worker = threading.Thread(target=threading.Event().wait, args=(5,), daemon=True)  # a thread that exists already
+    worker.start()
+    with proxy_beside_prefill(prefill_core):
+        assert all(os.sched_getaffinity(int(task)) == prefill_core for task in os.listdir("/proc/self/task"))
+    assert all(os.sched_getaffinity(int(task)) == before for task in os.listdir("/proc/self/task"))
+    with proxy_beside_prefill(None):  # not pinned: left alone
+        assert os.sched_getaffinity(0) == before
