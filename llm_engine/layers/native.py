@@ -25,8 +25,8 @@ import torch
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "paged_attention.cpp", CSRC / "elementwise.cpp", CSRC / "quant_gemm.cpp", CSRC / "quant_gemm_amx.cpp",
-           CSRC / "decode_stack.cpp"]
-HEADERS = [CSRC / "simd.h"]
+           CSRC / "quant_gemm_amx_bf16.cpp", CSRC / "decode_stack.cpp"]
+HEADERS = [CSRC / "simd.h", CSRC / "amx.h"]
 # -ffp-contract=off: a*b - c*d stays two roundings, as in the PyTorch code the kernels replace.
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 
@@ -101,6 +101,12 @@ def load_kernels() -> ctypes.CDLL:
         getattr(library, name).argtypes = argtypes
         getattr(library, name).restype = None
     library.amx_int8_ready.argtypes, library.amx_int8_ready.restype = [], i32
+    library.amx_bf16_ready.argtypes, library.amx_bf16_ready.restype = [], i32
+    if library.amx_bf16_ready():
+        library.weight_only_gemm_bf16_amx.argtypes = [pointer] * 5 + [i64] * 4
+        library.weight_only_gemm_bf16_amx.restype = None
+        library.weight_only_dequantize_bf16.argtypes = [pointer] * 4 + [i64] * 3
+        library.weight_only_dequantize_bf16.restype = None
     if library.amx_int8_ready():  # built only where the compiler targets AMX
         for name, argtypes in {"int8_gemm_q8_amx": [pointer] * 6 + [i64] * 4,
                                "int4_gemm_q8_amx": [pointer] * 7 + [i64] * 4}.items():
@@ -127,6 +133,9 @@ class CpuKernels:
         self._int8_gemm_q8, self._int4_gemm_q8 = library.int8_gemm_q8, library.int4_gemm_q8
         # AMX tiles for batches (csrc/quant_gemm_amx.cpp): None where the CPU or the build lacks them
         self.amx = (library.int8_gemm_q8_amx, library.int4_gemm_q8_amx) if library.amx_int8_ready() else None
+        # bfloat16 activations x int4/int8 weights on AMX bf16 tiles (csrc/quant_gemm_amx_bf16.cpp), or None
+        self.amx_bf16 = library.weight_only_gemm_bf16_amx if library.amx_bf16_ready() else None
+        self._dequantize_bf16 = library.weight_only_dequantize_bf16 if library.amx_bf16_ready() else None
 
     def supports(self, x: torch.Tensor) -> bool:
         return x.device.type == "cpu" and x.dtype in self._SUFFIXES
@@ -181,6 +190,37 @@ class CpuKernels:
         else:
             self._int4_gemm(x.data_ptr(), qweight.data_ptr(), scales.data_ptr(), offsets.data_ptr(),
                             out.data_ptr(), rows, qweight.shape[0], k_in, group_size)
+        return out
+
+    def quant_gemm_bf16(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                        offsets: torch.Tensor | None, group_size: int) -> torch.Tensor:
+        """x @ W^T for bfloat16 x [rows, K] and int8 or packed int4 W on AMX bf16 tiles: W's groups
+        dequantized to bfloat16 (dequantize's values, rounded as `.to(torch.bfloat16)` rounds)
+        and multiplied in float32, returned in bfloat16. Needs `amx_bf16` and groups that are
+        multiples of 32 inputs (`amx_bf16_fits`)."""
+        if self.amx_bf16 is None:
+            raise ValueError("quant_gemm_bf16: this CPU or build has no AMX bf16 tiles")
+        if x.dtype != torch.bfloat16 or qweight.dtype not in (torch.int8, torch.uint8):
+            raise ValueError("quant_gemm_bf16: needs bfloat16 activations and int8 or int4 weights")
+        x = x.contiguous()
+        rows, k_in = x.shape
+        out = torch.empty(rows, qweight.shape[0], dtype=torch.bfloat16)
+        self.amx_bf16(x.data_ptr(), qweight.data_ptr(), scales.data_ptr(), 0 if offsets is None else offsets.data_ptr(),
+                      out.data_ptr(), rows, qweight.shape[0], k_in, group_size)
+        return out
+
+    def dequantize_bf16(self, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
+                        group_size: int) -> torch.Tensor:
+        """The bfloat16 weight [N, K] of an int8 or packed int4 one (`dequantize(...).bfloat16()`'s
+        bits), in this thread's reused buffer as `dequantize`'s; needs AMX bf16's build and groups
+        of multiples of 32 inputs (`amx_bf16_fits`)."""
+        if self._dequantize_bf16 is None:
+            raise ValueError("dequantize_bf16: this CPU or build has no AMX bf16 kernels")
+        n_out = qweight.shape[0]
+        k_in = qweight.shape[1] * 2 if offsets is not None else qweight.shape[1]
+        out = self._weight_buffer(n_out * k_in // 2).view(torch.bfloat16).view(n_out, k_in)
+        self._dequantize_bf16(qweight.data_ptr(), scales.data_ptr(), 0 if offsets is None else offsets.data_ptr(),
+                              out.data_ptr(), n_out, k_in, group_size)
         return out
 
     def dequantize(self, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,

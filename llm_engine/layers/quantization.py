@@ -29,6 +29,13 @@ KERNEL_MAX_ROWS = 16
 # and keeps up to here (csrc/quant_gemm.cpp's G32_MAX_ROWS): batched decode steps of up to 64
 # sequences; dequantizing SmolLM2's Q8_0 LM head for 64 rows cost ~2x the kernel's CPU time.
 G32_KERNEL_MAX_ROWS = 64
+# Where the CPU has AMX bf16 tiles, bfloat16 activations of more than KERNEL_MAX_ROWS and up to
+# this many rows (batched decode steps) multiply on them (csrc/quant_gemm_amx_bf16.cpp: int4/int8
+# groups dequantized to bf16 per 32 channels): ~6x less CPU than the float-activation kernel at
+# 64 rows. Up to 16 rows (one sequence's speculative verification) stay on the kernel, whose rows
+# are a one-row step's bit for bit; above this, oneDNN's blocking wins on the natively
+# dequantized bf16 weight (measured at 512-2048 rows).
+AMX_BF16_MAX_ROWS = 256
 
 
 class QuantLayer(Protocol):
@@ -199,6 +206,11 @@ def quantize_activations(x: torch.Tensor, block: int) -> torch.Tensor:
     return (q * d).view(x.shape)
 
 
+def amx_bf16_fits(k_in: int, group: int) -> bool:
+    """The bf16 tile kernel takes whole 32-input steps and groups (the last one too)."""
+    return k_in % 32 == 0 and group % 32 == 0
+
+
 def integer_kernel_fits(k_in: int, group: int, int4: bool) -> bool:
     """The integer kernels take K in 32-input sub-blocks; each int4 group (the last one too)
     must be 32 inputs or a multiple of 64 (one sub-block is then one run of low or high nibbles)."""
@@ -316,6 +328,13 @@ class WeightOnlyLinearMethod(QuantMethod):
         act_block = self.scheme.act_block(quant_layer.input_size)
         triton = use_triton(x)
         kernels = quant_layer.kernels
+        bf16_tiles = (kernels if kernels is not None and kernels.amx_bf16 is not None and x.dtype == torch.bfloat16
+                      and not act_block and self.scheme.weights != "fp8"
+                      and amx_bf16_fits(x.shape[-1], self.group(layer)) else None)
+        if bf16_tiles is not None and KERNEL_MAX_ROWS < rows <= AMX_BF16_MAX_ROWS:
+            out = bf16_tiles.quant_gemm_bf16(x.reshape(rows, -1), quant_layer.qweight, quant_layer.scales, offsets,
+                                             self.group(layer)).view(*x.shape[:-1], -1)
+            return out if bias is None else out + bias
         if act_block:  # on AMX tiles the integer kernel beats a dequantized matmul at every size (prefill too)
             max_rows = rows if kernels is not None and kernels.amx is not None else KERNEL_MAX_ROWS
         else:
@@ -335,8 +354,11 @@ class WeightOnlyLinearMethod(QuantMethod):
             from llm_engine.kernels.quant_gemm import quant_gemm  # imports Triton: only when a GPU path runs
 
             return quant_gemm(x, quant_layer.qweight, quant_layer.scales, offsets, self.group(layer), bias)
-        unpack = kernels.dequantize if kernels is not None else dequantize  # the same bits, natively faster
-        weight = unpack(quant_layer.qweight, quant_layer.scales, offsets, self.group(layer)).to(x.dtype)
+        if bf16_tiles is not None:  # the same bits as below, without the float32 copy
+            weight = bf16_tiles.dequantize_bf16(quant_layer.qweight, quant_layer.scales, offsets, self.group(layer))
+        else:
+            unpack = kernels.dequantize if kernels is not None else dequantize  # the same bits, natively faster
+            weight = unpack(quant_layer.qweight, quant_layer.scales, offsets, self.group(layer)).to(x.dtype)
         return F.linear(x, weight, bias)
 
 

@@ -21,8 +21,8 @@
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512F__) && defined(__F16C__)
 #define CODEYARD_AMX 1
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+
+#include "amx.h"
 #endif
 
 namespace {
@@ -41,19 +41,8 @@ struct Aligned : std::allocator<T> {  // 64-byte aligned storage: the scaling lo
   void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t(64)); }
 };
 
-struct TileConfig {  // the `ldtilecfg` memory layout (palette 1)
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-bool request_tile_state() {  // Linux hands a process the 8 KiB tile state only when asked, once
-  constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-  return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-}
-
 void load_tile_config() {  // per thread: tiles 0 and 3 = C, 1 and 4 = A (weights), 2 and 5 = B (activations)
-  TileConfig config;
+  codeyard_amx::TileConfig config;
   for (int t : {0, 3}) {
     config.rows[t] = BLOCK, config.colsb[t] = BLOCK * 4;
     config.rows[t + 1] = BLOCK, config.colsb[t + 1] = SUB;
@@ -235,8 +224,7 @@ extern "C" {
 // keep quant_gemm.cpp's int*_gemm_q8, which take the same inputs).
 int32_t amx_int8_ready() {
 #ifdef CODEYARD_AMX
-  static const bool granted = request_tile_state();
-  return granted ? 1 : 0;
+  return codeyard_amx::tile_state_granted() ? 1 : 0;
 #else
   return 0;
 #endif

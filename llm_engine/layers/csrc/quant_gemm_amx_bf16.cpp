@@ -1,0 +1,274 @@
+// Batched rows of the weight-only int4/int8 matmuls (quant_gemm.cpp's layouts) for bfloat16
+// activations, on Intel AMX bf16 tiles. Why: on such a CPU oneDNN's bf16 matmul of a float model
+// runs on AMX, and the float-activation kernel (which widens every code to float32 for every row)
+// stays ~3x slower per batched row than it. Here each pass dequantizes 32 output channels into a
+// small bfloat16 buffer (code * scale + offset in float32, dequantize's two roundings, then
+// rounded to bfloat16 as `.to(torch.bfloat16)` rounds), and `tdpbf16ps` multiplies it with every
+// row block of the activations, accumulating in float32 over all of K: weights stream from memory
+// at 4 (or 8) bits and the dequantization is paid once per channel for all rows. The result is
+// F.linear(x, dequantize(W).bfloat16()) up to float summation order, and each row's sums are
+// the same whatever rows are beside it.
+//
+// The tile product is out^T: A = 16 channels x 32 bf16 weights (the buffer's rows as they are),
+// B = 32 inputs x 16 activation rows in the tile's pair-interleaved layout (built once per call),
+// C = 16 channels x 16 rows of float32 sums. Two A and two B tiles feed four C tiles (32 channels
+// x 32 rows) per step. int4 codes widen through a per-group 16-entry table of bfloat16 values
+// (`vpermw`); int8 codes through float32. Every group (the last one too) must be a multiple of
+// 32 inputs; the caller checks (quantization.py).
+
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__) && defined(__F16C__)
+#define CODEYARD_AMX_BF16 1
+#include <immintrin.h>
+
+#include "amx.h"
+#endif
+
+namespace {
+
+#ifdef CODEYARD_AMX_BF16
+constexpr int64_t STEP = 32;          // inputs per tile product (an A row: 64 bytes of bf16)
+constexpr int64_t BLOCK = 16;         // channels per A tile, activation rows per B tile
+constexpr int64_t CHUNK_BLOCKS = 16;  // row blocks per pass over the weights: a prefill's rows stay in L2
+
+struct Bf16Buffer {  // 64-byte aligned bfloat16 storage (tile loads read whole cache lines)
+  uint16_t* data;
+  explicit Bf16Buffer(int64_t n) : data(static_cast<uint16_t*>(::operator new(n * 2, std::align_val_t(64)))) {}
+  ~Bf16Buffer() { ::operator delete(data, std::align_val_t(64)); }
+  Bf16Buffer(const Bf16Buffer&) = delete;
+  Bf16Buffer& operator=(const Bf16Buffer&) = delete;
+};
+
+void load_tile_config() {  // per thread: tiles 0-3 = C, 4 and 5 = A (weights), 6 and 7 = B (activations)
+  codeyard_amx::TileConfig config;
+  for (int t = 0; t < 8; ++t) config.rows[t] = BLOCK, config.colsb[t] = 64;
+  _tile_loadconfig(&config);
+}
+
+inline __m256i bf16_of(__m512 v) { return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)); }
+
+// One channel's weights as bfloat16 [k_in]. int4: a group's byte j holds element j (low nibble)
+// and j + length/2 (high), length the group's (or the shorter last group's) size.
+// (scales and offsets: the channel's, one per group, already float32)
+void dequantize_int4_row(const uint8_t* qn, const float* scales, const float* offsets, int64_t k_in,
+                         int64_t group, uint16_t* w) {
+  const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m256i low = _mm256_set1_epi16(15);
+  for (int64_t start = 0, g = 0; start < k_in; start += group, ++g) {
+    const int64_t half = (k_in - start < group ? k_in - start : group) / 2;
+    // code * scale, then + offset: dequantize's two float32 roundings (-ffp-contract=off), then bf16
+    const __m512 level = _mm512_add_ps(_mm512_mul_ps(codes, _mm512_set1_ps(scales[g])), _mm512_set1_ps(offsets[g]));
+    const __m256i table = bf16_of(level);
+    const uint8_t* bytes = qn + start / 2;
+    for (int64_t j = 0; j < half; j += 16) {
+      const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + j)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + start + j),
+                          _mm256_permutexvar_epi16(_mm256_and_si256(b, low), table));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + start + half + j),
+                          _mm256_permutexvar_epi16(_mm256_srli_epi16(b, 4), table));
+    }
+  }
+}
+
+void dequantize_int8_row(const int8_t* qn, const float* scales, int64_t k_in, int64_t group, uint16_t* w) {
+  for (int64_t start = 0, g = 0; start < k_in; start += group, ++g) {
+    const int64_t end = k_in - start < group ? k_in : start + group;
+    const __m512 scale = _mm512_set1_ps(scales[g]);
+    for (int64_t k = start; k < end; k += 32) {
+      const __m128i* codes = reinterpret_cast<const __m128i*>(qn + k);
+      const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(codes))), scale);
+      const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(codes + 1))), scale);
+      _mm512_storeu_si512(w + k, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+    }
+  }
+}
+
+void widen_halves(const uint16_t* halves, int64_t n, float* out) {  // float16 -> float32
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(halves + i))));
+  for (; i < n; ++i) out[i] = _cvtsh_ss(halves[i]);
+}
+
+// Channel n's weights as bfloat16 [k_in]. `factors`: room for its scales and offsets as float32
+// (2 x groups).
+template <bool INT4>
+void dequantize_channel(const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, int64_t n, int64_t k_in,
+                        int64_t group, uint16_t* row, float* factors) {
+  const int64_t groups = (k_in + group - 1) / group, row_bytes = INT4 ? k_in / 2 : k_in;
+  widen_halves(scales + n * groups, groups, factors);
+  if (INT4) {
+    widen_halves(offsets + n * groups, groups, factors + groups);
+    dequantize_int4_row(q + n * row_bytes, factors, factors + groups, k_in, group, row);
+  } else {
+    dequantize_int8_row(reinterpret_cast<const int8_t*>(q) + n * row_bytes, factors, k_in, group, row);
+  }
+}
+
+// Channels n0..n0+31 as bfloat16 rows of w [32][k_in]; channels past n_out are zeros.
+template <bool INT4>
+void dequantize_channels(const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, int64_t n0,
+                         int64_t n_out, int64_t k_in, int64_t group, uint16_t* w, float* factors) {
+  for (int64_t c = 0; c < 2 * BLOCK; ++c) {
+    if (n0 + c < n_out) dequantize_channel<INT4>(q, scales, offsets, n0 + c, k_in, group, w + c * k_in, factors);
+    else std::memset(w + c * k_in, 0, k_in * 2);
+  }
+}
+
+// The activations' row blocks as B tiles: [row block][input pair][row][2 inputs], rows past the end zeros.
+std::vector<uint32_t> tiled_rows(const uint16_t* x, int64_t rows, int64_t k_in) {
+  const int64_t pairs = k_in / 2;
+  std::vector<uint32_t> xt(((rows + BLOCK - 1) / BLOCK) * pairs * BLOCK, 0);
+  for (int64_t m = 0; m < rows; ++m) {
+    const uint32_t* row = reinterpret_cast<const uint32_t*>(x + m * k_in);
+    uint32_t* block = xt.data() + (m / BLOCK) * pairs * BLOCK + m % BLOCK;
+    for (int64_t p = 0; p < pairs; ++p) block[p * BLOCK] = row[p];
+  }
+  return xt;
+}
+
+// The 16 x 16 float sums of C [channel][row] into out's rows r0.. (bf16, channels n0..): C
+// transposed in registers (a column of C is a row of out; a gather per row cost ~4x more).
+void write_block(const float* c, uint16_t* out, int64_t r0, int64_t block_rows, int64_t n0, int64_t n_out) {
+  const int64_t channels = n_out - n0;
+  if (channels <= 0) return;
+  const __mmask16 mask = channels >= BLOCK ? 0xFFFF : static_cast<__mmask16>((1u << channels) - 1);
+  __m512 t[BLOCK], u[BLOCK];
+  for (int i = 0; i < BLOCK; ++i) t[i] = _mm512_load_ps(c + i * BLOCK);
+  for (int i = 0; i < BLOCK; i += 2) {  // 2 x 2 blocks of floats
+    u[i] = _mm512_unpacklo_ps(t[i], t[i + 1]);
+    u[i + 1] = _mm512_unpackhi_ps(t[i], t[i + 1]);
+  }
+  for (int i = 0; i < BLOCK; i += 4)
+    for (int j = 0; j < 2; ++j) {  // 4 x 4
+      t[i + j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(u[i + j]), _mm512_castps_pd(u[i + j + 2])));
+      t[i + j + 2] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(u[i + j]), _mm512_castps_pd(u[i + j + 2])));
+    }
+  for (int i = 0; i < BLOCK; i += 8)
+    for (int j = 0; j < 4; ++j) {  // 8 x 8: 128-bit lanes
+      u[i + j] = _mm512_shuffle_f32x4(t[i + j], t[i + j + 4], 0x88);
+      u[i + j + 4] = _mm512_shuffle_f32x4(t[i + j], t[i + j + 4], 0xDD);
+    }
+  for (int j = 0; j < 8; ++j) {  // 16 x 16
+    t[j] = _mm512_shuffle_f32x4(u[j], u[j + 8], 0x88);
+    t[j + 8] = _mm512_shuffle_f32x4(u[j], u[j + 8], 0xDD);
+  }
+  // t[i] is now row ROW_OF[i] of out: 16 channels in order (the 4 x 4 step swaps columns 1 and 2)
+  constexpr int ROW_OF[BLOCK] = {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15};
+  for (int i = 0; i < BLOCK; ++i) {
+    const int r = ROW_OF[i];
+    if (r < block_rows) _mm256_mask_storeu_epi16(out + (r0 + r) * n_out + n0, mask, bf16_of(t[i]));
+  }
+}
+
+// out[row blocks mb (and mb + 1 if TWO), channels n0..n0+31] from the dequantized channels w.
+// (GCC's tile intrinsics take the tile numbers as literals, hence the spelled-out tiles.)
+template <bool TWO>
+void multiply_row_blocks(const uint16_t* w, const uint32_t* xt, int64_t mb, int64_t rows, int64_t n0, int64_t n_out,
+                int64_t k_in, float* c, uint16_t* out) {
+  const int64_t pairs = k_in / 2;
+  const uint32_t* x0 = xt + mb * pairs * BLOCK;
+  const uint32_t* x1 = x0 + pairs * BLOCK;
+  _tile_zero(0);
+  _tile_zero(1);
+  if (TWO) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t k = 0; k < k_in; k += STEP) {
+    _tile_loadd(4, w + k, k_in * 2);
+    _tile_loadd(5, w + BLOCK * k_in + k, k_in * 2);
+    _tile_loadd(6, x0 + k / 2 * BLOCK, BLOCK * 4);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 5, 6);
+    if (TWO) {
+      _tile_loadd(7, x1 + k / 2 * BLOCK, BLOCK * 4);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  constexpr int64_t TILE = BLOCK * BLOCK;
+  _tile_stored(0, c, BLOCK * 4);
+  _tile_stored(1, c + TILE, BLOCK * 4);
+  if (TWO) {
+    _tile_stored(2, c + 2 * TILE, BLOCK * 4);
+    _tile_stored(3, c + 3 * TILE, BLOCK * 4);
+  }
+  for (int64_t b = 0; b < (TWO ? 2 : 1); ++b) {
+    const int64_t r0 = (mb + b) * BLOCK, block_rows = rows - r0 < BLOCK ? rows - r0 : BLOCK;
+    write_block(c + 2 * b * TILE, out, r0, block_rows, n0, n_out);
+    write_block(c + (2 * b + 1) * TILE, out, r0, block_rows, n0 + BLOCK, n_out);
+  }
+}
+
+template <bool INT4>
+void gemm_bf16_amx(const uint16_t* x, const uint8_t* q, const uint16_t* scales, const uint16_t* offsets,
+                   uint16_t* out, int64_t rows, int64_t n_out, int64_t k_in, int64_t group) {
+  const int64_t row_blocks = (rows + BLOCK - 1) / BLOCK, channel_pairs = (n_out + 2 * BLOCK - 1) / (2 * BLOCK);
+  const std::vector<uint32_t> xt = tiled_rows(x, rows, k_in);
+#pragma omp parallel
+  {
+    load_tile_config();
+    Bf16Buffer w(2 * BLOCK * k_in);
+    std::vector<float> factors(2 * ((k_in + group - 1) / group));
+    alignas(64) float c[4 * BLOCK * BLOCK];
+    for (int64_t first = 0; first < row_blocks; first += CHUNK_BLOCKS) {
+      const int64_t last = first + CHUNK_BLOCKS < row_blocks ? first + CHUNK_BLOCKS : row_blocks;
+#pragma omp for schedule(static)
+      for (int64_t p = 0; p < channel_pairs; ++p) {
+        const int64_t n0 = p * 2 * BLOCK;
+        dequantize_channels<INT4>(q, scales, offsets, n0, n_out, k_in, group, w.data, factors.data());
+        int64_t mb = first;
+        for (; mb + 1 < last; mb += 2) multiply_row_blocks<true>(w.data, xt.data(), mb, rows, n0, n_out, k_in, c, out);
+        if (mb < last) multiply_row_blocks<false>(w.data, xt.data(), mb, rows, n0, n_out, k_in, c, out);
+      }
+    }
+    _tile_release();
+  }
+}
+#endif
+
+}  // namespace
+
+extern "C" {
+
+// 1 where this build has the bf16 AMX kernels and the OS granted the tile state, else 0 (callers
+// then keep the float-activation kernel or a dequantized matmul).
+int32_t amx_bf16_ready() {
+#ifdef CODEYARD_AMX_BF16
+  return codeyard_amx::tile_state_granted() ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+#ifdef CODEYARD_AMX_BF16
+// The whole bfloat16 weight [n_out, k_in] of int8 (offsets null) or packed int4 ones, for a
+// prefill chunk's oneDNN matmul (whose blocking beats this file's tiles on hundreds of rows).
+void weight_only_dequantize_bf16(const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, uint16_t* w,
+                                 int64_t n_out, int64_t k_in, int64_t group) {
+#pragma omp parallel
+  {
+    std::vector<float> factors(2 * ((k_in + group - 1) / group));
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < n_out; ++n) {
+      if (offsets != nullptr) dequantize_channel<true>(q, scales, offsets, n, k_in, group, w + n * k_in, factors.data());
+      else dequantize_channel<false>(q, scales, nullptr, n, k_in, group, w + n * k_in, factors.data());
+    }
+  }
+}
+
+// x: bfloat16 [rows, k_in]; out: bfloat16 [rows, n_out]; int8 (offsets null) or packed int4 weights.
+void weight_only_gemm_bf16_amx(const uint16_t* x, const uint8_t* q, const uint16_t* scales, const uint16_t* offsets,
+                               uint16_t* out, int64_t rows, int64_t n_out, int64_t k_in, int64_t group) {
+  if (offsets != nullptr) gemm_bf16_amx<true>(x, q, scales, offsets, out, rows, n_out, k_in, group);
+  else gemm_bf16_amx<false>(x, q, scales, nullptr, out, rows, n_out, k_in, group);
+}
+#endif
+
+}  // extern "C"

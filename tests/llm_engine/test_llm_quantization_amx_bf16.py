@@ -1,0 +1,95 @@
+"""Weight-only int4/int8 layers with bfloat16 activations on AMX bf16 tiles
+(csrc/quant_gemm_amx_bf16.cpp): batched rows multiply against the weights dequantized to bf16,
+so results are F.linear(x, dequantize(W).bfloat16()) up to float summation order, and a row's
+result does not depend on the rows beside it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llm_engine.layers import native
+from llm_engine.layers.linear import ReplicatedLinear
+from llm_engine.layers.quantization import (
+    AMX_BF16_MAX_ROWS,
+    KERNEL_MAX_ROWS,
+    QuantScheme,
+    WeightOnlyLinearMethod,
+    dequantize,
+)
+
+KERNELS = native.cpu_kernels()
+pytestmark = pytest.mark.skipif(KERNELS is None or KERNELS.amx_bf16 is None,
+                                reason="needs a CPU and a compiler with AMX bf16")
+SCHEMES = [QuantScheme("int4", 32, False), QuantScheme("int4", 32, True), QuantScheme("int4", 64, False),
+           QuantScheme("int4", 128, True), QuantScheme("int8"), QuantScheme("int8", 32)]
+
+
+def bf16_layer(scheme: QuantScheme, k_in: int, n_out: int) -> tuple[ReplicatedLinear, torch.Tensor]:
+    """A quantized layer and its weight as the tiles see it (dequantized, rounded to bf16)."""
+    torch.manual_seed(0)
+    layer = ReplicatedLinear(k_in, n_out, bias=True, quant_method=WeightOnlyLinearMethod(scheme),
+                             dtype=torch.bfloat16)
+    layer.weight.data.copy_(torch.randn(n_out, k_in) * 0.05)
+    layer.bias.data.copy_(torch.randn(n_out))
+    layer.quant_method.process_weights_after_loading(layer)
+    offsets = getattr(layer, "offsets", None)
+    return layer, dequantize(layer.qweight, layer.scales, offsets, scheme.group_size or k_in).bfloat16()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=QuantScheme.describe)
+@pytest.mark.parametrize("rows", [2, 17, 33, 64])
+def test_tiles_match_the_bf16_matmul_of_the_dequantized_weight(scheme, rows):
+    """Odd channel counts, a shorter last group (320 = 2 x 128 + 64), a partial last row block."""
+    layer, weight = bf16_layer(scheme, k_in=320, n_out=37)
+    x = torch.randn(rows, 320).bfloat16()
+    out = KERNELS.quant_gemm_bf16(x, layer.qweight, layer.scales, getattr(layer, "offsets", None),
+                                  scheme.group_size or 320)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, 37)
+    exact = x.double() @ weight.double().t()
+    # float32 sums rounded once to bf16 (8 significant bits)
+    torch.testing.assert_close(out.double(), exact, rtol=2 ** -8, atol=1e-3)
+
+
+@pytest.mark.parametrize("scheme", [QuantScheme("int4", 32, False), QuantScheme("int8", 32)], ids=QuantScheme.describe)
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(scheme):
+    layer, _ = bf16_layer(scheme, k_in=576, n_out=100)
+    x = torch.randn(64, 576).bfloat16()
+    args = (layer.qweight, layer.scales, getattr(layer, "offsets", None), 32)
+    together = KERNELS.quant_gemm_bf16(x, *args)
+    for lo, hi in [(0, 1), (5, 22), (40, 64)]:
+        assert torch.equal(KERNELS.quant_gemm_bf16(x[lo:hi], *args), together[lo:hi])
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=QuantScheme.describe)
+def test_native_bf16_dequantization_is_the_reference_rounded_to_bf16(scheme):
+    layer, weight = bf16_layer(scheme, k_in=320, n_out=37)
+    got = KERNELS.dequantize_bf16(layer.qweight, layer.scales, getattr(layer, "offsets", None),
+                                  scheme.group_size or 320)
+    assert torch.equal(got, weight)
+
+
+def test_the_layer_picks_the_kernel_tiles_or_onednn_by_rows():
+    """Up to 16 rows the float-activation kernel (a row is a one-row step's bit for bit), then the
+    tiles, and above AMX_BF16_MAX_ROWS oneDNN on the bf16 weight; shapes the tiles cannot split
+    (K not a multiple of 32) keep the older paths."""
+    layer, weight = bf16_layer(QuantScheme("int4", 32, False), k_in=320, n_out=37)
+    args = (layer.qweight, layer.scales, layer.offsets, 32)
+    few = torch.randn(KERNEL_MAX_ROWS, 320).bfloat16()
+    float_kernel = KERNELS.quant_gemm(few.float(), *args).bfloat16() + layer.bias
+    assert torch.equal(layer(few), float_kernel)
+    batch = torch.randn(KERNEL_MAX_ROWS + 1, 320).bfloat16()
+    assert torch.equal(layer(batch), KERNELS.quant_gemm_bf16(batch, *args) + layer.bias)
+    chunk = torch.randn(AMX_BF16_MAX_ROWS + 1, 320).bfloat16()
+    assert torch.equal(layer(chunk), F.linear(chunk, weight, layer.bias))
+    odd, odd_weight = bf16_layer(QuantScheme("int4", 20, False), k_in=300, n_out=37)
+    x = torch.randn(40, 300).bfloat16()
+    torch.testing.assert_close(odd(x).double(), F.linear(x.double(), odd_weight.double(), odd.bias.double()),
+                               rtol=0.02, atol=0.02)
+
+
+def test_bad_inputs_are_clear_errors():
+    layer, _ = bf16_layer(QuantScheme("int4", 32, False), k_in=64, n_out=16)
+    with pytest.raises(ValueError, match="bfloat16 activations"):
+        KERNELS.quant_gemm_bf16(torch.randn(20, 64), layer.qweight, layer.scales, layer.offsets, 32)
