@@ -210,6 +210,7 @@ QUANT_ROWS = [
     ("float32", "float32", None),
     ("bfloat16", "bfloat16", None),
     ("gguf kept (default)", "float32", "auto"),
+    ("gguf kept dtype auto", "auto", "auto"),  # bf16 on AMX CPUs: batches of 17-256 rows on bf16 tiles
     ("int8", "float32", "int8"),
     ("int8 +emb/head", "float32", {"targets": ["Linear", "Embedding"], "method": "int8"}),
     ("int4 g32 sym", "float32", {"method": "int4", "group_size": 32, "symmetric": True}),
