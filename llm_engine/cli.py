@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from llm_engine.autodeploy.cli import build
+from llm_engine.engine_cli import build, tune
 
 app = typer.Typer(help="Serve the LLM engine over an OpenAI-compatible HTTP API, or quantize a checkpoint.",
                   no_args_is_help=True)
@@ -115,6 +115,7 @@ def serve(
     from llm_engine.entrypoints.ensemble import Ensemble
     from llm_engine.entrypoints.models import resolve_model
     from llm_engine.entrypoints.service import ServerOptions
+    from llm_engine.loader.engine_manifest import tuned_options
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path, name = resolve_model(model or os.environ.get("CODEYARD_LLM_MODEL"))
@@ -172,9 +173,10 @@ def serve(
     kv_transfer = None if role is None else {
         "kv_role": "kv_producer" if role == "prefill" else "kv_consumer", "kv_ip": kv_host,
         "kv_port": kv_port or 0, "kv_transport": kv_transport, "kv_key": keys[0] if keys else None}
+    threads = num_threads or (len(pinned) if pinned else None)
+    tuned = {**tuned_options(path), **({"num_threads": threads} if threads else {})}  # an engine's measured ones (`llm tune`)
     config = EngineConfig(model=path, device=device, max_num_seqs=max_num_seqs, kv_cache_memory=kv_cache_memory,
-                          tensor_parallel_size=tensor_parallel_size,
-                          num_threads=num_threads or (len(pinned) if pinned else None),
+                          tensor_parallel_size=tensor_parallel_size, **tuned,
                           distributed_executor_backend=distributed_executor,
                           ray_placement_strategy=ray_placement_strategy,
                           gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
@@ -241,3 +243,4 @@ def quantize(
 
 
 app.command()(build)
+app.command()(tune)

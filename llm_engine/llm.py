@@ -11,6 +11,7 @@ from tqdm import tqdm
 from llm_engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from llm_engine.config import EngineConfig
 from llm_engine.llm_engine import LLMEngine
+from llm_engine.loader.engine_manifest import tuned_options
 from llm_engine.outputs import RequestOutput
 from llm_engine.sampling_params import SamplingParams
 from llm_engine.tokenizer import Tokenizer
@@ -21,7 +22,8 @@ Prompt = str | list[int] | dict[str, Any]
 
 class LLM:
     def __init__(self, model: str, **kwargs: Any) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        # a built engine's measured options (`llm build --tune`) unless the caller gives its own
+        self.engine = LLMEngine(EngineConfig(model=model, **{**tuned_options(model), **kwargs}))
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Tokenizer | None:

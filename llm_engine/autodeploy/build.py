@@ -13,9 +13,8 @@ from typing import Any
 import torch
 
 from llm_engine.autodeploy.engine_dir import save_model
-from llm_engine.autodeploy.sensitivity import calibration_tokens, measure_sensitivity
+from llm_engine.autodeploy.sensitivity import calibration_files, calibration_tokens, measure_sensitivity
 from llm_engine.autodeploy.tune import DtypeTrial, candidate_dtypes, choose_dtype, measure_dtype
-from llm_engine.calibration import default_calibration_files
 from llm_engine.layers.attention import AttentionBackend, TorchPagedAttention
 from llm_engine.layers.linear import LinearBase
 from llm_engine.layers.quant_config import METHODS, assign_quantization, summarize, validate
@@ -124,10 +123,7 @@ def build_engine(src: str, out: Path, dtype: str = "float32", quantization: str 
     device, backend = target_device(target)
     if accuracy_budget is not None and quantization not in METHODS:
         raise ValueError(f"--accuracy-budget: needs --quantization set to one of {METHODS}, got {quantization!r}")
-    files = calibration or default_calibration_files()
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-        raise ValueError(f"--calibration: {missing[0]} is not a file")
+    files = calibration_files(calibration)
     source = ModelSource(src)
     if source.engine is not None:
         raise ValueError(f"SRC: {src} is already a built engine; give the checkpoint it came from")

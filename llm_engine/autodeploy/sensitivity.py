@@ -21,6 +21,7 @@ from typing import cast
 import torch
 from torch import nn
 
+from llm_engine.calibration import default_calibration_files
 from llm_engine.layers.attention import Attention, SeqSlice, TorchPagedAttention
 from llm_engine.layers.linear import LinearBase
 from llm_engine.layers.quant_config import METHODS, QuantConfig
@@ -52,6 +53,15 @@ class Sensitivity:
                 f"kept in float: {len(self.kept)} of {len(self.errors)} layers {self.kept[:_NAMES_SHOWN]}"
                 + (f" and {len(self.kept) - _NAMES_SHOWN} more (all in the manifest)" if len(self.kept) > _NAMES_SHOWN else ""),
                 "most sensitive: " + ", ".join(f"{name} {error:.3%}" for name, error in worst)]
+
+
+def calibration_files(given: list[Path] | None) -> list[Path]:
+    """The files given (each must exist), else the default calibration text."""
+    files = given or default_calibration_files()
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise ValueError(f"--calibration: {missing[0]} is not a file")
+    return files
 
 
 def calibration_tokens(files: list[Path], tokenizer: Tokenizer | None, vocab_size: int,

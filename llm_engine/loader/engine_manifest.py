@@ -5,6 +5,7 @@ refused with the reason, not with a pickle error."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -67,3 +68,18 @@ class EngineManifest:
         if data.get("target", "cpu") not in TARGETS:
             raise ValueError(f"model: the engine in {folder} is for target {data['target']!r}; this codeyard runs {TARGETS}")
         return cls(DTYPES[data["dtype"]], dict(data.get("quantization") or {}), data, data.get("target", "cpu"))
+
+    def runtime_options(self) -> dict[str, Any]:
+        """The `LLM` options measured on the machine (`llm tune`, `llm build --tune`: attention backend,
+        threads, block size, token budget), except the thread count on one with another CPU count."""
+        runtime = self.data.get("runtime") or {}
+        options = dict(runtime.get("options") or {})
+        if runtime.get("cpus") != os.cpu_count():
+            options.pop("num_threads", None)
+        return options
+
+
+def tuned_options(model: str) -> dict[str, Any]:
+    """What a built engine asks `LLM(model=ENGINE_DIR)` to run with unless the caller says
+    otherwise; nothing for any other model."""
+    return EngineManifest.read(Path(model)).runtime_options() if is_engine_dir(Path(model)) else {}

@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -59,6 +60,15 @@ def hf_greedy(folder: Path, batch: list[list[int]], max_new_tokens: int) -> list
                                  eos_token_id=None, pad_token_id=0)
         results.append(out[0, len(prompt):].tolist())
     return results
+
+
+def run_cli(*argv: str) -> int:
+    """`codeyard llm ARGV...`'s exit code."""
+    from ide_server.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["llm", *argv])
+    return int(exit_info.value.code or 0)
 
 
 def hand_written_llama(folder: Path) -> Any:

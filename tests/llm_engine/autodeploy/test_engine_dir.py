@@ -6,13 +6,13 @@ layer, as torch.export's time grows with the layers)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
 import torch
-from autodeploy_models import build, hf_greedy, prompts
+from autodeploy_models import build, hf_greedy, prompts, run_cli
 
-from ide_server.cli import main
 from llm_engine import LLM, SamplingParams
 from llm_engine.autodeploy import model as autodeploy_model
 from llm_engine.autodeploy.model import AutoDeployedCausalLM
@@ -20,12 +20,6 @@ from llm_engine.loader.engine_manifest import MANIFEST
 
 MAX_NEW = 10
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
-
-
-def run_cli(*argv: str) -> int:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["llm", *argv])
-    return int(exit_info.value.code or 0)
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +103,32 @@ def test_target_is_checked_at_build_and_at_load(built, tmp_path, capsys):
     (for_gpu / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match=r"device: the engine was built for cuda .* cannot run on cpu"):
         LLM(str(for_gpu))
+
+
+def test_an_engine_runs_with_its_measured_options_unless_given_others(built, tmp_path, monkeypatch):
+    """`llm tune` records runtime options; LLM(ENGINE_DIR) and `llm serve` use them, a
+    caller's own win, and threads chosen on a machine with another CPU count are not applied."""
+    _, engine, _ = built
+    tuned = shutil.copytree(engine, tmp_path / "tuned")
+    manifest = json.loads((tuned / MANIFEST).read_text())
+    options = {"attention_backend": "torch", "num_threads": 1, "block_size": 8, "max_num_batched_tokens": 64}
+    threads = torch.get_num_threads()
+
+    def config_with(runtime_cpus: int | None, **given):
+        manifest["runtime"] = {"options": options, "cpus": runtime_cpus}
+        (tuned / MANIFEST).write_text(json.dumps(manifest))
+        return LLM(str(tuned), num_kv_blocks=16, **given).engine.config
+
+    try:
+        config = config_with(os.cpu_count())
+        assert {name: getattr(config, name) for name in options} == options
+        config = config_with(os.cpu_count(), block_size=4, attention_backend="native")
+        assert (config.block_size, config.attention_backend, config.max_num_batched_tokens) == (4, "native", 64)
+        assert config_with(os.cpu_count() + 1).num_threads is None
+        served = []
+        monkeypatch.setattr("llm_engine.entrypoints.app.create_app", lambda config, *_: served.append(config))
+        monkeypatch.setattr("uvicorn.run", lambda *_, **__: None)
+        assert run_cli("serve", "--model", str(tuned), "--num-threads", "2") == 0
+        assert (served[0].block_size, served[0].max_num_batched_tokens, served[0].num_threads) == (8, 64, 2)
+    finally:
+        torch.set_num_threads(threads)

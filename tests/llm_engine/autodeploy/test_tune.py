@@ -1,6 +1,7 @@
-"""The measured dtype choice (`codeyard llm build --dtype auto`): the rule on given trials, the
-measurements on the hand-written tiny Llama (no capture, ~2 s), and in `make test-autodeploy` a
-build end to end whose manifest records the trials and the dtype they chose."""
+"""The measured dtype choice (`codeyard llm build --dtype auto`) and runtime options (`--tune`): the
+rules on given trials, the dtype measurements on the hand-written tiny Llama (no capture, ~2 s),
+and in `make test-autodeploy` builds end to end whose manifests record the trials and the choice
+that LLM(ENGINE_DIR) then runs with."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import os
 
 import pytest
 import torch
-from autodeploy_models import build, hand_written_llama, prompts
+from autodeploy_models import build, hand_written_llama, prompts, run_cli
 
 from llm_engine.autodeploy.sensitivity import ScratchRunner, calibration_tokens
 from llm_engine.autodeploy.tune import DtypeTrial, choose_dtype, decode_rate, measure_dtype
 from llm_engine.calibration import default_calibration_files
+from llm_engine.engine_tune import RuntimeTrial, _pick
 from llm_engine.layers.attention import Attention
 from llm_engine.loader.engine_manifest import MANIFEST
 
@@ -25,6 +27,19 @@ def test_the_fastest_dtype_within_the_budget_is_chosen():
     assert choose_dtype(trials, 0.01).dtype == "bfloat16"  # float16 is faster but 4% worse
     assert choose_dtype(trials, 0.005).dtype == "float32"
     assert choose_dtype(trials, 0.05).dtype == "float16"
+
+
+def test_a_runtime_option_changes_only_when_clearly_faster_within_the_budget():
+    def trial(option, value, speed, perplexity=5.0):
+        return RuntimeTrial({option: value}, speed, perplexity)
+
+    current = trial("block_size", 16, 100.0)
+    assert _pick("block_size", [trial("block_size", 32, 102.0)], current, 5.05) is current  # within the noise margin
+    assert _pick("block_size", [trial("block_size", 32, 110.0)], current, 5.05).options == {"block_size": 32}
+    assert _pick("block_size", [trial("block_size", 32, 110.0, 5.1)], current, 5.05) is current  # over the budget
+    budgets = [trial("max_num_batched_tokens", n, speed) for n, speed in ((1024, 101.0), (512, 98.5), (256, 80.0))]
+    default = trial("max_num_batched_tokens", 2048, 100.0)
+    assert _pick("max_num_batched_tokens", budgets, default, 5.05).options == {"max_num_batched_tokens": 512}
 
 
 def test_the_trial_decodes_the_model_and_scores_its_perplexity(tmp_path):
@@ -55,3 +70,34 @@ def test_an_engine_built_with_dtype_auto_records_its_trials_and_runs(tmp_path):
     llm = LLM(str(tmp_path / "engine"))
     outputs = llm.generate(prompts(), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == 4 for o in outputs)
+
+
+@pytest.mark.skipif(not FULL, reason="make test-autodeploy")
+def test_an_engine_built_with_tune_records_its_runtime_trials_and_runs_with_the_choice(tmp_path, capsys):
+    from llm_engine import LLM
+    from llm_engine.autodeploy.build import build_engine
+    from llm_engine.engine_tune import candidates
+
+    folder = build("llama", tmp_path / "llama")
+    threads = torch.get_num_threads()
+    build_engine(str(folder), tmp_path / "engine", "float32", None, progress=lambda _: None)
+    assert run_cli("tune", str(tmp_path / "engine")) == 0
+    lines = capsys.readouterr().out.splitlines()
+    runtime = json.loads((tmp_path / "engine" / MANIFEST).read_text())["runtime"]
+    grid = candidates(torch.device("cpu"))
+    trials = [RuntimeTrial(**trial) for trial in runtime["trials"]]
+    assert trials[0].options == {name: values[0] for name, values in grid.items()}  # the engine's defaults first
+    assert len(trials) == sum(len(values) for values in grid.values()) - len(grid) + 1 and not runtime["untried"]
+    assert all(t.tokens_per_s > 0 and t.perplexity > 1 for t in trials)
+    assert [t.line() for t in trials] == [line.strip().removesuffix(" (the engine's defaults)") for line in lines
+                                          if line.strip().startswith("runtime ")][:len(trials)]
+    assert lines[-1].startswith("runtime ") and lines[-1].endswith("(the fastest within the budget)")
+    assert torch.get_num_threads() == threads  # the trials' thread counts do not outlive them
+    assert run_cli("tune", str(folder)) == 2 and "is not a built engine" in capsys.readouterr().err
+    config = LLM(str(tmp_path / "engine"), num_kv_blocks=16).engine.config
+    torch.set_num_threads(threads)
+    assert {name: getattr(config, name) for name in grid} == runtime["options"]
+    assert run_cli("build", str(folder), "--out", str(tmp_path / "limited"), "--tune", "--tune-seconds", "0") == 0
+    limited = json.loads((tmp_path / "limited" / MANIFEST).read_text())["runtime"]
+    assert len(limited["trials"]) == 1
+    assert limited["untried"] == [f"{name} {value}" for name, values in grid.items() for value in values[1:]]
