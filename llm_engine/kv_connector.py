@@ -342,8 +342,11 @@ class KVConnector:
                                   f"this pool's {ours} {self.pool.dtype}: the two must serve the same model and dtype")
 
     def _map(self, path: str, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
-        """The producer's pool file, mapped once per file."""
+        """The producer's pool file, mapped once per file. A new file is a new producer (one that
+        was restarted): the old mapping goes, else it would keep a dead producer's whole pool in
+        memory after its file was swept."""
         if path not in self._mapped:
+            self._mapped.clear()
             pool = torch.from_file(path, shared=True, size=math.prod(shape), dtype=dtype)
             self._mapped[path] = pool.view(shape)
         return self._mapped[path]

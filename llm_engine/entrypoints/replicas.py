@@ -1,7 +1,8 @@
 """`codeyard llm serve --data-parallel-size N`: N replica servers as child processes on loopback
 ports (each with a key only the router knows), and the router in front; with
 `--distributed-executor ray`, as Ray actors on the cluster's nodes (`llm_engine/ray_servers.py`).
-The disaggregated launcher starts its prefill and decode instances the same way."""
+The disaggregated launcher starts its prefill and decode instances the same way. A child that
+dies while they serve is started again on its port (`Supervisor`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -48,21 +50,24 @@ class ChildServers(Servers):
 def child_servers(arg_lists: list[list[str]], names: list[str], cpus: list[set[int] | None] | None = None,
                   ready_timeout_s: float = 900) -> Iterator[ChildServers]:
     """Start `codeyard llm serve <args>` per entry of `arg_lists` (pinned to `cpus` where given);
-    yields once all answer /health, and stops them on the way out."""
+    yields once all answer /health, restarts any that dies meanwhile (`procs` then holds the new
+    process), and stops them on the way out."""
     key = secrets.token_urlsafe(24)
     cli = [str(Path(sys.executable).parent / "codeyard"), "llm", "serve"]
     ports = [free_port() for _ in arg_lists]
-    procs = []
-    for args, port, cores in zip(arg_lists, ports, cpus or [None] * len(arg_lists)):
-        procs.append(subprocess.Popen([*cli, *args, "--host", "127.0.0.1", "--port", str(port), "--api-key", key]))
-        if cores:  # before the child has imported torch, so its thread pool sees these cores only
-            os.sched_setaffinity(procs[-1].pid, cores)
+    commands = [[*cli, *args, "--host", "127.0.0.1", "--port", str(port), "--api-key", key]
+                for args, port in zip(arg_lists, ports)]
+    cores = cpus or [None] * len(arg_lists)
+    procs = [start_child(command, core) for command, core in zip(commands, cores)]
     urls = [f"http://127.0.0.1:{port}" for port in ports]
+    supervisor = Supervisor(procs, commands, cores, names)
     try:
         wait_healthy(names, urls, lambda i: None if procs[i].poll() is None else f"exited with code "
                      f"{procs[i].returncode}", ready_timeout_s)
+        supervisor.start()
         yield ChildServers(urls, key, procs)
     finally:
+        supervisor.stop()
         for proc in procs:
             proc.terminate()
         for proc in procs:
@@ -71,6 +76,68 @@ def child_servers(arg_lists: list[list[str]], names: list[str], cpus: list[set[i
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def start_child(command: list[str], cores: set[int] | None) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(command)
+    if cores:  # before the child has imported torch, so its thread pool sees these cores only
+        os.sched_setaffinity(proc.pid, cores)
+    return proc
+
+
+# Seconds before starting a child again after its 1st, 2nd, ... death in a row; one that served for
+# STABLE_S before it died starts the count again. A child that cannot start (its model gone, its
+# port taken) is then retried every minute instead of in a loop.
+RESTART_DELAYS_S = (0.0, 2.0, 5.0, 15.0, 60.0)
+STABLE_S = 60.0
+
+
+class Supervisor(threading.Thread):
+    """Starts a child server again, with its command (port, key) and cores, when it exits while
+    the group serves: the router and the proxy leave an unreachable server out for a while and
+    then find it at the same URL. Requests it was running are lost (their streams end with an
+    error event); a restarted prefill instance has a new KV pool, and the decode instance maps it
+    at its next pull. vLLM leaves this to an orchestrator; here the launcher is the orchestrator."""
+
+    POLL_S = 0.5
+
+    def __init__(self, procs: list[subprocess.Popen[bytes]], commands: list[list[str]],
+                 cores: list[set[int] | None], names: list[str]) -> None:
+        super().__init__(name="llm-supervisor", daemon=True)
+        self.procs, self.commands, self.cores, self.names = procs, commands, cores, names
+        self.started_at = [time.monotonic()] * len(procs)
+        self.deaths = [0] * len(procs)  # in a row
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()  # stop() waits for a start under way
+
+    def run(self) -> None:
+        due: dict[int, float] = {}  # child -> when it starts again
+        while not self._stopping.wait(self.POLL_S):
+            now = time.monotonic()
+            for index, proc in enumerate(self.procs):
+                if index not in due and proc.poll() is not None:
+                    lived = now - self.started_at[index]
+                    self.deaths[index] = 1 if lived >= STABLE_S else self.deaths[index] + 1
+                    delay = RESTART_DELAYS_S[min(self.deaths[index], len(RESTART_DELAYS_S)) - 1]
+                    log.warning("LLM: %s exited with code %s after %.0f s; starting it again in %.0f s",
+                                self.names[index], proc.returncode, lived, delay)
+                    due[index] = now + delay
+            for index, at in list(due.items()):
+                if at <= now:
+                    with self._lock:
+                        if self._stopping.is_set():
+                            return
+                        self.procs[index] = start_child(self.commands[index], self.cores[index])
+                    self.started_at[index] = time.monotonic()
+                    self.restarts += 1
+                    del due[index]
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping.set()
+        if self.is_alive():
+            self.join()
 
 
 def wait_healthy(names: list[str], urls: list[str], ended: Callable[[int], str | None], ready_timeout_s: float) -> None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
@@ -21,6 +23,8 @@ import pytest
 
 from llm_engine.entrypoints.disagg_proxy import create_disagg_app, prompt_tokens_bound
 from llm_engine.entrypoints.disagg_servers import disaggregated_servers, proxy_beside_prefill
+from llm_engine.entrypoints.replicas import RESTART_DELAYS_S, Supervisor
+from llm_engine.kv_pool_files import POOL_PREFIX
 
 from .conftest import start_server
 from .test_cli import CODEYARD
@@ -126,6 +130,50 @@ def test_killing_the_decode_instance_mid_stream_fails_only_that_request(pair):
     assert complete(split, "Still there?", 4, True)  # whole on the prefill instance meanwhile
 
 
+def test_killed_instances_are_started_again(pair):
+    """After the test above killed the decode instance, the launcher started it again on its port;
+    killing the prefill instance does the same, and the decode instance pulls from the new one's
+    pool (one engine's answers), no longer mapping the dead one's file."""
+    children, _ = pair
+    wait_until_healthy(children.urls[1], children.key)
+    assert children.procs[1].poll() is None  # a new process: the killed one's poll() is -9
+    proxy = start_server(create_disagg_app(children.urls[0], children.urls[1], frozenset({"outer"}), children.key))
+    try:
+        split = client_for(proxy.url, "outer")
+        assert complete(split, PROMPTS[2], 5, True) == complete(client_for(children.urls[0], children.key),
+                                                                PROMPTS[2], 5, True)
+        [old_pool] = kv_pools_mapped(children.procs[1].pid)
+        killed = children.procs[0]
+        killed.kill()
+        killed.wait()
+        wait_until_healthy(children.urls[0], children.key)
+        assert children.procs[0] is not killed
+        whole = complete(client_for(children.urls[0], children.key), PROMPTS[3], 7, False)
+        assert complete(split, PROMPTS[3], 7, False) == whole
+        assert kv_pools_mapped(children.procs[1].pid) != {old_pool}
+        assert len(kv_pools_mapped(children.procs[1].pid)) == 1
+    finally:
+        proxy.stop()
+
+
+def wait_until_healthy(url: str, key: str, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", headers={"Authorization": f"Bearer {key}"}, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url} did not come back within {timeout_s} s")
+
+
+def kv_pools_mapped(pid: int) -> set[str]:
+    """The KV pool files (a prefill instance's, under /dev/shm) that a process maps."""
+    return {line.split(None, 5)[5] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+            if POOL_PREFIX in line}
+
+
 def assert_prefill_blocks_free_and_decode_out(prefill_url: str, key: str, proxy_url: str) -> None:
     """After the decode instance died: the prefill instance frees every pulled block (within its
     idle second) and the proxy counts the decode instance out (also for the pair on Ray)."""
@@ -157,3 +205,21 @@ def test_the_proxy_runs_beside_the_prefill_instance_while_the_pair_serves():
     assert all(os.sched_getaffinity(int(task)) == before for task in os.listdir("/proc/self/task"))
     with proxy_beside_prefill(None):  # not pinned: left alone
         assert os.sched_getaffinity(0) == before
+
+
+def test_a_child_that_keeps_dying_is_started_again_less_and_less_often(monkeypatch):
+    monkeypatch.setattr(Supervisor, "POLL_S", 0.05)
+    command = [sys.executable, "-c", "raise SystemExit(3)"]
+    procs = [subprocess.Popen(command)]
+    supervisor = Supervisor(procs, [command], [None], ["flaky"])
+    supervisor.start()
+    try:
+        deadline = time.monotonic() + 30
+        while supervisor.deaths != [2] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert supervisor.deaths == [2] and supervisor.restarts == 1  # the first death: started again at once
+        time.sleep(RESTART_DELAYS_S[1] / 2)
+        assert supervisor.restarts == 1  # the second: after RESTART_DELAYS_S[1]
+    finally:
+        supervisor.stop()
+    assert procs[0].wait(timeout=30) == 3 and not supervisor.is_alive()
