@@ -73,13 +73,17 @@ class EngineMetrics:
         self.itl = histogram("vllm:inter_token_latency_seconds", "Time between two tokens of a request.")
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.")
         self.queue_time = histogram("vllm:request_queue_time_seconds", "Arrival to first scheduled.")
+        self.prefill_time = histogram("vllm:request_prefill_time_seconds", "First scheduled to first token.")
+        self.decode_time = histogram("vllm:request_decode_time_seconds", "First token to last token.")
+        self.inference_time = histogram("vllm:request_inference_time_seconds", "First scheduled to last token.")
         self.iteration_tokens = histogram("vllm:iteration_tokens_total", "Tokens processed per engine step.",
                                           buckets=_TOKEN_BUCKETS)
         self.model_name = model_name
         for metric in (self.running, self.waiting, self.kv_usage, self.prefix_queries, self.prefix_hits,
                        self.preemptions, self.prompt_tokens, self.generation_tokens, self.spec_drafts,
                        self.spec_draft_tokens, self.spec_accepted_tokens, self.ttft, self.itl,
-                       self.e2e, self.queue_time, self.iteration_tokens):
+                       self.e2e, self.queue_time, self.prefill_time, self.decode_time, self.inference_time,
+                       self.iteration_tokens):
             metric.labels(model_name)  # export zeros from the start, so every name exists
         self._previous: dict[str, int] = {field: 0 for field in _COUNTED}
         self.sections: list[Callable[[], bytes]] = []  # more text for the same /metrics (Triton's names)
@@ -115,6 +119,11 @@ class EngineMetrics:
             self.ttft.labels(name).observe(m.ttft)
         if m.time_in_queue is not None:
             self.queue_time.labels(name).observe(m.time_in_queue)
+        scheduled, first, last = m.first_scheduled_time, m.first_token_time, m.last_token_time
+        if scheduled is not None and first is not None and last is not None:  # vLLM's split of its time in the engine
+            self.prefill_time.labels(name).observe(first - scheduled)
+            self.decode_time.labels(name).observe(last - first)
+            self.inference_time.labels(name).observe(last - scheduled)
         if m.finished_time is not None:
             self.e2e.labels(name).observe(m.finished_time - m.arrival_time)
         for gap in m.inter_token_latencies:

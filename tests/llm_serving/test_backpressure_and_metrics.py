@@ -18,7 +18,9 @@ REQUIRED = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_c
             "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
             "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success",
             "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
-            "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds", "vllm:iteration_tokens_total"}
+            "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds", "vllm:iteration_tokens_total",
+            "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+            "vllm:request_inference_time_seconds"}
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
@@ -59,8 +61,14 @@ def test_metrics_exist_and_count_a_request_exactly(tiny_server, client):
     assert delta("vllm:request_success_total", (("finished_reason", "length"),)) == 1
     assert delta("vllm:prefix_cache_queries_total") == out.usage.prompt_tokens
     for histogram in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
-                      "vllm:request_queue_time_seconds"):
+                      "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
+                      "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds"):
         assert delta(histogram + "_count") == 1
+    # the engine's part of the first token's path: queue + prefill is its TTFT, prefill + decode its inference
+    queue, prefill, decode, inference, ttft = (delta(f"vllm:{h}_seconds_sum") for h in (
+        "request_queue_time", "request_prefill_time", "request_decode_time", "request_inference_time",
+        "time_to_first_token"))
+    assert queue + prefill == pytest.approx(ttft, abs=1e-6) and prefill + decode == pytest.approx(inference, abs=1e-6)
     assert delta("vllm:inter_token_latency_seconds_count") == 8
     # steps process the prompt, then each sampled token but the last (which is never fed back)
     assert delta("vllm:iteration_tokens_total_sum") == out.usage.prompt_tokens + 8
