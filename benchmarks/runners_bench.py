@@ -15,8 +15,9 @@ down the runs' namespaces and cgroups, and other processes). With 1 runner the p
 other one for free; with 2 runners they take their CPU from the runners.
 Relay: an ASGI app (uvicorn) on a unix socket, as a hosted app listens, is asked by `--connections` keep-alive
 connections directly (its socket) and through the TCP relay a runner opens for it (sandbox.app_relay, in a
-process of its own as in the runner), alternated over 2 rounds: requests/s for a small answer, MB/s for 1 MiB
-answers, and the relay's CPU per request and per MiB.
+process of its own on the runner's event loop, uvloop), and through one on asyncio's own loop (the runner before,
+the baseline of the cut), alternated over 2 rounds: requests/s for a small answer, MB/s for 1 MiB answers, and
+each relay's CPU per request and per MiB.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -59,13 +62,16 @@ uvicorn.run(app, uds=sys.argv[1], log_level="warning", lifespan="off")
 RELAY = """
 import asyncio, sys
 from sandbox.app_relay import AppRelay
+from sandbox.runner_cli import event_loop
 async def main():
     relay = AppRelay(sys.argv[1])
     await relay.start("127.0.0.1")
     print(relay.address, relay.token.hex(), flush=True)
     await asyncio.Event().wait()
-asyncio.run(main())
+with asyncio.Runner(loop_factory=event_loop if sys.argv[2] == "runner" else None) as runner:
+    runner.run(main())
 """
+RELAY_LOOPS = {"relay": "runner", "relay, asyncio's loop": "asyncio"}  # the runner's loop (uvloop); the one before
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -167,39 +173,50 @@ async def relay_figures(seconds: float, connections: int) -> None:
     with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp:
         socket_path = str(Path(tmp) / "app.sock")
         app = subprocess.Popen([sys.executable, "-c", APP, socket_path])
-        relay = subprocess.Popen([sys.executable, "-c", RELAY, socket_path], stdout=subprocess.PIPE, text=True,
-                                 env={**os.environ, "PYTHONPATH": str(REPO)})
+        relays = {door: subprocess.Popen([sys.executable, "-c", RELAY, socket_path, loop], stdout=subprocess.PIPE,
+                                         text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+                  for door, loop in RELAY_LOOPS.items()}
         try:
-            assert relay.stdout is not None
-            address, token = relay.stdout.readline().split()
-            host, port = address.rsplit(":", 1)
             while not Path(socket_path).exists():
                 await asyncio.sleep(0.05)
-
-            async def through_relay() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-                reader, writer = await asyncio.open_connection(host, int(port))
-                writer.write(bytes.fromhex(token))
-                return reader, writer
-
-            doors = {"direct": lambda: asyncio.open_unix_connection(socket_path, limit=2 * BIG), "relay": through_relay}
+            doors = {"direct": (lambda: asyncio.open_unix_connection(socket_path, limit=2 * BIG), None),
+                     **{door: (_relay_door(relay), relay.pid) for door, relay in relays.items()}}
             figures: dict[tuple[str, str], list[tuple[float, float]]] = {}
             for _ in range(2):
                 for path, expected in (("/", b"hello"), ("/big", b"x" * BIG)):
-                    for door, open_connection in doors.items():
-                        used = cpu_seconds(relay.pid)
+                    for door, (open_connection, pid) in doors.items():
+                        used = cpu_seconds(pid) if pid else 0.0
                         rate = await http_throughput(open_connection, path, "app", connections, seconds, expected)
-                        relay_cpu = (cpu_seconds(relay.pid) - used) / (rate * seconds)
+                        relay_cpu = ((cpu_seconds(pid) - used) / (rate * seconds)) if pid else 0.0
                         figures.setdefault((path, door), []).append((rate, relay_cpu))
         finally:
-            for proc in (relay, app):
+            procs: list[subprocess.Popen[Any]] = [*relays.values(), app]
+            for proc in procs:
                 proc.terminate()
                 proc.wait(10)
     print(f"app traffic, {connections} keep-alive connections, {seconds:g} s each, 2 rounds alternated:")
     for path, label, unit, scale in (("/", "small answers", "req/s", 1.0), ("/big", "1 MiB answers", "MB/s", BIG / 1e6)):
-        (direct, _), (relayed, relay_cpu) = ((sum(f) / len(f) for f in zip(*figures[path, door])) for door in doors)
-        per = f"{relay_cpu * 1e6:.0f} us per request" if path == "/" else f"{relay_cpu * 1000:.2f} ms per MiB"
-        print(f"  {label:14s} direct {direct * scale:8.1f} {unit}   through the relay {relayed * scale:8.1f} {unit} "
-              f"({relayed / direct:.2f}x; the relay's CPU: {per})")
+        direct = sum(rate for rate, _ in figures[path, "direct"]) / 2
+        print(f"  {label}: direct {direct * scale:.1f} {unit}")
+        for door in RELAY_LOOPS:
+            relayed, relay_cpu = (sum(f) / len(f) for f in zip(*figures[path, door]))
+            per = f"{relay_cpu * 1e6:.0f} us per request" if path == "/" else f"{relay_cpu * 1000:.2f} ms per MiB"
+            print(f"    through the {door + ':':22s} {relayed * scale:8.1f} {unit} ({relayed / direct:.2f}x of direct; "
+                  f"the relay's CPU: {per})")
+
+
+def _relay_door(relay: subprocess.Popen[str]) -> Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]:
+    """Opens a connection to the relay and gives its token, as a replica's apps proxy does."""
+    assert relay.stdout is not None
+    address, token = relay.stdout.readline().split()
+    host, port = address.rsplit(":", 1)
+
+    async def through_relay() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(bytes.fromhex(token))
+        return reader, writer
+
+    return through_relay
 
 
 async def main() -> None:
