@@ -1,4 +1,5 @@
-"""RMSNorm computed in float32 like the reference, with an optional fused residual add.
+"""RMSNorm computed in float32 like the reference, with an optional fused residual add; LayerNorm
+with the same residual API.
 
 On the CPU the native kernel does the same arithmetic in one pass (torch's version is six ops,
 each a pass over the tensor); on CUDA the Triton kernel does (kernels/fused.py); without a
@@ -8,6 +9,7 @@ compiler the PyTorch code runs.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from llm_engine.kernels.switch import use_triton
@@ -44,3 +46,22 @@ class RMSNorm(nn.Module):
             return self._norm(x)
         residual = x + residual
         return self._norm(residual), residual
+
+
+class LayerNorm(nn.Module):
+    """torch's LayerNorm kernel behind RMSNorm's residual API: with a residual, x is added into it
+    in place and (norm of the sum, the sum) returned, so a decoder's add + norm writes no new
+    tensor (AutoDeploy's fuse_add_norm treats LayerNorm models as it does RMSNorm ones)."""
+
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype = torch.float32, bias: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype), requires_grad=False) if bias else None
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+        residual.add_(x)
+        return F.layer_norm(residual, self.weight.shape, self.weight, self.bias, self.eps), residual

@@ -38,14 +38,14 @@ def default_passes() -> list[Pass]:
     from llm_engine.autodeploy.passes.flatten import flatten_batch
     from llm_engine.autodeploy.passes.layout import tokens_first_attention
     from llm_engine.autodeploy.passes.linear import merge_sibling_linears, split_merged_outputs, swap_linears
-    from llm_engine.autodeploy.passes.norm import fuse_add_rms_norm, fuse_rms_norm
+    from llm_engine.autodeploy.passes.norm import fuse_add_norm, fuse_layer_norm, fuse_rms_norm
     from llm_engine.autodeploy.passes.rotary import fuse_rotary
 
     # fuse_rotary after the linear and norm passes: it checks which tensors it may rotate in place;
     # flatten_batch last but one: it changes the graph's input and output ranks ([1, T] -> [T])
-    return [replace_attention, drop_noop_casts, fuse_rms_norm, fuse_add_rms_norm, merge_sibling_linears,
-            swap_linears, fuse_silu_and_mul, fuse_rotary, tokens_first_attention, split_merged_outputs,
-            flatten_batch, check_supported]
+    return [replace_attention, drop_noop_casts, fuse_rms_norm, fuse_layer_norm, fuse_add_norm,
+            merge_sibling_linears, swap_linears, fuse_silu_and_mul, fuse_rotary, tokens_first_attention,
+            split_merged_outputs, flatten_batch, check_supported]
 
 
 def run_passes(gm: fx.GraphModule, ctx: PassContext, passes: list[Pass] | None = None) -> list[str]:

@@ -14,10 +14,10 @@ from llm_engine.autodeploy.passes import PassContext
 from llm_engine.autodeploy.passes.rotary import TableRotary
 from llm_engine.layers.activation import SiluAndMul
 from llm_engine.layers.linear import LinearBase
-from llm_engine.layers.norm import RMSNorm
+from llm_engine.layers.norm import LayerNorm, RMSNorm
 
 aten = torch.ops.aten
-_MODULES = (PagedAttention, LinearBase, RMSNorm, SiluAndMul, TableRotary)
+_MODULES = (PagedAttention, LinearBase, RMSNorm, LayerNorm, SiluAndMul, TableRotary)
 _OPS = {
     # elementwise
     aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.neg.default, aten.pow.Tensor_Scalar,

@@ -25,7 +25,7 @@ from llm_engine.autodeploy.passes import PassContext, fake
 from llm_engine.autodeploy.passes.rotary import TableRotary
 from llm_engine.layers.activation import SiluAndMul
 from llm_engine.layers.linear import LinearBase
-from llm_engine.layers.norm import RMSNorm
+from llm_engine.layers.norm import LayerNorm, RMSNorm
 
 aten = torch.ops.aten
 # the op's first argument shapes the output and the rest are not tensors (or only lend a dtype)
@@ -48,7 +48,7 @@ _DIM_ARGS: dict[object, tuple[tuple[int, int | None], ...]] = {
     aten.flatten.using_ints: ((1, 0), (2, -1)),
 }
 _REDUCTIONS = {aten.mean.dim, aten.sum.dim_IntList, aten.amax.default}
-_TOKEN_WISE_MODULES = (LinearBase, RMSNorm, SiluAndMul)
+_TOKEN_WISE_MODULES = (LinearBase, RMSNorm, LayerNorm, SiluAndMul)
 _RESHAPES = {aten.view.default, aten.reshape.default}
 
 

@@ -1,4 +1,6 @@
-"""fuse_rms_norm: Transformers' RMSNorm op chains become the engine's fused RMSNorm.
+"""fuse_rms_norm: Transformers' RMSNorm op chains become the engine's fused RMSNorm;
+fuse_layer_norm: its LayerNorm calls become the engine's LayerNorm; fuse_add_norm: a residual add
+feeding either becomes part of the norm's call.
 
 The chain starts at `rsqrt(mean(x.float() ** 2, -1, keepdim) + eps)`, multiplies x by it and
 then by a weight (Llama: `w * y.to(dtype)`; Gemma: `(y * (1 + w.float())).type_as(x)`, whose +1
@@ -14,7 +16,7 @@ import torch
 from torch import fx
 
 from llm_engine.autodeploy.passes import PassContext, add_module, fake
-from llm_engine.layers.norm import RMSNorm
+from llm_engine.layers.norm import LayerNorm, RMSNorm
 
 aten = torch.ops.aten
 _CASTS = (aten.to.dtype, aten.type_as.default, aten._to_copy.default)
@@ -91,17 +93,50 @@ def fuse_rms_norm(gm: fx.GraphModule, ctx: PassContext) -> str:
     return f"{fused} RMSNorms fused" + (f", {skipped} left unfused (mixed dtypes)" if skipped else "")
 
 
+def fuse_layer_norm(gm: fx.GraphModule, ctx: PassContext) -> str:
+    """`layer_norm(x, [hidden], weight, bias, eps)` over a module's own weight (and bias) -> the
+    engine's LayerNorm at that module's path (the checkpoint names stay)."""
+    fused = 0
+    for node in [n for n in gm.graph.nodes if n.target is aten.layer_norm.default]:
+        source, shape, weight, bias, eps = (*node.args, None, None, 1e-5)[:5]
+        eps = node.kwargs.get("eps", eps)
+        params = [a for a in (weight, bias) if a is not None]
+        if not (isinstance(source, fx.Node) and isinstance(weight, fx.Node)
+                and isinstance(shape, (list, tuple)) and len(shape) == 1
+                and all(isinstance(p, fx.Node) and p.op == "get_attr" for p in params)):
+            continue
+        path = str(weight.target).rpartition(".")[0]
+        if isinstance(bias, fx.Node) and str(bias.target) != f"{path}.bias":
+            continue
+        param = gm.get_parameter(str(weight.target))
+        if fake(source).dtype != param.dtype:
+            continue
+        norm = LayerNorm(param.shape[0], float(eps), param.dtype, bias=bias is not None)
+        norm.weight = param  # meta until loaded; the loader fills them under the same names
+        if bias is not None:
+            norm.bias = gm.get_parameter(f"{path}.bias")
+        add_module(gm, path, norm)
+        with gm.graph.inserting_before(node):
+            call = gm.graph.call_module(path, (source,))
+        call.meta = dict(node.meta)
+        node.replace_all_uses_with(call)
+        gm.graph.erase_node(node)
+        fused += 1
+    return f"{fused} LayerNorms -> the engine's LayerNorm"
+
+
 # ops whose output is a new tensor (never a view of an input): a residual they made may be updated in place
+_NORMS = (RMSNorm, LayerNorm)
 _FRESH = {aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.embedding.default}
 
 
 def _fresh(node: fx.Node, gm: fx.GraphModule) -> bool:
     """`node`'s value is a tensor of its own: a fresh op's output, an engine layer's, or the
-    residual half of an add + RMSNorm already fused."""
+    residual half of an add + norm already fused."""
     if node.op == "call_module":
         return True
     if node.target is operator.getitem and isinstance(node.args[0], fx.Node) and node.args[0].op == "call_module":
-        return isinstance(gm.get_submodule(str(node.args[0].target)), RMSNorm)
+        return isinstance(gm.get_submodule(str(node.args[0].target)), _NORMS)
     return node.op == "call_function" and node.target in _FRESH
 
 
@@ -114,15 +149,15 @@ def _updatable(residual: fx.Node, add: fx.Node, order: dict[fx.Node, int], gm: f
     return all(user is add or (order[user] < order[add] and _fresh(user, gm)) for user in residual.users)
 
 
-def fuse_add_rms_norm(gm: fx.GraphModule, ctx: PassContext) -> str:
+def fuse_add_norm(gm: fx.GraphModule, ctx: PassContext) -> str:
     """`norm(residual + x)` becomes the engine's fused add + RMSNorm (one kernel pass that leaves
-    the sum in `residual`, as the hand-written decoder layers do); other readers of the sum (the
-    next residual add) read it from there."""
-    fused = 0
+    the sum in `residual`, as the hand-written decoder layers do) or add + LayerNorm (the add in
+    place); other readers of the sum (the next residual add) read it from there."""
+    fused = {RMSNorm: 0, LayerNorm: 0}
     for norm in [n for n in gm.graph.nodes if n.op == "call_module"]:
         module = gm.get_submodule(str(norm.target))
         add = norm.args[0]
-        if not (isinstance(module, RMSNorm) and len(norm.args) == 1 and isinstance(add, fx.Node)
+        if not (isinstance(module, _NORMS) and len(norm.args) == 1 and isinstance(add, fx.Node)
                 and add.target is aten.add.Tensor and len(add.args) == 2 and add.args[0] is not add.args[1]
                 and all(isinstance(a, fx.Node) for a in add.args)):
             continue
@@ -144,5 +179,6 @@ def fuse_add_rms_norm(gm: fx.GraphModule, ctx: PassContext) -> str:
         gm.graph.erase_node(norm)
         add.replace_all_uses_with(summed)
         gm.graph.erase_node(add)
-        fused += 1
-    return f"{fused} residual adds fused into RMSNorm"
+        fused[type(module)] += 1
+    return ", ".join(f"{count} residual adds fused into {kind.__name__}" for kind, count in fused.items()
+                     if count or kind is RMSNorm)

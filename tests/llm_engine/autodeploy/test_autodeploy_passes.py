@@ -18,7 +18,7 @@ from llm_engine.autodeploy.passes.cleanup import drop_noop_casts
 from llm_engine.autodeploy.passes.flatten import flatten_batch
 from llm_engine.autodeploy.passes.layout import tokens_first_attention
 from llm_engine.autodeploy.passes.linear import merge_sibling_linears, split_merged_outputs, swap_linears
-from llm_engine.autodeploy.passes.norm import fuse_add_rms_norm, fuse_rms_norm
+from llm_engine.autodeploy.passes.norm import fuse_add_norm, fuse_layer_norm, fuse_rms_norm
 from llm_engine.autodeploy.passes.rotary import TableRotary, fuse_rotary
 from llm_engine.layers.activation import SiluAndMul
 from llm_engine.layers.attention import SeqSlice, TorchPagedAttention
@@ -194,15 +194,46 @@ class Residual(nn.Module):
 
 
 @pytest.mark.parametrize("read_late", [False, True])
-def test_fuse_add_rms_norm_updates_the_residual_in_place_only_when_nothing_reads_it_later(read_late):
+def test_fuse_add_norm_updates_the_residual_in_place_only_when_nothing_reads_it_later(read_late):
     x = torch.randn(1, 5, 16)
     gm = exported(Residual(read_late), x)
     before = gm(x)
-    report = run_passes(gm, context(), [fuse_rms_norm, fuse_add_rms_norm])
-    assert report[1] == f"fuse_add_rms_norm: {0 if read_late else 1} residual adds fused into RMSNorm"
+    report = run_passes(gm, context(), [fuse_rms_norm, fuse_add_norm])
+    assert report[1] == f"fuse_add_norm: {0 if read_late else 1} residual adds fused into RMSNorm"
     norm_calls = [n for n in gm.graph.nodes if n.op == "call_module" and n.target == "norm"]
     assert [len(n.args) for n in norm_calls] == [1 if read_late else 2]
     torch.testing.assert_close(gm(x), before)
+
+
+class LayerNorms(nn.Module):
+    """A LayerNorm with bias after a residual add, one without bias, and a functional one over
+    a weight of another module (left as captured)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16, bias=False)
+        self.norm, self.plain = nn.LayerNorm(16, eps=1e-5), nn.LayerNorm(16, eps=1e-6, bias=False)
+        for param in (self.norm.weight, self.norm.bias, self.plain.weight):
+            nn.init.normal_(param)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        residual = x * 2
+        summed = residual + self.proj(x)
+        h = self.proj(self.norm(summed)) + summed
+        return self.plain(h) + F.layer_norm(h, (16,), self.proj.weight[0])
+
+
+def test_fuse_layer_norm_and_its_residual_add():
+    x = torch.randn(1, 5, 16)
+    gm = exported(LayerNorms(), x)
+    before = gm(x)
+    report = run_passes(gm, context(), [fuse_layer_norm, fuse_add_norm])
+    assert report == ["fuse_layer_norm: 2 LayerNorms -> the engine's LayerNorm",
+                      "fuse_add_norm: 0 residual adds fused into RMSNorm, 2 residual adds fused into LayerNorm"]
+    assert (gm.get_submodule("norm").bias is not None, gm.get_submodule("plain").bias) == (True, None)
+    assert [len(n.args) for n in gm.graph.nodes if n.op == "call_module" and n.target == "norm"] == [2]
+    assert sum(n.target is torch.ops.aten.layer_norm.default for n in gm.graph.nodes) == 1
+    torch.testing.assert_close(gm(x), before, rtol=0, atol=0)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -349,7 +380,7 @@ def test_flatten_batch_keeps_every_graphs_values(module):
     gm = exported(module, x)
     before = gm(x)
     ctx = context()
-    run_passes(gm, ctx, [fuse_rms_norm, fuse_add_rms_norm, flatten_batch])
+    run_passes(gm, ctx, [fuse_rms_norm, fuse_add_norm, flatten_batch])
     for name, offset in ctx.weight_offsets.items():  # what the loader does (Gemma's 1 + w)
         gm.get_parameter(name).data.add_(offset)
     torch.testing.assert_close(gm(x[0]), before[0])
