@@ -40,6 +40,7 @@ class PhaseRun:
     peak_rss: int
     peak_kv: float
     cpu: tuple[float, float, float] | None  # serving process seconds: (engine CPU, whole CPU, engine's CPU wait)
+    engine_ttft: tuple[float, int] | None  # the engine's own TTFT over the phase: (seconds summed, requests)
 
 
 async def run_phase(target, phase: Phase, probe_interval: float = PROBE_INTERVAL_S) -> PhaseRun:
@@ -56,7 +57,7 @@ async def run_phase(target, phase: Phase, probe_interval: float = PROBE_INTERVAL
             await asyncio.sleep(probe_interval)
 
     prober = asyncio.ensure_future(probe())
-    cpu_before = target.cpu()
+    cpu_before, ttft_before = target.cpu(), await asyncio.to_thread(target.engine_ttft)
     start = time.perf_counter()
 
     async def at(item):
@@ -65,12 +66,14 @@ async def run_phase(target, phase: Phase, probe_interval: float = PROBE_INTERVAL
 
     samples = await asyncio.gather(*(at(item) for item in phase.items))
     duration = time.perf_counter() - start
-    cpu_after = target.cpu()
+    cpu_after, ttft_after = target.cpu(), await asyncio.to_thread(target.engine_ttft)
     done.set()
     await prober
     cpu = None if cpu_before is None or cpu_after is None else (
         cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1], cpu_after[2] - cpu_before[2])
-    return PhaseRun(samples, duration, peak_rss, peak_kv, cpu)
+    engine_ttft = None if ttft_before is None or ttft_after is None else (
+        ttft_after[0] - ttft_before[0], ttft_after[1] - ttft_before[1])
+    return PhaseRun(samples, duration, peak_rss, peak_kv, cpu, engine_ttft)
 
 
 def cpu_figures(run: PhaseRun) -> dict:
@@ -87,6 +90,21 @@ def cpu_figures(run: PhaseRun) -> dict:
     return {"engine_cpu_ms_per_token": round(engine * 1000 / tokens, 3),
             "serving_cpu_ms_per_token": round(rest * 1000 / tokens, 3),
             "engine_wait_ms_per_token": round(wait * 1000 / tokens, 3)}
+
+
+def ttft_split(run: PhaseRun) -> dict:
+    """Mean TTFT as the client saw it, the engine's part of it (from `generate` to the first token,
+    by the engine's clock) and the rest: what a protocol adds before and after the engine (parsing,
+    tokenizing, the hand-offs to and from the engine's thread, the first frame). The engine's part
+    carries the prefill and the queueing that vary with the machine's load, so the rest compares
+    targets where TTFT itself is noise. Left out unless the engine counted every request of the phase."""
+    ok = [s for s in run.samples if s.ok]
+    if run.engine_ttft is None or not ok or run.engine_ttft[1] != len(ok):
+        return {}
+    client = sum(s.first - s.start for s in ok) * 1000 / len(ok)
+    engine = run.engine_ttft[0] * 1000 / run.engine_ttft[1]
+    return {"ttft_mean_ms": round(client, 2), "engine_ttft_mean_ms": round(engine, 2),
+            "ttft_outside_engine_ms": round(client - engine, 2)}
 
 
 def turns(targets: list, repeats: int) -> list[list]:
@@ -124,14 +142,17 @@ async def run(workload: Workload, target_kinds: list[str], repeats: int, server:
                         figures.update(peak_rss_mib=round(measured.peak_rss / 2**20, 1),
                                        peak_kv_usage=round(measured.peak_kv, 3))
                     figures.update(cpu_figures(measured))
+                    figures.update(ttft_split(measured))
                     results.add_repeat(result, f"{target.name} / {phase.label}", figures, phase.x)
                     errors = {s.error for s in measured.samples if not s.ok}
                     cpu = (f"  CPU ms/token engine {figures['engine_cpu_ms_per_token']:.2f} serving "
                            f"{figures['serving_cpu_ms_per_token']:.3f} engine waited "
                            f"{figures['engine_wait_ms_per_token']:.2f}" if "engine_cpu_ms_per_token" in figures else "")
+                    outside = (f"  TTFT outside the engine {figures['ttft_outside_engine_ms']:.2f} ms"
+                               if "ttft_outside_engine_ms" in figures else "")
                     log(f"{target.name:>7} {phase.label:>16} #{repeat + 1}: {figures['output_tokens_per_s']:8.1f} "
                         f"tok/s  TTFT p50 {figures['ttft_p50_ms']:7.1f} ms  TPOT p50 {figures['tpot_p50_ms']:6.1f} ms"
-                        + cpu + (f"  failed {figures['failed']}: {sorted(errors)[:2]}" if errors else ""))
+                        + cpu + outside + (f"  failed {figures['failed']}: {sorted(errors)[:2]}" if errors else ""))
     finally:
         for target in targets:
             await target.aclose()

@@ -6,7 +6,10 @@ token and the gaps between tokens the same way: on arrival of the piece that car
 points at one that runs already (`--url`, `--grpc`). A probe samples the serving process's
 memory and the KV-cache usage while a phase runs, and `cpu` reads the serving process's CPU time
 split into the engine's threads and the rest (the serving layers' cost, which the machine's other
-load does not inflate the way it inflates latency).
+load does not inflate the way it inflates latency). `engine_ttft` reads the engine's own TTFT
+(from the moment the request reached `generate` to its first token), so a phase's TTFT splits into
+the engine's part and the rest: the protocol's parsing, tokenizing and hand-offs on a server; on
+the offline target, only the hand-off of the first output to its in-process consumer.
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ class Offline:
         if slowdown:
             inject_slowdown(slowdown)
         self.peak_kv = 0.0
+        self.ttft_sum, self.ttft_count = 0.0, 0
         if cpus:
             engine_kwargs["num_threads"] = len(cpus)
         self.engine = AsyncLLMEngine(EngineConfig(model=model, max_num_seqs=max_num_seqs, **engine_kwargs),
@@ -126,6 +130,8 @@ class Offline:
         params = SamplingParams(max_tokens=item.max_tokens, temperature=0, ignore_eos=True)
         clock, seen = _Clock(), 0
         async for out in self.engine.generate(item.prompt, params, uuid.uuid4().hex):
+            if not seen and out.metrics.ttft is not None:
+                self.ttft_sum, self.ttft_count = self.ttft_sum + out.metrics.ttft, self.ttft_count + 1
             n = len(out.outputs[0].token_ids)
             clock.piece(n - seen)
             seen = n
@@ -142,6 +148,10 @@ class Offline:
     def cpu(self) -> tuple[float, float, float] | None:
         """This process's CPU split: the engine and, beside it, the in-process consumer of its outputs."""
         return cpu_split(os.getpid())
+
+    def engine_ttft(self) -> tuple[float, int]:
+        """(seconds, requests) of the engine's TTFT summed over the requests sent so far."""
+        return self.ttft_sum, self.ttft_count
 
     async def aclose(self) -> None:
         self.engine.stop()
@@ -232,6 +242,22 @@ class Server:
         """The server process's CPU split (None for a server this benchmark did not start)."""
         return cpu_split(self.proc.pid) if self.proc is not None else None
 
+    def engine_ttft(self) -> tuple[float, int] | None:
+        """(seconds, requests) of the engine's TTFT over the finished requests, from the server's
+        vllm:time_to_first_token_seconds histogram (None when /metrics cannot be read)."""
+        try:
+            text = httpx.get(self.url + "/metrics", headers=self.headers, timeout=10).text
+        except httpx.HTTPError:
+            return None
+        totals: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith(("vllm:time_to_first_token_seconds_sum{", "vllm:time_to_first_token_seconds_count{")):
+                name, value = line.split("{", 1)[0], float(line.rsplit(" ", 1)[1])
+                totals[name] = totals.get(name, 0.0) + value
+        if len(totals) < 2:
+            return None
+        return totals["vllm:time_to_first_token_seconds_sum"], int(totals["vllm:time_to_first_token_seconds_count"])
+
     def close(self) -> None:
         if self.proc is not None:
             self.proc.terminate()
@@ -249,6 +275,9 @@ class _OverServer:
 
     def cpu(self) -> tuple[float, float, float] | None:
         return self.server.cpu()
+
+    def engine_ttft(self) -> tuple[float, int] | None:
+        return self.server.engine_ttft()
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -325,6 +354,9 @@ class Grpc:
 
     def cpu(self) -> tuple[float, float, float] | None:
         return self.server.cpu()
+
+    def engine_ttft(self) -> tuple[float, int] | None:
+        return self.server.engine_ttft()
 
     def _on_response(self, result, error) -> None:
         """tritonclient's stream thread: hand the piece to its request's queue on the event loop."""

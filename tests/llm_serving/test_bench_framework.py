@@ -78,6 +78,9 @@ def test_every_target_answers_the_same_workload(bench_results):
             [run] = result["figures"][f"{target} / {phase}"]["runs"]
             assert run["failed"] == 0 and run["completed"] == int(phase[1])
             assert run["output_tokens_per_s"] > 0 and run["ttft_p50_ms"] > 0 and run["tpot_p50_ms"] > 0
+            # TTFT split at the engine's own timestamps: its part, and what the path around it adds
+            assert 0 < run["engine_ttft_mean_ms"] <= run["ttft_mean_ms"]
+            assert run["ttft_outside_engine_ms"] == pytest.approx(run["ttft_mean_ms"] - run["engine_ttft_mean_ms"], abs=0.02)
         assert result["figures"]["offline / b3 in24 out6"]["runs"][0]["peak_kv_usage"] > 0
     offline = result["figures"]["offline / b3 in24 out6"]["runs"][0]  # CPU time of this process, per token
     assert offline["engine_cpu_ms_per_token"] >= 0 and offline["serving_cpu_ms_per_token"] >= 0  # 10 ms ticks
