@@ -20,12 +20,13 @@ and the acceptance figures (vllm:spec_decode_*).
     python -m benchmarks run spec                 # 8 code edits, 6 free-text prompts
     python -m benchmarks run spec --quick         # 3 + 3
     python -m benchmarks run spec --k 8 --out out.json
-    python -m benchmarks run spec --dtype auto    # the engine's own choice (bfloat16 on AVX512-BF16 CPUs)
+    python -m benchmarks run spec --dtype float32 # both engines in float32 (the fused one-sequence step)
 
-Both engines run in float32 unless --dtype says otherwise: that is where one sequence's decode
-step (and its draft's verification) is the fused native stack, and what earlier figures used;
-`dtype="auto"` picks bfloat16 on CPUs with AVX512-BF16, where the GGUF model's quantized layers
-still compute in float32 and the step runs layer by layer (slower with and without speculation).
+Both engines run at `dtype="auto"` unless --dtype says otherwise: what users get, bfloat16 on
+CPUs with AVX512-BF16 or AMX (prompts' matmuls on AMX tiles; the GGUF model's quantized layers
+take float32 activations on up to 16 rows, so a step and its draft's verification run layer by
+layer, each verified row the one-token step's bits). float32 is the fused native stack for one
+sequence's step (cheaper steps, ~3x dearer prefill here) and what figures before 2 Dec 2026 used.
 """
 
 from __future__ import annotations
@@ -131,8 +132,8 @@ def parse_args(argv: list[str] | None, parser: argparse.ArgumentParser) -> argpa
     parser.add_argument("--k", type=int, default=5, help="num_speculative_tokens")
     parser.add_argument("--lookup-max", type=int, default=4, help="prompt_lookup_max")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "auto"),
-                        help="both engines' dtype (float32: the fused single-sequence step)")
+    parser.add_argument("--dtype", default="auto", choices=("float32", "bfloat16", "auto"),
+                        help="both engines' dtype (auto: the engine's own choice; float32: the fused single-sequence step)")
     args = parser.parse_args(argv)
     if args.quick:
         args.code_edits, args.free_text = 3, 3
@@ -150,10 +151,11 @@ def run(args: argparse.Namespace) -> dict:
     loads = workloads(plain.get_tokenizer(), args)
     for llm in (plain, spec):  # warm-up, outside the timings
         run_one(llm, loads["code-edit"][0][0], 16)
-    print(f"model {gguf.name}, {args.threads} threads, dtype {args.dtype}, speculative_config {spec_config}")
+    dtype = str(plain.engine.model_runner.dtype).removeprefix("torch.")  # what "auto" chose
+    print(f"model {gguf.name}, {args.threads} threads, dtype {args.dtype} ({dtype}), speculative_config {spec_config}")
     print(f"{'workload':<11}{'requests':>9}{'tokens':>8}{'plain tok/s':>13}{'spec tok/s':>12}{'ratio':>7}"
           f"{'goal':>7}{'decode ratio':>13}{'CPU ratio':>10}{'accept len':>11}{'drafts':>8}{'accepted/drafted':>18}{'identical':>10}")
-    report: dict = {"model": gguf.name, "threads": args.threads, "dtype": args.dtype, "speculative_config": spec_config,
+    report: dict = {"model": gguf.name, "threads": args.threads, "dtype": dtype, "speculative_config": spec_config,
                     "workloads": {}}
     for name, requests in loads.items():
         row = measure(plain, spec, requests)
