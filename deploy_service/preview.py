@@ -8,7 +8,8 @@ that the token's member still is one, and the events hub's notice ends their ope
 notice reaches every replica, whichever one the member was removed through).
 The session cookie cannot be the check, as the page's own requests come from its opaque origin
 (cross-site: no cookie). Requests reach the run through its bridge's unix socket (the run's network
-stays empty), on the replica that runs it.
+stays empty), on the replica that runs it. Under `serve --workers` a token begins with its worker's
+tag (Settings.worker_tag), and another worker sends the request there as it came.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from websockets.asyncio.client import ClientConnection, unix_connect
 from deploy_service.proxy import (
     app_request_headers,
     app_response_headers,
+    forward_as_is,
     forwarded_headers,
     plain_response,
     relay_http,
     relay_websocket,
+    request_target,
 )
 from deploy_service.upstream import READ_CHUNK, Upstream
 from ide_server.wiring import services_of
@@ -62,6 +65,7 @@ class PreviewGateway:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self._upstreams: dict[str, _RunUpstream] = {}
+        self._workers: dict[str, Upstream] = {}  # the connection pool to another worker (forward_as_is)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw = scope.get("raw_path") or scope.get("path", "").encode()
@@ -71,7 +75,10 @@ class PreviewGateway:
         match = PREVIEW_PATH.match(raw)
         runs = services_of(scope["app"].state).runs
         live = await self._live(runs, match.group(1).decode()) if match and runs else None
-        if scope["type"] == "websocket":
+        elsewhere = scope["app"].state.settings.tagged_worker(match.group(1).decode()) if match else None
+        if live is None and elsewhere is not None:  # a run of another `serve --workers` worker: it answers
+            await forward_as_is(scope, receive, send, elsewhere, request_target(scope), self._workers)
+        elif scope["type"] == "websocket":
             await self._websocket(WebSocket(scope, receive, send), live, match)
         elif live is None or match is None:  # (a live run was looked up only with a match)
             await plain_response(send, 404, NO_PREVIEW)

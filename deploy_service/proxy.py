@@ -248,11 +248,12 @@ async def relay_http(scope: Scope, receive: Receive, send: Send, upstream: Upstr
 def _upstream_path(scope: Scope, slug: str) -> tuple[str, str]:
     """(path with query as the app should see it, the prefix it is served under: none on its own host)."""
     prefix = f"/apps/{slug}"
-    path = _target(scope)[len(prefix):]
+    path = request_target(scope)[len(prefix):]
     return path if path.startswith("/") else "/" + path, "" if OWN_HOST in scope else prefix
 
 
-def _target(scope: Scope) -> str:
+def request_target(scope: Scope) -> str:
+    """The path and query as the client sent them (still percent-encoded)."""
     raw: str = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
     query = scope.get("query_string", b"").decode("latin-1")
     return raw + (f"?{query}" if query else "")
@@ -341,27 +342,37 @@ class AppsGateway:
     async def _forward(self, scope: Scope, app_scope: Scope | None, receive: Receive, send: Send,
                        owner: Replica | None) -> None:
         """To the replica that runs the apps, as it came (it is one of us: cookies and all)."""
-        if scope["type"] == "websocket":
-            websocket = WebSocket(scope, receive, send)
-            if owner is None:
-                await websocket.close(1013, "the apps are moving to another replica")
-                return
-            path = _target(app_scope or scope)  # (the owner can't see the Host: a host-mode path in path form)
-            await relay_websocket(websocket, "", lambda **options: connect(f"ws://{owner.http}{path}", **options))
-            return
         if owner is None:
-            await plain_response(send, 503, "Deploys are moving to another server; try again in a few seconds.",
-                         [(b"retry-after", b"5")])
+            if scope["type"] == "websocket":
+                await WebSocket(scope, receive, send).close(1013, "the apps are moving to another replica")
+            else:
+                await plain_response(send, 503, "Deploys are moving to another server; try again in a few seconds.",
+                                     [(b"retry-after", b"5")])
             return
-        if (upstream := self._owners.get(owner.http)) is None:
-            for old in self._owners.values():
-                old.close()
-            self._owners = {owner.http: (upstream := Upstream(owner.http))}
-        client = scope.get("client") or ("", 0)
-        headers = [(n, v) for n, v in scope["headers"] if n not in HOP_BY_HOP and n != b"x-forwarded-for"]
-        headers.append((b"x-forwarded-for", client[0].encode()))
-        await relay_http(scope, receive, send, upstream, _target(scope), headers,
-                          lambda answer: [(n, v) for n, v in answer if n not in HOP_BY_HOP])
+        # (a WebSocket goes in path form: the owner can't see the Host of a host-mode app)
+        path = request_target(app_scope or scope) if scope["type"] == "websocket" else request_target(scope)
+        await forward_as_is(scope, receive, send, owner.http, path, self._owners)
+
+
+async def forward_as_is(scope: Scope, receive: Receive, send: Send, address: str, path: str,
+                        upstreams: dict[str, Upstream]) -> None:
+    """A request or WebSocket to `path` on another of our servers at `address` ("host:port"), as it came
+    (cookies and all): the replica running the apps, or the `serve --workers` worker running a Webview's
+    run. `upstreams` keeps the connection pool to the last address asked."""
+    if scope["type"] == "websocket":
+        await relay_websocket(WebSocket(scope, receive, send), "",
+                              lambda **options: connect(f"ws://{address}{path}", **options))
+        return
+    if (upstream := upstreams.get(address)) is None:
+        for old in upstreams.values():
+            old.close()
+        upstreams.clear()
+        upstream = upstreams[address] = Upstream(address)
+    client = scope.get("client") or ("", 0)
+    headers = [(n, v) for n, v in scope["headers"] if n not in HOP_BY_HOP and n != b"x-forwarded-for"]
+    headers.append((b"x-forwarded-for", client[0].encode()))
+    await relay_http(scope, receive, send, upstream, path, headers,
+                     lambda answer: [(n, v) for n, v in answer if n not in HOP_BY_HOP])
 
 
 def _as_app_request(scope: Scope, apps_host: str | None) -> Scope | None:

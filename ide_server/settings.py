@@ -103,11 +103,25 @@ class Settings(BaseSettings):
         """Under `serve --workers`: the address of the worker that hosts this project's collab rooms, when
         it is another one (None: this one, or a server alone). One host per project keeps its editors'
         keystrokes in one process; spread over the workers, each sent one through Redis after storing it."""
-        if not self.worker_addresses or self.worker_index is None:
+        if not self.worker_addresses:
             return None
-        addresses = self.worker_addresses.split(",")
-        chosen = zlib.crc32(project_id.encode()) % len(addresses)
-        return addresses[chosen] if chosen != self.worker_index else None
+        return self._other_worker(zlib.crc32(project_id.encode()) % len(self.worker_addresses.split(",")))
+
+    @property
+    def worker_tag(self) -> str:
+        """What begins this worker's Webview tokens under `serve --workers` (its index, two digits), so the
+        others know where to send a request for one; empty for a server alone."""
+        return f"{self.worker_index:02d}" if self.worker_addresses and self.worker_index is not None else ""
+
+    def tagged_worker(self, token: str) -> str | None:
+        """The address of the other worker whose tag begins a Webview token, if it is another's."""
+        return self._other_worker(int(token[:2])) if self.worker_tag and token[:2].isdigit() else None
+
+    def _other_worker(self, index: int) -> str | None:
+        addresses = (self.worker_addresses or "").split(",")
+        if self.worker_index is None or index == self.worker_index or index >= len(addresses):
+            return None
+        return addresses[index]
 
     @property
     def projects_dir(self) -> Path:

@@ -348,6 +348,7 @@ async def open_runs(core: Core, *, events: ProjectEvents | None, collab: Collab 
                        installer=installer, max_running=settings.sandbox_max_running,
                        max_running_per_user=settings.sandbox_max_running_per_user,
                        max_per_user=settings.sandbox_max_runs_per_user, server_id=presence.server_id,
+                       preview_tag=settings.worker_tag,
                        address_of=presence.address_of if isinstance(presence, SharedPresence) else None)
     orphans = OrphanedRuns(presence, runs.unfinished_servers, runs.close_runs_of)
     await orphans.sweep_logged()

@@ -58,7 +58,9 @@ def preview_path(token: str) -> str:
 class Preview:
     """One run's Webview: its folder on the host (socket and port file) and each watching member's secret."""
 
-    def __init__(self) -> None:
+    def __init__(self, tag: str = "") -> None:
+        """tag: what begins its tokens (Settings.worker_tag: which `serve --workers` worker runs it)."""
+        self.tag = tag
         self._tokens: dict[str, str] = {}  # member's user id -> their token
         self._members: dict[str, str] = {}  # token -> the member's user id
         self._sockets: dict[str, set[Callable[[], object]]] = {}  # token -> how to end each WebSocket open with it
@@ -70,7 +72,7 @@ class Preview:
     def token_for(self, user_id: str) -> str:
         """The member's own secret (the same each time they ask)."""
         if (token := self._tokens.get(user_id)) is None:
-            token = self._tokens[user_id] = secrets.token_urlsafe(24)
+            token = self._tokens[user_id] = self.tag + secrets.token_urlsafe(24)
             self._members[token] = user_id
         return token
 

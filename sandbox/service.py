@@ -82,11 +82,13 @@ class ProjectRuns:
     def __init__(self, backend: Backend | None, unavailable: str, *, sessions: sessionmaker[Session], projects_dir: Path,
                  editors: OpenEditors, installer: Installer | None = None, max_running: int, max_running_per_user: int,
                  max_per_user: int, server_id: str, max_queued: int = 64, max_shells: int = 16,
-                 max_shells_per_user: int = 2, announce: Callable[[str, dict[str, Any]], None] | None = None,
+                 max_shells_per_user: int = 2, preview_tag: str = "",
+                 announce: Callable[[str, dict[str, Any]], None] | None = None,
                  environment_of: Callable[[str], dict[str, str]] | None = None,
                  address_of: Callable[[str], Awaitable[str | None]] | None = None) -> None:
         """server_id: this server's, recorded with each run (see sandbox.server_presence); address_of: where
-        another live server answers ("host:port"), to serve a run's socket from there. announce: tells
+        another live server answers ("host:port"), to serve a run's socket from there. preview_tag: what
+        begins its Webview tokens (Settings.worker_tag). announce: tells
         a project's open workspaces something (the events hub): a run started (so every member's console
         follows it), or a run wrote files (so their trees re-read). environment_of: a project's extra run
         environment (the secrets its owner exposes to runs), called in a worker thread."""
@@ -98,6 +100,7 @@ class ProjectRuns:
                               max_per_user=max_per_user) if backend else None
         self._finishers: set[asyncio.Task[None]] = set()
         self.max_shells, self.max_shells_per_user = max_shells, max_shells_per_user
+        self.preview_tag = preview_tag
         self._shells: list[int] = []  # user id of each open shell
         self._previews: dict[str, tuple[RunRecord, Preview]] = {}  # run id -> the live run and its Webview
         self._sockets: set[HeldSocket] = set()
@@ -146,7 +149,7 @@ class ProjectRuns:
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
         interactive = body.interactive and body.stdin is None
-        preview = Preview() if interactive else None
+        preview = Preview(self.preview_tag) if interactive else None
         try:
             spec = RunSpec(plan.argv, project_dir, limits, {**(preview.environment() if preview else {}), **env},
                            mounts=(preview.mount(),) if preview else (), wrapper=preview.wrapper() if preview else (),

@@ -2,7 +2,8 @@
 
 Against real processes: two editors of one file on different workers converge, in the one worker hosting the
 project's rooms; a save through one is read back through the other, also with the file
-open in both; a run started through one is followed live, its input typed, and cancelled through the other. Without
+open in both; a run started through one is followed live, its input typed, and cancelled through the other; a web app's Webview
+answers through either. Without
 redis-server, or with a port only one process can bind, exit 2.
 """
 
@@ -175,6 +176,26 @@ def test_two_workers_share_editors_runs_and_saves(workers: Workers) -> None:
             await asyncio.sleep(0.1)
         assert record["verdict"] == "cancelled", record
 
+        # A web app's Webview through either worker: its token names the worker running it, the other sends it there
+        server = ("import http.server, os\nclass H(http.server.BaseHTTPRequestHandler):\n"
+                  "    def do_GET(self):\n        self.send_response(200); self.send_header('Content-Length', '2')\n"
+                  "        self.end_headers(); self.wfile.write(b'hi')\n"
+                  "http.server.HTTPServer(('127.0.0.1', int(os.environ['PORT'])), H).serve_forever()\n")
+        httpx.put(f"{second}/api/projects/{project}/files/content/web.py", content=server.encode(), headers=headers,
+                  timeout=20).raise_for_status()
+        run = httpx.post(f"{first}/api/projects/{project}/runs", json={"entry": "web.py", "interactive": True},
+                         headers=headers, timeout=20)
+        run.raise_for_status()
+        for _ in range(300):
+            if (url := httpx.get(f"{first}/api/runs/{run.json()['id']}", headers=headers, timeout=20).json()["preview_url"]):
+                break
+            await asyncio.sleep(0.1)
+        assert url, "the web app never listened"
+        for base in (first, second, workers.url):
+            answer = httpx.get(f"{base}{url}", timeout=20)
+            assert (answer.status_code, answer.text) == (200, "hi"), (base, answer.status_code, answer.text[:200])
+        httpx.post(f"{first}/api/runs/{run.json()['id']}/cancel", headers=headers, timeout=20).raise_for_status()
+
         saved = "print('saved')\n"  # a save while both workers have the file open in an editor
         put = httpx.put(f"{second}/api/projects/{project}/files/content/main.py", content=saved.encode(),
                         headers=headers, timeout=20)
@@ -236,3 +257,6 @@ def test_each_project_has_one_rooms_worker() -> None:
     assert all(len(set(row) - {None}) == 1 for row in hosts)
     assert {row.index(None) for row in hosts} == {0, 1, 2}  # spread over the workers
     assert Settings().rooms_worker("project0") is None  # a server alone hosts every room
+    assert [w.worker_tag for w in workers] == ["00", "01", "02"] and Settings().worker_tag == ""
+    assert workers[0].tagged_worker("02abc") == "127.0.0.1:7003" and workers[2].tagged_worker("02abc") is None
+    assert workers[0].tagged_worker("x2abc") is None and Settings().tagged_worker("02abc") is None
