@@ -3,7 +3,7 @@ decode engine pulls it over the KV connector's shared memory and gives the same 
 one engine; the socket transport brings the very same bytes. The decode side pulls only the blocks its prefix cache
 lacks. Every block is freed on both sides, after failed transfers too. Pulls run beside the
 steps: a pull waiting on its answer stalls no other request. A killed producer's pool file
-is swept, a live one's kept. The served pair behind
+is swept, a live one's kept; a consumer maps only its current producer's pool. The served pair behind
 the proxy is tested in tests/llm_serving/test_llm_parallel_disagg.py."""
 
 from __future__ import annotations
@@ -214,3 +214,28 @@ def test_a_killed_producers_pool_file_is_swept_and_live_ones_stay(producer):
     assert not left.exists()
     ours = producer.engine.kv_connector.pool_path
     assert ours is not None and ours.exists()
+
+
+def test_a_consumer_maps_only_its_current_producers_pool(tiny_llama, producer):
+    """A restarted prefill instance has a new pool file: the decode side drops its mapping of the
+    old one (which would keep that whole pool in memory) when it first pulls from the new one."""
+    def mappings(path: Path) -> int:
+        return Path("/proc/self/maps").read_text().count(str(path))
+
+    old_path = producer.engine.kv_connector.pool_path
+    consumer = KVConnector(KVTransferConfig(kv_role="kv_consumer", kv_port=producer.engine.kv_connector.port,
+                                            kv_key=KEY), torch.zeros_like(producer.engine.kv_connector.pool))
+    own = mappings(old_path)  # the producer's, in this process too
+    consumer.receive(prefill(producer, [PROMPTS[3]])[0], 0, [1, 2, 3, 4, 5])
+    assert mappings(old_path) == own + 1
+    restarted = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64,
+                    kv_transfer_config={"kv_role": "kv_producer", "kv_key": KEY})
+    try:
+        consumer.config.kv_port = restarted.engine.kv_connector.port  # the same address, in real life
+        transfer = prefill(restarted, [PROMPTS[3]])[0]
+        consumer.receive(transfer, 0, [1, 2, 3, 4, 5])
+        assert mappings(old_path) == own
+        assert mappings(restarted.engine.kv_connector.pool_path) == 2  # its own and the consumer's
+    finally:
+        restarted.engine.shutdown()
+    assert_all_free(producer)

@@ -2,7 +2,7 @@
 processes (each pinned to a core), the proxy in front, through the official openai client. A mixed
 batch, streamed and not, completions and chat, gives one engine's greedy answers. Killing the
 decode instance mid-stream ends that stream with a clear error, the prefill instance's blocks are
-all free, and the service keeps answering. With max_local_prefill_length, short prompts go whole
+all free, the service keeps answering, and the launcher starts the instance again. With max_local_prefill_length, short prompts go whole
 to the decode instance. One pair serves the whole module (processes are slow
 to start); the engine-level transfers are in tests/llm_engine/test_llm_parallel_kv_connector.py."""
 
@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import openai
@@ -24,7 +23,6 @@ import pytest
 from llm_engine.entrypoints.disagg_proxy import create_disagg_app, prompt_tokens_bound
 from llm_engine.entrypoints.disagg_servers import disaggregated_servers, proxy_beside_prefill
 from llm_engine.entrypoints.replicas import RESTART_DELAYS_S, Supervisor
-from llm_engine.kv_pool_files import POOL_PREFIX
 
 from .conftest import start_server
 from .test_cli import CODEYARD
@@ -130,28 +128,18 @@ def test_killing_the_decode_instance_mid_stream_fails_only_that_request(pair):
     assert complete(split, "Still there?", 4, True)  # whole on the prefill instance meanwhile
 
 
-def test_killed_instances_are_started_again(pair):
-    """After the test above killed the decode instance, the launcher started it again on its port;
-    killing the prefill instance does the same, and the decode instance pulls from the new one's
-    pool (one engine's answers), no longer mapping the dead one's file."""
+def test_a_killed_instance_is_started_again(pair):
+    """The test above killed the decode instance: the launcher started it again on its port, and
+    split requests go through it again (one engine's answers). The prefill instance is restarted
+    by the same code; its new pool's mapping is tested in test_llm_parallel_kv_connector.py."""
     children, _ = pair
     wait_until_healthy(children.urls[1], children.key)
     assert children.procs[1].poll() is None  # a new process: the killed one's poll() is -9
     proxy = start_server(create_disagg_app(children.urls[0], children.urls[1], frozenset({"outer"}), children.key))
     try:
-        split = client_for(proxy.url, "outer")
-        assert complete(split, PROMPTS[2], 5, True) == complete(client_for(children.urls[0], children.key),
-                                                                PROMPTS[2], 5, True)
-        [old_pool] = kv_pools_mapped(children.procs[1].pid)
-        killed = children.procs[0]
-        killed.kill()
-        killed.wait()
-        wait_until_healthy(children.urls[0], children.key)
-        assert children.procs[0] is not killed
-        whole = complete(client_for(children.urls[0], children.key), PROMPTS[3], 7, False)
-        assert complete(split, PROMPTS[3], 7, False) == whole
-        assert kv_pools_mapped(children.procs[1].pid) != {old_pool}
-        assert len(kv_pools_mapped(children.procs[1].pid)) == 1
+        whole = complete(client_for(children.urls[0], children.key), PROMPTS[2], 5, True)
+        assert complete(client_for(proxy.url, "outer"), PROMPTS[2], 5, True) == whole
+        assert metric(children.urls[1], children.key, "vllm:prompt_tokens_total") > 0  # the new decode side ran it
     finally:
         proxy.stop()
 
@@ -166,12 +154,6 @@ def wait_until_healthy(url: str, key: str, timeout_s: float = 240) -> None:
             pass
         time.sleep(0.2)
     raise AssertionError(f"{url} did not come back within {timeout_s} s")
-
-
-def kv_pools_mapped(pid: int) -> set[str]:
-    """The KV pool files (a prefill instance's, under /dev/shm) that a process maps."""
-    return {line.split(None, 5)[5] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
-            if POOL_PREFIX in line}
 
 
 def assert_prefill_blocks_free_and_decode_out(prefill_url: str, key: str, proxy_url: str) -> None:
