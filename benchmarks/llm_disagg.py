@@ -15,7 +15,9 @@ first token) / (tokens - 1), percentiles as numpy's, as vLLM's benchmark_serving
 the p99 gap between two streamed chunks, TTFT, and goodput: short requests a second that met both
 SLOs (TTFT and TPOT). Goal: TPOT p99 at least 2x lower disaggregated. Each setup's line also says
 how much CPU its engine threads used and how long they waited for a CPU while runnable (other
-load): a decode instance whose TPOT is high because it waited is the machine's doing.
+load): a decode instance whose TPOT is high because it waited is the machine's doing. Another
+line counts the decoding engine's steps by tokens (its batch; on the decode instance, steps over
+1024 tokens are long prompts it computed itself after a failed pull), from its /metrics.
 
     python benchmarks/llm_disagg.py                       # the built-in SmolLM2-135M (GGUF, Q4_1)
     python benchmarks/llm_disagg.py --model random        # a random 4-layer Llama, hidden 256
@@ -45,11 +47,13 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import numpy
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -150,7 +154,8 @@ async def send(client: httpx.AsyncClient, arrival: Arrival, started: float) -> R
     return result
 
 
-async def drive(base_url: str, key: str, arrivals: list[Arrival]) -> list[Result]:
+async def drive(base_url: str, key: str, arrivals: list[Arrival], warmed: Callable[[], object]) -> list[Result]:
+    """Warm the server up (a short and a long request), call `warmed`, then send the schedule."""
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
     async with httpx.AsyncClient(base_url=base_url, timeout=600, headers={"Authorization": f"Bearer {key}"},
                                  limits=limits) as client:
@@ -158,6 +163,7 @@ async def drive(base_url: str, key: str, arrivals: list[Arrival]) -> list[Result
         long_warm = next((a for a in arrivals if a.long), None)
         if long_warm is not None:
             await send(client, Arrival(0, [t + 1 for t in long_warm.prompt], 2, True), time.perf_counter())
+        warmed()
         started = time.perf_counter()
         return list(await asyncio.gather(*(send(client, a, started) for a in arrivals)))
 
@@ -235,6 +241,39 @@ def cpu_line(label: str, spent: dict[str, tuple[float, float, float]], client_cp
             + f"; benchmark client {client_cpu:.1f} s")
 
 
+STEP_SIZES = [(1, 8), (9, 16), (17, 64), (65, 1024), (1025, None)]  # tokens a step, on vllm's bucket edges
+
+
+def decoding_server(pid: int, label: str, url: str, key: str) -> tuple[str, str]:
+    """URL and key of the server whose steps decode the streams: the colocated one, or the decode
+    instance, read from its command line (the launcher gives each child its port and key)."""
+    if label == "colocated":
+        return url, key
+    args = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+    return f"http://127.0.0.1:{args[args.index('--port') + 1]}", args[args.index("--api-key") + 1]
+
+
+def steps_by_tokens(url: str, key: str) -> dict[float, float]:
+    """The server's engine steps so far, cumulative by tokens a step (vllm:iteration_tokens_total's buckets)."""
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=30).text
+    return {float(sample.labels["le"]): sample.value for family in text_string_to_metric_families(text)
+            if family.name == "vllm:iteration_tokens_total" for sample in family.samples
+            if sample.name.endswith("_bucket")}
+
+
+def step_sizes_line(before: dict[float, float], after: dict[float, float]) -> tuple[str, dict[str, float]]:
+    """How many steps of each size the decoding engine ran during the schedule. A decode step's
+    tokens are its batch (one a stream), so this is the batch the TPOT came from; on the decode
+    instance, steps over 1024 tokens are long prompts computed there (a pull that failed or came
+    after the prefill instance's hold expired), each a stall of every stream for a second or more."""
+    def upto(tokens: float) -> float:
+        return after[tokens] - before[tokens] if tokens else 0.0
+
+    counts = {f"{low}-{high}" if high else f"over {low - 1}": upto(float(high or "inf")) - upto(float(low - 1))
+              for low, high in STEP_SIZES}
+    return ", ".join(f"{name} {count:.0f}" for name, count in counts.items()), counts
+
+
 def run_setup(label: str, serve_args: list[str], arrivals: list[Arrival], args: argparse.Namespace) -> dict:
     """`codeyard llm serve <serve_args>` as one process (the colocated server on both cores, or
     the --disaggregated launcher, which pins its two instances itself); the client sends the
@@ -243,15 +282,21 @@ def run_setup(label: str, serve_args: list[str], arrivals: list[Arrival], args: 
     both = [cores[0] | cores[1]] if cores and "--disaggregated" not in serve_args else None
     with child_servers([serve_args], [label], both) as server:
         pids = server_processes(server.procs[0].pid, label)
+        decoding = decoding_server(pids.get("decode", 0), label, server.urls[0], server.key)
         load_before, before, client_before = os.getloadavg()[0], process_times(pids), time.process_time()
-        results = asyncio.run(drive(server.urls[0], server.key, arrivals))
+        steps_before: list[dict[float, float]] = []
+        results = asyncio.run(drive(server.urls[0], server.key, arrivals,
+                                    lambda: steps_before.append(steps_by_tokens(*decoding))))
         after, client_cpu = process_times(pids), time.process_time() - client_before
+        sizes, size_counts = step_sizes_line(steps_before[0], steps_by_tokens(*decoding))
     tokens = sum(r.tokens for r in results)
     spent = {name: (after[name][0] - before[name][0], after[name][1] - before[name][1], after[name][2] - before[name][2])
              for name in pids}
     print(f"{label}: load average {load_before:.1f} before the schedule, {os.getloadavg()[0]:.1f} after", flush=True)
     print(cpu_line(label, spent, client_cpu, tokens), flush=True)
+    print(f"{label}: {'server' if label == 'colocated' else 'decode instance'} steps by tokens: {sizes}", flush=True)
     return {**summarize(label, results, args), "client_cpu_s": client_cpu,
+            **{f"decoding_steps_{name.replace(' ', '_')}": count for name, count in size_counts.items()},
             **{f"{name}_{kind}_s": value for name, (engine, whole, wait) in spent.items()
                for kind, value in (("engine_cpu", engine), ("process_cpu", whole), ("engine_wait", wait))}}
 
