@@ -41,8 +41,11 @@ def main() -> None:
             start = time.perf_counter()
             report = build_engine(str(smollm_gguf()), folder, "float32" if name == "default" else "auto", None,
                                   progress=lambda _: None)
-            choices = [*report.choices, *(tune_engine(folder, progress=lambda _: None).lines() if name == "tuned" else [])]
-            print(f"{name:>7}: built in {time.perf_counter() - start:.0f} s", *choices, sep="\n    ", flush=True)
+            print(f"{name:>7}: built in {time.perf_counter() - start:.0f} s", *report.choices, sep="\n    ", flush=True)
+            if name == "tuned":  # each trial's line as it ends
+                choice = tune_engine(folder, progress=lambda line: print(f"    {line.strip()}", flush=True))
+                print(f"    built and tuned in {time.perf_counter() - start:.0f} s", *choice.lines()[len(choice.trials):],
+                      sep="\n    ", flush=True)
         engines = {"default": LLM(str(folders["default"]), kv_cache_memory="256MiB"),
                    "dtype only": LLM(str(folders["tuned"]), kv_cache_memory="256MiB", **engine_defaults()),
                    "tuned": LLM(str(folders["tuned"]), kv_cache_memory="256MiB")}

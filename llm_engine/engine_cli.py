@@ -61,7 +61,6 @@ def tune(
 def _tune(engine: Path, budget: float | None, calibration: list[Path] | None, seconds: float) -> None:
     from llm_engine.engine_tune import BUDGET, tune_engine
 
-    typer.echo(f"timing runtime options through LLM({str(engine)!r}) (up to {seconds:.0f} s)")
     choice = tune_engine(engine, BUDGET if budget is None else budget, calibration, typer.echo, seconds)
     for line in choice.lines()[len(choice.trials):]:  # the trials were shown as they ran
         typer.echo(line)

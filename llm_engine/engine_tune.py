@@ -4,18 +4,19 @@ timed through the engine on this machine and recorded in the engine's manifest, 
 `LLM(ENGINE_DIR)` and `llm serve` read (loader/engine_manifest.py's `tuned_options`).
 
 Unlike the dtype (autodeploy/tune.py) these are options of `LLM`, not of the saved model, so each
-trial loads the engine with `LLM(ENGINE_DIR, **options)` and runs one workload through the
-whole engine (scheduler, block manager, the backend's kernels): the first PROMPT_TOKENS of each
+trial loads the engine with `LLM(ENGINE_DIR, **options)` and runs one workload through the whole
+engine (scheduler, block manager, the backend's kernels): the first PROMPT_TOKENS of each
 calibration window as prompts, admitted together, each then decoding DECODE_TOKENS greedy tokens,
-prefix caching off (the second timing would be a cache hit), best of two timings. The options are tuned one at a time in the order
-above, each with the others at their best so far (coordinate descent): the sum of the candidate
-lists in engine loads, not their product. A candidate replaces the current value only when it is
-MARGIN faster (a shared machine's noise is not a choice) and its perplexity on the windows' prompt
-tokens is within the accuracy budget of the engine's defaults. For the token budget the smallest
-within MARGIN of the fastest is kept: a smaller budget bounds how long a prefill chunk holds up the
-running decodes, at no throughput cost when a larger one is no faster. Trials stop at the time
-limit: the candidates not reached are left out (the report names them). A module of its own, not
-of autodeploy/: it runs the engine, which loads built engines through autodeploy/.
+prefix caching off (the second timing would be a cache hit), best of two timings. The options are
+tuned one at a time in the order above, each with the others at their best so far (coordinate
+descent): the sum of the candidate lists in engine loads, not their product. A candidate replaces
+the current value only when it is MARGIN faster (a shared machine's noise is not a choice) and its
+perplexity on the windows' prompt tokens is within the accuracy budget of the engine's defaults.
+For the token budget the smallest within MARGIN of the fastest is kept: a smaller budget bounds
+how long a prefill chunk holds up the running decodes, at no throughput cost when a larger one is
+no faster. Trials stop at the time limit: the candidates not reached are left out (the report
+names them). A module of its own, not of autodeploy/: it runs the engine, which loads built
+engines through autodeploy/.
 """
 
 from __future__ import annotations
@@ -159,6 +160,7 @@ def tune_engine(folder: Path, budget: float = BUDGET, calibration: list[Path] | 
     windows = calibration_tokens(calibration_files(calibration), source.tokenizer(), hf_config.get_text_config().vocab_size, _WINDOWS,
                                  PROMPT_TOKENS)
     device = torch.device(source.engine.target)
+    progress(f"timing runtime options through LLM({str(folder)!r}) (up to {time_limit:.0f} s)")
     grid = candidates(device)
     current = run_trial(folder, {name: values[0] for name, values in grid.items()}, windows, device)
     progress(f"      {current.line()} (the engine's defaults)")
