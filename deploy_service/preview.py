@@ -32,10 +32,10 @@ from deploy_service.proxy import (
     plain_response,
     relay_http,
     relay_websocket,
-    request_target,
 )
 from deploy_service.upstream import READ_CHUNK, Upstream
 from ide_server.wiring import services_of
+from ide_server.ws_relay import request_target
 from sandbox.frames import SOCKET_GONE
 from sandbox.preview import Preview, preview_path
 from sandbox.run_queue import RunRecord

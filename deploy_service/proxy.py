@@ -34,7 +34,7 @@ from deploy_service.instance import AppInstance
 from deploy_service.owner import Replica
 from deploy_service.upstream import Upstream, UpstreamError
 from ide_server.wiring import required, services_of
-from ide_server.ws_relay import relay
+from ide_server.ws_relay import relay, request_target
 
 log = logging.getLogger(__name__)
 
@@ -250,13 +250,6 @@ def _upstream_path(scope: Scope, slug: str) -> tuple[str, str]:
     prefix = f"/apps/{slug}"
     path = request_target(scope)[len(prefix):]
     return path if path.startswith("/") else "/" + path, "" if OWN_HOST in scope else prefix
-
-
-def request_target(scope: Scope) -> str:
-    """The path and query as the client sent them (still percent-encoded)."""
-    raw: str = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
-    query = scope.get("query_string", b"").decode("latin-1")
-    return raw + (f"?{query}" if query else "")
 
 
 async def proxy_websocket(websocket: WebSocket, routes: Routes, slug: str) -> None:

@@ -255,7 +255,7 @@ class Supervisor:
             worker.forget_pipe()
         if self.redis is not None:
             self.redis.stop()
-        for sock in [*([self.sock] if self.sock else []), *self.own]:
+        for sock in filter(None, [self.sock, *self.own]):
             sock.close()
 
 

@@ -13,6 +13,7 @@ import asyncio
 import logging
 from contextlib import suppress
 
+from starlette.types import Scope
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
@@ -24,11 +25,19 @@ CREDENTIALS = ("cookie", "authorization", "x-csrf-token")  # what a relayed requ
 log = logging.getLogger(__name__)
 
 
-async def relay_to(websocket: WebSocket, address: str, path: str) -> bool:
-    """Relay an accepted socket to `path` on the server at `address` ("host:port") with the client's own
-    credentials: that server checks them and the caller's access again. The Origin sent is that server's
+def request_target(scope: Scope) -> str:
+    """The path and query as the client sent them (still percent-encoded)."""
+    raw: str = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+    query = scope.get("query_string", b"").decode("latin-1")
+    return raw + (f"?{query}" if query else "")
+
+
+async def relay_to(websocket: WebSocket, address: str) -> bool:
+    """Relay an accepted socket to the same path on the server at `address` ("host:port") with the client's
+    own credentials: that server checks them and the caller's access again. The Origin sent is that server's
     own, as its cross-site check expects; this one checked the client's. False if it does not answer
     (nothing was relayed; the socket is still open)."""
+    path = request_target(websocket.scope)
     headers = [(name, value) for name in CREDENTIALS if (value := websocket.headers.get(name))]
     try:
         upstream = await connect(f"ws://{address}{path}", additional_headers=headers, origin=Origin(f"http://{address}"),

@@ -162,7 +162,7 @@ async def run_socket(websocket: WebSocket, run_id: str) -> None:
     except RunNotFound as exc:  # not live here: perhaps on another replica or worker, or over
         address = await _elsewhere(runs, run_id, user)
         if address is not None:
-            await serve_from(websocket, address, f"/ws/runs/{run_id}")
+            await serve_from(websocket, address)
         elif not await _replayed(websocket, runs, run_id, user):
             await _close_denied(websocket, exc)
         return
@@ -209,9 +209,14 @@ async def _replayed(websocket: WebSocket, runs: ProjectRuns, run_id: str, user: 
         for stream, text in (("stdout", run.stdout), ("stderr", run.stderr)):
             if text:
                 await websocket.send_json({"type": stream, "data": text})
-        await websocket.send_json({**run.model_dump(mode="json", exclude={"stdout", "stderr"}), "type": "exit"})
-        await websocket.close(1000)
+        await _send_exit(websocket, run)
     return True
+
+
+async def _send_exit(websocket: WebSocket, run: RunPublic) -> None:
+    """The last frame of a run's socket (its output went before, as frames of their own), then a normal close."""
+    await websocket.send_json({**run.model_dump(mode="json", exclude={"stdout", "stderr"}), "type": "exit"})
+    await websocket.close(1000)
 
 
 async def _read_stdin(websocket: WebSocket, queue: RunQueue, run_id: str, can_write: bool) -> None:
@@ -262,10 +267,8 @@ async def _stream_run(websocket: WebSocket, runs: ProjectRuns, run_id: str, user
             return
     if not followed:
         return
-    exit_frame = public_of_record(record).model_dump(mode="json", exclude={"stdout", "stderr"})
     with suppress(*SOCKET_GONE):
-        await websocket.send_json({**exit_frame, "type": "exit"})
-        await websocket.close(1000)
+        await _send_exit(websocket, public_of_record(record))
 
 
 @router.websocket("/ws/projects/{project_id}/shell")

@@ -22,10 +22,10 @@ from sandbox.frames import CLOSE_UNAVAILABLE
 log = logging.getLogger(__name__)
 
 
-async def serve_from(websocket: WebSocket, address: str, path: str) -> None:
+async def serve_from(websocket: WebSocket, address: str) -> None:
     """Relay an accepted socket to the same path on the replica at `address` ("host:port"); closed
     CLOSE_UNAVAILABLE if that replica does not answer."""
-    if not await relay_to(websocket, address, path):
+    if not await relay_to(websocket, address):
         await websocket.close(CLOSE_UNAVAILABLE, "the server running this run does not answer")
 
 

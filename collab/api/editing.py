@@ -77,7 +77,7 @@ def _authorise(websocket: WebSocket, project_id: str) -> tuple[str, Role]:
 @router.websocket("/ws/collab/{project_id}/{file_path:path}")
 async def collab_socket(websocket: WebSocket, project_id: str, file_path: str) -> None:
     await websocket.accept()
-    if (host := websocket.app.state.settings.rooms_worker(project_id)) and await relay_to(websocket, host, _path(websocket)):
+    if (host := websocket.app.state.settings.rooms_worker(project_id)) and await relay_to(websocket, host):
         return  # served by the worker hosting the project's rooms, which checks who asks (if it is down: here)
     try:
         user_id, role = await run_in_threadpool(_authorise, websocket, project_id)
@@ -92,13 +92,6 @@ async def collab_socket(websocket: WebSocket, project_id: str, file_path: str) -
     await serve_websocket(
         websocket, rooms_of(websocket.app), key, can_write=role.at_least(Role.editor), user_id=user_id
     )
-
-
-def _path(websocket: WebSocket) -> str:
-    """The socket's path and query as the client sent them (still percent-encoded)."""
-    raw_path: bytes = websocket.scope.get("raw_path") or websocket.url.path.encode()  # (optional in ASGI)
-    query: bytes = websocket.scope.get("query_string", b"")
-    return raw_path.decode("latin-1") + (f"?{query.decode('latin-1')}" if query else "")
 
 
 class AppEvents:
