@@ -19,8 +19,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-# git: project history (GitPython); passwd: useradd (a debootstrap minbase has none)
-RUN apt-get update && apt-get install -y --no-install-recommends git passwd && rm -rf /var/lib/apt/lists/* \
+# git: project history (GitPython); passwd: useradd (a debootstrap minbase has none); ca-certificates: the
+# package hash lookups (sandbox.packages.verify) verify PyPI
+RUN apt-get update && apt-get install -y --no-install-recommends git passwd ca-certificates && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 --user-group codeyard \
     && mkdir /data && chown codeyard:codeyard /data
 WORKDIR /opt/codeyard
@@ -36,9 +37,14 @@ COPY --from=web /src/ide_server/webassets ./ide_server/webassets
 COPY constraints.txt docker/install-codeyard.sh wheel[s] /tmp/pip/
 # The app image leaves out the heavy [llm] extra; the LLM service gets its own image.
 RUN sh /tmp/pip/install-codeyard.sh ""
+# The bundle the building host trusts, where `codeyard images build` brings it; httpx reads SSL_CERT_FILE (it
+# would otherwise verify with certifi's own bundle, which a site's TLS-inspecting proxy is not in)
+COPY docker/trust-host-ca.sh host-ca-certificates.cr[t] /tmp/ca/
+RUN sh /tmp/ca/trust-host-ca.sh
 
 USER codeyard
-ENV CODEYARD_DATA_DIR=/data \
+ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+    CODEYARD_DATA_DIR=/data \
     CODEYARD_HOST=0.0.0.0 \
     CODEYARD_PORT=8000
 VOLUME ["/data"]

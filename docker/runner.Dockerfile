@@ -26,10 +26,8 @@ VOLUME ["/data"]
 HEALTHCHECK --interval=5s --timeout=3s --retries=3 CMD ["codeyard", "runner", "--check"]
 STOPSIGNAL SIGTERM
 COPY docker/runner-entrypoint.sh /usr/local/bin/
-# `codeyard images build` brings the host's CA bundle (a site's TLS-inspecting proxy signs PyPI's certificates):
-# package installs verify with the bundle runs see. A plain build keeps Debian's.
-COPY README.md host-ca-certificates.cr[t] /tmp/ca/
-RUN if [ -f /tmp/ca/host-ca-certificates.crt ]; then cp /tmp/ca/host-ca-certificates.crt /etc/ssl/certs/ca-certificates.crt; fi \
-    && rm -rf /tmp/ca
+# Package installs verify PyPI with the bundle runs see: the building host's where `codeyard images build` brings it
+COPY docker/trust-host-ca.sh host-ca-certificates.cr[t] /tmp/ca/
+RUN sh /tmp/ca/trust-host-ca.sh
 ENTRYPOINT ["sh", "/usr/local/bin/runner-entrypoint.sh"]
 CMD ["codeyard", "runner"]
