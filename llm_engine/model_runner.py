@@ -21,7 +21,7 @@ from llm_engine.layers.embedding import VocabParallelEmbedding
 from llm_engine.layers.linear import LinearBase
 from llm_engine.layers.native import KernelBuildError
 from llm_engine.layers.quant_config import assign_quantization, summarize
-from llm_engine.layers.quantization import weight_bytes
+from llm_engine.layers.quantization import decode_step, weight_bytes
 from llm_engine.loader import ModelSource
 from llm_engine.models.registry import resolve_model_class
 from llm_engine.multimodal.encoder_cache import EncoderCache, ImageEncoder, step_image_embeddings
@@ -283,6 +283,11 @@ class ModelRunner:
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
         if self.graphs is not None and (logits := self.graphs.run(step)) is not None:
             return logits, []
+        decodes = all(s.num_new == 1 or s.as_decodes for s in step.slices)
+        with decode_step(len(step.slices) if decodes else None):  # quantized layers pick kernels by it
+            return self._forward(step)
+
+    def _forward(self, step: StepInput) -> tuple[torch.Tensor, list[tuple[int, int, torch.Tensor]]]:
         if (self.decode_stack is not None and step.mm_embeds is None
                 and self.decode_stack.fits(len(step.slices), len(step.input_ids), len(step.logit_rows))):
             hidden = self.decode_stack(step.input_ids, step.positions[0], step.slices[0].block_table)

@@ -12,6 +12,9 @@ is decided in `quant_config`; the layers and models stay unchanged.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -36,6 +39,31 @@ G32_KERNEL_MAX_ROWS = 64
 # are a one-row step's bit for bit; above this, oneDNN's blocking wins on the natively
 # dequantized bf16 weight (measured at 512-2048 rows).
 AMX_BF16_MAX_ROWS = 256
+# In a step whose rows are all decodes (one-token steps and speculative verification rows), more
+# than this many sequences take the tiles at any row count: the few-row kernel makes one pass over
+# the weights per 8 rows, so on one core 9-16-row decode steps cost more than 17-32-row ones on the
+# tiles. Counting sequences, not rows, keeps a verified row equal to that sequence's plain step.
+AMX_BF16_MIN_DECODE_SEQUENCES = 8
+_decode_sequences: ContextVar[int | None] = ContextVar("decode_sequences", default=None)
+
+
+@contextmanager
+def decode_step(sequences: int | None) -> Iterator[None]:
+    """The model runner's forward pass of a step of `sequences` decoding sequences (None: the step
+    has a prompt chunk), which picks the few-row kernel or the tiles by sequences (see above)."""
+    token = _decode_sequences.set(sequences)
+    try:
+        yield
+    finally:
+        _decode_sequences.reset(token)
+
+
+def takes_bf16_tiles(rows: int) -> bool:
+    """Whether `rows` bfloat16 rows multiply on the AMX bf16 tiles rather than the float kernel
+    (up to KERNEL_MAX_ROWS) or oneDNN (above AMX_BF16_MAX_ROWS)."""
+    sequences = _decode_sequences.get()
+    many = rows > KERNEL_MAX_ROWS or (sequences is not None and sequences > AMX_BF16_MIN_DECODE_SEQUENCES)
+    return many and rows <= AMX_BF16_MAX_ROWS
 
 
 class QuantLayer(Protocol):
@@ -331,7 +359,7 @@ class WeightOnlyLinearMethod(QuantMethod):
         bf16_tiles = (kernels if kernels is not None and kernels.amx_bf16 is not None and x.dtype == torch.bfloat16
                       and not act_block and self.scheme.weights != "fp8"
                       and amx_bf16_fits(x.shape[-1], self.group(layer)) else None)
-        if bf16_tiles is not None and KERNEL_MAX_ROWS < rows <= AMX_BF16_MAX_ROWS:
+        if bf16_tiles is not None and takes_bf16_tiles(rows):
             out = bf16_tiles.quant_gemm_bf16(x.reshape(rows, -1), quant_layer.qweight, quant_layer.scales, offsets,
                                              self.group(layer)).view(*x.shape[:-1], -1)
             return out if bias is None else out + bias

@@ -13,9 +13,11 @@ from llm_engine.layers import native
 from llm_engine.layers.linear import ReplicatedLinear
 from llm_engine.layers.quantization import (
     AMX_BF16_MAX_ROWS,
+    AMX_BF16_MIN_DECODE_SEQUENCES,
     KERNEL_MAX_ROWS,
     QuantScheme,
     WeightOnlyLinearMethod,
+    decode_step,
     dequantize,
 )
 
@@ -89,7 +91,61 @@ def test_the_layer_picks_the_kernel_tiles_or_onednn_by_rows():
                                rtol=0.02, atol=0.02)
 
 
+def test_a_decode_step_picks_the_kernel_by_sequences_so_verified_rows_equal_plain_steps():
+    """In a decode step more than AMX_BF16_MIN_DECODE_SEQUENCES sequences take the tiles at any
+    row count (9-16 rows were dearer on the few-row kernel); fewer keep the float kernel up to 16
+    rows, whatever their drafts add. So a sequence's verified row has the bits of its row in a plain
+    step of the same sequences: both ride the same kernel, whose rows do not depend on each other."""
+    layer, _ = bf16_layer(QuantScheme("int4", 32, False), k_in=320, n_out=37)
+    args = (layer.qweight, layer.scales, layer.offsets, 32)
+    many = AMX_BF16_MIN_DECODE_SEQUENCES + 1
+    x = torch.randn(KERNEL_MAX_ROWS, 320).bfloat16()
+    tiles = KERNELS.quant_gemm_bf16(x, *args) + layer.bias
+    float_kernel = KERNELS.quant_gemm(x.float(), *args).bfloat16() + layer.bias
+    assert not torch.equal(tiles, float_kernel)  # the two kernels round differently: the pick shows
+    with decode_step(many):
+        plain, verify = layer(x[:many]), layer(x)  # one row each, or one sequence's 8 rows beside them
+    assert torch.equal(plain, tiles[:many]) and torch.equal(verify, tiles)
+    with decode_step(AMX_BF16_MIN_DECODE_SEQUENCES):
+        plain, verify = layer(x[:AMX_BF16_MIN_DECODE_SEQUENCES]), layer(x)
+    assert torch.equal(plain, float_kernel[:AMX_BF16_MIN_DECODE_SEQUENCES]) and torch.equal(verify, float_kernel)
+    with decode_step(None):  # a step with a prompt chunk: by rows, as outside a step
+        assert torch.equal(layer(x[:many]), float_kernel[:many])
+
+
 def test_bad_inputs_are_clear_errors():
     layer, _ = bf16_layer(QuantScheme("int4", 32, False), k_in=64, n_out=16)
     with pytest.raises(ValueError, match="bfloat16 activations"):
         KERNELS.quant_gemm_bf16(torch.randn(20, 64), layer.qweight, layer.scales, layer.offsets, 32)
+
+
+
+def test_in_a_bf16_batch_of_many_sequences_verified_rows_are_their_plain_steps_bit_for_bit(tiny_llama):
+    """Nine sequences, each verifying a 3-token draft (27 rows), against three plain steps of the
+    same nine: the same kernel (the tiles) either way, so the logits are equal bit for bit. Before,
+    the plain steps' 9 rows took the float kernel and the 27 the tiles."""
+    from test_llm_spec_fused import KINDS
+
+    from llm_engine import LLM
+    from llm_engine.layers.attention import SeqSlice
+    from llm_engine.model_runner import StepInput
+
+    runner = LLM(model=str(tiny_llama), dtype="bfloat16", quantization=KINDS["q4_1"], block_size=4,
+                 kv_cache_memory="4MiB", enable_prefix_caching=False, num_threads=1).engine.model_runner
+    sequences, start, drafted = AMX_BF16_MIN_DECODE_SEQUENCES + 1, 13, 3
+    tokens = torch.randint(3, 320, (sequences, start + drafted), generator=torch.Generator().manual_seed(7)).tolist()
+    tables = [list(range(5 * i, 5 * i + 5)) for i in range(sequences)]
+
+    def decode(rows: range, as_decodes: bool) -> torch.Tensor:
+        ids = [tokens[s][p] for s in range(sequences) for p in rows]
+        slices = [SeqSlice(rows[0], len(rows), tables[s], as_decodes=as_decodes) for s in range(sequences)]
+        return runner.run_step(StepInput(ids, [p for _ in range(sequences) for p in rows], slices,
+                                         list(range(len(ids))), [], []))[0].view(sequences, len(rows), -1)
+
+    with torch.inference_mode():
+        for s in range(sequences):  # each prompt, one causal chunk
+            runner.run_step(StepInput(tokens[s][:start], list(range(start)), [SeqSlice(0, start, tables[s])],
+                                      [start - 1], [], []))
+        plain = torch.stack([decode(range(p, p + 1), False)[:, 0] for p in range(start, start + drafted)], 1)
+        verified = decode(range(start, start + drafted), True)
+    assert torch.equal(verified, plain)
