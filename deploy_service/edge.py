@@ -89,25 +89,29 @@ class AppsEdge:
         self.deploys = deploys
         self.clients: set[ClientConnection] = set()
         self._idle: dict[str, list[UpstreamConnection]] = {}
-        self._server: asyncio.Server | None = None
-        self.port = 0
+        self._servers: list[asyncio.Server] = []
+        self.port = 0  # where the other replicas reach this one's apps
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, shared: bool = False) -> None:
+        """Serve the apps port. `shared` (`serve --workers`): every worker accepts on it (SO_REUSEPORT) and
+        also on a port of its own, the one advertised, where the others tunnel to the apps' owner."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: ClientConnection(self), host, port, reuse_address=True)
-        self.port = self._server.sockets[0].getsockname()[1]
+        for bound in ((port, 0) if shared else (port,)):
+            self._servers.append(await loop.create_server(lambda: ClientConnection(self), host, bound,
+                                                          reuse_address=True, reuse_port=shared or None))
+        self.port = self._servers[-1].sockets[0].getsockname()[1]
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         for client in list(self.clients):
             client.transport.close()
         for idle in self._idle.values():
             for connection in idle:
                 connection.transport.close()
         self._idle.clear()
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in self._servers:
+            await server.wait_closed()
 
     def route(self, exchange: _Exchange) -> None:
         """Find the instance for the request, or set the answer we give ourselves."""

@@ -115,15 +115,19 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Address to listen on (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port (default 8000).")] = None,
     data_dir: DataDir = None,
-    workers: Annotated[int, typer.Option(
-        min=1, max=64, envvar="CODEYARD_WORKERS", help="Server processes on the port, to use several cores "
-        "(above 1: Redis is needed, a private redis-server is started unless CODEYARD_REDIS_URL is set).")] = 1,
+    workers: Annotated[int | None, typer.Option(
+        min=1, max=64, envvar="CODEYARD_WORKERS", help="Server processes on the port (default: one per core, up to "
+        "4, where several can serve; above 1: Redis is needed, a private redis-server is started unless "
+        "CODEYARD_REDIS_URL is set).")] = None,
 ) -> None:
     """Run the IDE server."""
-    settings = _settings(host=host, port=port, data_dir=data_dir)
-    if workers > 1:
-        from ide_server.workers import check_combination, serve_workers
+    from ide_server.workers import SERVER_OPTIONS, check_combination, default_workers, serve_workers
 
+    settings = _settings(host=host, port=port, data_dir=data_dir)
+    if workers is None:
+        workers, why = default_workers(settings)
+        typer.echo(f"codeyard: {workers} worker{'s' if workers > 1 else ''} ({why}; set with --workers)", err=True)
+    if workers > 1:
         check_combination(settings, workers)
         _announce(settings)
         serve_workers(settings, workers)
@@ -131,7 +135,6 @@ def serve(
     import uvicorn
 
     from ide_server.app import create_app
-    from ide_server.workers import SERVER_OPTIONS
 
     server_app = create_app(settings)
     _announce(settings)

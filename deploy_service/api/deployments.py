@@ -181,7 +181,7 @@ async def open_deploys(core: Core, *, runs: ProjectRuns | None, collab: Collab |
     edge = None
     if settings.deploy_apps_port is not None:
         edge = AppsEdge(deploys)
-        await edge.start(settings.host, settings.deploy_apps_port)
+        await edge.start(settings.host, settings.deploy_apps_port, shared=bool(settings.worker_addresses))
         log.info("apps also on port %d", edge.port)
     deploys.ownership = ownership = Ownership(
         this_replica(settings.reachable_host, settings.port, edge.port if edge else None), settings.redis_url,

@@ -3,8 +3,8 @@
 Against real processes: two editors of one file on different workers converge, in the one worker hosting the
 project's rooms; a save through one is read back through the other, also with the file
 open in both; a run started through one is followed live, its input typed, and cancelled through the other; a web app's Webview
-answers through either. Without
-redis-server, or with a port only one process can bind, exit 2.
+answers through either; deployed apps answer on the apps port through either; one model server serves the
+model to both. Without redis-server, or with the LLM's gRPC port, exit 2.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import httpx
 import psutil
 import pytest
 import websockets
-from serve_process import codeyard_serve
+from serve_process import codeyard_serve, free_port
+from tiny_llm import save_tiny_chat_llama
 
 from benchmarks.load_bench import Tally, YClient
 from deploy_service.owner import LEASE_KEY
@@ -32,8 +33,8 @@ PASSWORD = "a long password"
 class Workers:
     """The server's base URL, and each worker's pid and own port (to reach one worker on purpose)."""
 
-    def __init__(self, url: str, data_dir: Path) -> None:
-        self.url, self.data_dir = url, data_dir
+    def __init__(self, url: str, data_dir: Path, apps_port: int | None = None) -> None:
+        self.url, self.data_dir, self.apps_port = url, data_dir, apps_port
         port = int(url.rsplit(":", 1)[1])
         # (the shared socket is listed under one of the processes holding it: parent or a worker)
         holder = psutil.Process(next(c.pid for c in psutil.net_connections("tcp")
@@ -41,9 +42,12 @@ class Workers:
         parent = holder.parent() if "ide_server.workers" in holder.cmdline() else holder
         assert parent is not None
         self.pids = sorted(p.pid for p in parent.children() if "ide_server.workers" in p.cmdline())
-        self.own_urls = {pid: f"http://127.0.0.1:{c.laddr.port}" for pid in self.pids
-                         for c in psutil.Process(pid).net_connections("tcp")
-                         if c.status == psutil.CONN_LISTEN and c.laddr.port != port}
+        opened = {c.laddr.port for c in parent.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        listening = {pid: {c.laddr.port for c in psutil.Process(pid).net_connections("tcp")
+                           if c.status == psutil.CONN_LISTEN} - {port} for pid in self.pids}
+        # a worker's own IDE port is opened by the parent; the apps ports (when served) by the worker itself
+        self.own_urls = {pid: f"http://127.0.0.1:{own}" for pid, ports in listening.items() for own in ports & opened}
+        self.own_apps = {pid: ports - opened - {apps_port} for pid, ports in listening.items()}
 
     def serving(self, local_port: int) -> int | None:
         """The worker holding the server end of the client connection from `local_port`."""
@@ -56,13 +60,14 @@ class Workers:
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
     data_dir = tmp_path_factory.mktemp("workers")
-    with codeyard_serve(data_dir, {"CODEYARD_WORKERS": "2"}) as url:
-        found = Workers(url, data_dir)
+    apps_port = free_port()
+    with codeyard_serve(data_dir, {"CODEYARD_WORKERS": "2", "CODEYARD_DEPLOY_APPS_PORT": str(apps_port)}) as url:
+        found = Workers(url, data_dir, apps_port)
         for _ in range(600):  # the first worker answers /readyz while the second is still starting
-            if len(found.own_urls) == 2:
+            if len(found.own_urls) == 2 and all(found.own_apps.values()):
                 break
             time.sleep(0.1)
-            found = Workers(url, data_dir)
+            found = Workers(url, data_dir, apps_port)
         yield found
     assert not (data_dir / "redis.sock").exists() or not _answers(data_dir / "redis.sock")  # Redis stopped with serve
 
@@ -223,6 +228,14 @@ def test_deploy_calls_reach_the_worker_running_the_apps(workers: Workers) -> Non
     for own in workers.own_urls.values():  # the other worker forwards the call to the owner
         answer = httpx.get(f"{own}/api/projects/{project}/deployment", cookies=client.cookies, timeout=20)
         assert (answer.status_code, answer.json()) == (200, None)
+    # The apps port: every worker accepts on it (SO_REUSEPORT), and on an apps port of its own, where the
+    # others tunnel to the owner's apps (the owner advertises that one)
+    assert {int(owner["apps"].rsplit(":", 1)[1])} < set().union(*workers.own_apps.values())
+    for pid, own_apps in workers.own_apps.items():
+        assert workers.apps_port in {c.laddr.port for c in psutil.Process(pid).net_connections("tcp")}
+        for port in [*own_apps, workers.apps_port]:
+            answer = httpx.get(f"http://127.0.0.1:{port}/apps/nothing-here/", timeout=20)
+            assert (answer.status_code, answer.text) == (404, "No app is deployed here.")
 
 
 def test_workers_without_redis_server_is_exit_2(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -237,9 +250,8 @@ def test_workers_without_redis_server_is_exit_2(tmp_path: Path, monkeypatch, cap
     assert not (tmp_path / "data").exists()  # refused before anything was prepared
 
 
-@pytest.mark.parametrize("variable", ["CODEYARD_DEPLOY_APPS_PORT", "CODEYARD_LLM_GRPC_PORT"])
-def test_ports_only_one_process_can_bind_are_refused_with_workers(tmp_path: Path, monkeypatch, capsys,
-                                                                  variable: str) -> None:
+def test_the_llm_grpc_port_is_refused_with_workers(tmp_path: Path, monkeypatch, capsys) -> None:
+    variable = "CODEYARD_LLM_GRPC_PORT"  # checked against the IDE's accounts, so not handed to a model server
     monkeypatch.setenv(variable, "0")
     monkeypatch.delenv("CODEYARD_LLM_URL", raising=False)
     with pytest.raises(SystemExit) as exited:
@@ -260,3 +272,45 @@ def test_each_project_has_one_rooms_worker() -> None:
     assert [w.worker_tag for w in workers] == ["00", "01", "02"] and Settings().worker_tag == ""
     assert workers[0].tagged_worker("02abc") == "127.0.0.1:7003" and workers[2].tagged_worker("02abc") is None
     assert workers[0].tagged_worker("x2abc") is None and Settings().tagged_worker("02abc") is None
+
+
+def test_the_workers_share_one_model_served_beside_them(tmp_path: Path) -> None:
+    """One `llm serve` child holds the model for every worker (not a copy each), behind a key of its own;
+    each worker still checks who asks; a model server that dies is started again."""
+    model = save_tiny_chat_llama(tmp_path / "tiny")
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    settings = {"CODEYARD_WORKERS": "2", "CODEYARD_LLM_EAGER": "1", "CODEYARD_LLM_MODEL": str(model)}
+    with codeyard_serve(data_dir, settings) as url:
+        found = Workers(url, data_dir)
+        while len(found.own_urls) < 2:  # the second worker follows the first
+            time.sleep(0.1)
+            found = Workers(url, data_dir)
+        parent = psutil.Process(found.pids[0]).parent()
+        assert parent is not None
+        servers = [p for p in parent.children() if "llm" in p.cmdline() and "serve" in p.cmdline()]
+        assert len(servers) == 1, [p.cmdline() for p in parent.children()]
+        port = next(c.laddr.port for c in servers[0].net_connections("tcp") if c.status == psutil.CONN_LISTEN)
+        assert {psutil.Process(pid).environ()["CODEYARD_LLM_URL"] for pid in found.pids} == {f"http://127.0.0.1:{port}"}
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401  # only with the workers' key
+        client = httpx.Client(base_url=url, timeout=30)
+        joined = client.post("/api/auth/register", json={"username": "asker", "password": PASSWORD})
+        client.headers["X-CSRF-Token"] = joined.json()["csrf_token"]
+        assert httpx.get(f"{url}/v1/models").status_code == 401  # a worker asks who it is first
+        for own in found.own_urls.values():
+            assert completes(client, own, model.name)
+        servers[0].kill()
+        servers[0].wait(10)
+        assert completes(client, url, model.name)  # started again on the same port
+
+
+def completes(client: httpx.Client, base: str, model: str) -> bool:
+    """A completion through `base` with the client's session, waiting out the model's loading (503)."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        answer = client.post(f"{base}/v1/completions", json={"model": model, "prompt": "def", "max_tokens": 2})
+        if answer.status_code == 200:
+            return len(answer.json()["choices"]) == 1
+        assert answer.status_code == 503, answer.text
+        time.sleep(0.5)
+    return False
