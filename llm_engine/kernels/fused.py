@@ -106,10 +106,11 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
                      sin: torch.Tensor) -> None:
     """Rotates q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] in place (views of the
     fused qkv output are fine: any token and head strides, head_dim contiguous), neox layout,
-    token t by the float32 tables cos/sin [max_position, head_dim / 2] at positions[t]."""
-    half = q.shape[-1] // 2
-    if q.stride(-1) != 1 or k.stride(-1) != 1 or k.shape[-1] != q.shape[-1] or cos.shape[-1] != half:
-        raise ValueError("rotary: q and k need the same contiguous head_dim, twice the tables' width")
+    token t by the float32 tables cos/sin [max_position, rotary_dim / 2] at positions[t] (the first
+    rotary_dim dims of each head: all of them, or a partial rotary's part)."""
+    half = cos.shape[-1]
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or k.shape[-1] != q.shape[-1] or 2 * half > q.shape[-1]:
+        raise ValueError("rotary: q and k need the same contiguous head_dim, at least twice the tables' width")
     if q.shape[0] == 0:
         return
     block_d = triton.next_power_of_2(half)

@@ -82,7 +82,7 @@ def load_kernels() -> ctypes.CDLL:
     pointer, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     signatures = {"paged_decode": [pointer] * 6 + [i32] * 6 + [f32],
                   "rms_norm": [pointer] * 4 + [i64, i32, f32],
-                  "rotary": [pointer] * 5 + [i64, i32, i32, i32, i64, i64],
+                  "rotary": [pointer] * 5 + [i64, i32, i32, i32, i32, i64, i64],
                   "silu_and_mul": [pointer] * 2 + [i64, i32],
                   "write_kv": [pointer] * 6 + [i64, i32, i32, i32, i64, i64]}
     for name, argtypes in signatures.items():
@@ -154,15 +154,18 @@ class CpuKernels:
 
     def rotary(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
                sin: torch.Tensor) -> None:
-        """Rotate q [tokens, heads, dim] and k [tokens, kv_heads, dim] in place; each token's
+        """Rotate q [tokens, heads, dim] and k [tokens, kv_heads, dim] in place, the first
+        2 * cos.shape[-1] dims of each head (all of them, or a partial rotary's part); each token's
         heads must be contiguous (a row of a fused qkv output is)."""
         for t in (q, k):
             if t.stride(-1) != 1 or t.stride(-2) != t.shape[-1]:
                 raise ValueError("rotary: each token's heads must be contiguous")
+        if 2 * cos.shape[-1] > q.shape[-1] or k.shape[-1] != q.shape[-1]:
+            raise ValueError("rotary: q and k need the same head_dim, at least twice the tables' width")
         positions = positions.contiguous()
         self._functions["rotary", q.dtype](positions.data_ptr(), q.data_ptr(), k.data_ptr(), cos.data_ptr(),
                                            sin.data_ptr(), q.shape[0], q.shape[1], k.shape[1], q.shape[2],
-                                           q.stride(0), k.stride(0))
+                                           2 * cos.shape[-1], q.stride(0), k.stride(0))
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up over x = [..., gate | up]."""

@@ -1,5 +1,8 @@
 """Rotary position embedding (neox / rotate-half layout, as in Hugging Face Llama/Qwen).
 
+The tables' width sets how much of each head is rotated: head_dim / 2 rotates all of it, less
+rotates the first 2 * width dims and leaves the rest (partial rotary: GPT-NeoX, StableLM, Phi).
+
 On the CPU the native kernel rotates q and k in place (in the fused qkv output) with the same
 float32 arithmetic, on CUDA the Triton kernel does (kernels/fused.py); without a compiler the
 PyTorch code runs.
@@ -48,8 +51,10 @@ class RotaryEmbedding(nn.Module):
         self.kernels = cpu_kernels()
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x.float().chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+        rotated = 2 * cos.shape[-1]
+        x1, x2 = x[..., :rotated].float().chunk(2, dim=-1)
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+        return out if rotated == x.shape[-1] else torch.cat((out, x[..., rotated:]), dim=-1)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:

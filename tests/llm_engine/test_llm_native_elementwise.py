@@ -44,11 +44,11 @@ def test_rms_norm_matches_torch_with_and_without_residual(dtype, hidden):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim", [64, 24])
-def test_rotary_in_place_on_fused_qkv_is_bitwise_torch(dtype, head_dim):
+@pytest.mark.parametrize("head_dim,rotary_dim", [(64, 64), (24, 24), (96, 48)])  # 48: partial rotary
+def test_rotary_in_place_on_fused_qkv_is_bitwise_torch(dtype, head_dim, rotary_dim):
     heads, kv_heads = 9, 3
-    rotary = RotaryEmbedding(head_dim, 1024, {"rope_theta": 10000.0})
-    ref = reference(RotaryEmbedding(head_dim, 1024, {"rope_theta": 10000.0}))
+    rotary = RotaryEmbedding(rotary_dim, 1024, {"rope_theta": 10000.0})
+    ref = reference(RotaryEmbedding(rotary_dim, 1024, {"rope_theta": 10000.0}))
     qkv = torch.randn(21, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
     positions = torch.randint(0, 1024, (21,))
 
@@ -62,6 +62,8 @@ def test_rotary_in_place_on_fused_qkv_is_bitwise_torch(dtype, head_dim):
     assert torch.equal(got_q, expected_q) and torch.equal(got_k, expected_k)
     assert torch.equal(q_and_k(fused)[0], expected_q)  # rotated where it lies
     assert torch.equal(fused[:, -kv_heads * head_dim:], qkv[:, -kv_heads * head_dim:])  # v untouched
+    for got, source in zip(q_and_k(fused), q_and_k(qkv)):  # past rotary_dim, each head as it was
+        assert torch.equal(got[..., rotary_dim:], source[..., rotary_dim:])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

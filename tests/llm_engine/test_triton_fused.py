@@ -43,10 +43,12 @@ def test_rms_norm_and_the_fused_residual_add_match_the_layer(device, dtype, rows
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim,heads,kv_heads", [(16, 4, 2), (10, 3, 1)])  # GQA; MQA with half 5
-def test_rotary_rotates_q_and_k_in_place_inside_the_fused_qkv_output(device, dtype, head_dim, heads, kv_heads):
+@pytest.mark.parametrize("head_dim,heads,kv_heads,rotary_dim", [(16, 4, 2, 16), (10, 3, 1, 10), (16, 4, 2, 6)])
+def test_rotary_rotates_q_and_k_in_place_inside_the_fused_qkv_output(device, dtype, head_dim, heads, kv_heads,
+                                                                      rotary_dim):
+    """GQA; MQA with half 5; partial rotary (the first 6 dims of each head)."""
     torch.manual_seed(head_dim)
-    rotary = RotaryEmbedding(head_dim, 64, {"rope_theta": 10000.0})
+    rotary = RotaryEmbedding(rotary_dim, 64, {"rope_theta": 10000.0})
     rotary.kernels = None
     tokens = 7
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim).to(dtype)

@@ -30,7 +30,8 @@ void int8_gemm_q8(const int8_t*, const float*, const float*, const int8_t*, cons
 void int4_gemm_q8(const int8_t*, const float*, const float*, const uint8_t*, const uint16_t*, const uint16_t*, float*,
                   int64_t, int64_t, int64_t, int64_t);
 void rms_norm_f32(const float*, float*, const float*, float*, int64_t, int, float);
-void rotary_f32(const int64_t*, float*, float*, const float*, const float*, int64_t, int, int, int, int64_t, int64_t);
+void rotary_f32(const int64_t*, float*, float*, const float*, const float*, int64_t, int, int, int, int, int64_t,
+                int64_t);
 void silu_and_mul_f32(const float*, float*, int64_t, int);
 void write_kv_f32(const float*, const float*, float*, float*, const int64_t*, const int64_t*, int64_t, int, int, int,
                   int64_t, int64_t);
@@ -156,8 +157,8 @@ void decode_stack_f32(const DecodeModel* m, float* x, int64_t tokens, int64_t po
     linear(layer.qkv, normed.data(), tokens, qkv.data(), scratch);
     clock.lap(QKV);
     float *q = qkv.data(), *k = q + q_size, *v = k + kv_size;
-    rotary_f32(positions.data(), q, k, m->cos, m->sin, tokens, m->heads, m->kv_heads, m->head_dim, qkv_size,
-               qkv_size);
+    rotary_f32(positions.data(), q, k, m->cos, m->sin, tokens, m->heads, m->kv_heads, m->head_dim, m->head_dim,
+               qkv_size, qkv_size);
     write_kv_f32(k, v, layer.k_cache, layer.v_cache, slot_blocks.data(), slot_offsets.data(), tokens, m->kv_heads,
                  m->block_size, m->head_dim, qkv_size, qkv_size);
     clock.lap(ROTARY_KV);

@@ -52,11 +52,11 @@ void rms_norm(const T* x, T* residual, const T* weight, T* out, int64_t rows, in
   }
 }
 
-// Rotate-half rotary embedding in place on `count` heads of `head_dim` starting at x:
-// (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), cos/sin float32 of the token's position.
+// Rotate-half rotary embedding in place on the first 2 * half dims of `count` heads of `head_dim`
+// starting at x (partial rotary leaves the rest): (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin),
+// cos/sin float32 of the token's position.
 template <typename T>
-inline void rotate_heads(T* x, int count, int head_dim, const float* cos, const float* sin) {
-  const int half = head_dim / 2;
+inline void rotate_heads(T* x, int count, int head_dim, int half, const float* cos, const float* sin) {
   for (int h = 0; h < count; ++h) {
     T* x1 = x + static_cast<int64_t>(h) * head_dim;
     T* x2 = x1 + half;
@@ -78,14 +78,14 @@ inline void rotate_heads(T* x, int count, int head_dim, const float* cos, const 
 
 template <typename T>
 void rotary(const int64_t* positions, T* q, T* k, const float* cos, const float* sin, int64_t tokens,
-            int heads, int kv_heads, int head_dim, int64_t q_stride, int64_t k_stride) {
-  const int half = head_dim / 2;
+            int heads, int kv_heads, int head_dim, int rotary_dim, int64_t q_stride, int64_t k_stride) {
+  const int half = rotary_dim / 2;
 #pragma omp parallel for schedule(static) if (tokens > 1)
   for (int64_t t = 0; t < tokens; ++t) {
     const float* c = cos + positions[t] * half;
     const float* s = sin + positions[t] * half;
-    rotate_heads(q + t * q_stride, heads, head_dim, c, s);
-    rotate_heads(k + t * k_stride, kv_heads, head_dim, c, s);
+    rotate_heads(q + t * q_stride, heads, head_dim, half, c, s);
+    rotate_heads(k + t * k_stride, kv_heads, head_dim, half, c, s);
   }
 }
 
@@ -132,9 +132,9 @@ extern "C" {
     rms_norm(x, residual, weight, out, rows, hidden, eps);                                          \
   }                                                                                                 \
   void rotary_##suffix(const int64_t* positions, T* q, T* k, const float* cos, const float* sin,    \
-                       int64_t tokens, int heads, int kv_heads, int head_dim, int64_t q_stride,     \
-                       int64_t k_stride) {                                                          \
-    rotary(positions, q, k, cos, sin, tokens, heads, kv_heads, head_dim, q_stride, k_stride);       \
+                       int64_t tokens, int heads, int kv_heads, int head_dim, int rotary_dim,       \
+                       int64_t q_stride, int64_t k_stride) {                                        \
+    rotary(positions, q, k, cos, sin, tokens, heads, kv_heads, head_dim, rotary_dim, q_stride, k_stride); \
   }                                                                                                 \
   void silu_and_mul_##suffix(const T* x, T* out, int64_t rows, int width) {                          \
     silu_and_mul(x, out, rows, width);                                                              \
