@@ -322,23 +322,18 @@ def process_role(process: psutil.Process) -> str:
     return "worker" if "ide_server.workers" in process.cmdline() else "redis" if process.name() == "redis-server" else "serve"
 
 
-def wait_for_workers(pid: int, count: int) -> None:
-    """Until `count` workers answer on their own ports (the first serves alone before the others start)."""
+def workers_serving(log: Path) -> int:
+    """How many workers the server runs, once all of them serve: its first line gives the count, and with
+    several the parent says so when the last one serves."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        workers = server_processes(pid)[1:]
-        ports = [c.laddr.port for w in workers if "ide_server.workers" in w.cmdline()
-                 for c in w.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
-        ready = 0
-        for port in set(ports):
-            try:
-                ready += httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                pass
-        if ready >= count + 1:  # each worker's own port, and the shared one (listed under one of them)
-            return
+        text = log.read_text(errors="replace")
+        if found := re.search(r"codeyard: (\d+) workers? \(", text):
+            count = int(found.group(1))
+            if count == 1 or "workers (pids" in text:
+                return count
         time.sleep(0.5)
-    raise SystemExit(f"{count} workers did not all start")
+    raise SystemExit("the server's workers did not all start")
 
 
 def cpu_seconds(processes: list[psutil.Process]) -> float:
@@ -465,8 +460,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--redis", help="Redis URL (what several replicas share besides the database)")
     parser.add_argument("--replicas", type=int, default=1, help="servers sharing the data (needs --redis for more "
                         "than one; on SQLite they share its file); each student's partner tab talks to the next one")
-    parser.add_argument("--workers", type=int, default=1, help="`codeyard serve --workers N` (processes on one port, "
-                        "a private Redis unless --redis)")
+    parser.add_argument("--workers", type=int, help="`codeyard serve --workers N` (processes on one port, a private "
+                        "Redis unless --redis; default: serve's own, a worker per core)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     return parser.parse_args(argv)
 
@@ -475,13 +470,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     if args.replicas > 1 and not args.redis:
         raise SystemExit("--replicas above 1 needs --redis (what several replicas share besides the database)")
-    settings = {}
+    settings: dict[str, str | None] = {}
     if args.postgres:
         settings["CODEYARD_DATABASE_URL"] = args.postgres
     if args.redis:
         settings["CODEYARD_REDIS_URL"] = args.redis
-    if args.workers > 1:
-        settings["CODEYARD_WORKERS"] = str(args.workers)
+    settings["CODEYARD_WORKERS"] = str(args.workers) if args.workers else None  # None: serve's default
     results = []
     with ExitStack() as stack:
         data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="codeyard-load-", ignore_cleanup_errors=True)))
@@ -489,9 +483,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         bases = [stack.enter_context(codeyard_serve(data_dir, settings, log_name=f"serve{i}.log"))
                  for i in range(args.replicas)]
         pids = [server_pid(base) for base in bases]
-        for pid in pids if args.workers > 1 else []:
-            wait_for_workers(pid, args.workers)
-        print(f"{len(bases)} server(s) {' '.join(bases)} (pids {pids}, {args.workers} worker(s) each) on {'PostgreSQL' if args.postgres else 'SQLite'}"
+        workers = [workers_serving(data_dir / f"serve{i}.log") for i in range(len(bases))]
+        print(f"{len(bases)} server(s) {' '.join(bases)} (pids {pids}, {'/'.join(map(str, workers))} worker(s) each) on {'PostgreSQL' if args.postgres else 'SQLite'}"
               f"{' + Redis' if args.redis else ''}; think {args.think} s, keystroke every {args.keystroke_every} s, "
               f"run every {args.run_every} iterations")
         logs, seen = [data_dir / f"serve{i}.log" for i in range(len(bases))], [0] * len(bases)

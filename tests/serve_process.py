@@ -5,7 +5,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,9 +22,10 @@ READY_TIMEOUT_S = 120
 
 
 @contextmanager
-def codeyard_serve(data_dir: Path, settings: dict[str, str] | None = None, log_name: str = "serve.log") -> Iterator[str]:
+def codeyard_serve(data_dir: Path, settings: Mapping[str, str | None] | None = None,
+                   log_name: str = "serve.log") -> Iterator[str]:
     """`codeyard serve` on SQLite in `data_dir` with the bwrap sandbox (or as `settings`, CODEYARD_*
-    variables, say); yields its base URL."""
+    variables, say; None unsets one); yields its base URL."""
     port = free_port()
     # bwrap: runs start in well under a second and need no Docker daemon.
     # The LLM loads on first use unless `settings` say otherwise: benchmarks and tests that never ask it
@@ -33,7 +34,11 @@ def codeyard_serve(data_dir: Path, settings: dict[str, str] | None = None, log_n
     # read the log of "the server" mean one process; `serve --workers` has its own tests.
     env = {"CODEYARD_LLM_EAGER": "0", "CODEYARD_WORKERS": "1", **os.environ, "CODEYARD_DATA_DIR": str(data_dir), "CODEYARD_SANDBOX_BACKEND": "bwrap"}
     env.pop("CODEYARD_DATABASE_URL", None)
-    env.update(settings or {})
+    for name, value in (settings or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     cli = [sys.executable, "-m", "ide_server.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
     log = open(data_dir / log_name, "wb")
     proc = subprocess.Popen(cli, env=env, stdout=log, stderr=subprocess.STDOUT)
