@@ -6,9 +6,11 @@ rotates both in one kernel call, in place, from tables indexed by position. The 
 model's own: the graph's cos/sin subgraph (whatever its RoPE scaling) is run once at build for
 every position, so the result is the one Transformers computes. A layer is fused when its q and
 k feed the attention straight from the pattern and the tables are duplicated halves (rotate-half
-layout); partial rotary (part of each head rotated) and interleaved RoPE stay as they are. The
-kernel rotates in place only tensors nothing else reads (the q/k columns of a projection's
-output); others are copied first.
+layout). Partial rotary (GPT-NeoX, StableLM, Phi: the first r dims of each head rotated, the rest
+concatenated back unchanged) is fused too: its tables are r / 2 wide, which is how the kernel
+knows how much of each head to rotate. Interleaved RoPE stays as it is. The kernel rotates in
+place only tensors nothing else reads (the q/k columns of a projection's output); others are
+copied first.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ _TABLE_STEPS = (aten.unsqueeze.default, aten.to.dtype, aten._to_copy.default)  #
 class TableRotary(nn.Module):
     """The engine's rotary op over q [1, heads, T, dim] and k [1, kv_heads, T, dim] (a captured
     graph's layout; tokens first: [1, T, heads, dim]; without the batch dimension: [T, heads, dim] and
-    positions [T]) with given cos/sin tables [positions, dim / 2]."""
+    positions [T]) with given cos/sin tables [positions, rotary_dim / 2] (rotary_dim <= dim)."""
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor, in_place: bool) -> None:
         super().__init__()
@@ -107,6 +109,39 @@ def _match(add: object) -> tuple[fx.Node, fx.Node, fx.Node] | None:
     return None
 
 
+def _column_slice(node: object, start: int) -> fx.Node | None:
+    """x when `node` is `x[..., start:end]` (any end; export writes `x[..., :width]` as an alias)."""
+    if isinstance(node, fx.Node) and node.target is aten.alias.default and start == 0:
+        return node.args[0] if isinstance(node.args[0], fx.Node) else None
+    if not (isinstance(node, fx.Node) and node.target is aten.slice.Tensor and len(node.args) >= 3):
+        return None
+    x = node.args[0]
+    assert isinstance(x, fx.Node)
+    return x if node.args[1] in (-1, fake(x).dim() - 1) and node.args[2] == start else None
+
+
+def _rotation(node: object) -> tuple[fx.Node, fx.Node, fx.Node] | None:
+    """(x, cos, sin) when `node` is x rotated by the rotate-half pattern: all of each head, or
+    (partial rotary) `cat([rope(x[..., :r]), x[..., r:]], -1)`, where the tables are r wide."""
+    full = _match(node)
+    if full is not None or not (isinstance(node, fx.Node) and node.target is aten.cat.default):
+        return full
+    parts, dim = node.args[0], node.args[1] if len(node.args) > 1 else 0
+    if not (isinstance(parts, (list, tuple)) and len(parts) == 2 and dim in (-1, fake(node).dim() - 1)):
+        return None
+    partial = _match(parts[0])
+    if partial is None:
+        return None
+    rotated, cos, sin = partial
+    kept, width = parts[1], fake(rotated).shape[-1]
+    x = _column_slice(rotated, 0)
+    if x is None or _column_slice(kept, width) is not x or fake(cos).shape[-1] != width:
+        return None
+    assert isinstance(kept, fx.Node)  # a slice of x
+    only_here = set(x.users) == {rotated, kept} and len(kept.users) == 1
+    return (x, cos, sin) if only_here and fake(kept).shape[-1] + width == fake(x).shape[-1] else None
+
+
 def _table_source(node: fx.Node) -> fx.Node | None:
     """The float32 [1, T, dim] table a [1, 1, T, dim] cos/sin operand is a broadcast (and cast) of."""
     shape = fake(node).shape
@@ -181,7 +216,7 @@ def fuse_rotary(gm: fx.GraphModule, ctx: PassContext) -> str:
     tables: dict[tuple[fx.Node, fx.Node], tuple[torch.Tensor, ...] | None] = {}
     fused = 0
     for attention in attentions:
-        q_match, k_match = _match(attention.args[0]), _match(attention.args[1])
+        q_match, k_match = _rotation(attention.args[0]), _rotation(attention.args[1])
         if positions is None or not ctx.max_positions or q_match is None or k_match is None:
             continue
         (q, cos, sin), (k, k_cos, k_sin) = q_match, k_match

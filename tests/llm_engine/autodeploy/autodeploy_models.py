@@ -20,6 +20,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "stablelm": {"partial_rotary_factor": 0.25},  # LayerNorm, partial rotary
     "olmo2": {},  # q/k norms over all heads, post-norms
     "gpt_neox": {"rotary_pct": 0.5},  # parallel residual, fused qkv, LayerNorm, GELU
+    "phi": {},  # partial rotary (half of each head by default), parallel block, biases
     "granite": {"embedding_multiplier": 2.0, "residual_multiplier": 0.5, "logits_scaling": 4.0},
     "starcoder2": {"sliding_window": 8},  # biases, LayerNorm, GELU MLP, window
     "cohere": {"use_qk_norm": False, "logit_scale": 0.5},  # parallel block, LayerNorm without bias

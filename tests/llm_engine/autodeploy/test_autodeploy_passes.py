@@ -261,9 +261,10 @@ class Rope(nn.Module):
         projected = {n: self.proj[n](x) for n in ("q_proj", "k_proj", "v_proj")}
         q, k, v = (projected[n].view(1, x.shape[1], -1, 8).transpose(1, 2) for n in ("q_proj", "k_proj", "v_proj"))
         rot, keep = self.rotated, slice(self.rotated, None)
-        if rot < 8:
-            q = torch.cat((q[..., :rot] * cos + rotate_half(q[..., :rot]) * sin, q[..., keep]), dim=-1)
-            k = torch.cat((k[..., :rot] * cos + rotate_half(k[..., :rot]) * sin, k[..., keep]), dim=-1)
+        if rot < 8:  # as GPT-NeoX/StableLM/Phi: the rotated part sliced once, the rest put back after
+            q_rot, k_rot = q[..., :rot], k[..., :rot]
+            q = torch.cat((q_rot * cos + rotate_half(q_rot) * sin, q[..., keep]), dim=-1)
+            k = torch.cat((k_rot * cos + rotate_half(k_rot) * sin, k[..., keep]), dim=-1)
         else:
             q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         out = torch.ops.autodeploy.attention(q, k, v, 8 ** -0.5, 0, 0.0).flatten(2)
@@ -285,32 +286,25 @@ def run_paged(gm: torch.fx.GraphModule, x: torch.Tensor, positions: torch.Tensor
     return torch.cat(outputs, dim=1)
 
 
-@pytest.mark.parametrize("q_read_later", [False, True])
-def test_fuse_rotary_puts_the_models_own_tables_on_the_engine_op(q_read_later):
+@pytest.mark.parametrize("q_read_later,rotated", [(False, 8), (True, 8), (False, 4), (True, 4)])
+def test_fuse_rotary_puts_the_models_own_tables_on_the_engine_op(q_read_later, rotated):
+    """Whole heads, and partial rotary (the first 4 of 8 dims rotated, the rest concatenated back)."""
     x, positions = torch.randn(1, 7, 16), torch.arange(7).unsqueeze(0)
-    gm = exported(Rope(q_read_later=q_read_later), x[:, :4], torch.arange(4).unsqueeze(0))
+    gm = exported(Rope(rotated=rotated, q_read_later=q_read_later), x[:, :4], torch.arange(4).unsqueeze(0))
     ctx = context()
     run_passes(gm, ctx, [replace_attention])
     before = run_paged(gm, x, positions)
     assert run_passes(gm, ctx, [fuse_rotary]) == ["fuse_rotary: 1 layers' q/k -> the engine's rotary op"]
     rotary = next(m for m in gm.modules() if isinstance(m, TableRotary))
     assert rotary.in_place is not q_read_later
-    assert tuple(rotary.rotary.cos.shape) == (64, 4)
-    assert not any(n.target in (torch.ops.aten.cos.default, torch.ops.aten.neg.default) for n in gm.graph.nodes)
+    assert tuple(rotary.rotary.cos.shape) == (64, rotated // 2)
+    gone = (torch.ops.aten.cos.default, torch.ops.aten.neg.default, torch.ops.aten.cat.default)
+    assert not any(n.target in gone for n in gm.graph.nodes)
     torch.testing.assert_close(run_paged(gm, x, positions), before)
     assert run_passes(gm, ctx, [tokens_first_attention]) == [
         "tokens_first_attention: 1 of 1 attention layers take q/k/v tokens first"]
     assert not any(n.target is torch.ops.aten.transpose.int for n in gm.graph.nodes)
     torch.testing.assert_close(run_paged(gm, x, positions), before)
-
-
-def test_fuse_rotary_leaves_partial_rotary_as_it_is():
-    x, positions = torch.randn(1, 4, 16), torch.arange(4).unsqueeze(0)
-    gm = exported(Rope(rotated=4), x, positions)
-    ctx = context()
-    assert run_passes(gm, ctx, [replace_attention, fuse_rotary, tokens_first_attention])[1:] == [
-        "fuse_rotary: 0 layers' q/k -> the engine's rotary op, 1 left as they are",
-        "tokens_first_attention: 0 of 1 attention layers take q/k/v tokens first"]  # q/k come from a cat
 
 
 class Projections(Block):
