@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import fcntl
 import functools
+import os
 import re
 import threading
 from collections.abc import Callable
@@ -32,8 +34,9 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 VERSION_PATTERN = re.compile(r"^[0-9a-f]{4,40}$")
 
 
-# What `git commit` prints (in the C locale) when the index equals HEAD.
-NOTHING_TO_COMMIT = "nothing to commit"
+# What `git commit` prints (in the C locale) when the index equals HEAD; the second when, besides, a file
+# changed after `git add` (a save landing in between, whose own checkpoint follows).
+NOTHING_TO_COMMIT = ("nothing to commit", "no changes added to commit")
 
 
 class NameTaken(ValueError):
@@ -68,12 +71,23 @@ R = TypeVar("R")
 
 
 def _serialised(method: Callable[Concatenate[ProjectHistory, P], R]) -> Callable[Concatenate[ProjectHistory, P], R]:
-    """GitPython keeps long-lived `git cat-file` pipes per Repo: one caller at a time."""
+    """One caller at a time: in this process (GitPython keeps long-lived `git cat-file` pipes per Repo) and
+    across the processes sharing the data dir (`serve --workers`, replicas on one machine), whose `git add`s
+    of one project would otherwise meet on its index.lock ("adding files failed")."""
 
     @functools.wraps(method)
     def locked(self: ProjectHistory, /, *args: P.args, **kwargs: P.kwargs) -> R:
         with self._lock:
-            return method(self, *args, **kwargs)
+            outermost = self._depth == 0
+            if outermost:
+                fcntl.flock(self._lock_file, fcntl.LOCK_EX)
+            self._depth += 1
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                self._depth -= 1
+                if outermost:
+                    fcntl.flock(self._lock_file, fcntl.LOCK_UN)
 
     return locked
 
@@ -94,6 +108,8 @@ class ProjectHistory:
                 config.set_value("core", "bare", "false")
                 config.set_value("core", "worktree", str(project_dir.resolve()))
         self.repo = git.Repo(git_dir)
+        self._lock_file = os.open(git_dir / "codeyard.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._depth = 0  # nested calls of this thread under the lock
         # Every git command names both folders, so nothing is looked up from the project folder.
         self.repo.git.update_environment(GIT_DIR=str(git_dir.resolve()), GIT_WORK_TREE=str(project_dir.resolve()))
 
@@ -112,7 +128,7 @@ class ProjectHistory:
             "-m", message + ("\n" + trailers if trailers else ""), f"--author={lead.name} <{lead.email}>",
             env={"GIT_COMMITTER_NAME": SERVER.name, "GIT_COMMITTER_EMAIL": SERVER.email, "LC_ALL": "C"},
             with_exceptions=False, with_extended_output=True)
-        if status != 0 and NOTHING_TO_COMMIT not in out:
+        if status != 0 and not any(nothing in out for nothing in NOTHING_TO_COMMIT):
             raise git.GitCommandError("git commit", status, err or out)
         if status != 0 and name is None:
             return None

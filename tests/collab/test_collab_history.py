@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,28 @@ async def test_pause_in_editing_commits_with_the_editors_as_authors(
     await alice.leave()
     await bob.leave()
     await checkpointer.close()
+
+
+def _checkpoint_often(project: Path, git_dir: Path, who: str, times: int) -> str:
+    """In its own process (as a `serve --workers` worker is): write a file and checkpoint, `times` times."""
+    history = ProjectHistory(project, git_dir)
+    try:
+        for i in range(times):
+            (project / f"{who}.txt").write_text(f"{who} {i}\n")
+            history.checkpoint(f"{who} {i}", [Author(who, f"{who}@example.org")])
+    except Exception as exc:  # noqa: BLE001 - what the other process's git said, for the assertion
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+def test_processes_sharing_a_project_take_turns_at_its_git(project: Path, git_dir: Path) -> None:
+    """Two workers checkpointing one project at once (a run's checkpoint in one, a pause's in the other) met on
+    git's index.lock: "adding files failed", a 500 on the run. Now each checkpoint waits for the other's."""
+    ProjectHistory(project, git_dir).checkpoint("Start", [ALICE])
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(2) as pool:
+        outcomes = pool.starmap(_checkpoint_often, [(project, git_dir, name, 25) for name in ("one", "two")])
+    assert outcomes == ["ok", "ok"]
+    history = ProjectHistory(project, git_dir)
+    latest = history.list()[0].version  # each one's last write is in a checkpoint (its own or the other's)
+    assert [history.read(latest, f"{name}.txt") for name in ("one", "two")] == [b"one 24\n", b"two 24\n"]
