@@ -90,7 +90,9 @@ def serve(
     speculative_config: Annotated[str | None, typer.Option(help='Speculative decoding as JSON, e.g. '
                                                            '\'{"method": "ngram", "num_speculative_tokens": 5}\' '
                                                            '(prompt lookup; default: none).')] = None,
-    num_threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: one per core).")] = None,
+    num_threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: one per core); "
+                                                    "with --distributed-executor ray, each replica's or "
+                                                    "instance's CPUs on the cluster (default 1).")] = None,
     engine_cpus: Annotated[str | None, typer.Option(help="Pin the engine's thread (and torch's, one per CPU "
                                                     "unless --num-threads) to these CPUs, e.g. 0 or 0-3; "
                                                     "the HTTP and gRPC threads are not pinned.")] = None,
@@ -148,11 +150,13 @@ def serve(
         from llm_engine.entrypoints.replicas import replica_servers
         from llm_engine.entrypoints.router import create_router_app
 
-        replicas = replica_servers(serve_args, data_parallel_size)
+        replicas = replica_servers([*serve_args, *(["--num-threads", str(num_threads)] if num_threads else [])],
+                                   data_parallel_size)
         if servers_on_ray is not None:
             from llm_engine.ray_servers import ray_replica_servers
 
-            replicas = ray_replica_servers(serve_in_process, serve_args, data_parallel_size, servers_on_ray)
+            replicas = ray_replica_servers(serve_in_process, serve_args, data_parallel_size, servers_on_ray,
+                                           cpus=num_threads or 1)
         with replicas as (urls, replica_key):
             uvicorn.run(create_router_app(urls, frozenset(keys), replica_key), host=host, port=port, log_level="info")
         return
@@ -165,7 +169,8 @@ def serve(
         if servers_on_ray is not None:
             from llm_engine.ray_servers import ray_disaggregated_servers
 
-            pair_servers = ray_disaggregated_servers(serve_in_process, serve_args, kv_transport, servers_on_ray)
+            pair_servers = ray_disaggregated_servers(serve_in_process, serve_args, kv_transport, servers_on_ray,
+                                                     cpus=num_threads or 1)
         with pair_servers as pair:
             app = create_disagg_app(pair.urls[0], pair.urls[1], frozenset(keys), pair.key, max_local_prefill_length)
             uvicorn.run(app, host=host, port=port, log_level="info")

@@ -32,7 +32,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from llm_engine.entrypoints.disagg_servers import NAMES, role_args
-from llm_engine.entrypoints.replicas import Servers, replica_names, wait_healthy
+from llm_engine.entrypoints.replicas import Servers, Supervisor, replica_names, wait_healthy
 from llm_engine.kv_pool_files import sweep_dead_pools
 from llm_engine.ray_executor import PLACEMENT_TIMEOUT_S, connect
 
@@ -94,48 +94,78 @@ class RayServers(Servers):
 
 
 class ServerGroup:
-    """Server actors placed on the cluster (one CPU each); `serve` starts them, `stop` ends them."""
+    """Server actors placed on the cluster (`cpus` each: a bundle of that many CPUs and as many
+    torch threads); `serve` starts them and starts again any that dies while they serve (the
+    local launchers' `Supervisor`), `stop` ends them."""
 
-    def __init__(self, names: list[str], strategy: str) -> None:
+    def __init__(self, names: list[str], strategy: str, cpus: int = 1) -> None:
         connect()
-        self.names = names
+        self.names, self.cpus = names, cpus
         self.actors: list[Any] = []  # ray.actor.ActorHandle of ServerActor
         self.places: list[Place] = []
-        self.placement: PlacementGroup | None = placement_group([{"CPU": 1}] * len(names), strategy=strategy)
+        self.commands: list[list[str]] = []  # each server's arguments, for a restart
+        self.serve_fn: Serve | None = None
+        self.supervisor: Supervisor | None = None
+        self.placement: PlacementGroup | None = placement_group([{"CPU": cpus}] * len(names), strategy=strategy)
         ready, _ = ray.wait([self.placement.ready()], timeout=PLACEMENT_TIMEOUT_S)
         if not ready:
             self.stop()
-            raise RuntimeError(f"the Ray cluster cannot place {len(names)} servers of one CPU each with strategy "
+            raise RuntimeError(f"the Ray cluster cannot place {len(names)} servers of {cpus} CPU each with strategy "
                                f"{strategy} within {PLACEMENT_TIMEOUT_S} s (free now: {ray.available_resources()})")
-        actor_class = ray.remote(ServerActor)
-        self.actors = [actor_class.options(
-            num_cpus=1, max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                self.placement, placement_group_bundle_index=i)).remote() for i in range(len(names))]
+        self.actors = [self._new_actor(i) for i in range(len(names))]
         self.places = ray.get([actor.place.remote() for actor in self.actors])
 
+    def _new_actor(self, index: int) -> Any:  # ray.actor.ActorHandle of ServerActor
+        assert self.placement is not None
+        return ray.remote(ServerActor).options(
+            num_cpus=self.cpus, max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self.placement, placement_group_bundle_index=index)).remote()
+
     def serve(self, serve: Serve, arg_lists: list[list[str]], ready_timeout_s: float) -> RayServers:
-        """Start `codeyard llm serve <args>` in each actor on its node's address; returns once all
-        answer /health."""
+        """Start `codeyard llm serve <args>` in each actor on its node's address with `--num-threads`
+        its CPUs (Ray sets OMP_NUM_THREADS to them, but say it); returns once all answer /health."""
         key = secrets.token_urlsafe(24)
-        ray.get([actor.serve.remote(serve, [*args, "--host", place.ip, "--port", str(place.port), "--api-key", key])
-                 for actor, place, args in zip(self.actors, self.places, arg_lists)])
+        self.serve_fn = serve
+        self.commands = [[*args, "--num-threads", str(self.cpus), "--host", place.ip, "--port", str(place.port),
+                          "--api-key", key] for place, args in zip(self.places, arg_lists)]
+        ray.get([actor.serve.remote(serve, command) for actor, command in zip(self.actors, self.commands)])
         urls = [f"http://{place.ip}:{place.port}" for place in self.places]
         wait_healthy(self.names, urls, self._ended, ready_timeout_s)
+        self.supervisor = Supervisor(self.names, self._ended, self._restart)
+        self.supervisor.start()
         return RayServers(urls, key, self.actors, self.places)
 
     def _ended(self, index: int) -> str | None:
         place = self.places[index]
         try:
-            failure: str | None = ray.get(self.actors[index].failure.remote())
+            failure: str | None = ray.get(self.actors[index].failure.remote(), timeout=PLACEMENT_TIMEOUT_S)
         except RayError as exc:
             kind = "died" if isinstance(exc, RayActorError) else "failed"
             return f"{kind} (Ray actor, pid {place.pid} on node {place.ip}): {str(exc).splitlines()[0]}"
         return failure
 
+    def _restart(self, index: int) -> None:
+        """A new actor in the dead one's bundle, serving with its arguments on its port: the router
+        or proxy finds it at the same URL. A bundle Ray moved to another node (its node was lost)
+        would serve at another address, which the router does not know: not started there."""
+        ray.kill(self.actors[index], no_restart=True)  # a server thread that ended leaves its actor alive
+        actor = self._new_actor(index)
+        self.actors[index] = actor  # before anything can fail: the supervisor then sees this one end
+        place = ray.get(actor.place.remote(), timeout=PLACEMENT_TIMEOUT_S)
+        old = self.places[index]
+        if place.ip != old.ip:
+            ray.kill(actor, no_restart=True)
+            raise RuntimeError(f"{self.names[index]}'s bundle moved to node {place.ip}; it served at {old.ip}")
+        self.places[index] = Place(place.node_id, place.ip, place.pid, old.port, old.kv_port)
+        assert self.serve_fn is not None
+        ray.get(actor.serve.remote(self.serve_fn, self.commands[index]))
+
     def stop(self) -> None:
         """Kill the actors and free their bundles. `ray.kill` skips a server's own cleanup, so a
         prefill instance's KV pool file stays in /dev/shm: once the actors on this host are gone,
         the sweep removes it (on other hosts the next producer started there does)."""
+        if self.supervisor is not None:
+            self.supervisor.stop()
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         here = ray.util.get_node_ip_address() if self.actors else None
@@ -160,8 +190,8 @@ def _wait_ended(pids: list[int], timeout_s: float = 10.0) -> None:
 
 
 @contextlib.contextmanager
-def server_group(names: list[str], strategy: str) -> Iterator[ServerGroup]:
-    group = ServerGroup(names, strategy)
+def server_group(names: list[str], strategy: str, cpus: int = 1) -> Iterator[ServerGroup]:
+    group = ServerGroup(names, strategy, cpus)
     try:
         yield group
     finally:
@@ -170,19 +200,19 @@ def server_group(names: list[str], strategy: str) -> Iterator[ServerGroup]:
 
 @contextlib.contextmanager
 def ray_replica_servers(serve: Serve, serve_args: list[str], count: int, strategy: str,
-                        ready_timeout_s: float = 900) -> Iterator[tuple[list[str], str]]:
-    """`replica_servers` on Ray: yields (the replicas' URLs, their key) once all answer /health."""
-    with server_group(replica_names(count), strategy) as group:
+                        ready_timeout_s: float = 900, cpus: int = 1) -> Iterator[tuple[list[str], str]]:
+    """`replica_servers` on Ray, `cpus` each: yields (the replicas' URLs, their key) once all answer /health."""
+    with server_group(replica_names(count), strategy, cpus) as group:
         servers = group.serve(serve, [serve_args] * count, ready_timeout_s)
         yield servers.urls, servers.key
 
 
 @contextlib.contextmanager
 def ray_disaggregated_servers(serve: Serve, serve_args: list[str], kv_transport: str, strategy: str,
-                              ready_timeout_s: float = 900) -> Iterator[RayServers]:
-    """`disaggregated_servers` on Ray (urls: prefill, decode); instances on different nodes pull the
-    KV over a socket."""
-    with server_group(NAMES, strategy) as group:
+                              ready_timeout_s: float = 900, cpus: int = 1) -> Iterator[RayServers]:
+    """`disaggregated_servers` on Ray, `cpus` each (urls: prefill, decode); instances on different
+    nodes pull the KV over a socket."""
+    with server_group(NAMES, strategy, cpus) as group:
         prefill, decode = group.places
         transport = kv_transport if prefill.node_id == decode.node_id else "socket"
         yield group.serve(serve, role_args(serve_args, prefill.ip, prefill.kv_port, transport), ready_timeout_s)

@@ -60,10 +60,15 @@ def child_servers(arg_lists: list[list[str]], names: list[str], cpus: list[set[i
     cores = cpus or [None] * len(arg_lists)
     procs = [start_child(command, core) for command, core in zip(commands, cores)]
     urls = [f"http://127.0.0.1:{port}" for port in ports]
-    supervisor = Supervisor(procs, commands, cores, names)
+    def ended(index: int) -> str | None:
+        return None if procs[index].poll() is None else f"exited with code {procs[index].returncode}"
+
+    def restart(index: int) -> None:
+        procs[index] = start_child(commands[index], cores[index])
+
+    supervisor = Supervisor(names, ended, restart)
     try:
-        wait_healthy(names, urls, lambda i: None if procs[i].poll() is None else f"exited with code "
-                     f"{procs[i].returncode}", ready_timeout_s)
+        wait_healthy(names, urls, ended, ready_timeout_s)
         supervisor.start()
         yield ChildServers(urls, key, procs)
     finally:
@@ -93,42 +98,44 @@ STABLE_S = 60.0
 
 
 class Supervisor(threading.Thread):
-    """Starts a child server again, with its command (port, key) and cores, when it exits while
-    the group serves: the router and the proxy leave an unreachable server out for a while and
-    then find it at the same URL. Requests it was running are lost (their streams end with an
-    error event); a restarted prefill instance has a new KV pool, and the decode instance maps it
-    at its next pull. vLLM leaves this to an orchestrator; here the launcher is the orchestrator."""
+    """Starts a server again when it ends while the group serves: the router and the proxy leave an
+    unreachable server out for a while and then find it at the same URL. Requests it was running
+    are lost (their streams end with an error event); a restarted prefill instance has a new KV
+    pool, and the decode instance maps it at its next pull. vLLM leaves this to an orchestrator;
+    here the launcher is the orchestrator. `ended(i)` says how server i ended (None while it runs)
+    and `restart(i)` starts it again where it was: a child process or a Ray actor."""
 
     POLL_S = 0.5
 
-    def __init__(self, procs: list[subprocess.Popen[bytes]], commands: list[list[str]],
-                 cores: list[set[int] | None], names: list[str]) -> None:
+    def __init__(self, names: list[str], ended: Callable[[int], str | None], restart: Callable[[int], None]) -> None:
         super().__init__(name="llm-supervisor", daemon=True)
-        self.procs, self.commands, self.cores, self.names = procs, commands, cores, names
-        self.started_at = [time.monotonic()] * len(procs)
-        self.deaths = [0] * len(procs)  # in a row
+        self.names, self.ended, self.restart = names, ended, restart
+        self.started_at = [time.monotonic()] * len(names)
+        self.deaths = [0] * len(names)  # in a row
         self.restarts = 0
         self._stopping = threading.Event()
         self._lock = threading.Lock()  # stop() waits for a start under way
 
     def run(self) -> None:
-        due: dict[int, float] = {}  # child -> when it starts again
+        due: dict[int, float] = {}  # server -> when it starts again
         while not self._stopping.wait(self.POLL_S):
             now = time.monotonic()
-            for index, proc in enumerate(self.procs):
-                if index not in due and proc.poll() is not None:
+            for index, name in enumerate(self.names):
+                if index not in due and (how := self.ended(index)) is not None:
                     lived = now - self.started_at[index]
                     self.deaths[index] = 1 if lived >= STABLE_S else self.deaths[index] + 1
                     delay = RESTART_DELAYS_S[min(self.deaths[index], len(RESTART_DELAYS_S)) - 1]
-                    log.warning("LLM: %s exited with code %s after %.0f s; starting it again in %.0f s",
-                                self.names[index], proc.returncode, lived, delay)
+                    log.warning("LLM: %s %s after %.0f s; starting it again in %.0f s", name, how, lived, delay)
                     due[index] = now + delay
             for index, at in list(due.items()):
                 if at <= now:
                     with self._lock:
                         if self._stopping.is_set():
                             return
-                        self.procs[index] = start_child(self.commands[index], self.cores[index])
+                        try:
+                            self.restart(index)
+                        except Exception:  # noqa: BLE001 - a start that failed counts as another death
+                            log.exception("LLM: starting %s again failed", self.names[index])
                     self.started_at[index] = time.monotonic()
                     self.restarts += 1
                     del due[index]

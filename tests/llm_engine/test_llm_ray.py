@@ -8,11 +8,13 @@ test-llm-ray` (CODEYARD_RAY=1) starts a real two-node Ray cluster on this machin
 temp dirs and ports, stopped at the end; ray_kit.py) and, with one worker on each node: serves
 TP=2 with the same greedy tokens as one rank, from the LLM class and from `codeyard llm serve
 --distributed-executor ray` through the openai client, and a killed rank's requests fail cleanly,
-every block is freed and a fresh group serves the next ones; serves DP=2 behind the router with
-one engine's answers, and a killed replica's actor ends its stream with a clear error while the
-other replica answers; serves a prefill and a decode instance whose KV crosses the nodes over a
-socket, with one engine's answers, and a killed decode instance's actor ends its stream with a
-clear error while every prefill block is freed. Ray's start-up is heavy: minutes on a busy 2-core machine.
+every block is freed and a fresh group serves the next ones; serves DP=2 (two CPUs a replica)
+behind the router with one engine's answers, and a killed replica's actor ends its stream with a
+clear error while the other replica answers, then it is started again at its URL; serves a prefill
+and a decode instance whose KV crosses the nodes over a socket, with one engine's answers, and a
+killed decode instance's actor ends its stream with a clear error while every prefill block is
+freed, then it is started again and requests are split again. Ray's start-up is heavy: minutes on
+a busy 2-core machine.
 """
 from __future__ import annotations
 
@@ -195,8 +197,12 @@ def test_servers_on_ray_with_a_bad_strategy_or_without_ray_is_exit_2(tiny_llama)
 
 
 def _healthy(port: int) -> bool:
+    return _up(f"http://127.0.0.1:{port}")
+
+
+def _up(url: str) -> bool:
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
     except httpx.TransportError:
         return False
 
@@ -248,16 +254,21 @@ def alive_nodes() -> set[str]:
 @cluster_test
 def test_replicas_one_per_node_answer_like_one_engine_and_outlive_a_killed_one(ray_cluster, long_text_model,
                                                                                one_engine_texts):
-    """DP=2 on Ray with STRICT_SPREAD: each replica and the router in front give one engine's greedy
-    answers; killing the actor of the replica serving a stream ends that stream with a clear error,
-    and the other replica answers everything after."""
+    """DP=2 on Ray with STRICT_SPREAD, two CPUs each: each replica and the router in front give one
+    engine's greedy answers; killing the actor of the replica serving a stream ends that stream with
+    a clear error, the other replica answers everything after, and the killed one is started again
+    in a new actor at its URL, answering as before."""
     import ray
+    from ray.util.placement_group import placement_group_table
 
     from llm_engine.ray_servers import server_group
 
-    with server_group(replica_names(2), "STRICT_SPREAD") as group:
+    with server_group(replica_names(2), "STRICT_SPREAD", cpus=2) as group:
         servers = group.serve(serve_in_process, [server_args(long_text_model)] * 2, NODE_START_TIMEOUT_S)
         assert {place.node_id for place in servers.places} == alive_nodes()  # one replica on each node
+        assert [bundle["CPU"] for bundle in placement_group_table(group.placement)["bundles"].values()] == [2, 2]
+        # each server's torch threads: its bundle's CPUs (Ray's OMP_NUM_THREADS is 1 for a one-CPU actor)
+        assert all(command[command.index("--num-threads") + 1] == "2" for command in group.commands)
         for url in servers.urls:
             assert [complete(client_for(url, servers.key), p) for p in TEXT_PROMPTS] == one_engine_texts
         router = start_server(create_router_app(servers.urls, frozenset({"outer"}), servers.key))
@@ -273,8 +284,16 @@ def test_replicas_one_per_node_answer_like_one_engine_and_outlive_a_killed_one(r
             with pytest.raises(openai.APIError, match=f"replica {serving + 1} failed during this request"):
                 received.extend(chunk.choices[0].text for chunk in stream)
             assert len(received) < 3000
-            assert [complete(front, p) for p in TEXT_PROMPTS] == one_engine_texts  # all on the other replica
             assert httpx.get(router.url + "/health", timeout=10).json()["alive"] == 1
+            assert [complete(front, p) for p in TEXT_PROMPTS] == one_engine_texts  # all on the other replica
+            killed_pid = servers.places[serving].pid
+            deadline = time.monotonic() + NODE_START_TIMEOUT_S
+            while not _up(servers.urls[serving]) and time.monotonic() < deadline:
+                time.sleep(1)
+            assert group.supervisor is not None and group.supervisor.restarts == 1
+            assert servers.places[serving].pid != killed_pid  # a new actor, at the same URL
+            back = client_for(servers.urls[serving], servers.key)
+            assert [complete(back, p) for p in TEXT_PROMPTS] == one_engine_texts
         finally:
             router.stop()
     deadline = time.monotonic() + 30
@@ -295,7 +314,8 @@ def test_prefill_and_decode_instances_on_two_nodes_answer_like_one_engine_and_a_
     the prefill instance's node over the socket transport (it computes only each last prompt token),
     and a mixed batch, streamed and not, gets one engine's greedy answers. Killing the decode
     instance's actor mid-stream ends that stream with the proxy's error, every block of the prefill
-    instance is freed, and requests then run whole on the prefill instance. Once the group stops,
+    instance is freed, requests then run whole on the prefill instance, and once the decode instance
+    is started again (a new actor at its URL) they are split again. Once the group stops,
     no KV pool file of the prefill instance is left in /dev/shm."""
     import ray
 
@@ -323,6 +343,15 @@ def test_prefill_and_decode_instances_on_two_nodes_answer_like_one_engine_and_a_
             assert len(received) < 3000
             assert_prefill_blocks_free_and_decode_out(pair.urls[0], pair.key, proxy.url)
             assert complete(split, TEXT_PROMPTS[0]) == one_engine_texts[0]  # whole on the prefill instance
+            # the decode instance is started again in a new actor at its URL, and the proxy splits again
+            deadline = time.monotonic() + NODE_START_TIMEOUT_S
+            while not _up(pair.urls[1]) and time.monotonic() < deadline:
+                time.sleep(1)
+            while counter(pair.urls[1], pair.key, "vllm:iteration_tokens_total_sum") == 0:
+                assert time.monotonic() < deadline, "the proxy never split a request again"
+                assert complete(split, TEXT_PROMPTS[0]) == one_engine_texts[0]
+                time.sleep(1)
+            assert counter(pair.urls[1], pair.key, "vllm:iteration_tokens_total_sum") == 8  # pulled, not recomputed
         finally:
             proxy.stop()
     # ray.kill skipped the prefill instance's own cleanup: stopping the group swept its KV pool file

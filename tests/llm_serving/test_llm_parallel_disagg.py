@@ -193,7 +193,11 @@ def test_a_child_that_keeps_dying_is_started_again_less_and_less_often(monkeypat
     monkeypatch.setattr(Supervisor, "POLL_S", 0.05)
     command = [sys.executable, "-c", "raise SystemExit(3)"]
     procs = [subprocess.Popen(command)]
-    supervisor = Supervisor(procs, [command], [None], ["flaky"])
+
+    def restart(index: int) -> None:
+        procs[index] = subprocess.Popen(command)
+
+    supervisor = Supervisor(["flaky"], lambda i: None if procs[i].poll() is None else "exited", restart)
     supervisor.start()
     try:
         deadline = time.monotonic() + 30
