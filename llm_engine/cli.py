@@ -66,6 +66,8 @@ def serve(
                                                           "$CODEYARD_LLM_API_KEY, else no key).")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda[:N].")] = "cpu",
     max_num_seqs: Annotated[int, typer.Option(min=1)] = 64,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(min=1, help="Tokens a step at most: the chunked "
+                                                               "prefill budget (default 2048).")] = None,
     tensor_parallel_size: Annotated[int, typer.Option(min=1, help="Worker processes the model is split "
                                                        "across (CPU, gloo).")] = 1,
     distributed_executor: Annotated[str, typer.Option(help="Where the tensor-parallel ranks, data-parallel "
@@ -141,7 +143,8 @@ def serve(
                   "--quantization", quantization, "--tensor-parallel-size", str(tensor_parallel_size),
                   "--distributed-executor", distributed_executor, "--ray-placement-strategy", ray_placement_strategy,
                   "--gpu-memory-utilization", str(gpu_memory_utilization), *(["--enforce-eager"] if enforce_eager else []),
-                  "--model-impl", model_impl]
+                  "--model-impl", model_impl,
+                  *(["--max-num-batched-tokens", str(max_num_batched_tokens)] if max_num_batched_tokens else [])]
     if data_parallel_size > 1 or disaggregated:
         # uvicorn re-raises the SIGTERM that stopped it once it has shut down: as SystemExit, so that
         # the launchers below stop their children (the default action would orphan them)
@@ -179,7 +182,8 @@ def serve(
         "kv_role": "kv_producer" if role == "prefill" else "kv_consumer", "kv_ip": kv_host,
         "kv_port": kv_port or 0, "kv_transport": kv_transport, "kv_key": keys[0] if keys else None}
     threads = num_threads or (len(pinned) if pinned else None)
-    tuned = {**tuned_options(path), **({"num_threads": threads} if threads else {})}  # an engine's measured ones (`llm tune`)
+    tuned = {**tuned_options(path), **({"num_threads": threads} if threads else {}),  # an engine's measured ones (`llm tune`)
+             **({"max_num_batched_tokens": max_num_batched_tokens} if max_num_batched_tokens else {})}
     config = EngineConfig(model=path, device=device, max_num_seqs=max_num_seqs, kv_cache_memory=kv_cache_memory,
                           tensor_parallel_size=tensor_parallel_size, **tuned,
                           distributed_executor_backend=distributed_executor,

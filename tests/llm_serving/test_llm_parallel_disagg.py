@@ -35,7 +35,7 @@ PROMPTS = ["def add(a, b):", "The quick brown fox " * 12, "Write a haiku about c
 @pytest.fixture(scope="module")
 def pair(tiny_chat_model):
     args = ["--model", str(tiny_chat_model), "--served-model-name", NAME, "--kv-cache-memory", "8MiB",
-            "--max-num-seqs", "8"]
+            "--max-num-seqs", "8", "--max-num-batched-tokens", "64"]
     with disaggregated_servers(args, pin=False, ready_timeout_s=300) as children:  # pinned: slower to start
         proxy = start_server(create_disagg_app(children.urls[0], children.urls[1], frozenset({"outer"}), children.key))
         try:
@@ -61,9 +61,9 @@ def chat(client: openai.OpenAI, text: str) -> str:
     return out.choices[0].message.content
 
 
-def metric(url: str, key: str, name: str) -> float:
+def metric(url: str, key: str, name: str, label: str = "") -> float:
     text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=10).text
-    return float(re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M).group(1))
+    return float(re.search(rf"^{re.escape(name)}\{{[^}}]*{re.escape(label)}[^}}]*\}} (\S+)$", text, re.M).group(1))
 
 
 def test_a_mixed_batch_gets_one_engines_greedy_answers(pair):
@@ -77,6 +77,10 @@ def test_a_mixed_batch_gets_one_engines_greedy_answers(pair):
     assert chat(split, "What is a closure?") == chat(whole, "What is a closure?")
     decode_url = children.urls[1]
     assert metric(decode_url, children.key, "vllm:prompt_tokens_total") > 0  # the decode side served them
+    # --max-num-batched-tokens 64: the prompts (one of ~135 tokens, 5 at once) were chunked
+    steps = metric(children.urls[0], children.key, "vllm:iteration_tokens_total_count")
+    assert metric(children.urls[0], children.key, "vllm:iteration_tokens_total_bucket", 'le="64.0"') == steps
+    assert metric(children.urls[0], children.key, "vllm:iteration_tokens_total_bucket", 'le="16.0"') < steps
     with pytest.raises(openai.AuthenticationError):
         complete(client_for(proxy.url, "wrong"), "hi", 2, False)
 
