@@ -17,7 +17,7 @@ from assistant import prompts
 from assistant.backends import LocalModel, RemoteModel
 from assistant.lazy_llm import LazyLLM
 from assistant.models import AssistantSetting
-from assistant.ratelimit import RateLimiter
+from assistant.ratelimit import RateLimiter, SharedRateLimiter
 from assistant.schemas import AssistantPublic, ChatCreate, CompletionCreate, ExplainCreate, FailedRun
 from ide_server.errors import DomainError, InvalidInput, PermissionDenied, Throttled
 from ide_server.models import Role, utcnow
@@ -70,10 +70,11 @@ def _domain_error(exc: OpenAIError) -> DomainError:
 
 
 class Assistant:
-    def __init__(self, llm: LazyLLM, config: AssistantConfig) -> None:
+    def __init__(self, llm: LazyLLM, config: AssistantConfig, limiter: RateLimiter | SharedRateLimiter | None = None
+                 ) -> None:
         self.llm = llm
         self.config = config
-        self.limiter = RateLimiter(config.rate_per_minute, config.burst)
+        self.limiter = limiter or RateLimiter(config.rate_per_minute, config.burst)
 
     # ----- the per-project switch -----
 

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+import redis
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
 from assistant.lazy_llm import LazyLLM
+from assistant.ratelimit import SharedRateLimiter
 from assistant.schemas import (
     AssistantPublic,
     AssistantUpdate,
@@ -122,7 +124,10 @@ router.include_router(project_router)
 
 
 def make_assistant(core: Core, *, llm: LazyLLM) -> Assistant:
-    return Assistant(llm, AssistantConfig())
+    config = AssistantConfig()
+    redis_url = core.settings.redis_url  # several servers: one rate per user across them
+    limiter = SharedRateLimiter(redis.Redis.from_url(redis_url), config.rate_per_minute, config.burst) if redis_url else None
+    return Assistant(llm, config, limiter)
 
 
 component = Component(name="assistant", router=router, builds=Builders(assistant=make_assistant))

@@ -1,9 +1,11 @@
-"""The token bucket (with a fake clock), the ghost text cut from completions and its indentation, continued answers,
+"""The token bucket (with a fake clock; in Redis for several servers), the ghost text cut from completions and its indentation, continued answers,
 the failing line given to Explain."""
 
 from __future__ import annotations
 
 import pytest
+import redis
+from redis_server import RedisServer
 
 from assistant.prompts import (
     CONTINUE,
@@ -14,7 +16,7 @@ from assistant.prompts import (
     line_is_complete,
     reindent,
 )
-from assistant.ratelimit import RateLimiter
+from assistant.ratelimit import RateLimiter, SharedRateLimiter
 from assistant.schemas import ExplainCreate
 from assistant.service import failing_line
 
@@ -101,3 +103,20 @@ def test_explain_points_the_model_at_the_failing_line_of_the_students_file():
     no_trace = ExplainCreate(path="main.py", content="print(1)\n", output="Killed\n")
     assert failing_line(no_trace) is None
     assert "points at" not in explain_messages(no_trace.path, no_trace.content, no_trace.output, None)[-1]["content"]
+
+
+def test_servers_sharing_redis_share_each_users_bucket(tmp_path):
+    """Two workers (or replicas) behind one port: a user whose calls alternate between them gets one rate,
+    not one each; Redis gone, each process's own buckets decide (the assistant stays up)."""
+    server = RedisServer(tmp_path).start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        one, other = (SharedRateLimiter(redis.Redis.from_url(server.url), per_minute=6, burst=3) for _ in range(2))
+        assert [limiter.take("ada") for limiter in (one, other, one)] == [0, 0, 0]
+        assert other.take("ada") == 10 and one.take("ada") == 10  # the burst is spent across both
+        assert other.take("bob") == 0
+        assert client.ttl(f"{SharedRateLimiter.PREFIX}ada") > 0  # forgotten once full again
+        server.kill()
+        assert [one.take("ada") for _ in range(4)] == [0, 0, 0, 10]
+    finally:
+        server.kill()
