@@ -22,7 +22,7 @@ from llm_engine.sampler import SampleResult, adjusts_logits
 from llm_engine.sampling_params import SamplingParams
 from llm_engine.scheduler import Scheduler, SchedulerOutput
 from llm_engine.sequence import Request, Sequence, SequenceStatus
-from llm_engine.speculative import SpecThrottle, VerifyCost, propose_ngram
+from llm_engine.speculative import SpecThrottle, VerifyCost, find_ngram
 from llm_engine.structured_outputs import Grammar, GrammarCompiler
 
 logger = logging.getLogger(__name__)
@@ -449,14 +449,17 @@ class LLMEngine:
                 continue
             if seq.spec_throttle is None:
                 seq.spec_throttle = SpecThrottle(config.num_speculative_tokens)
-            k = min(seq.spec_throttle.allowed(self.verify_cost.fraction), room)
-            if k:
-                wanted.append((seq, k))
+            if self.drafter is not None:
+                k = min(seq.spec_throttle.allowed(self.verify_cost.relative), room)
+                if k:
+                    wanted.append((seq, k))
+                continue
+            match = find_ngram(seq.token_ids, config.prompt_lookup_max, config.prompt_lookup_min)
+            if match is not None:  # the throttle prices this kind of match's draft
+                k = min(seq.spec_throttle.allowed(self.verify_cost.relative, match.bucket), room)
+                seq.spec_token_ids = seq.token_ids[match.start:match.start + k]
         if self.drafter is not None:
             self.drafter.propose(wanted)
-            return
-        for seq, k in wanted:
-            seq.spec_token_ids = propose_ngram(seq.token_ids, k, config.prompt_lookup_max, config.prompt_lookup_min)
 
     def _accept_draft(self, seq: Sequence, results: list[SampleResult]) -> None:
         """Append the verified tokens; the accepted drafts' KV slots stay, the rest are rolled back."""

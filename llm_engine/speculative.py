@@ -2,19 +2,20 @@
 (the other method, a draft model, is `draft_model.DraftModelProposer`).
 
 An edit or a completion mostly copies text that is already in the context. The proposer looks
-for the latest earlier occurrence of the sequence's last n tokens (longest n first) and proposes
-the k tokens that followed it; the engine verifies them in one target forward and keeps the
-longest accepted run plus one token of its own. Proposing costs a numpy scan and nothing when
-there is no match, but a rejected draft still costs a wider forward. `VerifyCost` measures what
-one more token in a step costs (a fraction of a one-token step: ~0.25 on the CPU's fused
-step, near 0 where a step is bound by reading the weights), and each sequence's `SpecThrottle`
-drafts only as many tokens as its measured acceptance pays for: on free text speculation turns
+for the latest earlier occurrence of the sequence's last n tokens (longest n first; among equal
+n-grams the one whose earlier context agrees longest) and proposes the tokens that followed it;
+the engine verifies them in one target forward and keeps the longest accepted run plus one token
+of its own. Proposing costs a numpy scan and nothing when there is no match, but a rejected
+draft still costs a wider forward. `VerifyCost` measures what each width of step costs against a
+one-token step (on the CPU's fused step ~1.15x for 2 tokens, ~1.66x for 6, near 1 where a step
+is bound by reading the weights), and each sequence's `SpecThrottle` drafts only as many tokens
+as its measured acceptance pays for, apart for short and long matches (a match on one token is
+rarely the copy being made, one on three or more usually is): on free text speculation turns
 itself down, and it tries again later.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 _METHODS = ("ngram", "draft_model")
 _NGRAM_FIELDS = ("prompt_lookup_max", "prompt_lookup_min")
 _MAX_PAUSE = 64  # steps without proposals after repeated unprofitable drafts
-_DECAY = 0.7  # weight of a draft in the acceptance estimate after each later one (~3 drafts)
+_DECAY = 0.8  # weight of a draft in its acceptance estimate after each later one (~5 drafts)
 
 
 @dataclass
@@ -77,28 +78,59 @@ class SpeculativeConfig:
         return cls(**value)
 
 
-def propose_ngram(token_ids: list[int], k: int, n_max: int, n_min: int) -> list[int]:
-    """Up to k tokens that followed the latest earlier occurrence of the last n tokens (n_max..n_min)."""
+_MAX_CONTEXT = 16  # context tokens a match is compared on, backwards, when choosing among matches
+MATCH_BUCKETS = 3  # acceptance is tracked apart for matches of 1, 2 and 3+ context tokens
+
+
+@dataclass(frozen=True)
+class NgramMatch:
+    """Where the proposal starts (the token after the matched n-gram) and how many tokens before
+    the sequence's end agree with the text before it (n, then further back, up to _MAX_CONTEXT)."""
+
+    start: int
+    context: int
+
+    @property
+    def bucket(self) -> int:
+        """Which acceptance estimate this match's draft feeds: on code edits a one-token match's
+        first token was accepted ~25% of the time, two tokens' ~40%, three or more ~90%."""
+        return min(self.context, MATCH_BUCKETS) - 1
+
+
+def find_ngram(token_ids: list[int], n_max: int, n_min: int) -> NgramMatch | None:
+    """The latest earlier occurrence of the longest of the last n_max..n_min tokens; among those,
+    the one whose earlier context agrees longest with the sequence's (the one a copy most likely
+    continues)."""
     length = len(token_ids)
     if length < n_min + 1:
-        return []
+        return None
     tokens = np.asarray(token_ids)
     for n in range(min(n_max, length - 1), n_min - 1, -1):
         # Windows end before the last token, so the suffix never matches itself and a match is
         # always followed by at least one token.
         windows = sliding_window_view(tokens[:length - 1], n)
-        hits = np.flatnonzero((windows == tokens[length - n:]).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            proposal: list[int] = tokens[start:start + k].tolist()
-            return proposal
-    return []
+        starts = np.flatnonzero((windows == tokens[length - n:]).all(axis=1)) + n
+        if not starts.size:
+            continue
+        context = n
+        while context < _MAX_CONTEXT and context < length - 1:
+            before = starts - context - 1
+            agree = starts[(before >= 0) & (tokens[np.maximum(before, 0)] == tokens[length - 1 - context])]
+            if not agree.size:
+                break
+            starts, context = agree, context + 1
+        return NgramMatch(int(starts[-1]), context)
+    return None
 
 
 class VerifyCost:
-    """What one more token in a sequence's step costs, as a fraction of a one-token step: running
-    means of the engine's single-sequence decode steps (whole steps: proposing, the forward pass,
-    sampling), one-token steps against wider ones.
+    """What a wider step costs against a one-token step: running means of the engine's
+    single-sequence decode steps (whole steps: proposing, the forward pass, sampling) per width.
+
+    The cost is not linear in the width (on the CPU's fused step 8 rows cost ~2.0x one row and 10
+    rows ~2.9x: the kernels take rows 8 at a time), so each width keeps its own mean once it has
+    been seen a few times; until then a width is priced from the mean cost of a further token
+    over all wider steps (`fraction`, `initial` until any was seen).
 
     `clock` times the steps: where the forward runs on the engine's own thread (the CPU, one
     rank) that is the thread's CPU time, so time other processes take from a shared machine does
@@ -106,15 +138,19 @@ class VerifyCost:
     drafting off for the next steps: the benchmark's drafted tokens varied 2x between runs)."""
 
     def __init__(self, initial: float = 0.3, weight: float = 0.05,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        self.initial, self.weight, self.clock = initial, weight, clock
+                 clock: Callable[[], float] = time.perf_counter, min_samples: int = 3) -> None:
+        self.initial, self.weight, self.clock, self.min_samples = initial, weight, clock, min_samples
         self.step_seconds: float | None = None  # a one-token step
         self.token_seconds: float | None = None  # each further token of a wider step
+        self.width_seconds: dict[int, tuple[float, int]] = {}  # width -> (mean step, samples)
 
     def record(self, tokens: int, seconds: float) -> None:
         if tokens == 1:
             self.step_seconds = self._mean(self.step_seconds, seconds)
-        elif self.step_seconds is not None:
+            return
+        mean, samples = self.width_seconds.get(tokens, (None, 0))
+        self.width_seconds[tokens] = (self._mean(mean, seconds), samples + 1)
+        if self.step_seconds is not None:
             self.token_seconds = self._mean(self.token_seconds, max(seconds - self.step_seconds, 0.0) / (tokens - 1))
 
     def _mean(self, mean: float | None, value: float) -> float:
@@ -126,39 +162,58 @@ class VerifyCost:
             return self.initial
         return min(max(self.token_seconds / self.step_seconds, 0.01), 1.0)
 
+    def relative(self, width: int) -> float:
+        """A step of `width` tokens over a one-token step (at least 1)."""
+        mean, samples = self.width_seconds.get(width, (None, 0))
+        if width == 1 or self.step_seconds is None or mean is None or samples < self.min_samples:
+            return 1 + self.fraction * (width - 1)
+        return max(mean / self.step_seconds, 1.0)
+
 
 class SpecThrottle:
-    """One sequence's draft length from its acceptance. With a the chance that a drafted token is
-    accepted once those before it were (estimated over its recent drafts) and c the cost of a
-    token more in a step (`VerifyCost.fraction`), a draft's i-th token adds a^i expected tokens
-    for c: the draft is as long as a^k > c. When even one token does not pay (a <= c) the sequence
-    stops proposing for 2, 4, .. 64 steps, then tries one token again."""
+    """One sequence's draft length from its acceptance and the verification's cost. With a the
+    chance that a drafted token is accepted once those before it were (estimated over its recent
+    drafts, apart for each kind of match: `NgramMatch.bucket`) a draft of k tokens yields
+    1 + a + .. + a^k tokens for a step `cost(k + 1)` times a one-token step: the draft is the k
+    that yields the most tokens per cost. When no draft pays (k = 0) that kind of match stops
+    proposing for 2, 4, .. 64 of its chances, then tries one token again."""
 
-    def __init__(self, max_tokens: int) -> None:
+    def __init__(self, max_tokens: int, buckets: int = MATCH_BUCKETS) -> None:
         self.max_tokens = max_tokens
-        self.accepted, self.rejected = 1.5, 1.0  # decayed counts; the prior: a = 0.6
-        self.pause = 0
-        self.misses = 0
+        self.accepted, self.rejected = [1.5] * buckets, [1.0] * buckets  # decayed counts; the prior: a = 0.6
+        self.pause, self.misses = [0] * buckets, [0] * buckets
+        self.bucket = 0  # the kind of match the last draft came from
 
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / (self.accepted + self.rejected)
+    def acceptance(self, bucket: int = 0) -> float:
+        return self.accepted[bucket] / (self.accepted[bucket] + self.rejected[bucket])
 
-    def allowed(self, cost: float) -> int:
-        """Tokens this step may propose (0 while paused); counts a paused step."""
-        if self.pause:
-            self.pause -= 1
-            return 1 if self.pause == 0 else 0  # a probe: one token
-        a = self.acceptance
-        k = 0 if a <= cost else self.max_tokens if a >= 1 else int(math.log(cost) / math.log(a))
-        k = min(k, self.max_tokens)
+    def allowed(self, cost: Callable[[int], float], bucket: int = 0) -> int:
+        """Tokens this step may propose (0 while paused); counts a paused chance."""
+        self.bucket = bucket
+        if self.pause[bucket]:
+            self.pause[bucket] -= 1
+            return 1 if self.pause[bucket] == 0 else 0  # a probe: one token
+        k = best_draft_length(self.acceptance(bucket), cost, self.max_tokens)
         if k == 0:
-            self.misses += 1
-            self.pause = min(2 ** self.misses, _MAX_PAUSE)
+            self.misses[bucket] += 1
+            self.pause[bucket] = min(2 ** self.misses[bucket], _MAX_PAUSE)
         else:
-            self.misses = 0
+            self.misses[bucket] = 0
         return k
 
     def record(self, proposed: int, accepted: int) -> None:
-        self.accepted = self.accepted * _DECAY + accepted
-        self.rejected = self.rejected * _DECAY + (accepted < proposed)
+        b = self.bucket
+        self.accepted[b] = self.accepted[b] * _DECAY + accepted
+        self.rejected[b] = self.rejected[b] * _DECAY + (accepted < proposed)
+
+
+def best_draft_length(acceptance: float, cost: Callable[[int], float], max_tokens: int) -> int:
+    """The k in 0..max_tokens with the most expected tokens (1 + a + .. + a^k) per step cost."""
+    best_k, best_rate, expected, term = 0, 1.0, 1.0, 1.0
+    for k in range(1, max_tokens + 1):
+        term *= acceptance
+        expected += term
+        rate = expected / cost(k + 1)
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k

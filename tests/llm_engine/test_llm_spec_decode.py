@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -14,7 +15,14 @@ from llm_engine import LLM, LLMEngine, SamplingParams
 from llm_engine.metrics import EngineMetrics
 from llm_engine.sampler import Sampler
 from llm_engine.sequence import Request
-from llm_engine.speculative import SpecThrottle, SpeculativeConfig, VerifyCost, propose_ngram
+from llm_engine.speculative import (
+    NgramMatch,
+    SpecThrottle,
+    SpeculativeConfig,
+    VerifyCost,
+    best_draft_length,
+    find_ngram,
+)
 
 
 def chi_square_pvalue(counts: torch.Tensor, expected: torch.Tensor) -> float:
@@ -31,40 +39,82 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
 
 def test_proposer_takes_the_longest_latest_match_and_never_the_suffix_itself():
     tokens = [5, 6, 7, 8, 9, 1, 6, 7, 2, 3, 5, 6, 7]
-    assert propose_ngram(tokens, 3, n_max=3, n_min=1) == [8, 9, 1]  # "5 6 7" beats the later "6 7"
-    assert propose_ngram(tokens, 3, n_max=2, n_min=1) == [2, 3, 5]  # "6 7": the latest occurrence
-    assert propose_ngram([1, 2, 3, 4], 3, n_max=3, n_min=1) == []
-    assert propose_ngram([4, 4], 5, n_max=3, n_min=1) == [4]  # a match is followed by what exists
-    assert propose_ngram([4], 5, n_max=3, n_min=1) == []
+    assert find_ngram(tokens, n_max=3, n_min=1) == NgramMatch(start=3, context=3)  # "5 6 7" beats the later "6 7"
+    # Two "6 7"s: the one after "5", as the suffix's own "6 7" is, beats the later one after "1".
+    assert find_ngram(tokens, n_max=2, n_min=1) == NgramMatch(start=3, context=3)
+    tokens = [5, 6, 7, 8, 9, 1, 6, 7, 2, 3, 4, 6, 7]  # no earlier "6 7" has the suffix's context
+    assert find_ngram(tokens, n_max=2, n_min=1) == NgramMatch(start=8, context=2)  # so the latest occurrence
+    assert find_ngram([1, 2, 3, 4], n_max=3, n_min=1) is None
+    assert find_ngram([4, 4], n_max=3, n_min=1) == NgramMatch(start=1, context=1)  # followed by a token
+    assert find_ngram([4], n_max=3, n_min=1) is None
+    copy = list(range(40))
+    match = find_ngram(copy + copy[:30], n_max=4, n_min=1)  # a long copy: context counted up to 16
+    assert match == NgramMatch(start=30, context=16) and match.bucket == 2
+    assert [NgramMatch(0, n).bucket for n in (1, 2, 3)] == [0, 1, 2]
+
+
+def linear(fraction: float) -> Callable[[int], float]:
+    """A step cost linear in the width: each token over the first `fraction` of a one-token step."""
+    return lambda width: 1 + fraction * (width - 1)
 
 
 def test_throttle_drafts_what_acceptance_pays_for_and_pauses_when_nothing_does():
     throttle = SpecThrottle(8)
-    assert throttle.allowed(0.3) == 2  # the prior a = 0.6: 0.6^2 > 0.3 > 0.6^3
+    # The prior a = 0.6 at 0.2 a token: 1 + .6 + .36 = 1.96 tokens for 1.4 beats any other length.
+    assert throttle.allowed(linear(0.2)) == 2
     for _ in range(6):
         throttle.record(4, 4)  # copying: every drafted token accepted
-    assert throttle.allowed(0.3) == 8 and throttle.allowed(0.01) == 8  # capped at num_speculative_tokens
-    lengths = []
-    for _ in range(7):  # then nothing is accepted: drafts shorten as the estimate falls
+    assert throttle.allowed(linear(0.3)) == 8 and throttle.allowed(linear(0.01)) == 8  # capped
+    lengths = [8]
+    while lengths[-1] and len(lengths) < 20:  # then nothing is accepted: drafts shorten as the estimate falls
         throttle.record(2, 0)
-        lengths.append(throttle.allowed(0.3))
-    assert lengths == [8, 4, 2, 1, 1, 1, 0] and throttle.acceptance < 0.3
-    assert [throttle.allowed(0.3) for _ in range(2)] == [0, 1]  # paused 2 steps, then a one-token probe
+        lengths.append(throttle.allowed(linear(0.3)))
+    assert lengths[-1] == 0 and lengths == sorted(lengths, reverse=True) and len(set(lengths)) >= 4
+    assert throttle.acceptance() < 0.3
+    assert [throttle.allowed(linear(0.3)) for _ in range(2)] == [0, 1]  # paused 2 chances, then a probe
     throttle.record(1, 0)
-    assert throttle.allowed(0.3) == 0 and throttle.pause == 4  # each pause twice the last, up to 64
-    assert throttle.allowed(0.1) == 0  # still paused, whatever the cost
-    for _ in range(4):
-        throttle.allowed(0.1)
-    assert throttle.allowed(0.1) == 1  # a cheap verification pays at a lower acceptance
+    assert throttle.allowed(linear(0.3)) == 0 and throttle.pause[0] == 4  # each pause twice the last, to 64
+    assert throttle.allowed(linear(0.1)) == 0  # still paused, whatever the cost
+    for _ in range(3):
+        throttle.allowed(linear(0.1))
+    assert throttle.allowed(linear(0.1)) == 1  # a cheap verification pays at a lower acceptance
 
 
-def test_verify_cost_is_a_further_token_against_a_one_token_step():
+def test_throttle_keeps_short_and_long_matches_apart():
+    throttle = SpecThrottle(8)
+    for _ in range(6):  # (a verification this cheap pays for a token at any acceptance)
+        assert throttle.allowed(linear(0.01), bucket=0) >= 1
+        throttle.record(1, 0)  # one-token matches: rejected
+        drafted = throttle.allowed(linear(0.01), bucket=2)
+        throttle.record(drafted, drafted)  # long matches: the copy goes on
+    assert throttle.acceptance(0) < 0.1 < 0.9 < throttle.acceptance(2)
+    assert throttle.allowed(linear(0.2), bucket=0) == 0
+    assert throttle.allowed(linear(0.2), bucket=2) == 8
+    assert throttle.allowed(linear(0.2), bucket=1) == 2  # untouched: the prior, as above
+
+
+def test_draft_length_follows_the_measured_cost_of_each_width():
+    # A kernel taking rows 8 at a time: 9 rows cost much more than 8.
+    steps = {1: 1.0, 2: 1.1, 3: 1.2, 4: 1.3, 5: 1.4, 6: 1.5, 7: 1.6, 8: 1.7, 9: 3.0, 10: 3.1}
+    assert best_draft_length(0.95, steps.__getitem__, 9) == 7  # 8 rows, not 9
+    assert best_draft_length(0.95, linear(0.1), 9) == 9
+    assert best_draft_length(0.05, linear(0.1), 9) == 0  # nothing pays
+
+
+def test_verify_cost_is_each_width_against_a_one_token_step():
     cost = VerifyCost(initial=0.3)
-    assert cost.fraction == 0.3  # until both kinds of step were seen
+    assert cost.fraction == 0.3 and cost.relative(5) == pytest.approx(2.2)  # until both kinds were seen
     for _ in range(40):
         cost.record(1, 0.020)
         cost.record(5, 0.036)
     assert cost.fraction == pytest.approx(0.2, rel=0.05)  # (36 - 20) / 4 ms per token, over 20 ms
+    assert cost.relative(5) == pytest.approx(1.8, rel=0.02)  # measured
+    assert cost.relative(3) == pytest.approx(1.4, rel=0.05)  # not seen: priced by the fraction
+    cost.record(9, 0.060)
+    assert cost.relative(9) == pytest.approx(2.6, rel=0.05)  # seen once: still the fraction's price
+    cost.record(9, 0.060)
+    cost.record(9, 0.060)
+    assert cost.relative(9) == pytest.approx(3.0, rel=0.01)  # seen enough: its own mean
     cost.record(3, 0.001)  # a step faster than a one-token one (noise) counts as free
     assert 0.01 <= cost.fraction < 0.2
 
