@@ -106,6 +106,10 @@ class RunRecord:
         self._changed = asyncio.Event()
 
 
+def too_many_runs(max_per_user: int) -> QueueFull:
+    return QueueFull(f"you already have {max_per_user} runs waiting or running; wait for one to finish or cancel it")
+
+
 class RunQueue:
     """Queue, start, record and stream runs on one backend."""
 
@@ -132,7 +136,7 @@ class RunQueue:
     async def submit(self, user_id: str, project_id: str, spec: RunSpec) -> RunRecord:
         """Queue a run; raises QueueFull when the server or this user has too many waiting."""
         if len(self._active(user_id)) >= self.max_per_user:
-            raise QueueFull(f"you already have {self.max_per_user} runs waiting or running; wait for one to finish or cancel it")
+            raise too_many_runs(self.max_per_user)
         if len(self._active()) >= self.max_running + self.max_queued:  # every slot busy and the queue full
             raise QueueFull(f"the run queue is full ({self.max_queued} runs waiting); try again in a few seconds")
         record = RunRecord(secrets.token_hex(8), user_id, project_id, list(spec.argv))

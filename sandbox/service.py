@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from collab.editors import OpenEditors
@@ -33,7 +33,7 @@ from sandbox.packages.install import Installer, InstallFailed
 from sandbox.packages.project import REQUIREMENTS, PreparedPackages, add_packages, installed_for
 from sandbox.packages.resolve import auto_install
 from sandbox.preview import Preview, preview_path
-from sandbox.run_queue import RunQueue, RunRecord, RunState
+from sandbox.run_queue import RunQueue, RunRecord, RunState, too_many_runs
 from sandbox.schemas import PackagesPublic, RunCreate, RunPublic
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class ProjectRuns:
         await self.editors.checkpoint(project_id, "Checkpoint before a run")
         project_dir = self.project_dir(project_id)
         try:
-            plan, env = await asyncio.to_thread(self._prepare, project_id, project_dir, body.entry)
+            plan, env = await asyncio.to_thread(self._admit_and_prepare, user.id, project_id, project_dir, body.entry)
             limits = plan.limits.with_overrides(body.limits, SERVER_MAXIMA)
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
@@ -269,6 +269,18 @@ class ProjectRuns:
         plan = plan_run(project_dir, entry)
         auto_install(project_dir)
         return plan, self.environment_of(project_id)
+
+    def _admit_and_prepare(self, user_id: int, project_id: str, project_dir: Path, entry: str | None
+                           ) -> tuple[RunPlan, dict[str, str]]:
+        """In one worker-thread hop: the user's runs on every server sharing the database (each worker or
+        replica queues its own, so its queue's count alone let a user hold N times as many), then the plan."""
+        assert self.queue is not None
+        with self.sessions() as db:
+            active = db.scalar(select(func.count()).select_from(RunRow).where(
+                RunRow.user_id == user_id, RunRow.status != "finished")) or 0
+        if active >= self.queue.max_per_user:
+            raise too_many_runs(self.queue.max_per_user)
+        return self._prepare(project_id, project_dir, entry)
 
     def _insert(self, record: RunRecord, project_id: str, user_id: int) -> None:
         """In a worker thread: a write waits for SQLite's write lock, which the event loop must never do."""

@@ -6,7 +6,10 @@ import threading
 import time
 
 from conftest import new_project, wait_finished
-from sqlalchemy import text
+from sqlalchemy import select, text
+
+from ide_server.models import User
+from sandbox.models import RunRow
 
 
 def test_run_a_python_file_and_read_its_outcome(owner):
@@ -86,6 +89,22 @@ def test_queue_full_answers_429_with_a_message(owner, app):
     for run_id in ids:
         owner.post(f"/api/runs/{run_id}/cancel")
     assert {wait_finished(owner, run_id)["verdict"] for run_id in ids} == {"cancelled"}
+
+
+def test_runs_another_server_holds_count_against_the_users_limit(owner, app):
+    """Workers and replicas each queue their own runs: the user's limit is counted in the database they
+    share, so a user whose starts land on N processes cannot hold N times as many."""
+    pid = new_project(owner, {"main.py": "print(1)\n"})
+    limit, username = app.state.services.runs.queue.max_per_user, owner.get("/api/me").json()["username"]
+    with app.state.sessionmaker() as db, db.begin():
+        user_id = db.scalar(select(User.id).where(User.username == username))
+        db.add_all(RunRow(id=f"elsewhere{i}", project_id=pid, user_id=user_id, argv=["python3", "main.py"],
+                          status="running", server_id="other-worker") for i in range(limit))
+    refused = owner.post(f"/api/projects/{pid}/runs", json={})
+    assert refused.status_code == 429 and "runs waiting or running" in refused.json()["detail"]
+    with app.state.sessionmaker() as db, db.begin():
+        db.get(RunRow, "elsewhere0").status = "finished"  # (as the other server stores an outcome)
+    assert wait_finished(owner, owner.post(f"/api/projects/{pid}/runs", json={}).json()["id"])["verdict"] == "ok"
 
 
 def test_starting_a_run_waits_for_the_database_off_the_event_loop(owner, app):
