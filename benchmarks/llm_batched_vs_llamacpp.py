@@ -40,6 +40,7 @@ import os
 import random
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -191,10 +192,12 @@ def engine_batched(llm, npp: int, ntg: int, npl: list[int], seed: int = 0, vocab
     params = SamplingParams(temperature=0, max_tokens=ntg, ignore_eos=True)
     llm.generate(prompts(2, npp, seed - 1), params, use_tqdm=False)  # warm-up
     results: dict[int, dict] = {}
+    decode_cpu = decode_step_cpu(llm)
     for b in npl:
         batch = [[t % vocab for t in p] for p in prompts(b, npp, seed + b)]
         if b == max(npl):
             clock, steps = StepClock(llm), count_steps(llm)
+        decode_cpu.clear()
         start, cpu = time.perf_counter(), time.process_time()
         outputs = llm.generate(batch, params, use_tqdm=False)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -204,10 +207,31 @@ def engine_batched(llm, npp: int, ntg: int, npl: list[int], seed: int = 0, vocab
         decode_s = max(o.metrics.finished_time for o in outputs) - last_first
         results[b] = {"output_tok_s": b * ntg / seconds, "decode_tok_s": b * (ntg - 1) / decode_s,
                       "prefill_tok_s": b * npp / (last_first - min(o.metrics.arrival_time for o in outputs)),
-                      "seconds": seconds, "cpu_seconds": cpu}
+                      "seconds": seconds, "cpu_seconds": cpu,
+                      "decode_step_cpu_ms": statistics.median(decode_cpu[b]) if decode_cpu.get(b) else math.nan}
         print(f"  B={b}: {results[b]['output_tok_s']:.1f} output tok/s", file=sys.stderr, flush=True)
     results[max(npl)]["breakdown_ms"] = clock.breakdown(steps[0])
     return results
+
+
+def decode_step_cpu(llm) -> dict[int, list[float]]:
+    """CPU milliseconds of the runner's steps in which every sequence decodes one token, keyed by
+    the step's sequences (filled in place from now on): the cost of a batch's decode step, which
+    waiting for a core on a shared machine does not inflate."""
+    runner = llm.engine.model_runner
+    costs: dict[int, list[float]] = {}
+    execute = runner.execute
+
+    def timed(scheduled, block_copies):
+        cpu = time.process_time()
+        try:
+            return execute(scheduled, block_copies)
+        finally:
+            if all(num_new == 1 for _, num_new in scheduled):
+                costs.setdefault(len(scheduled), []).append((time.process_time() - cpu) * 1000)
+
+    runner.execute = timed
+    return costs
 
 
 def count_steps(llm) -> list[int]:
@@ -225,10 +249,11 @@ def count_steps(llm) -> list[int]:
 def print_table(title: str, figures: dict[int, dict], anchor: dict[int, dict] | None) -> None:
     print(f"\n{title}")
     print(f"{'B':>4}{'output tok/s':>14}{'decode tok/s':>14}{'prefill tok/s':>15}{'seconds':>9}{'CPU s':>8}"
+          f"{'decode step CPU ms':>20}"
           + ("   vs llama.cpp (output / decode / output per CPU s)" if anchor else ""))
     for b, f in figures.items():
         line = (f"{b:>4}{f['output_tok_s']:14.1f}{f['decode_tok_s']:14.1f}{f['prefill_tok_s']:15.1f}"
-                f"{f['seconds']:9.2f}{f.get('cpu_seconds', math.nan):8.2f}")
+                f"{f['seconds']:9.2f}{f.get('cpu_seconds', math.nan):8.2f}{f.get('decode_step_cpu_ms', math.nan):20.1f}")
         if anchor and b in anchor:
             theirs = anchor[b]
             line += (f"   {f['output_tok_s'] / theirs['output_tok_s']:.2f}x / "
