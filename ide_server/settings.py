@@ -62,6 +62,8 @@ class Settings(BaseSettings):
     )
     worker_index: int | None = Field(default=None, ge=0, description="Set by `codeyard serve --workers N`: which of "
                                      "worker_addresses this worker is.")
+    redis_private: bool = Field(default=False, description="Set by `codeyard serve --workers N` when redis_url is its "
+                                "own redis-server, started and stopped with the workers: only they ever use it.")
     llm_model: str | None = None
     llm_eager: bool = Field(default=True, description="Start loading the LLM's model in the background when the "
                             "server starts, so the assistant is ready when first asked; false: on the first request.")

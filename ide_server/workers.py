@@ -264,7 +264,8 @@ class Supervisor:
         addresses = ",".join(f"{host}:{sock.getsockname()[1]}" for sock in self.own)
         env = {**os.environ, "CODEYARD_DATA_DIR": str(self.settings.data_dir.resolve()),
                "CODEYARD_HOST": self.settings.host, "CODEYARD_REDIS_URL": redis_url,
-               "CODEYARD_WORKER_ADDRESSES": addresses, "CODEYARD_WORKER_INDEX": str(index)}
+               "CODEYARD_WORKER_ADDRESSES": addresses, "CODEYARD_WORKER_INDEX": str(index),
+               "CODEYARD_REDIS_PRIVATE": "1" if self.redis is not None else "0"}
         if self.model is not None:
             env.update(self.model.environment())
         else:  # each worker would load its own copy of the model: only on first use, not N at start

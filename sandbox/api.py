@@ -353,7 +353,8 @@ async def open_runs(core: Core, *, events: ProjectEvents | None, collab: Collab 
                        max_per_user=settings.sandbox_max_runs_per_user, server_id=presence.server_id,
                        preview_tag=settings.worker_tag,
                        address_of=presence.address_of if isinstance(presence, SharedPresence) else None)
-    orphans = OrphanedRuns(presence, runs.unfinished_servers, runs.close_runs_of)
+    orphans = OrphanedRuns(presence, runs.unfinished_servers, runs.close_runs_of,
+                           confirm=presence.shared and not settings.redis_private)
     await orphans.sweep_logged()
     sweeping = asyncio.create_task(orphans.sweep_forever()) if presence.shared else None
     if events is not None:

@@ -121,8 +121,13 @@ class OrphanedRuns:
     """
 
     def __init__(self, presence: ServerPresence, unfinished_servers: Callable[[], set[str | None]],
-                 close_runs_of: Callable[[set[str | None]], int], *, sweep_s: float = SWEEP_S) -> None:
+                 close_runs_of: Callable[[set[str | None]], int], *, sweep_s: float = SWEEP_S,
+                 confirm: bool | None = None) -> None:
+        """confirm: a server must be missing at two sweeps in a row to count as dead (default: with replicas,
+        which may beat late; not for `serve --workers` on its own Redis, which only its workers use and
+        which is new at each start: a server missing there is gone, and its runs end at once)."""
         self.presence = presence
+        self.confirm = presence.shared if confirm is None else confirm
         self.unfinished_servers, self.close_runs_of = unfinished_servers, close_runs_of
         self.sweep_s = sweep_s
         self._missing: set[str | None] = set()
@@ -132,7 +137,7 @@ class OrphanedRuns:
         servers = await asyncio.to_thread(self.unfinished_servers)
         alive = await self.presence.alive({server for server in servers if server is not None})
         missing = {server for server in servers if server not in alive}
-        dead = missing & (self._missing | {None}) if self.presence.shared else missing
+        dead = missing & (self._missing | {None}) if self.confirm else missing
         self._missing = missing
         return await asyncio.to_thread(self.close_runs_of, dead) if dead else 0
 
