@@ -60,13 +60,14 @@ class Runners:
         self.redis_url, self.data_dir, self.tmp_path = redis_url, data_dir, tmp_path
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, slots: int = 2, cgroup: Path | None = None, **env_vars: str) -> subprocess.Popen:
-        """Start a runner (in `cgroup`, a v1 memory cgroup folder; with env_vars in its environment) and wait for
-        its first heartbeat."""
+    def start(self, name: str, slots: int = 2, cgroup: Path | None = None, prefix: tuple[str, ...] = (),
+              **env_vars: str) -> subprocess.Popen:
+        """Start a runner (in `cgroup`, a v1 memory cgroup folder; through the command `prefix`; with env_vars in its
+        environment) and wait for its first heartbeat."""
         env = {**os.environ, "CODEYARD_REDIS_URL": self.redis_url, "CODEYARD_DATA_DIR": str(self.data_dir),
                "CODEYARD_SANDBOX_BACKEND": "bwrap", "CODEYARD_SANDBOX_DIR": str(self.runs_dir(name)), **env_vars}
         log = open(self.tmp_path / f"runner-{name}.log", "wb")
-        proc = subprocess.Popen([CODEYARD, "runner", "--slots", str(slots), "--name", name, "--drain-seconds", "30"],
+        proc = subprocess.Popen([*prefix, CODEYARD, "runner", "--slots", str(slots), "--name", name, "--drain-seconds", "30"],
                                 env=env, stdout=log, stderr=subprocess.STDOUT,
                                 preexec_fn=(lambda: (cgroup / "cgroup.procs").write_text("0")) if cgroup else None)
         self.procs[name] = proc
