@@ -13,7 +13,7 @@ from torch import fx, nn
 from llm_engine.autodeploy.capture import capture, clean_graph
 from llm_engine.autodeploy.passes import PassContext, run_passes
 from llm_engine.autodeploy.passes.flatten import flatten_batch
-from llm_engine.distributed import get_tp_size
+from llm_engine.autodeploy.passes.sharding import shard_lm_head
 from llm_engine.layers.attention import AttentionBackend
 
 if TYPE_CHECKING:
@@ -29,9 +29,6 @@ class AutoDeployedCausalLM(nn.Module):
 
     def __init__(self, config: PretrainedConfig, backend: AttentionBackend, dtype: torch.dtype) -> None:
         super().__init__()
-        if get_tp_size() > 1:
-            raise ValueError("autodeploy: tensor_parallel_size > 1 is not supported yet (its linear layers are not "
-                             "sharded); run this model with tensor_parallel_size=1")
         self.config = config
         device = torch.empty(0).device  # the runner builds models under `with torch.device(...)`
         captured = capture(config, dtype)
@@ -39,7 +36,7 @@ class AutoDeployedCausalLM(nn.Module):
             clean_graph(graph, device)
         context = PassContext(backend, dtype, device, config.get_text_config().max_position_embeddings)
         self.report = run_passes(captured.body, context)
-        self.report += [f"head {line}" for line in run_passes(captured.head, context, [flatten_batch])]
+        self.report += [f"head {line}" for line in run_passes(captured.head, context, [flatten_batch, shard_lm_head])]
         captured.body.delete_all_unused_submodules()  # the projections merged away: no second copy of their weights
         for line in self.report:
             logger.info("autodeploy: %s", line)

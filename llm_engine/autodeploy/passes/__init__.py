@@ -40,12 +40,14 @@ def default_passes() -> list[Pass]:
     from llm_engine.autodeploy.passes.linear import merge_sibling_linears, split_merged_outputs, swap_linears
     from llm_engine.autodeploy.passes.norm import fuse_add_norm, fuse_layer_norm, fuse_rms_norm
     from llm_engine.autodeploy.passes.rotary import fuse_rotary
+    from llm_engine.autodeploy.passes.sharding import shard_tensor_parallel
 
     # fuse_rotary after the linear and norm passes: it checks which tensors it may rotate in place;
-    # flatten_batch last but one: it changes the graph's input and output ranks ([1, T] -> [T])
+    # flatten_batch after the fusions: it changes the graph's input and output ranks ([1, T] -> [T]);
+    # shard_tensor_parallel on the final graph: it reads the blocks between linears as the engine runs them
     return [replace_attention, drop_noop_casts, fuse_rms_norm, fuse_layer_norm, fuse_add_norm,
             merge_sibling_linears, swap_linears, fuse_silu_and_mul, fuse_rotary, tokens_first_attention,
-            split_merged_outputs, flatten_batch, check_supported]
+            split_merged_outputs, flatten_batch, shard_tensor_parallel, check_supported]
 
 
 def run_passes(gm: fx.GraphModule, ctx: PassContext, passes: list[Pass] | None = None) -> list[str]:

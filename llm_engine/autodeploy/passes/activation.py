@@ -38,7 +38,7 @@ def fuse_silu_and_mul(gm: fx.GraphModule, ctx: PassContext) -> str:
         merged, (_, gate_start, gate_end), (_, up_start, up_end) = gate_half[0], gate_half, up_half
         module = gm.get_submodule(str(merged.target))
         assert isinstance(module, MergedColumnParallelLinear)
-        if not (gate_start == 0 and gate_end == up_start and up_end == module.output_size == 2 * gate_end):
+        if not (gate_start == 0 and gate_end == up_start and up_end == sum(module.output_sizes) == 2 * gate_end):
             continue
         path = f"{merged.target}_act"
         add_module(gm, path, SiluAndMul())

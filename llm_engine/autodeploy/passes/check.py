@@ -13,11 +13,12 @@ from llm_engine.autodeploy.paged_attention import PagedAttention
 from llm_engine.autodeploy.passes import PassContext
 from llm_engine.autodeploy.passes.rotary import TableRotary
 from llm_engine.layers.activation import SiluAndMul
+from llm_engine.layers.embedding import VocabParallelEmbedding
 from llm_engine.layers.linear import LinearBase
 from llm_engine.layers.norm import LayerNorm, RMSNorm
 
 aten = torch.ops.aten
-_MODULES = (PagedAttention, LinearBase, RMSNorm, LayerNorm, SiluAndMul, TableRotary)
+_MODULES = (PagedAttention, LinearBase, RMSNorm, LayerNorm, SiluAndMul, TableRotary, VocabParallelEmbedding)
 _OPS = {
     # elementwise
     aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.neg.default, aten.pow.Tensor_Scalar,

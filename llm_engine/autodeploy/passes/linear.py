@@ -95,13 +95,13 @@ def split_merged_outputs(gm: fx.GraphModule, ctx: PassContext) -> str:
     becomes one split, as the hand-written layers take it (one op per layer, not one per part)."""
     split = 0
     for node in list(gm.graph.nodes):
-        if not (node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), MergedColumnParallelLinear)):
+        module = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
+        if not isinstance(module, MergedColumnParallelLinear):
             continue
         parts = sorted(((found, user) for user in node.users if (found := _column_range(user)) is not None),
                        key=lambda part: part[0])
         ends = [0] + [end for (_, end), _ in parts]
-        module = gm.get_submodule(str(node.target))
-        if (len(parts) < 2 or len(parts) != len(node.users) or ends[-1] != module.output_size
+        if (len(parts) < 2 or len(parts) != len(node.users) or ends[-1] != sum(module.output_sizes)  # all ranks' columns
                 or any(start != end for ((start, _), _), end in zip(parts, ends))):
             continue
         with gm.graph.inserting_after(node):

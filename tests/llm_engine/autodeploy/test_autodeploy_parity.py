@@ -3,8 +3,8 @@ float32, alone and batched, with prefix-cache hits and forced preemption (a 12-b
 
 The default suite runs Gemma 2 (sliding window, soft-capping, tied embeddings, GELU);
 `make test-autodeploy` (CODEYARD_AUTODEPLOY_FULL=1) runs every architecture in
-autodeploy_models.ARCHITECTURES, and Llama, Mistral, Qwen2 and Qwen3 through the pipeline against their
-hand-written paths.
+autodeploy_models.ARCHITECTURES, Llama, Mistral, Qwen2 and Qwen3 through the pipeline against their
+hand-written paths, and three architectures at tensor_parallel_size=2.
 """
 
 from __future__ import annotations
@@ -61,6 +61,24 @@ def test_registered_architecture_through_the_pipeline_matches_its_hand_written_p
     assert isinstance(auto.engine.model_runner.model, AutoDeployedCausalLM)
     expected = tokens(native.generate(batch, GREEDY, use_tqdm=False))
     assert tokens(auto.generate(batch, GREEDY, use_tqdm=False)) == expected == hf_greedy(folder, batch, MAX_NEW)
+
+
+@pytest.mark.skipif(not FULL, reason="make test-autodeploy")
+@pytest.mark.parametrize("model_type", ["llama", "gemma2", "stablelm"])
+def test_tensor_parallel_2_gives_transformers_greedy_tokens_under_preemption(tmp_path, model_type):
+    """shard_tensor_parallel in the engine's two gloo workers: merged q/k/v and gate/up column,
+    o/down row, half the heads each (StableLM writes its head counts out), vocab-parallel embedding
+    and LM head (Gemma 2's tied, windowed and soft-capped)."""
+    folder = build(model_type, tmp_path / model_type)
+    batch = prompts()
+    llm = LLM(str(folder), dtype="float32", model_impl="auto", tensor_parallel_size=2, block_size=4,
+              num_kv_blocks=12)
+    try:
+        outputs = llm.generate(batch, GREEDY, use_tqdm=False)
+        assert tokens(outputs) == hf_greedy(folder, batch, MAX_NEW)
+        assert sum(o.metrics.num_preemptions for o in outputs) > 0
+    finally:
+        llm.engine.shutdown()
 
 
 def test_model_impl_is_validated():
