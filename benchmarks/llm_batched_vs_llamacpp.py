@@ -16,7 +16,9 @@ bfloat16 on a CPU with native bf16, where batches multiply on AMX bf16 tiles; fl
 `int4-f32` the same in float32 (the float-activation kernel), `bf16` the same weights dequantized
 to bfloat16, `f32` to float32. Goals (issue 16): our best
 output tok/s >= 2x llama.cpp's best, and int4 >= 1.3x our bf16. For the largest batch each row
-also prints where an engine step's time goes (decoder layers, LM head, sampling, the rest).
+also prints where an engine step's time goes (decoder layers, LM head, sampling, the rest), and
+every row the median CPU ms of its decode steps (every sequence one token), the steadiest figure
+on a shared machine: e.g. int4's 9-16-sequence steps against its 8 and 17+ (issue 16's boundary).
 
 llama.cpp is built natively (-DGGML_NATIVE=ON, as a user builds it on their machine) with CMake
 from the llama.cpp source that the llama-cpp-python sdist vendors (LLAMA_CPP_PYTHON, the version
