@@ -327,13 +327,15 @@ class KVConnector:
                 if not answer.get("ok"):
                     raise KVTransferError(f"the prefill instance refused: {answer.get('error')}")
                 self._check_layout(answer)
-                dst = torch.tensor(dst_block_ids, dtype=torch.long)
                 if "path" in answer:
                     source = self._map(answer["path"], answer["pool_shape"], _dtype(answer["dtype"]))
-                    self.pool[:, :, dst] = source[:, :, answer["block_ids"]]
+                    if len(answer["block_ids"]) != len(dst_block_ids):
+                        raise KVTransferError(f"{len(answer['block_ids'])} blocks offered for {len(dst_block_ids)}")
+                    copy_blocks(self.pool, dst_block_ids, source, answer["block_ids"])
                     _write_json(stream, {"done": True})
                 else:
-                    self.pool[:, :, dst] = self._read_blocks(stream, answer, len(dst_block_ids))
+                    blocks = self._read_blocks(stream, answer, len(dst_block_ids))
+                    copy_blocks(self.pool, dst_block_ids, blocks, list(range(len(dst_block_ids))))
 
     def _check_layout(self, answer: dict[str, Any]) -> None:
         theirs, ours = list(answer["pool_shape"]), list(self.pool.shape)
@@ -366,6 +368,19 @@ class KVConnector:
         if not data:
             return self.pool[:, :, :0]
         return torch.frombuffer(data, dtype=torch.uint8).view(self.pool.dtype).view(shape)
+
+
+def copy_blocks(dst: torch.Tensor, dst_ids: list[int], src: torch.Tensor, src_ids: list[int]) -> None:
+    """dst's blocks dst_ids[i] = src's blocks src_ids[i] (pools of (2, layers, blocks, ...)), a slice
+    copy per run of ids consecutive on both sides. Why: `dst[:, :, ids] = src[:, :, ids]` gathers
+    into a temporary and scatters it, and this runs on the decode instance's one core beside its
+    steps: a 2k-token prompt's 125 blocks of SmolLM2 cost ~70 CPU ms that way, ~11 ms in one run."""
+    start = 0
+    for end in range(1, len(dst_ids) + 1):
+        if end == len(dst_ids) or dst_ids[end] != dst_ids[end - 1] + 1 or src_ids[end] != src_ids[end - 1] + 1:
+            count = end - start
+            dst[:, :, dst_ids[start]:dst_ids[start] + count].copy_(src[:, :, src_ids[start]:src_ids[start] + count])
+            start = end
 
 
 class _KVServer(socketserver.ThreadingTCPServer):

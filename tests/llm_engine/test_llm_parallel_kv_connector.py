@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from llm_engine import LLM, SamplingParams
-from llm_engine.kv_connector import KVConnector, KVTransferConfig, token_hash
+from llm_engine.kv_connector import KVConnector, KVTransferConfig, copy_blocks, token_hash
 from llm_engine.kv_pool_files import sweep_dead_pools
 from llm_engine.sequence import Request
 
@@ -113,6 +113,17 @@ def test_socket_transfers_bring_the_same_bytes(producer):
     assert len(full) == 4 and torch.equal(consumer.pool[:, :, [7, 3, 9]], source[:, :, full[1:4]])
     assert consumer.pool[:, :, [7, 3, 9]].abs().sum() > 0 and consumer.blocks_received == 3
     assert_all_free(producer)
+
+
+def test_blocks_are_copied_run_by_run_to_their_places():
+    """copy_blocks gives what indexing gives, for ids in runs on both sides, on one side, or none."""
+    source = torch.randn(2, 3, 40, 2, 4, 8)
+    src_ids, dst_ids = [5, 6, 7, 8, 20, 21, 30, 2, 3], [10, 11, 12, 13, 0, 1, 2, 3, 39]
+    expected = torch.zeros_like(source)
+    expected[:, :, dst_ids] = source[:, :, src_ids]
+    pool = torch.zeros_like(source)
+    copy_blocks(pool, dst_ids, source, src_ids)
+    assert torch.equal(pool, expected)
 
 
 def test_failed_transfers_free_every_block_and_say_why(tiny_llama, producer, consumer):
