@@ -38,11 +38,13 @@ from llm_engine.layers.norm import RMSNorm
 
 aten = torch.ops.aten
 SHARD = "tp_shard"
-_ELEMENTWISE = {aten.view.default, aten.reshape.default, aten.transpose.int, aten.unsqueeze.default,
+# ops that act on each head (or MLP column) apart; reshapes among them get the rank's sizes
+_PER_HEAD_OPS = {aten.view.default, aten.reshape.default, aten.transpose.int, aten.unsqueeze.default,
                 aten.squeeze.dim, aten.flatten.using_ints, aten.split_with_sizes.default, aten.slice.Tensor,
                 aten.contiguous.default, aten.clone.default, aten.to.dtype, aten._to_copy.default,
                 aten.dropout.default, aten.gelu.default, aten.silu.default, aten.tanh.default, aten.relu.default,
-                aten.mul.Tensor, aten.add.Tensor, aten.mul.Scalar, aten.add.Scalar, operator.getitem}
+                aten.mul.Tensor, aten.add.Tensor, aten.mul.Scalar, aten.add.Scalar, aten.div.Scalar,
+                aten.pow.Tensor_Scalar, aten.sigmoid.default, aten.erf.default, operator.getitem}  # GELU written out
 _RESHAPES = (aten.view.default, aten.reshape.default)
 _REPLICATED_INPUTS = ("position_ids", "metadata")  # the same on every rank
 _OPEN = 1 << 62  # a slice's end past any width (export writes `x[..., a:]` with a huge end)
@@ -52,8 +54,8 @@ class VocabParallelHead(ParallelLMHead):
     """The vocab-parallel LM head as a graph module: its forward gives the logits, every rank's
     share of the vocabulary gathered."""
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # (hidden states: the parent's argument name)
-        return self.compute_logits(input_ids)
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.compute_logits(hidden)
 
 
 def _linear(gm: fx.GraphModule, node: fx.Node) -> LinearBase | None:
@@ -66,7 +68,7 @@ def _linear(gm: fx.GraphModule, node: fx.Node) -> LinearBase | None:
 def _per_head(gm: fx.GraphModule, node: fx.Node, head_dims: set[int]) -> bool:
     """Whether `node` works on each head (or each column of the MLP's width) on its own."""
     if node.op == "call_function":
-        return node.target in _ELEMENTWISE
+        return node.target in _PER_HEAD_OPS
     if node.op != "call_module":
         return False
     module = gm.get_submodule(str(node.target))
@@ -246,15 +248,10 @@ def shard_lm_head(gm: fx.GraphModule, ctx: PassContext) -> str:
     heads = [n for n in gm.graph.nodes if n.target is aten.linear.default]
     for node in heads:
         node.meta[SHARD] = "vocab"
-        if len(node.args) > 2 and node.args[2] is not None:
-            raise _fail("an LM head with a bias", node)
     if get_tp_size() == 1:
         return f"{len(heads)} vocab-parallel LM head (annotated; one rank)"
     for node in heads:
+        if len(node.args) > 2 and node.args[2] is not None:
+            raise _fail("an LM head with a bias (Phi's) is not split yet", node)
         _vocab_module(gm, node, VocabParallelHead)
     return f"{len(heads)} vocab-parallel LM head (split across {get_tp_size()} ranks)"
-
-
-def shard_annotations(gm: fx.GraphModule) -> dict[str, str]:
-    """{node name: column/row/vocab} of a sharded graph (what the tests and the report read)."""
-    return {n.name: n.meta[SHARD] for n in gm.graph.nodes if SHARD in n.meta}
