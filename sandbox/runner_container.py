@@ -32,7 +32,7 @@ def worker_config(own: dict[str, Any], command: list[str], name: str) -> dict[st
               for m in own["Mounts"] if m["Destination"] != DOCKER_SOCKET]
     return dict(image=own["Image"], command=command, name=f"codeyard-runner-{name}", environment=own["Config"]["Env"],
                 mounts=mounts, network_mode="host", cap_add=CAPABILITIES, security_opt=SECURITY,
-                labels={WORKER_LABEL: name}, init=False, detach=True)
+                labels={WORKER_LABEL: name}, init=True, detach=True)  # init: see docker-compose.yml's runners
 
 
 def own_container_id() -> str:

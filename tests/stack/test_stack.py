@@ -100,6 +100,9 @@ def test_sign_up_edit_on_two_replicas_run_and_shell(stack):
             pass
     assert frame["verdict"] == "ok"
     assert alice.http.get(f"/api/projects/{pid}/files/content/answer.txt").text == "42\n"
+    for runner in ("runner1", "runner2"):  # what the runs left is reaped (each used to leave a zombie bubblewrap)
+        states = subprocess.run(["docker", "top", container(runner), "-eo", "stat,comm"], capture_output=True, text=True).stdout
+        assert not [line for line in states.splitlines()[1:] if line.startswith("Z")], states
 
 
 def test_the_assistant_answers_through_the_llm_service(stack):
