@@ -42,7 +42,7 @@ def test_greedy_parity_alone_batched_cached_and_preempted(case):
     assert not any(n.target is torch.ops.aten.layer_norm.default for n in model.body.graph.nodes)  # engine LayerNorms
     # the engine's rotary op, partial rotary included (StableLM, GPT-NeoX); Cohere's interleaved RoPE stays captured
     engine_rotary = not any(n.target is torch.ops.aten.cos.default for n in model.body.graph.nodes)
-    assert engine_rotary == (folder.name != "cohere")
+    assert engine_rotary == (not folder.name.startswith("cohere"))  # (mktemp numbers the folder)
     assert tokens(llm.generate(batch[0], GREEDY, use_tqdm=False)) == ref[:1]
     outputs = llm.generate(batch, GREEDY, use_tqdm=False)
     assert tokens(outputs) == ref
