@@ -24,6 +24,7 @@ from llm_engine.scheduler import Scheduler, SchedulerOutput
 from llm_engine.sequence import Request, Sequence, SequenceStatus
 from llm_engine.speculative import SpecThrottle, VerifyCost, find_ngram
 from llm_engine.structured_outputs import Grammar, GrammarCompiler
+from llm_engine.tokenizer import tokenize_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -145,17 +146,7 @@ class LLMEngine:
     # ----- requests -------------------------------------------------------------------------
 
     def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("prompt: this model has no tokenizer; pass token ids instead of text")
-            return prompt, self.tokenizer(prompt).input_ids
-        if not isinstance(prompt, (list, tuple)) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise ValueError("prompt: must be a string or a list of token ids")
-        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt: token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
-        return None, list(prompt)
+        return tokenize_prompt(self.tokenizer, self.vocab_size, prompt)
 
     def _prompt_inputs(self, prompt: str | list[int] | dict | ImagePrompt
                        ) -> tuple[str | None, list[int], list[ImageItem]]:

@@ -1,0 +1,154 @@
+"""The asyncio side of serving an engine that runs elsewhere (a thread, or the engine-core process):
+each request's outputs reach its caller's event loop through a queue, and the waiting-queue bound,
+the abort of a request whose caller left, and the step callback work the same either way.
+
+Subclasses say how a command reaches the engine (`_submit`) and when the engine is ready
+(`check_ready`); whoever reads the engine's steps calls `report_step`, `fail` and `fail_all`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator, Callable
+from contextlib import suppress
+from typing import TYPE_CHECKING
+
+from llm_engine.engine_loop import AbortRequest, AddRequest, Command
+from llm_engine.outputs import RequestOutput
+from llm_engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from llm_engine.llm_engine import EngineStats
+    from llm_engine.multimodal.inputs import ImagePrompt
+
+StepCallback = Callable[["EngineStats", list[RequestOutput]], None]
+
+
+class EngineNotReady(RuntimeError):
+    """The model is still loading, or failed to load (the message says which)."""
+
+
+class EngineOverloaded(RuntimeError):
+    """The waiting queue is full; retry later."""
+
+
+class _Stream:
+    """Outputs of one request, handed from the engine's reader thread to the caller's event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
+        self.finished = False
+
+    def put(self, item: RequestOutput | Exception) -> None:
+        """Hand over an item; a caller whose event loop has closed is gone, so it is dropped."""
+        with suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+def _put_each(handed: list[tuple[_Stream, RequestOutput]]) -> None:
+    for stream, output in handed:
+        stream.queue.put_nowait(output)
+
+
+class RequestStreams(ABC):
+    def __init__(self, max_waiting: int, on_step: StepCallback | None) -> None:
+        if max_waiting < 0:
+            raise ValueError(f"max_waiting: must be >= 0, got {max_waiting!r}")
+        self.max_waiting = max_waiting
+        self.on_step = on_step
+        self._streams: dict[str, _Stream] = {}
+        self._lock = threading.Lock()
+        self._pending_adds = 0
+        self._stats: EngineStats | None = None
+
+    @abstractmethod
+    def _submit(self, command: Command) -> None:
+        """Send a command to the engine's loop."""
+
+    @abstractmethod
+    def check_ready(self) -> None:
+        """Raise EngineNotReady unless the engine takes requests."""
+
+    def num_waiting(self) -> int:
+        """Requests not yet scheduled: waiting in the engine, or queued for the loop to add."""
+        return (self._stats.num_waiting if self._stats else 0) + self._pending_adds
+
+    def stats(self) -> EngineStats | None:
+        """The snapshot taken after the loop's latest step (None before the model is loaded)."""
+        return self._stats
+
+    async def generate(self, prompt: str | list[int] | ImagePrompt, sampling_params: SamplingParams,
+                       request_id: str, priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
+        """Yield the request's output after each step that changed it (cumulative text/tokens).
+
+        Raises EngineNotReady, EngineOverloaded, ValueError (bad prompt/parameters, naming the
+        field). Closing the iterator before the final output aborts the request.
+        """
+        self.check_ready()
+        stream = _Stream(asyncio.get_running_loop())
+        with self._lock:
+            if request_id in self._streams:
+                raise ValueError(f"request_id: {request_id!r} is already in use")
+            waiting = self.num_waiting()
+            if waiting >= self.max_waiting:
+                raise EngineOverloaded(f"the server is busy: {waiting} requests are waiting "
+                                       f"(limit {self.max_waiting}); retry later")
+            self._streams[request_id] = stream
+            self._pending_adds += 1
+        self._submit(AddRequest(request_id, prompt, sampling_params, priority, time.time()))
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, Exception):
+                    stream.finished = True
+                    raise item
+                if item.finished:
+                    stream.finished = True
+                yield item
+                if item.finished:
+                    return
+        finally:
+            if not stream.finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (no-op when unknown or finished); its blocks are freed before the next step."""
+        self._submit(AbortRequest(request_id))
+
+    def report_step(self, stats: EngineStats, outputs: list[RequestOutput]) -> None:
+        """After a step: the stats snapshot, the outputs to their callers, the step callback."""
+        self._stats = stats
+        self._deliver(outputs)
+        if self.on_step is not None:
+            self.on_step(stats, outputs)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        """Hand a step's outputs over with one wake-up per event loop, not one per request: each
+        wake-up is a write to the loop's self-pipe and a GIL hand-off, and a step may feed dozens."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput]]] = {}
+        with self._lock:
+            for output in outputs:
+                stream = self._streams.get(output.request_id)
+                if output.finished:
+                    self._streams.pop(output.request_id, None)
+                if stream is not None:
+                    by_loop.setdefault(stream.loop, []).append((stream, output))
+        for loop, handed in by_loop.items():
+            with suppress(RuntimeError):  # that caller's event loop has closed: it is gone
+                loop.call_soon_threadsafe(_put_each, handed)
+
+    def fail(self, request_id: str, exc: Exception) -> None:
+        with self._lock:
+            stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.put(exc)
+
+    def fail_all(self, exc: Exception) -> None:
+        with self._lock:
+            streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            stream.put(exc)
