@@ -95,9 +95,13 @@ def serve(
     num_threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: one per core); "
                                                     "with --distributed-executor ray, each replica's or "
                                                     "instance's CPUs on the cluster (default 1).")] = None,
-    engine_cpus: Annotated[str | None, typer.Option(help="Pin the engine's thread (and torch's, one per CPU "
-                                                    "unless --num-threads) to these CPUs, e.g. 0 or 0-3; "
-                                                    "the HTTP and gRPC threads are not pinned.")] = None,
+    engine_cpus: Annotated[str | None, typer.Option(help="Pin the engine's process or thread (and torch's "
+                                                    "threads, one per CPU unless --num-threads) to these "
+                                                    "CPUs, e.g. 0 or 0-3; the HTTP and gRPC threads are "
+                                                    "not pinned.")] = None,
+    engine_process: Annotated[bool, typer.Option("--engine-process/--engine-thread",
+                                                 help="Step the engine in its own process (its own GIL, "
+                                                      "the default) or in a thread of the server's.")] = True,
     disaggregated: Annotated[bool, typer.Option(help="Serve a prefill and a decode instance (a core each) "
                                                      "behind a proxy on this port.")] = False,
     role: Annotated[str | None, typer.Option(help="prefill or decode: one side of disaggregated serving "
@@ -194,7 +198,8 @@ def serve(
                           kv_transfer_config=kv_transfer)
     options = ServerOptions(max_waiting=max_waiting, request_timeout=request_timeout, api_keys=frozenset(keys),
                             grpc_address=f"{host}:{grpc_port}" if grpc_port else None,
-                            ensembles=tuple(Ensemble.load(p) for p in ensemble or ()), engine_cpus=pinned)
+                            ensembles=tuple(Ensemble.load(p) for p in ensemble or ()), engine_cpus=pinned,
+                            engine_process=engine_process)
     uvicorn.run(create_app(config, served_model_name or name, options), host=host, port=port, log_level="info")
 
 

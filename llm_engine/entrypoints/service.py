@@ -1,4 +1,4 @@
-"""LLMService: one served model — its AsyncLLMEngine, its metrics, and the names it answers to."""
+"""LLMService: one served model — its engine (a thread, or the engine-core process), its metrics, and the names it answers to."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from llm_engine.async_engine import AsyncLLMEngine, EngineNotReady, EngineOverloaded
 from llm_engine.config import EngineConfig
+from llm_engine.engine_core_client import EngineCoreClient
 from llm_engine.entrypoints.kserve_metrics import TritonMetrics
 from llm_engine.entrypoints.protocol import OpenAIError
 from llm_engine.metrics import EngineMetrics
@@ -19,8 +20,9 @@ if TYPE_CHECKING:
 @dataclass
 class ServerOptions:
     """How the server serves: queue bound, per-request timeout, optional API keys, and where the
-    KServe v2 gRPC service listens (host:port; None: no gRPC), the /v2 ensembles, and the CPUs the
-    engine's thread is pinned to (None: anywhere; the event loop and gRPC threads stay unpinned)."""
+    KServe v2 gRPC service listens (host:port; None: no gRPC), the /v2 ensembles, the CPUs the
+    engine is pinned to (None: anywhere; the event loop and gRPC threads stay unpinned), and whether
+    the engine steps in its own process (`llm serve`'s default) or in a thread of this one."""
 
     max_waiting: int = 64
     request_timeout: float | None = 600.0
@@ -28,6 +30,7 @@ class ServerOptions:
     grpc_address: str | None = None
     ensembles: tuple[Ensemble, ...] = ()  # served under /v2 next to the model
     engine_cpus: frozenset[int] | None = None
+    engine_process: bool = False  # the engine core in its own process (EngineCoreClient), not a thread
 
 
 class LLMService:
@@ -38,8 +41,9 @@ class LLMService:
         self.metrics = EngineMetrics(served_name)
         self.triton_metrics = TritonMetrics([served_name, *(e.name for e in self.options.ensembles)])
         self.metrics.sections.append(self.triton_metrics.render)  # nv_inference_* on the same /metrics
-        self.engine = AsyncLLMEngine(config, self.options.max_waiting, on_step=self.metrics.on_step,
-                                     cpus=self.options.engine_cpus)
+        engine_class = EngineCoreClient if self.options.engine_process else AsyncLLMEngine
+        self.engine: AsyncLLMEngine | EngineCoreClient = engine_class(
+            config, self.options.max_waiting, on_step=self.metrics.on_step, cpus=self.options.engine_cpus)
         self.started_at = time.time()
 
     def max_model_len(self) -> int | None:

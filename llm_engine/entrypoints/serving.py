@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from llm_engine.async_engine import AsyncLLMEngine, EngineNotReady
 from llm_engine.beam_search import BeamSearch, BeamSearchParams
+from llm_engine.engine_core_client import EngineCoreClient
 from llm_engine.entrypoints.chat_images import request_images, with_placeholders
 from llm_engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from llm_engine.entrypoints.service import LLMService, as_openai_error
@@ -75,7 +76,7 @@ class _Serving:
         self.service = service
 
     @property
-    def engine(self) -> AsyncLLMEngine:
+    def engine(self) -> AsyncLLMEngine | EngineCoreClient:
         return self.service.engine
 
     def tokenizer(self) -> Tokenizer:

@@ -88,6 +88,12 @@ def start_server(app, ready_timeout: float = 300) -> RunningServer:
     return RunningServer(f"http://127.0.0.1:{port}", app, server, thread)
 
 
+def unfinished_requests(running: RunningServer) -> int:
+    """Requests running or waiting in the server's engine, from its latest stats (either engine kind)."""
+    stats = running.service.engine.stats()
+    return stats.num_running + stats.num_waiting if stats is not None else 0
+
+
 def serve_model(model: Path | str, name: str, options: ServerOptions | None = None,
                 **engine_kwargs) -> RunningServer:
     config = EngineConfig(model=str(model), **engine_kwargs)
@@ -99,7 +105,8 @@ def serve_model(model: Path | str, name: str, options: ServerOptions | None = No
 @pytest.fixture(scope="session")
 def tiny_server(tiny_chat_model) -> Iterator[RunningServer]:
     options = ServerOptions(max_waiting=8, grpc_address=f"127.0.0.1:{free_port()}",
-                            ensembles=(Ensemble.load(ENSEMBLE_CONFIG),))
+                            ensembles=(Ensemble.load(ENSEMBLE_CONFIG),),
+                            engine_process=True)  # as `llm serve` runs it: the engine core in its own process
     # float32 like the offline engines the tests compare with: "auto" is bfloat16 on a CPU with fast
     # bf16 (AVX512-BF16), and a beam search's ranking differed from float32's there.
     running = serve_model(tiny_chat_model, TINY_NAME, options, max_num_seqs=8,

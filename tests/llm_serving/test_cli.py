@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
 import tritonclient.grpc
 
@@ -65,10 +66,9 @@ def test_serve_answers_openai_requests(tiny_chat_model):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_healthy(proc, port, 180)
-        # --engine-cpus pins the engine's thread alone; the event loop (the main thread) stays unpinned
-        threads = {Path(f"/proc/{proc.pid}/task/{t}/comm").read_text().strip(): int(t)
-                   for t in os.listdir(f"/proc/{proc.pid}/task")}
-        assert os.sched_getaffinity(threads[ENGINE_THREAD]) == {0}
+        # the engine runs in its own process, which --engine-cpus pins; the server's stays unpinned
+        (core,) = psutil.Process(proc.pid).children()
+        assert core.name() == ENGINE_THREAD and core.cpu_affinity() == [0]
         assert os.sched_getaffinity(proc.pid) == os.sched_getaffinity(0)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         out = client.completions.create(model="tiny", prompt="hello", max_tokens=3, extra_body={"ignore_eos": True})
@@ -81,3 +81,4 @@ def test_serve_answers_openai_requests(tiny_chat_model):
         proc.terminate()
         output = proc.communicate(timeout=60)[0]
     assert "loading" in output and "100%" in output  # load progress is logged
+    core.wait(30)  # the core ends with the server

@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 from llm_engine.entrypoints import kserve, kserve_grpc
 from llm_engine.entrypoints.kserve import RowResult
 
-from .conftest import TINY_NAME
+from .conftest import TINY_NAME, unfinished_requests
 from .test_kserve_http import v1_text
 
 
@@ -101,14 +101,13 @@ def test_errors_map_to_grpc_status(triton):
 
 
 def test_stopping_a_stream_aborts_its_request(triton, tiny_server):
-    engine = tiny_server.service.engine
     responses: queue.Queue = queue.Queue()
     triton.start_stream(callback=lambda result, error: responses.put((result, error)))
     triton.async_stream_infer(TINY_NAME, inputs(["go on"], stream=True, max_tokens=400, ignore_eos=True))
     responses.get(timeout=60)  # it is generating
     triton.stop_stream(cancel_requests=True)
     deadline = time.monotonic() + 10
-    while engine.engine.has_unfinished_requests():
+    while unfinished_requests(tiny_server):
         assert time.monotonic() < deadline, "the request kept running after the stream was cancelled"
         time.sleep(0.05)
 

@@ -16,7 +16,7 @@ from llm_engine.config import EngineConfig
 from llm_engine.entrypoints.app import create_app
 from llm_engine.entrypoints.service import ServerOptions
 
-from .conftest import TINY_NAME, free_port, start_server
+from .conftest import TINY_NAME, free_port, start_server, unfinished_requests
 
 
 @pytest.fixture
@@ -158,18 +158,16 @@ def test_api_keys_guard_v2_and_grpc_but_not_health(tiny_chat_model):
 
 
 def test_leaving_a_stream_aborts_the_request(tiny_server):
-    engine = tiny_server.service.engine
     body = {"text_input": "go on", "max_tokens": 400, "ignore_eos": True}
     with httpx.stream("POST", f"{tiny_server.url}/v2/models/{TINY_NAME}/generate_stream", json=body, timeout=60) as r:
         next(r.iter_lines())
     deadline = time.monotonic() + 10
-    while engine.engine.has_unfinished_requests():
+    while unfinished_requests(tiny_server):
         assert time.monotonic() < deadline, "the request kept running after the client left"
         time.sleep(0.05)
 
 
 def test_leaving_an_infer_aborts_the_request(tiny_server):
-    engine = tiny_server.service.engine
     body = json.dumps({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": ["go on"]},
                                   {"name": "max_tokens", "datatype": "INT32", "shape": [1, 1], "data": [400]},
                                   {"name": "ignore_eos", "datatype": "BOOL", "shape": [1, 1], "data": [True]}]})
@@ -178,10 +176,10 @@ def test_leaving_an_infer_aborts_the_request(tiny_server):
         conn.sendall(f"POST /v2/models/{TINY_NAME}/infer HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json"
                      f"\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
         deadline = time.monotonic() + 10
-        while not engine.engine.has_unfinished_requests():
+        while not unfinished_requests(tiny_server):
             assert time.monotonic() < deadline
             time.sleep(0.01)
     deadline = time.monotonic() + 10
-    while engine.engine.has_unfinished_requests():
+    while unfinished_requests(tiny_server):
         assert time.monotonic() < deadline, "the request kept running after the client left"
         time.sleep(0.05)
