@@ -91,7 +91,7 @@ def cmd_run(args) -> int:
     server = None
     if any(k != "offline" for k in kinds):
         server = Server(model_path, args.max_num_seqs, url=args.url, grpc=args.grpc, api_key=args.api_key,
-                        engine_cpus=engine_cpus, other_cpus=client_cpus)
+                        engine_cpus=engine_cpus, other_cpus=client_cpus, engine=args.server_engine)
     offline = {"model": model_path, "max_num_seqs": args.max_num_seqs, "slowdown": args.inject_slowdown,
                "cpus": engine_cpus}
     try:
@@ -254,6 +254,9 @@ def dispatch(argv: list[str], prog: str) -> int:
                      "CPU; the rest (offline: this process's consumer; a server: its event loop and gRPC "
                      "threads) runs on --client-cpus with the client")
     run.add_argument("--client-cpus", help="pin this benchmark's client here (with --engine-cpus)")
+    run.add_argument("--server-engine", choices=("process", "thread"),
+                     help="the started server's engine: its own process (--engine-process) or a thread of "
+                          "the server's (--engine-thread); default: the server's default")
     run.add_argument("--out", help="write the result JSON here")
 
     comp = sub.add_parser("compare", help="compare a result with a baseline; exit 1 on a regression")

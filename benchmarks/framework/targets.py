@@ -81,25 +81,37 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_split(pid: int) -> tuple[float, float, float]:
-    """(CPU seconds of the process's engine threads, of the whole process, seconds the engine threads
-    waited for a CPU while runnable). AsyncLLMEngine names its loop thread in the OS, and torch's
-    workers started from it inherit the name; their times are read in nanoseconds (schedstat: run
-    time, run-queue wait). The whole comes from the process's stat (10 ms units), which keeps the
-    time of threads that have ended, so the rest is whole - engine (event loop, gRPC, client). The
+    """(CPU seconds of the engine threads, of the whole server, seconds the engine threads waited for
+    a CPU while runnable), over the process and its children (a server's engine-core process).
+    AsyncLLMEngine names its loop thread in the OS, and torch's workers started from it inherit the
+    name (in the core process every thread has it); their times are read in nanoseconds (schedstat:
+    run time, run-queue wait). The whole comes from each process's stat (10 ms units), which keeps
+    the time of threads that have ended, so the rest is whole - engine (event loop, gRPC, client). The
     wait is the machine's share of a slow run: an engine that waited for a core lost that time to
     whatever else ran there, not to its protocol."""
-    proc = Path(f"/proc/{pid}")
-    engine = wait = 0.0
-    for task in (proc / "task").iterdir():
+    import psutil
+
+    engine = wait = whole = 0.0
+    try:
+        pids = [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
+    except psutil.NoSuchProcess:
+        pids = [pid]
+    for one in pids:
+        proc = Path(f"/proc/{one}")
         try:
-            if (task / "comm").read_text().strip() == ENGINE_THREAD:
-                ran, waited = (task / "schedstat").read_text().split()[:2]
-                engine, wait = engine + int(ran) / 1e9, wait + int(waited) / 1e9
-        except (FileNotFoundError, ProcessLookupError):  # ended meanwhile
+            for task in (proc / "task").iterdir():
+                try:
+                    if (task / "comm").read_text().strip() == ENGINE_THREAD:
+                        ran, waited = (task / "schedstat").read_text().split()[:2]
+                        engine, wait = engine + int(ran) / 1e9, wait + int(waited) / 1e9
+                except (FileNotFoundError, ProcessLookupError):  # ended meanwhile
+                    continue
+            stat = (proc / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
             continue
-    stat = (proc / "stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()  # after the name, which may hold spaces: utime, stime at 11, 12
-    return engine, (int(fields[11]) + int(fields[12])) / _TICKS, wait
+        fields = stat[stat.rindex(")") + 2:].split()  # after the name, which may hold spaces: utime, stime at 11, 12
+        whole += (int(fields[11]) + int(fields[12])) / _TICKS
+    return engine, whole, wait
 
 
 # ----- offline ------------------------------------------------------------------------------------
@@ -183,11 +195,14 @@ class Server:
     (event loop, gRPC threads), as the offline target's engine thread and its consumer are pinned:
     with the whole server on the engine's CPU, its serving threads took that CPU from the engine
     while the offline target's consumer ran beside it, so the comparison charged the servers for
-    sharing a core rather than for their protocol (whose CPU is counted apart, `cpu`)."""
+    sharing a core rather than for their protocol (whose CPU is counted apart, `cpu`). `engine`:
+    "process" (`--engine-process`: the engine core in its own process, on the engine's CPUs) or
+    "thread" (`--engine-thread`); None leaves the server's default."""
 
     def __init__(self, model: str | None = None, max_num_seqs: int = 32, url: str | None = None,
                  grpc: str | None = None, api_key: str | None = None, name: str = "bench",
-                 engine_cpus: frozenset[int] | None = None, other_cpus: frozenset[int] | None = None) -> None:
+                 engine_cpus: frozenset[int] | None = None, other_cpus: frozenset[int] | None = None,
+                 engine: str | None = None) -> None:
         self.proc: subprocess.Popen | None = None
         self.api_key = api_key
         self.name = name
@@ -204,6 +219,8 @@ class Server:
             cmd += ["--model", model]
         if engine_cpus:
             cmd += ["--engine-cpus", ",".join(map(str, sorted(engine_cpus)))]
+        if engine:
+            cmd += [f"--engine-{engine}"]  # process or thread (else the server's default)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      preexec_fn=(lambda: os.sched_setaffinity(0, other_cpus)) if other_cpus else None)
         deadline = time.monotonic() + 600
@@ -230,7 +247,8 @@ class Server:
         if self.proc is not None:
             import psutil
 
-            rss = psutil.Process(self.proc.pid).memory_info().rss
+            server = psutil.Process(self.proc.pid)
+            rss = sum(p.memory_info().rss for p in [server, *server.children(recursive=True)])
         try:
             text = httpx.get(self.url + "/metrics", headers=self.headers, timeout=2).text
         except httpx.HTTPError:
