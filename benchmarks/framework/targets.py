@@ -308,7 +308,9 @@ class _OverServer:
         if self.session is None:  # on the running event loop, which aiohttp binds it to
             self.session = aiohttp.ClientSession(
                 self.server.url, headers=self.server.headers, timeout=aiohttp.ClientTimeout(total=600),
-                connector=aiohttp.TCPConnector(limit=1000))
+                # uvicorn closes a connection idle for 5 s: reusing one in that window raced its close
+                # (one ServerDisconnectedError at a phase's start), so idle ones go sooner here
+                connector=aiohttp.TCPConnector(limit=1000, keepalive_timeout=4))
         clock = _Clock()
         try:
             async with self.session.post(path, json=body) as r:
