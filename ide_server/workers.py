@@ -90,6 +90,12 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
+def _pause_if_dying_at_start(started: float) -> None:
+    """Before starting again a child that exited soon after it started: don't spin."""
+    if time.monotonic() - started < 10 * RESTART_PAUSE_S:
+        time.sleep(RESTART_PAUSE_S)
+
+
 def _terminate(process: subprocess.Popen[bytes], grace: float = 5.0) -> None:
     process.terminate()
     try:
@@ -190,8 +196,7 @@ class ModelServer:
             return
         print(f"codeyard: the model server (pid {self.process.pid}) exited with code {self.process.returncode}; "
               "starting it again", file=sys.stderr, flush=True)
-        if time.monotonic() - self.started < 10 * RESTART_PAUSE_S:  # dying at start: don't spin
-            time.sleep(RESTART_PAUSE_S)
+        _pause_if_dying_at_start(self.started)
         self.process, self.started = self._start(), time.monotonic()
 
     def stop(self) -> None:
@@ -325,8 +330,7 @@ class Supervisor:
                 print(f"codeyard: worker {i + 1} (pid {worker.process.pid}) exited with code "
                       f"{worker.process.returncode}; starting it again", file=sys.stderr, flush=True)
                 worker.forget_pipe()
-                if time.monotonic() - worker.started < 10 * RESTART_PAUSE_S:  # dying at start: don't spin
-                    time.sleep(RESTART_PAUSE_S)
+                _pause_if_dying_at_start(worker.started)
                 self.workers[i] = self.spawn(i)
             if self.model is not None and not self.stopping:
                 self.model.restart_if_exited()
