@@ -290,8 +290,10 @@ def test_the_workers_share_one_model_served_beside_them(tmp_path: Path) -> None:
         assert parent is not None
         servers = [p for p in parent.children() if "llm" in p.cmdline() and "serve" in p.cmdline()]
         assert len(servers) == 1, [p.cmdline() for p in parent.children()]
-        port = next(c.laddr.port for c in servers[0].net_connections("tcp") if c.status == psutil.CONN_LISTEN)
-        assert {psutil.Process(pid).environ()["CODEYARD_LLM_URL"] for pid in found.pids} == {f"http://127.0.0.1:{port}"}
+        llm_urls = {psutil.Process(pid).environ()["CODEYARD_LLM_URL"] for pid in found.pids}
+        assert len(llm_urls) == 1, llm_urls
+        port = int(llm_urls.pop().rsplit(":", 1)[1])
+        assert listens_soon(servers[0], port)  # once the model server has loaded its model
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401  # only with the workers' key
         client = httpx.Client(base_url=url, timeout=30)
         joined = client.post("/api/auth/register", json={"username": "asker", "password": PASSWORD})
@@ -302,6 +304,16 @@ def test_the_workers_share_one_model_served_beside_them(tmp_path: Path) -> None:
         servers[0].kill()
         servers[0].wait(10)
         assert completes(client, url, model.name)  # started again on the same port
+
+
+def listens_soon(process: psutil.Process, port: int) -> bool:
+    """Whether `process` listens on `port` within a minute (it binds after loading its model)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if any(c.laddr.port == port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN):
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def completes(client: httpx.Client, base: str, model: str) -> bool:
