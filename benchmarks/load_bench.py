@@ -322,9 +322,12 @@ def process_role(process: psutil.Process) -> str:
     return "worker" if "ide_server.workers" in process.cmdline() else "redis" if process.name() == "redis-server" else "serve"
 
 
-def workers_serving(log: Path) -> int:
-    """How many workers the server runs, once all of them serve: its first line gives the count, and with
-    several the parent says so when the last one serves."""
+def workers_serving(log: Path, asked: int | None) -> int:
+    """How many workers the server runs, once all of them serve: its first line gives the count (unless
+    asked for one: then it says nothing of workers), and with several the parent says so when the last
+    one serves."""
+    if asked == 1:
+        return 1
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         text = log.read_text(errors="replace")
@@ -483,7 +486,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         bases = [stack.enter_context(codeyard_serve(data_dir, settings, log_name=f"serve{i}.log"))
                  for i in range(args.replicas)]
         pids = [server_pid(base) for base in bases]
-        workers = [workers_serving(data_dir / f"serve{i}.log") for i in range(len(bases))]
+        workers = [workers_serving(data_dir / f"serve{i}.log", args.workers) for i in range(len(bases))]
         print(f"{len(bases)} server(s) {' '.join(bases)} (pids {pids}, {'/'.join(map(str, workers))} worker(s) each) on {'PostgreSQL' if args.postgres else 'SQLite'}"
               f"{' + Redis' if args.redis else ''}; think {args.think} s, keystroke every {args.keystroke_every} s, "
               f"run every {args.run_every} iterations")
