@@ -15,7 +15,10 @@ app = typer.Typer(help="Run sandbox runs dispatched by the IDE replicas through 
 @app.callback(invoke_without_command=True)
 def runner_command(
     slots: Annotated[int, typer.Option(min=1, max=256, help="Runs at once on this node.")] = 4,
-    name: Annotated[str | None, typer.Option(help="This node's name in heartbeats (default: host-pid).")] = None,
+    name: Annotated[str | None, typer.Option(
+        envvar="CODEYARD_RUNNER_NAME",
+        help="This node's name in heartbeats, unique among the runners (default: host-pid). A swarm service sets it per "
+             "node (docker/swarm.yml).")] = None,
     drain_seconds: Annotated[float, typer.Option(min=0, help="On shutdown, how long running runs may take to end.")] = 600,
     check: Annotated[bool, typer.Option(help="Only say whether Redis answers and a sandbox backend works here.")] = False,
     list_: Annotated[bool, typer.Option("--list", help="Only list the live runners and their capacity.")] = False,
