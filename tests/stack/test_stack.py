@@ -1,14 +1,16 @@
 """The multi-machine stack for real (`make test-stack`, too long for CI): the images built here without a
 registry, docker-compose.yml brought up, and through the proxy: sign up, edit from two replicas, run code,
 install a package and open a shell on the runners, ask the assistant, deploy an app (hosted by a runner) and reach
-it; then broken on purpose (a runner killed during runs, the runner hosting the app killed, an app replica killed,
-Redis and PostgreSQL restarted) and checked to recover by itself.
+it, edit a file together from editors on the two replicas; then broken on purpose (a runner killed during runs, the
+runner hosting the app killed, an app replica killed under an editor, Redis and PostgreSQL restarted) and checked to
+recover by itself.
 
 Needs a Docker engine at DOCKER_HOST with the images (scripts/test-stack.sh starts one and builds them).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -17,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from redis import Redis
-from stack_kit import PROXY, REPLICAS, User, eventually
+from stack_kit import PROXY, REPLICAS, Editor, User, eventually
 from websockets.sync.client import connect as ws_connect
 
 REPO = Path(__file__).resolve().parents[2]
@@ -172,14 +174,53 @@ def test_a_deployed_app_runs_on_a_runner_and_comes_back_on_the_other_when_it_die
     compose("up", "-d", dead)
 
 
-def test_an_app_replica_killed(stack):
+NOTES = "# notes\n"
+
+
+async def edit_on_two_replicas_and_kill_one(alice: User, pid: str) -> str:
+    """Two editors on notes.md, one on each replica, see each other's lines; replica 1 is killed under its editor,
+    which reconnects through the proxy (to the replica left) and types on. What both show at the end."""
+    on_one, on_two = Editor(alice, pid, "notes.md"), Editor(alice, pid, "notes.md")
+    await on_one.connect(REPLICAS[0])
+    await on_two.connect(REPLICAS[1])
+    await on_one.shows(NOTES)
+    await on_two.shows(NOTES)
+    await on_one.append("one\n")
+    await on_two.shows(NOTES + "one\n")  # acknowledged: it reached the editor on the other replica
+    await on_two.append("two\n")
+    await on_one.shows(NOTES + "one\ntwo\n")
+    await on_one.append("typed as it died\n")  # perhaps never stored by replica 1: its editor sends it again
+    await asyncio.to_thread(subprocess.run, ["docker", "kill", container("app1")], check=True, capture_output=True)
+    await on_one.dropped()
+    await on_one.connect(PROXY)
+    await on_two.shows(NOTES + "one\ntwo\ntyped as it died\n")
+    await on_one.append("three\n")
+    text = NOTES + "one\ntwo\ntyped as it died\nthree\n"
+    await on_one.shows(text)
+    await on_two.shows(text)
+    for editor in (on_one, on_two):
+        await editor.close()
+    return text
+
+
+def test_two_editors_on_two_replicas_and_an_app_replica_killed(stack):
     alice = User()
-    pid = alice.project({"a.txt": "kept"})
-    subprocess.run(["docker", "kill", container("app1")], check=True, capture_output=True)
+    pid = alice.project({"a.txt": "kept", "notes.md": NOTES})
+    text = asyncio.run(edit_on_two_replicas_and_kill_one(alice, pid))
     for _ in range(10):  # the proxy passes over the dead replica
         assert alice.http.get(f"/api/projects/{pid}/files/content/a.txt").text == "kept"
+    eventually(lambda: alice.http.get(f"/api/projects/{pid}/files/content/notes.md").text == text, 60,
+               "the edits written to the file by the replica left")
     compose("up", "-d", "app1")
     eventually(lambda: httpx.get(f"{REPLICAS[0]}/readyz", timeout=5).status_code == 200, 120, "replica 1 back")
+
+    async def reopened_on_replica_one() -> None:
+        editor = Editor(alice, pid, "notes.md")
+        await editor.connect(REPLICAS[0])
+        await editor.shows(text)
+        await editor.close()
+
+    asyncio.run(reopened_on_replica_one())
 
 
 def test_redis_and_postgres_restarted(stack):

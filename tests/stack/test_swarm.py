@@ -1,5 +1,6 @@
 """The same docker-compose.yml as a Docker Swarm stack on a one-node swarm (`docker stack deploy`), the node
-labelled for runners: the smoke part (sign up, edit on two replicas, run code on a runner) through the proxy.
+labelled for runners: the smoke part (sign up, edit on two replicas, run code on a runner) through the proxy, and the
+runners named after their node.
 Runs after test_stack.py (which has taken its stack down: both use the same host ports)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from stack_kit import REPLICAS, User, eventually
-from test_stack import ENV
+from test_stack import ENV, app_hosts
 
 REPO = Path(__file__).resolve().parents[2]
 STACK = "codeyard-swarm-test"
@@ -66,3 +67,6 @@ def test_the_swarm_stack_passes_the_smoke_part(swarm):
     assert alice.on(REPLICAS[1]).http.get(f"/api/projects/{pid}/files/content/a.txt").text == "one"
     run = alice.finished(alice.run(pid))
     assert run["verdict"] == "ok" and run["stdout"] == "on a runner\n", run
+    # Each global runner service's task is named after its node (docker/swarm.yml): unique when nodes are added
+    node = docker("node", "ls", "--format", "{{.Hostname}}").stdout.split()[0]
+    assert sorted(app_hosts()) == [f"{node}-runner1", f"{node}-runner2"], app_hosts()
