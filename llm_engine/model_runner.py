@@ -161,6 +161,7 @@ class ModelRunner:
                 module.process_weights_after_loading()
         self.model.eval()
         self.weight_bytes = weight_bytes(self.model)
+        self.vocab_size: int = hf_config.get_text_config().vocab_size
         self.max_model_len: int = min(config.max_model_len or hf_config.get_text_config().max_position_embeddings,
                                  hf_config.get_text_config().max_position_embeddings)
         self.sampler = Sampler(config.seed, self.device)
@@ -296,9 +297,11 @@ class ModelRunner:
             extra = {} if step.mm_embeds is None else {"mm_embeds": step.mm_embeds}
             hidden = self.model(torch.tensor(step.input_ids, device=self.device),
                                 torch.tensor(step.positions, device=self.device), metadata, **extra)
-        rows = torch.tensor(step.logit_rows, dtype=torch.long, device=self.device)  # may be empty
         prompt_logits = [(index, start, self._lm.compute_logits(hidden[row:row + count]))
                          for index, start, row, count in step.prompt_rows]
+        if not step.logit_rows:  # only unfinished prompt chunks: no LM head (a quantized one's kernels take no 0 rows)
+            return hidden.new_empty((0, self.vocab_size)), prompt_logits
+        rows = torch.tensor(step.logit_rows, dtype=torch.long, device=self.device)
         return self._lm.compute_logits(hidden[rows]), prompt_logits
 
     @torch.inference_mode()

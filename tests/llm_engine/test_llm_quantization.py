@@ -187,6 +187,18 @@ def test_embedding_and_lm_head_are_quantized_when_targeted_and_match_transformer
     check_logprobs_close(ours, hf_greedy(hf_with_dequantized_weights(tiny_llama, plan), prompts, 12), atol=1e-3)
 
 
+def test_a_prompt_chunked_over_steps_that_sample_nothing_with_a_quantized_lm_head(tiny_llama):
+    """A prompt longer than the step budget alone: its first chunks' steps sample nothing, so the
+    LM head gets no rows (the quantized kernels could not take 0 rows and failed the request)."""
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    prompt = list(range(5, 45))  # 40 tokens, 16 a step: two steps with no row to sample
+    answers = [LLM(str(tiny_llama), dtype="float32", kv_cache_memory="16MiB", quantization=WITH_TABLES,
+                   **budget).generate([prompt], params, use_tqdm=False)[0].outputs[0]
+               for budget in ({"max_num_batched_tokens": 16}, {})]
+    assert [a.finish_reason for a in answers] == ["length", "length"]
+    assert answers[0].token_ids == answers[1].token_ids
+
+
 @pytest.mark.parametrize("scheme", [QuantScheme("int8"), TABLES_INT4, QuantScheme("int4", 128, True),
                                     QuantScheme("fp8")], ids=QuantScheme.describe)
 def test_a_quantized_embedding_gathers_exactly_the_dequantized_rows(scheme):
