@@ -103,4 +103,7 @@ class ParallelLMHead(VocabParallelEmbedding):
             local = F.linear(hidden, self.weight)
         else:
             local = packed_linear(hidden, self.packed_weight, None)
+        bias: torch.Tensor | None = getattr(self, "bias", None)  # a vocabulary bias (Phi's), where a subclass adds one
+        if bias is not None:
+            local = local + bias
         return all_gather_last_dim(local)[..., :self.vocab_size]

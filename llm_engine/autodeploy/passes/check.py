@@ -12,13 +12,15 @@ from torch import fx, nn
 from llm_engine.autodeploy.paged_attention import PagedAttention
 from llm_engine.autodeploy.passes import PassContext
 from llm_engine.autodeploy.passes.rotary import TableRotary
+from llm_engine.autodeploy.passes.sharding import GatherColumns
 from llm_engine.layers.activation import SiluAndMul
 from llm_engine.layers.embedding import VocabParallelEmbedding
 from llm_engine.layers.linear import LinearBase
 from llm_engine.layers.norm import LayerNorm, RMSNorm
 
 aten = torch.ops.aten
-_MODULES = (PagedAttention, LinearBase, RMSNorm, LayerNorm, SiluAndMul, TableRotary, VocabParallelEmbedding)
+_MODULES = (PagedAttention, LinearBase, RMSNorm, LayerNorm, SiluAndMul, TableRotary, VocabParallelEmbedding,
+            GatherColumns)
 _OPS = {
     # elementwise
     aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.neg.default, aten.pow.Tensor_Scalar,

@@ -1,6 +1,8 @@
 """Linear passes: projections reading the same input become one matrix (q/k/v, gate/up), and
 every projection becomes an engine linear layer, whose QuantMethod the quantization config
-then chooses (int8/int4/fp8/... per layer), as for the hand-written models."""
+then chooses (int8/int4/fp8/... per layer), as for the hand-written models. A checkpoint matrix
+that already holds several projections (Phi-3's qkv_proj and gate_up_proj) becomes a merged layer
+of those parts, so that tensor parallelism splits each part, not the matrix's rows in two."""
 
 from __future__ import annotations
 
@@ -9,10 +11,24 @@ import operator
 import torch
 from torch import fx
 
-from llm_engine.autodeploy.passes import PassContext, add_module
-from llm_engine.layers.linear import MergedColumnParallelLinear, ReplicatedLinear
+from llm_engine.autodeploy.passes import PassContext, add_module, fake
+from llm_engine.layers.linear import LinearBase, MergedColumnParallelLinear, ReplicatedLinear
 
 aten = torch.ops.aten
+
+
+class FusedColumnParallelLinear(MergedColumnParallelLinear):
+    """One checkpoint tensor holding several projections side by side (q/k/v, gate/up): each rank
+    keeps its share of every part; the loader splits the tensor by the parts (vLLM's merged
+    loader given no shard)."""
+
+    def weight_loader(self, param: torch.nn.Parameter, loaded: torch.Tensor,
+                      shard_id: int | None = None) -> None:
+        if shard_id is not None:
+            super().weight_loader(param, loaded, shard_id)
+            return
+        for shard, part in enumerate(loaded.split_with_sizes(self.output_sizes)):
+            super().weight_loader(param, part, shard)
 
 
 def _projection(node: fx.Node, gm: fx.GraphModule) -> tuple[str, torch.Tensor, bool] | None:
@@ -65,21 +81,50 @@ def merge_sibling_linears(gm: fx.GraphModule, ctx: PassContext) -> str:
     return f"{len(merged)} merged ({', '.join(kinds)})" if merged else "none"
 
 
+def along_last(node: fx.Node, dim: object) -> bool:
+    """Whether `dim` is `node`'s last dimension (-1, or its index where the shape is recorded)."""
+    return dim == -1 or ("val" in node.meta and dim == fake(node).dim() - 1)
+
+
+def _parts(node: fx.Node, width: int) -> list[int] | None:
+    """The widths of the projections a matrix holds, when its output is read only in parts
+    along its columns: by slices covering them in order, or by one chunk/split; else None."""
+    users = list(node.users)
+    if len(users) == 1 and users[0].target in (aten.chunk.default, aten.split.Tensor) \
+            and along_last(node, users[0].args[2] if len(users[0].args) > 2 else 0):
+        count = users[0].args[1]
+        assert isinstance(count, int)
+        size = width // count if users[0].target is aten.chunk.default else count
+        return [size] * (width // size) if width % size == 0 and width > size else None
+    ranges = sorted((min(start, width), min(end, width)) for u in users
+                    if u.target is aten.slice.Tensor and len(u.args) == 4 and along_last(node, u.args[1])
+                    and isinstance(start := u.args[2], int) and isinstance(end := u.args[3], int))
+    starts = [0] + [end for _, end in ranges[:-1]]
+    if len(ranges) < 2 or len(ranges) != len(users) or ranges[-1][1] != width \
+            or any(start != expected for (start, _), expected in zip(ranges, starts)):
+        return None
+    return [end - start for start, end in ranges]
+
+
 def swap_linears(gm: fx.GraphModule, ctx: PassContext) -> str:
-    swapped = 0
+    swapped = fused = 0
     for node in list(gm.graph.nodes):
         found = _projection(node, gm)
         if found is None:
             continue
         path, weight, bias = found
-        add_module(gm, path, ReplicatedLinear(weight.shape[1], weight.shape[0], bias, weight.dtype))
+        parts = _parts(node, weight.shape[0])
+        layer: LinearBase = (ReplicatedLinear(weight.shape[1], weight.shape[0], bias, weight.dtype) if parts is None
+                             else FusedColumnParallelLinear(weight.shape[1], parts, bias, weight.dtype))
+        add_module(gm, path, layer)
         with gm.graph.inserting_before(node):
             call = gm.graph.call_module(path, (node.args[0],))
         call.meta = dict(node.meta)
         node.replace_all_uses_with(call)
         gm.graph.erase_node(node)
         swapped += 1
-    return f"{swapped} linears -> engine linear layers"
+        fused += parts is not None
+    return f"{swapped} linears -> engine linear layers" + (f" ({fused} holding several projections)" if fused else "")
 
 
 def _column_range(node: fx.Node) -> tuple[int, int] | None:

@@ -9,8 +9,12 @@ architecture names. The token embedding and the LM head are vocab-parallel. Ever
 is annotated (`node.meta["tp_shard"]`: column, row or vocab) at any tensor_parallel_size; with
 more than one rank the pass also rewrites the graph for the rank's share: parallel linear
 layers, attention over its heads, split sizes and column slices of a column output divided by
-the ranks. Anything in a block that reads across heads (a norm over all heads' q, a view with
-fixed sizes) is named in an error instead of being split wrongly.
+the ranks. A norm over a whole split projection (OLMo 2's q/k norms over all heads) reads every
+rank's share: it gets the all-gathered projection and each rank keeps its columns of the result
+(vLLM's way for OLMo 2; the alternative, the norm's weight split and its mean of squares
+all-reduced, sends less but needs a norm of its own). Anything else in a block that reads across
+heads (a mean over all heads, a view with fixed sizes) is named in an error instead of being split
+wrongly.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ from __future__ import annotations
 import operator
 
 import torch
-from torch import fx
+from torch import fx, nn
 
 from llm_engine.autodeploy.paged_attention import PagedAttention
 from llm_engine.autodeploy.passes import PassContext, add_module
+from llm_engine.autodeploy.passes.linear import along_last
 from llm_engine.autodeploy.passes.rotary import TableRotary
-from llm_engine.distributed import get_tp_size
+from llm_engine.distributed import all_gather_last_dim, get_tp_rank, get_tp_size
 from llm_engine.layers.activation import SiluAndMul
 from llm_engine.layers.attention import Attention
 from llm_engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -34,7 +39,7 @@ from llm_engine.layers.linear import (
     ReplicatedLinear,
     RowParallelLinear,
 )
-from llm_engine.layers.norm import RMSNorm
+from llm_engine.layers.norm import LayerNorm, RMSNorm
 
 aten = torch.ops.aten
 SHARD = "tp_shard"
@@ -44,18 +49,36 @@ _PER_HEAD_OPS = {aten.view.default, aten.reshape.default, aten.transpose.int, at
                 aten.contiguous.default, aten.clone.default, aten.to.dtype, aten._to_copy.default,
                 aten.dropout.default, aten.gelu.default, aten.silu.default, aten.tanh.default, aten.relu.default,
                 aten.mul.Tensor, aten.add.Tensor, aten.mul.Scalar, aten.add.Scalar, aten.div.Scalar,
-                aten.pow.Tensor_Scalar, aten.sigmoid.default, aten.erf.default, operator.getitem}  # GELU written out
+                aten.pow.Tensor_Scalar, aten.sigmoid.default, aten.erf.default, operator.getitem,  # GELU written out
+                aten.chunk.default, aten.split.Tensor}
+# ops that take a projection's columns apart: per head only on a merged projection's parts or along a head's dims
+_PART_OPS = {aten.slice.Tensor, aten.split_with_sizes.default, aten.split.Tensor, aten.chunk.default}
 _RESHAPES = (aten.view.default, aten.reshape.default)
 _REPLICATED_INPUTS = ("position_ids", "metadata")  # the same on every rank
 _OPEN = 1 << 62  # a slice's end past any width (export writes `x[..., a:]` with a huge end)
+_NORMS = (RMSNorm, LayerNorm)
 
 
 class VocabParallelHead(ParallelLMHead):
     """The vocab-parallel LM head as a graph module: its forward gives the logits, every rank's
-    share of the vocabulary gathered."""
+    share of the vocabulary gathered. A bias (Phi's) is split with the vocabulary."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype, bias: bool = False) -> None:
+        super().__init__(vocab_size, hidden_size, dtype)
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(self.shard_size, dtype=dtype), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # the rank's rows, as the table's
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.compute_logits(hidden)
+
+
+class GatherColumns(nn.Module):
+    """Every rank's share of a column-split activation, in rank order: the whole projection,
+    for a norm that reads all of it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return all_gather_last_dim(x)
 
 
 def _linear(gm: fx.GraphModule, node: fx.Node) -> LinearBase | None:
@@ -68,16 +91,48 @@ def _linear(gm: fx.GraphModule, node: fx.Node) -> LinearBase | None:
 def _per_head(gm: fx.GraphModule, node: fx.Node, head_dims: set[int]) -> bool:
     """Whether `node` works on each head (or each column of the MLP's width) on its own."""
     if node.op == "call_function":
+        source = node.args[0] if node.args else None
+        if node.target in _PART_OPS and isinstance(source, fx.Node):
+            layer = _linear(gm, source)
+            if layer is not None and not isinstance(layer, MergedColumnParallelLinear):
+                return False  # a plain column split would hand each rank the first parts, not a share of each
+            if node.target in (aten.chunk.default, aten.split.Tensor) \
+                    and not along_last(source, node.args[2] if len(node.args) > 2 else 0):
+                return False  # across heads
         return node.target in _PER_HEAD_OPS
     if node.op != "call_module":
         return False
     module = gm.get_submodule(str(node.target))
-    if isinstance(module, RMSNorm):  # Qwen3's q/k norms over one head's dims, not OLMo 2's over all heads
-        return module.weight.shape[-1] in head_dims
+    if isinstance(module, _NORMS):  # Qwen3's q/k norms over a head; OLMo 2's over all heads, gathered
+        return len(node.args) == 1
     return isinstance(module, (PagedAttention, TableRotary, SiluAndMul))
 
 
-def _region(gm: fx.GraphModule, row: fx.Node, head_dims: set[int]) -> tuple[list[fx.Node], list[fx.Node], fx.Node | None]:
+def _gather_for(gm: fx.GraphModule, norm: fx.Node, width: int, tp: int) -> None:
+    """`norm(x)` over a split projection's `width` -> `norm(all-gathered x)[..., the rank's columns]`."""
+    share, path = _divided(width, tp, norm), f"{norm.target}_gather"
+    add_module(gm, path, GatherColumns())
+    with gm.graph.inserting_before(norm):
+        whole = gm.graph.call_module(path, (norm.args[0],))
+    norm.args = (whole,)
+    with gm.graph.inserting_after(norm):
+        mine = gm.graph.call_function(aten.slice.Tensor, (norm, -1, get_tp_rank() * share, (get_tp_rank() + 1) * share))
+    norm.replace_all_uses_with(mine, delete_user_cb=lambda user: user is not mine)
+
+
+def _replicated(gm: fx.GraphModule) -> set[fx.Node]:
+    """Nodes computed from the positions and attention metadata alone (GPT-NeoX's positions
+    unsqueezed once for every layer's rotary): the same on every rank, never split."""
+    same: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node.target in _REPLICATED_INPUTS or node.target is aten.sym_size.int or (
+                node.op == "call_function" and node.all_input_nodes and set(node.all_input_nodes) <= same):
+            same.add(node)
+    return same
+
+
+def _region(gm: fx.GraphModule, row: fx.Node, head_dims: set[int],
+            same: set[fx.Node]) -> tuple[list[fx.Node], list[fx.Node], fx.Node | None]:
     """(the linears feeding `row` through per-head steps, those steps, the first node that is
     neither or that reads a split value from outside) walking back from `row`'s input."""
     columns: list[fx.Node] = []
@@ -85,7 +140,7 @@ def _region(gm: fx.GraphModule, row: fx.Node, head_dims: set[int]) -> tuple[list
     stack, seen = list(row.all_input_nodes), set()
     while stack:
         node = stack.pop()
-        if node in seen or node.target is aten.sym_size.int or node.target in _REPLICATED_INPUTS:
+        if node in seen or node in same:
             continue
         seen.add(node)
         if _linear(gm, node) is not None:
@@ -109,14 +164,14 @@ def _head_dims(gm: fx.GraphModule) -> set[int]:
 
 def _plan(gm: fx.GraphModule) -> tuple[list[Plan], dict[fx.Node, fx.Node]]:
     """(the column/row blocks, {linear: the node that stops it being a row})."""
-    head_dims = _head_dims(gm)
+    head_dims, same = _head_dims(gm), _replicated(gm)
     plans: list[Plan] = []
     obstacles: dict[fx.Node, fx.Node] = {}
     taken: set[fx.Node] = set()
     for node in gm.graph.nodes:
         if _linear(gm, node) is None:
             continue
-        columns, inside, obstacle = _region(gm, node, head_dims)
+        columns, inside, obstacle = _region(gm, node, head_dims, same)
         if obstacle is not None:
             obstacles[node] = obstacle
         elif columns and node not in taken and not taken.intersection(columns):
@@ -153,7 +208,9 @@ def _split_block(gm: fx.GraphModule, plan: Plan, tp: int, head_dims: set[int]) -
     _, columns, inside = plan
     for node in inside:
         module = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
-        if isinstance(module, PagedAttention):
+        if isinstance(module, _NORMS) and module.weight.shape[-1] not in head_dims:  # over all heads
+            _gather_for(gm, node, module.weight.shape[-1], tp)
+        elif isinstance(module, PagedAttention):
             attn = module.attn
             module.attn = Attention(_divided(attn.num_heads, tp, node), _divided(attn.num_kv_heads, tp, node),
                                     attn.head_dim, attn.scale, attn.backend)
@@ -162,17 +219,23 @@ def _split_block(gm: fx.GraphModule, plan: Plan, tp: int, head_dims: set[int]) -
         elif node.target is aten.split_with_sizes.default and node.args[0] in columns:
             sizes = [_divided(int(size), tp, node) for size in node.args[1]]  # type: ignore[arg-type,union-attr]  # ints
             node.args = (node.args[0], sizes, *node.args[2:])
+        elif node.target is aten.split.Tensor and node.args[0] in columns:  # equal parts of a merged output
+            node.args = (node.args[0], _divided(int(node.args[1]), tp, node), *node.args[2:])  # type: ignore[arg-type]
         elif node.target is aten.slice.Tensor and node.args[0] in columns:  # a column range of a merged output
             start, end = (int(a) for a in node.args[2:4])  # type: ignore[arg-type]  # ints
             node.args = (*node.args[:2], _divided(start, tp, node), end if end >= _OPEN else _divided(end, tp, node))
 
 
 def _parallel(gm: fx.GraphModule, node: fx.Node, kind: type[ColumnParallelLinear | RowParallelLinear]) -> None:
-    """A replicated linear -> `kind` at its path (merged projections are column-parallel already)."""
+    """A replicated linear -> `kind` at its path. Merged projections are column-parallel already,
+    unless made for another rank count (a built engine, saved for one): then made again for this one."""
     module = _linear(gm, node)
     if isinstance(module, ReplicatedLinear):
         add_module(gm, str(node.target), kind(module.input_size, module.output_size, module.bias is not None,
                                               module.dtype))
+    elif isinstance(module, MergedColumnParallelLinear) and module.tp_size != get_tp_size():
+        add_module(gm, str(node.target), type(module)(module.input_size, module.output_sizes,
+                                                      module.bias is not None, module.dtype))
 
 
 def _next_linears(gm: fx.GraphModule, node: fx.Node) -> list[fx.Node]:
@@ -225,17 +288,25 @@ def shard_tensor_parallel(gm: fx.GraphModule, ctx: PassContext) -> str:
 
 
 def _vocab_module(gm: fx.GraphModule, node: fx.Node, kind: type[VocabParallelEmbedding]) -> None:
-    """`node` (an embedding lookup or the LM head's linear over a table) -> `kind` over a share of
-    the vocabulary, at the table's module path (the checkpoint names stay)."""
-    weight = node.args[0] if node.target is aten.embedding.default else node.args[1]
-    if not (isinstance(weight, fx.Node) and weight.op == "get_attr" and len(weight.users) == 1):
-        raise _fail("a vocabulary table read by more than one node", node)
+    """`node` (an embedding lookup or the LM head's linear over a table, maybe with a bias) ->
+    `kind` over a share of the vocabulary, at the table's module path (the checkpoint names stay)."""
+    embedding = node.target is aten.embedding.default
+    weight = node.args[0] if embedding else node.args[1]
+    bias = None if embedding or len(node.args) < 3 else node.args[2]
+    for param in (weight, bias) if bias is not None else (weight,):
+        if not (isinstance(param, fx.Node) and param.op == "get_attr" and len(param.users) == 1):
+            raise _fail("a vocabulary table or bias read by more than one node", node)
+    assert isinstance(weight, fx.Node)
     table = gm.get_parameter(str(weight.target))
     path, _, name = str(weight.target).rpartition(".")
-    if name != "weight" or not path:
+    if name != "weight" or not path or (isinstance(bias, fx.Node) and str(bias.target) != f"{path}.bias"):
         raise _fail("a vocabulary table outside a module", node)
-    add_module(gm, path, kind(table.shape[0], table.shape[1], table.dtype))
-    ids_or_hidden = node.args[1] if node.target is aten.embedding.default else node.args[0]
+    module = (kind(table.shape[0], table.shape[1], table.dtype) if bias is None
+              else VocabParallelHead(table.shape[0], table.shape[1], table.dtype, bias=True))
+    for name, buffer in gm.get_submodule(path).named_buffers(recurse=False):  # Gemma's embed_scale, read by the graph
+        module.register_buffer(name, buffer)
+    add_module(gm, path, module)
+    ids_or_hidden = node.args[1] if embedding else node.args[0]
     with gm.graph.inserting_before(node):
         call = gm.graph.call_module(path, (ids_or_hidden,))
     call.meta = dict(node.meta)
@@ -251,7 +322,5 @@ def shard_lm_head(gm: fx.GraphModule, ctx: PassContext) -> str:
     if get_tp_size() == 1:
         return f"{len(heads)} vocab-parallel LM head (annotated; one rank)"
     for node in heads:
-        if len(node.args) > 2 and node.args[2] is not None:
-            raise _fail("an LM head with a bias (Phi's) is not split yet", node)
         _vocab_module(gm, node, VocabParallelHead)
     return f"{len(heads)} vocab-parallel LM head (split across {get_tp_size()} ranks)"

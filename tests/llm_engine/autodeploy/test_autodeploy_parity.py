@@ -4,7 +4,7 @@ float32, alone and batched, with prefix-cache hits and forced preemption (a 12-b
 The default suite runs Gemma 2 (sliding window, soft-capping, tied embeddings, GELU);
 `make test-autodeploy` (CODEYARD_AUTODEPLOY_FULL=1) runs every architecture in
 autodeploy_models.ARCHITECTURES, Llama, Mistral, Qwen2 and Qwen3 through the pipeline against their
-hand-written paths, and three architectures at tensor_parallel_size=2.
+hand-written paths, and seven architectures at tensor_parallel_size=2.
 """
 
 from __future__ import annotations
@@ -64,11 +64,13 @@ def test_registered_architecture_through_the_pipeline_matches_its_hand_written_p
 
 
 @pytest.mark.skipif(not FULL, reason="make test-autodeploy")
-@pytest.mark.parametrize("model_type", ["llama", "gemma2", "stablelm"])
+@pytest.mark.parametrize("model_type", ["llama", "gemma2", "stablelm", "olmo2", "gpt_neox", "phi", "phi3"])
 def test_tensor_parallel_2_gives_transformers_greedy_tokens_under_preemption(tmp_path, model_type):
     """shard_tensor_parallel in the engine's two gloo workers: merged q/k/v and gate/up column,
     o/down row, half the heads each (StableLM writes its head counts out), vocab-parallel embedding
-    and LM head (Gemma 2's tied, windowed and soft-capped)."""
+    and LM head (Gemma 2's tied, windowed and soft-capped; Phi's with a bias); OLMo 2's q/k norms
+    over all heads read the gathered projection; GPT-NeoX's per-head [q|k|v] rows split by heads;
+    Phi-3's one q/k/v matrix and one gate/up matrix split per part."""
     folder = build(model_type, tmp_path / model_type)
     batch = prompts()
     llm = LLM(str(folder), dtype="float32", model_impl="auto", tensor_parallel_size=2, block_size=4,

@@ -17,7 +17,12 @@ from llm_engine.autodeploy.passes.check import check_supported
 from llm_engine.autodeploy.passes.cleanup import drop_noop_casts
 from llm_engine.autodeploy.passes.flatten import flatten_batch
 from llm_engine.autodeploy.passes.layout import tokens_first_attention
-from llm_engine.autodeploy.passes.linear import merge_sibling_linears, split_merged_outputs, swap_linears
+from llm_engine.autodeploy.passes.linear import (
+    FusedColumnParallelLinear,
+    merge_sibling_linears,
+    split_merged_outputs,
+    swap_linears,
+)
 from llm_engine.autodeploy.passes.norm import fuse_add_norm, fuse_layer_norm, fuse_rms_norm
 from llm_engine.autodeploy.passes.rotary import TableRotary, fuse_rotary
 from llm_engine.layers.activation import SiluAndMul
@@ -107,6 +112,37 @@ def test_linear_passes_merge_siblings_swap_to_engine_layers_and_fuse_silu():
     assert isinstance(gm.get_submodule("mlp.down_proj"), ReplicatedLinear)
     assert isinstance(gm.get_submodule("mlp.gate_proj_up_proj_act"), SiluAndMul)
     assert ctx.weight_map["attn.k_proj.weight"] == ("attn.q_proj_k_proj_v_proj.weight", 1)
+    load(gm, block, ctx)
+    torch.testing.assert_close(gm(x), before)
+
+
+class FusedProjections(nn.Module):
+    """Phi-3's projections: one matrix holding q/k/v read by column slices, one holding gate/up
+    read by a chunk."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv_proj, self.gate_up_proj = nn.Linear(16, 32), nn.Linear(16, 48, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv[..., :16], qkv[..., 16:24], qkv[..., 24:]
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return torch.cat([q * k.sum(-1, keepdim=True), v], -1) + up * F.silu(gate)
+
+
+def test_a_matrix_read_in_parts_becomes_a_merged_layer_of_those_parts():
+    """So that tensor parallelism gives each rank a share of each part (test_sharding); the
+    checkpoint's one tensor loads whole."""
+    block, x = FusedProjections(), torch.randn(1, 5, 16)
+    gm = exported(block, x)
+    before = gm(x)
+    ctx = context()
+    assert run_passes(gm, ctx, [swap_linears]) == [
+        "swap_linears: 2 linears -> engine linear layers (2 holding several projections)"]
+    parts = {path: gm.get_submodule(path) for path in ("qkv_proj", "gate_up_proj")}
+    assert all(isinstance(m, FusedColumnParallelLinear) for m in parts.values())
+    assert [m.output_sizes for m in parts.values()] == [[16, 8, 8], [24, 24]]
     load(gm, block, ctx)
     torch.testing.assert_close(gm(x), before)
 
