@@ -11,6 +11,12 @@ not safetensors + a module list: the graph is code, and a pickle of a GraphModul
 plus its modules, so no second serializer has to be kept in step with the passes. The cost: an
 engine is tied to the versions that built it (checked first, with a clear error) and must be
 trusted like code (loading it runs pickle).
+
+An engine is saved for one rank. With tensor_parallel_size > 1 each worker runs the sharding
+passes on the loaded graphs (the plan is read off them as at capture) and every layer they
+replace takes its rank's share of the saved tensor of the same name through its weight loader,
+as from a checkpoint: one engine serves any rank count its heads divide by. Quantized layers are
+refused there: their packed tensors are not laid out to be cut by rows and columns.
 """
 
 from __future__ import annotations
@@ -24,9 +30,12 @@ import torch
 from torch import fx
 
 from llm_engine.autodeploy.paged_attention import PagedAttention
+from llm_engine.autodeploy.passes import PassContext, run_passes
+from llm_engine.autodeploy.passes.sharding import shard_lm_head, shard_tensor_parallel
 from llm_engine.config import EngineConfig
 from llm_engine.distributed import get_tp_size
 from llm_engine.layers.attention import Attention, AttentionBackend
+from llm_engine.layers.linear import MergedColumnParallelLinear
 from llm_engine.layers.native import CpuKernels, cpu_kernels
 from llm_engine.layers.quant_config import summarize
 from llm_engine.loader.engine_manifest import MODEL_FILE, EngineManifest, write_manifest
@@ -76,12 +85,36 @@ def load_model(folder: Path, backend: AttentionBackend, device: torch.device) ->
     memory-mapped (pages read as first touched)."""
     model: torch.nn.Module = torch.load(folder / MODEL_FILE, map_location=device, weights_only=False,
                                         mmap=device.type == "cpu")
+    if get_tp_size() > 1:
+        _split_for_rank(model, backend, device)
     for module in model.modules():
         if isinstance(module, PagedAttention):
             module.check_backend(backend)
         if isinstance(module, Attention):
             module.backend = backend
     return model
+
+
+def _split_for_rank(model: torch.nn.Module, backend: AttentionBackend, device: torch.device) -> None:
+    """The one-rank engine's graphs sharded for this rank; each layer the passes made loads its
+    share of the saved tensor of the same name (merged layers part by part)."""
+    saved = dict(model.named_parameters(remove_duplicate=False))
+    dtype = next(iter(saved.values())).dtype
+    context = PassContext(backend, dtype, device)
+    with torch.device(device):
+        run_passes(model.get_submodule("body"), context, [shard_tensor_parallel])  # type: ignore[arg-type]  # GraphModules
+        run_passes(model.get_submodule("head"), context, [shard_lm_head])  # type: ignore[arg-type]
+    owners = {f"{path}.{name}" if path else name: module for path, module in model.named_modules(remove_duplicate=False)
+              for name, _ in module.named_parameters(recurse=False)}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if saved.get(name) is param:
+            continue
+        owner, loader = owners[name], param.weight_loader  # type: ignore[attr-defined]  # the parallel layers' loaders
+        if isinstance(owner, MergedColumnParallelLinear):
+            for shard, part in enumerate(saved[name].split_with_sizes(owner.output_sizes)):
+                loader(param, part, shard)
+        else:
+            loader(param, saved[name])
 
 
 def check_engine_options(config: EngineConfig, engine: EngineManifest) -> torch.dtype:
@@ -97,6 +130,9 @@ def check_engine_options(config: EngineConfig, engine: EngineManifest) -> torch.
     if config.quantization != "auto":
         raise ValueError(f"quantization: an engine's quantization is chosen at build ({summarize(engine.quantization)}); "
                          f"load it with quantization 'auto' or rebuild it")
-    if get_tp_size() > 1:
-        raise ValueError("tensor_parallel_size: built engines run on one rank so far")
+    quantized = sorted(layer for layer, scheme in engine.quantization.items() if scheme != "float")
+    if get_tp_size() > 1 and quantized:
+        raise ValueError(f"tensor_parallel_size: an engine with quantized layers ({quantized[0]}, ...) runs on one "
+                         f"rank: its packed tensors are not split across ranks; rebuild it without --quantization, "
+                         f"or serve the checkpoint with --quantization")
     return engine.dtype

@@ -14,9 +14,13 @@ import torch
 from autodeploy_models import build, hf_greedy, prompts, run_cli
 
 from llm_engine import LLM, SamplingParams
+from llm_engine.autodeploy import engine_dir
 from llm_engine.autodeploy import model as autodeploy_model
 from llm_engine.autodeploy.model import AutoDeployedCausalLM
-from llm_engine.loader.engine_manifest import MANIFEST
+from llm_engine.config import EngineConfig
+from llm_engine.loader.engine_manifest import MANIFEST, EngineManifest
+
+FULL = os.environ.get("CODEYARD_AUTODEPLOY_FULL") == "1"
 
 MAX_NEW = 10
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -132,3 +136,35 @@ def test_an_engine_runs_with_its_measured_options_unless_given_others(built, tmp
         assert (served[0].block_size, served[0].max_num_batched_tokens, served[0].num_threads) == (8, 64, 2)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.skipif(not FULL, reason="make test-autodeploy")
+@pytest.mark.parametrize("model_type", ["gemma2", "olmo2", "phi", "phi3"])
+def test_an_engine_saved_for_one_rank_runs_at_tensor_parallel_size_2(built, tmp_path, model_type):
+    """Each worker shards the loaded graphs and takes its share of the saved tensors: Gemma 2's
+    tied table, windowed and soft-capped attention (the module's engine), OLMo 2's gathered q/k
+    norms, Phi's LM head bias, Phi-3's q/k/v and gate/up matrices made again per part."""
+    checkpoint, engine = built[:2]
+    if model_type != "gemma2":
+        checkpoint, engine = build(model_type, tmp_path / model_type), tmp_path / "engine"
+        assert run_cli("build", str(checkpoint), "--out", str(engine)) == 0
+    batch = prompts()
+    llm = LLM(str(engine), tensor_parallel_size=2, block_size=4, num_kv_blocks=12)
+    try:
+        outputs = llm.generate(batch, GREEDY, use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in outputs] == hf_greedy(checkpoint, batch, MAX_NEW)
+        assert sum(o.metrics.num_preemptions for o in outputs) > 0
+    finally:
+        llm.engine.shutdown()
+
+
+def test_an_engine_with_quantized_layers_is_refused_at_more_than_one_rank(monkeypatch):
+    config = EngineConfig(model="engine")
+    manifest = EngineManifest(torch.float32, {"model.layers.0.mlp.down_proj": "int8", "lm_head": "float"}, {})
+    assert engine_dir.check_engine_options(config, manifest) is torch.float32  # one rank: runs
+    monkeypatch.setattr(engine_dir, "get_tp_size", lambda: 2)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size: an engine with quantized layers "
+                                         r"\(model.layers.0.mlp.down_proj, ...\) runs on one rank"):
+        engine_dir.check_engine_options(config, manifest)
+    float_only = EngineManifest(torch.float32, {"lm_head": "float"}, {})
+    assert engine_dir.check_engine_options(config, float_only) is torch.float32
