@@ -78,6 +78,9 @@ def serve(
     data_parallel_size: Annotated[int, typer.Option(min=1, help="Replica servers behind one endpoint, "
                                                      "routed by cached prefix.")] = 1,
     max_waiting: Annotated[int, typer.Option(min=0, help="Waiting requests before answering 429.")] = 64,
+    scheduling_policy: Annotated[str, typer.Option(help="fcfs, or priority (by each request's `priority`, lower "
+                                                   "first); a --disaggregated prefill instance takes priority, "
+                                                   "set by the proxy to the prompt's length.")] = "fcfs",
     kv_cache_memory: Annotated[str, typer.Option(help="KV pool size, e.g. 1GiB.")] = "1GiB",
     gpu_memory_utilization: Annotated[float, typer.Option(min=0.01, max=1.0, help="CUDA: the fraction of the GPU's "
                                                           "memory the engine may use; the KV pool gets what its "
@@ -129,6 +132,8 @@ def serve(
     path, name = resolve_model(model or os.environ.get("CODEYARD_LLM_MODEL"))
     keys = api_key or [k for k in [os.environ.get("CODEYARD_LLM_API_KEY")] if k]
     check_disaggregation(disaggregated, role, kv_port, kv_transport, data_parallel_size, tensor_parallel_size)
+    if scheduling_policy not in ("fcfs", "priority"):
+        raise typer.BadParameter(f"must be fcfs or priority, got {scheduling_policy!r}", param_hint="--scheduling-policy")
     if max_local_prefill_length and not disaggregated:
         raise typer.BadParameter("applies to the --disaggregated proxy", param_hint="--max-local-prefill-length")
     try:
@@ -143,6 +148,7 @@ def serve(
         distributed_executor = "mp"  # "ray" placed the servers; each one's single rank runs in it
     serve_args = ["--model", path, "--served-model-name", served_model_name or name, "--device", device,
                   "--max-num-seqs", str(max_num_seqs), "--max-waiting", str(max_waiting),
+                  "--scheduling-policy", scheduling_policy,
                   "--kv-cache-memory", kv_cache_memory, "--request-timeout", str(request_timeout),
                   "--quantization", quantization, "--tensor-parallel-size", str(tensor_parallel_size),
                   "--distributed-executor", distributed_executor, "--ray-placement-strategy", ray_placement_strategy,
@@ -189,6 +195,7 @@ def serve(
     tuned = {**tuned_options(path), **({"num_threads": threads} if threads else {}),  # an engine's measured ones (`llm tune`)
              **({"max_num_batched_tokens": max_num_batched_tokens} if max_num_batched_tokens else {})}
     config = EngineConfig(model=path, device=device, max_num_seqs=max_num_seqs, kv_cache_memory=kv_cache_memory,
+                          scheduling_policy=scheduling_policy,
                           tensor_parallel_size=tensor_parallel_size, **tuned,
                           distributed_executor_backend=distributed_executor,
                           ray_placement_strategy=ray_placement_strategy,

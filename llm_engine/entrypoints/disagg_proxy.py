@@ -14,6 +14,14 @@ tokenizer, so a text prompt counts as many tokens as its UTF-8 bytes (a byte-lev
 covers at least one byte) and a chat as the bytes of its messages as JSON (the template's tokens
 too): an upper bound, so only prompts that are surely short stay local.
 
+The prefill instance takes its queue shortest prompt first: the proxy sets each split request's
+`priority` there to its prompt's length (the bound above), and the launchers run that instance with
+the priority policy. First come, first served, a short prompt that arrives during a burst of long
+ones waits for all of them (seconds), and the short prompts held up together then reach the decode
+instance together and swell its batch, which is what its TPOT is made of. Now a short prompt waits
+at most for the one long prompt already being computed. A client's own `priority` applies on the
+decode instance.
+
 Requests that cannot be split go whole to the prefill instance: several prompts, echo, prompt
 logprobs, beam search, max_tokens=1. So do all requests while the decode instance cannot be
 reached; it is tried again after DEAD_FOR_S. A decode instance that dies mid-stream ends that
@@ -59,11 +67,13 @@ def prompt_tokens_bound(payload: dict[str, Any]) -> int:
 
 
 def prefill_payload(payload: dict[str, Any]) -> dict[str, Any]:
-    """The request as the prefill instance runs it: one token, one sample, not streamed, its KV kept."""
+    """The request as the prefill instance runs it: one token, one sample, not streamed, its KV kept,
+    shortest prompt first (see above)."""
     body = {k: v for k, v in payload.items()
             if k not in ("stream", "stream_options", "max_completion_tokens", "n", "best_of", "logprobs",
                          "top_logprobs")}
-    return {**body, "max_tokens": 1, "min_tokens": 0, "kv_transfer_params": {"do_remote_decode": True}}
+    return {**body, "max_tokens": 1, "min_tokens": 0, "priority": prompt_tokens_bound(payload),
+            "kv_transfer_params": {"do_remote_decode": True}}
 
 
 class _Decode:

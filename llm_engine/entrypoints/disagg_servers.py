@@ -23,9 +23,11 @@ def instance_cores(pin: bool) -> list[set[int] | None] | None:
 
 
 def role_args(serve_args: list[str], kv_host: str, kv_port: int, kv_transport: str) -> list[list[str]]:
-    """The prefill and the decode instance's arguments: the decode side pulls from kv_host:kv_port."""
+    """The prefill and the decode instance's arguments: the decode side pulls from kv_host:kv_port.
+    The prefill instance takes its queue by priority, which the proxy sets to the prompt's length
+    (`disagg_proxy.prefill_payload`)."""
     kv = ["--kv-host", kv_host, "--kv-port", str(kv_port)]
-    return [[*serve_args, "--role", "prefill", *kv],
+    return [[*serve_args, "--role", "prefill", *kv, "--scheduling-policy", "priority"],
             [*serve_args, "--role", "decode", *kv, "--kv-transport", kv_transport]]
 
 

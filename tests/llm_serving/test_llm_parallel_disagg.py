@@ -1,10 +1,12 @@
 """Disaggregated serving for real: `codeyard llm serve --role prefill` and `--role decode` as two
 processes (each pinned to a core), the proxy in front, through the official openai client. A mixed
-batch, streamed and not, completions and chat, gives one engine's greedy answers. Killing the
-decode instance mid-stream ends that stream with a clear error, the prefill instance's blocks are
-all free, the service keeps answering, and the launcher starts the instance again. With max_local_prefill_length, short prompts go whole
-to the decode instance. One pair serves the whole module (processes are slow
-to start); the engine-level transfers are in tests/llm_engine/test_llm_parallel_kv_connector.py."""
+batch, streamed and not, completions and chat, gives one engine's greedy answers. A client that
+leaves mid-stream leaves no block held on either instance. Killing the decode instance mid-stream
+ends that stream with a clear error, the prefill instance's blocks are all free, the service keeps
+answering, and the launcher starts the instance again (the new one holds no block). The prefill
+instance takes the shortest prompt first. With max_local_prefill_length, short prompts go whole to
+the decode instance. One pair serves the whole module (processes are slow to start); the
+engine-level transfers are in tests/llm_engine/test_llm_parallel_kv_connector.py."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from llm_engine.entrypoints.disagg_proxy import create_disagg_app, prompt_tokens_bound
+from llm_engine.entrypoints.disagg_proxy import create_disagg_app, prefill_payload, prompt_tokens_bound
 from llm_engine.entrypoints.disagg_servers import disaggregated_servers, proxy_beside_prefill
 from llm_engine.entrypoints.replicas import RESTART_DELAYS_S, Supervisor
 
@@ -85,6 +87,18 @@ def test_a_mixed_batch_gets_one_engines_greedy_answers(pair):
         complete(client_for(proxy.url, "wrong"), "hi", 2, False)
 
 
+def test_the_prefill_instance_takes_the_shortest_prompt_first(pair):
+    """The launcher runs the prefill instance with the priority policy (the decode instance keeps
+    the default) and the proxy asks it for the prompt's length as the priority."""
+    children, _ = pair
+    policies = [httpx.get(f"{url}/v2/models/{NAME}/config", headers={"Authorization": f"Bearer {children.key}"},
+                          timeout=10).json()["parameters"]["batch_scheduler_policy"]["string_value"]
+                for url in children.urls]
+    assert policies == ["priority", "fcfs"]
+    assert prefill_payload({"model": NAME, "prompt": "héllo", "priority": -3})["priority"] == 6  # UTF-8 bytes
+    assert prefill_payload({"model": NAME, "prompt": [5, 6, 7], "stream": True})["priority"] == 3
+
+
 def test_short_prompts_are_prefilled_on_the_decode_instance_under_max_local_prefill_length(pair):
     """A prompt surely within max_local_prefill_length runs whole on the decode instance (the
     prefill instance computes nothing for it); a longer one is still split. One engine's answers
@@ -117,6 +131,25 @@ def test_the_proxys_prompt_bound_is_at_least_the_tokens(tiny_chat_model):
     assert prompt_tokens_bound({"prompt": [5, 6, 7]}) == prompt_tokens_bound({"prompt": [[5, 6, 7]]}) == 3
 
 
+def test_a_client_that_leaves_mid_stream_frees_every_block_on_both_instances(pair):
+    """The client closes a split stream: the proxy closes its upstream, the decode instance aborts
+    the request and frees its blocks (the pulled prompt's and the generated ones), and the prefill
+    instance's hold was already released by the pull."""
+    children, proxy = pair
+    stream = client_for(proxy.url, "outer").completions.create(
+        model=NAME, prompt=PROMPTS[1], max_tokens=3000, temperature=0, stream=True, extra_body={"ignore_eos": True})
+    chunks = iter(stream)
+    for _ in range(3):
+        next(chunks)
+    assert metric(children.urls[1], children.key, "vllm:kv_cache_usage_perc") > 0  # the stream's blocks
+    stream.close()
+    for url in children.urls:
+        deadline = time.monotonic() + 15
+        while metric(url, children.key, "vllm:kv_cache_usage_perc") > 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert metric(url, children.key, "vllm:kv_cache_usage_perc") == 0, url
+
+
 def test_killing_the_decode_instance_mid_stream_fails_only_that_request(pair):
     children, proxy = pair
     split = client_for(proxy.url, "outer")
@@ -139,6 +172,7 @@ def test_a_killed_instance_is_started_again(pair):
     children, _ = pair
     wait_until_healthy(children.urls[1], children.key)
     assert children.procs[1].poll() is None  # a new process: the killed one's poll() is -9
+    assert metric(children.urls[1], children.key, "vllm:kv_cache_usage_perc") == 0
     proxy = start_server(create_disagg_app(children.urls[0], children.urls[1], frozenset({"outer"}), children.key))
     try:
         whole = complete(client_for(children.urls[0], children.key), PROMPTS[2], 5, True)
@@ -170,7 +204,7 @@ def assert_prefill_blocks_free_and_decode_out(prefill_url: str, key: str, proxy_
     assert httpx.get(proxy_url + "/health", timeout=10).json()["decode_instance"] == "unreachable"
 
 
-def test_a_decode_instance_without_the_prefill_kv_port_is_exit_2(tiny_chat_model):
+def test_bad_serving_options_are_exit_2(tiny_chat_model):
     result = subprocess.run([*CODEYARD, "llm", "serve", "--model", str(tiny_chat_model), "--role", "decode"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
@@ -178,6 +212,9 @@ def test_a_decode_instance_without_the_prefill_kv_port_is_exit_2(tiny_chat_model
     result = subprocess.run([*CODEYARD, "llm", "serve", "--model", str(tiny_chat_model), "--max-local-prefill-length",
                              "64"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "--disaggregated" in result.stderr
+    result = subprocess.run([*CODEYARD, "llm", "serve", "--model", str(tiny_chat_model), "--scheduling-policy", "lifo"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "must be fcfs or priority, got 'lifo'" in result.stderr
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
