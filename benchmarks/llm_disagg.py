@@ -293,6 +293,8 @@ def run_setup(label: str, serve_args: list[str], arrivals: list[Arrival], args: 
     tokens = sum(r.tokens for r in results)
     spent = {name: (after[name][0] - before[name][0], after[name][1] - before[name][1], after[name][2] - before[name][2])
              for name in pids}
+    if "proxy" in spent:  # cpu_split counts a process's children too: the launcher's are the instances
+        spent["proxy"] = (0.0, spent["proxy"][1] - spent["prefill"][1] - spent["decode"][1], 0.0)
     print(f"{label}: load average {load_before:.1f} before the schedule, {os.getloadavg()[0]:.1f} after", flush=True)
     print(cpu_line(label, spent, client_cpu, tokens), flush=True)
     print(f"{label}: {'server' if label.startswith('colocated') else 'decode instance'} steps by tokens: {sizes}",
