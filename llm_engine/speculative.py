@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 _METHODS = ("ngram", "draft_model")
 _NGRAM_FIELDS = ("prompt_lookup_max", "prompt_lookup_min")
@@ -100,27 +99,31 @@ class NgramMatch:
 def find_ngram(token_ids: list[int], n_max: int, n_min: int) -> NgramMatch | None:
     """The latest earlier occurrence of the longest of the last n_max..n_min tokens; among those,
     the one whose earlier context agrees longest with the sequence's (the one a copy most likely
-    continues)."""
+    continues).
+
+    Every earlier occurrence of the last token is a candidate, and its agreement (how many tokens,
+    backwards, equal the sequence's last ones, up to _MAX_CONTEXT or n_max if longer) comes from
+    one comparison of all candidates at once: the longest n-gram's occurrences are those that
+    agree longest, so the match is the latest candidate of the longest agreement, if that reaches
+    n_min. (It runs before every decode step: scanning for each n, then narrowing by one token at
+    a time, took ~0.5 ms of Python and numpy calls a step, ~2% of a speculative step here.)"""
     length = len(token_ids)
     if length < n_min + 1:
         return None
     tokens = np.asarray(token_ids)
-    for n in range(min(n_max, length - 1), n_min - 1, -1):
-        # Windows end before the last token, so the suffix never matches itself and a match is
-        # always followed by at least one token.
-        windows = sliding_window_view(tokens[:length - 1], n)
-        starts = np.flatnonzero((windows == tokens[length - n:]).all(axis=1)) + n
-        if not starts.size:
-            continue
-        context = n
-        while context < _MAX_CONTEXT and context < length - 1:
-            before = starts - context - 1
-            agree = starts[(before >= 0) & (tokens[np.maximum(before, 0)] == tokens[length - 1 - context])]
-            if not agree.size:
-                break
-            starts, context = agree, context + 1
-        return NgramMatch(int(starts[-1]), context)
-    return None
+    # Candidates end before the last token, so the suffix never matches itself and a match is
+    # always followed by at least one token.
+    ends = np.flatnonzero(tokens[:length - 1] == tokens[-1])
+    if not ends.size:
+        return None
+    back = np.arange(min(max(_MAX_CONTEXT, n_max), length - 1))
+    earlier = ends[:, None] - back  # [candidate, i]: the token i before a candidate's end
+    agrees = (earlier >= 0) & (tokens[np.maximum(earlier, 0)] == tokens[length - 1 - back])
+    context = np.cumprod(agrees, axis=1).sum(axis=1)  # agreeing tokens up to the first difference
+    best = int(context.max())
+    if best < n_min:
+        return None
+    return NgramMatch(int(ends[np.flatnonzero(context == best)[-1]]) + 1, best)
 
 
 class VerifyCost:

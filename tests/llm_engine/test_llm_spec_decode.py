@@ -50,6 +50,7 @@ def test_proposer_takes_the_longest_latest_match_and_never_the_suffix_itself():
     copy = list(range(40))
     match = find_ngram(copy + copy[:30], n_max=4, n_min=1)  # a long copy: context counted up to 16
     assert match == NgramMatch(start=30, context=16) and match.bucket == 2
+    assert find_ngram(copy + copy[:30], n_max=20, n_min=1) == NgramMatch(start=30, context=20)  # a longer n_max
     assert [NgramMatch(0, n).bucket for n in (1, 2, 3)] == [0, 1, 2]
 
 
