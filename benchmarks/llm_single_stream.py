@@ -9,6 +9,9 @@ prompt (32 tokens of Python), greedy, the same number of output tokens. Each thr
 rounds of three in turn, so machine noise hits all of them alike:
   fused     our default: one native call per decode step for the whole decoder stack
   layered   the same model layer by layer (the path before the fused step; still used for batches)
+Our model runs in the default dtype (--dtype auto: bfloat16 on a CPU with native bf16, as in the
+IDE; its fused step computes in float32 on the bf16 KV cache, so its tokens may part from the
+layered bf16 path's after a while: both counts are printed).
   llama.cpp its eval/sample loop from Python (also its own eval time, from llama.cpp's counters)
 and then a prefill of each: a 300-token prompt (the start of textwrap's source; no prefix cache),
 prompt tokens/s from scheduling to the first token (ours) and over one eval call (llama.cpp's).
@@ -50,10 +53,11 @@ def smollm2_gguf() -> Path:
 class Engine:
     """Our LLM with timers on the calls a step is made of (wrapping adds well under 1% here)."""
 
-    def __init__(self, gguf: Path, threads: int, tokens: int) -> None:
+    def __init__(self, gguf: Path, threads: int, tokens: int, dtype: str) -> None:
         from llm_engine import LLM, SamplingParams
 
-        self.llm = LLM(model=str(gguf), num_threads=threads, kv_cache_memory="64MiB", enable_prefix_caching=False)
+        self.llm = LLM(model=str(gguf), dtype=dtype, num_threads=threads, kv_cache_memory="64MiB",
+                       enable_prefix_caching=False)
         self.params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
         self.prefill_params = SamplingParams(temperature=0, max_tokens=1)
         tokenizer = self.llm.get_tokenizer()
@@ -61,6 +65,7 @@ class Engine:
         self.long_prompt = tokenizer(inspect.getsource(textwrap)).input_ids[:PREFILL_TOKENS]
         self.runner = self.llm.engine.model_runner
         self.stack = self.runner.decode_stack
+        self.dtype = str(self.runner.dtype).removeprefix("torch.")
         if self.stack is None:
             sys.exit("the fused decode step is not available for this model (see the log)")
         self.totals: dict[str, float] = {}
@@ -167,7 +172,8 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 def measure(gguf: Path, threads: int, args: argparse.Namespace) -> dict:
     print(f"\n== {threads} thread(s): {args.rounds} rounds of fused / layered / llama.cpp, "
           f"{PROMPT_TOKENS}-token prompt, {args.tokens} tokens, load average {os.getloadavg()[0]:.1f} ==", flush=True)
-    engine = Engine(gguf, threads, args.tokens)
+    engine = Engine(gguf, threads, args.tokens, args.dtype)
+    print(f"our model runs in {engine.dtype} (--dtype {args.dtype})", flush=True)
     llama = LlamaCpp(gguf, threads, engine.prompt, args.tokens)
     engine.run(True), engine.run(False), llama.run(), engine.prefill(), llama.prefill(engine.long_prompt)  # warm-up
     fused, layered, llama_wall, llama_eval, prefill, llama_prefill = [], [], [], [], [], []
@@ -177,13 +183,14 @@ def measure(gguf: Path, threads: int, args: argparse.Namespace) -> dict:
         ms_layered, _, layered_tokens = engine.run(False)
         wall, eval_ms, cpu_llama, theirs = llama.run()
         fused_cpu.append(cpu_fused), llama_cpu.append(cpu_llama)
-        if layered_tokens != ours:
+        if layered_tokens != ours and engine.dtype == "float32":  # bf16: the layered path rounds every op
             sys.exit("the fused and layered paths gave different greedy tokens")
         fused.append(ms_fused), layered.append(ms_layered), llama_wall.append(wall), llama_eval.append(eval_ms)
         print(f"round {i + 1}: fused {ms_fused:.2f}  layered {ms_layered:.2f}  llama.cpp {wall:.2f} "
               f"(its eval {eval_ms:.2f}) ms/token; fused vs llama.cpp {wall / ms_fused:.2f}x, "
               f"vs layered {ms_layered / ms_fused:.2f}x; tokens equal to llama.cpp's for "
-              f"{common_prefix(ours, theirs)}/{args.tokens}", flush=True)
+              f"{common_prefix(ours, theirs)}/{args.tokens}, to layered's for "
+              f"{common_prefix(ours, layered_tokens)}/{args.tokens}", flush=True)
         print(f"  CPU ms per decoded token: fused {cpu_fused:.2f}  llama.cpp {cpu_llama:.2f} "
               f"({cpu_llama / cpu_fused:.2f}x)", flush=True)
         prefill.append(engine.prefill()), llama_prefill.append(llama.prefill(engine.long_prompt))
@@ -230,6 +237,8 @@ def parse_args(argv: list[str] | None, p: argparse.ArgumentParser | None = None)
     p.add_argument("--rounds", type=int, default=4, help="interleaved rounds per thread count")
     p.add_argument("--tokens", type=int, default=64, help="output tokens per request")
     p.add_argument("--breakdown-rounds", type=int, default=2)
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="our model's dtype (default auto: what the IDE runs, bfloat16 on a CPU with native bf16)")
     args = p.parse_args(argv)
     try:
         args.threads = [int(t) for t in args.threads.split(",")]

@@ -47,10 +47,10 @@ def cpu_has_fast_bf16() -> bool:
 def resolve_dtype(config: EngineConfig, hf_config: PretrainedConfig) -> torch.dtype:
     """'auto': on CPU bfloat16 where the CPU has native bf16, else float32; on GPUs the
     checkpoint's 16-bit dtype (bfloat16 by default). On such a CPU bf16 is also the choice for
-    quantized models: their decode steps run ~1.4x faster in float32 (the quantized kernels take
-    float32 activations, and the fused one-sequence step is float32 only), but their prefill-sized
-    matmuls run on AMX in bf16, ~3x faster, and an inline completion's ~1,000-token prompt then
-    outweighs its few dozen tokens (1.67 vs 2.93 CPU s for the built-in model)."""
+    quantized models: their prefill-sized matmuls run on AMX in bf16, ~3x faster than in float32,
+    and an inline completion's ~1,000-token prompt outweighs its few dozen tokens (1.67 vs 2.93
+    CPU s for the built-in model), while a single sequence's decode steps still compute in float32
+    (the fused step, layers/decode_stack.py, on the bf16 KV cache)."""
     if config.dtype != "auto":
         return _DTYPES[config.dtype]
     if config.device == "cpu":

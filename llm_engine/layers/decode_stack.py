@@ -7,9 +7,19 @@ tables, in ctypes structures that live as long as the model) and each step passe
 embeddings, the first position and the block table to csrc/decode_stack.cpp, which runs the same
 kernels in the same order as the layers would. A step takes up to `MAX_TOKENS` tokens: the next
 token and a speculative draft are verified in one pass over the weights, each token's hidden
-state bit for bit the one a step of that token alone gives. It applies to float32 Llama-family
-models on one CPU rank whose linear layers are all weight-only quantized (the built-in GGUF
-model's default); anything else keeps the per-layer path.
+state bit for bit the one a step of that token alone gives. It applies to float32 and bfloat16
+Llama-family models on one CPU rank whose linear layers are all weight-only quantized (the built-in
+GGUF model's default); anything else keeps the per-layer path. A bfloat16 model (`dtype="auto"` on a
+CPU with native bf16, the IDE's default) steps in float32 too, on its bf16 KV cache (keys, values
+and queries rounded to bf16 as its layers round them; float32 copies of its norm weights, 137
+KiB on the built-in model): its quantized kernels take float32 activations anyway, and its
+layer-by-layer bf16 step cost ~1.6x the fused one's CPU time on the built-in model (26.2 vs 16.3
+ms a token, one thread). The hidden states come back in bf16 for the LM head, as the per-layer
+path's do. They differ from that path's by its per-op bf16 roundings, so a sequence decoding alone
+(fused) and the same sequence in a batch (per layer) agree to bf16 rounding, not bit for bit (as 8-
+and 9-sequence bf16 steps already do, which take different kernels); the fused step is the closer
+to float32 (the built-in model's greedy tokens: 63 of 64 equal to float32's, the per-layer bf16
+path's 6).
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from llm_engine.layers.quantization import KERNEL_MAX_ROWS, WeightOnlyLinearMeth
 logger = logging.getLogger(__name__)
 
 _KINDS = {"int8": 0, "int4": 1, "fp8": 2}
+_DTYPES = (torch.float32, torch.bfloat16)  # the model's; a step's arithmetic is float32 either way
 # csrc/decode_stack.cpp's Phase order
 PHASES = ("norms", "qkv", "rotary+kv write", "attention", "o_proj", "gate_up", "silu*up", "down")
 
@@ -46,7 +57,8 @@ class _DecodeLayer(ctypes.Structure):
 class _DecodeModel(ctypes.Structure):
     _fields_ = [("hidden", ctypes.c_int64), ("intermediate", ctypes.c_int64), ("heads", ctypes.c_int32),
                 ("kv_heads", ctypes.c_int32), ("head_dim", ctypes.c_int32), ("block_size", ctypes.c_int32),
-                ("num_layers", ctypes.c_int32), ("eps", ctypes.c_float), ("scale", ctypes.c_float),
+                ("num_layers", ctypes.c_int32), ("kv_bf16", ctypes.c_int32), ("eps", ctypes.c_float),
+                ("scale", ctypes.c_float),
                 ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("final_norm", ctypes.c_void_p),
                 ("layers", ctypes.POINTER(_DecodeLayer))]
 
@@ -75,8 +87,10 @@ def unsupported_reason(model: Any, block_size: int) -> str | None:
         return "per-head q/k norms (Qwen3)"
     if not isinstance(attention.attn.backend, NativePagedAttention):
         return "the attention backend is not the native one"
-    if first.input_layernorm.weight.dtype != torch.float32 or first.input_layernorm.weight.device.type != "cpu":
-        return "not float32 on the CPU"
+    if first.input_layernorm.weight.dtype not in _DTYPES or first.input_layernorm.weight.device.type != "cpu":
+        return "not float32 or bfloat16 on the CPU"
+    if attention.attn.k_cache.dtype not in _DTYPES:
+        return f"a {attention.attn.k_cache.dtype} KV cache"
     for layer in layers:
         for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
             method = linear.quant_method
@@ -97,20 +111,30 @@ class DecodeStack:
     def __init__(self, model: Any) -> None:
         inner = model.model
         first = inner.layers[0].self_attn
+        self.dtype: torch.dtype = inner.norm.weight.dtype  # the hidden states' the LM head takes
+        self._float: list[torch.Tensor] = []  # float32 copies of a bf16 model's norms and tables, kept alive
+
+        def float32(t: torch.Tensor) -> int:
+            if t.dtype != torch.float32:
+                t = t.float()
+                self._float.append(t)
+            return t.data_ptr()
+
         layers = (_DecodeLayer * len(inner.layers))()
         for i, layer in enumerate(inner.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            layers[i] = _DecodeLayer(layer.input_layernorm.weight.data_ptr(),
-                                     layer.post_attention_layernorm.weight.data_ptr(),
+            layers[i] = _DecodeLayer(float32(layer.input_layernorm.weight),
+                                     float32(layer.post_attention_layernorm.weight),
                                      _quant_linear(attn.qkv_proj), _quant_linear(attn.o_proj),
                                      _quant_linear(mlp.gate_up_proj), _quant_linear(mlp.down_proj),
                                      attn.attn.k_cache.data_ptr(), attn.attn.v_cache.data_ptr())
         self._layers = layers  # kept alive: _model points into it
         self._model = _DecodeModel(inner.norm.weight.shape[0], inner.layers[0].mlp.down_proj.input_size,
                                    first.num_heads, first.num_kv_heads, first.head_dim,
-                                   first.attn.k_cache.shape[2], len(inner.layers), inner.norm.eps, first.attn.scale,
-                                   first.rotary_emb.cos.data_ptr(), first.rotary_emb.sin.data_ptr(),
-                                   inner.norm.weight.data_ptr(), layers)
+                                   first.attn.k_cache.shape[2], len(inner.layers),
+                                   int(first.attn.k_cache.dtype == torch.bfloat16), inner.norm.eps, first.attn.scale,
+                                   float32(first.rotary_emb.cos), float32(first.rotary_emb.sin),
+                                   float32(inner.norm.weight), layers)
         self._embed = inner.embed_tokens
         self._function = load_kernels().decode_stack_f32
         self.seconds = torch.zeros(len(PHASES), dtype=torch.float64)  # filled while `timing` is on
@@ -135,10 +159,11 @@ class DecodeStack:
         return num_tokens == 1 or (num_seqs == 1 and num_logit_rows == num_tokens <= cls.MAX_TOKENS)
 
     def __call__(self, token_ids: list[int], position: int, block_table: list[int]) -> torch.Tensor:
-        """The final-normed hidden states [tokens, hidden] of consecutive tokens from `position`."""
-        x: torch.Tensor = self._embed(torch.tensor(token_ids)).contiguous()
+        """The final-normed hidden states [tokens, hidden] of consecutive tokens from `position`,
+        in the model's dtype."""
+        x: torch.Tensor = self._embed(torch.tensor(token_ids)).float().contiguous()
         num_blocks = (position + len(token_ids) - 1) // self._model.block_size + 1
         table = (ctypes.c_int32 * num_blocks)(*block_table[:num_blocks])
         self._function(ctypes.byref(self._model), x.data_ptr(), len(token_ids), position, table, num_blocks,
                        self.seconds.data_ptr() if self.timing else None)
-        return x
+        return x.to(self.dtype)

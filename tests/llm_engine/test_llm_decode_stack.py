@@ -4,7 +4,9 @@ the same kernels in the same order, so the same greedy tokens and the same logpr
 from __future__ import annotations
 
 import pytest
-from conftest import build_tiny_model
+import torch
+from conftest import VOCAB, build_tiny_model
+from test_llm_spec_fused import step
 
 from llm_engine import LLM, SamplingParams
 
@@ -51,3 +53,32 @@ def test_batches_and_unquantized_models_stay_layer_by_layer(tiny_llama):
     alone = quantized.generate([PROMPT], PARAMS, use_tqdm=False)[0].outputs[0]
     batch = quantized.generate([PROMPT, [3, 4]], PARAMS, use_tqdm=False)  # two sequences: layer by layer
     assert batch[0].outputs[0].token_ids == alone.token_ids
+
+
+def test_a_bf16_model_steps_fused_on_its_bf16_cache(tiny_llama):
+    """dtype="auto" on a CPU with native bf16: the fused step's arithmetic is float32 on the bf16 KV
+    cache. A draft's rows are its one-token steps bit for bit (what speculation needs), and the
+    per-layer bf16 path (a batch's) agrees to its bf16 roundings: same greedy tokens."""
+    llm = LLM(model=str(tiny_llama), dtype="bfloat16", quantization="int4", kv_cache_memory="8MiB", block_size=4,
+              enable_prefix_caching=False, num_threads=1)
+    runner = llm.engine.model_runner
+    stack, table = runner.decode_stack, list(range(12))
+    assert stack is not None and runner.kv_cache.dtype == torch.bfloat16
+    tokens = [int(t) for t in torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(5))]
+    start, drafted = 17, tokens[17:30]
+    with torch.inference_mode():
+        for position, token in enumerate(tokens[:start]):
+            stack([token], position, table)
+        fused = stack(drafted, start, table)
+        alone = torch.cat([stack([token], start + i, table) for i, token in enumerate(drafted)])
+        fused_logits = runner.run_step(step(drafted, start, table))[0]
+        runner.decode_stack = None
+        layered = step(drafted, start, table)
+        layered.slices[0].as_decodes = True  # a bf16 draft's rows attend as one-token steps do
+        layered_logits = runner.run_step(layered)[0]
+        runner.decode_stack = stack
+    assert fused.dtype == fused_logits.dtype == layered_logits.dtype == torch.bfloat16
+    assert torch.equal(fused, alone)
+    torch.testing.assert_close(fused_logits, layered_logits, atol=0.1, rtol=0.02)
+    fused_out, layered_out = fused_and_layered(llm)
+    assert fused_out.token_ids == layered_out.token_ids

@@ -13,11 +13,16 @@
 // through the integer kernels' multi-row path, equal up to float rounding).
 // Linear layers must hold weight-only quantized weights (int8/int4/fp8, with float or int8
 // activations); the Python side (decode_stack.py) checks that before choosing this path.
+// A bfloat16 model's step runs the same float32 arithmetic (the quantized kernels take float32
+// activations either way) on its bfloat16 KV cache: keys, values and queries are rounded to bf16
+// as its layers' tensors are, and attention runs the bf16 decode kernel its layers run.
 
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "simd.h"
 
 extern "C" {
 void int8_gemm_f32(const float*, const int8_t*, const uint16_t*, float*, int64_t, int64_t, int64_t, int64_t);
@@ -37,6 +42,10 @@ void write_kv_f32(const float*, const float*, float*, float*, const int64_t*, co
                   int64_t, int64_t);
 void paged_decode_f32(const float*, const float*, const float*, const int32_t*, const int32_t*, float*, int, int, int,
                       int, int, int, float);
+void write_kv_bf16(const uint16_t*, const uint16_t*, uint16_t*, uint16_t*, const int64_t*, const int64_t*, int64_t, int,
+                   int, int, int64_t, int64_t);
+void paged_decode_bf16(const uint16_t*, const uint16_t*, const uint16_t*, const int32_t*, const int32_t*, uint16_t*,
+                       int, int, int, int, int, int, float);
 }
 
 namespace {
@@ -56,13 +65,14 @@ struct DecodeLayer {
   const float* input_norm;
   const float* post_norm;
   QuantLinear qkv, o, gate_up, down;
-  float* k_cache;  // [num_blocks, kv_heads, block_size, head_dim]
-  float* v_cache;
+  void* k_cache;  // [num_blocks, kv_heads, block_size, head_dim], float32 or bfloat16 (DecodeModel::kv_bf16)
+  void* v_cache;
 };
 
 struct DecodeModel {
   int64_t hidden, intermediate;
   int32_t heads, kv_heads, head_dim, block_size, num_layers;
+  int32_t kv_bf16;  // the KV cache holds bfloat16 (a bf16 model's), else float32
   float eps, scale;
   const float* cos;  // [max_position, head_dim / 2]
   const float* sin;
@@ -73,10 +83,69 @@ struct DecodeModel {
 // Phases of the time breakdown (seconds added into `seconds[phase]` when it is given).
 enum Phase { NORMS, QKV, ROTARY_KV, ATTENTION, O_PROJ, GATE_UP, ACTIVATION, DOWN, PHASES };
 
+class Clock {
+ public:
+  explicit Clock(double* seconds) : seconds_(seconds), last_(now()) {}
+  void lap(Phase phase) {
+    if (seconds_ == nullptr) return;
+    const double t = now();
+    seconds_[phase] += t - last_;
+    last_ = t;
+  }
+
+ private:
+  static double now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  double* seconds_;
+  double last_;
+};
+
 struct Scratch {
   std::vector<int8_t> xq;
   std::vector<float> dx, sx;
+  std::vector<uint16_t> k16, v16, q16, out16;  // a bf16 KV cache's operands
 };
+
+// dst[t, :n] = src[t * stride, :n] rounded to bfloat16 as torch's .to(torch.bfloat16) rounds
+void round_rows_bf16(const float* src, int64_t rows, int64_t n, int64_t stride, std::vector<uint16_t>& dst) {
+  dst.resize(rows * n);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) codeyard::store(&dst[r * n + i], src[r * stride + i]);
+}
+
+// The rotated keys and values into the cache, then attention of the queries (token t: query t,
+// context up to its own position) into out [tokens, heads * head_dim].
+void attend(const DecodeModel* m, const DecodeLayer& layer, float* qkv, int64_t tokens, const int64_t* slot_blocks,
+            const int64_t* slot_offsets, const int32_t* tables, const int32_t* contexts, int32_t num_blocks,
+            float* out, Scratch& scratch, Clock& clock) {
+  const int64_t q_size = int64_t{m->heads} * m->head_dim, kv_size = int64_t{m->kv_heads} * m->head_dim,
+                qkv_size = q_size + 2 * kv_size;
+  const int rows = static_cast<int>(tokens);
+  float *q = qkv, *k = q + q_size, *v = k + kv_size;
+  if (m->kv_bf16 != 0) {
+    round_rows_bf16(k, tokens, kv_size, qkv_size, scratch.k16);
+    round_rows_bf16(v, tokens, kv_size, qkv_size, scratch.v16);
+    write_kv_bf16(scratch.k16.data(), scratch.v16.data(), static_cast<uint16_t*>(layer.k_cache),
+                  static_cast<uint16_t*>(layer.v_cache), slot_blocks, slot_offsets, tokens, m->kv_heads,
+                  m->block_size, m->head_dim, kv_size, kv_size);
+    clock.lap(ROTARY_KV);
+    round_rows_bf16(q, tokens, q_size, qkv_size, scratch.q16);
+    scratch.out16.resize(tokens * q_size);
+    paged_decode_bf16(scratch.q16.data(), static_cast<const uint16_t*>(layer.k_cache),
+                      static_cast<const uint16_t*>(layer.v_cache), tables, contexts, scratch.out16.data(), rows,
+                      m->heads, m->kv_heads, m->block_size, m->head_dim, num_blocks, m->scale);
+    for (int64_t i = 0; i < tokens * q_size; ++i) out[i] = codeyard::load(scratch.out16[i]);
+    return;
+  }
+  write_kv_f32(k, v, static_cast<float*>(layer.k_cache), static_cast<float*>(layer.v_cache), slot_blocks,
+               slot_offsets, tokens, m->kv_heads, m->block_size, m->head_dim, qkv_size, qkv_size);
+  clock.lap(ROTARY_KV);
+  // the decode kernel wants its queries packed [tokens, heads, dim]: q rows sit in qkv's rows
+  for (int64_t t = 1; t < tokens; ++t) std::memmove(q + t * q_size, qkv + t * qkv_size, q_size * sizeof(float));
+  paged_decode_f32(q, static_cast<const float*>(layer.k_cache), static_cast<const float*>(layer.v_cache), tables,
+                   contexts, out, rows, m->heads, m->kv_heads, m->block_size, m->head_dim, num_blocks, m->scale);
+}
 
 // out [rows, n_out] = x [rows, k_in] @ W^T (+ bias)
 void linear(const QuantLinear& l, const float* x, int64_t rows, float* out, Scratch& scratch) {
@@ -103,24 +172,6 @@ void linear(const QuantLinear& l, const float* x, int64_t rows, float* out, Scra
     for (int64_t m = 0; m < rows; ++m)
       for (int64_t n = 0; n < l.n_out; ++n) out[m * l.n_out + n] += l.bias[n];
 }
-
-class Clock {
- public:
-  explicit Clock(double* seconds) : seconds_(seconds), last_(now()) {}
-  void lap(Phase phase) {
-    if (seconds_ == nullptr) return;
-    const double t = now();
-    seconds_[phase] += t - last_;
-    last_ = t;
-  }
-
- private:
-  static double now() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  }
-  double* seconds_;
-  double last_;
-};
 
 }  // namespace
 
@@ -156,16 +207,11 @@ void decode_stack_f32(const DecodeModel* m, float* x, int64_t tokens, int64_t po
     clock.lap(NORMS);
     linear(layer.qkv, normed.data(), tokens, qkv.data(), scratch);
     clock.lap(QKV);
-    float *q = qkv.data(), *k = q + q_size, *v = k + kv_size;
+    float *q = qkv.data(), *k = q + q_size;
     rotary_f32(positions.data(), q, k, m->cos, m->sin, tokens, m->heads, m->kv_heads, m->head_dim, m->head_dim,
                qkv_size, qkv_size);
-    write_kv_f32(k, v, layer.k_cache, layer.v_cache, slot_blocks.data(), slot_offsets.data(), tokens, m->kv_heads,
-                 m->block_size, m->head_dim, qkv_size, qkv_size);
-    clock.lap(ROTARY_KV);
-    // the decode kernel wants its queries packed [tokens, heads, dim]: q rows sit in qkv's rows
-    for (int64_t t = 1; t < tokens; ++t) std::memmove(q + t * q_size, qkv.data() + t * qkv_size, q_size * sizeof(float));
-    paged_decode_f32(q, layer.k_cache, layer.v_cache, tables.data(), contexts.data(), attn.data(), rows, m->heads,
-                     m->kv_heads, m->block_size, m->head_dim, num_blocks, m->scale);
+    attend(m, layer, qkv.data(), tokens, slot_blocks.data(), slot_offsets.data(), tables.data(), contexts.data(),
+           num_blocks, attn.data(), scratch, clock);
     clock.lap(ATTENTION);
     linear(layer.o, attn.data(), tokens, x, scratch);
     clock.lap(O_PROJ);
