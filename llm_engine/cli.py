@@ -255,11 +255,15 @@ def quantize(
                                                         "128 for 4 bits, per channel for int8).")] = None,
     calibration: Annotated[list[Path] | None, typer.Option(help="Text file for gptq/awq calibration (repeatable; "
                                                            "default: Python standard library sources).")] = None,
+    tables: Annotated[str | None, typer.Option(help="The token embedding and LM head: int8 (per vocabulary row, "
+                                                    "GPTQ's layout; the default for int8, int4 and gptq) or float "
+                                                    "(awq and fp8's only choice; for tools that keep them float).")]
+    = None,
 ) -> None:
     """Write a quantized copy of SOURCE (one line of progress per layer)."""
     from llm_engine.quantize import quantize_checkpoint
 
-    quant = quantize_checkpoint(source, out, method, group_size, calibration, progress=typer.echo)
+    quant = quantize_checkpoint(source, out, method, group_size, calibration, progress=typer.echo, tables=tables)
     typer.echo(f"wrote {out} ({json.dumps(quant)}); load it with LLM({str(out)!r})")
 
 

@@ -243,10 +243,38 @@ def _assign_checkpoint(model: nn.Module, value: object, checkpoint: CheckpointQu
             continue
         if stored != {True}:
             raise ValueError(f"quantization: {name} fuses {parts}, which the checkpoint stores partly quantized")
-        module.set_quant_method(WeightOnlyLinearMethod(checkpoint.scheme, prequantized=True,
-                                                       act_order=checkpoint.act_order))
-        effective[name] = f"{checkpoint.describe()} -> {checkpoint.scheme.describe()}"
+        quants = {checkpoint.for_module(part) for part in parts}
+        if len(quants) > 1:
+            raise ValueError(f"quantization: {name} fuses {parts}, which the checkpoint stores with different bits "
+                             f"or group sizes")
+        quant = quants.pop()
+        module.set_quant_method(WeightOnlyLinearMethod(quant.scheme, prequantized=True, act_order=quant.act_order))
+        effective[name] = f"{quant.describe()} -> {quant.scheme.describe()}"
+    _checkpoint_tables(model, checkpoint, effective)
     return effective
+
+
+def _checkpoint_tables(model: nn.Module, checkpoint: CheckpointQuant, effective: dict[str, str]) -> None:
+    """A token embedding or untied LM head the checkpoint stores quantized (as `codeyard llm
+    quantize` writes them) stays packed; a tied head shares the embedding's table."""
+    for prefix, owner in model.named_modules():
+        head = getattr(owner, "lm_head", None)
+        if not isinstance(head, ParallelLMHead):
+            continue
+        dot = f"{prefix}." if prefix else ""
+        embedding = cast(VocabParallelEmbedding, owner.get_submodule("model.embed_tokens"))
+        tied = bool(getattr(owner, "tied", False))
+        for table, name in ((embedding, f"{dot}model.embed_tokens"), (None if tied else head, f"{dot}lm_head")):
+            if table is None or name not in checkpoint.modules:
+                continue
+            quant = checkpoint.for_module(name)
+            if quant.act_order:
+                raise ValueError(f"quantization: {name} is stored with act-order (desc_act), which a table cannot take")
+            table.set_quant_method(WeightOnlyLinearMethod(quant.scheme, prequantized=True))
+            effective[name] = f"{quant.describe()} -> {quant.scheme.describe()}"
+        if tied and embedding.quant_method is not None:
+            head.tie(embedding)
+            effective[f"{dot}lm_head"] = f"tied to {dot}model.embed_tokens"
 
 
 def _keep_gguf_tables(model: nn.Module, gguf_types: dict[str, str], effective: dict[str, str],

@@ -17,7 +17,8 @@ that order (`input_perm`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -27,8 +28,9 @@ from llm_engine.layers.quantization import QuantScheme, _grouped, group_count, p
 @dataclass(frozen=True)
 class CheckpointQuant:
     """A checkpoint's own quantization: method, bits, group size (None: one group per output
-    row), act-order, what GPTQ's stored zero points lack (1 in the v1 format), and the checkpoint
-    names of the modules stored quantized."""
+    row), act-order, what GPTQ's stored zero points lack (1 in the v1 format), the checkpoint
+    names of the modules stored quantized, and GPTQ's per-module overrides (`dynamic`: pattern,
+    bits, group size; e.g. the int8 tables `codeyard llm quantize` writes beside int4 layers)."""
 
     method: str
     bits: int
@@ -36,6 +38,15 @@ class CheckpointQuant:
     act_order: bool = False
     zero_offset: int = 0
     modules: frozenset[str] = frozenset()
+    dynamic: tuple[tuple[str, int, int | None], ...] = ()
+
+    def for_module(self, name: str) -> CheckpointQuant:
+        """How the module `name` is stored: the first `dynamic` pattern that matches its name from
+        the start (vLLM's reading of GPTQModel's overrides) replaces bits and group size."""
+        for pattern, bits, group in self.dynamic:
+            if re.match(pattern, name):
+                return replace(self, bits=bits, group_size=group, dynamic=())
+        return self
 
     @property
     def scheme(self) -> QuantScheme:

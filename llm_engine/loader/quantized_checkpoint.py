@@ -8,6 +8,7 @@ activations dynamic (static `input_scale`s are refused).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,48 @@ PARTS = {"awq": ("qweight", "qzeros", "scales"), "gptq": ("qweight", "qzeros", "
 _MARKER = {"awq": "qweight", "gptq": "qweight", "fp8": "weight_scale"}
 
 
-def _integer(config: dict[str, Any], key: str, default: int) -> int:
+def _integer(config: dict[str, Any], key: str, default: int, where: str = "quantization_config") -> int:
     value = config.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"model: quantization_config {key} must be an integer, got {value!r}")
+        raise ValueError(f"model: {where} {key} must be an integer, got {value!r}")
     return value
+
+
+def _bits_and_group(config: dict[str, Any], method: str, bits: int, group: int,
+                    where: str = "quantization_config") -> tuple[int, int | None]:
+    bits, group = _integer(config, "bits", bits, where), _integer(config, "group_size", group, where)
+    allowed = (4,) if method == "awq" else (4, 8)
+    if bits not in allowed:
+        raise ValueError(f"model: {method} with {bits} bits is not supported (bits {allowed})")
+    if group != -1 and (group < 2 or group % 2):
+        raise ValueError(f"model: {method} group_size must be -1 or a positive even number, got {group}")
+    return bits, None if group == -1 else group
+
+
+def _dynamic(config: dict[str, Any], bits: int, group: int | None) -> tuple[tuple[str, int, int | None], ...]:
+    """GPTQModel's per-module overrides, as vLLM reads them: {"+:regex" or "regex": {bits, group_size,
+    ...}} quantize the modules they match that way; "-:regex" ones are not quantized (the
+    checkpoint then stores them float, which the tensors present already say)."""
+    value = config.get("dynamic", {})
+    value = {} if value is None else value
+    if not isinstance(value, dict):
+        raise ValueError(f"model: quantization_config dynamic must map module patterns to overrides, got {value!r}")
+    overrides = []
+    for key, override in value.items():
+        if str(key).startswith("-:"):
+            continue
+        pattern = str(key).removeprefix("+:")
+        where = f"quantization_config dynamic {key!r}"
+        if not isinstance(override, dict):
+            raise ValueError(f"model: {where} must be a mapping of overrides, got {override!r}")
+        if override.get("desc_act"):
+            raise ValueError(f"model: {where} turns on desc_act; act-order per module is not supported")
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"model: {where} is not a regular expression: {exc}") from None
+        overrides.append((pattern, *_bits_and_group(override, "gptq", bits, -1 if group is None else group, where)))
+    return tuple(overrides)
 
 
 def read_checkpoint_quant(hf_config: object, folder: Path) -> CheckpointQuant | None:
@@ -53,23 +91,17 @@ def read_checkpoint_quant(hf_config: object, folder: Path) -> CheckpointQuant | 
         if config.get("activation_scheme", "dynamic") != "dynamic" or config.get("weight_block_size"):
             raise ValueError("model: fp8 checkpoints load with dynamic activations and one scale per matrix only")
         return CheckpointQuant("fp8", 8, None, modules=_stored_modules(folder, method))
-    bits = _integer(config, "bits", 4)
-    group = _integer(config, "group_size", 128 if method == "awq" else -1)
-    allowed = (4,) if method == "awq" else (4, 8)
-    if bits not in allowed:
-        raise ValueError(f"model: {method} with {bits} bits is not supported (bits {allowed})")
-    if group != -1 and (group < 2 or group % 2):
-        raise ValueError(f"model: {method} group_size must be -1 or a positive even number, got {group}")
+    bits, group = _bits_and_group(config, method, 4, 128 if method == "awq" else -1)
     if method == "awq":
         if config.get("version", "gemm").lower() != "gemm" or config.get("zero_point", True) is not True:
             raise ValueError("model: AWQ loads the GEMM version with zero points only")
-        return CheckpointQuant("awq", 4, None if group == -1 else group, modules=_stored_modules(folder, method))
+        return CheckpointQuant("awq", 4, group, modules=_stored_modules(folder, method))
     checkpoint_format = config.get("checkpoint_format", "gptq")
     if checkpoint_format not in ("gptq", "gptq_v2"):
         raise ValueError(f"model: GPTQ checkpoint_format {checkpoint_format!r} is not supported (gptq, gptq_v2)")
-    return CheckpointQuant("gptq", bits, None if group == -1 else group, act_order=bool(config.get("desc_act")),
+    return CheckpointQuant("gptq", bits, group, act_order=bool(config.get("desc_act")),
                            zero_offset=1 if checkpoint_format == "gptq" else 0,
-                           modules=_stored_modules(folder, method))
+                           modules=_stored_modules(folder, method), dynamic=_dynamic(config, bits, group))
 
 
 def _stored_modules(folder: Path, method: str) -> frozenset[str]:
@@ -99,7 +131,7 @@ def repack(weights: Iterator[tuple[str, torch.Tensor]], quant: CheckpointQuant
         got[part] = tensor
         if len(got) == len(parts):
             del pending[prefix]
-            for key, value in _convert(quant, got).items():
+            for key, value in _convert(quant.for_module(prefix), got).items():
                 yield f"{prefix}.{key}", value
     for prefix, got in pending.items():
         raise ValueError(f"model: {quant.method} checkpoint lacks {sorted(set(parts) - set(got))} of {prefix}")
