@@ -14,7 +14,8 @@ does); decode tok/s counts the tokens after the first over the time after the la
 Our rows: `int4` is the GGUF's Q4_1 blocks kept quantized with the default dtype ("auto":
 bfloat16 on a CPU with native bf16, where batches multiply on AMX bf16 tiles; float32 elsewhere),
 `int4-f32` the same in float32 (the float-activation kernel), `bf16` the same weights dequantized
-to bfloat16, `f32` to float32. Goals (issue 16): our best
+to bfloat16, `f32` to float32, `int4-layered` int4 with a single sequence's steps run layer by layer
+instead of the fused decode step (layers/decode_stack.py): with --npl 1, the single-stream baseline. Goals (issue 16): our best
 output tok/s >= 2x llama.cpp's best, and int4 >= 1.3x our bf16. For the largest batch each row
 also prints where an engine step's time goes (decoder layers, LM head, sampling, the rest), and
 every row the median CPU ms of its decode steps (every sequence one token), the steadiest figure
@@ -64,7 +65,8 @@ INT4_GOAL = 1.3  # our int4 (and w4a8) vs our bf16
 W4A8 = {"config_groups": {"layers": {"targets": ["Linear"], "method": "w4a8"},
                           "tables": {"targets": ["Embedding"], "method": "w8a8", "group_size": 32}}}
 ROWS = {"int4": ("auto", "auto"), "int4-f32": ("float32", "auto"), "w4a8": ("float32", W4A8),
-        "bf16": ("bfloat16", None), "f32": ("float32", None)}
+        "bf16": ("bfloat16", None), "f32": ("float32", None), "int4-layered": ("auto", "auto")}
+LAYERED = {"int4-layered"}  # one sequence's steps layer by layer too (the default before the fused bf16 step)
 
 
 class LlamaCppMissing(RuntimeError):
@@ -330,6 +332,8 @@ def run(args: argparse.Namespace) -> dict:
         llm = LLM(model=str(gguf), dtype=dtype, quantization=quantization, num_threads=args.threads,
                   max_num_seqs=max(args.npl), enable_prefix_caching=False,
                   kv_cache_memory=max(256 << 20, 60_000 * max(args.npl) * (args.npp + args.ntg)))
+        if row in LAYERED:
+            llm.engine.model_runner.decode_stack = None
         report[row] = engine_batched(llm, args.npp, args.ntg, args.npl)
         weight_mb = llm.engine.model_runner.weight_bytes / 1e6
         del llm
