@@ -52,7 +52,7 @@ async def test_a_runners_run_survives_the_machines_other_sandboxes_only_with_the
                   HOLD=str(hold))
     marker = f"run-{secrets.token_hex(4)}"
     run = await remote.start(spec(data_dir, "python3", "-c", f"import time; print('go', flush=True); time.sleep(1.5); print('done')  # {marker}"))
-    assert (await anext(run.chunks())).data == b"go\n"
+    assert (await anext(run.chunks())).data.startswith(b"go")  # it runs (print's newline may come as a chunk of its own)
     uid = uid_running(marker)
     if (fd := lease_uid(uid)) is not None:  # what a server starting on the host does with a uid nobody holds
         try:
