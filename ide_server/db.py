@@ -1,6 +1,5 @@
 """Database engine, sessions and schema migrations (SQLite in WAL mode or PostgreSQL)."""
 
-import threading
 from importlib import import_module
 from pathlib import Path
 from typing import Any
@@ -9,7 +8,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from ide_server import sqlite_writer
@@ -50,9 +49,11 @@ def make_engine(url: str) -> Engine:
     """Engine with SQLite tuned for concurrent web use (WAL, busy timeout, foreign keys)."""
     pool = {"pool_size": POOL_SIZE, "max_overflow": POOL_OVERFLOW, "pool_timeout": POOL_TIMEOUT_S}
     if url.startswith("sqlite"):
-        # One writer at a time, queued in Python (see sqlite_writer); SQLite's busy timeout stays
-        # for other processes.
-        factory = sqlite_writer.connection_class(threading.Lock(), SQLITE_BUSY_TIMEOUT_S)
+        # One writer at a time, queued in Python and, between processes, on a file beside the
+        # database (see sqlite_writer); SQLite's busy timeout stays underneath.
+        database = make_url(url).database
+        lock_file = Path(f"{database}.writer-lock") if database and database != ":memory:" else None
+        factory = sqlite_writer.connection_class(sqlite_writer.WriterLock(lock_file), SQLITE_BUSY_TIMEOUT_S)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S,
                                                   "factory": factory}, **pool)
         event.listen(engine, "connect", _sqlite_pragmas)

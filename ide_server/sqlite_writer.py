@@ -3,16 +3,22 @@
 SQLite lets one connection write at a time; the others wait in its busy handler, which sleeps
 1, 2, 5, ... up to 100 ms between tries and so notices a free lock late. Under a class's sign-ups
 and saves, writers slept in turn while the lock sat free and the CPU idled (seconds per request).
-Here a connection takes a process-wide lock before its first writing statement and gives it back
-when its transaction ends, so the next writer starts the moment the lock is free. SQLite's own
-lock and busy timeout still guard against other processes.
+Here a connection takes a WriterLock before its first writing statement and gives it back when
+its transaction ends, so the next writer starts the moment the lock is free: a thread lock among
+the process's own connections, then, for a database file, an flock on a file beside it among
+processes (serve's workers share one database; between them SQLite's handler slept up to 100 ms
+while the lock sat free). SQLite's own lock and busy timeout stay underneath.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol, Self, cast
 
 # Statements that take SQLite's write lock (in the default, deferred transactions of pysqlite).
@@ -36,7 +42,52 @@ def _writes(sql: str) -> bool:
     return sql.lstrip()[:7].upper().startswith(WRITING)
 
 
-def connection_class(lock: threading.Lock, wait_s: float) -> type[sqlite3.Connection]:
+# How often a writer waiting on another process looks again: a try is one system call, and a
+# write transaction here holds the lock for about a millisecond.
+FILE_LOCK_POLL_S = (0.0002, 0.001)
+
+
+class WriterLock:
+    """The right to write to one SQLite database: first among this process's threads, then (with
+    `file`) among processes, by an flock on that file."""
+
+    def __init__(self, file: Path | None = None) -> None:
+        self._threads = threading.Lock()
+        self._file = file
+        self._fd: int | None = None
+        self._fd_pid = 0
+
+    def acquire(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        if not self._threads.acquire(timeout=timeout):
+            return False
+        if self._file is None or self._lock_file(self._file, deadline):
+            return True
+        self._threads.release()
+        return False
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._threads.release()
+
+    def _lock_file(self, file: Path, deadline: float) -> bool:
+        """Polls rather than blocks in flock, so that the wait stays bounded."""
+        if self._fd is None or self._fd_pid != os.getpid():  # a forked child must not share the parent's flock
+            self._fd, self._fd_pid = os.open(file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600), os.getpid()
+        pause, longest = FILE_LOCK_POLL_S
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(pause)
+                pause = min(2 * pause, longest)
+
+
+def connection_class(lock: WriterLock, wait_s: float) -> type[sqlite3.Connection]:
     """A sqlite3.Connection (pass as `factory=`) whose writers take `lock`, waiting at most wait_s."""
 
     class WriterCursor(sqlite3.Cursor):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
+import multiprocessing
+import os
 import threading
 import time
 from pathlib import Path
@@ -77,3 +80,47 @@ def test_a_writer_that_cannot_get_the_lock_in_time_is_told_the_database_is_locke
         waiter.execute(text("INSERT INTO t VALUES (3)"))
         waiter.commit()
     engine.dispose()
+
+
+def test_a_writing_transaction_holds_the_file_lock_other_processes_wait_on(engine, tmp_path: Path) -> None:
+    """serve's workers share the database: a writer in one holds the flock beside it until its
+    transaction ends, so a writer in another queues there instead of in SQLite's sleeping handler."""
+    lock_file = tmp_path / "w.db.writer-lock"
+
+    def free() -> bool:
+        fd = os.open(lock_file, os.O_RDWR)  # another open file: flock conflicts as with another process
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+
+    with engine.connect() as conn:
+        conn.execute(text("INSERT INTO counts VALUES (1, 1)"))
+        assert not free()
+        conn.commit()
+        assert free()
+
+
+def _write_rows(url: str, writer: int, rows: int) -> None:
+    engine = db.make_engine(url)
+    for n in range(rows):
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO counts VALUES (:w, :n)"), {"w": writer, "n": n})
+    engine.dispose()
+
+
+def test_writers_in_several_processes_all_commit(engine, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    context = multiprocessing.get_context("fork")
+    processes = [context.Process(target=_write_rows, args=(url, writer, 100)) for writer in range(3)]
+    for process in processes:
+        process.start()
+    _write_rows(url, 3, 100)
+    for process in processes:
+        process.join(60)
+    assert [process.exitcode for process in processes] == [0, 0, 0]
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM counts")).scalar() == 400
