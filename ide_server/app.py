@@ -1,6 +1,7 @@
 """The FastAPI application factory."""
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -12,6 +13,13 @@ from ide_server.access import unguarded_routes
 from ide_server.error_handlers import install_error_handlers
 from ide_server.settings import Settings
 from ide_server.wiring import Core, Services, check, merge, open_services
+
+# Started, the server freezes what it holds (gc.freeze): the modules, the app and its services stay
+# for its life, and every full collection walked them all, ~0.4 s each (seven a minute per worker
+# under 100 students), with every request and keystroke waiting. Unfrozen at shutdown, so that a
+# process making many apps (the tests) can free them. And a full collection comes after this many
+# of the middle generation's (Python's default is 10: ~8 a minute per worker under that class).
+FULL_COLLECTION_EVERY = 100
 
 # Threads of the event loop's default executor (asyncio.to_thread): collab's stores and file writes,
 # run planning, git checkpoints. Python's default (CPU count + 4, so 6 here) let a few slow calls
@@ -44,7 +52,15 @@ def create_app(settings: Settings | None = None, component_specs: list[str] | No
             for component in loaded:
                 if component.lifespan is not None:
                     await stack.enter_async_context(component.lifespan(app))
-            yield
+            gc.collect()
+            gc.freeze()
+            thresholds = gc.get_threshold()
+            gc.set_threshold(thresholds[0], thresholds[1], FULL_COLLECTION_EVERY)
+            try:
+                yield
+            finally:
+                gc.set_threshold(*thresholds)
+                gc.unfreeze()
         engine.dispose()
 
     app = FastAPI(
