@@ -23,10 +23,11 @@ and the acceptance figures (vllm:spec_decode_*).
     python -m benchmarks run spec --dtype float32 # both engines in float32 (the fused one-sequence step)
 
 Both engines run at `dtype="auto"` unless --dtype says otherwise: what users get, bfloat16 on
-CPUs with AVX512-BF16 or AMX (prompts' matmuls on AMX tiles; the GGUF model's quantized layers
-take float32 activations on up to 16 rows, so a step and its draft's verification run layer by
-layer, each verified row the one-token step's bits). float32 is the fused native stack for one
-sequence's step (cheaper steps, ~3x dearer prefill here) and what figures before 2 Dec 2026 used.
+CPUs with AVX512-BF16 or AMX (prompts' matmuls on AMX tiles; one sequence's step and its draft's
+verification in the fused native stack, float32 arithmetic on the bf16 KV cache, each verified
+row the one-token step's bits). float32 runs the same fused step on a float32 cache with ~3x
+dearer prompt matmuls here; it is what figures before 2 Dec 2026 used. The goal compares the
+best speculative engine with the best plain one: run both dtypes.
 """
 
 from __future__ import annotations
