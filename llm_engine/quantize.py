@@ -163,15 +163,21 @@ def _group(recipe: Recipe, method: str, group_size: int | None, input_sizes: lis
     return group_size
 
 
-def _targets(files: list[Path]) -> dict[str, tuple[int, ...]]:
-    """{name: shape} of the weights to quantize: every 2-D weight inside the decoder layers."""
-    targets: dict[str, tuple[int, ...]] = {}
+def _matrices(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """{name: shape} of every 2-D weight in the checkpoint (read from the headers)."""
+    shapes: dict[str, tuple[int, ...]] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
             for name in handle.keys():
                 shape = tuple(handle.get_slice(name).get_shape())
-                if ".layers." in name and name.endswith(".weight") and len(shape) == 2:
-                    targets[name] = shape
+                if name.endswith(".weight") and len(shape) == 2:
+                    shapes[name] = shape
+    return shapes
+
+
+def _targets(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """{name: shape} of the weights to quantize: every 2-D weight inside the decoder layers."""
+    targets = {name: shape for name, shape in _matrices(files).items() if ".layers." in name}
     if not targets:
         raise ValueError("quantize: the checkpoint has no decoder-layer linear weights to quantize")
     return targets
@@ -179,16 +185,9 @@ def _targets(files: list[Path]) -> dict[str, tuple[int, ...]]:
 
 def _table_targets(files: list[Path]) -> dict[str, tuple[int, ...]]:
     """{name: shape} of the token embedding and LM head tables (outside the decoder layers)."""
-    tables: dict[str, tuple[int, ...]] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            for name in handle.keys():
-                shape = tuple(handle.get_slice(name).get_shape())
-                module = name.removesuffix(".weight")
-                if (".layers." not in name and name.endswith(".weight") and len(shape) == 2
-                        and (module.endswith("embed_tokens") or module.rpartition(".")[2] == "lm_head")):
-                    tables[name] = shape
-    return tables
+    return {name: shape for name, shape in _matrices(files).items()
+            if ".layers." not in name and (name.endswith("embed_tokens.weight")
+                                           or name.removesuffix(".weight").rpartition(".")[2] == "lm_head")}
 
 
 def _check_shape(name: str, shape: tuple[int, ...], recipe: Recipe, group: int | None) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -254,16 +255,20 @@ def _assign_checkpoint(model: nn.Module, value: object, checkpoint: CheckpointQu
     return effective
 
 
+def _language_models(model: nn.Module) -> Iterator[tuple[str, VocabParallelEmbedding, ParallelLMHead, bool]]:
+    """Each causal LM in `model` (a vision-language model wraps one): its names' prefix ("" or
+    "language_model."), token embedding, LM head, and whether the two are tied."""
+    for prefix, owner in model.named_modules():
+        head = getattr(owner, "lm_head", None)
+        if isinstance(head, ParallelLMHead):
+            embedding = cast(VocabParallelEmbedding, owner.get_submodule("model.embed_tokens"))
+            yield f"{prefix}." if prefix else "", embedding, head, bool(getattr(owner, "tied", False))
+
+
 def _checkpoint_tables(model: nn.Module, checkpoint: CheckpointQuant, effective: dict[str, str]) -> None:
     """A token embedding or untied LM head the checkpoint stores quantized (as `codeyard llm
     quantize` writes them) stays packed; a tied head shares the embedding's table."""
-    for prefix, owner in model.named_modules():
-        head = getattr(owner, "lm_head", None)
-        if not isinstance(head, ParallelLMHead):
-            continue
-        dot = f"{prefix}." if prefix else ""
-        embedding = cast(VocabParallelEmbedding, owner.get_submodule("model.embed_tokens"))
-        tied = bool(getattr(owner, "tied", False))
+    for dot, embedding, head, tied in _language_models(model):
         for table, name in ((embedding, f"{dot}model.embed_tokens"), (None if tied else head, f"{dot}lm_head")):
             if table is None or name not in checkpoint.modules:
                 continue
@@ -301,19 +306,14 @@ def _keep_gguf_tables(model: nn.Module, gguf_types: dict[str, str], effective: d
 def _quantize_tables(model: nn.Module, config: QuantConfig, effective: dict[str, str]) -> None:
     """The token embedding and LM head of each causal LM in `model` (a vision-language model
     wraps one), rounded at load where the config targets them; a tied head shares the table."""
-    for prefix, owner in model.named_modules():
-        head = getattr(owner, "lm_head", None)
-        if not isinstance(head, ParallelLMHead):
-            continue
-        dot = f"{prefix}." if prefix else ""
-        embedding = cast(VocabParallelEmbedding, owner.get_submodule("model.embed_tokens"))
+    for dot, embedding, head, tied in _language_models(model):
         names = {"embedding": f"{dot}model.embed_tokens", "head": f"{dot}lm_head"}
         scheme = config.scheme_for([names["embedding"]], "Embedding")
         head_scheme = config.scheme_for([names["head"]], None)
         if scheme is not None:
             embedding.set_quant_method(WeightOnlyLinearMethod(scheme))
         effective[names["embedding"]] = "float" if scheme is None else scheme.describe()
-        if not getattr(owner, "tied", False):
+        if not tied:
             if head_scheme is not None:
                 head.set_quant_method(WeightOnlyLinearMethod(head_scheme))
             effective[names["head"]] = "float" if head_scheme is None else head_scheme.describe()
