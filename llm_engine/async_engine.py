@@ -159,13 +159,13 @@ class AsyncLLMEngine(RequestStreams):
 
     # ----- LoopHost: the shared loop's commands and results -----------------------------------------
 
-    def next_command(self, block: bool) -> Command | NoCommand | None:
+    def next_command(self, wait: float) -> Command | NoCommand | None:
         if self._stopping:
             return None
         try:
-            command = self._commands.get(block=block, timeout=1.0 if block else None)
+            command = self._commands.get(block=wait > 0, timeout=wait or None)
         except queue.Empty:
-            return None if block and self._stopping else NO_COMMAND
+            return None if self._stopping else NO_COMMAND
         if isinstance(command, AddRequest):
             with self._lock:
                 self._pending_adds -= 1

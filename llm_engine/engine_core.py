@@ -94,9 +94,9 @@ class EngineCore:
     def send(self, message: CoreMessage) -> None:
         self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
-    def next_command(self, block: bool) -> Command | NoCommand | None:
+    def next_command(self, wait: float) -> Command | NoCommand | None:
         try:
-            if not self.conn.poll(1.0 if block else 0):
+            if not self.conn.poll(wait):
                 return NO_COMMAND
             command: Command | None = pickle.loads(self.conn.recv_bytes())
         except (EOFError, OSError):  # the server process is gone

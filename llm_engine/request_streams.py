@@ -12,8 +12,9 @@ import asyncio
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, Callable
-from contextlib import suppress
+from collections.abc import AsyncGenerator, Callable, Iterator
+from contextlib import contextmanager, suppress
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 from llm_engine.engine_loop import AbortRequest, AddRequest, Command
@@ -49,6 +50,16 @@ class _Stream:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
+class _Admission:
+    """A request between its arrival at a protocol and its first `generate` (or its end without one)."""
+
+    def __init__(self) -> None:
+        self.open = True
+
+
+_ADMISSION: ContextVar[_Admission | None] = ContextVar("llm_admission", default=None)
+
+
 def _put_each(handed: list[tuple[_Stream, RequestOutput]]) -> None:
     for stream, output in handed:
         stream.queue.put_nowait(output)
@@ -63,6 +74,7 @@ class RequestStreams(ABC):
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
         self._pending_adds = 0
+        self._admitting = 0  # requests on their way to `generate` (see `admission`)
         self._stats: EngineStats | None = None
 
     @abstractmethod
@@ -81,9 +93,32 @@ class RequestStreams(ABC):
         """The snapshot taken after the loop's latest step (None before the model is loaded)."""
         return self._stats
 
+    @contextmanager
+    def admission(self) -> Iterator[None]:
+        """Count the caller's request, from its arrival at a protocol (before parsing and tokenizing)
+        until its first `generate`, as on its way to the engine. A request sent while others are on
+        their way says so (`AddRequest.more`), and an idle engine waits for them before its first
+        step, so that a burst is prefilled in one step rather than its first arrival alone first."""
+        mark = _Admission()
+        with self._lock:
+            self._admitting += 1
+        token = _ADMISSION.set(mark)
+        try:
+            yield
+        finally:
+            _ADMISSION.reset(token)
+            self._admitted(mark)
+
+    def _admitted(self, mark: _Admission | None) -> None:
+        if mark is not None and mark.open:
+            mark.open = False
+            with self._lock:
+                self._admitting -= 1
+
     async def generate(self, prompt: str | list[int] | ImagePrompt, sampling_params: SamplingParams,
-                       request_id: str, priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
+                       request_id: str, priority: int = 0, more: bool = False) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's output after each step that changed it (cumulative text/tokens).
+        `more`: the caller sends other prompts right behind this one (a batch's rows).
 
         Raises EngineNotReady, EngineOverloaded, ValueError (bad prompt/parameters, naming the
         field). Closing the iterator before the final output aborts the request.
@@ -99,7 +134,9 @@ class RequestStreams(ABC):
                                        f"(limit {self.max_waiting}); retry later")
             self._streams[request_id] = stream
             self._pending_adds += 1
-        self._submit(AddRequest(request_id, prompt, sampling_params, priority, time.time()))
+        self._admitted(_ADMISSION.get())
+        self._submit(AddRequest(request_id, prompt, sampling_params, priority, time.time(),
+                                more=more or self._admitting > 0))
         try:
             while True:
                 item = await stream.queue.get()

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llm_engine.config import EngineConfig
 from llm_engine.entrypoints import api, kserve_http
@@ -29,6 +30,22 @@ def check_bearer(request: Request, keys: frozenset[str]) -> None:
     if scheme.lower() != "bearer" or not any(hmac.compare_digest(token.strip(), k) for k in keys):
         raise OpenAIError(401, "missing or invalid API key (send Authorization: Bearer <key>)",
                           code="invalid_api_key")
+
+
+class CountAdmissions:
+    """Counts each POST (an inference request: /v1 and /v2 take no other) as on its way to the engine
+    from the moment it arrives, before its body is read and parsed (`RequestStreams.admission`)."""
+
+    def __init__(self, app: ASGIApp, service: LLMService) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        with self.service.engine.admission():
+            await self.app(scope, receive, send)
 
 
 def create_app(config: EngineConfig, served_name: str, options: ServerOptions | None = None) -> FastAPI:
@@ -58,6 +75,7 @@ def app_for(service: LLMService, own_service: bool = True) -> FastAPI:
                 service.stop()
 
     app = FastAPI(title="Codeyard LLM server", lifespan=lifespan)
+    app.add_middleware(CountAdmissions, service=service)
     app.state.llm = service
     api.install(app)
     guard = Depends(_api_key_guard)

@@ -186,7 +186,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         arrived = time.time()
         service = await self._model(context, request.model_name, request.model_version)
         try:
-            with kserve.request_stats(service, request.model_name, request.model_version, arrived) as stats:
+            with service.engine.admission(), kserve.request_stats(service, request.model_name,
+                                                                    request.model_version, arrived) as stats:
                 tensors = _tensors(request)
                 stream = tensors.get("stream")
                 if stream is not None and stream.any():
@@ -228,8 +229,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         tasks: set[asyncio.Task[None]] = set()
 
         async def serve(request: pb.ModelInferRequest) -> None:
-            async for response in self._stream_one(service, request):
-                await responses.put(response)
+            with service.engine.admission():
+                async for response in self._stream_one(service, request):
+                    await responses.put(response)
 
         async def read() -> None:
             async for request in request_iterator:

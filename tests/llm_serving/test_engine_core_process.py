@@ -4,8 +4,11 @@ The servers' other tests run on it too (`tiny_server` serves with `engine_proces
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
+import time
 
 import httpx
 import openai
@@ -68,3 +71,68 @@ def test_a_killed_core_fails_requests_in_flight_and_later_ones_with_503(tiny_cha
         assert httpx.get(running.url + "/health").status_code == 503
     finally:
         running.stop()
+
+
+class FirstTokenSteps:
+    """Which requests got their first token in each step the server's engine reported."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.steps = engine, []
+        self.seen: set[str] = set()
+
+    def __enter__(self) -> FirstTokenSteps:
+        self.chained, self.engine.on_step = self.engine.on_step, self.on_step
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.engine.on_step = self.chained
+
+    def on_step(self, stats, outputs) -> None:
+        firsts = {o.request_id for o in outputs if o.outputs and o.outputs[0].token_ids} - self.seen
+        self.seen |= firsts
+        if firsts:
+            self.steps.append(firsts)
+        self.chained(stats, outputs)
+
+
+def post_in_two_parts(url: str, bodies: list[bytes], gap_s: float) -> list[bytes]:
+    """POST each body on its own connection: every request's headers first (the server starts
+    handling them), then the bodies `gap_s` apart, as a burst trickles through the server's parsing."""
+    host, port = url.removeprefix("http://").split(":")
+    sockets = [socket.create_connection((host, int(port)), timeout=60) for _ in bodies]
+    for sock, body in zip(sockets, bodies):
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                     b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body))
+    time.sleep(0.3)
+    for sock, body in zip(sockets, bodies):
+        sock.sendall(body)
+        time.sleep(gap_s)
+    answers = []
+    for sock in sockets:
+        with sock:
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+            answers.append(answer)
+    return answers
+
+
+def completion_body(prompt: str) -> bytes:
+    return json.dumps({"model": TINY_NAME, "prompt": prompt, "max_tokens": 2, "temperature": 0,
+                       "ignore_eos": True}).encode()
+
+
+def test_a_burst_parsed_one_request_after_another_starts_in_one_engine_step(tiny_server):
+    """Requests that arrived together reach the core one by one, as the API process gets through
+    them; the core holds its first step until the last one (not stepping on the first alone)."""
+    bodies = [completion_body(f"def burst_{i}(x):") for i in range(3)]
+    with FirstTokenSteps(tiny_server.service.engine) as seen:
+        answers = post_in_two_parts(tiny_server.url, bodies, gap_s=0.002)
+    assert all(a.startswith(b"HTTP/1.1 200") for a in answers), answers
+    assert [len(step) for step in seen.steps] == [3]
+
+
+def test_a_neighbour_that_fails_before_the_engine_holds_the_burst_only_briefly(tiny_server):
+    answers = post_in_two_parts(tiny_server.url, [completion_body("def ok(x):"), b"{not json"], gap_s=0.05)
+    assert answers[0].startswith(b"HTTP/1.1 200") and answers[1].startswith(b"HTTP/1.1 400")
+
