@@ -118,12 +118,16 @@ class _Serving:
         """Admit every prompt (raising 429/503/400 before any answer is sent), then merge their outputs.
         `engine_prompts` replace the token ids sent to the engine (prompts with images)."""
         prompts: Sequence[list[int] | ImagePrompt] = engine_prompts or prompt_ids
-        generators = [self.engine.generate(prompt, p, f"{request_id}-{i}", priority=priority)
+        generators = [self.engine.generate(prompt, p, f"{request_id}-{i}", priority=priority, more=i < len(prompts) - 1)
                       for i, (prompt, p) in enumerate(zip(prompts, params))]
-        firsts: list[RequestOutput] = []
         try:
-            for gen in generators:
-                firsts.append(await anext(gen))
+            # every prompt at once: awaiting each one's first output before sending the next put
+            # a batch's prompts into the engine a step apart
+            results = await asyncio.gather(*(anext(gen) for gen in generators), return_exceptions=True)
+            failure = next((r for r in results if isinstance(r, BaseException)), None)
+            if failure is not None:
+                raise failure
+            firsts = [r for r in results if isinstance(r, RequestOutput)]
         except BaseException as exc:
             for gen in generators:
                 await gen.aclose()

@@ -136,3 +136,12 @@ def test_a_neighbour_that_fails_before_the_engine_holds_the_burst_only_briefly(t
     answers = post_in_two_parts(tiny_server.url, [completion_body("def ok(x):"), b"{not json"], gap_s=0.05)
     assert answers[0].startswith(b"HTTP/1.1 200") and answers[1].startswith(b"HTTP/1.1 400")
 
+
+def test_a_requests_prompts_start_in_one_engine_step(tiny_server):
+    """A batch (several prompts in one /v1 request) goes to the engine at once, not a prompt per step."""
+    with FirstTokenSteps(tiny_server.service.engine) as seen:
+        answer = httpx.post(tiny_server.url + "/v1/completions", timeout=60, json={
+            "model": TINY_NAME, "prompt": ["def a(x):", "def b(y):", "def c(z):"], "max_tokens": 2,
+            "temperature": 0, "ignore_eos": True})
+    assert answer.status_code == 200 and len(answer.json()["choices"]) == 3
+    assert [len(step) for step in seen.steps] == [3]
