@@ -35,20 +35,11 @@ from pathlib import Path
 import httpx
 import psutil
 import websockets
-from pycrdt import Doc, Text
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from collab.protocol import (  # noqa: E402
-    SyncStep1,
-    SyncStep2,
-    SyncUpdate,
-    decode_message,
-    encode_sync_step1,
-    encode_sync_step2,
-    encode_sync_update,
-)
+from collab.client import CollabClient  # noqa: E402
 from tests.serve_process import codeyard_serve  # noqa: E402
 
 TIMEOUT_S = 10.0
@@ -92,60 +83,6 @@ class Tally:
             self.errors.append(what)
 
 
-class YClient:
-    """One y-websocket client on a pycrdt document (what the browser's y-websocket does)."""
-
-    def __init__(self, ws: websockets.ClientConnection, tally: Tally) -> None:
-        self.ws, self.tally = ws, tally
-        self.doc = Doc()
-        self.text = self.doc.get("content", type=Text)
-        self.synced = asyncio.Event()
-        self.changed = asyncio.Event()
-        self.closed = False
-
-    async def start(self) -> asyncio.Task:
-        await self.ws.send(encode_sync_step1(self.doc.get_state()))
-        return asyncio.create_task(self._receive())
-
-    async def _receive(self) -> None:
-        try:
-            async for raw in self.ws:
-                message = decode_message(raw)
-                if isinstance(message, SyncStep1):
-                    await self.ws.send(encode_sync_step2(self.doc.get_update(message.state_vector)))
-                elif isinstance(message, (SyncStep2, SyncUpdate)):
-                    self.doc.apply_update(message.update)
-                    if isinstance(message, SyncStep2):
-                        self.synced.set()
-                    self.changed.set()
-        except websockets.ConnectionClosed:
-            pass
-        finally:
-            self.closed = True
-            self.changed.set()
-            self.synced.set()
-
-    async def type(self, chars: str) -> None:
-        before = self.doc.get_state()
-        self.text.insert(len(self.text), chars)
-        await self.ws.send(encode_sync_update(self.doc.get_update(before)))
-
-    async def wait_for(self, marker: str, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while marker not in str(self.text):
-            if self.closed:
-                return False
-            self.changed.clear()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            try:
-                await asyncio.wait_for(self.changed.wait(), remaining)
-            except TimeoutError:
-                return False
-        return True
-
-
 class Student:
     """One simulated student: an HTTP session, a project and three collab sockets."""
 
@@ -157,7 +94,7 @@ class Student:
         self.name = f"s{int(time.time() * 1000) % 10**9}x{index}"
         self.project = ""
         self.random = random.Random(index)
-        self._tasks: list[asyncio.Task] = []  # its sockets' receive loops, cancelled when it leaves
+        self.clients: list[CollabClient] = []  # its sockets, closed when it leaves
 
     async def call(self, op: str, method: str, url: str, **kwargs) -> httpx.Response | None:
         """One request, timed under `op`; None (and a tally entry) on a timeout or an error."""
@@ -180,31 +117,24 @@ class Student:
             return None
         return response
 
-    async def socket(self, path: str, base: str | None = None) -> YClient | None:
+    async def socket(self, path: str, base: str | None = None) -> CollabClient | None:
         base = base or self.base
         url = base.replace("http", "ws", 1) + f"/ws/collab/{self.project}/{path}"
         started = time.monotonic()
+        client = CollabClient()
         try:
-            ws = await asyncio.wait_for(websockets.connect(
-                url, additional_headers={"Cookie": self.cookie()}, origin=base, max_size=None), TIMEOUT_S)
+            await asyncio.wait_for(client.connect(url, {"Cookie": self.cookie()}, origin=base), TIMEOUT_S)
+            self.clients.append(client)
+            await asyncio.wait_for(client.synced.wait(), TIMEOUT_S)
         except TimeoutError:
             self.tally.timeouts["socket"] += 1
             return None
         except (OSError, websockets.WebSocketException) as exc:
             self.tally.error(f"socket: {exc}")
             return None
-        client = YClient(ws, self.tally)
-        try:
-            self._tasks.append(await client.start())
-            await asyncio.wait_for(client.synced.wait(), TIMEOUT_S)
-        except TimeoutError:
-            self.tally.timeouts["socket"] += 1
-            return None
-        except websockets.ConnectionClosed as exc:
-            self.tally.error(f"socket: {exc}")
-            return None
         if client.closed:
-            self.tally.error(f"socket: closed {ws.close_code} {ws.close_reason}")
+            assert client.socket is not None
+            self.tally.error(f"socket: closed {client.socket.close_code} {client.socket.close_reason}")
             return None
         self.tally.record("socket", started)
         return client
@@ -225,11 +155,9 @@ class Student:
                 await asyncio.sleep(self.random.expovariate(1 / self.args.think))
             typing.cancel()
             self.tally.socket_drops += sum(client.closed for client in (editor, typist, watcher))
-            for client in (editor, typist, watcher):
-                await client.ws.close()
         finally:
-            for task in self._tasks:
-                task.cancel()
+            for client in self.clients:
+                await client.close()
             await self.http.aclose()
 
     async def join(self) -> bool:
@@ -243,14 +171,14 @@ class Student:
         notes = f"/api/projects/{self.project}/files/content/notes.md"
         return await self.call("save", "PUT", notes, content=b"# notes\n") is not None
 
-    async def keep_typing(self, typist: YClient, watcher: YClient) -> None:
+    async def keep_typing(self, typist: CollabClient, watcher: CollabClient) -> None:
         count = 0
         while time.monotonic() < self.stop_at:
             marker = f"<{self.index}:{count}>"
             count += 1
             started = time.monotonic()
-            await typist.type(marker)
-            if await watcher.wait_for(marker, TIMEOUT_S):
+            await typist.append(marker)
+            if await watcher.wait_for(lambda text: marker in text, TIMEOUT_S):
                 self.tally.record("keystroke", started)
             elif not watcher.closed:
                 self.tally.timeouts["keystroke"] += 1

@@ -224,22 +224,6 @@ def assert_nothing_duplicated_or_lost(result: dict, seed: str) -> str:
     return text
 
 
-def wait_until(check, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
-
-
-async def eventually(check, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
-
-
 def wait_for_file(path: Path, text: str, timeout: float = 2.0) -> None:
     deadline = time.monotonic() + timeout
     while path.read_text(encoding="utf-8") != text and time.monotonic() < deadline:

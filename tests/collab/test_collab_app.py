@@ -7,7 +7,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from collab_testkit import CollabServer, JsClients, cookie_header, signed_in, wait_for_file, wait_until
+from collab_testkit import CollabServer, JsClients, cookie_header, signed_in, wait_for_file
+from waiting import wait_until
 
 
 @pytest.fixture

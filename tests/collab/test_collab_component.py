@@ -6,8 +6,9 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from collab_testkit import CollabServer, cookie_header, signed_in, wait_until
+from collab_testkit import CollabServer, cookie_header, signed_in
 from pycrdt import Doc, Text
+from waiting import wait_until
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 

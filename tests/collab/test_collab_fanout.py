@@ -12,7 +12,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from collab_testkit import PyClient, eventually
+from collab_testkit import PyClient
+from waiting import eventually
 
 from collab.fanout import Fanout
 from collab.room import RoomKey

@@ -6,7 +6,8 @@ import multiprocessing
 from pathlib import Path
 
 import pytest
-from collab_testkit import PyClient, eventually
+from collab_testkit import PyClient
+from waiting import eventually
 
 from collab.history import Author, AutoCheckpointer, ProjectHistory, restore_file, restore_project
 from collab.room import RoomKey

@@ -13,8 +13,8 @@ from collab_testkit import (
     stored_text,
     token,
     wait_for_file,
-    wait_until,
 )
+from waiting import wait_until
 
 SEED = "shared 🦊\n"
 

@@ -10,9 +10,10 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
-from collab_testkit import PyClient, eventually
+from collab_testkit import PyClient
 from pycrdt import Doc, Text
 from sqlalchemy.exc import OperationalError
+from waiting import eventually
 
 from collab import disk
 from collab.disk import write_text_atomic

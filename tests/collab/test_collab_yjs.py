@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from collab_testkit import CollabServer, JsClients, stored_text, token, wait_until
+from collab_testkit import CollabServer, JsClients, stored_text, token
+from waiting import wait_until
 
 
 @pytest.fixture

@@ -133,9 +133,3 @@ def deploy(client: Person, project_id: str, timeout: float = 240) -> dict:
     return wait_release(client, project_id, release_id, timeout)
 
 
-def wait_until(check, timeout: float = 60, pause: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(pause)
-    return value

@@ -6,7 +6,9 @@ from __future__ import annotations
 import socket
 import time
 
-from deploy.conftest import deploy, new_project, wait_until
+from waiting import wait_until
+
+from deploy.conftest import deploy, new_project
 from deploy_service import edge as edge_module
 
 APP = '''

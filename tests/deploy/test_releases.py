@@ -7,7 +7,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from deploy.conftest import deploy, new_project, wait_release, wait_until, write_files
+from waiting import wait_until
+
+from deploy.conftest import deploy, new_project, wait_release, write_files
 
 APP = '''
 import os, uuid
@@ -87,14 +89,14 @@ def test_redeploy_and_rollback_under_load_fail_no_request(owner, edge):
         write_files(owner, project_id, app_files("v2"))
         second = deploy(owner, project_id)
         assert second["current_release"]["number"] == 2, second["releases"][0]["message"]
-        wait_until(lambda: load.seen and load.seen[-1][1] == "v2")
+        wait_until(lambda: load.seen and load.seen[-1][1] == "v2", timeout=60)
         rollback_to = next(r for r in second["releases"] if r["number"] == 1)
         assert rollback_to["can_roll_back"]
         response = owner.post(f"/api/projects/{project_id}/deployment/rollback", json={"release_id": rollback_to["id"]})
         assert response.status_code == 202, response.text
         rolled = wait_release(owner, project_id, rollback_to["id"])
         assert rolled["current_release"]["id"] == rollback_to["id"]
-        wait_until(lambda: load.seen[-1][1] == "v1" and edge_load.seen[-1][1] == "v1")
+        wait_until(lambda: load.seen[-1][1] == "v1" and edge_load.seen[-1][1] == "v1", timeout=60)
         time.sleep(0.3)
     for loop in (load, edge_load):
         assert len(loop.seen) > 50
@@ -129,7 +131,8 @@ def test_a_crashed_instance_restarts_and_serves_again(owner):
     owner.client.post(f"{url}crash")
     wait_until(lambda: owner.get(f"/api/projects/{project_id}/deployment").json()["status"] == "unhealthy", timeout=10,
                pause=0.02)
-    deployment = wait_until(lambda: (d := owner.get(f"/api/projects/{project_id}/deployment").json())["status"] == "running" and d)
+    deployment = wait_until(lambda: (d := owner.get(f"/api/projects/{project_id}/deployment").json())["status"] == "running" and d,
+                            timeout=60)
     assert deployment["healthy_instances"] == 1
     after = owner.client.get(f"{url}instance")
     assert after.status_code == 200 and after.text != before  # a new process

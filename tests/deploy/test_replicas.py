@@ -18,9 +18,10 @@ import pytest
 import redis
 from serve_process import codeyard_serve, free_port
 from sqlalchemy import create_engine, make_url, text
+from waiting import wait_until
 from websockets.sync.client import connect
 
-from deploy.conftest import packages_dir, wait_until
+from deploy.conftest import packages_dir
 from deploy_service.owner import LEASE_KEY
 
 APP = 'from flask import Flask\napp = Flask(__name__)\n\n@app.get("/")\ndef home():\n    print("served a visitor", flush=True)\n    return "one app, {version}"\n'

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
+from waiting import wait_until
 
-from deploy.conftest import app_leftovers, deploy, make_app, new_project, sign_up, wait_until
+from deploy.conftest import app_leftovers, deploy, make_app, new_project, sign_up
 
 FLASK_APP = 'from flask import Flask\napp = Flask(__name__)\n\n@app.get("/")\ndef home():\n    return "still here"\n'
 
@@ -27,7 +28,8 @@ def test_deployments_come_back_after_a_restart(tmp_path, database_url):
     second = make_app(data_dir, database_url)
     with TestClient(second) as client:
         owner.client = client
-        after = wait_until(lambda: (d := owner.get(f"/api/projects/{running}/deployment").json())["healthy_instances"] == 2 and d)
+        after = wait_until(lambda: (d := owner.get(f"/api/projects/{running}/deployment").json())["healthy_instances"] == 2 and d,
+                           timeout=60)
         assert after["status"] == "running"
         assert after["current_release"]["id"] == before["current_release"]["id"] and after["url"] == url
         assert {client.get(url).text for _ in range(4)} == {"still here"}

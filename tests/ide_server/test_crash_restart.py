@@ -20,11 +20,9 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-import websockets
-from pycrdt import Doc, Text
 from serve_process import codeyard_serve
 
-from collab.protocol import SyncStep1, SyncStep2, SyncUpdate, decode_message, encode_sync_step1, encode_sync_step2
+from collab.client import CollabClient
 
 STUDENTS = 30
 EDITORS = 10  # students who keep main.py open in the editor
@@ -70,28 +68,13 @@ def enrol(url: str) -> list[Student]:
     return students
 
 
-async def open_editor(url: str, student: Student) -> tuple[websockets.ClientConnection, Doc]:
+async def open_editor(url: str, student: Student) -> CollabClient:
     """A y-websocket client on main.py that keeps applying what the room sends."""
     cookie = "; ".join(f"{k}={v}" for k, v in student.cookies.items())
-    ws = await websockets.connect(url.replace("http", "ws", 1) + f"/ws/collab/{student.project}/main.py",
-                                  additional_headers={"Cookie": cookie}, origin=url)
-    doc = Doc()
-    doc.get("content", type=Text)
-    await ws.send(encode_sync_step1(doc.get_state()))
-
-    async def follow() -> None:
-        try:
-            async for raw in ws:
-                message = decode_message(raw)
-                if isinstance(message, SyncStep1):
-                    await ws.send(encode_sync_step2(doc.get_update(message.state_vector)))
-                elif isinstance(message, (SyncStep2, SyncUpdate)):
-                    doc.apply_update(message.update)
-        except websockets.ConnectionClosed:
-            pass
-
-    asyncio.get_running_loop().create_task(follow())
-    return ws, doc
+    editor = CollabClient()
+    await editor.connect(url.replace("http", "ws", 1) + f"/ws/collab/{student.project}/main.py", {"Cookie": cookie},
+                         origin=url)
+    return editor
 
 
 async def storm(url: str, students: list[Student], round_no: int, kill_after: float,
@@ -139,8 +122,8 @@ async def storm(url: str, students: list[Student], round_no: int, kill_after: fl
     finally:
         for client in clients:
             await client.aclose()
-    for ws, _ in editors:
-        await ws.close()
+    for editor in editors:
+        await editor.close()
 
 
 def still_alive(processes: list[tuple[int, float]]) -> list[int]:
@@ -162,15 +145,15 @@ async def check_after_restart(url: str, students: list[Student], orphans: list[t
             text = (await client.get(f"/api/projects/{student.project}/files/content/main.py")).text
             assert text in [student.acked, *student.after_ack], (student.name, text, student.acked)
             if i < EDITORS:
-                assert str(editors[i][1].get("content", type=Text)) == text
+                assert str(editors[i].text) == text
             for run_id in student.runs:
                 run = (await client.get(f"/api/runs/{run_id}")).json()
                 assert run["status"] == "finished" and run["verdict"], run
             tree = await client.get(f"/api/projects/{student.project}/files")
             assert tree.status_code == 200
             student.acked, student.after_ack = text, []
-    for ws, _ in editors:
-        await ws.close()
+    for editor in editors:
+        await editor.close()
     assert still_alive(orphans) == []
     orphans.clear()
 

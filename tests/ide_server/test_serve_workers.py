@@ -21,8 +21,9 @@ import pytest
 import websockets
 from serve_process import codeyard_serve, free_port
 from tiny_llm import save_tiny_chat_llama
+from waiting import wait_until
 
-from benchmarks.load_bench import Tally, YClient
+from collab.client import CollabClient
 from deploy_service.owner import LEASE_KEY
 from ide_server.cli import main
 from ide_server.settings import Settings
@@ -81,21 +82,20 @@ def _answers(path: Path) -> bool:
         return False
 
 
-async def open_editor(url: str, project: str, cookie: str, receiving: list[asyncio.Task]) -> YClient:
-    """The load test's y-websocket client on main.py through `url`, synced (its receive loop goes in `receiving`)."""
-    ws = await websockets.connect(url.replace("http", "ws", 1) + f"/ws/collab/{project}/main.py",
-                                  additional_headers={"Cookie": cookie}, origin=url)
-    editor = YClient(ws, Tally())
-    receiving.append(await editor.start())
+async def open_editor(url: str, project: str, cookie: str) -> CollabClient:
+    """A y-websocket client on main.py through `url`, synced."""
+    editor = CollabClient()
+    await editor.connect(url.replace("http", "ws", 1) + f"/ws/collab/{project}/main.py", {"Cookie": cookie}, origin=url)
     await asyncio.wait_for(editor.synced.wait(), 10)
     return editor
 
 
-def local_port(editor: YClient) -> int:
-    return int(editor.ws.transport.get_extra_info("sockname")[1])
+def local_port(editor: CollabClient) -> int:
+    assert editor.socket is not None
+    return int(editor.socket.transport.get_extra_info("sockname")[1])
 
 
-async def converged(editors: list[YClient], *markers: str) -> str:
+async def converged(editors: list[CollabClient], *markers: str) -> str:
     for _ in range(200):
         texts = {str(e.text) for e in editors}
         if len(texts) == 1 and all(m in next(iter(texts)) for m in markers):
@@ -132,11 +132,10 @@ def test_two_workers_share_editors_runs_and_saves(workers: Workers) -> None:
     async def scenario() -> None:
         # Each worker's own port, to be sure of reaching both: on the shared port the kernel wakes every
         # worker for a connection and the first to accept it wins, so an idle host may favour one.
-        receiving: list[asyncio.Task] = []
-        one, other = [await open_editor(workers.own_urls[pid], project, cookie, receiving) for pid in workers.pids]
+        one, other = [await open_editor(workers.own_urls[pid], project, cookie) for pid in workers.pids]
         assert [workers.serving(local_port(e)) for e in (one, other)] == workers.pids
-        await one.type("# from the first worker\n")
-        await other.type("# from the second worker\n")
+        await one.append("# from the first worker\n")
+        await other.append("# from the second worker\n")
         await converged([one, other], "first worker", "second worker")
         # In one process: the worker not hosting the project's rooms relays its editor's socket to the one that
         # does, on that worker's own port (spread over both, each keystroke crossed through Redis after its store).
@@ -209,8 +208,7 @@ def test_two_workers_share_editors_runs_and_saves(workers: Workers) -> None:
         assert read.text == saved
         await converged([one, other], "print('saved')")
         for editor in (one, other):
-            await editor.ws.close()
-        await asyncio.gather(*receiving)  # each loop ends with its socket
+            await editor.close()
 
     asyncio.run(scenario())
 
@@ -293,7 +291,8 @@ def test_the_workers_share_one_model_served_beside_them(tmp_path: Path) -> None:
         llm_urls = {psutil.Process(pid).environ()["CODEYARD_LLM_URL"] for pid in found.pids}
         assert len(llm_urls) == 1, llm_urls
         port = int(llm_urls.pop().rsplit(":", 1)[1])
-        assert listens_soon(servers[0], port)  # once the model server has loaded its model
+        wait_until(lambda: listening(servers[0], port), timeout=60, pause=0.2,  # once the model server has loaded
+                   what=f"the model server listening on {port}")
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401  # only with the workers' key
         client = httpx.Client(base_url=url, timeout=30)
         joined = client.post("/api/auth/register", json={"username": "asker", "password": PASSWORD})
@@ -306,14 +305,8 @@ def test_the_workers_share_one_model_served_beside_them(tmp_path: Path) -> None:
         assert completes(client, url, model.name)  # started again on the same port
 
 
-def listens_soon(process: psutil.Process, port: int) -> bool:
-    """Whether `process` listens on `port` within a minute (it binds after loading its model)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if any(c.laddr.port == port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN):
-            return True
-        time.sleep(0.2)
-    return False
+def listening(process: psutil.Process, port: int) -> bool:
+    return any(c.laddr.port == port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN)
 
 
 def completes(client: httpx.Client, base: str, model: str) -> bool:

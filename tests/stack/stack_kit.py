@@ -4,23 +4,12 @@ file over the collab socket."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 import time
 
 import httpx
-import websockets
-from pycrdt import Doc, Text
 
-from collab.protocol import (
-    SyncStep1,
-    SyncStep2,
-    SyncUpdate,
-    decode_message,
-    encode_sync_step1,
-    encode_sync_step2,
-    encode_sync_update,
-)
+from collab.client import CollabClient
 
 PROXY = "http://127.0.0.1:8780"
 REPLICAS = ("http://127.0.0.1:8781", "http://127.0.0.1:8782")
@@ -71,54 +60,23 @@ class User:
                           timeout, f"run {run_id} finishing")
 
 
-class Editor:
-    """A user's editor open on one file: a y-websocket client keeping a Yjs document (pycrdt) as the IDE's does. On
-    every (re)connection it syncs both ways (its step 1, and a step 2 for the room's), so edits a server took down
-    with it unstored are sent again, and what the client already has is not duplicated."""
+class Editor(CollabClient):
+    """A user's editor open on one file, as the IDE's Yjs one: every (re)connection syncs both ways, so edits a
+    server took down with it unstored are sent again, and what the editor already has is not duplicated."""
 
     def __init__(self, user: User, project: str, path: str) -> None:
+        super().__init__()
         self.headers = {"Authorization": f"Bearer {user.token}"}
         self.where = f"/ws/collab/{project}/{path}"
-        self.doc = Doc()
-        self.text = self.doc.get("content", type=Text)
-        self.socket: websockets.ClientConnection | None = None
-        self.following: asyncio.Task[None] | None = None
 
-    async def connect(self, base: str) -> None:
-        self.socket = await websockets.connect(base.replace("http", "ws", 1) + self.where, additional_headers=self.headers)
-        await self.socket.send(encode_sync_step1(self.doc.get_state()))
-        self.following = asyncio.create_task(self._follow(self.socket))
-
-    async def _follow(self, socket: websockets.ClientConnection) -> None:
-        with contextlib.suppress(websockets.ConnectionClosed):
-            async for raw in socket:
-                message = decode_message(raw)
-                if isinstance(message, SyncStep1):
-                    await socket.send(encode_sync_step2(self.doc.get_update(message.state_vector)))
-                elif isinstance(message, SyncStep2 | SyncUpdate):
-                    self.doc.apply_update(message.update)
-
-    async def append(self, line: str) -> None:
-        """Type a line at the end, as a keystroke does: applied here, its update sent to the room."""
-        assert self.socket is not None
-        before = self.doc.get_state()
-        self.text.insert(len(self.text), line)
-        await self.socket.send(encode_sync_update(self.doc.get_update(before)))
+    async def open_on(self, base: str) -> None:
+        await self.connect(base.replace("http", "ws", 1) + self.where, self.headers)
 
     async def shows(self, text: str, timeout: float = 30) -> None:
         """Wait until the document reads `text` (the room's updates are applied as they come)."""
-        deadline = time.monotonic() + timeout
-        while str(self.text) != text:
-            assert time.monotonic() < deadline, f"the editor shows {str(self.text)!r}, not {text!r}"
-            await asyncio.sleep(0.2)
+        assert await self.wait_for(lambda now: now == text, timeout), f"the editor shows {str(self.text)!r}, not {text!r}"
 
     async def dropped(self, timeout: float = 30) -> None:
         """Wait until the server end of the socket has gone."""
         assert self.following is not None
         await asyncio.wait_for(asyncio.shield(self.following), timeout)
-
-    async def close(self) -> None:
-        if self.socket is not None:
-            await self.socket.close()
-        if self.following is not None:
-            await self.following

@@ -184,8 +184,8 @@ async def edit_on_two_replicas_and_kill_one(alice: User, pid: str) -> str:
     """Two editors on notes.md, one on each replica, see each other's lines; replica 1 is killed under its editor,
     which reconnects through the proxy (to the replica left) and types on. What both show at the end."""
     on_one, on_two = Editor(alice, pid, "notes.md"), Editor(alice, pid, "notes.md")
-    await on_one.connect(REPLICAS[0])
-    await on_two.connect(REPLICAS[1])
+    await on_one.open_on(REPLICAS[0])
+    await on_two.open_on(REPLICAS[1])
     await on_one.shows(NOTES)
     await on_two.shows(NOTES)
     await on_one.append("one\n")
@@ -195,7 +195,7 @@ async def edit_on_two_replicas_and_kill_one(alice: User, pid: str) -> str:
     await on_one.append("typed as it died\n")  # perhaps never stored by replica 1: its editor sends it again
     await asyncio.to_thread(subprocess.run, ["docker", "kill", container("app1")], check=True, capture_output=True)
     await on_one.dropped()
-    await on_one.connect(PROXY)
+    await on_one.open_on(PROXY)
     await on_two.shows(NOTES + "one\ntwo\ntyped as it died\n")
     await on_one.append("three\n")
     text = NOTES + "one\ntwo\ntyped as it died\nthree\n"
@@ -219,7 +219,7 @@ def test_two_editors_on_two_replicas_and_an_app_replica_killed(stack):
 
     async def reopened_on_replica_one() -> None:
         editor = Editor(alice, pid, "notes.md")
-        await editor.connect(REPLICAS[0])
+        await editor.open_on(REPLICAS[0])
         await editor.shows(text)
         await editor.close()
 
