@@ -15,8 +15,9 @@ trusted like code (loading it runs pickle).
 An engine is saved for one rank. With tensor_parallel_size > 1 each worker runs the sharding
 passes on the loaded graphs (the plan is read off them as at capture) and every layer they
 replace takes its rank's share of the saved tensor of the same name through its weight loader,
-as from a checkpoint: one engine serves any rank count its heads divide by. Quantized layers are
-refused there: their packed tensors are not laid out to be cut by rows and columns.
+as from a checkpoint: one engine serves any rank count its heads divide by. Quantized layers keep
+their packed tensors: column-parallel ones by their loaders' rows, row-parallel ones through
+quantized_shards.row_share (codes by columns, scales and zero points by whole groups).
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ from torch import fx
 from llm_engine.autodeploy.paged_attention import PagedAttention
 from llm_engine.autodeploy.passes import PassContext, run_passes
 from llm_engine.autodeploy.passes.sharding import shard_lm_head, shard_tensor_parallel
+from llm_engine.autodeploy.quantized_shards import row_share
 from llm_engine.config import EngineConfig
 from llm_engine.distributed import get_tp_size
 from llm_engine.layers.attention import Attention, AttentionBackend
-from llm_engine.layers.linear import MergedColumnParallelLinear
+from llm_engine.layers.linear import LinearBase, MergedColumnParallelLinear, RowParallelLinear
 from llm_engine.layers.native import CpuKernels, cpu_kernels
 from llm_engine.layers.quant_config import summarize
+from llm_engine.layers.quantization import WeightOnlyLinearMethod
 from llm_engine.loader.engine_manifest import MODEL_FILE, EngineManifest, write_manifest
 
 
@@ -86,7 +89,7 @@ def load_model(folder: Path, backend: AttentionBackend, device: torch.device) ->
     model: torch.nn.Module = torch.load(folder / MODEL_FILE, map_location=device, weights_only=False,
                                         mmap=device.type == "cpu")
     if get_tp_size() > 1:
-        _split_for_rank(model, backend, device)
+        _split_for_rank(model, backend, device, EngineManifest.read(folder).dtype)
     for module in model.modules():
         if isinstance(module, PagedAttention):
             module.check_backend(backend)
@@ -95,11 +98,13 @@ def load_model(folder: Path, backend: AttentionBackend, device: torch.device) ->
     return model
 
 
-def _split_for_rank(model: torch.nn.Module, backend: AttentionBackend, device: torch.device) -> None:
+def _split_for_rank(model: torch.nn.Module, backend: AttentionBackend, device: torch.device,
+                    dtype: torch.dtype) -> None:
     """The one-rank engine's graphs sharded for this rank; each layer the passes made loads its
-    share of the saved tensor of the same name (merged layers part by part)."""
+    share of the saved tensor of the same name (merged layers part by part, quantized row-parallel
+    ones by whole groups)."""
     saved = dict(model.named_parameters(remove_duplicate=False))
-    dtype = next(iter(saved.values())).dtype
+    one_rank = dict(model.named_modules(remove_duplicate=False))
     context = PassContext(backend, dtype, device)
     with torch.device(device):
         run_passes(model.get_submodule("body"), context, [shard_tensor_parallel])  # type: ignore[arg-type]  # GraphModules
@@ -110,7 +115,12 @@ def _split_for_rank(model: torch.nn.Module, backend: AttentionBackend, device: t
         if saved.get(name) is param:
             continue
         owner, loader = owners[name], param.weight_loader  # type: ignore[attr-defined]  # the parallel layers' loaders
-        if isinstance(owner, MergedColumnParallelLinear):
+        path, _, leaf = name.rpartition(".")
+        if isinstance(owner, RowParallelLinear) and isinstance(owner.quant_method, WeightOnlyLinearMethod):
+            full = one_rank[path]
+            assert isinstance(full, LinearBase)  # the saved layer the pass replaced
+            param.data.copy_(row_share(full, owner, leaf, saved[name], path))
+        elif isinstance(owner, MergedColumnParallelLinear):
             for shard, part in enumerate(saved[name].split_with_sizes(owner.output_sizes)):
                 loader(param, part, shard)
         else:
@@ -130,9 +140,4 @@ def check_engine_options(config: EngineConfig, engine: EngineManifest) -> torch.
     if config.quantization != "auto":
         raise ValueError(f"quantization: an engine's quantization is chosen at build ({summarize(engine.quantization)}); "
                          f"load it with quantization 'auto' or rebuild it")
-    quantized = sorted(layer for layer, scheme in engine.quantization.items() if scheme != "float")
-    if get_tp_size() > 1 and quantized:
-        raise ValueError(f"tensor_parallel_size: an engine with quantized layers ({quantized[0]}, ...) runs on one "
-                         f"rank: its packed tensors are not split across ranks; rebuild it without --quantization, "
-                         f"or serve the checkpoint with --quantization")
     return engine.dtype

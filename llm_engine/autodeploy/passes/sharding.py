@@ -228,14 +228,15 @@ def _split_block(gm: fx.GraphModule, plan: Plan, tp: int, head_dims: set[int]) -
 
 def _parallel(gm: fx.GraphModule, node: fx.Node, kind: type[ColumnParallelLinear | RowParallelLinear]) -> None:
     """A replicated linear -> `kind` at its path. Merged projections are column-parallel already,
-    unless made for another rank count (a built engine, saved for one): then made again for this one."""
+    unless made for another rank count (a built engine, saved for one): then made again for this one.
+    The layer keeps its QuantMethod (a built engine's quantized layers take their rank's share)."""
     module = _linear(gm, node)
     if isinstance(module, ReplicatedLinear):
         add_module(gm, str(node.target), kind(module.input_size, module.output_size, module.bias is not None,
-                                              module.dtype))
+                                              module.dtype, module.quant_method))
     elif isinstance(module, MergedColumnParallelLinear) and module.tp_size != get_tp_size():
         add_module(gm, str(node.target), type(module)(module.input_size, module.output_sizes,
-                                                      module.bias is not None, module.dtype))
+                                                      module.bias is not None, module.dtype, module.quant_method))
 
 
 def _next_linears(gm: fx.GraphModule, node: fx.Node) -> list[fx.Node]:

@@ -14,10 +14,8 @@ import torch
 from autodeploy_models import build, hf_greedy, prompts, run_cli
 
 from llm_engine import LLM, SamplingParams
-from llm_engine.autodeploy import engine_dir
 from llm_engine.autodeploy import model as autodeploy_model
 from llm_engine.autodeploy.model import AutoDeployedCausalLM
-from llm_engine.config import EngineConfig
 from llm_engine.loader.engine_manifest import MANIFEST, EngineManifest
 
 FULL = os.environ.get("CODEYARD_AUTODEPLOY_FULL") == "1"
@@ -158,13 +156,44 @@ def test_an_engine_saved_for_one_rank_runs_at_tensor_parallel_size_2(built, tmp_
         llm.engine.shutdown()
 
 
-def test_an_engine_with_quantized_layers_is_refused_at_more_than_one_rank(monkeypatch):
-    config = EngineConfig(model="engine")
-    manifest = EngineManifest(torch.float32, {"model.layers.0.mlp.down_proj": "int8", "lm_head": "float"}, {})
-    assert engine_dir.check_engine_options(config, manifest) is torch.float32  # one rank: runs
-    monkeypatch.setattr(engine_dir, "get_tp_size", lambda: 2)
-    with pytest.raises(ValueError, match=r"tensor_parallel_size: an engine with quantized layers "
-                                         r"\(model.layers.0.mlp.down_proj, ...\) runs on one rank"):
-        engine_dir.check_engine_options(config, manifest)
-    float_only = EngineManifest(torch.float32, {"lm_head": "float"}, {})
-    assert engine_dir.check_engine_options(config, float_only) is torch.float32
+def quantized_engine(checkpoint, folder, quantization: str | dict) -> str:
+    """`llm build --quantization` of `checkpoint` (a method, or a config written to a JSON file)."""
+    if isinstance(quantization, dict):
+        (folder / "quantization.json").write_text(json.dumps(quantization))
+        quantization = str(folder / "quantization.json")
+    assert run_cli("build", str(checkpoint), "--out", str(folder / "engine"), "--quantization", quantization) == 0
+    layers = EngineManifest.read(folder / "engine").quantization
+    assert sum(scheme != "float" for scheme in layers.values()) >= 4, layers
+    return str(folder / "engine")
+
+
+@pytest.mark.skipif(not FULL, reason="make test-autodeploy")
+@pytest.mark.parametrize(("model_type", "quantization"), [
+    ("gemma2", "int8"),  # per output channel: each rank keeps a row-parallel layer's scales whole
+    ("gemma2", "int4"),  # g128 over 64 and 128 inputs: one group a row, its codes packed again per rank
+    ("phi3", {"method": "int4", "group_size": 32}),  # whole groups a rank; q/k/v and gate/up matrices cut per part
+], ids=["gemma2-int8", "gemma2-int4-g128", "phi3-int4-g32"])
+def test_a_quantized_engine_gives_its_one_rank_tokens_at_tensor_parallel_size_2(built, tmp_path, model_type,
+                                                                                 quantization):
+    """The same built engine at one and two ranks: each rank takes its share of the packed codes,
+    scales and zero points, so greedy tokens match under preemption."""
+    checkpoint = built[0] if model_type == "gemma2" else build(model_type, tmp_path / model_type)
+    engine = quantized_engine(checkpoint, tmp_path, quantization)
+    batch = prompts()
+    one_rank = LLM(engine, block_size=4, num_kv_blocks=12).generate(batch, GREEDY, use_tqdm=False)
+    llm = LLM(engine, tensor_parallel_size=2, block_size=4, num_kv_blocks=12)
+    try:
+        outputs = llm.generate(batch, GREEDY, use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in outputs] == [list(o.outputs[0].token_ids) for o in one_rank]
+        assert sum(o.metrics.num_preemptions for o in outputs) > 0
+    finally:
+        llm.engine.shutdown()
+
+
+@pytest.mark.skipif(not FULL, reason="make test-autodeploy")
+def test_a_quantization_group_across_two_ranks_is_refused_naming_the_layer(tmp_path):
+    checkpoint = build("gemma2", tmp_path / "gemma2", num_hidden_layers=1, intermediate_size=192)
+    engine = quantized_engine(checkpoint, tmp_path, "int4")  # g128: down_proj's 192 inputs are 96 a rank
+    with pytest.raises(ValueError, match=r"mlp.down_proj is quantized int4 g128 asym: its 192 inputs across 2 ranks "
+                                         r"are 96 each, not whole groups of 128"):
+        LLM(engine, tensor_parallel_size=2, block_size=4, num_kv_blocks=12)
