@@ -133,10 +133,9 @@ class BlockManager:
                 self.cached[block_hash] = block.block_id
 
     def reset_prefix_cache(self) -> None:
-        """Forget every cached block (their contents are gone, e.g. a restarted worker group).
-        Only valid while no sequence holds a block."""
-        if self.num_free_blocks != self.num_blocks:
-            raise RuntimeError("reset_prefix_cache: blocks are still in use")
+        """Forget every cached block (their contents are gone, e.g. a restarted worker group), once
+        no sequence holds a block. A block still held for a KV transfer (its pull may be under way
+        as the group restarts) is forgotten too, and comes back uncached when the transfer lets go."""
         for block in self.blocks:
             block.hash, block.parent_hash, block.token_ids = None, None, ()
         self.cached.clear()

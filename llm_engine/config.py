@@ -150,6 +150,9 @@ class EngineConfig:
         if self.kv_transfer_config is not None:
             from llm_engine.kv_connector import KVTransferConfig
 
-            if self.tensor_parallel_size > 1 or self.device != "cpu":
-                raise ValueError("kv_transfer_config: disaggregated serving runs on one CPU rank so far")
+            if self.device != "cpu":
+                raise ValueError("kv_transfer_config: disaggregated serving runs on the CPU so far")
+            if self.tensor_parallel_size > 1 and self.distributed_executor_backend != "mp":
+                raise ValueError("kv_transfer_config: a tensor-parallel instance's ranks run as local processes "
+                                 "(the engine maps their KV pools), not on Ray")
             self.kv_transfer_config = KVTransferConfig.from_dict(self.kv_transfer_config)

@@ -27,6 +27,7 @@ from typing import Any, NoReturn, cast
 import torch
 
 from llm_engine.config import EngineConfig
+from llm_engine.kv_connector import KVShardFile
 from llm_engine.model_runner import StepInput, prepare_step
 from llm_engine.sampler import Sampler, SampleResult
 from llm_engine.sequence import Sequence
@@ -98,18 +99,21 @@ class WorkerGroupExecutor(ABC):
         """Stop every rank (asking first when graceful)."""
 
     def _pool_size(self, load: Callable[[], list[Any]]) -> int:
-        """The KV pool size every rank reports once loaded (`load` waits for their replies); a rank's
-        ValueError (a bad configuration) is raised as it is with one rank."""
+        """The KV pool size every rank reports once loaded (`load` waits for their replies), and where
+        their pools live when in files (`kv_shards`); a rank's ValueError (a bad configuration) is
+        raised as it is with one rank."""
         try:
-            replies = load()
+            replies = load()  # each rank's `RankWorker.ready()`
         except WorkerGroupError as exc:
             if isinstance(exc.__cause__, ValueError):
                 raise exc.__cause__ from None
             raise
-        if len(set(replies)) != 1:
+        sizes = [size for size, _ in replies]
+        if len(set(sizes)) != 1:
             self._stop(graceful=False)
-            raise WorkerGroupError(f"ranks disagree on the KV pool size: {replies}")
-        num_blocks: int = replies[0]
+            raise WorkerGroupError(f"ranks disagree on the KV pool size: {sizes}")
+        self.kv_shards: list[KVShardFile] = [shard for _, shard in replies if shard is not None]
+        num_blocks: int = sizes[0]
         return num_blocks
 
     def execute(self, scheduled: list[tuple[Sequence, int]], block_copies: list[tuple[int, int]]

@@ -13,6 +13,14 @@ pulls the rest. The consumer pulls because only it knows which blocks it has.
   then says it is done.
 - "socket" (between hosts): the blocks' bytes follow the answer.
 
+Tensor-parallel instances: each rank holds the pool's KV heads for its query heads (`KVShard`), in a
+file the engine process maps (`KVShardFile`), so the engine's connector reads and writes every
+rank's blocks. Transfers name heads, not ranks: a shm answer names each distinct shard's file and
+first head, the socket transport sends every head of a block in one tensor, and the consumer copies
+the heads each of its shards holds. So a prefill instance at TP=2 hands its KV to a decode instance
+at TP=1 (or any other split of the same model), and ranks that keep copies of one KV head (fewer KV
+heads than ranks) each get it.
+
 The producer lets go of a transfer's blocks when its connection ends (done, an error or a dead
 consumer) or when nobody asked for them within `hold_timeout_s`. The engine frees them on its own
 thread (`take_released`), because the block manager is not shared between threads. Held blocks are
@@ -103,8 +111,59 @@ def shared_kv_pool(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Te
     """A zeroed pool in a new file that only this user can map (under /dev/shm where it exists),
     removed by `KVConnector.close`, at exit, or by the next sweep if this process is killed."""
     path = new_pool_file()
-    pool = torch.from_file(str(path), shared=True, size=math.prod(shape), dtype=dtype)
-    return pool.view(shape), path
+    return map_pool(str(path), shape, dtype), path
+
+
+def map_pool(path: str, shape: tuple[int, ...] | list[int], dtype: torch.dtype) -> torch.Tensor:
+    """A pool file mapped shared: writes go to the one copy every process mapping it sees."""
+    return torch.from_file(path, shared=True, size=math.prod(shape), dtype=dtype).view(tuple(shape))
+
+
+@dataclass
+class KVShard:
+    """A rank's part of an instance's KV pool: `pool` (2, layers, blocks, heads, block size, head dim)
+    holds KV heads `first_head`.. of the model; `path` is its file, where it lives in one (shm). One
+    rank: one shard with every head."""
+
+    pool: torch.Tensor
+    first_head: int = 0
+    path: Path | None = None
+
+    @property
+    def heads(self) -> range:
+        return range(self.first_head, self.first_head + self.pool.shape[3])
+
+
+@dataclass(frozen=True)
+class KVShardFile:
+    """Where a tensor-parallel rank's KV pool lives, as the rank tells the engine (picklable)."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    first_head: int
+
+    @classmethod
+    def of_rank(cls, pool: torch.Tensor, path: Path, rank: int, world_size: int, num_kv_heads: int) -> KVShardFile:
+        """Rank `rank`'s pool: the KV heads its query heads use (`QKVParallelLinear`'s split: a block
+        of heads per rank, or one head kept by `world_size // num_kv_heads` ranks in a row)."""
+        local = max(1, num_kv_heads // world_size)
+        if pool.shape[3] != local:
+            raise ValueError(f"kv_transfer_config: rank {rank} holds {pool.shape[3]} KV heads, not the {local} "
+                             f"of {num_kv_heads} heads split over {world_size} ranks")
+        first = rank // max(1, world_size // num_kv_heads) * local
+        return cls(str(path), tuple(pool.shape), str(pool.dtype), first)
+
+    def open(self) -> KVShard:
+        """The rank's pool, mapped into this process."""
+        return KVShard(map_pool(self.path, self.shape, _dtype(self.dtype)), self.first_head, Path(self.path))
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise KVTransferError(f"unknown dtype {name!r}")
+    return dtype
 
 
 def token_hash(token_ids: list[int]) -> str:
@@ -127,13 +186,6 @@ def _read_json(stream: BufferedIOBase) -> dict[str, Any]:
     return message
 
 
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise KVTransferError(f"unknown dtype {name!r}")
-    return dtype
-
-
 @dataclass
 class _Hold:
     block_ids: list[int]
@@ -146,19 +198,20 @@ class _Load:
     params: dict[str, Any]
     first_block: int
     dst_block_ids: list[int]
+    generation: int  # the pools' (`replace_shards`) when the load was asked for
 
 
 class KVConnector:
     """One instance's side of KV transfers: `send` on a producer, `receive` on a consumer.
 
-    `pool` is the engine's KV pool, shaped (2, layers, blocks, kv heads, block size, head dim).
-    A producer's pool must be the file `pool_path` for the shm transport.
+    `shards` are the engine's KV pool: one with every head for one rank, one per rank for tensor
+    parallelism. A producer's shards must live in files (their `path`) for the shm transport.
     """
 
-    def __init__(self, config: KVTransferConfig, pool: torch.Tensor, pool_path: Path | None = None) -> None:
+    def __init__(self, config: KVTransferConfig, shards: list[KVShard]) -> None:
         self.config = config
-        self.pool = pool
-        self.pool_path = pool_path
+        self.shards = shards
+        self._generation = 0
         self.blocks_sent = 0
         self.blocks_received = 0
         self.failed_pulls = 0  # a consumer's pulls that raised (their prompts were computed instead)
@@ -189,8 +242,20 @@ class KVConnector:
             self._server.shutdown()
             self._server.server_close()
         self._loads.put(None)
-        if self.pool_path is not None:
-            remove_pool(self.pool_path)
+        for shard in self.shards:
+            if shard.path is not None:
+                remove_pool(shard.path)
+
+    def replace_shards(self, shards: list[KVShard]) -> None:
+        """A restarted tensor-parallel group's new pools. The old pools' KV is gone: transfers held
+        there are dropped (their blocks freed by `take_released`); loads asked for before fail, and
+        those under way write only the old pools."""
+        with self._lock:
+            self.shards = shards
+            self._generation += 1
+            for hold in self._holds.values():
+                self._released.put(hold.block_ids)
+            self._holds.clear()
 
     # ----- producer -----------------------------------------------------------------------------
 
@@ -256,13 +321,19 @@ class KVConnector:
                                                            f"({len(hold.block_ids)} blocks)"})
                 return
             block_ids = hold.block_ids[first:first + count]
-            layout = {"ok": True, "pool_shape": list(self.pool.shape), "dtype": str(self.pool.dtype)}
-            if ask.get("transport") == "shm" and self.pool_path is not None:
-                _write_json(wfile, {**layout, "path": str(self.pool_path), "block_ids": block_ids})
+            shards = distinct_heads(self.shards)
+            dtype = str(shards[0].pool.dtype)
+            if ask.get("transport") == "shm" and all(shard.path is not None for shard in shards):
+                _write_json(wfile, {"ok": True, "shard_shape": list(shards[0].pool.shape), "dtype": dtype,
+                                    "shards": [{"path": str(s.path), "first_head": s.first_head} for s in shards],
+                                    "block_ids": block_ids})
                 _read_json(rfile)  # done (or the connection ends): the blocks are copied
-            else:
-                blocks = self.pool[:, :, block_ids].contiguous()
-                _write_json(wfile, {**layout, "nbytes": blocks.numel() * blocks.element_size()})
+            else:  # every head of the blocks in one tensor, whatever the ranks
+                parts = [shard.pool[:, :, block_ids] for shard in shards]
+                blocks = torch.cat(parts, dim=3) if len(parts) > 1 else parts[0].contiguous()
+                _write_json(wfile, {"ok": True, "shard_shape": list(blocks.shape), "dtype": dtype,
+                                    "shards": [{"first_head": shards[0].first_head}],
+                                    "nbytes": blocks.numel() * blocks.element_size()})
                 wfile.write(blocks.view(-1).view(torch.uint8).numpy().data)
                 wfile.flush()
             self.blocks_sent += count
@@ -275,7 +346,7 @@ class KVConnector:
         """Pull like `receive`, on the connector's thread; `finished_loads` says when, under `key`
         (an id of the caller's choosing).
         The caller keeps `dst_block_ids` allocated until then (they are written meanwhile)."""
-        self._loads.put(_Load(key, params, first_block, list(dst_block_ids)))
+        self._loads.put(_Load(key, params, first_block, list(dst_block_ids), self._generation))
 
     def finished_loads(self) -> list[tuple[int, KVTransferError | None]]:
         """The loads that ended since the last call: (key, None) when filled, (key, why) when not."""
@@ -295,21 +366,29 @@ class KVConnector:
     def _load_forever(self) -> None:
         while (load := self._loads.get()) is not None:
             error = None
+            with self._lock:  # the pools the load was asked for, or none: they are gone
+                shards = self.shards if load.generation == self._generation else None
             try:
-                self.receive(load.params, load.first_block, load.dst_block_ids)
+                if shards is None:
+                    raise KVTransferError("this instance's tensor-parallel group restarted before the pull")
+                self.receive(load.params, load.first_block, load.dst_block_ids, shards)
+                if load.generation != self._generation:
+                    raise KVTransferError("this instance's tensor-parallel group restarted during the pull")
             except KVTransferError as exc:
                 error = exc
             self._finished.put((load.key, error))
             self._finished_event.set()
 
-    def receive(self, params: dict[str, Any], first_block: int, dst_block_ids: list[int]) -> None:
+    def receive(self, params: dict[str, Any], first_block: int, dst_block_ids: list[int],
+                shards: list[KVShard] | None = None) -> None:
         """Fill `dst_block_ids` with the transfer's blocks from `first_block` on (the ones before
-        are in this pool's prefix cache). KVTransferError when the producer cannot give them."""
+        are in this pool's prefix cache), in `shards` (default: this instance's pools).
+        KVTransferError when the producer cannot give them."""
         ask = {"key": self.config.kv_key, "transfer_id": params["transfer_id"], "first_block": first_block,
                "count": len(dst_block_ids), "transport": self.config.kv_transport}
         address = (self.config.kv_ip, self.config.kv_port)
         try:
-            self._pull(address, ask, dst_block_ids)
+            self._pull(address, ask, dst_block_ids, shards or self.shards)
         except (OSError, ValueError, KeyError, KVTransferError) as exc:
             self.failed_pulls += 1
             if isinstance(exc, KVTransferError):
@@ -318,7 +397,8 @@ class KVConnector:
                                   f"{type(exc).__name__}: {exc}") from None
         self.blocks_received += len(dst_block_ids)
 
-    def _pull(self, address: tuple[str, int], ask: dict[str, Any], dst_block_ids: list[int]) -> None:
+    def _pull(self, address: tuple[str, int], ask: dict[str, Any], dst_block_ids: list[int],
+              shards: list[KVShard]) -> None:
         with socket.create_connection(address, timeout=CONNECT_TIMEOUT_S) as sock:
             sock.settimeout(TRANSFER_TIMEOUT_S)
             with sock.makefile("rwb") as stream:
@@ -326,38 +406,45 @@ class KVConnector:
                 answer = _read_json(stream)
                 if not answer.get("ok"):
                     raise KVTransferError(f"the prefill instance refused: {answer.get('error')}")
-                self._check_layout(answer)
-                if "path" in answer:
-                    source = self._map(answer["path"], answer["pool_shape"], _dtype(answer["dtype"]))
+                self._check_layout(answer, shards)
+                if "block_ids" in answer:
                     if len(answer["block_ids"]) != len(dst_block_ids):
                         raise KVTransferError(f"{len(answer['block_ids'])} blocks offered for {len(dst_block_ids)}")
-                    copy_blocks(self.pool, dst_block_ids, source, answer["block_ids"])
+                    copy_heads(shards, dst_block_ids, self._map(answer), answer["block_ids"])
                     _write_json(stream, {"done": True})
                 else:
                     blocks = self._read_blocks(stream, answer, len(dst_block_ids))
-                    copy_blocks(self.pool, dst_block_ids, blocks, list(range(len(dst_block_ids))))
+                    copy_heads(shards, dst_block_ids, [blocks], list(range(len(dst_block_ids))))
 
-    def _check_layout(self, answer: dict[str, Any]) -> None:
-        theirs, ours = list(answer["pool_shape"]), list(self.pool.shape)
-        if theirs[:2] + theirs[3:] != ours[:2] + ours[3:] or answer["dtype"] != str(self.pool.dtype):
-            raise KVTransferError(f"the prefill instance's KV blocks are {theirs} {answer['dtype']}, "
-                                  f"this pool's {ours} {self.pool.dtype}: the two must serve the same model and dtype")
+    @staticmethod
+    def _check_layout(answer: dict[str, Any], shards: list[KVShard]) -> None:
+        """The producer's blocks must be this pool's model and dtype, with the same KV heads in all."""
+        theirs, ours, dtype = list(answer["shard_shape"]), list(shards[0].pool.shape), shards[0].pool.dtype
+        their_heads = {h for s in answer["shards"] for h in range(s["first_head"], s["first_head"] + theirs[3])}
+        our_heads = {h for shard in shards for h in shard.heads}
+        if theirs[:2] + theirs[4:] != ours[:2] + ours[4:] or answer["dtype"] != str(dtype) or their_heads != our_heads:
+            raise KVTransferError(f"the prefill instance's KV blocks are {theirs} {answer['dtype']} over "
+                                  f"{len(their_heads)} KV heads, this pool's {ours} {dtype} over "
+                                  f"{len(our_heads)}: the two must serve the same model and dtype")
 
-    def _map(self, path: str, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
-        """The producer's pool file, mapped once per file. A new file is a new producer (one that
-        was restarted): the old mapping goes, else it would keep a dead producer's whole pool in
-        memory after its file was swept."""
-        if path not in self._mapped:
+    def _map(self, answer: dict[str, Any]) -> list[KVShard]:
+        """The producer's pool files, mapped once per file. New files are a new producer (one that
+        was restarted): the old mappings go, else they would keep a dead producer's whole pool in
+        memory after its files were swept."""
+        paths = [shard["path"] for shard in answer["shards"]]
+        if set(paths) != set(self._mapped):
             self._mapped.clear()
-            pool = torch.from_file(path, shared=True, size=math.prod(shape), dtype=dtype)
-            self._mapped[path] = pool.view(shape)
-        return self._mapped[path]
+            for path in paths:
+                self._mapped[path] = map_pool(path, answer["shard_shape"], _dtype(answer["dtype"]))
+        return [KVShard(self._mapped[s["path"]], s["first_head"]) for s in answer["shards"]]
 
-    def _read_blocks(self, stream: BufferedIOBase, answer: dict[str, Any], count: int) -> torch.Tensor:
-        shape = list(self.pool.shape)
-        shape[2] = count
+    def _read_blocks(self, stream: BufferedIOBase, answer: dict[str, Any], count: int) -> KVShard:
+        shape = list(answer["shard_shape"])
+        dtype = self.shards[0].pool.dtype
+        if shape[2] != count:
+            raise KVTransferError(f"{shape[2]} blocks announced for {count}")
         data = bytearray(answer["nbytes"])
-        if len(data) != math.prod(shape) * self.pool.element_size():
+        if len(data) != math.prod(shape) * dtype.itemsize:
             raise KVTransferError(f"{len(data)} bytes announced for {count} blocks")
         view, got = memoryview(data), 0
         while got < len(data):
@@ -365,9 +452,29 @@ class KVConnector:
             if not read:
                 raise KVTransferError(f"the connection closed after {got} of {len(data)} bytes")
             got += read
+        first_head = answer["shards"][0]["first_head"]
         if not data:
-            return self.pool[:, :, :0]
-        return torch.frombuffer(data, dtype=torch.uint8).view(self.pool.dtype).view(shape)
+            return KVShard(torch.empty(shape, dtype=dtype), first_head)
+        return KVShard(torch.frombuffer(data, dtype=torch.uint8).view(dtype).view(shape), first_head)
+
+
+def distinct_heads(shards: list[KVShard]) -> list[KVShard]:
+    """One shard per set of heads, by first head: ranks that keep copies of one KV head hold the same KV."""
+    by_head: dict[int, KVShard] = {}
+    for shard in shards:
+        by_head.setdefault(shard.first_head, shard)
+    return [by_head[head] for head in sorted(by_head)]
+
+
+def copy_heads(dst: list[KVShard], dst_ids: list[int], src: list[KVShard], src_ids: list[int]) -> None:
+    """Each dst shard's blocks dst_ids[i] = src's blocks src_ids[i], head by head from whichever src
+    shard holds the head: any split of the KV heads over ranks into any other."""
+    for to in dst:
+        for of in src:
+            low, high = max(to.heads.start, of.heads.start), min(to.heads.stop, of.heads.stop)
+            if low < high:
+                copy_blocks(to.pool.narrow(3, low - to.first_head, high - low), dst_ids,
+                            of.pool.narrow(3, low - of.first_head, high - low), src_ids)
 
 
 def copy_blocks(dst: torch.Tensor, dst_ids: list[int], src: torch.Tensor, src_ids: list[int]) -> None:

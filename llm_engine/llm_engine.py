@@ -11,7 +11,7 @@ from llm_engine.config import EngineConfig
 from llm_engine.detokenizer import IncrementalDetokenizer, find_stop_string
 from llm_engine.draft_model import DraftModelProposer
 from llm_engine.executor import MultiprocExecutor, WorkerGroupError, WorkerGroupExecutor
-from llm_engine.kv_connector import KVConnector, KVTransferConfig
+from llm_engine.kv_connector import KVConnector, KVShard, KVTransferConfig
 from llm_engine.loader import ModelSource
 from llm_engine.model_runner import ModelRunner
 from llm_engine.models.registry import resolve_model_class
@@ -124,11 +124,18 @@ class LLMEngine:
         self._kv_loads: dict[int, tuple[Sequence, list[int]]] = {}  # seq_id -> (seq, its held blocks)
 
     def _make_kv_connector(self) -> KVConnector | None:
-        """Disaggregated serving's side of this engine (config checked: one rank, a ModelRunner)."""
+        """Disaggregated serving's side of this engine (config checked: CPU, local ranks)."""
         config = self.config.kv_transfer_config
-        if not isinstance(config, KVTransferConfig) or not isinstance(self.model_runner, ModelRunner):
+        if not isinstance(config, KVTransferConfig):
             return None
-        return KVConnector(config, self.model_runner.kv_cache, self.model_runner.kv_pool_path)
+        return KVConnector(config, self._kv_shards())
+
+    def _kv_shards(self) -> list[KVShard]:
+        """The KV pool as the connector sees it: this process's, or each local rank's file mapped here."""
+        runner = self.model_runner
+        if isinstance(runner, ModelRunner):
+            return [KVShard(runner.kv_cache, 0, runner.kv_pool_path)]
+        return [shard.open() for shard in runner.kv_shards]
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> LLMEngine:
@@ -344,7 +351,9 @@ class LLMEngine:
             return
         assert self.kv_connector is not None
         for seq_id, error in self.kv_connector.finished_loads():
-            seq, held = self._kv_loads.pop(seq_id)
+            if (load := self._kv_loads.pop(seq_id, None)) is None:  # dropped by a group restart
+                continue
+            seq, held = load
             self.block_manager.release(held)
             if seq.is_finished:  # aborted while its KV came
                 continue
@@ -374,15 +383,23 @@ class LLMEngine:
         return MultiprocExecutor(self.config)
 
     def _restart_worker_group(self, exc: WorkerGroupError) -> None:
-        """The KV of every running request was in the lost group: fail those requests, forget
-        the prefix cache, and start a fresh group (waiting requests run on it)."""
-        for seq in list(self.scheduler.running):
+        """The KV of every running request was in the lost group, as was that of requests whose KV
+        was being pulled into it: fail those requests, forget the prefix cache, and start a fresh
+        group (waiting requests run on it). A disaggregated instance's connector then moves KV
+        between the new ranks' pools; pulls under way write only the old ones, so their blocks are
+        free now, and transfers held in the old ones are dropped."""
+        for seq in [*self.scheduler.running, *self.scheduler.loading]:
             seq.request.error = f"WorkerGroupError: {exc}"
             for s in seq.request.seqs:
                 if not s.is_finished:
                     self._finish(s, SequenceStatus.FINISHED_ERROR)
+        for _, held in self._kv_loads.values():
+            self.block_manager.release(held)
+        self._kv_loads.clear()
         self.block_manager.reset_prefix_cache()
         self.model_runner.restart()
+        if self.kv_connector is not None:
+            self.kv_connector.replace_shards(self._kv_shards())
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers and the KV connector's port."""

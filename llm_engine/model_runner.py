@@ -254,8 +254,10 @@ class ModelRunner:
             raise ValueError(f"kv_cache_memory: {config.kv_cache_memory} bytes is less than one block "
                              f"({self._bytes_per_block()} bytes)")
         shape = self._kv_shape(num_blocks + extra_blocks)
-        self.kv_pool_path: Path | None = None  # a prefill instance's pool is a file decode instances map
-        if getattr(config.kv_transfer_config, "kv_role", None) == "kv_producer":
+        # a file: a prefill instance's pool, which decode instances map; a tensor-parallel rank's, which its engine maps
+        self.kv_pool_path: Path | None = None
+        kv_role = getattr(config.kv_transfer_config, "kv_role", None)
+        if kv_role == "kv_producer" or (kv_role is not None and config.tensor_parallel_size > 1):
             from llm_engine.kv_connector import shared_kv_pool
 
             kv_cache, self.kv_pool_path = shared_kv_pool(shape, self.dtype)

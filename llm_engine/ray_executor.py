@@ -28,6 +28,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from llm_engine.config import EngineConfig
 from llm_engine.executor import WorkerGroupError, WorkerGroupExecutor
+from llm_engine.kv_connector import KVShardFile
 from llm_engine.model_runner import StepInput
 from llm_engine.worker import RankWorker, StepResult
 
@@ -50,9 +51,10 @@ class RankActor:
             port: int = sock.getsockname()[1]
         return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid(), port
 
-    def load(self, rank: int, world_size: int, init_method: str, config: EngineConfig) -> int:
+    def load(self, rank: int, world_size: int, init_method: str, config: EngineConfig
+             ) -> tuple[int, KVShardFile | None]:
         self.worker = RankWorker(rank, world_size, init_method, config)
-        return self.worker.num_blocks
+        return self.worker.ready()
 
     def step(self, step: StepInput) -> StepResult:
         assert self.worker is not None, "step before load"

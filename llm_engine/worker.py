@@ -6,9 +6,9 @@ Ray actor (llm_engine/ray_executor.py). A local rank is started as `python -m ll
 (not multiprocessing's spawn, which runs the caller's main script again in the child); it
 connects back to the engine's address from CODEYARD_TP_ENGINE (host:port) with the key in
 CODEYARD_TP_AUTHKEY, then receives (rank, world size, init method, EngineConfig). Messages from
-the engine: a `StepInput`, or None to stop. Replies: ("ready", num_blocks) once loaded, ("ok",
-result) per step (the logits from rank 0, None from the others, whose copies are the same after
-the all-gather), or ("error", type name, message), after which the worker exits.
+the engine: a `StepInput`, or None to stop. Replies: ("ready", (num_blocks, KV pool file or None))
+once loaded, ("ok", result) per step (the logits from rank 0, None from the others, whose copies
+are the same after the all-gather), or ("error", type name, message), after which the worker exits.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from llm_engine.config import EngineConfig
 from llm_engine.distributed import init_tp_group
+from llm_engine.kv_connector import KVShardFile
 from llm_engine.loader import ModelSource
 from llm_engine.model_runner import ModelRunner, StepInput
 
@@ -37,8 +38,18 @@ class RankWorker:
         init_tp_group(rank, world_size, init_method)
         source = ModelSource(config.model, config.tokenizer)
         self.rank = rank
-        self.runner = ModelRunner(config, source.hf_config(), source)
+        hf_config = source.hf_config()
+        self.runner = ModelRunner(config, hf_config, source)
         self.num_blocks = self.runner.num_blocks
+        self.kv_shard: KVShardFile | None = None  # disaggregated serving: the engine maps the pool's file to move its KV
+        if self.runner.kv_pool_path is not None:
+            text = hf_config.get_text_config()
+            self.kv_shard = KVShardFile.of_rank(self.runner.kv_cache, self.runner.kv_pool_path, rank, world_size,
+                                                getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+
+    def ready(self) -> tuple[int, KVShardFile | None]:
+        """What the executor needs once this rank has loaded: its pool's size and file."""
+        return self.num_blocks, self.kv_shard
 
     def step(self, step: StepInput) -> StepResult:
         logits, prompt_logits = self.runner.run_step(step)
@@ -59,7 +70,7 @@ def main() -> None:
 def run_worker(rank: int, world_size: int, init_method: str, config: EngineConfig, conn: Connection) -> None:
     try:
         worker = RankWorker(rank, world_size, init_method, config)
-        send(conn, ("ready", worker.num_blocks))
+        send(conn, ("ready", worker.ready()))
         while (step := _next_step(conn)) is not None:
             send(conn, ("ok", worker.step(step)))
         worker.close()

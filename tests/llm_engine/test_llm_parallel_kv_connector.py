@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from llm_engine import LLM, SamplingParams
-from llm_engine.kv_connector import KVConnector, KVTransferConfig, copy_blocks, token_hash
+from llm_engine.kv_connector import KVConnector, KVShard, KVTransferConfig, copy_blocks, token_hash
 from llm_engine.kv_pool_files import sweep_dead_pools
 from llm_engine.sequence import Request
 
@@ -102,16 +102,16 @@ def test_transfers_give_one_engines_tokens_and_skip_cached_blocks(expected, prod
 
 def test_socket_transfers_bring_the_same_bytes(producer):
     """The socket transport (between hosts) fills a pool with exactly the producer's blocks."""
-    source = producer.engine.kv_connector.pool
+    source = producer.engine.kv_connector.shards[0].pool
     prompt = PROMPTS[3]  # 70 tokens: 4 full blocks and a partial one
     transfer = prefill(producer, [prompt])[0]
     full = producer.engine.block_manager.find_cached_prefix(Request("probe", None, prompt, SamplingParams()).seqs[0])
     config = KVTransferConfig(kv_role="kv_consumer", kv_port=producer.engine.kv_connector.port,
                               kv_transport="socket", kv_key=KEY)
-    consumer = KVConnector(config, torch.zeros_like(source))
+    consumer = KVConnector(config, [KVShard(torch.zeros_like(source))])
     consumer.receive(transfer, 1, [7, 3, 9])  # blocks 1..3; block 0 as if cached on this side
-    assert len(full) == 4 and torch.equal(consumer.pool[:, :, [7, 3, 9]], source[:, :, full[1:4]])
-    assert consumer.pool[:, :, [7, 3, 9]].abs().sum() > 0 and consumer.blocks_received == 3
+    assert len(full) == 4 and torch.equal(consumer.shards[0].pool[:, :, [7, 3, 9]], source[:, :, full[1:4]])
+    assert consumer.shards[0].pool[:, :, [7, 3, 9]].abs().sum() > 0 and consumer.blocks_received == 3
     assert_all_free(producer)
 
 
@@ -223,7 +223,7 @@ def test_a_killed_producers_pool_file_is_swept_and_live_ones_stay(producer):
     assert left.exists()
     assert left in sweep_dead_pools()
     assert not left.exists()
-    ours = producer.engine.kv_connector.pool_path
+    ours = producer.engine.kv_connector.shards[0].path
     assert ours is not None and ours.exists()
 
 
@@ -233,9 +233,9 @@ def test_a_consumer_maps_only_its_current_producers_pool(tiny_llama, producer):
     def mappings(path: Path) -> int:
         return Path("/proc/self/maps").read_text().count(str(path))
 
-    old_path = producer.engine.kv_connector.pool_path
+    old_path = producer.engine.kv_connector.shards[0].path
     consumer = KVConnector(KVTransferConfig(kv_role="kv_consumer", kv_port=producer.engine.kv_connector.port,
-                                            kv_key=KEY), torch.zeros_like(producer.engine.kv_connector.pool))
+                                            kv_key=KEY), [KVShard(torch.zeros_like(producer.engine.kv_connector.shards[0].pool))])
     own = mappings(old_path)  # the producer's, in this process too
     consumer.receive(prefill(producer, [PROMPTS[3]])[0], 0, [1, 2, 3, 4, 5])
     assert mappings(old_path) == own + 1
@@ -246,7 +246,7 @@ def test_a_consumer_maps_only_its_current_producers_pool(tiny_llama, producer):
         transfer = prefill(restarted, [PROMPTS[3]])[0]
         consumer.receive(transfer, 0, [1, 2, 3, 4, 5])
         assert mappings(old_path) == own
-        assert mappings(restarted.engine.kv_connector.pool_path) == 2  # its own and the consumer's
+        assert mappings(restarted.engine.kv_connector.shards[0].path) == 2  # its own and the consumer's
     finally:
         restarted.engine.shutdown()
     assert_all_free(producer)
