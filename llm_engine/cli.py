@@ -131,7 +131,8 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path, name = resolve_model(model or os.environ.get("CODEYARD_LLM_MODEL"))
     keys = api_key or [k for k in [os.environ.get("CODEYARD_LLM_API_KEY")] if k]
-    check_disaggregation(disaggregated, role, kv_port, kv_transport, data_parallel_size, tensor_parallel_size)
+    check_disaggregation(disaggregated, role, kv_port, kv_transport, data_parallel_size,
+                         tensor_parallel_size, distributed_executor)
     if scheduling_policy not in ("fcfs", "priority"):
         raise typer.BadParameter(f"must be fcfs or priority, got {scheduling_policy!r}", param_hint="--scheduling-policy")
     if max_local_prefill_length and not disaggregated:
@@ -178,7 +179,8 @@ def serve(
         from llm_engine.entrypoints.disagg_servers import disaggregated_servers
         from llm_engine.entrypoints.replicas import Servers
 
-        pair_servers: contextlib.AbstractContextManager[Servers] = disaggregated_servers(serve_args, kv_transport)
+        pair_servers: contextlib.AbstractContextManager[Servers] = disaggregated_servers(
+            serve_args, kv_transport, cores_per_instance=tensor_parallel_size)
         if servers_on_ray is not None:
             from llm_engine.ray_servers import ray_disaggregated_servers
 
@@ -211,7 +213,7 @@ def serve(
 
 
 def check_disaggregation(disaggregated: bool, role: str | None, kv_port: int | None, kv_transport: str,
-                         data_parallel_size: int, tensor_parallel_size: int) -> None:
+                         data_parallel_size: int, tensor_parallel_size: int, distributed_executor: str) -> None:
     """Usage errors (exit 2) in the disaggregated serving options."""
     if role not in (None, "prefill", "decode"):
         raise typer.BadParameter(f"must be prefill or decode, got {role!r}", param_hint="--role")
@@ -219,9 +221,12 @@ def check_disaggregation(disaggregated: bool, role: str | None, kv_port: int | N
         raise typer.BadParameter(f"must be shm or socket, got {kv_transport!r}", param_hint="--kv-transport")
     if role == "decode" and kv_port is None:
         raise typer.BadParameter("a decode instance needs the prefill instance's KV port", param_hint="--kv-port")
-    if (disaggregated or role) and (data_parallel_size > 1 or tensor_parallel_size > 1):
-        raise typer.BadParameter("disaggregated serving runs one rank per instance, one instance per role so far",
+    if (disaggregated or role) and data_parallel_size > 1:
+        raise typer.BadParameter("disaggregated serving runs one instance per role so far",
                                  param_hint="--disaggregated/--role")
+    if (disaggregated or role) and tensor_parallel_size > 1 and distributed_executor != "mp":
+        raise typer.BadParameter("a disaggregated instance's tensor-parallel ranks run as local processes "
+                                 "(its engine maps their KV pools), not on Ray", param_hint="--distributed-executor")
     if disaggregated and role:
         raise typer.BadParameter("--disaggregated starts both roles itself", param_hint="--role")
 

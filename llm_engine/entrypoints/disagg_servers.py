@@ -16,10 +16,14 @@ from llm_engine.kv_pool_files import sweep_dead_pools
 NAMES = ["prefill instance", "decode instance"]
 
 
-def instance_cores(pin: bool) -> list[set[int] | None] | None:
-    """One core each for the prefill and the decode instance, when this process may use two."""
+def instance_cores(pin: bool, per_instance: int = 1) -> list[set[int] | None] | None:
+    """Cores of their own for the prefill and the decode instance, when this process may use two:
+    `per_instance` each (a core per tensor-parallel rank) where there are that many, else one."""
     cores = sorted(os.sched_getaffinity(0)) if pin and hasattr(os, "sched_getaffinity") else []
-    return [{cores[0]}, {cores[1]}] if len(cores) >= 2 else None
+    if len(cores) < 2:
+        return None
+    each = per_instance if len(cores) >= 2 * per_instance else 1
+    return [set(cores[:each]), set(cores[each:2 * each])]
 
 
 def role_args(serve_args: list[str], kv_host: str, kv_port: int, kv_transport: str) -> list[list[str]]:
@@ -33,11 +37,12 @@ def role_args(serve_args: list[str], kv_host: str, kv_port: int, kv_transport: s
 
 @contextlib.contextmanager
 def disaggregated_servers(serve_args: list[str], kv_transport: str = "shm", pin: bool = True,
-                          ready_timeout_s: float = 900) -> Iterator[ChildServers]:
+                          ready_timeout_s: float = 900, cores_per_instance: int = 1) -> Iterator[ChildServers]:
     """Start the pair; yields once both answer /health (urls: prefill, decode), stops them after
     and removes the prefill instance's KV pool file if it could not (killed). Pinned, this process
-    runs on the prefill instance's core meanwhile (`proxy_beside_prefill`)."""
-    cpus = instance_cores(pin)
+    runs on the prefill instance's core meanwhile (`proxy_beside_prefill`); an instance's
+    tensor-parallel ranks share its cores, a thread each."""
+    cpus = instance_cores(pin, cores_per_instance)
     threads = ["--num-threads", "1"] if cpus else []
     arg_lists = role_args([*serve_args, *threads], "127.0.0.1", free_port(), kv_transport)
     try:
