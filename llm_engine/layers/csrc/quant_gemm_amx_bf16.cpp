@@ -110,11 +110,25 @@ void dequantize_channel(const uint8_t* q, const uint16_t* scales, const uint16_t
   }
 }
 
-// Channels n0..n0+31 as bfloat16 rows of w [32][k_in]; channels past n_out are zeros.
+// Channel n's packed codes, scales and offsets into L2: the next pass's, asked for while this pass
+// runs, so that its dequantization does not wait on memory (the codes are what a step streams).
+template <bool INT4>
+void prefetch_channel(const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, int64_t n, int64_t k_in,
+                      int64_t group) {
+  const int64_t groups = (k_in + group - 1) / group, row_bytes = INT4 ? k_in / 2 : k_in;
+  const char* codes = reinterpret_cast<const char*>(q + n * row_bytes);
+  for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(codes + b, _MM_HINT_T1);
+  _mm_prefetch(reinterpret_cast<const char*>(scales + n * groups), _MM_HINT_T1);
+  if (INT4) _mm_prefetch(reinterpret_cast<const char*>(offsets + n * groups), _MM_HINT_T1);
+}
+
+// Channels n0..n0+31 as bfloat16 rows of w [32][k_in]; channels past n_out are zeros. The next
+// pass's channels (n0+32..) are prefetched on the way.
 template <bool INT4>
 void dequantize_channels(const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, int64_t n0,
                          int64_t n_out, int64_t k_in, int64_t group, uint16_t* w, float* factors) {
   for (int64_t c = 0; c < 2 * BLOCK; ++c) {
+    if (n0 + 2 * BLOCK + c < n_out) prefetch_channel<INT4>(q, scales, offsets, n0 + 2 * BLOCK + c, k_in, group);
     if (n0 + c < n_out) dequantize_channel<INT4>(q, scales, offsets, n0 + c, k_in, group, w + c * k_in, factors);
     else std::memset(w + c * k_in, 0, k_in * 2);
   }
