@@ -23,10 +23,12 @@ on a shared machine: e.g. int4's 9-16-sequence steps against its 8 and 17+ (issu
 
 llama.cpp is built natively (-DGGML_NATIVE=ON, as a user builds it on their machine) with CMake
 from the llama.cpp source that the llama-cpp-python sdist vendors (LLAMA_CPP_PYTHON, the version
-constraints.txt pins), into .codeyard/cache/llama.cpp-build (not tracked). `--build-llamacpp`
-downloads the sdist with pip and builds only `llama-batched-bench`: 30-60+ minutes on 2 busy cores.
-Until it is built (`--llamacpp auto`, the default) the anchor is the tool's loop run through
-llama-cpp-python's bindings, whose library the README has built natively from the same source.
+constraints.txt pins), into .codeyard/cache/llama.cpp-build (not tracked; CODEYARD_LLAMACPP_BUILD names
+another folder, e.g. a checkout's build for a run from a clean worktree of the same repository).
+`--build-llamacpp` downloads the sdist with pip and builds only `llama-batched-bench`: 30-60+
+minutes on 2 busy cores. Until it is built (`--llamacpp auto`, the default) the anchor is the
+tool's loop run through llama-cpp-python's bindings, whose library the README has built natively
+from the same source; without either the run stops and says so (`--llamacpp none` runs our rows alone).
 Each run's CPU seconds (this process: our engine or the bindings; the tool, run once per batch
 size: its own rusage, model load and warm-up included) are printed too, and the best
 figures per CPU second: waiting for a core is not in them, so with one thread (`--threads 1`, no
@@ -37,6 +39,7 @@ The machine is shared: rerun and read the ratios, not the absolute figures.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -56,7 +59,7 @@ from benchmarks.suites.throughput import VOCAB_HIGH, VOCAB_LOW, StepClock, find_
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA_CPP_PYTHON = "0.3.36"
-BUILD_DIR = ROOT / ".codeyard" / "cache" / "llama.cpp-build"
+BUILD_DIR = Path(os.environ.get("CODEYARD_LLAMACPP_BUILD") or ROOT / ".codeyard" / "cache" / "llama.cpp-build")
 BINARY = "llama-batched-bench"
 BATCHED_GOAL = 2.0  # our best output tok/s vs llama.cpp's best
 INT4_GOAL = 1.3  # our int4 (and w4a8) vs our bf16
@@ -315,6 +318,9 @@ def run(args: argparse.Namespace) -> dict:
         except LlamaCppMissing as missing:
             if args.llamacpp == "binary":
                 raise SystemExit(str(missing)) from None
+            if importlib.util.find_spec("llama_cpp") is None:
+                raise SystemExit(f"{missing}; llama-cpp-python's bindings (the fallback) are not installed either. "
+                                 f"Set CODEYARD_LLAMACPP_BUILD to a built folder, or run with --llamacpp none") from None
             print(f"{missing}. Using its loop through llama-cpp-python's bindings instead.")
     print(f"{gguf.name}: prompts {args.npp}, outputs {args.ntg}, batch sizes {args.npl}, {args.threads} threads; "
           f"load averages {' '.join(f'{x:.1f}' for x in os.getloadavg())} (shared machine: noisy)")

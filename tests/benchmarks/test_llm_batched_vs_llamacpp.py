@@ -40,3 +40,19 @@ def test_each_batch_size_runs_the_tool_once_and_reads_its_jsonl(tmp_path):
     assert sorted(figures) == [1, 4]
     assert figures[4]["output_tok_s"] == 4 * 5 / 2.0 and figures[4]["decode_tok_s"] == 10.0
     assert figures[1]["prefill_tok_s"] == 20.0 and figures[1]["cpu_seconds"] >= 0
+
+
+def test_no_tool_and_no_bindings_stops_with_what_to_do(monkeypatch):
+    import importlib.util
+
+    from benchmarks import llm_batched_vs_llamacpp as bench
+
+    def missing(*_):
+        raise LlamaCppMissing("llama-batched-bench is not built")
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(bench, "find_batched_bench", missing)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    with pytest.raises(SystemExit) as exit_:
+        bench.run(parse_args(["--npl", "1"]))
+    assert "CODEYARD_LLAMACPP_BUILD" in str(exit_.value.code) and "--llamacpp none" in str(exit_.value.code)
