@@ -67,7 +67,7 @@ test-llm-ray: venv
 # (the default suite runs 32 and 16), and structured outputs over the issue's 200 JSON schemas (30 by default): ~11 min.
 test-llm-decoding: venv
 	CODEYARD_DECODING_FULL=1 CODEYARD_SO_SCHEMAS=200 $(BIN)/python -m pytest -p no:cacheprovider -q \
-	  tests/llm_engine/test_llm_spec_decode.py tests/llm_engine/test_llm_spec_draft.py \
+	  tests/llm_engine/test_llm_spec_decode.py tests/llm_engine/test_llm_spec_draft.py tests/llm_engine/test_llm_spec_bf16.py \
 	  tests/llm_engine/test_llm_structured_outputs.py
 
 # The real SmolLM2 GGUF against Transformers loading it, kept quantized and dequantized (greedy tokens, logprobs,

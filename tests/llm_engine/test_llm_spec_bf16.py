@@ -18,7 +18,7 @@ import random
 import pytest
 import torch
 from conftest import VOCAB
-from test_llm_spec_decode import mixed_requests, run_all
+from test_llm_spec_decode import IDENTITY_PROMPTS, mixed_requests, run_all
 from test_llm_spec_fused import KINDS, NGRAM, PROMPT, step
 
 from llm_engine import LLM, SamplingParams
@@ -102,8 +102,9 @@ def bf16_tokens(model, requests, schedule: dict, **extra) -> tuple[list[list[lis
 
 def test_a_bf16_batch_without_preemption_or_chunking_decodes_the_same_tokens_with_prompt_lookup(tiny_llama):
     """Batches change as speculating sequences finish sooner, prefix hits and all: each row's bits
-    do not depend on its neighbours (float weights: oneDNN's bf16 rows; the decode kernel)."""
-    requests = mixed_requests(random.Random(18), 32)
+    do not depend on its neighbours (float weights: oneDNN's bf16 rows; the decode kernel). 200
+    prompts under `make test-llm-decoding`."""
+    requests = mixed_requests(random.Random(18), IDENTITY_PROMPTS)
     plain, _ = bf16_tokens(tiny_llama, requests, ROOMY)
     spec, llm = bf16_tokens(tiny_llama, requests, ROOMY, speculative_config=NGRAM)
     stats = llm.engine.get_stats()
