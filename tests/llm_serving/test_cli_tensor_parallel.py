@@ -47,7 +47,7 @@ def test_serve_with_two_tensor_parallel_ranks(tiny_chat_model):
                              "16MiB"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_healthy(proc, port, 300)
-        workers = _children(proc.pid)
+        workers = _ranks_under(proc.pid)  # under the engine's own process (--engine-process, the default)
         assert len(workers) == 2
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         out = client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=8, temperature=0,
