@@ -101,21 +101,31 @@ def bf16_outputs(model, requests, schedule: dict, **extra) -> tuple[list, LLM]:
     return run_all(llm, requests), llm
 
 
+def with_logprobs(requests):
+    return [(prompt, dataclasses.replace(params, logprobs=1)) for prompt, params in requests]
+
+
 def tokens(outputs) -> list[list[list[int]]]:
     return [[sample.token_ids for sample in out.outputs] for out in outputs]
+
+
+def chosen_logprobs(outputs) -> list[list[list[float]]]:
+    return [[[step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids)] for sample in out.outputs]
+            for out in outputs]
 
 
 def test_a_bf16_batch_without_preemption_or_chunking_decodes_the_same_tokens_with_prompt_lookup(tiny_llama):
     """Batches change as speculating sequences finish sooner, prefix hits and all: each row's bits
     do not depend on its neighbours (float weights: oneDNN's bf16 rows; the decode kernel). 200
     prompts under `make test-llm-decoding`."""
-    requests = mixed_requests(random.Random(18), IDENTITY_PROMPTS)
+    requests = with_logprobs(mixed_requests(random.Random(18), IDENTITY_PROMPTS))
     plain, _ = bf16_outputs(tiny_llama, requests, ROOMY)
     spec, llm = bf16_outputs(tiny_llama, requests, ROOMY, speculative_config=NGRAM)
     stats = llm.engine.get_stats()
     assert stats.num_preemptions == 0 and stats.prefix_cache_hits > 0
     assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
     assert tokens(spec) == tokens(plain)
+    assert chosen_logprobs(spec) == chosen_logprobs(plain)  # the same bits, not only the same argmax
 
 
 def test_bf16_numerics_depend_on_the_schedule_without_speculation(tiny_llama):
@@ -125,11 +135,8 @@ def test_bf16_numerics_depend_on_the_schedule_without_speculation(tiny_llama):
     requests when written; 14 of 200, and 25 of 200 against speculation under TIGHT). If this
     fails, bf16 no longer depends on the schedule: give the identity test under preemption a bf16
     case."""
-    requests = [(prompt, dataclasses.replace(params, logprobs=1))
-                for prompt, params in mixed_requests(random.Random(18), 32)]
+    requests = with_logprobs(mixed_requests(random.Random(18), 32))
     roomy, _ = bf16_outputs(tiny_llama, requests, ROOMY)
     tight, llm = bf16_outputs(tiny_llama, requests, TIGHT)
     assert llm.engine.get_stats().num_preemptions > 0
-    chosen = [[[step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids)] for sample in out.outputs]
-              for out in roomy + tight]
-    assert chosen[:len(requests)] != chosen[len(requests):]
+    assert chosen_logprobs(tight) != chosen_logprobs(roomy)
