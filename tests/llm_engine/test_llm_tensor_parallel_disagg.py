@@ -14,28 +14,21 @@ import os
 import pytest
 import torch
 import typer
-from test_llm_parallel_kv_connector import (
+from test_llm_parallel_kv_connector import (  # noqa: F401 (expected: a fixture)
     BS,
-    GREEDY,
     KEY,
     PROMPTS,
     assert_all_free,
     consumer_for,
     decode,
+    expected,
     prefill,
 )
 
-from llm_engine import LLM, SamplingParams
+from llm_engine import LLM
 from llm_engine.cli import check_disaggregation
 from llm_engine.entrypoints.disagg_servers import instance_cores
 from llm_engine.kv_connector import KVShard, copy_heads
-
-
-@pytest.fixture(scope="module")
-def expected(tiny_llama) -> list[list[int]]:
-    outs = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64).generate(PROMPTS, SamplingParams(**GREEDY),
-                                                                            use_tqdm=False)
-    return [out.outputs[0].token_ids for out in outs]
 
 
 @pytest.fixture(scope="module")
