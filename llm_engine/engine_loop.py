@@ -30,13 +30,40 @@ class AddRequest:
     priority: int
     arrival_time: float
     # Other requests were on their way to the engine behind this one (a burst the API process is
-    # still parsing and tokenizing): an idle engine waits for them before its first step.
+    # still parsing): an idle engine waits for them before its first step.
     more: bool = False
+    # The prompt is as the client sent it (text or token ids): the loop tokenizes it and refuses it
+    # when it does not fit the context window with max_tokens, as the servers check the prompts they
+    # tokenize themselves. Here it costs the engine's CPU while it waits for a burst, not the API
+    # process's, which takes a burst's requests in one after another (the offline engine, too,
+    # tokenizes on its own thread).
+    fit_window: bool = False
 
 
 @dataclass
 class AbortRequest:
     request_id: str
+
+
+class ContextLengthExceeded(ValueError):
+    """A prompt, with its max_tokens, does not fit the context window; `param` is the field to blame."""
+
+    def __init__(self, message: str, param: str = "prompt") -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def check_window(max_model_len: int, prompt_len: int, max_tokens: int | None) -> None:
+    """Refuse an empty prompt, one that leaves no room to generate, or a max_tokens past the window."""
+    if not prompt_len:
+        raise ValueError("prompt: must not be empty")
+    room = max_model_len - prompt_len
+    if room < 1:
+        raise ContextLengthExceeded(f"This model's maximum context length is {max_model_len} tokens; "
+                                    f"the prompt has {prompt_len} tokens")
+    if max_tokens is not None and max_tokens > room:
+        raise ContextLengthExceeded(f"This model's maximum context length is {max_model_len} tokens; you "
+                                    f"requested {prompt_len} prompt + {max_tokens} completion tokens", "max_tokens")
 
 
 class NoCommand:
@@ -120,10 +147,19 @@ def _apply_commands(engine: LLMEngine, host: LoopHost, idle: bool) -> int | None
                 hold_until = time.monotonic() + ADMISSION_HOLD_S
             holding = idle and command.more
             try:
-                engine.add_request(command.request_id, command.prompt, command.params,
+                prompt = _fitted(engine, command) if command.fit_window else command.prompt
+                engine.add_request(command.request_id, prompt, command.params,
                                    priority=command.priority, arrival_time=command.arrival_time)
             except ValueError as exc:
                 host.fail(command.request_id, exc)
             else:
                 host.added(engine)
         wait = max(0.0, hold_until - time.monotonic()) if holding else 0.0
+
+
+def _fitted(engine: LLMEngine, command: AddRequest) -> list[int]:
+    """The prompt's token ids, checked against the context window (AddRequest.fit_window)."""
+    assert isinstance(command.prompt, (str, list)), "a prompt with images is checked by the server"
+    ids = engine.tokenize(command.prompt)[1]
+    check_window(engine.max_model_len, len(ids), command.params.max_tokens)
+    return ids

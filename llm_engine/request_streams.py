@@ -116,9 +116,12 @@ class RequestStreams(ABC):
                 self._admitting -= 1
 
     async def generate(self, prompt: str | list[int] | ImagePrompt, sampling_params: SamplingParams,
-                       request_id: str, priority: int = 0, more: bool = False) -> AsyncGenerator[RequestOutput, None]:
+                       request_id: str, priority: int = 0, more: bool = False,
+                       fit_window: bool = False) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's output after each step that changed it (cumulative text/tokens).
         `more`: the caller sends other prompts right behind this one (a batch's rows).
+        `fit_window`: the engine tokenizes the prompt and checks it against the context window
+        (`AddRequest.fit_window`); a prompt that does not fit raises ContextLengthExceeded.
 
         Raises EngineNotReady, EngineOverloaded, ValueError (bad prompt/parameters, naming the
         field). Closing the iterator before the final output aborts the request.
@@ -136,7 +139,7 @@ class RequestStreams(ABC):
             self._pending_adds += 1
         self._admitted(_ADMISSION.get())
         self._submit(AddRequest(request_id, prompt, sampling_params, priority, time.time(),
-                                more=more or self._admitting > 0))
+                                more=more or self._admitting > 0, fit_window=fit_window))
         try:
             while True:
                 item = await stream.queue.get()

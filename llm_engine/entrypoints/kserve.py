@@ -26,6 +26,7 @@ from llm_engine.entrypoints.serving import _Run, _Serving
 
 if TYPE_CHECKING:
     from llm_engine.entrypoints.ensemble import Ensemble
+    from llm_engine.multimodal.inputs import ImagePrompt
 
 try:
     SERVER_VERSION = version("codeyard")
@@ -299,12 +300,16 @@ class ServingV2(_Serving):
                          images: list[list[bytes]] | None = None) -> _Run:
         """`images`: each row's image files, one image token in its text_input per image."""
         self.service.require_ready()
-        prompts = [await self.with_images(self.tokenize(_text_input(r)), row_images)
-                   for r, row_images in zip(requests, images or [[]] * len(requests))]
-        prompt_ids = [ids for ids, _ in prompts]
-        params = [self.sampling_params(r, self.check_length(ids, r.max_tokens), None)
-                  for r, ids in zip(requests, prompt_ids)]
-        run = await self.start(prompt_ids, params, priority, f"v2-{uuid.uuid4().hex}", [p for _, p in prompts])
+        texts = [_text_input(r) for r in requests]
+        if images is None:  # the engine tokenizes the texts and checks their length (AddRequest.fit_window)
+            prompts: list[str | list[int] | ImagePrompt] = list(texts)
+            params = [self.sampling_params(r, r.max_tokens, None) for r in requests]
+        else:  # the image tokens are expanded here, so these rows are tokenized and checked here
+            rows = [await self.with_images(self.tokenize(text), row_images) for text, row_images in zip(texts, images)]
+            prompts = [prompt for _, prompt in rows]
+            params = [self.sampling_params(r, self.check_length(ids, r.max_tokens), None)
+                      for r, (ids, _) in zip(requests, rows)]
+        run = await self.start(prompts, params, priority, f"v2-{uuid.uuid4().hex}", fit_window=images is None)
         if self.stats is not None:
             self.stats.admitted(len(requests))
         return run

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from llm_engine.async_engine import AsyncLLMEngine, EngineNotReady, EngineOverloaded
 from llm_engine.config import EngineConfig
 from llm_engine.engine_core_client import EngineCoreClient
+from llm_engine.engine_loop import ContextLengthExceeded
 from llm_engine.entrypoints.kserve_metrics import TritonMetrics
 from llm_engine.entrypoints.protocol import OpenAIError
 from llm_engine.metrics import EngineMetrics
@@ -76,6 +77,8 @@ def as_openai_error(exc: Exception) -> OpenAIError:
         return OpenAIError(429, str(exc), code="queue_full", retry_after=1)
     if isinstance(exc, EngineNotReady):
         return OpenAIError(503, str(exc), code="model_not_ready", retry_after=5)
+    if isinstance(exc, ContextLengthExceeded):
+        return OpenAIError(400, str(exc), param=exc.param, code="context_length_exceeded")
     if isinstance(exc, ValueError):
         message = str(exc)
         param = message.split(":", 1)[0] if ":" in message and " " not in message.split(":", 1)[0] else None

@@ -1,9 +1,13 @@
 """Completions and chat completions over the LLMService: prompts in, OpenAI JSON or SSE chunks out.
 
-Both endpoints turn a request into prompts (token ids, tokenized here so usage is exact and bad
-input fails before any byte is streamed) and SamplingParams, run the prompts concurrently, and
-format the cumulative engine outputs as per-choice deltas. Leaving a stream early cancels the
-prompt tasks, whose generators abort their requests in the engine.
+Both endpoints turn a request into prompts and SamplingParams, run the prompts concurrently, and
+format the cumulative engine outputs as per-choice deltas. Bad input fails before any byte is
+streamed: every prompt's first output (or refusal) is awaited first. A completion's prompts go to
+the engine as sent, and the engine tokenizes them and checks the context window
+(`AddRequest.fit_window`), off this process's CPU; a chat's conversation is rendered and tokenized
+here (its template and images need the tokenizer). Usage counts the prompt tokens the engine
+reports. Leaving a stream early cancels the prompt tasks, whose generators abort their requests in
+the engine.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from llm_engine.async_engine import AsyncLLMEngine, EngineNotReady
 from llm_engine.beam_search import BeamSearch, BeamSearchParams
 from llm_engine.engine_core_client import EngineCoreClient
+from llm_engine.engine_loop import check_window
 from llm_engine.entrypoints.chat_images import request_images, with_placeholders
 from llm_engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from llm_engine.entrypoints.service import LLMService, as_openai_error
@@ -99,26 +104,21 @@ class _Serving:
             raise as_openai_error(exc) from None
 
     def check_length(self, prompt_ids: list[int], max_tokens: int | None) -> int:
-        """The max_tokens to use: checked against the context window (None: fill the window)."""
+        """The max_tokens to use for token ids tokenized here: checked against the context window
+        as the engine checks the prompts it tokenizes (None: fill the window)."""
         limit = self.engine.max_model_len
-        if not prompt_ids:
-            raise OpenAIError(400, "prompt must not be empty", param="prompt")
-        room = limit - len(prompt_ids)
-        if room < 1:
-            raise OpenAIError(400, f"This model's maximum context length is {limit} tokens; the prompt "
-                                   f"has {len(prompt_ids)} tokens", param="prompt", code="context_length_exceeded")
-        if max_tokens is not None and max_tokens > room:
-            raise OpenAIError(400, f"This model's maximum context length is {limit} tokens; you requested "
-                                   f"{len(prompt_ids)} prompt + {max_tokens} completion tokens",
-                              param="max_tokens", code="context_length_exceeded")
-        return max_tokens if max_tokens is not None else room
+        try:
+            check_window(limit, len(prompt_ids), max_tokens)
+        except ValueError as exc:
+            raise as_openai_error(exc) from None
+        return max_tokens if max_tokens is not None else limit - len(prompt_ids)
 
-    async def start(self, prompt_ids: list[list[int]], params: list[SamplingParams], priority: int,
-                    request_id: str, engine_prompts: list[list[int] | ImagePrompt] | None = None) -> _Run:
+    async def start(self, prompts: Sequence[str | list[int] | ImagePrompt], params: list[SamplingParams],
+                    priority: int, request_id: str, fit_window: bool = False) -> _Run:
         """Admit every prompt (raising 429/503/400 before any answer is sent), then merge their outputs.
-        `engine_prompts` replace the token ids sent to the engine (prompts with images)."""
-        prompts: Sequence[list[int] | ImagePrompt] = engine_prompts or prompt_ids
-        generators = [self.engine.generate(prompt, p, f"{request_id}-{i}", priority=priority, more=i < len(prompts) - 1)
+        `fit_window`: the prompts are as the client sent them, for the engine to tokenize and check."""
+        generators = [self.engine.generate(prompt, p, f"{request_id}-{i}", priority=priority,
+                                           more=i < len(prompts) - 1, fit_window=fit_window)
                       for i, (prompt, p) in enumerate(zip(prompts, params))]
         try:
             # every prompt at once: awaiting each one's first output before sending the next put
@@ -135,8 +135,8 @@ class _Serving:
                 raise as_openai_error(exc) from None
             raise
         updates = _single(generators[0], firsts[0]) if len(generators) == 1 else _merge(generators, firsts)
-        run = _Run(prompt_ids, params[0].n, updates)
-        run.choices = [_Choice(i) for i in range(len(prompt_ids) * run.n)]
+        run = _Run([first.prompt_token_ids for first in firsts], params[0].n, updates)
+        run.choices = [_Choice(i) for i in range(len(prompts) * run.n)]
         return run
 
     def image_inputs(self) -> ImageInputs:
@@ -289,15 +289,14 @@ class ServingCompletion(_Serving):
             raise OpenAIError(400, "suffix is not supported", param="suffix")
         if req.echo and req.logprobs is not None:
             raise OpenAIError(400, "echo with logprobs is not supported (no prompt logprobs)", param="echo")
-        prompt_ids = [self.tokenize(p) for p in req.prompts()]
-        if req.kv_transfer_params is not None and len(prompt_ids) > 1:
+        prompts = req.prompts()
+        if req.kv_transfer_params is not None and len(prompts) > 1:
             raise OpenAIError(400, "kv_transfer_params: one prompt per request", param="kv_transfer_params")
         request_id = f"cmpl-{uuid.uuid4().hex}"
         if req.use_beam_search:
-            return await self._beam_search(req, prompt_ids, request_id)
-        params = [self.sampling_params(req, self.check_length(ids, req.max_tokens), req.logprobs)
-                  for ids in prompt_ids]
-        run = await self.start(prompt_ids, params, req.priority, request_id)
+            return await self._beam_search(req, [self.tokenize(p) for p in prompts], request_id)
+        params = [self.sampling_params(req, req.max_tokens, req.logprobs) for _ in prompts]
+        run = await self.start(prompts, params, req.priority, request_id, fit_window=True)
         if req.stream:
             return self._stream(req, run, request_id)
         return await self._full(req, run, request_id)
@@ -412,7 +411,7 @@ class ServingChat(_Serving):
         top = req.top_logprobs or 0
         params = [self.sampling_params(req, max_tokens, top if req.logprobs else None)]
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        run = await self.start([prompt_ids], params, req.priority, request_id, [prompt])
+        run = await self.start([prompt], params, req.priority, request_id)
         if req.stream:
             return self._stream(req, run, request_id)
         return await self._full(req, run, request_id)

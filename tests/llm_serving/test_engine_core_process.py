@@ -45,11 +45,40 @@ def test_v1_and_v2_answer_through_the_core_process_as_the_offline_engine_does(ti
                and float(line.split()[-1]) >= 18 for line in metrics.splitlines())
 
 
-def test_bad_input_is_refused_by_the_api_process_and_the_core_serves_on(tiny_server):
+def test_bad_input_is_refused_with_a_400_and_the_core_serves_on(tiny_server):
     response = httpx.post(tiny_server.url + "/v1/completions", timeout=30,
                           json={"model": TINY_NAME, "prompt": [10 ** 9], "max_tokens": 2})
     assert response.status_code == 400 and "outside the vocabulary" in response.json()["error"]["message"]
     assert complete(tiny_server.url, "x = ").usage.completion_tokens == 6
+
+
+def test_completions_are_tokenized_by_the_core_not_by_the_api_process(tiny_server, smollm_tokenizer, monkeypatch):
+    """The API process sends a completion's prompt as it came; the core tokenizes it, usage still counts it."""
+    def refuse(*_args):
+        raise AssertionError("the API process tokenized a completion's prompt")
+
+    monkeypatch.setattr(type(tiny_server.service.engine), "tokenize", refuse)
+    prompt = "def tokenized_in_the_core(x):"
+    answer = complete(tiny_server.url, prompt)
+    assert answer.usage.prompt_tokens == len(smollm_tokenizer(prompt).input_ids)
+    assert answer.usage.completion_tokens == 6
+    v2 = httpx.post(f"{tiny_server.url}/v2/models/{TINY_NAME}/generate", timeout=60,
+                    json={"text_input": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True})
+    assert v2.status_code == 200 and v2.json()["text_output"] == answer.choices[0].text
+
+
+@pytest.mark.parametrize("body, param", [({"prompt": "x", "max_tokens": 600}, "max_tokens"),
+                                         ({"prompt": "x " * 600, "max_tokens": 2}, "prompt")])
+def test_a_prompt_past_the_window_is_refused_by_the_core_as_the_openai_server_does(tiny_server, body, param):
+    """The window check moved with the tokenizing into the core; the answer is still OpenAI's 400
+    with context_length_exceeded (max_model_len 512), and /v2 says the same in its own shape."""
+    response = httpx.post(tiny_server.url + "/v1/completions", timeout=30, json={"model": TINY_NAME, **body})
+    error = response.json()["error"]
+    assert response.status_code == 400 and (error["code"], error["param"]) == ("context_length_exceeded", param)
+    assert error["message"].startswith("This model's maximum context length is 512 tokens")
+    v2 = httpx.post(f"{tiny_server.url}/v2/models/{TINY_NAME}/generate", timeout=30,
+                    json={"text_input": body["prompt"], "max_tokens": body["max_tokens"]})
+    assert v2.status_code == 400 and v2.json() == {"error": error["message"]}
 
 
 def test_a_killed_core_fails_requests_in_flight_and_later_ones_with_503(tiny_chat_model):
