@@ -14,7 +14,7 @@ import torch
 
 from llm_engine.autodeploy.engine_dir import save_model
 from llm_engine.autodeploy.sensitivity import calibration_files, calibration_tokens, measure_sensitivity
-from llm_engine.autodeploy.tune import DtypeTrial, candidate_dtypes, choose_dtype, measure_dtype
+from llm_engine.autodeploy.tune import DtypeTrial, candidate_dtypes, choose_dtype, measure_dtypes
 from llm_engine.layers.attention import AttentionBackend, TorchPagedAttention
 from llm_engine.layers.linear import LinearBase
 from llm_engine.layers.quant_config import METHODS, assign_quantization, summarize, validate
@@ -140,9 +140,11 @@ def build_engine(src: str, out: Path, dtype: str = "float32", quantization: str 
     for candidate in dtypes:
         built[candidate] = _build_model(source, hf_config, candidate, quantization, accuracy_budget, windows,
                                         device, backend, progress)
-        if dtype == "auto":
-            trials.append(measure_dtype(built[candidate].model, candidate, windows))
-            progress(f"      {trials[-1].line()}")
+    if dtype == "auto":
+        progress(f"      timing {', '.join(dtypes)} in turns")
+        trials = measure_dtypes({candidate: built[candidate].model for candidate in dtypes}, windows)
+        for trial in trials:
+            progress(f"      {trial.line()}")
     chosen = choose_dtype(trials, _DTYPE_BUDGET if accuracy_budget is None else accuracy_budget).dtype if trials else dtype
     result = built[chosen]
     choices = [*result.choices, *(t.line() for t in trials)] + ([f"dtype {chosen} (the fastest within the budget)"]

@@ -6,8 +6,11 @@ Which dtype is fastest depends on the CPU and the model, not on a rule: with AMX
 oneDNN runs bfloat16 matmuls natively (a float model's decode steps are mostly its matmuls),
 while a weight-only quantized model's fused float32 kernels can lose in bfloat16. So the build
 measures: decode steps of a few sequences over the built graph (the engine's own layers and
-kernels, a scratch KV pool), best of two timings, and the perplexity of each dtype on the same
-calibration windows. float32 is the reference the budget is measured from.
+kernels, a scratch KV pool) and the perplexity of each dtype on the same calibration windows.
+float32 is the reference the budget is measured from. The candidates are timed in turns once all
+are built, each one's best timing kept: timed alone right after its own build, a candidate took
+whatever the shared machine was doing then (at load 7 bfloat16 read 2.3 tok/s against float32's
+6.3, and float32 was kept, where a quiet machine gave 76.1 against 55.9).
 """
 
 from __future__ import annotations
@@ -69,15 +72,23 @@ def decode_rate(model: nn.Module, windows: list[list[int]], steps: int = DECODE[
     return best
 
 
-def measure_dtype(model: nn.Module, dtype: str, windows: list[list[int]]) -> DtypeTrial:
-    """A loaded (and quantized) model's trial: decode speed of DECODE[0] sequences prompted with
-    the first DECODE[1] tokens of as many windows, perplexity on all of them."""
-    runner = ScratchRunner(model, max(len(w) for w in windows))
-    try:
-        perplexity = runner.perplexity(windows)
-    finally:
-        runner.release()
-    return DtypeTrial(dtype, decode_rate(model, [w[:DECODE[1]] for w in windows[:DECODE[0]]]), perplexity)
+def measure_dtypes(models: dict[str, nn.Module], windows: list[list[int]], rounds: int = 2) -> list[DtypeTrial]:
+    """Each loaded (and quantized) candidate's trial: decode speed of DECODE[0] sequences prompted
+    with the first DECODE[1] tokens of as many windows, the candidates timed in turns for `rounds`
+    rounds (the best of each kept), and perplexity on all the windows."""
+    prompts = [w[:DECODE[1]] for w in windows[:DECODE[0]]]
+    rates = dict.fromkeys(models, 0.0)
+    for _ in range(rounds):
+        for dtype, model in models.items():
+            rates[dtype] = max(rates[dtype], decode_rate(model, prompts))
+    trials = []
+    for dtype, model in models.items():
+        runner = ScratchRunner(model, max(len(w) for w in windows))
+        try:
+            trials.append(DtypeTrial(dtype, rates[dtype], runner.perplexity(windows)))
+        finally:
+            runner.release()
+    return trials
 
 
 def choose_dtype(trials: list[DtypeTrial], budget: float) -> DtypeTrial:

@@ -13,7 +13,7 @@ import torch
 from autodeploy_models import build, hand_written_llama, prompts, run_cli
 
 from llm_engine.autodeploy.sensitivity import ScratchRunner, calibration_tokens
-from llm_engine.autodeploy.tune import DtypeTrial, choose_dtype, decode_rate, measure_dtype
+from llm_engine.autodeploy.tune import DtypeTrial, choose_dtype, decode_rate, measure_dtypes
 from llm_engine.calibration import default_calibration_files
 from llm_engine.engine_tune import RuntimeTrial, _pick
 from llm_engine.layers.attention import Attention
@@ -45,7 +45,7 @@ def test_a_runtime_option_changes_only_when_clearly_faster_within_the_budget():
 def test_the_trial_decodes_the_model_and_scores_its_perplexity(tmp_path):
     model = hand_written_llama(tmp_path / "llama")
     windows = calibration_tokens(default_calibration_files(), None, model.config.vocab_size, 4, 32)
-    trial = measure_dtype(model, "float32", windows)
+    (trial,) = measure_dtypes({"float32": model}, windows)
     assert trial.dtype == "float32" and trial.tokens_per_s > 0
     assert all(a.k_cache.numel() == 0 for a in model.modules() if isinstance(a, Attention))  # the pool released
     assert trial.perplexity == pytest.approx(ScratchRunner(model, 32).perplexity(windows))
