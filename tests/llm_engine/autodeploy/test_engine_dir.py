@@ -8,10 +8,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
+import httpx
+import openai
 import pytest
 import torch
 from autodeploy_models import build, hf_greedy, prompts, run_cli
+from serve_process import free_port
+from tiny_llm import save_tiny_chat_llama
+from waiting import wait_until
 
 from llm_engine import LLM, SamplingParams
 from llm_engine.autodeploy import model as autodeploy_model
@@ -197,3 +205,36 @@ def test_a_quantization_group_across_two_ranks_is_refused_naming_the_layer(tmp_p
     with pytest.raises(ValueError, match=r"mlp.down_proj is quantized int4 g128 asym: its 192 inputs across 2 ranks "
                                          r"are 96 each, not whole groups of 128"):
         LLM(engine, tensor_parallel_size=2, block_size=4, num_kv_blocks=12)
+
+
+def answers_health(proc: subprocess.Popen[str], port: int) -> bool:
+    assert proc.poll() is None, proc.communicate()[0]
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.mark.skipif(not FULL, reason="make test-autodeploy")
+def test_llm_serve_answers_the_openai_client_from_a_built_engine(tmp_path):
+    """`codeyard llm serve --model ENGINE_DIR` as users run it (a process on a port, the official
+    client) gives the engine's own greedy text."""
+    engine = tmp_path / "engine"
+    assert run_cli("build", str(save_tiny_chat_llama(tmp_path / "chat")), "--out", str(engine)) == 0
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    expected = LLM(str(engine), num_kv_blocks=16).generate(["def add(a, b):"], params, use_tqdm=False)[0]
+    port = free_port()
+    codeyard = str(Path(sys.executable).parent / "codeyard")
+    proc = subprocess.Popen([codeyard, "llm", "serve", "--model", str(engine), "--port", str(port),
+                             "--served-model-name", "built", "--max-num-seqs", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: answers_health(proc, port), timeout=180, pause=0.5, what="the served engine's /health")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        out = client.completions.create(model="built", prompt="def add(a, b):", max_tokens=8, temperature=0,
+                                        extra_body={"ignore_eos": True})
+        assert out.choices[0].text == expected.outputs[0].text
+        assert out.usage.completion_tokens == 8
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
