@@ -71,9 +71,11 @@ test-llm-decoding: venv
 	  tests/llm_engine/test_llm_structured_outputs.py
 
 # The real SmolLM2 GGUF against Transformers loading it, kept quantized and dequantized (greedy tokens, logprobs,
-# the fused decode stack): three 135M-parameter loads, ~1-2 min. Other default-suite tests serve the same file quantized.
+# the fused decode stack), and its beam search (widths 2, 4, 8) against generate(num_beams=...): ~3-4 min.
+# Other default-suite tests serve the same file quantized.
 test-llm-gguf: venv
-	CODEYARD_GGUF_FULL=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_gguf_parity.py
+	CODEYARD_GGUF_FULL=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_gguf_parity.py \
+	  tests/llm_engine/test_llm_beam_search.py
 
 # Vision-language models: LLaVA-NeXT, LLaVA-OneVision (one and several pictures), SigLIP/Qwen2 and Idefics3 parity
 # besides the default LLaVA-1.5 runs: ~3 min.

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
-from conftest import build_tiny_model
+from conftest import build_tiny_model, smollm_gguf_path
 from transformers import AutoModelForCausalLM
 
 from llm_engine import LLM
@@ -90,3 +92,27 @@ def test_other_architectures_match_transformers(tmp_path, arch):
     assert [beam.output_tokens for beam in out.sequences] == [s[len(prompt):].tolist() for s in ref.sequences]
     for beam, score in zip(out.sequences, ref.sequences_scores.tolist()):
         assert abs(beam.score(1.0) - score) < 1e-4
+
+
+@pytest.mark.skipif(not os.environ.get("CODEYARD_GGUF_FULL"), reason="make test-llm-gguf (SmolLM2 loads, ~1 min)")
+@pytest.mark.timeout(1800)
+def test_smollm2_beams_and_scores_match_transformers():
+    """The real SmolLM2 GGUF dequantized to float32 (quantization=None: the weights Transformers'
+    GGUF loader makes), widths 2, 4 and 8: the same beams, best first, and scores within 1e-4."""
+    path = smollm_gguf_path()
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    llm = LLM(model=str(path), dtype="float32", quantization=None, kv_cache_memory="64MiB")
+    tokenizer = llm.get_tokenizer()
+    prompts = [tokenizer(text).input_ids for text in ("def fibonacci(n):", "The capital of France is")]
+    for width, length_penalty in ((2, 1.0), (4, 0.5), (8, 1.0)):
+        outputs = llm.beam_search(prompts, BeamSearchParams(beam_width=width, max_tokens=8, ignore_eos=True,
+                                                            length_penalty=length_penalty))
+        for prompt, out in zip(prompts, outputs):
+            with torch.no_grad():
+                ref = hf.generate(torch.tensor([prompt]), num_beams=width, num_return_sequences=width,
+                                  do_sample=False, max_new_tokens=8, length_penalty=length_penalty,
+                                  eos_token_id=None, pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+            assert [beam.output_tokens for beam in out.sequences] == [s[len(prompt):].tolist() for s in ref.sequences]
+            for beam, score in zip(out.sequences, ref.sequences_scores.tolist()):
+                assert abs(beam.score(length_penalty) - score) < 1e-4, (width, beam.score(length_penalty), score)
+    assert not llm.engine.has_unfinished_requests()
