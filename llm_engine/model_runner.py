@@ -18,7 +18,7 @@ from llm_engine.distributed import get_tp_size
 from llm_engine.layers.attention import Attention, AttentionBackend, NativePagedAttention, SeqSlice, TorchPagedAttention
 from llm_engine.layers.decode_stack import DecodeStack
 from llm_engine.layers.embedding import VocabParallelEmbedding
-from llm_engine.layers.linear import LinearBase
+from llm_engine.layers.linear import LinearBase, name_layers
 from llm_engine.layers.native import KernelBuildError
 from llm_engine.layers.quant_config import assign_quantization, summarize
 from llm_engine.layers.quantization import decode_step, weight_bytes
@@ -151,6 +151,7 @@ class ModelRunner:
             model_class = resolve_model_class(getattr(hf_config, "architectures", None), config.model_impl)
             with torch.device(self.device):
                 self.model = model_class(hf_config, self.backend, self.dtype)
+            name_layers(self.model)
             self.quantization, keep = assign_quantization(self.model, config.quantization, gguf_types, checkpoint)
             self._lm.load_weights(source.weights(hf_config, keep, checkpoint))
         logger.info("quantization (%s): %s", config.quantization, summarize(self.quantization))

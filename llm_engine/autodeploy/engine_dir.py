@@ -17,7 +17,7 @@ passes on the loaded graphs (the plan is read off them as at capture) and every 
 replace takes its rank's share of the saved tensor of the same name through its weight loader,
 as from a checkpoint: one engine serves any rank count its heads divide by. Quantized layers keep
 their packed tensors: column-parallel ones by their loaders' rows, row-parallel ones through
-quantized_shards.row_share (codes by columns, scales and zero points by whole groups).
+their loader too (layers/row_shards.py: codes by columns, scales and zero points by whole groups).
 """
 
 from __future__ import annotations
@@ -33,14 +33,12 @@ from torch import fx
 from llm_engine.autodeploy.paged_attention import PagedAttention
 from llm_engine.autodeploy.passes import PassContext, run_passes
 from llm_engine.autodeploy.passes.sharding import shard_lm_head, shard_tensor_parallel
-from llm_engine.autodeploy.quantized_shards import row_share
 from llm_engine.config import EngineConfig
 from llm_engine.distributed import get_tp_size
 from llm_engine.layers.attention import Attention, AttentionBackend
-from llm_engine.layers.linear import LinearBase, MergedColumnParallelLinear, RowParallelLinear
+from llm_engine.layers.linear import MergedColumnParallelLinear, name_layers
 from llm_engine.layers.native import CpuKernels, cpu_kernels
 from llm_engine.layers.quant_config import summarize
-from llm_engine.layers.quantization import WeightOnlyLinearMethod
 from llm_engine.loader.engine_manifest import MODEL_FILE, EngineManifest, write_manifest
 
 
@@ -104,23 +102,18 @@ def _split_for_rank(model: torch.nn.Module, backend: AttentionBackend, device: t
     share of the saved tensor of the same name (merged layers part by part, quantized row-parallel
     ones by whole groups)."""
     saved = dict(model.named_parameters(remove_duplicate=False))
-    one_rank = dict(model.named_modules(remove_duplicate=False))
     context = PassContext(backend, dtype, device)
     with torch.device(device):
         run_passes(model.get_submodule("body"), context, [shard_tensor_parallel])  # type: ignore[arg-type]  # GraphModules
         run_passes(model.get_submodule("head"), context, [shard_lm_head])  # type: ignore[arg-type]
+    name_layers(model)
     owners = {f"{path}.{name}" if path else name: module for path, module in model.named_modules(remove_duplicate=False)
               for name, _ in module.named_parameters(recurse=False)}
     for name, param in model.named_parameters(remove_duplicate=False):
         if saved.get(name) is param:
             continue
         owner, loader = owners[name], param.weight_loader  # type: ignore[attr-defined]  # the parallel layers' loaders
-        path, _, leaf = name.rpartition(".")
-        if isinstance(owner, RowParallelLinear) and isinstance(owner.quant_method, WeightOnlyLinearMethod):
-            full = one_rank[path]
-            assert isinstance(full, LinearBase)  # the saved layer the pass replaced
-            param.data.copy_(row_share(full, owner, leaf, saved[name], path))
-        elif isinstance(owner, MergedColumnParallelLinear):
+        if isinstance(owner, MergedColumnParallelLinear):
             for shard, part in enumerate(saved[name].split_with_sizes(owner.output_sizes)):
                 loader(param, part, shard)
         else:

@@ -11,10 +11,13 @@ import torch
 from torch import nn
 
 from llm_engine.distributed import all_reduce, get_tp_rank, get_tp_size
-from llm_engine.layers.quantization import QuantMethod, UnquantizedLinearMethod
+from llm_engine.layers.quantization import QuantMethod, UnquantizedLinearMethod, WeightOnlyLinearMethod
+from llm_engine.layers.row_shards import act_order_share, row_share
 
 
 class LinearBase(nn.Module):
+    prefix = "a linear layer"  # its module path once `name_layers` ran: load errors name the layer
+
     def __init__(self, input_size: int, output_size: int, bias: bool, dtype: torch.dtype,
                  quant_method: QuantMethod | None) -> None:
         super().__init__()
@@ -45,6 +48,13 @@ class LinearBase(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.quant_method.apply(self, x, self.bias)
+
+
+def name_layers(model: nn.Module) -> None:
+    """Tell every linear layer its module path (for load errors that name it)."""
+    for name, module in model.named_modules():
+        if isinstance(module, LinearBase):
+            module.prefix = name
 
 
 class ReplicatedLinear(LinearBase):
@@ -121,15 +131,34 @@ class RowParallelLinear(LinearBase):
             raise ValueError(f"input_size {input_size} is not divisible by tp_size {tp_size}")
         super().__init__(input_size // tp_size, output_size, bias, dtype, quant_method)
 
+    def set_quant_method(self, quant_method: QuantMethod) -> None:
+        """As LinearBase's; at more than one rank every tensor loads through this layer's loader, an
+        act-order layer's input order too (it decides which columns the rank keeps)."""
+        super().set_quant_method(quant_method)
+        self.pending: dict[str, torch.Tensor] = {}
+        if self.tp_size > 1:
+            for name, param in self.named_parameters(recurse=False):
+                if name != "bias":
+                    param.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # as in LinearBase
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        if param.dim() == 1:  # bias is added once, after the reduction
+        if param is self.bias or self.tp_size == 1:  # a bias is added once, after the reduction
             param.data.copy_(loaded)
             return
-        size = param.shape[1]
-        if loaded.shape[1] != size * self.tp_size:  # e.g. a quantization group across two ranks
-            raise ValueError(f"tensor_parallel_size: a row-parallel weight of {loaded.shape[1]} columns does "
-                             f"not split into {self.tp_size} shards of {size}")
-        param.data.copy_(loaded.narrow(1, self.tp_rank * size, size))
+        name = next(key for key, value in self.named_parameters(recurse=False) if value is param)
+        method = self.quant_method
+        if not (isinstance(method, WeightOnlyLinearMethod) and method.act_order):
+            share = row_share(self, name, loaded)
+            if share.shape != param.shape:
+                raise ValueError(f"tensor_parallel_size: {self.prefix}.{name}: the rank's share {tuple(share.shape)} "
+                                 f"of {tuple(loaded.shape)} does not fit the layer's {tuple(param.shape)}")
+            param.data.copy_(share)
+            return
+        self.pending[name] = loaded  # the share needs the codes, scales and input order together
+        if set(self.pending) == {key for key, _ in self.named_parameters(recurse=False)} - {"bias"}:
+            for key, value in act_order_share(self, self.pending).items():
+                getattr(self, key).data = value
+            self.pending = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias if self.tp_rank == 0 else None

@@ -71,7 +71,6 @@ class QuantLayer(Protocol):
     embedding table): nn.Module types its attributes only as `Tensor | Module`."""
 
     input_size: int
-    tp_size: int
     weight: torch.Tensor
     qweight: torch.Tensor
     scales: torch.Tensor
@@ -325,8 +324,6 @@ class WeightOnlyLinearMethod(QuantMethod):
         if int4:
             layer.offsets = nn.Parameter(torch.empty(output_size, groups, dtype=torch.float16), requires_grad=False)
         if self.act_order:
-            if cast(QuantLayer, layer).tp_size > 1:
-                raise ValueError("quantization: act-order (desc_act) weights run with tensor_parallel_size 1 only")
             layer.input_perm = nn.Parameter(torch.empty(input_size, dtype=torch.int64), requires_grad=False)
             layer.input_perm.weight_loader = load_input_perm  # type: ignore[attr-defined]  # as linear.py's loaders
 
@@ -350,8 +347,9 @@ class WeightOnlyLinearMethod(QuantMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         quant_layer = cast(QuantLayer, layer)
         offsets = getattr(layer, "offsets", None)
-        if self.act_order:
-            x = x.index_select(-1, quant_layer.input_perm)
+        if self.act_order:  # a longer order reads zeros past the inputs (a rank's padding, layers/row_shards.py)
+            perm = quant_layer.input_perm
+            x = (x if perm.numel() == x.shape[-1] else F.pad(x, (0, 1))).index_select(-1, perm)
         rows = x.numel() // x.shape[-1]
         act_block = self.scheme.act_block(quant_layer.input_size)
         triton = use_triton(x)
