@@ -1,18 +1,28 @@
 """What the stack tests share: waiting for something to happen, a signed-up user over HTTP, and an editor on a
-file over the collab socket."""
+file over the collab socket, both through the proxy and, when asked, pinned to one app replica by its cookie
+(docker/proxy-entrypoint.sh), checked against the replica the proxy says answered."""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
 import time
+from collections.abc import Mapping
 
 import httpx
 
 from collab.client import CollabClient
 
 PROXY = "http://127.0.0.1:8780"
-REPLICAS = ("http://127.0.0.1:8781", "http://127.0.0.1:8782")
+# The app replicas in the proxy's APP_UPSTREAMS order: the cookie PIN=<n> pins a client to the n-th (the others serve
+# it while that one is down)
+REPLICAS = ("127.0.0.1:8781", "127.0.0.1:8782")
+PIN = "codeyard_replica"
+
+
+def served_by(headers: Mapping[str, str]) -> str:
+    """The replica that answered through the proxy: the last address it tried (its X-Codeyard-Upstream)."""
+    return headers["x-codeyard-upstream"].split(",")[-1].strip()
 
 
 def eventually(check, timeout: float, what: str):
@@ -28,21 +38,39 @@ def eventually(check, timeout: float, what: str):
     raise AssertionError(f"{what} did not happen within {timeout:g} s (last error: {error!r})")
 
 
-class User:
-    """A signed-up user with a personal token, talking to one base URL (the proxy or one replica)."""
+def stack_answering(timeout: float) -> None:
+    """Each replica ready, asked directly (asked through the proxy while they start, it marks them failed for 10 s and
+    answers 502), then the proxy passing a client pinned to each replica to that one."""
+    for replica in REPLICAS:
+        eventually(lambda: httpx.get(f"http://{replica}/readyz", timeout=5).status_code == 200, timeout, f"{replica} answering")
+    for n, replica in enumerate(REPLICAS, 1):
+        eventually(lambda: served_by(httpx.get(f"{PROXY}/readyz", headers={"Cookie": f"{PIN}={n}"}, timeout=5).headers)
+                   == replica, 60, f"the proxy passing a client pinned to {replica} there")
 
-    def __init__(self, base: str = PROXY, token: str | None = None) -> None:
-        self.base = base
+
+class User:
+    """A signed-up user with a personal token, talking through the proxy; pinned to one replica when `replica` is
+    given (1 or 2), and then every answer must come from that replica."""
+
+    def __init__(self, token: str | None = None, replica: int | None = None) -> None:
         if token is None:
-            with httpx.Client(base_url=base, timeout=30) as client:
+            with httpx.Client(base_url=PROXY, timeout=30) as client:
                 name = f"u{secrets.token_hex(4)}"
                 csrf = client.post("/api/auth/register", json={"username": name, "password": "pass-word-1"}).json()["csrf_token"]
                 token = client.post("/api/tokens", json={"name": "t"}, headers={"X-CSRF-Token": csrf}).json()["token"]
         self.token = token
-        self.http = httpx.Client(base_url=base, timeout=60, headers={"Authorization": f"Bearer {token}"})
+        self.replica = REPLICAS[replica - 1] if replica else None
+        self.http = httpx.Client(base_url=PROXY, timeout=60, headers={"Authorization": f"Bearer {token}"},
+                                 cookies={PIN: str(replica)} if replica else None, event_hooks={"response": [self._landed]})
 
-    def on(self, base: str) -> User:
-        return User(base, self.token)
+    def _landed(self, response: httpx.Response) -> None:
+        """A pinned user's every answer comes from its replica."""
+        assert self.replica is None or served_by(response.headers) == self.replica, (
+            f"{response.request.url.path} was answered by {response.headers.get('x-codeyard-upstream')}, not {self.replica}")
+
+    def on(self, replica: int) -> User:
+        """The same user pinned to REPLICAS[replica - 1] through the proxy."""
+        return User(self.token, replica)
 
     def project(self, files: dict[str, str]) -> str:
         pid = self.http.post("/api/projects", json={"name": f"p{secrets.token_hex(3)}"}).json()["id"]
@@ -61,16 +89,22 @@ class User:
 
 
 class Editor(CollabClient):
-    """A user's editor open on one file, as the IDE's Yjs one: every (re)connection syncs both ways, so edits a
-    server took down with it unstored are sent again, and what the editor already has is not duplicated."""
+    """A user's editor open on one file through the proxy, as the IDE's Yjs one: every (re)connection syncs both
+    ways, so edits a server took down with it unstored are sent again, and what the editor already has is not
+    duplicated. Pinned to one replica by its cookie when `replica` is given, as a browser keeps its cookie."""
 
-    def __init__(self, user: User, project: str, path: str) -> None:
+    def __init__(self, user: User, project: str, path: str, replica: int | None = None) -> None:
         super().__init__()
         self.headers = {"Authorization": f"Bearer {user.token}"}
-        self.where = f"/ws/collab/{project}/{path}"
+        if replica:
+            self.headers["Cookie"] = f"{PIN}={replica}"
+        self.url = PROXY.replace("http", "ws", 1) + f"/ws/collab/{project}/{path}"
 
-    async def open_on(self, base: str) -> None:
-        await self.connect(base.replace("http", "ws", 1) + self.where, self.headers)
+    async def open(self) -> str:
+        """Connect through the proxy; the replica it landed on, as the proxy's handshake answer names it."""
+        await self.connect(self.url, self.headers)
+        assert self.socket is not None and self.socket.response is not None
+        return served_by(self.socket.response.headers)
 
     async def shows(self, text: str, timeout: float = 30) -> None:
         """Wait until the document reads `text` (the room's updates are applied as they come)."""

@@ -1,9 +1,10 @@
 """The multi-machine stack for real (`make test-stack`, too long for CI): the images built here without a
-registry, docker-compose.yml brought up, and through the proxy: sign up, edit from two replicas, run code,
-install a package and open a shell on the runners, ask the assistant, deploy an app (hosted by a runner) and reach
-it, edit a file together from editors on the two replicas; then broken on purpose (a runner killed during runs, the
-runner hosting the app killed, an app replica killed under an editor, Redis and PostgreSQL restarted) and checked to
-recover by itself.
+registry, docker-compose.yml brought up, and every client through the proxy: sign up, edit from two replicas, run
+code, install a package and open a shell on the runners, ask the assistant, deploy an app (hosted by a runner) and
+reach it, edit a file together from editors on the two replicas; then broken on purpose (a runner killed during
+runs, the runner hosting the app killed, an app replica killed under an editor, Redis and PostgreSQL restarted) and
+checked to recover by itself. A client meant for one replica is pinned to it by the proxy's cookie, and which replica
+answered is checked against the proxy's X-Codeyard-Upstream, never assumed.
 
 Needs a Docker engine at DOCKER_HOST with the images (scripts/test-stack.sh starts one and builds them).
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 from redis import Redis
-from stack_kit import PROXY, REPLICAS, Editor, User, eventually
+from stack_kit import PROXY, REPLICAS, Editor, User, eventually, stack_answering
 from websockets.sync.client import connect as ws_connect
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,8 +28,13 @@ PROJECT = "codeyard-stack-test"
 ENV = {"CODEYARD_LLM_DEVICE": "cpu", "RUNNER_SLOTS": "1"}  # one slot per runner: two runs land on both
 
 
+# Compose v1 by default (Debian bookworm has no v2); CODEYARD_COMPOSE="docker compose" runs the same steps on v2, whose
+# container names differ (project-service-1): the steps find containers with `ps -q`, never by name
+COMPOSE = os.environ.get("CODEYARD_COMPOSE", "docker-compose").split()
+
+
 def compose(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker-compose", "-p", PROJECT, "-f", "docker-compose.yml", *args], cwd=REPO,
+    return subprocess.run([*COMPOSE, "-p", PROJECT, "-f", "docker-compose.yml", *args], cwd=REPO,
                           env={**os.environ, **ENV}, capture_output=True, text=True, check=check, timeout=600)
 
 
@@ -74,7 +80,7 @@ def stack():
     up = compose("up", "-d", check=False)
     assert up.returncode == 0, up.stderr[-3000:]
     try:
-        eventually(lambda: httpx.get(f"{PROXY}/readyz", timeout=5).status_code == 200, 300, "the stack answering")
+        stack_answering(300)
         yield
     finally:
         logs = compose("logs", "--no-color", "--tail", "300", check=False)
@@ -86,7 +92,7 @@ def stack():
 def test_sign_up_edit_on_two_replicas_run_and_shell(stack):
     alice = User()
     pid = alice.project({"main.py": "print(sum(range(10)))\n"})
-    on_one, on_two = alice.on(REPLICAS[0]), alice.on(REPLICAS[1])
+    on_one, on_two = alice.on(1), alice.on(2)  # each answer checked to come from its replica
     assert on_one.http.put(f"/api/projects/{pid}/files/content/notes.txt", content=b"from replica 1").status_code in (200, 201)
     assert on_two.http.get(f"/api/projects/{pid}/files/content/notes.txt").text == "from replica 1"
     run = alice.finished(alice.run(pid))
@@ -181,11 +187,12 @@ NOTES = "# notes\n"
 
 
 async def edit_on_two_replicas_and_kill_one(alice: User, pid: str) -> str:
-    """Two editors on notes.md, one on each replica, see each other's lines; replica 1 is killed under its editor,
-    which reconnects through the proxy (to the replica left) and types on. What both show at the end."""
-    on_one, on_two = Editor(alice, pid, "notes.md"), Editor(alice, pid, "notes.md")
-    await on_one.open_on(REPLICAS[0])
-    await on_two.open_on(REPLICAS[1])
+    """Two editors on notes.md through the proxy, pinned one to each replica, see each other's lines; replica 1 is
+    killed under its editor, which reconnects through the proxy with the same pin, lands on the replica left and types
+    on. What both show at the end."""
+    on_one, on_two = Editor(alice, pid, "notes.md", replica=1), Editor(alice, pid, "notes.md", replica=2)
+    assert await on_one.open() == REPLICAS[0]
+    assert await on_two.open() == REPLICAS[1]
     await on_one.shows(NOTES)
     await on_two.shows(NOTES)
     await on_one.append("one\n")
@@ -195,7 +202,7 @@ async def edit_on_two_replicas_and_kill_one(alice: User, pid: str) -> str:
     await on_one.append("typed as it died\n")  # perhaps never stored by replica 1: its editor sends it again
     await asyncio.to_thread(subprocess.run, ["docker", "kill", container("app1")], check=True, capture_output=True)
     await on_one.dropped()
-    await on_one.open_on(PROXY)
+    assert await on_one.open() == REPLICAS[1]  # its replica down, the proxy passed it to the other
     await on_two.shows(NOTES + "one\ntwo\ntyped as it died\n")
     await on_one.append("three\n")
     text = NOTES + "one\ntwo\ntyped as it died\nthree\n"
@@ -215,11 +222,13 @@ def test_two_editors_on_two_replicas_and_an_app_replica_killed(stack):
     eventually(lambda: alice.http.get(f"/api/projects/{pid}/files/content/notes.md").text == text, 60,
                "the edits written to the file by the replica left")
     compose("up", "-d", "app1")
-    eventually(lambda: httpx.get(f"{REPLICAS[0]}/readyz", timeout=5).status_code == 200, 120, "replica 1 back")
+    # Through the proxy, pinned to replica 1: answered by replica 2 until replica 1 is back and the proxy tries it again
+    pinned = alice.on(1)
+    eventually(lambda: pinned.http.get("/readyz").status_code == 200, 120, "replica 1 back behind the proxy")
 
     async def reopened_on_replica_one() -> None:
-        editor = Editor(alice, pid, "notes.md")
-        await editor.open_on(REPLICAS[0])
+        editor = Editor(alice, pid, "notes.md", replica=1)
+        assert await editor.open() == REPLICAS[0]
         await editor.shows(text)
         await editor.close()
 

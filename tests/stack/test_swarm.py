@@ -10,9 +10,8 @@ import os
 import subprocess
 from pathlib import Path
 
-import httpx
 import pytest
-from stack_kit import REPLICAS, User, eventually
+from stack_kit import User, stack_answering
 from test_stack import ENV, app_hosts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,11 +37,8 @@ def swarm():
     assert deployed.returncode == 0, deployed.stderr[-3000:]
     try:
         # Both replicas, not just the proxy: swarm ignores depends_on, so a replica that started before PostgreSQL
-        # exits and comes back, and a test begun meanwhile would meet it half-way. The replicas first: a request through
-        # the proxy while they start marks them failed there for 10 s (max_fails=1), and the first request after the
-        # proxy's own /readyz answered then met "no live upstreams" (502)
-        for url in (*REPLICAS, "http://127.0.0.1:8780"):
-            eventually(lambda: httpx.get(f"{url}/readyz", timeout=5).status_code == 200, 300, f"{url} answering")
+        # exits and comes back, and a test begun meanwhile would meet it half-way
+        stack_answering(300)
         yield
     finally:
         services = docker("stack", "ps", STACK, "--no-trunc", "--format", "{{.Name}} {{.CurrentState}} {{.Error}}",
@@ -63,8 +59,8 @@ def swarm():
 def test_the_swarm_stack_passes_the_smoke_part(swarm):
     alice = User()
     pid = alice.project({"main.py": "print('on a runner')\n"})
-    assert alice.on(REPLICAS[0]).http.put(f"/api/projects/{pid}/files/content/a.txt", content=b"one").status_code in (200, 201)
-    assert alice.on(REPLICAS[1]).http.get(f"/api/projects/{pid}/files/content/a.txt").text == "one"
+    assert alice.on(1).http.put(f"/api/projects/{pid}/files/content/a.txt", content=b"one").status_code in (200, 201)
+    assert alice.on(2).http.get(f"/api/projects/{pid}/files/content/a.txt").text == "one"
     run = alice.finished(alice.run(pid))
     assert run["verdict"] == "ok" and run["stdout"] == "on a runner\n", run
     # Each global runner service's task is named after its node (docker/swarm.yml): unique when nodes are added
