@@ -49,11 +49,12 @@ test-long: venv
 test-stack: venv web
 	bash scripts/test-stack.sh
 
-# Tensor parallelism's failure paths, quantized splits, SmolLM2 on 3 ranks and a TP=2 server: many worker
-# groups, ~15 min on a busy 2-core machine.
+# Tensor parallelism's failure paths, quantized splits (each pre-quantized checkpoint layout), SmolLM2 on 3 ranks
+# and a TP=2 server: many worker groups, ~20 min on a busy 2-core machine.
 test-llm-parallel: venv
 	CODEYARD_TP_MORE=1 $(BIN)/python -m pytest -p no:cacheprovider -q tests/llm_engine/test_llm_tensor_parallel.py \
-	  tests/llm_engine/test_llm_tensor_parallel_more.py tests/llm_serving/test_cli_tensor_parallel.py
+	  tests/llm_engine/test_llm_tensor_parallel_more.py tests/llm_engine/test_llm_tensor_parallel_quantized.py \
+	  tests/llm_serving/test_cli_tensor_parallel.py
 
 # Multi-node on a real two-node Ray cluster started on this machine (ray start --head and a second node, three CPUs
 # each, stopped at the end): TP=2 across the nodes gives one rank's tokens (LLM and codeyard llm serve), a killed rank

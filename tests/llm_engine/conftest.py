@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2
 from llm_engine.loader.gguf_conversion import config_and_tokenizer
 
 # The heavier tensor-parallel tests (many worker groups) run under `make test-llm-parallel`.
-collect_ignore = [] if os.environ.get("CODEYARD_TP_MORE") == "1" else ["test_llm_tensor_parallel_more.py"]
+collect_ignore = ([] if os.environ.get("CODEYARD_TP_MORE") == "1"
+                  else ["test_llm_tensor_parallel_more.py", "test_llm_tensor_parallel_quantized.py"])
 
 VOCAB = 320
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
