@@ -289,12 +289,13 @@ class ModelRunner:
             return logits, []
         decodes = all(s.num_new == 1 or s.as_decodes for s in step.slices)
         with decode_step(len(step.slices) if decodes else None):  # quantized layers pick kernels by it
-            return self._forward(step)
+            return self._forward(step, decodes)
 
-    def _forward(self, step: StepInput) -> tuple[torch.Tensor, list[tuple[int, int, torch.Tensor]]]:
+    def _forward(self, step: StepInput, decodes: bool) -> tuple[torch.Tensor, list[tuple[int, int, torch.Tensor]]]:
         if (self.decode_stack is not None and step.mm_embeds is None
-                and self.decode_stack.fits(len(step.slices), len(step.input_ids), len(step.logit_rows))):
-            hidden = self.decode_stack(step.input_ids, step.positions[0], step.slices[0].block_table)
+                and self.decode_stack.fits(len(step.slices), len(step.input_ids), len(step.logit_rows), decodes)):
+            tables = [s.block_table for s in step.slices for _ in range(s.num_new)]
+            hidden = self.decode_stack.rows(step.input_ids, step.positions, tables)
         else:
             metadata = self.backend.build_metadata(step.slices, self.block_size, self.device)
             extra = {} if step.mm_embeds is None else {"mm_embeds": step.mm_embeds}

@@ -1,14 +1,17 @@
-"""A single sequence's decode step through the whole decoder stack in one native call.
+"""A decode step (one sequence's or a small batch's) through the whole decoder stack in one native call.
 
 One stream decoding on the CPU spends most of its step in dispatch, not arithmetic: each of 30
 layers makes ~10 Python module calls, each a few torch ops and a ctypes call. `DecodeStack`
 describes the model's layers once (pointers to the packed weights, norms, KV pools, rotary
 tables, in ctypes structures that live as long as the model) and each step passes only the tokens'
-embeddings, the first position and the block table to csrc/decode_stack.cpp, which runs the same
+embeddings, their positions and block tables to csrc/decode_stack.cpp, which runs the same
 kernels in the same order as the layers would. A step takes up to `MAX_TOKENS` tokens: the next
 token and a speculative draft are verified in one pass over the weights, each token's hidden
-state bit for bit the one a step of that token alone gives. It applies to float32 and bfloat16
-Llama-family models on one CPU rank whose linear layers are all weight-only quantized (the built-in
+state bit for bit the one a step of that token alone gives. A batch of up to `MAX_SEQUENCES`
+sequences' next tokens goes through it too, each row with its own position and block table (the
+decode instance of disaggregated serving runs 1-8 sequences a step on one core: 1.3-1.4x less CPU
+a step than per layer at 3-8 rows, bf16 SmolLM2, one thread, load 9-13). It applies to float32
+and bfloat16 Llama-family models on one CPU rank whose linear layers are all weight-only quantized (the built-in
 GGUF model's default); anything else keeps the per-layer path. A bfloat16 model (`dtype="auto"` on a
 CPU with native bf16, the IDE's default) steps in float32 too, on its bf16 KV cache (keys, values
 and queries rounded to bf16 as its layers round them; float32 copies of its norm weights, 137
@@ -16,7 +19,7 @@ KiB on the built-in model): its quantized kernels take float32 activations anywa
 layer-by-layer bf16 step cost ~1.6x the fused one's CPU time on the built-in model (26.2 vs 16.3
 ms a token, one thread). The hidden states come back in bf16 for the LM head, as the per-layer
 path's do. They differ from that path's by its per-op bf16 roundings, so a sequence decoding alone
-(fused) and the same sequence in a batch (per layer) agree to bf16 rounding, not bit for bit (as 8-
+(fused) and the same sequence in a larger batch or beside a prompt chunk (per layer) agree to bf16 rounding, not bit for bit (as 8-
 and 9-sequence bf16 steps already do, which take different kernels); the fused step is the closer
 to float32 (the built-in model's greedy tokens: 63 of 64 equal to float32's, the per-layer bf16
 path's 6).
@@ -32,7 +35,7 @@ import torch
 
 from llm_engine.layers.attention import NativePagedAttention
 from llm_engine.layers.native import KernelBuildError, load_kernels
-from llm_engine.layers.quantization import KERNEL_MAX_ROWS, WeightOnlyLinearMethod
+from llm_engine.layers.quantization import AMX_BF16_MIN_DECODE_SEQUENCES, KERNEL_MAX_ROWS, WeightOnlyLinearMethod
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +110,10 @@ class DecodeStack:
     """The prepared decode step of one model (build with `DecodeStack.prepare`)."""
 
     MAX_TOKENS = KERNEL_MAX_ROWS  # tokens per step: the few-row matmul kernels take up to this many
+    # sequences per batched step: the few-row kernel's one pass over the weights. Larger batches go
+    # per layer, where a bf16 model's take the AMX tiles (on one core, 12 rows: 67.5 CPU ms fused
+    # against 58.4 per layer; 8 rows: 30.7 against 56.3).
+    MAX_SEQUENCES = AMX_BF16_MIN_DECODE_SEQUENCES
 
     def __init__(self, model: Any) -> None:
         inner = model.model
@@ -153,17 +160,29 @@ class DecodeStack:
         return None
 
     @classmethod
-    def fits(cls, num_seqs: int, num_tokens: int, num_logit_rows: int) -> bool:
+    def fits(cls, num_seqs: int, num_tokens: int, num_logit_rows: int, decodes: bool) -> bool:
         """A step of one sequence's next token, alone or with a draft to verify (every row's logits
-        wanted); prompt chunks keep the per-layer path (causal SDPA over the chunk)."""
-        return num_tokens == 1 or (num_seqs == 1 and num_logit_rows == num_tokens <= cls.MAX_TOKENS)
+        wanted), or of up to MAX_SEQUENCES sequences' that all decode (`decodes`: one token each,
+        or drafts to verify, so a verified row is its sequence's plain fused step bit for bit);
+        prompt chunks keep the per-layer path (causal SDPA over the chunk), and so do larger batches."""
+        if num_seqs == 1:
+            return num_tokens == 1 or num_logit_rows == num_tokens <= cls.MAX_TOKENS
+        return decodes and num_seqs <= cls.MAX_SEQUENCES
 
     def __call__(self, token_ids: list[int], position: int, block_table: list[int]) -> torch.Tensor:
-        """The final-normed hidden states [tokens, hidden] of consecutive tokens from `position`,
-        in the model's dtype."""
+        """The final-normed hidden states [tokens, hidden] of one sequence's consecutive tokens from
+        `position`, in the model's dtype."""
+        return self.rows(token_ids, list(range(position, position + len(token_ids))), [block_table] * len(token_ids))
+
+    def rows(self, token_ids: list[int], positions: list[int], block_tables: list[list[int]]) -> torch.Tensor:
+        """The final-normed hidden states [rows, hidden] of tokens each at its own position in its own
+        sequence's blocks (a batch's next tokens, or one sequence's run of them), in the model's dtype."""
         x: torch.Tensor = self._embed(torch.tensor(token_ids)).float().contiguous()
-        num_blocks = (position + len(token_ids) - 1) // self._model.block_size + 1
-        table = (ctypes.c_int32 * num_blocks)(*block_table[:num_blocks])
-        self._function(ctypes.byref(self._model), x.data_ptr(), len(token_ids), position, table, num_blocks,
-                       self.seconds.data_ptr() if self.timing else None)
+        num_blocks = max(positions) // self._model.block_size + 1
+        flat: list[int] = []
+        for table in block_tables:  # row t's table, cut or padded to num_blocks (read up to its position only)
+            flat += table[:num_blocks]
+            flat += [0] * (num_blocks - min(len(table), num_blocks))
+        self._function(ctypes.byref(self._model), x.data_ptr(), len(token_ids), (ctypes.c_int64 * len(positions))(
+            *positions), (ctypes.c_int32 * len(flat))(*flat), num_blocks, self.seconds.data_ptr() if self.timing else None)
         return x.to(self.dtype)

@@ -97,7 +97,7 @@ def load_kernels() -> ctypes.CDLL:
                            "quantize_rows_q8": [pointer] + [i64] * 3 + [pointer] * 3,
                            "int8_gemm_q8": [pointer] * 6 + [i64] * 4,
                            "int4_gemm_q8": [pointer] * 7 + [i64] * 4,
-                           "decode_stack_f32": [pointer, pointer, i64, i64, pointer, i32, pointer]}.items():
+                           "decode_stack_f32": [pointer, pointer, i64, pointer, pointer, i32, pointer]}.items():
         getattr(library, name).argtypes = argtypes
         getattr(library, name).restype = None
     library.amx_int8_ready.argtypes, library.amx_int8_ready.restype = [], i32

@@ -1,4 +1,4 @@
-"""The fused single-sequence decode step (layers/decode_stack.py) against the layer-by-layer path:
+"""The fused decode step (layers/decode_stack.py) against the layer-by-layer path:
 the same kernels in the same order, so the same greedy tokens and the same logprobs, bit for bit."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from conftest import VOCAB, build_tiny_model
 from test_llm_spec_fused import step
 
 from llm_engine import LLM, SamplingParams
+from llm_engine.layers.decode_stack import DecodeStack
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
 PARAMS = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
@@ -46,13 +47,35 @@ def test_fused_decode_equals_layer_by_layer(tiny_llama, tiny_qwen2, arch, quanti
     assert fused.logprobs == layered.logprobs
 
 
-def test_batches_and_unquantized_models_stay_layer_by_layer(tiny_llama):
+def test_unquantized_models_stay_layer_by_layer(tiny_llama):
     llm = LLM(model=str(tiny_llama), dtype="float32", quantization=None, kv_cache_memory="8MiB")
     assert llm.engine.model_runner.decode_stack is None  # float weights: the fused step needs packed ones
-    quantized = LLM(model=str(tiny_llama), dtype="float32", quantization="int4", kv_cache_memory="8MiB")
-    alone = quantized.generate([PROMPT], PARAMS, use_tqdm=False)[0].outputs[0]
-    batch = quantized.generate([PROMPT, [3, 4]], PARAMS, use_tqdm=False)  # two sequences: layer by layer
-    assert batch[0].outputs[0].token_ids == alone.token_ids
+
+
+def test_a_batch_steps_fused_each_row_as_its_sequence_alone(tiny_llama, monkeypatch):
+    """A batch's decode steps (one token per sequence, each its own positions and blocks) take the
+    fused step: each sequence's tokens and logprobs are bit for bit the per-layer batch's (float32:
+    the same kernels), and its tokens are its own alone (the prompts' prefill differs: one chunk of
+    three prompts against one each)."""
+    llm = LLM(model=str(tiny_llama), dtype="float32", quantization="int4", kv_cache_memory="8MiB", block_size=4,
+              enable_prefix_caching=False)
+    prompts = [PROMPT, [3, 4], list(range(20, 33))]  # different lengths: positions and tables differ by row
+    alone = [llm.generate([p], PARAMS, use_tqdm=False)[0].outputs[0] for p in prompts]
+    widths: list[int] = []  # rows per fused step
+    rows = DecodeStack.rows
+    monkeypatch.setattr(DecodeStack, "rows", lambda self, ids, *rest: widths.append(len(ids)) or rows(self, ids, *rest))
+    widths.clear()
+    fused = [o.outputs[0] for o in llm.generate(prompts, PARAMS, use_tqdm=False)]
+    assert max(widths) == len(prompts)
+    runner, stack = llm.engine.model_runner, llm.engine.model_runner.decode_stack
+    runner.decode_stack = None
+    try:
+        layered = [o.outputs[0] for o in llm.generate(prompts, PARAMS, use_tqdm=False)]
+    finally:
+        runner.decode_stack = stack
+    for ours, one, theirs in zip(fused, alone, layered, strict=True):
+        assert ours.token_ids == one.token_ids == theirs.token_ids
+        assert ours.logprobs == theirs.logprobs
 
 
 def test_a_bf16_model_steps_fused_on_its_bf16_cache(tiny_llama):

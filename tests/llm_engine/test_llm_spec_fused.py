@@ -66,8 +66,8 @@ def test_greedy_speculation_through_the_fused_step_gives_the_plain_decode_tokens
     plain = engine(tiny_llama, kind).generate([PROMPT], params, use_tqdm=False)[0].outputs[0]
     spec = engine(tiny_llama, kind, speculative_config=NGRAM)
     widths: list[int] = []  # tokens per fused step
-    call = DecodeStack.__call__
-    monkeypatch.setattr(DecodeStack, "__call__", lambda self, ids, *rest: widths.append(len(ids)) or call(self, ids, *rest))
+    call = DecodeStack.rows
+    monkeypatch.setattr(DecodeStack, "rows", lambda self, ids, *rest: widths.append(len(ids)) or call(self, ids, *rest))
     fused = spec.generate([PROMPT], params, use_tqdm=False)[0].outputs[0]
     spec.engine.model_runner.decode_stack = None
     layered = spec.generate([PROMPT], params, use_tqdm=False)[0].outputs[0]

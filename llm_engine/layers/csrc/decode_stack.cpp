@@ -5,9 +5,11 @@
 // paged_attention.cpp) in the same order, so the hidden state it returns is the one the
 // per-layer path computes; what it removes is the per-op Python and torch dispatch that
 // dominated a single-stream step (about 10 calls per layer, 30 layers).
-// It takes M consecutive tokens (the next token and a speculative draft to verify): each matmul
-// reads the weights once for all M rows, and token t attends to the cache up to its own position,
-// as a decode step of that token alone would (the M rows are M queries of the decode kernel).
+// It takes M rows, each a token with its own position and block table: M consecutive tokens of one
+// sequence (the next token and a speculative draft to verify), or the next tokens of M sequences
+// (a batch's decode step). Each matmul reads the weights once for all M rows, and row t attends to
+// its table's cache up to its own position, as a decode step of that token alone would (the M rows
+// are M queries of the decode kernel).
 // Every kernel treats a row the same whatever rows are beside it, so token t's hidden state is
 // bit for bit the one M one-token steps give (for float activations; int8-rounded ones go
 // through the integer kernels' multi-row path, equal up to float rounding).
@@ -177,26 +179,23 @@ void linear(const QuantLinear& l, const float* x, int64_t rows, float* out, Scra
 
 extern "C" {
 
-// x: the embeddings [tokens, hidden] of the tokens at positions position.. in, their final-normed
-// hidden states out (overwritten); block_table: the sequence's blocks, holding position + tokens
-// tokens once these are written.
-void decode_stack_f32(const DecodeModel* m, float* x, int64_t tokens, int64_t position, const int32_t* block_table,
-                      int32_t num_blocks, double* seconds) {
+// x: the embeddings [tokens, hidden] of the tokens at positions[t] in, their final-normed hidden
+// states out (overwritten); tables [tokens, num_blocks]: row t's sequence's blocks, holding
+// positions[t] + 1 tokens once this step's are written (padded past that).
+void decode_stack_f32(const DecodeModel* m, float* x, int64_t tokens, const int64_t* positions,
+                      const int32_t* tables, int32_t num_blocks, double* seconds) {
   const int64_t hidden = m->hidden, q_size = int64_t{m->heads} * m->head_dim,
                 kv_size = int64_t{m->kv_heads} * m->head_dim, qkv_size = q_size + 2 * kv_size;
   const int rows = static_cast<int>(tokens), width = static_cast<int>(hidden);
   std::vector<float> residual(x, x + tokens * hidden), normed(tokens * hidden), qkv(tokens * qkv_size),
       attn(tokens * q_size), gate_up(tokens * 2 * m->intermediate), act(tokens * m->intermediate);
-  // token t: its position, its KV slot, and (as query t of the decode kernel) the whole table
-  // with a context of position + t + 1 tokens
-  std::vector<int64_t> positions(tokens), slot_blocks(tokens), slot_offsets(tokens);
-  std::vector<int32_t> tables(tokens * num_blocks), contexts(tokens);
+  // row t: its KV slot, and (as query t of the decode kernel) a context of positions[t] + 1 tokens
+  std::vector<int64_t> slot_blocks(tokens), slot_offsets(tokens);
+  std::vector<int32_t> contexts(tokens);
   for (int64_t t = 0; t < tokens; ++t) {
-    positions[t] = position + t;
-    slot_blocks[t] = block_table[positions[t] / m->block_size];
+    slot_blocks[t] = tables[t * num_blocks + positions[t] / m->block_size];
     slot_offsets[t] = positions[t] % m->block_size;
     contexts[t] = static_cast<int32_t>(positions[t] + 1);
-    std::memcpy(tables.data() + t * num_blocks, block_table, num_blocks * sizeof(int32_t));
   }
   Scratch scratch;
   Clock clock(seconds);
@@ -208,9 +207,9 @@ void decode_stack_f32(const DecodeModel* m, float* x, int64_t tokens, int64_t po
     linear(layer.qkv, normed.data(), tokens, qkv.data(), scratch);
     clock.lap(QKV);
     float *q = qkv.data(), *k = q + q_size;
-    rotary_f32(positions.data(), q, k, m->cos, m->sin, tokens, m->heads, m->kv_heads, m->head_dim, m->head_dim,
+    rotary_f32(positions, q, k, m->cos, m->sin, tokens, m->heads, m->kv_heads, m->head_dim, m->head_dim,
                qkv_size, qkv_size);
-    attend(m, layer, qkv.data(), tokens, slot_blocks.data(), slot_offsets.data(), tables.data(), contexts.data(),
+    attend(m, layer, qkv.data(), tokens, slot_blocks.data(), slot_offsets.data(), tables, contexts.data(),
            num_blocks, attn.data(), scratch, clock);
     clock.lap(ATTENTION);
     linear(layer.o, attn.data(), tokens, x, scratch);
