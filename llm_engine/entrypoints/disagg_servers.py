@@ -40,17 +40,30 @@ def disaggregated_servers(serve_args: list[str], kv_transport: str = "shm", pin:
                           ready_timeout_s: float = 900, cores_per_instance: int = 1) -> Iterator[ChildServers]:
     """Start the pair; yields once both answer /health (urls: prefill, decode), stops them after
     and removes the prefill instance's KV pool file if it could not (killed). Pinned, this process
-    runs on the prefill instance's core meanwhile (`proxy_beside_prefill`); an instance's
-    tensor-parallel ranks share its cores, a thread each."""
+    runs on the prefill instance's core meanwhile (`proxy_beside_prefill`), and so does the decode
+    instance's API process (`decode_engine_alone`); an instance's tensor-parallel ranks share its
+    cores, a thread each."""
     cpus = instance_cores(pin, cores_per_instance)
     threads = ["--num-threads", "1"] if cpus else []
     arg_lists = role_args([*serve_args, *threads], "127.0.0.1", free_port(), kv_transport)
+    if cpus and cores_per_instance == 1:
+        cpus, arg_lists[1] = decode_engine_alone(cpus, arg_lists[1])
     try:
         with child_servers(arg_lists, NAMES, cpus, ready_timeout_s) as children, \
                 proxy_beside_prefill(cpus[0] if cpus else None):
             yield children
     finally:
         sweep_dead_pools()
+
+
+def decode_engine_alone(cpus: list[set[int] | None], decode_args: list[str]) -> tuple[list[set[int] | None], list[str]]:
+    """The decode instance's engine core process on the decode core (`--engine-cpus`), its API
+    process (HTTP, the stream of every token to the proxy) on the prefill instance's core beside
+    the proxy: on one core the API process's wake-ups for each step's tokens ran between the
+    engine's steps. Time it takes from the prefill instance costs TTFT only, as the proxy's does."""
+    prefill, decode = cpus
+    assert prefill is not None and decode is not None
+    return [prefill, prefill], [*decode_args, "--engine-cpus", ",".join(map(str, sorted(decode)))]
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ import openai
 import pytest
 
 from llm_engine.entrypoints.disagg_proxy import create_disagg_app, prefill_payload, prompt_tokens_bound
-from llm_engine.entrypoints.disagg_servers import disaggregated_servers, proxy_beside_prefill
+from llm_engine.entrypoints.disagg_servers import decode_engine_alone, disaggregated_servers, proxy_beside_prefill
 from llm_engine.entrypoints.replicas import RESTART_DELAYS_S, Supervisor
 
 from .conftest import start_server
@@ -228,6 +228,12 @@ def test_the_proxy_runs_beside_the_prefill_instance_while_the_pair_serves():
     assert all(os.sched_getaffinity(int(task)) == before for task in os.listdir("/proc/self/task"))
     with proxy_beside_prefill(None):  # not pinned: left alone
         assert os.sched_getaffinity(0) == before
+
+
+def test_the_decode_engine_has_its_core_alone_and_its_api_process_goes_beside_the_prefill_instance():
+    cpus, args = decode_engine_alone([{0}, {2, 3}], ["--role", "decode"])
+    assert cpus == [{0}, {0}]  # both instances' processes; the decode one's engine core pins itself
+    assert args == ["--role", "decode", "--engine-cpus", "2,3"]
 
 
 def test_a_child_that_keeps_dying_is_started_again_less_and_less_often(monkeypatch):
