@@ -12,7 +12,7 @@ from torch import nn
 
 from llm_engine.distributed import all_reduce, get_tp_rank, get_tp_size
 from llm_engine.layers.quantization import QuantMethod, UnquantizedLinearMethod, WeightOnlyLinearMethod
-from llm_engine.layers.row_shards import act_order_share, row_share
+from llm_engine.layers.row_shards import act_order_share, row_share, whole_rows
 
 
 class LinearBase(nn.Module):
@@ -147,6 +147,9 @@ class RowParallelLinear(LinearBase):
             return
         name = next(key for key, value in self.named_parameters(recurse=False) if value is param)
         method = self.quant_method
+        if isinstance(method, WeightOnlyLinearMethod) and not method.prequantized and whole_rows(self):
+            self.round_whole(loaded)
+            return
         if not (isinstance(method, WeightOnlyLinearMethod) and method.act_order):
             share = row_share(self, name, loaded)
             if share.shape != param.shape:
@@ -159,6 +162,20 @@ class RowParallelLinear(LinearBase):
             for key, value in act_order_share(self, self.pending).items():
                 getattr(self, key).data = value
             self.pending = {}
+
+    def round_whole(self, weight: torch.Tensor) -> None:
+        """Round the whole layer's float weight as one rank would, then keep this rank's share of
+        it: a row's one scale (per channel or per tensor) is then the row's, not the share's."""
+        method = self.quant_method
+        assert isinstance(method, WeightOnlyLinearMethod)
+        whole = ReplicatedLinear(weight.shape[1], weight.shape[0], dtype=weight.dtype,
+                                 quant_method=WeightOnlyLinearMethod(method.scheme))
+        whole.weight.data = weight
+        whole.quant_method.process_weights_after_loading(whole)
+        self.set_quant_method(WeightOnlyLinearMethod(method.scheme, prequantized=True))
+        for name, param in self.named_parameters(recurse=False):
+            if name != "bias":
+                param.data.copy_(row_share(self, name, getattr(whole, name)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias if self.tp_rank == 0 else None

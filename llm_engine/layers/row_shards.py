@@ -42,9 +42,8 @@ def row_share(layer: RowParallelLinear, name: str, loaded: torch.Tensor) -> torc
     """`layer`'s share of the whole layer's tensor `name` (a float or quantized weight)."""
     method, share, rank = layer.quant_method, layer.input_size, layer.tp_rank
     if not isinstance(method, WeightOnlyLinearMethod) or not method.prequantized or name == "weight":
-        return _columns(layer, name, loaded, rank * share, share)  # float: rounded per rank after loading
-    group = method.scheme.group_size or share * layer.tp_size
-    whole_row = group >= share * layer.tp_size
+        return _columns(layer, name, loaded, rank * share, share)  # float: each rank rounds its share of whole groups
+    group, whole_row = method.scheme.group_size or share * layer.tp_size, whole_rows(layer)
     if not whole_row and share % group:
         raise ValueError(f"tensor_parallel_size: {layer.prefix} is quantized {method.scheme.describe()}: its "
                          f"{share * layer.tp_size} inputs across {layer.tp_size} ranks are {share} each, not whole "
@@ -59,6 +58,15 @@ def row_share(layer: RowParallelLinear, name: str, loaded: torch.Tensor) -> torc
         return _columns(layer, name, loaded, rank * share, share)
     codes = unpack_int4(loaded, group)
     return pack_int4(_columns(layer, name, codes, rank * share, share).contiguous(), method.group(layer))
+
+
+def whole_rows(layer: RowParallelLinear) -> bool:
+    """Whether each row of `layer`'s quantized weight is one group (int8/fp8 per channel, fp8 per
+    tensor, a group as wide as the row): every rank keeps the row's scale and zero point. A float
+    weight is then rounded whole before it is cut (RowParallelLinear.round_whole), or each rank's
+    scale would be its share's (at two ranks w8a8 and fp8 tokens differed from one rank's)."""
+    method, full = layer.quant_method, layer.input_size * layer.tp_size
+    return isinstance(method, WeightOnlyLinearMethod) and (method.scheme.group_size or full) >= full
 
 
 def _columns(layer: RowParallelLinear, name: str, loaded: torch.Tensor, start: int, size: int) -> torch.Tensor:

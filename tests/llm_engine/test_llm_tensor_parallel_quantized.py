@@ -2,7 +2,9 @@
 every layout the engine loads gives one rank's greedy tokens at two ranks (gloo, float32, random
 tiny Llama/Qwen2 models quantized here): `codeyard llm quantize` int8 (per channel, its int8 tables),
 int4 g32, fp8 (per tensor), calibrated gptq and awq; GPTQ act-order (desc_act, g_idx) with each
-rank's columns regrouped. A layout whose group straddles two ranks is an error naming the layer.
+rank's columns regrouped; int8 and fp8 rounded at load (scales of whole rows). A layout whose
+group straddles two ranks is an error naming the layer. Not exact, so not here: w8a8 rounds each
+rank's share of a token's activations with its own scale.
 The split itself, tensor by tensor, is test_row_shards.py (default suite). Each case starts a
 worker group: ~10 s on an idle 2-core machine.
 """
@@ -55,6 +57,15 @@ def test_gptq_act_order_gives_one_ranks_tokens(tmp_path, engines, group):  # noq
     one_rank = assert_tp2_matches(engines, tmp_path)
     assert one_rank.engine.model_runner.quantization["model.layers.0.mlp.down_proj"] == \
         f"gptq 4-bit g{group} act-order -> int4 g{group} asym"
+
+
+@pytest.mark.parametrize("method", ["int8", "fp8"])
+def test_rounded_at_load_with_one_scale_a_row_gives_one_ranks_tokens(mqa_llama, engines, method):  # noqa: F811
+    """quantization="int8"|"fp8" on a float checkpoint: o_proj and down_proj are rounded whole, then
+    cut, so their scales are one rank's (rounding each share gave fp8 another token on one prompt)."""
+    batch = prompts()
+    ref = tokens_and_logprobs(engines(mqa_llama, quantization=method), batch)
+    assert_same(tokens_and_logprobs(engines(mqa_llama, quantization=method, tensor_parallel_size=2), batch), ref)
 
 
 def test_a_group_across_two_ranks_is_an_error_naming_the_layer(tmp_path, engines):  # noqa: F811

@@ -19,13 +19,16 @@ OUT = 24
 DOWN = "model.layers.0.mlp.down_proj"
 
 
+def float_weight(inputs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    return torch.randn(OUT, inputs), torch.randn(OUT)
+
+
 def one_rank_layer(scheme: QuantScheme, inputs: int) -> ReplicatedLinear:
     """A layer quantized from random float weights, its tensors as a checkpoint holds them (prequantized)."""
     method = WeightOnlyLinearMethod(scheme)
     layer = ReplicatedLinear(inputs, OUT, bias=True, quant_method=method)
-    torch.manual_seed(0)
-    layer.weight.data.copy_(torch.randn(OUT, inputs))
-    layer.bias.data.copy_(torch.randn(OUT))
+    layer.weight.data, layer.bias.data = float_weight(inputs)
     method.process_weights_after_loading(layer)
     method.prequantized = True
     return layer
@@ -46,14 +49,19 @@ def act_order(layer: ReplicatedLinear) -> ReplicatedLinear:
     return permuted
 
 
-def rank_layer(full: ReplicatedLinear, rank: int, monkeypatch: pytest.MonkeyPatch) -> RowParallelLinear:
+def rank_layer(full: ReplicatedLinear, rank: int, monkeypatch: pytest.MonkeyPatch,
+               rounded_at_load: bool = False) -> RowParallelLinear:
+    """Rank `rank` of two, loaded from `full`'s packed tensors, or (rounded_at_load) from its float weight."""
     monkeypatch.setattr(linear, "get_tp_size", lambda: 2)
     monkeypatch.setattr(linear, "get_tp_rank", lambda: rank)
     method = full.quant_method
     layer = RowParallelLinear(full.input_size, OUT, True, torch.float32,
-                              WeightOnlyLinearMethod(method.scheme, prequantized=True, act_order=method.act_order))
+                              WeightOnlyLinearMethod(method.scheme, prequantized=not rounded_at_load,
+                                                     act_order=method.act_order))
     layer.prefix = DOWN
     saved = dict(full.named_parameters())
+    if rounded_at_load:
+        saved["weight"], saved["bias"] = float_weight(full.input_size)
     for name, param in list(layer.named_parameters()):
         param.weight_loader(param, saved[name])
     layer.quant_method.process_weights_after_loading(layer)
@@ -101,18 +109,29 @@ def test_act_order_ranks_regroup_their_columns(scheme, inputs, monkeypatch):
     assert all(layer.input_perm.numel() > inputs // 2 for layer in ranks)  # padded: the groups are split unevenly
 
 
-def check_ranks(full: ReplicatedLinear, monkeypatch: pytest.MonkeyPatch) -> list[RowParallelLinear]:
+@pytest.mark.parametrize("scheme", [QuantScheme("int8"), QuantScheme("w8a8"), QuantScheme("fp8"),
+                                    QuantScheme("fp8", per_tensor=True), QuantScheme("int4", 128, symmetric=False)],
+                         ids=QuantScheme.describe)
+def test_a_float_weight_with_one_scale_a_row_is_rounded_whole_then_cut(scheme, monkeypatch):
+    """quantization="int8"|"w8a8"|"fp8": each rank's scale is the row's, as at one rank, not its share's."""
+    check_ranks(one_rank_layer(scheme, 64), monkeypatch, rounded_at_load=True)
+
+
+def check_ranks(full: ReplicatedLinear, monkeypatch: pytest.MonkeyPatch,
+                rounded_at_load: bool = False) -> list[RowParallelLinear]:
     """Both ranks' weights are exactly their columns of the whole one, and their products add up."""
     inputs = full.input_size
     whole = weight_of(full)
     x = torch.randn(3, inputs)
     ranks, partial = [], []
     for rank in (0, 1):
-        layer = rank_layer(full, rank, monkeypatch)
+        layer = rank_layer(full, rank, monkeypatch, rounded_at_load)
         columns = slice(rank * inputs // 2, (rank + 1) * inputs // 2)
         assert torch.equal(weight_of(layer), whole[:, columns])  # the same codes, scales and zero points
         partial.append(layer.quant_method.apply(layer, x[:, columns], layer.bias if rank == 0 else None))
         ranks.append(layer)
+    if full.quant_method.scheme.act_block(inputs) == inputs:  # w8a8: each rank scales its share of a token's inputs
+        return ranks
     expected = full.quant_method.apply(full, x, full.bias)
     torch.testing.assert_close(partial[0] + partial[1], expected, atol=1e-4, rtol=1e-4)
     return ranks
