@@ -34,7 +34,8 @@ def check_bearer(request: Request, keys: frozenset[str]) -> None:
 
 class CountAdmissions:
     """Counts each POST (an inference request: /v1 and /v2 take no other) as on its way to the engine
-    from the moment it arrives, before its body is read and parsed (`RequestStreams.admission`)."""
+    from the moment it arrives, before its body is read and parsed (`RequestStreams.admission`), and
+    lets a request that comes alone wait a moment for the rest of a burst (`wait_for_burst`)."""
 
     def __init__(self, app: ASGIApp, service: LLMService) -> None:
         self.app = app
@@ -45,6 +46,7 @@ class CountAdmissions:
             await self.app(scope, receive, send)
             return
         with self.service.engine.admission():
+            await self.service.engine.wait_for_burst()
             await self.app(scope, receive, send)
 
 

@@ -188,6 +188,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         try:
             with service.engine.admission(), kserve.request_stats(service, request.model_name,
                                                                     request.model_version, arrived) as stats:
+                await service.engine.wait_for_burst()
                 tensors = _tensors(request)
                 stream = tensors.get("stream")
                 if stream is not None and stream.any():
@@ -230,6 +231,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
         async def serve(request: pb.ModelInferRequest) -> None:
             with service.engine.admission():
+                await service.engine.wait_for_burst()
                 async for response in self._stream_one(service, request):
                     await responses.put(response)
 
