@@ -264,11 +264,15 @@ def quantize(
                                                     "GPTQ's layout; the default for int8, int4 and gptq) or float "
                                                     "(awq and fp8's only choice; for tools that keep them float).")]
     = None,
+    partial_groups: Annotated[bool, typer.Option(help="Allow a --group-size that does not divide the inputs: "
+                                                      "each row ends in a shorter group (the engine loads it; "
+                                                      "vLLM and AutoAWQ do not).")] = False,
 ) -> None:
     """Write a quantized copy of SOURCE (one line of progress per layer)."""
     from llm_engine.quantize import quantize_checkpoint
 
-    quant = quantize_checkpoint(source, out, method, group_size, calibration, progress=typer.echo, tables=tables)
+    quant = quantize_checkpoint(source, out, method, group_size, calibration, progress=typer.echo, tables=tables,
+                                partial_groups=partial_groups)
     typer.echo(f"wrote {out} ({json.dumps(quant)}); load it with LLM({str(out)!r})")
 
 

@@ -69,11 +69,14 @@ _COPIED = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "specia
 
 def quantize_checkpoint(source: Path, out: Path, method: str, group_size: int | None = None,
                         calibration: list[Path] | None = None,
-                        progress: Callable[[str], None] = print, tables: str | None = None) -> dict[str, Any]:
+                        progress: Callable[[str], None] = print, tables: str | None = None,
+                        partial_groups: bool = False) -> dict[str, Any]:
     """Quantize the checkpoint in `source` into `out` (created, must not hold files); returns the
     quantization_config written. `calibration`: text files for gptq/awq (default: standard
-    library sources); `tables`: "int8" or "float" (default: int8 where the layout has it). Raises
-    ValueError on bad input before writing anything."""
+    library sources); `tables`: "int8" or "float" (default: int8 where the layout has it);
+    `partial_groups`: let a group size that does not divide the inputs end in a shorter group
+    (the engine loads that, vLLM and AutoAWQ do not). Raises ValueError on bad input before
+    writing anything."""
     if method not in RECIPES:
         raise ValueError(f"quantize: --method must be one of {', '.join(RECIPES)}, got {method!r}")
     recipe = RECIPES[method]
@@ -93,7 +96,7 @@ def quantize_checkpoint(source: Path, out: Path, method: str, group_size: int | 
     group = _group(recipe, method, group_size, [shape[1] for shape in targets.values()])
     table_targets = _table_targets(files) if tables == "int8" else {}
     for name, shape in targets.items():
-        _check_shape(name, shape, recipe, group)
+        _check_shape(name, shape, recipe, None if partial_groups else group)
     for name, shape in table_targets.items():
         try:
             _check_shape(name, shape, _TABLE_RECIPE, None)
@@ -199,7 +202,8 @@ def _check_shape(name: str, shape: tuple[int, ...], recipe: Recipe, group: int |
         raise ValueError(f"quantize: {name} is {n_out}x{k_in}; {recipe.quant_method} packs {per} values "
                          f"per int32, so both sizes must be multiples of {per}")
     if group is not None and k_in % group:
-        raise ValueError(f"quantize: {name} has {k_in} inputs, not a multiple of the group size {group}")
+        raise ValueError(f"quantize: {name} has {k_in} inputs, not a multiple of the group size {group} "
+                         f"(--partial-groups ends each row in a shorter group: the engine loads that, vLLM does not)")
 
 
 def _calibrate(source: Path, names: set[str], files: list[Path] | None,

@@ -101,6 +101,20 @@ def test_bad_input_is_one_line_and_exit_2(tiny_llama, tmp_path, capsys):  # gptq
     assert not (tmp_path / "out").exists()
 
 
+
+def test_partial_groups_end_each_row_in_a_shorter_group(tiny_llama, tmp_path):
+    out = tmp_path / "partial"
+    assert run_cli("quantize", str(tiny_llama), "--out", str(out), "--method", "int4", "--group-size", "48",
+                   "--partial-groups") == 0
+    down = "model.layers.0.mlp.down_proj"  # 128 inputs: groups of 48, 48 and 32
+    assert dict(iter_safetensors(out))[f"{down}.scales"].shape == (3, 64)
+    layer = LLM(str(out), dtype="float32", num_kv_blocks=16).engine.model_runner.model.get_submodule(down)
+    assert layer.quant_method.group(layer) == 48
+    w = dict(iter_safetensors(tiny_llama))[f"{down}.weight"]
+    deq = dequantize(layer.qweight, layer.scales, layer.offsets, 48)
+    step = layer.scales.float().repeat_interleave(48, 1)[:, :128]
+    assert bool(((deq - w).abs() <= step * 1.01 + 1e-6).all())
+
 def test_gptq_rounding_moves_outputs_less_than_round_to_nearest():
     torch.manual_seed(0)
     k_in = 256
