@@ -3,9 +3,10 @@ runs while long prompts (~2k tokens) arrive in bursts. Two setups serve it on th
 
 - colocated: one `codeyard llm serve` using both cores (two torch threads), long prefills batched
   with the short requests' decodes (chunked prefill, 2048 tokens a step);
-- disaggregated: `--role prefill` on one core, `--role decode` on the other (one thread each), the
-  proxy in front. The prefill instance takes the shortest prompt first; the decode instance pulls
-  each prompt's KV over shared memory.
+- disaggregated: `--role prefill` on one core, `--role decode`'s engine on the other (one thread
+  each), the proxy and the decode instance's API process beside the prefill instance. The prefill
+  instance takes the shortest prompt first; the decode instance pulls each prompt's KV over shared
+  memory.
 - disagg-local: the same with `--max-local-prefill-length 256`: the short prompts are prefilled
   on the decode instance itself, only the long ones on the prefill instance. Otherwise the short
   prompts that arrive during a burst wait behind it on the prefill instance, then reach the decode

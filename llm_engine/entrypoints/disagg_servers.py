@@ -1,7 +1,7 @@
 """`codeyard llm serve --disaggregated`: a prefill and a decode instance sharing a key only the
 proxy knows (also the key of the prefill instance's KV port). On one machine they are child
-processes, each pinned to a core of its own when there are two (the proxy, this process, beside the
-prefill instance); with `--distributed-executor ray`
+processes, each engine pinned to a core of its own when there are two (the proxy, this process,
+and the decode instance's API process beside the prefill instance); with `--distributed-executor ray`
 they are Ray actors (`llm_engine/ray_servers.py`), on different nodes with STRICT_SPREAD."""
 
 from __future__ import annotations
