@@ -41,6 +41,7 @@ class PhaseRun:
     peak_kv: float
     cpu: tuple[float, float, float] | None  # serving process seconds: (engine CPU, whole CPU, engine's CPU wait)
     engine_ttft: tuple[float, int] | None  # the engine's own TTFT over the phase: (seconds summed, requests)
+    connections_opened: int | None = None  # an HTTP target's new connections while the phase ran
 
 
 async def run_phase(target, phase: Phase, probe_interval: float = PROBE_INTERVAL_S) -> PhaseRun:
@@ -56,6 +57,10 @@ async def run_phase(target, phase: Phase, probe_interval: float = PROBE_INTERVAL
             peak_rss, peak_kv = max(peak_rss, rss), max(peak_kv, kv)
             await asyncio.sleep(probe_interval)
 
+    prepare = getattr(target, "prepare", None)  # an HTTP target warms its connection pool
+    if prepare is not None:
+        await prepare(phase)
+    opened_before = getattr(target, "connections_opened", None)
     prober = asyncio.ensure_future(probe())
     cpu_before, ttft_before = target.cpu(), await asyncio.to_thread(target.engine_ttft)
     start = time.perf_counter()
@@ -73,7 +78,8 @@ async def run_phase(target, phase: Phase, probe_interval: float = PROBE_INTERVAL
         cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1], cpu_after[2] - cpu_before[2])
     engine_ttft = None if ttft_before is None or ttft_after is None else (
         ttft_after[0] - ttft_before[0], ttft_after[1] - ttft_before[1])
-    return PhaseRun(samples, duration, peak_rss, peak_kv, cpu, engine_ttft)
+    opened = None if opened_before is None else target.connections_opened - opened_before
+    return PhaseRun(samples, duration, peak_rss, peak_kv, cpu, engine_ttft, opened)
 
 
 def cpu_figures(run: PhaseRun) -> dict:
@@ -143,6 +149,8 @@ async def run(workload: Workload, target_kinds: list[str], repeats: int, server:
                                        peak_kv_usage=round(measured.peak_kv, 3))
                     figures.update(cpu_figures(measured))
                     figures.update(ttft_split(measured))
+                    if measured.connections_opened is not None:
+                        figures["connections_opened"] = measured.connections_opened
                     results.add_repeat(result, f"{target.name} / {phase.label}", figures, phase.x)
                     errors = {s.error for s in measured.samples if not s.ok}
                     cpu = (f"  CPU ms/token engine {figures['engine_cpu_ms_per_token']:.2f} serving "
@@ -152,7 +160,9 @@ async def run(workload: Workload, target_kinds: list[str], repeats: int, server:
                                if "ttft_outside_engine_ms" in figures else "")
                     log(f"{target.name:>7} {phase.label:>16} #{repeat + 1}: {figures['output_tokens_per_s']:8.1f} "
                         f"tok/s  TTFT p50 {figures['ttft_p50_ms']:7.1f} ms  TPOT p50 {figures['tpot_p50_ms']:6.1f} ms"
-                        + cpu + outside + (f"  failed {figures['failed']}: {sorted(errors)[:2]}" if errors else ""))
+                        + cpu + outside + (f"  new connections {figures['connections_opened']}"
+                                           if "connections_opened" in figures else "")
+                        + (f"  failed {figures['failed']}: {sorted(errors)[:2]}" if errors else ""))
     finally:
         for target in targets:
             await target.aclose()

@@ -29,7 +29,7 @@ from pathlib import Path
 import aiohttp
 import httpx
 
-from benchmarks.framework.workloads import Item
+from benchmarks.framework.workloads import Item, Phase
 from llm_engine.async_engine import ENGINE_THREAD
 
 
@@ -287,11 +287,40 @@ class _OverServer:
     """An HTTP target: streamed POSTs through aiohttp, as vLLM's serving benchmark sends them. The
     client shares its CPUs with the server's event loop (--client-cpus), so its cost shows in the
     latency it measures: httpx took ~2x aiohttp's CPU per streamed request (20 vs 11 ms for 16
-    tokens, alternating in one process), time the server's event loop waited for its CPU."""
+    tokens, alternating in one process), time the server's event loop waited for its CPU. Its pool
+    is warmed before each timed phase (`prepare`), and `connections_opened` counts the connections
+    it opened, so a phase says how many it still had to open on the clock."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
         self.session: aiohttp.ClientSession | None = None
+        self.connections_opened = 0
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self.session is None:  # on the running event loop, which aiohttp binds it to
+            opened = aiohttp.TraceConfig()
+            opened.on_connection_create_end.append(self._opened)
+            self.session = aiohttp.ClientSession(
+                self.server.url, headers=self.server.headers, timeout=aiohttp.ClientTimeout(total=600),
+                # uvicorn closes a connection idle for 5 s: reusing one in that window raced its close
+                # (one ServerDisconnectedError at a phase's start), so idle ones go sooner here
+                connector=aiohttp.TCPConnector(limit=1000, keepalive_timeout=4), trace_configs=[opened])
+        return self.session
+
+    async def _opened(self, *_) -> None:
+        self.connections_opened += 1
+
+    async def prepare(self, phase: Phase) -> None:
+        """Open as many keep-alive connections as the phase has requests, before its clock starts, as
+        a real client's pool has them (the openai client, tritonclient, the IDE's assistant): the
+        previous phase's connections have idled out by then (uvicorn closes them after 5 s)."""
+        session = self._session()
+
+        async def ping() -> None:
+            async with session.get("/v2/health/live") as answer:
+                await answer.read()
+
+        await asyncio.gather(*(ping() for _ in range(min(len(phase.items), 1000))))
 
     def probe(self) -> tuple[int, float]:
         return self.server.probe()
@@ -305,15 +334,9 @@ class _OverServer:
     async def stream(self, path: str, body: dict, tokens) -> Sample:
         """POST `body` and time the SSE events that `tokens(event)` counts (an event with an
         error ends the request as failed)."""
-        if self.session is None:  # on the running event loop, which aiohttp binds it to
-            self.session = aiohttp.ClientSession(
-                self.server.url, headers=self.server.headers, timeout=aiohttp.ClientTimeout(total=600),
-                # uvicorn closes a connection idle for 5 s: reusing one in that window raced its close
-                # (one ServerDisconnectedError at a phase's start), so idle ones go sooner here
-                connector=aiohttp.TCPConnector(limit=1000, keepalive_timeout=4))
         clock = _Clock()
         try:
-            async with self.session.post(path, json=body) as r:
+            async with self._session().post(path, json=body) as r:
                 if r.status != 200:
                     return Sample(False, error=f"HTTP {r.status}")
                 async for raw in r.content:

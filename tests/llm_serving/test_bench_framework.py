@@ -91,6 +91,12 @@ def test_every_target_answers_the_same_workload(bench_results):
     assert result["warmup_requests"] == {"offline": 4, "v1": 4, "v2": runner.PATH_WARMUP_REQUESTS,
                                          "grpc": runner.PATH_WARMUP_REQUESTS}
     assert result["turns"] == [["offline", "v1", "v2", "grpc"]]
+    # the HTTP targets warmed their pools before each phase: no connection opened on the clock (/v2's
+    # warm-up had opened 2, and its 3-request phase would open a third)
+    for target in ("v1", "v2"):
+        assert [result["figures"][f"{target} / {phase}"]["runs"][0]["connections_opened"]
+                for phase in ("b1 in24 out6", "b3 in24 out6")] == [0, 0]
+    assert "connections_opened" not in result["figures"]["grpc / b3 in24 out6"]["runs"][0]
 
 
 def test_turn_order_rotates_between_repeats():
