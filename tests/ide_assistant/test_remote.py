@@ -11,6 +11,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from assistant.remote import RemoteLLM
 from ide_server.app import create_app
 from ide_server.settings import Settings
 from llm_engine.entrypoints.app import app_for
@@ -86,3 +87,19 @@ def test_an_llm_server_it_cannot_use_is_a_clear_503(tmp_path_factory, llm_server
         assert status["state"] == "failed" and message in status["detail"]
         r = client.post(f"/api/projects/{project_id}/assistant/complete", json=bodies()["complete"])
         assert r.status_code == 503 and message in r.json()["detail"]
+
+
+async def test_requests_to_the_llm_server_reuse_a_kept_connection_and_one_left_early_is_closed(llm_server):
+    remote = RemoteLLM(llm_server, REMOTE_KEY)
+
+    async def local_port(path: str, read: bool) -> int:
+        upstream = await remote.open("GET", path)
+        if read:
+            await upstream.response.aread()
+        port = upstream.response.extensions["network_stream"].get_extra_info("client_addr")[1]
+        await upstream.aclose()
+        return port
+
+    first = await local_port("/v1/models", read=True)
+    assert await local_port("/v1/models", read=False) == first  # read to its end: kept, and reused
+    assert await local_port("/v1/models", read=True) != first  # left before its end: closed
