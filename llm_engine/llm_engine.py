@@ -448,8 +448,8 @@ class LLMEngine:
         for seq in self.scheduler.running:
             params = seq.request.params
             if (seq.num_computed_tokens != seq.num_tokens - 1 or seq.num_output_tokens == 0
-                    or adjusts_logits(seq) or seq.grammar is not None):
-                continue  # penalties and grammars depend on each token before: no drafts
+                    or adjusts_logits(seq)):
+                continue  # penalties depend on each token before: no drafts
             room = self.max_model_len - seq.num_tokens - 1
             if params.max_tokens is not None:
                 room = min(room, params.max_tokens - seq.num_output_tokens - 1)
@@ -468,6 +468,9 @@ class LLMEngine:
                 seq.spec_token_ids = seq.token_ids[match.start:match.start + k]
         if self.drafter is not None:
             self.drafter.propose(wanted)
+        for seq in self.scheduler.running:  # masks on proposals: no verify row for what the grammar rejects
+            if seq.grammar is not None and seq.spec_token_ids:
+                seq.spec_token_ids = seq.grammar.check_draft(seq.spec_token_ids)
 
     def _accept_draft(self, seq: Sequence, results: list[SampleResult]) -> None:
         """Append the verified tokens; the accepted drafts' KV slots stay, the rest are rolled back."""

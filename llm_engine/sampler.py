@@ -209,14 +209,18 @@ class Sampler:
         """
         logits = logits.float().cpu()
         params = seq.request.params
+        masked = logits
+        if seq.grammar is not None:  # each row under the grammar's mask at its own prefix
+            masked = logits.clone()
+            seq.grammar.mask_draft_rows(masked)
         if params.greedy:
-            targets = greedy_tokens(logits).tolist()
+            targets = greedy_tokens(masked).tolist()
             accepted = 0
             while accepted < len(draft) and draft[accepted] == targets[accepted]:
                 accepted += 1
             tokens = targets[:accepted + 1]
         else:
-            probs = self._probs(logits, [seq] * logits.shape[0])
+            probs = self._probs(masked, [seq] * logits.shape[0])
             tokens = []
             for i, token in enumerate(draft):
                 if float(torch.rand(1, generator=seq.generator or self.generator)) < float(probs[i, token]):

@@ -4,7 +4,10 @@ Each constrained request's constraint is compiled once by xgrammar (its compiler
 grammars by their text and options, so a repeated schema costs nothing) against the engine's
 tokenizer; each of its sequences then walks its own matcher, which yields a bitmask of the tokens
 allowed next. The sampler masks that sequence's logits row only; the matcher advances on every
-token appended and the sequence ends when the grammar is complete. xgrammar loads only when the
+token appended and the sequence ends when the grammar is complete. A speculative draft is walked
+through the matcher before the forward (cut at the first token the grammar rejects, each verify
+row's mask filled at its own prefix) and the matcher rolled back, so verification masks every row
+as the one-token steps would have. xgrammar loads only when the
 first constrained request arrives (it takes seconds to import).
 """
 
@@ -127,6 +130,7 @@ class GrammarState:
     def __init__(self, matcher: xgrammar.GrammarMatcher, vocab_size: int) -> None:
         self._matcher = matcher
         self.vocab_size = vocab_size
+        self._draft_bitmask: torch.Tensor | None = None  # the masks of the rows verifying the last draft
 
     def accept(self, token: int) -> bool:
         """Advance past a sampled token; False if the grammar does not allow it."""
@@ -139,6 +143,41 @@ class GrammarState:
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def check_draft(self, draft: list[int]) -> list[int]:
+        """The longest prefix of a speculative draft that the grammar allows, cut before a token
+        that would end the grammar (its stop token is the target's to give: a row after it would
+        allow nothing). Fills each verify row's mask now, before the forward: row i is the mask
+        after the prefix draft[:i]. The matcher is rolled back to where it was."""
+        import xgrammar
+
+        bitmask = xgrammar.allocate_token_bitmask(len(draft) + 1, self.vocab_size)
+        masks = bitmask.numpy()
+        kept = 0
+        for token in draft:
+            self._matcher.fill_next_token_bitmask(bitmask, kept)
+            if not (int(masks[kept, token >> 5]) >> (token & 31)) & 1 or not self._matcher.accept_token(token):
+                break
+            if self._matcher.is_terminated():
+                self._matcher.rollback(1)
+                break
+            kept += 1
+        else:
+            self._matcher.fill_next_token_bitmask(bitmask, kept)
+        if kept:
+            self._matcher.rollback(kept)
+        self._draft_bitmask = bitmask[:kept + 1]
+        return draft[:kept]
+
+    def mask_draft_rows(self, logits: torch.Tensor) -> None:
+        """Set to -inf, in place, what the grammar forbids in each row verifying the draft that
+        `check_draft` kept (logits: [verified draft tokens + 1, vocab]; the scheduler may have
+        shortened the draft, which leaves the first rows' masks as they were)."""
+        import xgrammar
+
+        assert self._draft_bitmask is not None and logits.shape[0] <= self._draft_bitmask.shape[0]
+        xgrammar.apply_token_bitmask_inplace(logits, self._draft_bitmask[:logits.shape[0]],
+                                             vocab_size=min(self.vocab_size, logits.shape[-1]))
 
 
 def apply_grammar_masks(logits: torch.Tensor, rows: list[int], states: list[GrammarState]) -> None:

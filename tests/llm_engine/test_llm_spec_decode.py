@@ -14,7 +14,7 @@ from conftest import VOCAB
 from llm_engine import LLM, LLMEngine, SamplingParams
 from llm_engine.metrics import EngineMetrics
 from llm_engine.sampler import Sampler
-from llm_engine.sequence import Request
+from llm_engine.sequence import Request, Sequence
 from llm_engine.speculative import (
     NgramMatch,
     SpecThrottle,
@@ -212,6 +212,17 @@ def test_rejected_slots_are_rolled_back_every_step_and_aborts_free_everything(ti
     assert stats.num_free_blocks == stats.num_total_blocks
 
 
+def verified_draws(logits: torch.Tensor, seq: Sequence, draft: list[int], trials: int) -> list[list[int]]:
+    """The tokens of `trials` verifications of one draft, each drawn anew."""
+    sampler = Sampler(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # thousands of tiny ops: threads only add overhead
+    try:
+        return [[r.token_id for r in sampler.verify(logits, seq, draft)] for _ in range(trials)]
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_rejection_sampling_follows_the_target_distribution():
     """Chi-square over seeded draws: the first emitted token follows p0 whatever the draft, and
     the second, after the first draft token was accepted, follows p1."""
@@ -221,23 +232,55 @@ def test_rejection_sampling_follows_the_target_distribution():
     draft = [int(logits[0].argsort()[-2]), 3]  # the second most likely token: often rejected, often not
     seq = Request("x", None, [1], SamplingParams(temperature=0.8, top_p=0.95, seed=7)).seqs[0]
     p = Sampler._probs(logits, [seq] * 3)
-    sampler = Sampler(0)
     first, second = torch.zeros(vocab), torch.zeros(vocab)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # thousands of tiny ops: threads only add overhead
-    try:
-        for _ in range(trials):
-            tokens = [r.token_id for r in sampler.verify(logits, seq, draft)]
-            first[tokens[0]] += 1
-            if tokens[0] == draft[0]:
-                second[tokens[1]] += 1
-    finally:
-        torch.set_num_threads(threads)
+    for tokens in verified_draws(logits, seq, draft, trials):
+        first[tokens[0]] += 1
+        if tokens[0] == draft[0]:
+            second[tokens[1]] += 1
     for counts, probs in ((first, p[0]), (second, p[1])):
         support = probs > 0
         assert counts[~support].sum() == 0  # nothing outside top-p
         expected = probs[support] / probs[support].sum() * counts.sum()
         assert chi_square_pvalue(counts[support], expected) > 1e-3
+    assert second.sum() > 300  # the accepted branch was exercised
+
+
+def test_rejection_sampling_under_a_grammar_follows_the_masked_distribution(tiny_llama_smollm_vocab):
+    """A constrained row's draft (regex [a-d][a-d], draft "b", "c"): the first emitted token
+    follows p0 restricted to what the grammar allows first, the second, after "b" was accepted,
+    p1 restricted to one more letter, and the third can only be the stop token. The allowed sets
+    come from the tokens' own text, not from xgrammar."""
+    import re
+
+    from transformers import AutoTokenizer
+
+    from llm_engine.structured_outputs import GrammarCompiler, StructuredOutputsParams
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_smollm_vocab))
+    vocab, trials = len(tokenizer), 2000
+    grammar = GrammarCompiler(tokenizer, vocab, {tokenizer.eos_token_id}).compile(
+        StructuredOutputsParams(regex="[a-d][a-d]"))
+    pieces = tokenizer.convert_ids_to_tokens(list(range(vocab)))
+    allowed = [torch.tensor([bool(re.fullmatch(pattern, piece)) for piece in pieces])
+               for pattern in ("[a-d]{1,2}", "[a-d]")]
+    b, c = tokenizer.convert_tokens_to_ids(["b", "c"])
+    torch.manual_seed(0)
+    logits = torch.randn(3, vocab) * 1.5
+    logits[0, b] = logits[0, allowed[0]].max() - 0.3  # b is often rejected, often not
+    seq = Request("x", None, [1], SamplingParams(temperature=0.8, seed=7), grammar=grammar).seqs[0]
+    assert seq.grammar.check_draft([b, c]) == [b, c]
+    expected = [Sampler._probs(logits[i].masked_fill(~allowed[i], float("-inf"))[None], [seq])[0] for i in (0, 1)]
+    first, second = torch.zeros(vocab), torch.zeros(vocab)
+    for tokens in verified_draws(logits, seq, [b, c], trials):
+        first[tokens[0]] += 1
+        if tokens[0] == b:
+            second[tokens[1]] += 1
+            if tokens[1] == c:
+                assert tokens[2] == tokenizer.eos_token_id
+    for counts, probs in ((first, expected[0]), (second, expected[1])):
+        support = probs > 0
+        assert counts[~support].sum() == 0  # nothing the grammar forbids
+        assert chi_square_pvalue(counts[support], probs[support] * counts.sum()) > 1e-3
     assert second.sum() > 300  # the accepted branch was exercised
 
 

@@ -11,6 +11,7 @@ import re
 
 import jsonschema_rs
 import pytest
+import torch
 
 from llm_engine import LLM, SamplingParams
 from llm_engine.structured_outputs import StructuredOutputsParams
@@ -138,8 +139,8 @@ def test_samples_walk_their_own_grammar_and_ignore_eos_still_ends(llm):
 
 
 def test_preemption_prefix_caching_and_speculation_keep_outputs(tiny_llama_smollm_vocab):
-    """A pool of a few blocks forces preemptions (recomputed from the cached prefix); prompt
-    lookup is on but skips constrained rows. Greedy outputs equal a roomy engine's."""
+    """A pool of a few blocks forces preemptions (recomputed from the cached prefix) with prompt
+    lookup on for constrained and free rows alike. Greedy outputs equal a roomy engine's."""
     rng = random.Random(7)
     schemas = [top_schema(rng) for _ in range(5)]
     shared = "You are a careful assistant. Answer only with JSON that matches the schema. " * 2
@@ -154,11 +155,93 @@ def test_preemption_prefix_caching_and_speculation_keep_outputs(tiny_llama_smoll
     outputs = tight.generate(prompts, params, use_tqdm=False)
     stats = tight.engine.get_stats()  # taken after the last step, before anything else runs
     assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
-    assert stats.spec_decode_num_drafts > 0  # the free row speculated; the constrained ones did not
+    assert stats.spec_decode_num_drafts > 0
     assert [o.outputs[0].token_ids for o in outputs] == reference
     for schema, out in zip(schemas, outputs):
         assert_valid_json(out.outputs[0].text, schema)
     assert tight.engine.block_manager.num_free_blocks == stats.num_total_blocks  # nothing leaked
+
+
+COPY_SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 12}, "size": {"type": "integer", "minimum": 0, "maximum": 999},
+    "tags": {"type": "array", "items": {"enum": ["alpha", "beta", "gamma"]}, "maxItems": 3},
+    "ok": {"type": "boolean"}}, "required": ["name", "size", "tags", "ok"], "additionalProperties": False}
+COPY_PROMPT = 'Record: {"name":"lookup","size":42,"tags":["alpha","gamma"],"ok":true}\nSame record as JSON: '
+
+
+def test_constrained_drafts_are_verified_under_each_rows_mask(tiny_llama_smollm_vocab):
+    """Masks on proposals: prompt lookup drafts for constrained rows too (JSON schemas, regex,
+    choice, beside free rows in one batch); greedy outputs equal those without speculation and
+    drafted tokens were accepted."""
+    rng = random.Random(18)
+    schemas = [COPY_SCHEMA] + [top_schema(rng) for _ in range(3)]
+    params = ([constrained(0.0, json=schema) for schema in schemas]
+              + [constrained(0.0, regex=r'\{"name":"[a-z]{1,8}","size":\d{1,3}\}'),
+                 constrained(0.0, choice=['{"name":"lookup"}', '{"name":"other"}', "none"]),
+                 SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)])
+    prompts = [COPY_PROMPT] * len(params)
+    plain = LLM(model=str(tiny_llama_smollm_vocab), dtype="float32")
+    reference = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+    spec = LLM(model=str(tiny_llama_smollm_vocab), dtype="float32",
+               speculative_config={"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4})
+    constrained_only = spec.generate(prompts[:-1], params[:-1], use_tqdm=False)
+    stats = spec.engine.get_stats()
+    assert stats.spec_decode_num_drafts > 0 and stats.spec_decode_num_accepted_tokens > 0
+    assert [o.outputs[0].token_ids for o in constrained_only] == reference[:-1]
+    mixed = spec.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in mixed] == reference
+    for schema, out in zip(schemas, mixed):
+        assert out.outputs[0].finish_reason == "stop"
+        assert_valid_json(out.outputs[0].text, schema)
+    assert re.fullmatch(r'\{"name":"[a-z]{1,8}","size":\d{1,3}\}', mixed[len(schemas)].outputs[0].text)
+    assert mixed[len(schemas) + 1].outputs[0].text in ('{"name":"lookup"}', '{"name":"other"}', "none")
+
+
+def test_sampled_constrained_drafts_keep_samples_valid(tiny_llama_smollm_vocab):
+    """Sampling with speculation, n > 1: every sample still validates and ends by its grammar."""
+    llm = LLM(model=str(tiny_llama_smollm_vocab), dtype="float32",
+              speculative_config={"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4})
+    params = SamplingParams(n=3, temperature=0.7, seed=5, max_tokens=80,
+                            structured_outputs=StructuredOutputsParams(json=COPY_SCHEMA))
+    out = llm.generate([COPY_PROMPT, COPY_PROMPT], params, use_tqdm=False)
+    assert llm.engine.get_stats().spec_decode_num_drafts > 0
+    for sample in (s for o in out for s in o.outputs):
+        assert sample.finish_reason == "stop", sample.text
+        assert_valid_json(sample.text, COPY_SCHEMA)
+
+
+def test_draft_is_cut_at_the_first_rejected_token_and_the_matcher_rolled_back(llm):
+    """check_draft keeps the grammar's prefix of a draft, stops before the token that would end
+    the grammar, fills row i with the mask after draft[:i] and leaves the matcher where it was."""
+    import xgrammar
+
+    tokenizer = llm.get_tokenizer()
+    grammar = llm.engine._compile_grammar(constrained(0.0, regex=r"ab[cd]{1,4}"))
+    assert grammar is not None
+
+    def ids(text: str) -> list[int]:
+        return [tokenizer.convert_tokens_to_ids(ch) for ch in text]
+
+    def mask_after(prefix: list[int]) -> torch.Tensor:
+        state = grammar.new_state()
+        assert all(state.accept(t) for t in prefix)
+        bitmask = xgrammar.allocate_token_bitmask(1, grammar.vocab_size)
+        state.fill(bitmask, 0)
+        return bitmask[0]
+
+    state = grammar.new_state()
+    assert state.accept(ids("a")[0])
+    before = mask_after(ids("a"))
+    draft = ids("bcdxc")  # "x" is not allowed: cut there
+    assert state.check_draft(draft) == draft[:3]
+    for i in range(4):
+        assert torch.equal(state._draft_bitmask[i], mask_after(ids("a") + draft[:i]))
+    after = xgrammar.allocate_token_bitmask(1, grammar.vocab_size)
+    state.fill(after, 0)
+    assert torch.equal(after[0], before)  # rolled back
+    full = ids("bcddd") + [tokenizer.eos_token_id]
+    assert state.check_draft(full) == full[:5]  # the stop token is the target's to give
+    assert not state.is_terminated
 
 
 @pytest.mark.parametrize(("kind", "message"), [
