@@ -197,6 +197,18 @@ def test_constrained_drafts_are_verified_under_each_rows_mask(tiny_llama_smollm_
     assert mixed[len(schemas) + 1].outputs[0].text in ('{"name":"lookup"}', '{"name":"other"}', "none")
 
 
+def test_a_draft_models_proposals_are_cut_by_the_grammar(llm, tiny_llama_smollm_vocab):
+    """The draft model (here the target itself, so its unmasked argmax) proposes what the grammar
+    may reject: cut there, greedy outputs equal the plain engine's and drafts are accepted."""
+    params = [constrained(0.0, json=COPY_SCHEMA), constrained(0.0, regex=r"[a-z]{2,6}( [a-z]{2,6}){0,3}")]
+    reference = [o.outputs[0].token_ids for o in llm.generate([COPY_PROMPT] * 2, params, use_tqdm=False)]
+    spec = LLM(model=str(tiny_llama_smollm_vocab), dtype="float32",
+               speculative_config={"model": str(tiny_llama_smollm_vocab), "num_speculative_tokens": 4})
+    assert [o.outputs[0].token_ids for o in spec.generate([COPY_PROMPT] * 2, params, use_tqdm=False)] == reference
+    stats = spec.engine.get_stats()
+    assert stats.spec_decode_num_accepted_tokens > 0
+
+
 def test_sampled_constrained_drafts_keep_samples_valid(tiny_llama_smollm_vocab):
     """Sampling with speculation, n > 1: every sample still validates and ends by its grammar."""
     llm = LLM(model=str(tiny_llama_smollm_vocab), dtype="float32",
