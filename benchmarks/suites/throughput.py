@@ -47,6 +47,15 @@ from benchmarks._workload import (
     shared_prefix_workload,
     summarize,
 )
+from benchmarks.suites.quant_calibrated import (
+    CALIBRATED_GOAL,
+    CALIBRATED_ROWS,
+    OVERLAP_TOKENS,
+    check_held_out,
+    dequantized_folder,
+    quantized_checkpoint,
+    verdicts,
+)
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SYSTEMS = ("engine", "hf-single", "hf-batch", "llamacpp")
@@ -217,7 +226,9 @@ QUANT_ROWS = [
     ("int4 g32 asym", "float32", {"method": "int4", "group_size": 32, "symmetric": False}),
     ("int4 g32 asym +emb/head", "float32",
      {"targets": ["Linear", "Embedding"], "method": "int4", "group_size": 32, "symmetric": False}),
+    ("int4 g64 sym", "float32", {"method": "int4", "group_size": 64, "symmetric": True}),
     ("int4 g64 asym", "float32", {"method": "int4", "group_size": 64, "symmetric": False}),
+    ("int4 g128 sym", "float32", {"method": "int4", "group_size": 128, "symmetric": True}),
     ("int4 g128 asym", "float32", {"method": "int4", "group_size": 128, "symmetric": False}),
     ("int4 g128 asym +emb/head int8", "float32", {"config_groups": {
         "linear": {"targets": ["Linear"], "method": "int4", "group_size": 128, "symmetric": False},
@@ -347,30 +358,61 @@ def python_source_tokens(tokenizer, count: int) -> list[int]:
 
 def perplexity(gguf: Path, args: argparse.Namespace) -> dict:
     """exp(mean negative log-likelihood) over windows of `--ppl-window` tokens (each scored from
-    its own start), the same tokens for every row."""
-    from llm_engine import SamplingParams
+    its own start), the same tokens for every row: QUANT_ROWS rounded at load, then the AWQ/GPTQ
+    checkpoints our quantize command writes (CALIBRATED_ROWS), calibrated on text checked to be
+    held out from these tokens."""
+    import tempfile
 
     rows: dict[str, float] = {}
     for label, dtype, quantization in QUANT_ROWS:
-        if label not in args.rows:
-            continue
-        print(f"perplexity: {label} ...", file=sys.stderr, flush=True)
-        llm = quant_llm(gguf, dtype, quantization, args)
-        ids = python_source_tokens(llm.get_tokenizer(), args.ppl_tokens)
-        windows = [ids[i:i + args.ppl_window] for i in range(0, len(ids), args.ppl_window)]
-        outs = llm.generate(windows, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
-        nll = [-entry[token].logprob for out, window in zip(outs, windows)
-               for entry, token in zip(out.prompt_logprobs[1:], window[1:])]
-        rows[label] = math.exp(sum(nll) / len(nll))
-        del llm
+        if label in args.rows:
+            rows[label] = row_perplexity(label, quant_llm(gguf, dtype, quantization, args), args)
+    calibrated = [row for row in CALIBRATED_ROWS if row[0] in args.rows]
+    if calibrated:
+        with tempfile.TemporaryDirectory(prefix="codeyard-ppl-") as tmp:
+            print("perplexity: writing the dequantized GGUF as a float folder ...", file=sys.stderr, flush=True)
+            source = dequantized_folder(gguf, Path(tmp) / "float")
+            for label, method, group in calibrated:
+                print(f"perplexity: {label}: codeyard llm quantize --method {method} --group-size {group} ...",
+                      file=sys.stderr, flush=True)
+                folder = quantized_checkpoint(source, method, group, Path(tmp) / label.replace(" ", "-"))
+                llm = quant_llm(folder, "float32", "auto", args)
+                if label == calibrated[0][0]:
+                    compared = check_held_out(source, evaluation_tokens(llm, args))
+                    print(f"calibration: {compared} tokens of default text, no run of {OVERLAP_TOKENS} tokens "
+                          "shared with the evaluation text", file=sys.stderr, flush=True)
+                rows[label] = row_perplexity(label, llm, args)
+                del llm
     base_label = "bfloat16" if "bfloat16" in rows else next(iter(rows))
     base = rows[base_label]
     print(f"\n== perplexity: {args.ppl_tokens} tokens of stdlib Python source, windows of {args.ppl_window} ==")
+    better = verdicts(rows, base)
     for label, value in rows.items():
         goal = PPL_GOALS.get(label)
         note = f"  (goal <= +{goal:.0%}: {mark(value <= base * (1 + goal))})" if goal is not None else ""
+        if label in better:
+            share, met = better[label]
+            note = (f"  ({share:.0%} of the better RTN row's excess; goal <= {CALIBRATED_GOAL:.0%}: "
+                    f"{mark(met)})")
         print(f"{label:<22}{value:9.4f}  {100 * (value / base - 1):+6.2f}% vs {base_label}{note}")
     return rows
+
+
+def evaluation_tokens(llm, args: argparse.Namespace) -> list[int]:
+    return python_source_tokens(llm.get_tokenizer(), args.ppl_tokens)
+
+
+def row_perplexity(label: str, llm, args: argparse.Namespace) -> float:
+    """One row's perplexity on the engine `llm`."""
+    from llm_engine import SamplingParams
+
+    print(f"perplexity: {label} ...", file=sys.stderr, flush=True)
+    ids = evaluation_tokens(llm, args)
+    windows = [ids[i:i + args.ppl_window] for i in range(0, len(ids), args.ppl_window)]
+    outs = llm.generate(windows, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+    nll = [-entry[token].logprob for out, window in zip(outs, windows)
+           for entry, token in zip(out.prompt_logprobs[1:], window[1:])]
+    return math.exp(sum(nll) / len(nll))
 
 
 def mark(met: bool) -> str:
@@ -414,10 +456,10 @@ def parse_args(argv: list[str] | None, p: argparse.ArgumentParser | None = None)
     p.add_argument("--perplexity", action="store_true", help="only the perplexity of each quantization row")
     p.add_argument("--ppl-tokens", type=int, default=4096)
     p.add_argument("--ppl-window", type=int, default=512)
-    p.add_argument("--rows", help="comma-separated subset of the quantization rows (default: all): "
-                                  + ",".join(label for label, _, _ in QUANT_ROWS))
+    labels = [label for label, _, _ in QUANT_ROWS + CALIBRATED_ROWS]
+    p.add_argument("--rows", help="comma-separated subset of the quantization rows (default: all; the calibrated "
+                                  "ones, perplexity only, take minutes each): " + ",".join(labels))
     args = p.parse_args(argv)
-    labels = [label for label, _, _ in QUANT_ROWS]
     args.rows = [r.strip() for r in args.rows.split(",")] if args.rows else labels
     if set(args.rows) - set(labels):
         p.error(f"--rows: unknown {sorted(set(args.rows) - set(labels))}")

@@ -10,6 +10,7 @@ from benchmarks._workload import (
     shared_prefix_workload,
     summarize,
 )
+from benchmarks.suites.quant_calibrated import verdicts
 from benchmarks.suites.throughput import parse_args, throughput_ratios
 
 
@@ -124,3 +125,15 @@ def test_cli_runs_both_dtypes_by_default_and_rejects_unknown_ones(capsys):
         parse_args(["--dtype", "float32,int8"])
     assert exc.value.code == 2
     assert "--dtype: unknown ['int8']" in capsys.readouterr().err
+
+
+def test_calibrated_rows_are_judged_against_the_better_rtn_row_of_their_group(capsys):
+    rows = {"int4 g64 sym": 15.0, "int4 g64 asym": 14.0, "gptq g64": 13.0, "awq g64": 11.5, "awq g128": 12.0}
+    judged = verdicts(rows, base=10.0)
+    assert judged["gptq g64"] == (pytest.approx(0.75), False)  # 3 of asym's 4 points of excess
+    assert judged["awq g64"] == (pytest.approx(0.375), True)
+    assert "awq g128" not in judged  # no RTN g128 row to set it against
+    assert parse_args(["--perplexity", "--rows", "awq g128,int4 g128 sym"]).rows == ["awq g128", "int4 g128 sym"]
+    with pytest.raises(SystemExit):
+        parse_args(["--rows", "awq g32"])
+    assert "awq g32" in capsys.readouterr().err
