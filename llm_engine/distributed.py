@@ -4,6 +4,7 @@ joined a group (the engine itself, tensor_parallel_size 1) is rank 0 of 1."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -24,9 +25,10 @@ def get_tp_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def all_reduce(x: torch.Tensor) -> torch.Tensor:
+def all_reduce(x: torch.Tensor, op: Literal["sum", "max"] = "sum") -> torch.Tensor:
+    """`x` summed (or its largest entries) over the ranks, in place."""
     if get_tp_size() > 1:
-        dist.all_reduce(x)
+        dist.all_reduce(x, dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return x
 
 

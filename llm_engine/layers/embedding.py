@@ -53,6 +53,8 @@ class VocabParallelEmbedding(nn.Module):
             self.quant_method.process_weights_after_loading(self)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        if self.quant_method is not None:  # a table rounded with one scale: the whole table's
+            self.quant_method.note_whole(self, loaded, param.dtype)
         shard = loaded[self.vocab_start:self.vocab_start + self.shard_size]
         param.data[:shard.shape[0]].copy_(shard)
 

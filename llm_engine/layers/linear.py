@@ -74,8 +74,15 @@ class ColumnParallelLinear(LinearBase):
         super().__init__(input_size, output_size // tp_size, bias, dtype, quant_method)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        self.note_whole(param, loaded)
         size = param.shape[0]
         param.data.copy_(loaded.narrow(0, self.tp_rank * size, size))
+
+    def note_whole(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        """Let a weight rounded at load with one scale for the whole tensor see all of it (its
+        method notes the absmax) before this rank keeps its rows."""
+        if param is not self.bias and isinstance(self.quant_method, WeightOnlyLinearMethod):
+            self.quant_method.note_whole(self, loaded, param.dtype)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -89,6 +96,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     # the loader passes the shard the checkpoint names (which projection of the fused matrix)
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,  # type: ignore[override]
                       shard_id: int) -> None:
+        self.note_whole(param, loaded)
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         size = self.output_sizes[shard_id] // self.tp_size
         shard = loaded.narrow(0, self.tp_rank * size, size)
@@ -114,6 +122,7 @@ class QKVParallelLinear(ColumnParallelLinear):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,  # type: ignore[override]  # as above
                       shard_id: str) -> None:
+        self.note_whole(param, loaded)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         offset, size, rank = {"q": (0, q_size, self.tp_rank),
                               "k": (q_size, kv_size, self.tp_rank // self.kv_replicas),
@@ -179,4 +188,9 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias if self.tp_rank == 0 else None
-        return all_reduce(self.quant_method.apply(self, x, bias))
+        method = self.quant_method
+        if self.tp_size > 1 and isinstance(method, WeightOnlyLinearMethod) and method.scheme.scales_tokens:
+            # one scale a token, as at one rank: the largest absmax of every rank's share of it
+            row_absmax = all_reduce(x.reshape(-1, x.shape[-1]).abs().amax(-1).float(), "max")
+            return all_reduce(method.apply(self, x, bias, row_absmax))
+        return all_reduce(method.apply(self, x, bias))

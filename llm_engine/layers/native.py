@@ -250,11 +250,21 @@ class CpuKernels:
             buffer = self._reused.buffer = torch.empty(numel)
         return buffer[:numel]
 
-    def quantize_rows(self, x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def quantize_rows(self, x: torch.Tensor, block: int, row_absmax: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """float32 x [rows, K] rounded to int8 with one scale per `block` inputs: (xq, dx, sx),
-        dx the scale and sx = dx * sum(xq) of each 32-input sub-block ([rows, K/32] float32)."""
+        dx the scale and sx = dx * sum(xq) of each 32-input sub-block ([rows, K/32] float32).
+        `row_absmax` [rows] (block = K): x is a row-parallel rank's share of rows with that absmax,
+        rounded as the C code would round the whole rows (the same float32 steps)."""
         x = x.contiguous()
         rows, k_in = x.shape
+        if row_absmax is not None:
+            if block != k_in:
+                raise ValueError(f"quantize_rows: a row's absmax needs one block a row, got {block} of {k_in}")
+            d = (row_absmax.float() / 127).view(rows, 1)
+            xq = torch.round(x * torch.where(d > 0, 1 / d, 0)).to(torch.int8)
+            dx = d.expand(rows, k_in // 32).contiguous()
+            return xq, dx, dx * xq.view(rows, -1, 32).sum(-1, dtype=torch.int32).float()
         xq = torch.empty(rows, k_in, dtype=torch.int8)
         dx = torch.empty(rows, k_in // 32)
         sx = torch.empty(rows, k_in // 32)
@@ -262,11 +272,13 @@ class CpuKernels:
         return xq, dx, sx
 
     def quant_gemm_q8(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                      offsets: torch.Tensor | None, group_size: int, act_block: int) -> torch.Tensor:
+                      offsets: torch.Tensor | None, group_size: int, act_block: int,
+                      row_absmax: torch.Tensor | None = None) -> torch.Tensor:
         """x @ W^T in integer dot products: x (float32 [rows, K]) rounded to int8 per `act_block`
-        inputs first (csrc/quant_gemm.cpp's int*_gemm_q8; shapes checked by the caller)."""
+        inputs first (csrc/quant_gemm.cpp's int*_gemm_q8; shapes checked by the caller), or with
+        one scale a row from `row_absmax` (see quantize_rows)."""
         rows, k_in = x.shape
-        xq, dx, sx = self.quantize_rows(x, act_block)
+        xq, dx, sx = self.quantize_rows(x, act_block, row_absmax)
         out = torch.empty(rows, qweight.shape[0], dtype=torch.float32)
         int8_gemm, int4_gemm = (self.amx if self.amx is not None and rows >= AMX_MIN_ROWS
                                 else (self._int8_gemm_q8, self._int4_gemm_q8))

@@ -166,6 +166,12 @@ class QuantScheme:
         """Inputs per activation scale, or None for float activations."""
         return {"w8a8": k_in, "w4a8": ACT_SUB_BLOCK}.get(self.method)
 
+    @property
+    def scales_tokens(self) -> bool:
+        """Whether each token's activations take one scale (w8a8), so a row-parallel rank's share
+        of a token must be scaled by the whole token's absmax, not its share's."""
+        return self.method == "w8a8"
+
     def describe(self) -> str:
         if self.per_tensor:
             return f"{self.method} per-tensor"
@@ -214,21 +220,31 @@ def quantize_int4(w: torch.Tensor, group: int, symmetric: bool
     return _ungrouped(q, w.shape[1]).contiguous(), scales.half().contiguous(), offsets.half().contiguous()
 
 
-def quantize_fp8(w: torch.Tensor, group: int, per_tensor: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8(w: torch.Tensor, group: int, per_tensor: bool,
+                 whole_absmax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Float8 E4M3 (round to nearest even) with float16 scales [N, groups], absmax/448 per group,
-    or the matrix's absmax/448 in every entry (per_tensor)."""
+    or the matrix's absmax/448 in every entry (per_tensor; `whole_absmax`: the whole tensor's when
+    `w` is a column-parallel rank's rows of it)."""
     g = _grouped(w.float(), group)
-    amax = g.abs().amax() if per_tensor else g.abs().amax(-1)
+    if whole_absmax is not None and not per_tensor:
+        raise ValueError("quantize_fp8: a whole tensor's absmax is for a per-tensor scale")
+    if not per_tensor:
+        amax = g.abs().amax(-1)
+    else:
+        amax = g.abs().amax() if whole_absmax is None else whole_absmax.float()
     scales = (amax / 448).clamp(min=1e-7).half().expand(g.shape[:2])
     q = (g / scales.float().unsqueeze(-1)).clamp(-448, 448).to(torch.float8_e4m3fn)
     return _ungrouped(q.view(torch.uint8), w.shape[1]).contiguous().view(torch.float8_e4m3fn), scales.contiguous()
 
 
-def quantize_activations(x: torch.Tensor, block: int) -> torch.Tensor:
+def quantize_activations(x: torch.Tensor, block: int, row_absmax: torch.Tensor | None = None) -> torch.Tensor:
     """float32 x [rows, K] as the integer kernels see it: rounded to int8 with one scale
-    (absmax / 127) per `block` inputs, then scaled back."""
+    (absmax / 127) per `block` inputs, then scaled back. `row_absmax` [rows]: the absmax of each
+    whole row when x is a row-parallel rank's share of it (block = K, one scale a row)."""
     g = x.float().reshape(x.shape[0], -1, block)
-    d = g.abs().amax(-1, keepdim=True) / 127
+    if row_absmax is not None and g.shape[1] != 1:
+        raise ValueError(f"quantize_activations: a row's absmax needs one block a row, got {g.shape[1]}")
+    d = (g.abs().amax(-1, keepdim=True) if row_absmax is None else row_absmax.float().view(-1, 1, 1)) / 127
     q = torch.round(g / torch.where(d > 0, d, torch.ones_like(d))).clamp(-127, 127)
     return (q * d).view(x.shape)
 
@@ -335,7 +351,7 @@ class WeightOnlyLinearMethod(QuantMethod):
             if self.scheme.weights == "int8":
                 q, scales = quantize_int8(weight, group)
             elif self.scheme.weights == "fp8":
-                q, scales = quantize_fp8(weight, group, self.scheme.per_tensor)
+                q, scales = quantize_fp8(weight, group, self.scheme.per_tensor, getattr(layer, "whole_absmax", None))
             else:
                 codes, scales, offsets = quantize_int4(weight, group, self.scheme.symmetric)
                 q = pack_int4(codes, group)
@@ -344,7 +360,20 @@ class WeightOnlyLinearMethod(QuantMethod):
             layer.scales = nn.Parameter(scales, requires_grad=False)
         quant_layer.kernels = cpu_kernels() if quant_layer.qweight.device.type == "cpu" else None
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def note_whole(self, layer: nn.Module, loaded: torch.Tensor, dtype: torch.dtype) -> None:
+        """Called with a float weight before a rank keeps its rows of it: where one scale rounds the
+        whole tensor (fp8 per tensor), note its absmax (as `dtype`; the largest over a fused layer's
+        parts), so that scale is one rank's rather than each rank's rows'."""
+        if self.prequantized or not self.scheme.per_tensor:
+            return
+        absmax = loaded.abs().amax().to(dtype)  # rounding keeps order: the absmax of the weight as loaded
+        noted = getattr(layer, "whole_absmax", None)
+        layer.whole_absmax = absmax if noted is None else torch.maximum(noted, absmax)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+              row_absmax: torch.Tensor | None = None) -> torch.Tensor:
+        """As QuantMethod's; `row_absmax` (w8a8 at more than one rank): each token's absmax over the
+        whole row, which scales its activations instead of this rank's share's."""
         quant_layer = cast(QuantLayer, layer)
         offsets = getattr(layer, "offsets", None)
         if self.act_order:  # a longer order reads zeros past the inputs (a rank's padding, layers/row_shards.py)
@@ -369,13 +398,13 @@ class WeightOnlyLinearMethod(QuantMethod):
             flat = x.reshape(rows, -1).float()
             if act_block:
                 out = kernels.quant_gemm_q8(flat, quant_layer.qweight, quant_layer.scales, offsets,
-                                            self.group(layer), act_block)
+                                            self.group(layer), act_block, row_absmax)
             else:
                 out = kernels.quant_gemm(flat, quant_layer.qweight, quant_layer.scales, offsets, self.group(layer))
             out = out.view(*x.shape[:-1], -1).to(x.dtype)
             return out if bias is None else out + bias
         if act_block:
-            x = quantize_activations(x.reshape(rows, -1), act_block).view(x.shape).to(x.dtype)
+            x = quantize_activations(x.reshape(rows, -1), act_block, row_absmax).view(x.shape).to(x.dtype)
         if triton:
             from llm_engine.kernels.quant_gemm import quant_gemm  # imports Triton: only when a GPU path runs
 

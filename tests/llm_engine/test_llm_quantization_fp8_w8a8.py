@@ -107,6 +107,27 @@ def test_activation_rounding_reference_matches_the_kernels_own():
         torch.testing.assert_close(sx, (rebuilt.view(3, -1, 32)).sum(-1), atol=1e-5, rtol=1e-5)
 
 
+def test_a_rows_share_scaled_by_the_whole_rows_absmax_is_the_whole_rows_rounding_cut():
+    """What a row-parallel w8a8 rank does with the all-reduced absmax: its half of each row rounds
+    (kernel form and reference) exactly as that half of the whole row does; its own scale would not."""
+    kernels = native.cpu_kernels()
+    x = torch.randn(4, 192) * torch.tensor([1.0, 10.0, 0.01, 0.0]).unsqueeze(1)
+    x[:, 0] = 3 * x.abs().amax(-1)  # each row's absmax in the first half: the second's own scale is smaller
+    whole_q, whole_dx, whole_sx = kernels.quantize_rows(x, 192)
+    absmax = x.abs().amax(-1)
+    for half in (0, 1):
+        share = x[:, half * 96:(half + 1) * 96]
+        xq, dx, sx = kernels.quantize_rows(share, 96, absmax)
+        assert torch.equal(xq, whole_q[:, half * 96:(half + 1) * 96])
+        assert torch.equal(dx, whole_dx[:, half * 3:(half + 1) * 3]) and torch.equal(sx, whole_sx[:, half * 3:(half + 1) * 3])
+        assert torch.equal(quantize_activations(share, 96, absmax), quantize_activations(x, 192)[:, half * 96:(half + 1) * 96])
+    assert not torch.equal(kernels.quantize_rows(share, 96)[0][:3], xq[:3])
+    with pytest.raises(ValueError, match="one block a row"):
+        kernels.quantize_rows(x, 32, absmax)
+    with pytest.raises(ValueError, match="one block a row"):
+        quantize_activations(x, 32, absmax)
+
+
 def test_without_a_compiler_fp8_and_w8a8_run_in_pytorch(monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", "/bin/false")
     monkeypatch.setenv("CODEYARD_KERNEL_CACHE", str(tmp_path))

@@ -2,9 +2,9 @@
 every layout the engine loads gives one rank's greedy tokens at two ranks (gloo, float32, random
 tiny Llama/Qwen2 models quantized here): `codeyard llm quantize` int8 (per channel, its int8 tables),
 int4 g32, fp8 (per tensor), calibrated gptq and awq; GPTQ act-order (desc_act, g_idx) with each
-rank's columns regrouped; int8 and fp8 rounded at load (scales of whole rows). A layout whose
-group straddles two ranks is an error naming the layer. Not exact, so not here: w8a8 rounds each
-rank's share of a token's activations with its own scale.
+rank's columns regrouped; int8, fp8 and w8a8 rounded at load (scales of whole rows, w8a8's token
+scales of whole tokens) and fp8 per tensor (the whole tensor's scale on every rank), their logprobs
+within 1e-5 of one rank's. A layout whose group straddles two ranks is an error naming the layer.
 The split itself, tensor by tensor, is test_row_shards.py (default suite). Each case starts a
 worker group: ~10 s on an idle 2-core machine.
 """
@@ -59,13 +59,23 @@ def test_gptq_act_order_gives_one_ranks_tokens(tmp_path, engines, group):  # noq
         f"gptq 4-bit g{group} act-order -> int4 g{group} asym"
 
 
-@pytest.mark.parametrize("method", ["int8", "fp8"])
+# quantization= for a float checkpoint rounded at load: one scale a row, or one for the whole tensor
+ROUNDED_AT_LOAD = {"int8": "int8", "fp8": "fp8", "w8a8": "w8a8",
+                   "fp8-per-tensor": {"config_groups": {"all": {"targets": ["Linear", "Embedding"], "method": "fp8",
+                                                                "strategy": "tensor"}}}}
+
+
+@pytest.mark.parametrize("method", ROUNDED_AT_LOAD)
 def test_rounded_at_load_with_one_scale_a_row_gives_one_ranks_tokens(mqa_llama, engines, method):  # noqa: F811
-    """quantization="int8"|"fp8" on a float checkpoint: o_proj and down_proj are rounded whole, then
-    cut, so their scales are one rank's (rounding each share gave fp8 another token on one prompt)."""
-    batch = prompts()
-    ref = tokens_and_logprobs(engines(mqa_llama, quantization=method), batch)
-    assert_same(tokens_and_logprobs(engines(mqa_llama, quantization=method, tensor_parallel_size=2), batch), ref)
+    """o_proj and down_proj are rounded whole, then cut, so their scales are one rank's (rounding each
+    share gave fp8 another token on one prompt); w8a8's row-parallel layers scale a token's share by
+    the whole token's absmax (all-reduced; each share's own gave logprobs 0.04-0.06 off); fp8 per
+    tensor takes the whole tensor's absmax on column-parallel layers and the embedding too. Equal
+    up to the all-reduce's summation order."""
+    batch, quantization = prompts(), ROUNDED_AT_LOAD[method]
+    ref = tokens_and_logprobs(engines(mqa_llama, quantization=quantization), batch)
+    tp2 = tokens_and_logprobs(engines(mqa_llama, quantization=quantization, tensor_parallel_size=2), batch)
+    assert_same(tp2, ref, atol=1e-5)
 
 
 def test_a_group_across_two_ranks_is_an_error_naming_the_layer(tmp_path, engines):  # noqa: F811
