@@ -163,7 +163,8 @@ def test_calibrated_methods_run_on_text_files(tiny_llama_with_tokenizer, tmp_pat
     w = source["model.layers.0.mlp.down_proj.weight"]
     down = "model.layers.0.mlp.down_proj"
     if method == "gptq":
-        rtn_codes, _, _ = quantize_rtn(w, 4, 32, symmetric=True, min_zero=1)
+        assert config_of(out)["sym"] is False  # zero points, as round-to-nearest int4
+        rtn_codes, _, _ = quantize_rtn(w, 4, 32, symmetric=False, min_zero=1)
         assert not torch.equal(unpack_int32(tensors[f"{down}.qweight"], 4, dim=0), rtn_codes)  # errors compensated
     else:  # scaled: the norm divides what the projections' columns multiply
         assert config_of(out) == {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True,
