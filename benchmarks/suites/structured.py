@@ -10,8 +10,8 @@ constrained outputs are replayed through a fresh matcher, timing per token what 
 (fill the bitmask, mask a logits row).
 
 Then the same per-token overhead under prompt-lookup speculation (masks on proposals), on a JSON
-answer that copies text from the prompt (a standard-library function's name, def line and first
-line): for each function, one engine without speculation and one with it (k=5) answer
+answer that copies text from the prompt (a record of a standard-library function's name, def line
+and first line, to write as JSON): for each function, one engine without speculation and one with it (k=5) answer
 constrained, then unconstrained for as many tokens, back to back, by the process's CPU time
 (run with --threads 1 on a shared machine). Prints each engine's constrained and free CPU ms per
 token, the overhead, the spec / plain ratio on the JSON answers and how many are identical
@@ -52,8 +52,14 @@ COPY_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["na
                "properties": {"name": {"type": "string", "maxLength": 40},
                               "signature": {"type": "string", "maxLength": 160},
                               "first_line": {"type": "string", "maxLength": 160}}}
-COPY_QUESTION = ("Copy exactly, as JSON {{\"name\", \"signature\", \"first_line\"}}, this Python function's "
-                 "name, its def line and the first line of its body.\n\n```python\n{}\n```")
+COPY_QUESTION = ("Write this record as a JSON object with the keys name, signature and first_line, values "
+                 "copied exactly.\n\nname: {}\nsignature: {}\nfirst_line: {}")
+
+
+def copy_question(function: str) -> str:
+    """The question about a function's source: its name, def line and next line, to copy."""
+    lines = function.splitlines()
+    return COPY_QUESTION.format(lines[0].split("(")[0].removeprefix("def ").strip(), lines[0], lines[1].strip())
 
 
 def chat(tokenizer, text: str) -> str:
@@ -114,7 +120,7 @@ def copy_json(plain, spec, count: int, max_tokens: int, k: int) -> dict:
     before = spec.engine.get_stats()
     drafts = drafted = accepted = 0
     for function in stdlib_functions(count):
-        prompt = chat(plain.get_tokenizer(), COPY_QUESTION.format(function))
+        prompt = chat(plain.get_tokenizer(), copy_question(function))
         ours, cpu_plain = cpu_run(plain, prompt, constrained)
         theirs, cpu_spec = cpu_run(spec, prompt, constrained)
         outputs.append(ours)
@@ -176,7 +182,8 @@ def replay_mask_ms(llm, outputs: list, schema: dict, k: int = 0) -> float:
             else:
                 apply_grammar_masks(logits, [0], [state])
             accepted = 0
-            while accepted < len(draft) and draft[accepted] == output[done + accepted]:
+            while (accepted < len(draft) and done + accepted < len(output)
+                   and draft[accepted] == output[done + accepted]):
                 accepted += 1
             step = min(accepted + 1, len(output) - done)  # the accepted tokens and the target's next
             for token in output[done:done + step]:
