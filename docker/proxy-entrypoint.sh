@@ -3,6 +3,9 @@
 # run nginx. `codeyard` balances over every replica (round robin). `codeyard_<n>` prefers the n-th (from 1) and keeps
 # the others as backups: a client sending the cookie codeyard_replica=<n> is pinned to that replica, and passed to
 # another while it is down (HAProxy's sticky server with `option redispatch`). Without the cookie nothing changes.
+# `$codeyard_replica_served` is the number of the replica that answered (the last address nginx tried), empty if
+# none did: clients are told the replica's number, never its internal address (so APP_UPSTREAMS are given as
+# IP:port, the form $upstream_addr takes).
 set -eu
 server() { echo "    server $1 max_fails=1 fail_timeout=10s$2;"; }
 {
@@ -14,6 +17,14 @@ server() { echo "    server $1 max_fails=1 fail_timeout=10s$2;"; }
   echo "    default codeyard;"
   n=0
   for upstream in $APP_UPSTREAMS; do n=$((n + 1)); echo "    $n codeyard_$n;"; done
+  echo "}"
+  echo "map \$upstream_addr \$codeyard_replica_served {"
+  echo "    default \"\";"
+  n=0
+  for upstream in $APP_UPSTREAMS; do
+    n=$((n + 1))
+    echo "    \"~(^|, )$(printf %s "$upstream" | sed 's/\./\\./g')\$\" $n;"
+  done
   echo "}"
   n=0
   for pinned in $APP_UPSTREAMS; do

@@ -20,9 +20,11 @@ REPLICAS = ("127.0.0.1:8781", "127.0.0.1:8782")
 PIN = "codeyard_replica"
 
 
-def served_by(headers: Mapping[str, str]) -> str:
-    """The replica that answered through the proxy: the last address it tried (its X-Codeyard-Upstream)."""
-    return headers["x-codeyard-upstream"].split(",")[-1].strip()
+def served_by(headers: Mapping[str, str]) -> int | None:
+    """The replica that answered through the proxy, by its number (1, 2): its X-Codeyard-Replica, which names the
+    replica, never its address; None when it names none."""
+    replica = headers.get("x-codeyard-replica")
+    return int(replica) if replica else None
 
 
 def eventually(check, timeout: float, what: str):
@@ -43,9 +45,9 @@ def stack_answering(timeout: float) -> None:
     answers 502), then the proxy passing a client pinned to each replica to that one."""
     for replica in REPLICAS:
         eventually(lambda: httpx.get(f"http://{replica}/readyz", timeout=5).status_code == 200, timeout, f"{replica} answering")
-    for n, replica in enumerate(REPLICAS, 1):
+    for n in range(1, len(REPLICAS) + 1):
         eventually(lambda: served_by(httpx.get(f"{PROXY}/readyz", headers={"Cookie": f"{PIN}={n}"}, timeout=5).headers)
-                   == replica, 60, f"the proxy passing a client pinned to {replica} there")
+                   == n, 60, f"the proxy passing a client pinned to replica {n} there")
 
 
 class User:
@@ -59,17 +61,17 @@ class User:
                 csrf = client.post("/api/auth/register", json={"username": name, "password": "pass-word-1"}).json()["csrf_token"]
                 token = client.post("/api/tokens", json={"name": "t"}, headers={"X-CSRF-Token": csrf}).json()["token"]
         self.token = token
-        self.replica = REPLICAS[replica - 1] if replica else None
+        self.replica = replica
         self.http = httpx.Client(base_url=PROXY, timeout=60, headers={"Authorization": f"Bearer {token}"},
                                  cookies={PIN: str(replica)} if replica else None, event_hooks={"response": [self._landed]})
 
     def _landed(self, response: httpx.Response) -> None:
         """A pinned user's every answer comes from its replica."""
         assert self.replica is None or served_by(response.headers) == self.replica, (
-            f"{response.request.url.path} was answered by {response.headers.get('x-codeyard-upstream')}, not {self.replica}")
+            f"{response.request.url.path} was answered by replica {served_by(response.headers)}, not {self.replica}")
 
     def on(self, replica: int) -> User:
-        """The same user pinned to REPLICAS[replica - 1] through the proxy."""
+        """The same user pinned to replica `replica` (1 or 2) through the proxy."""
         return User(self.token, replica)
 
     def project(self, files: dict[str, str]) -> str:
@@ -101,7 +103,7 @@ class Editor(CollabClient):
         self.url = PROXY.replace("http", "ws", 1) + f"/ws/collab/{project}/{path}"
 
     async def open(self) -> str:
-        """Connect through the proxy; the replica it landed on, as the proxy's handshake answer names it."""
+        """Connect through the proxy; the replica it landed on (1 or 2), as the proxy's handshake answer names it."""
         await self.connect(self.url, self.headers)
         assert self.socket is not None and self.socket.response is not None
         return served_by(self.socket.response.headers)
