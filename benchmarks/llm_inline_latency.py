@@ -34,6 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._llm_services import start_loaded  # noqa: E402
+
 SOURCES = (textwrap, inspect, json, shutil, difflib, argparse, pathlib, statistics)  # stdlib text: local, offline
 CUTS = (1200, 1600)  # characters of each file before the cursor
 ROWS = {"quantized": ("auto", "auto"), "bf16": ("bfloat16", None)}  # dtype, quantization
@@ -50,23 +52,13 @@ def parse_args(argv: list[str] | None, p: argparse.ArgumentParser | None = None)
 
 
 def start_services(threads: int) -> dict:
-    """One LLMService per row, loaded one after the other (two loads at once raced on
-    Transformers' lazy imports)."""
+    """One LLMService per row, loaded one after the other."""
     from llm_engine import EngineConfig
-    from llm_engine.entrypoints import LLMService
     from llm_engine.entrypoints.models import builtin_model_path
 
-    services = {}
-    for row, (dtype, quantization) in ROWS.items():
-        service = LLMService(EngineConfig(model=str(builtin_model_path()), max_num_seqs=32, dtype=dtype,
-                                          quantization=quantization, num_threads=threads), row)
-        service.start()
-        services[row] = service
-        while not service.engine.is_ready:
-            if service.engine.load_error is not None:
-                raise SystemExit(f"{row}: the model failed to load: {service.engine.load_error}")
-            time.sleep(0.2)
-    return services
+    model = str(builtin_model_path())
+    return start_loaded({row: EngineConfig(model=model, max_num_seqs=32, dtype=dtype, quantization=quantization,
+                                           num_threads=threads) for row, (dtype, quantization) in ROWS.items()})
 
 
 async def suggestions(services: dict, tokens: int) -> dict[str, list[tuple[float, float, int]]]:

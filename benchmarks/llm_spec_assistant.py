@@ -27,6 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._llm_services import start_loaded  # noqa: E402
+
 SOURCES = ("textwrap", "inspect", "json.decoder", "shutil", "difflib", "argparse", "pathlib", "statistics")
 CUTS = (600, 1200, 1800, 2400)  # characters of the file before the cursor (snapped as below)
 
@@ -68,20 +70,11 @@ def start_services(threads: int) -> dict[str, Any]:
     """The assistant's engine (lazy_llm.py's EngineConfig), plain and with prompt lookup, loaded in turn."""
     from assistant.lazy_llm import PROMPT_LOOKUP
     from llm_engine import EngineConfig
-    from llm_engine.entrypoints import LLMService
     from llm_engine.entrypoints.models import builtin_model_path
 
-    services = {}
-    for row, spec in (("plain", None), ("lookup", PROMPT_LOOKUP)):
-        service = LLMService(EngineConfig(model=str(builtin_model_path()), max_num_seqs=32, num_threads=threads,
-                                          speculative_config=spec), row)
-        service.start()
-        services[row] = service
-        while not service.engine.is_ready:
-            if service.engine.load_error is not None:
-                raise SystemExit(f"{row}: the model failed to load: {service.engine.load_error}")
-            time.sleep(0.2)
-    return services
+    model = str(builtin_model_path())
+    return start_loaded({row: EngineConfig(model=model, max_num_seqs=32, num_threads=threads, speculative_config=spec)
+                         for row, spec in (("plain", None), ("lookup", PROMPT_LOOKUP))})
 
 
 async def suggestions(services: dict[str, Any], texts: list[str], tokens: int) -> dict[str, list[tuple[float, float, str]]]:
