@@ -11,6 +11,11 @@ decoding NTG tokens (greedy, EOS ignored; llama.cpp's tool feeds random tokens a
 which favours it), all submitted at once. A run's output tok/s is B * NTG over its wall time
 (prefill included; llama.cpp gets `-ntg NTG-1`, its prompt step giving the first token as ours
 does); decode tok/s counts the tokens after the first over the time after the last first token.
+Per CPU second (our rows): output tok per CPU s is B * NTG over the run's CPU time (prefill
+included, the "total" of llama-batched-bench's S); decode tok per CPU s is the generation phase
+alone (S_TG's counterpart): the tokens of the engine steps in which every sequence decodes one token
+over those steps' CPU time (scheduling, sampling and outputs included). int4 (and w4a8) against
+bf16 is printed per batch size for both, wall and CPU, beside the best-of-all-batch-sizes ratios.
 Our rows: `int4` is the GGUF's Q4_1 blocks kept quantized with the default dtype ("auto":
 bfloat16 on a CPU with native bf16, where batches multiply on AMX bf16 tiles; float32 elsewhere),
 `int4-f32` the same in float32 (the float-activation kernel), `bf16` the same weights dequantized
@@ -199,12 +204,13 @@ def engine_batched(llm, npp: int, ntg: int, npl: list[int], seed: int = 0, vocab
     params = SamplingParams(temperature=0, max_tokens=ntg, ignore_eos=True)
     llm.generate(prompts(2, npp, seed - 1), params, use_tqdm=False)  # warm-up
     results: dict[int, dict] = {}
-    decode_cpu = decode_step_cpu(llm)
+    decode_cpu, phase = decode_step_cpu(llm), DecodePhase(llm)
     for b in npl:
         batch = [[t % vocab for t in p] for p in prompts(b, npp, seed + b)]
         if b == max(npl):
             clock, steps = StepClock(llm), count_steps(llm)
         decode_cpu.clear()
+        phase.clear()
         start, cpu = time.perf_counter(), time.process_time()
         outputs = llm.generate(batch, params, use_tqdm=False)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -214,7 +220,8 @@ def engine_batched(llm, npp: int, ntg: int, npl: list[int], seed: int = 0, vocab
         decode_s = max(o.metrics.finished_time for o in outputs) - last_first
         results[b] = {"output_tok_s": b * ntg / seconds, "decode_tok_s": b * (ntg - 1) / decode_s,
                       "prefill_tok_s": b * npp / (last_first - min(o.metrics.arrival_time for o in outputs)),
-                      "seconds": seconds, "cpu_seconds": cpu,
+                      "seconds": seconds, "cpu_seconds": cpu, "output_tok_per_cpu_s": b * ntg / cpu,
+                      "decode_tok_per_cpu_s": phase.tok_per_cpu_s(),
                       "decode_step_cpu_ms": statistics.median(decode_cpu[b]) if decode_cpu.get(b) else math.nan}
         print(f"  B={b}: {results[b]['output_tok_s']:.1f} output tok/s", file=sys.stderr, flush=True)
     results[max(npl)]["breakdown_ms"] = clock.breakdown(steps[0])
@@ -241,6 +248,38 @@ def decode_step_cpu(llm) -> dict[int, list[float]]:
     return costs
 
 
+class DecodePhase:
+    """The generation phase's CPU time: the engine steps in which every scheduled sequence decodes
+    one token (scheduling, the forward pass, sampling and outputs), their CPU seconds and tokens,
+    summed from now on (`clear` starts again)."""
+
+    def __init__(self, llm) -> None:
+        self.cpu_seconds, self.tokens, self._decoding = 0.0, 0, 0
+        engine, runner = llm.engine, llm.engine.model_runner
+        step, execute = engine.step, runner.execute
+
+        def noted(scheduled, block_copies):
+            self._decoding = len(scheduled) if all(num_new == 1 for _, num_new in scheduled) else 0
+            return execute(scheduled, block_copies)
+
+        def timed(*args, **kwargs):
+            self._decoding, cpu = 0, time.process_time()
+            try:
+                return step(*args, **kwargs)
+            finally:
+                if self._decoding:
+                    self.cpu_seconds += time.process_time() - cpu
+                    self.tokens += self._decoding
+
+        runner.execute, engine.step = noted, timed
+
+    def clear(self) -> None:
+        self.cpu_seconds, self.tokens = 0.0, 0
+
+    def tok_per_cpu_s(self) -> float:
+        return self.tokens / self.cpu_seconds if self.cpu_seconds > 0 else math.nan
+
+
 def count_steps(llm) -> list[int]:
     """A counter of the engine's steps from now on (a one-item list, updated in place)."""
     count, step = [0], llm.engine.step
@@ -256,11 +295,12 @@ def count_steps(llm) -> list[int]:
 def print_table(title: str, figures: dict[int, dict], anchor: dict[int, dict] | None) -> None:
     print(f"\n{title}")
     print(f"{'B':>4}{'output tok/s':>14}{'decode tok/s':>14}{'prefill tok/s':>15}{'seconds':>9}{'CPU s':>8}"
-          f"{'decode step CPU ms':>20}"
+          f"{'decode step CPU ms':>20}{'output/CPU s':>14}{'decode/CPU s':>14}"
           + ("   vs llama.cpp (output / decode / output per CPU s)" if anchor else ""))
     for b, f in figures.items():
         line = (f"{b:>4}{f['output_tok_s']:14.1f}{f['decode_tok_s']:14.1f}{f['prefill_tok_s']:15.1f}"
-                f"{f['seconds']:9.2f}{f.get('cpu_seconds', math.nan):8.2f}{f.get('decode_step_cpu_ms', math.nan):20.1f}")
+                f"{f['seconds']:9.2f}{f.get('cpu_seconds', math.nan):8.2f}{f.get('decode_step_cpu_ms', math.nan):20.1f}"
+                f"{f.get('output_tok_per_cpu_s', math.nan):14.1f}{f.get('decode_tok_per_cpu_s', math.nan):14.1f}")
         if anchor and b in anchor:
             theirs = anchor[b]
             line += (f"   {f['output_tok_s'] / theirs['output_tok_s']:.2f}x / "
@@ -270,6 +310,25 @@ def print_table(title: str, figures: dict[int, dict], anchor: dict[int, dict] | 
     if "breakdown_ms" in figures[max(figures)]:
         bd = figures[max(figures)]["breakdown_ms"]
         print(f"  B={max(figures)}, ms per engine step: " + ", ".join(f"{k} {v:.1f}" for k, v in bd.items()))
+
+
+# (label, figure key) of the per-batch-size int4 vs bf16 ratios: total (prompt included) and decode only
+RATIO_FIGURES = [("output tok/s", "output_tok_s"), ("output per CPU s", "output_tok_per_cpu_s"),
+                 ("decode tok/s", "decode_tok_s"), ("decode per CPU s", "decode_tok_per_cpu_s")]
+
+
+def ratios_by_batch(ours: dict[int, dict], base: dict[int, dict]) -> dict[int, dict[str, float]]:
+    """Per batch size both rows ran: each RATIO_FIGURES figure of `ours` over `base`'s."""
+    return {b: {key: ours[b].get(key, math.nan) / base[b][key] if base[b].get(key) else math.nan
+                for _, key in RATIO_FIGURES}
+            for b in ours if b in base}
+
+
+def print_ratios(row: str, ratios: dict[int, dict[str, float]], goal: float) -> None:
+    print(f"\n{row} vs bf16 per batch size (total = prompt included; goal >= {goal:g}x, '*' = met):")
+    print(f"{'B':>4}" + "".join(f"{label:>19}" for label, _ in RATIO_FIGURES))
+    for b, r in ratios.items():
+        print(f"{b:>4}" + "".join(f"{r[key]:17.2f}x" + ("*" if r[key] >= goal else " ") for _, key in RATIO_FIGURES))
 
 
 def best(figures: dict[int, dict], per_cpu: bool = False) -> tuple[float, int]:
@@ -344,6 +403,10 @@ def run(args: argparse.Namespace) -> dict:
         weight_mb = llm.engine.model_runner.weight_bytes / 1e6
         del llm
         print_table(f"engine {row} (weights {weight_mb:.0f} MB)", report[row], anchor)
+    for row in ("int4", "int4-f32", "w4a8"):  # all hold int4 weights
+        if row in args.rows and "bf16" in args.rows:
+            report[f"{row}_vs_bf16 by batch size"] = ratios = ratios_by_batch(report[row], report["bf16"])
+            print_ratios(row, ratios, INT4_GOAL)
     print()
     for per_cpu, unit in ((False, "tok/s"), (True, "tok per CPU s")):
         if anchor:
@@ -361,13 +424,14 @@ def run(args: argparse.Namespace) -> dict:
     return report
 
 
-DIRECTIONS = {"output_tok_s": True, "decode_tok_s": True, "prefill_tok_s": True, "ratio": True}
+RATES = ("output_tok_s", "decode_tok_s", "prefill_tok_s", "output_tok_per_cpu_s", "decode_tok_per_cpu_s")
+DIRECTIONS = {**dict.fromkeys(RATES, True), "ratio": True}
 
 
 def batched_figures(label: str, figures: dict[int, dict]) -> dict[str, dict[str, float]]:
-    """One system's per-batch-size rates, keyed as the framework's result JSON keys them."""
-    return {f"{label} / B={b}": {k: f[k] for k in ("output_tok_s", "decode_tok_s", "prefill_tok_s")}
-            for b, f in figures.items()}
+    """One system's per-batch-size rates, keyed as the framework's result JSON keys them (the
+    per-CPU-second ones for our rows only: llama.cpp's CPU time includes its model load)."""
+    return {f"{label} / B={b}": {k: f[k] for k in RATES if k in f} for b, f in figures.items()}
 
 
 def figures(report: dict) -> dict[str, dict[str, float]]:
@@ -376,6 +440,8 @@ def figures(report: dict) -> dict[str, dict[str, float]]:
     for label, value in report.items():
         if label in ROWS or label == "llama.cpp":
             out |= batched_figures(label, value)
+        elif label.endswith("by batch size"):
+            out |= {f"{label} / B={b} / {key}": {"ratio": r} for b, ratios in value.items() for key, r in ratios.items()}
         elif label != "args":
             out[label] = {"ratio": value}
     return out

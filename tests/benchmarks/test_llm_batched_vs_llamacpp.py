@@ -56,3 +56,58 @@ def test_no_tool_and_no_bindings_stops_with_what_to_do(monkeypatch):
     with pytest.raises(SystemExit) as exit_:
         bench.run(parse_args(["--npl", "1"]))
     assert "CODEYARD_LLAMACPP_BUILD" in str(exit_.value.code) and "--llamacpp none" in str(exit_.value.code)
+
+
+class _FakeEngine:
+    """An engine whose steps schedule the given (sequence, new tokens) lists and burn CPU."""
+
+    def __init__(self, steps):
+        from types import SimpleNamespace
+
+        self.steps = list(steps)
+        self.model_runner = SimpleNamespace(execute=lambda scheduled, copies: None)
+
+    def step(self):
+        scheduled = self.steps.pop(0)
+        sum(i * i for i in range(20_000))  # some CPU in every step
+        self.model_runner.execute(scheduled, [])
+
+
+def test_decode_phase_counts_only_steps_where_every_sequence_decodes_one_token():
+    from types import SimpleNamespace
+
+    from benchmarks.llm_batched_vs_llamacpp import DecodePhase
+
+    engine = _FakeEngine([[("a", 64), ("b", 64)], [("a", 1), ("b", 64)], [("a", 1), ("b", 1)], [("a", 1), ("b", 1)],
+                          [("a", 1)]])
+    phase = DecodePhase(SimpleNamespace(engine=engine))
+    engine.step()  # prefill: not counted
+    engine.step()  # a decode beside a prefill: not counted
+    assert phase.tokens == 0 and phase.cpu_seconds == 0
+    engine.step()
+    engine.step()
+    engine.step()
+    assert phase.tokens == 5 and phase.cpu_seconds > 0
+    assert phase.tok_per_cpu_s() == 5 / phase.cpu_seconds
+    phase.clear()
+    assert phase.tokens == 0 and phase.tok_per_cpu_s() != phase.tok_per_cpu_s()  # nan: nothing measured
+
+
+def test_int4_vs_bf16_ratios_per_batch_size_total_and_decode(capsys):
+    from benchmarks.llm_batched_vs_llamacpp import print_ratios, ratios_by_batch
+
+    def row(output, output_cpu, decode, decode_cpu):
+        return {"output_tok_s": output, "output_tok_per_cpu_s": output_cpu, "decode_tok_s": decode,
+                "decode_tok_per_cpu_s": decode_cpu}
+
+    int4 = {8: row(100, 110, 200, 260), 64: row(300, 330, 500, 700), 16: row(1, 1, 1, 1)}
+    bf16 = {8: row(100, 100, 100, 200), 64: row(200, 300, 500, 500)}
+    ratios = ratios_by_batch(int4, bf16)
+    assert sorted(ratios) == [8, 64]  # B=16 has no bf16 run
+    assert ratios[8] == {"output_tok_s": 1.0, "output_tok_per_cpu_s": 1.1, "decode_tok_s": 2.0,
+                         "decode_tok_per_cpu_s": 1.3}
+    assert ratios[64]["output_tok_s"] == 1.5 and ratios[64]["decode_tok_per_cpu_s"] == 1.4
+    print_ratios("int4", ratios, 1.3)
+    lines = capsys.readouterr().out.splitlines()
+    b8 = next(line for line in lines if line.split() and line.split()[0] == "8")
+    assert b8.split() == ["8", "1.00x", "1.10x", "2.00x*", "1.30x*"]
