@@ -10,7 +10,9 @@ token and a speculative draft are verified in one pass over the weights, each to
 state bit for bit the one a step of that token alone gives. A batch of up to `MAX_SEQUENCES`
 sequences' next tokens goes through it too, each row with its own position and block table (the
 decode instance of disaggregated serving runs 1-8 sequences a step on one core: 1.3-1.4x less CPU
-a step than per layer at 3-8 rows, bf16 SmolLM2, one thread, load 9-13). It applies to float32
+a step than per layer at 3-8 rows, bf16 SmolLM2, one thread, load 9-13), where the layers' groups
+are 32 inputs: with others a bf16 model's batch goes per layer, onto the AMX bf16 tiles (on a ~1B
+int4 g128 model the fused 8-sequence step cost 2.2x bf16's). It applies to float32
 and bfloat16 Llama-family models on one CPU rank whose linear layers are all weight-only quantized (the built-in
 GGUF model's default); anything else keeps the per-layer path. A bfloat16 model (`dtype="auto"` on a
 CPU with native bf16, the IDE's default) steps in float32 too, on its bf16 KV cache (keys, values
@@ -136,6 +138,13 @@ class DecodeStack:
                                      _quant_linear(mlp.gate_up_proj), _quant_linear(mlp.down_proj),
                                      attn.attn.k_cache.data_ptr(), attn.attn.v_cache.data_ptr())
         self._layers = layers  # kept alive: _model points into it
+        # A batch of sequences fuses where every layer's few-row kernel makes one pass over the
+        # weights for all rows (32-input groups); with other groups a bf16 model's per-layer path
+        # puts 2-8 sequences on the AMX bf16 tiles, 1.1-3.4x less CPU per matmul (quantization.py).
+        linears = [linear for layer in inner.layers for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                                   layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+        tiles = any(linear.quant_method.batch_takes_bf16_tiles(linear, self.dtype) for linear in linears)
+        self.max_sequences = 1 if tiles else self.MAX_SEQUENCES
         self._model = _DecodeModel(inner.norm.weight.shape[0], inner.layers[0].mlp.down_proj.input_size,
                                    first.num_heads, first.num_kv_heads, first.head_dim,
                                    first.attn.k_cache.shape[2], len(inner.layers),
@@ -159,15 +168,14 @@ class DecodeStack:
         logger.info("single-sequence decode runs layer by layer: %s", reason)
         return None
 
-    @classmethod
-    def fits(cls, num_seqs: int, num_tokens: int, num_logit_rows: int, decodes: bool) -> bool:
+    def fits(self, num_seqs: int, num_tokens: int, num_logit_rows: int, decodes: bool) -> bool:
         """A step of one sequence's next token, alone or with a draft to verify (every row's logits
-        wanted), or of up to MAX_SEQUENCES sequences' that all decode (`decodes`: one token each,
+        wanted), or of up to `max_sequences` sequences' that all decode (`decodes`: one token each,
         or drafts to verify, so a verified row is its sequence's plain fused step bit for bit);
         prompt chunks keep the per-layer path (causal SDPA over the chunk), and so do larger batches."""
         if num_seqs == 1:
-            return num_tokens == 1 or num_logit_rows == num_tokens <= cls.MAX_TOKENS
-        return decodes and num_seqs <= cls.MAX_SEQUENCES
+            return num_tokens == 1 or num_logit_rows == num_tokens <= self.MAX_TOKENS
+        return decodes and num_seqs <= self.max_sequences
 
     def __call__(self, token_ids: list[int], position: int, block_table: list[int]) -> torch.Tensor:
         """The final-normed hidden states [tokens, hidden] of one sequence's consecutive tokens from

@@ -43,6 +43,9 @@ AMX_BF16_MAX_ROWS = 256
 # than this many sequences take the tiles at any row count: the few-row kernel makes one pass over
 # the weights per 8 rows, so on one core 9-16-row decode steps cost more than 17-32-row ones on the
 # tiles. Counting sequences, not rows, keeps a verified row equal to that sequence's plain step.
+# That is for 32-input groups; with other groups (64, 128, int8 per channel) the few-row kernel
+# unpacks the weights once per row, and 2-8 rows cost 1.1-3.4x more on it than on the tiles, so
+# there a decode step of more than one sequence takes the tiles (`one_pass` below).
 AMX_BF16_MIN_DECODE_SEQUENCES = 8
 _decode_sequences: ContextVar[int | None] = ContextVar("decode_sequences", default=None)
 
@@ -58,11 +61,13 @@ def decode_step(sequences: int | None) -> Iterator[None]:
         _decode_sequences.reset(token)
 
 
-def takes_bf16_tiles(rows: int) -> bool:
+def takes_bf16_tiles(rows: int, one_pass: bool = True) -> bool:
     """Whether `rows` bfloat16 rows multiply on the AMX bf16 tiles rather than the float kernel
-    (up to KERNEL_MAX_ROWS) or oneDNN (above AMX_BF16_MAX_ROWS)."""
+    (up to KERNEL_MAX_ROWS) or oneDNN (above AMX_BF16_MAX_ROWS). `one_pass`: the layer's few-row
+    kernel makes one pass over the weights per 8 rows (32-input groups), else one per row."""
     sequences = _decode_sequences.get()
-    many = rows > KERNEL_MAX_ROWS or (sequences is not None and sequences > AMX_BF16_MIN_DECODE_SEQUENCES)
+    fewest = AMX_BF16_MIN_DECODE_SEQUENCES if one_pass else 1
+    many = rows > KERNEL_MAX_ROWS or (sequences is not None and sequences > fewest)
     return many and rows <= AMX_BF16_MAX_ROWS
 
 
@@ -315,10 +320,31 @@ class WeightOnlyLinearMethod(QuantMethod):
     def group(self, layer: nn.Module) -> int:
         return self.scheme.group_size or cast(QuantLayer, layer).input_size
 
+    def one_pass(self, layer: nn.Module) -> bool:
+        """Whether the few-row float-activation kernel unpacks each group once per 8 rows (int4/int8
+        in 32-input groups) rather than once per row."""
+        g32 = self.group(layer) == 32 and cast(QuantLayer, layer).input_size % 32 == 0
+        return g32 and self.scheme.weights != "fp8"
+
+    def bf16_tiles(self, layer: nn.Module, k_in: int) -> CpuKernels | None:
+        """The kernels whose AMX bf16 tiles can multiply this layer's weights by bfloat16
+        activations of `k_in` inputs (after any act-order permutation), or None."""
+        quant_layer = cast(QuantLayer, layer)
+        kernels = quant_layer.kernels
+        fits = (kernels is not None and kernels.amx_bf16 is not None and self.scheme.weights != "fp8"
+                and not self.scheme.act_block(quant_layer.input_size) and amx_bf16_fits(k_in, self.group(layer)))
+        return kernels if fits else None
+
+    def batch_takes_bf16_tiles(self, layer: nn.Module, dtype: torch.dtype) -> bool:
+        """Whether a decode step of 2-8 sequences with `dtype` activations multiplies this layer on
+        the AMX bf16 tiles (rather than on the few-row kernel, as the fused decode step would)."""
+        quant_layer = cast(QuantLayer, layer)
+        k_in = quant_layer.input_perm.numel() if self.act_order else quant_layer.input_size
+        return dtype == torch.bfloat16 and self.bf16_tiles(layer, k_in) is not None and not self.one_pass(layer)
+
     def kernel_max_rows(self, layer: nn.Module) -> int:
         """Rows up to which the float-activation kernel runs rather than a dequantized matmul."""
-        g32 = self.group(layer) == 32 and cast(QuantLayer, layer).input_size % 32 == 0
-        return G32_KERNEL_MAX_ROWS if g32 and self.scheme.weights != "fp8" else KERNEL_MAX_ROWS
+        return G32_KERNEL_MAX_ROWS if self.one_pass(layer) else KERNEL_MAX_ROWS
 
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int,
                        dtype: torch.dtype) -> None:
@@ -383,10 +409,8 @@ class WeightOnlyLinearMethod(QuantMethod):
         act_block = self.scheme.act_block(quant_layer.input_size)
         triton = use_triton(x)
         kernels = quant_layer.kernels
-        bf16_tiles = (kernels if kernels is not None and kernels.amx_bf16 is not None and x.dtype == torch.bfloat16
-                      and not act_block and self.scheme.weights != "fp8"
-                      and amx_bf16_fits(x.shape[-1], self.group(layer)) else None)
-        if bf16_tiles is not None and takes_bf16_tiles(rows):
+        bf16_tiles = self.bf16_tiles(layer, x.shape[-1]) if x.dtype == torch.bfloat16 else None
+        if bf16_tiles is not None and takes_bf16_tiles(rows, self.one_pass(layer)):
             out = bf16_tiles.quant_gemm_bf16(x.reshape(rows, -1), quant_layer.qweight, quant_layer.scales, offsets,
                                              self.group(layer)).view(*x.shape[:-1], -1)
             return out if bias is None else out + bias

@@ -113,6 +113,29 @@ def test_a_decode_step_picks_the_kernel_by_sequences_so_verified_rows_equal_plai
         assert torch.equal(layer(x[:many]), float_kernel[:many])
 
 
+@pytest.mark.parametrize("scheme", [QuantScheme("int4", 64, False), QuantScheme("int4", 128, True),
+                                    QuantScheme("int8")], ids=QuantScheme.describe)
+def test_groups_the_few_row_kernel_unpacks_per_row_take_the_tiles_from_two_decoding_sequences(scheme):
+    """With groups other than 32 inputs the few-row kernel unpacks the weights once per row (2-8
+    rows cost 1.1-3.4x the tiles' CPU), so a decode step of 2 sequences and more takes the tiles;
+    one sequence (and its drafts), prompt chunks and calls outside a step keep picking by rows."""
+    layer, _ = bf16_layer(scheme, k_in=256, n_out=37)
+    args = (layer.qweight, layer.scales, getattr(layer, "offsets", None), scheme.group_size or 256)
+    x = torch.randn(6, 256).bfloat16()
+    tiles = KERNELS.quant_gemm_bf16(x, *args) + layer.bias
+    float_kernel = KERNELS.quant_gemm(x.float(), *args).bfloat16() + layer.bias
+    assert not torch.equal(tiles, float_kernel)
+    assert layer.quant_method.batch_takes_bf16_tiles(layer, torch.bfloat16)
+    assert not layer.quant_method.batch_takes_bf16_tiles(layer, torch.float32)
+    with decode_step(2):
+        assert torch.equal(layer(x[:2]), tiles[:2]) and torch.equal(layer(x), tiles)  # plain, verified
+    for sequences in (1, None):
+        with decode_step(sequences):
+            assert torch.equal(layer(x), float_kernel)
+    g32, _ = bf16_layer(QuantScheme("int4", 32, False), k_in=256, n_out=37)
+    assert not g32.quant_method.batch_takes_bf16_tiles(g32, torch.bfloat16)
+
+
 def test_bad_inputs_are_clear_errors():
     layer, _ = bf16_layer(QuantScheme("int4", 32, False), k_in=64, n_out=16)
     with pytest.raises(ValueError, match="bfloat16 activations"):
@@ -120,19 +143,25 @@ def test_bad_inputs_are_clear_errors():
 
 
 
-def test_in_a_bf16_batch_of_many_sequences_verified_rows_are_their_plain_steps_bit_for_bit(tiny_llama):
-    """Nine sequences, each verifying a 3-token draft (27 rows), against three plain steps of the
-    same nine: the same kernel (the tiles) either way, so the logits are equal bit for bit. Before,
-    the plain steps' 9 rows took the float kernel and the 27 the tiles."""
+@pytest.mark.parametrize(("kind", "sequences", "fused"), [("q4_1", AMX_BF16_MIN_DECODE_SEQUENCES + 1, 8),
+                                                          ("int4-g64", 2, 1)])
+def test_in_a_bf16_batch_of_many_sequences_verified_rows_are_their_plain_steps_bit_for_bit(
+        tiny_llama, kind, sequences, fused):
+    """Nine sequences (q4_1), each verifying a 3-token draft (27 rows), against three plain steps of
+    the same nine: the same kernel (the tiles) either way, so the logits are equal bit for bit.
+    Before, the plain steps' 9 rows took the float kernel and the 27 the tiles. With 64-input
+    groups two sequences already take the tiles per layer, and the fused step (`fused`: the most
+    sequences it takes) keeps one sequence only."""
     from test_llm_spec_fused import KINDS
 
     from llm_engine import LLM
     from llm_engine.layers.attention import SeqSlice
     from llm_engine.model_runner import StepInput
 
-    runner = LLM(model=str(tiny_llama), dtype="bfloat16", quantization=KINDS["q4_1"], block_size=4,
+    runner = LLM(model=str(tiny_llama), dtype="bfloat16", quantization=KINDS[kind], block_size=4,
                  kv_cache_memory="4MiB", enable_prefix_caching=False, num_threads=1).engine.model_runner
-    sequences, start, drafted = AMX_BF16_MIN_DECODE_SEQUENCES + 1, 13, 3
+    assert runner.decode_stack is not None and runner.decode_stack.max_sequences == fused
+    start, drafted = 13, 3
     tokens = torch.randint(3, 320, (sequences, start + drafted), generator=torch.Generator().manual_seed(7)).tolist()
     tables = [list(range(5 * i, 5 * i + 5)) for i in range(sequences)]
 
