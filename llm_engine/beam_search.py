@@ -1,10 +1,14 @@
 """Beam search in vLLM's shape: `LLM.beam_search(prompts, BeamSearchParams(...))`.
 
-Like vLLM's offline beam search, each step asks the engine for one more token of every live beam
-with its top 2 * beam_width logprobs, as ordinary requests in one continuous batch; beams share
-their history's KV through the prefix cache (a beam's step recomputes only its last, partial
-block). The best beam_width candidates by cumulative logprob go on; a candidate ending in EOS is
-finished. Final order is Transformers': cum_logprob / generated_length ** length_penalty.
+Each step every live beam yields its top 2 * beam_width next-token logprobs; the best beam_width
+candidates by cumulative logprob go on, and a candidate ending in EOS is finished if it ranks
+among the best beam_width (as in Transformers). Final order is Transformers':
+cum_logprob / generated_length ** length_penalty.
+
+Two drivers share that ranking (`rank_candidates`): `BeamGroup` is a beam-search request inside
+the engine (its beams are sequences that fork each other's block tables copy-on-write, see
+beam_steps.py), and `BeamSearch` runs beams on top of an engine as one-token requests (the
+completions endpoint over the async engine).
 """
 
 from __future__ import annotations
@@ -56,8 +60,61 @@ class BeamSearchOutput:
     sequences: list[BeamSearchSequence] = field(default_factory=list)  # best first
 
 
+@dataclass
+class Candidate:
+    """One more token of beam `parent` (its index among the live beams)."""
+
+    parent: int
+    token: int
+    cum_logprob: float
+    ended: bool  # the token is an EOS (and EOS ends beams)
+
+
+def rank_candidates(beams: list[tuple[float, list[tuple[int, float]]]], params: BeamSearchParams,
+                    eos_token_ids: set[int]) -> tuple[list[Candidate], list[Candidate]]:
+    """Given each live beam's (cumulative logprob, [(token, logprob)] of its likeliest next tokens),
+    the beams that go on (best first, at most beam_width) and the candidates that end here."""
+    width = params.beam_width
+    candidates = []
+    for parent, (cum_logprob, top) in enumerate(beams):
+        for token, logprob in sorted(top, key=lambda item: item[1], reverse=True)[:2 * width]:
+            is_eos = not params.ignore_eos and token in eos_token_ids
+            candidates.append(Candidate(parent, token, cum_logprob + logprob, is_eos))
+    candidates.sort(key=lambda c: c.cum_logprob, reverse=True)
+    live: list[Candidate] = []
+    ended: list[Candidate] = []
+    for rank, candidate in enumerate(candidates):
+        if candidate.ended:
+            if rank < width:  # an ended beam counts if it ranks among the best, as in Transformers
+                ended.append(candidate)
+        elif len(live) < width:
+            live.append(candidate)
+    return live, ended
+
+
+def final_ranking(beams: list[BeamSearchSequence], params: BeamSearchParams) -> list[BeamSearchSequence]:
+    """The beam_width best of the finished and live beams, by Transformers' length-penalised score."""
+    return sorted(beams, key=lambda b: b.score(params.length_penalty), reverse=True)[:params.beam_width]
+
+
+class BeamGroup:
+    """A beam-search request inside the engine: its parameters, the steps taken and the beams that
+    ended with EOS (the live ones are the request's sequences)."""
+
+    def __init__(self, params: BeamSearchParams, eos_token_ids: set[int]) -> None:
+        self.params = params
+        self.eos_token_ids = eos_token_ids
+        self.finished: list[BeamSearchSequence] = []
+        self.steps = 0
+        self.next_index = 1  # of the next forked beam (sequence 0 prefills the prompt)
+
+    @property
+    def top_n(self) -> int:
+        return 2 * self.params.beam_width
+
+
 class BeamSearch:
-    """The beams of one prompt: what to extend next and, at the end, the ranking."""
+    """The beams of one prompt run on top of an engine: what to extend next and, at the end, the ranking."""
 
     def __init__(self, prompt_ids: list[int], params: BeamSearchParams, eos_token_ids: set[int]) -> None:
         self.params = params
@@ -75,29 +132,22 @@ class BeamSearch:
 
     def advance(self, tops: list[dict[int, Logprob]]) -> None:
         """Extend the live beams, given each one's next-token logprobs (in the order of `live`)."""
-        width = self.params.beam_width
-        candidates = []
-        for beam, top in zip(self.live, tops):
-            best = sorted(top.items(), key=lambda item: item[1].logprob, reverse=True)[:2 * width]
-            for token, logprob in best:
-                ended = not self.params.ignore_eos and token in self.eos_token_ids
-                candidates.append(BeamSearchSequence(beam.tokens + [token], beam.cum_logprob + logprob.logprob,
-                                                     beam.num_prompt_tokens, finish_reason="stop" if ended else None))
-        candidates.sort(key=lambda b: b.cum_logprob, reverse=True)
-        self.live = []
-        for rank, candidate in enumerate(candidates):
-            if candidate.finish_reason is not None:
-                if rank < width:  # an ended beam counts if it ranks among the best, as in Transformers
-                    self.finished.append(candidate)
-            elif len(self.live) < width:
-                self.live.append(candidate)
+        live, ended = rank_candidates([(beam.cum_logprob, [(t, lp.logprob) for t, lp in top.items()])
+                                       for beam, top in zip(self.live, tops)], self.params, self.eos_token_ids)
+
+        def extend(c: Candidate, reason: str | None) -> BeamSearchSequence:
+            parent = self.live[c.parent]
+            return BeamSearchSequence(parent.tokens + [c.token], c.cum_logprob, parent.num_prompt_tokens,
+                                      finish_reason=reason)
+
+        self.finished.extend(extend(c, "stop") for c in ended)
+        self.live = [extend(c, None) for c in live]
         self.steps += 1
 
     def result(self, tokenizer: Any) -> BeamSearchOutput:
         for beam in self.live:
             beam.finish_reason = "length"
-        ranked = sorted(self.finished + self.live, key=lambda b: b.score(self.params.length_penalty),
-                        reverse=True)[:self.params.beam_width]
+        ranked = final_ranking(self.finished + self.live, self.params)
         for beam in ranked:
             beam.text = tokenizer.decode(beam.tokens) if tokenizer is not None else None
         return BeamSearchOutput(ranked)

@@ -8,7 +8,7 @@ from typing import Any, cast
 
 from tqdm import tqdm
 
-from llm_engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
+from llm_engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from llm_engine.config import EngineConfig
 from llm_engine.llm_engine import LLMEngine
 from llm_engine.loader.engine_manifest import tuned_options
@@ -33,9 +33,8 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  priority: Sequence[int] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in the order of the prompts."""
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        one = isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
+        prompts = cast(list[Prompt], [prompts] if one else list(prompts))
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = ([sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams)
@@ -45,9 +44,14 @@ class LLM:
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         if len(priorities) != len(prompts):
             raise ValueError(f"priority: got {len(priorities)} values for {len(prompts)} prompts")
-        ids = [f"gen-{next(self._ids)}" for _ in prompts]
+        return self._run(list(zip(prompts, params, priorities)), use_tqdm)
+
+    def _run(self, requests: list[tuple[Prompt, SamplingParams | BeamSearchParams, int]],
+             use_tqdm: bool) -> list[RequestOutput]:
+        """Add the requests, step the engine until all are finished (abort them on any error)."""
+        ids = [f"gen-{next(self._ids)}" for _ in requests]
         try:
-            for rid, prompt, p, prio in zip(ids, prompts, params, priorities):
+            for rid, (prompt, p, prio) in zip(ids, requests):
                 self.engine.add_request(rid, prompt, p, priority=prio)
             finished: dict[str, RequestOutput] = {}
             with tqdm(total=len(ids), desc="Generating", unit="req", disable=not use_tqdm) as bar:
@@ -66,11 +70,15 @@ class LLM:
         """The beam_width best continuations of each text or token-id prompt (see llm_engine.beam_search)."""
         one = isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
         batch = cast(Sequence[str | list[int]], [prompts] if one else prompts)  # one prompt is text or token ids
-        engine = self.engine
-        searches = [BeamSearch(engine.tokenize(p)[1], params, engine.eos_token_ids) for p in batch]
-        while running := [search for search in searches if not search.done]:
-            outputs = iter(self.generate([beam.tokens for search in running for beam in search.live],
-                                         running[0].step_params, use_tqdm=False))
-            for search in running:
-                search.advance([(next(outputs).outputs[0].logprobs or [{}])[0] for _ in search.live])
-        return [search.result(engine.tokenizer) for search in searches]
+        tokenizer = self.engine.tokenizer
+        results = []
+        for out in self._run([(p, params, 0) for p in batch], use_tqdm=False):
+            if out.error is not None:
+                raise RuntimeError(f"beam search failed: {out.error}")
+            prompt = out.prompt_token_ids
+            beams = [BeamSearchSequence(prompt + c.token_ids, c.cumulative_logprob or 0.0, len(prompt),
+                                        finish_reason=c.finish_reason) for c in out.outputs]
+            for beam in beams:
+                beam.text = tokenizer.decode(beam.tokens) if tokenizer is not None else None
+            results.append(BeamSearchOutput(beams))
+        return results

@@ -6,6 +6,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from llm_engine.beam_search import BeamGroup, BeamSearchParams
+from llm_engine.beam_steps import BeamSteps, beam_completions
 from llm_engine.block_manager import BlockManager
 from llm_engine.config import EngineConfig
 from llm_engine.detokenizer import IncrementalDetokenizer, find_stop_string
@@ -106,6 +108,7 @@ class LLMEngine:
         self.eos_token_ids = self._eos_token_ids()
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
+        self.beam_steps = BeamSteps(self.block_manager, self.scheduler)
         self.requests: dict[str, Request] = {}
         self._updated: set[str] = set()
         self.prompt_tokens_total = 0
@@ -184,8 +187,14 @@ class LLMEngine:
         return text, token_ids, []
 
     def add_request(self, request_id: str, prompt: str | list[int] | dict | ImagePrompt,
-                    params: SamplingParams | None = None, priority: int = 0,
+                    params: SamplingParams | BeamSearchParams | None = None, priority: int = 0,
                     arrival_time: float | None = None) -> None:
+        """A request to sample (SamplingParams) or a beam search (BeamSearchParams: its output's
+        completions are the beam_width best beams, best first, with their cumulative logprobs)."""
+        beam = None
+        if isinstance(params, BeamSearchParams):
+            beam = BeamGroup(params, self.eos_token_ids)
+            params = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=True)
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request_id: {request_id!r} is already in use")
@@ -198,9 +207,11 @@ class LLMEngine:
             raise ValueError("prompt: must not be empty")
         grammar = self._compile_grammar(params)
         self._check_kv_transfer(params, token_ids)
+        if beam is not None:
+            self._check_beam_fits(beam, len(token_ids))
         request = Request(request_id, text, token_ids, params, priority, arrival_time,
                           use_priority=self.config.scheduling_policy == "priority", images=images,
-                          grammar=grammar)
+                          grammar=grammar, beam=beam)
         self.requests[request_id] = request
         self._updated.add(request_id)
         if len(token_ids) >= self.max_model_len:
@@ -218,6 +229,17 @@ class LLMEngine:
         if self._grammar_compiler is None:
             self._grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         return self._grammar_compiler.compile(params.structured_outputs)
+
+    def _check_beam_fits(self, beam: BeamGroup, num_prompt_tokens: int) -> None:
+        """A beam group runs whole: its beams must fit in the pool and the batch without sharing."""
+        width = beam.params.beam_width
+        length = min(num_prompt_tokens + beam.params.max_tokens, self.max_model_len)
+        needed = width * self.block_manager.blocks_needed(length)
+        if width > self.config.max_num_seqs:
+            raise ValueError(f"beam_width: {width} beams do not fit max_num_seqs {self.config.max_num_seqs}")
+        if needed > self.block_manager.num_blocks:
+            raise ValueError(f"beam_width: {width} beams of {length} tokens need {needed} KV blocks; "
+                             f"this engine has {self.block_manager.num_blocks}")
 
     def _check_kv_transfer(self, params: SamplingParams, token_ids: list[int]) -> None:
         if params.kv_transfer_params is None:
@@ -303,9 +325,11 @@ class LLMEngine:
             for seq, start, chunk_logits in prompt_logits:
                 self._record_prompt_logprobs(seq.request, start, chunk_logits)
             to_sample = self._advance(out)
-            plain = [(row, seq) for row, seq in to_sample if not seq.spec_token_ids]
+            beams = [(row, seq) for row, seq in to_sample if seq.request.beam is not None]
+            plain = [(row, seq) for row, seq in to_sample if not seq.spec_token_ids and seq.request.beam is None]
             results = self.model_runner.sample(logits[[row for row, _ in plain]],
                                                [seq for _, seq in plain], self.eos_token_ids)
+            ready_groups = self.beam_steps.record(logits, beams)
             verified = [(seq, self.model_runner.sampler.verify(
                 logits[row:row + 1 + len(seq.spec_token_ids)], seq, seq.spec_token_ids))
                 for row, seq in to_sample if seq.spec_token_ids]
@@ -323,6 +347,25 @@ class LLMEngine:
             self._append_token(seq, result)
         for seq, draft_results in verified:
             self._accept_draft(seq, draft_results)
+        for request in ready_groups:
+            self._advance_beams(request)
+
+    def _advance_beams(self, request: Request) -> None:
+        """A beam group whose beams all have their next tokens' logprobs takes its step."""
+        over = self.beam_steps.advance(request, self.max_model_len)
+        self.generation_tokens_total += len(request.seqs)
+        now = time.time()
+        metrics = request.metrics
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+        else:
+            metrics.inter_token_latencies.append(now - metrics.last_token_time)
+        metrics.last_token_time = now
+        self._updated.add(request.request_id)
+        if over:
+            for seq in request.seqs:
+                self._finish(seq, SequenceStatus.FINISHED_LENGTH_CAPPED)
+            self._note_finished(request)  # also when every beam ended with EOS (no sequence left)
 
     def release_kv_holds(self) -> int:
         """Free the blocks of KV transfers that ended (a prefill instance); returns how many."""
@@ -448,8 +491,8 @@ class LLMEngine:
         for seq in self.scheduler.running:
             params = seq.request.params
             if (seq.num_computed_tokens != seq.num_tokens - 1 or seq.num_output_tokens == 0
-                    or adjusts_logits(seq)):
-                continue  # penalties depend on each token before: no drafts
+                    or adjusts_logits(seq) or seq.request.beam is not None):
+                continue  # penalties depend on each token before, beams rank every token: no drafts
             room = self.max_model_len - seq.num_tokens - 1
             if params.max_tokens is not None:
                 room = min(room, params.max_tokens - seq.num_output_tokens - 1)
@@ -550,7 +593,9 @@ class LLMEngine:
         self.scheduler.finish(seq, status)
         if self.drafter is not None:
             self.drafter.free(seq)
-        request = seq.request
+        self._note_finished(seq.request)
+
+    def _note_finished(self, request: Request) -> None:
         self._updated.add(request.request_id)
         if request.is_finished and request.metrics.finished_time is None:
             request.metrics.finished_time = time.time()
@@ -573,6 +618,10 @@ class LLMEngine:
         return outputs
 
     def _make_output(self, request: Request) -> RequestOutput:
+        if request.beam is not None:
+            return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
+                                 beam_completions(request, self.tokenizer), request.is_finished,
+                                 request.metrics, request.error)
         completions = []
         holdback = max((len(s) for s in request.params.stop_list), default=1) - 1
         for seq in request.seqs:

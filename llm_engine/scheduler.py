@@ -102,10 +102,8 @@ class Scheduler:
             del seq.spec_token_ids[max(num_new - (seq.num_tokens - seq.num_computed_tokens), 0):]
             copies = self.block_manager.allocate_slots(seq, num_new)
             while copies is None:
-                victim = self.running.pop()
-                self._preempt(victim)
-                out.preempted.append(victim)
-                if victim is seq:
+                victims = self._preempt_group(self.running[-1], out)
+                if seq in victims:
                     break
                 copies = self.block_manager.allocate_slots(seq, num_new)
             if copies is None:
@@ -116,7 +114,26 @@ class Scheduler:
             index += 1
         if not out.preempted:
             self._admit_waiting(out, budget)
+        if not out.scheduled and not out.preempted and self.waiting:
+            self._unblock_beams(out)
         return out
+
+    def _unblock_beams(self, out: SchedulerOutput) -> None:
+        """Nothing runs while a request waits: running beams that wait for their group hold the
+        blocks it needs (their siblings are queued). The newest such group goes back to the queue."""
+        groups = [s for s in self.running if s.request.beam is not None]
+        if groups:
+            self._preempt_group(groups[-1], out)
+
+    def _group_fits(self, seq: Sequence) -> bool:
+        """A beam group is admitted whole: its queued beams (together at the queue's head) must fit
+        in the free blocks without sharing any, so a group never waits for blocks it holds itself."""
+        if seq.request.beam is None:
+            return True
+        group = [s for s in self.waiting if s.request is seq.request]
+        needed = sum(self.block_manager.blocks_needed(s.num_tokens) for s in group)
+        return (needed <= self.block_manager.num_free_blocks
+                and len(self.running) + len(self.loading) + len(group) <= self.max_num_seqs)
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bm = self.block_manager
@@ -124,6 +141,9 @@ class Scheduler:
             seq = self.waiting[0]
             group = seq.request.params.n if seq.num_output_tokens == 0 else 1
             copies = None
+            if seq.request.beam is not None and not any(s.request is seq.request for s in self.running):
+                if not self._group_fits(seq):
+                    break
             if len(self.running) + len(self.loading) + group <= self.max_num_seqs:
                 cached = [] if seq.request.needs_prompt_logits else bm.find_cached_prefix(seq)
                 if self._prefilled_elsewhere(seq):
@@ -145,7 +165,9 @@ class Scheduler:
                 victim = self._priority_victim(seq)
                 if victim is None:
                     break
-                budget += self._unschedule(victim, out)
+                before = out.num_batched_tokens
+                self._preempt_group(victim, out)
+                budget += before - out.num_batched_tokens
                 continue
             self._admit(seq, cached)
             out.scheduled.append((seq, num_new))
@@ -186,19 +208,25 @@ class Scheduler:
         victim = max(self.running, key=lambda s: s.sort_key)
         return victim if victim.request.priority_key > seq.request.priority_key else None
 
-    def _unschedule(self, victim: Sequence, out: SchedulerOutput) -> int:
-        """Preempt victim and drop its work from this step; return the token budget it held."""
-        tokens = 0
-        for i, (seq, num_new) in enumerate(out.scheduled):
+    def _preempt_group(self, victim: Sequence, out: SchedulerOutput) -> list[Sequence]:
+        """Preempt a running sequence (a beam: with its group's running beams, which cannot go on
+        without it) and drop their work from this step; return them."""
+        victims = ([s for s in self.running if s.request is victim.request] if victim.request.beam is not None
+                   else [victim])
+        for seq in victims:
+            self._unschedule(seq, out)
+        return victims
+
+    def _unschedule(self, victim: Sequence, out: SchedulerOutput) -> None:
+        """Preempt victim and drop its work from this step."""
+        for i, (seq, _) in enumerate(out.scheduled):
             if seq is victim:
                 del out.scheduled[i]
-                tokens = num_new
                 break
         private = set(victim.block_table)
         out.block_copies = [(src, dst) for src, dst in out.block_copies if dst not in private]
         self.preempt(victim)
         out.preempted.append(victim)
-        return tokens
 
     def preempt(self, seq: Sequence) -> None:
         """Free a running sequence's blocks and queue it to be recomputed from its tokens."""
@@ -208,6 +236,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         seq.spec_token_ids = []
+        seq.beam_top = None  # recomputed with its tokens
         seq.num_computed_tokens = 0
         seq.set_status(SequenceStatus.PREEMPTED)
         seq.request.metrics.num_preemptions += 1

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from llm_engine.beam_search import BeamGroup
 from llm_engine.multimodal.inputs import ImageItem, block_extra_keys
 from llm_engine.outputs import Logprob, RequestMetrics
 from llm_engine.sampling_params import SamplingParams
@@ -84,6 +85,8 @@ class Sequence:
         self.detokenizer_state: object | None = None
         self.spec_token_ids: list[int] = []  # this step's draft tokens, verified after the forward
         self.spec_throttle: SpecThrottle | None = None  # its SpecThrottle under speculative decoding
+        # A beam's likeliest next tokens [(token, logprob)], kept until every beam of its group has its own.
+        self.beam_top: list[tuple[int, float]] | None = None
         # Where this sample is in its request's grammar (each sample walks its own).
         self.grammar: GrammarState | None = request.grammar.new_state() if request.grammar else None
         self.generator: torch.Generator | None = None
@@ -146,13 +149,14 @@ class Request:
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                  params: SamplingParams, priority: int = 0, arrival_time: float | None = None,
                  use_priority: bool = False, images: list[ImageItem] | None = None,
-                 grammar: Grammar | None = None) -> None:
+                 grammar: Grammar | None = None, beam: BeamGroup | None = None) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.images = images or []  # image placeholders in the prompt, in order
         self.params = params
         self.grammar = grammar  # the compiled structured_outputs constraint
+        self.beam = beam  # a beam-search request: its sequences are the live beams
         self.priority = priority
         self.priority_key = priority if use_priority else 0
         self.order = next(_request_counter)
@@ -177,6 +181,8 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
+        if self.beam is not None:  # its live beams (none once every beam ended with EOS)
+            return all(s.is_finished for s in self.seqs)
         # Samples 1..n-1 are forked when sample 0 emits its first token; a request that ends
         # before that (abort, ignored, error) never gets them.
         forked_all = len(self.seqs) == self.params.n or self.seqs[0].num_output_tokens == 0

@@ -15,6 +15,7 @@ SUITES = {
     "router": "benchmarks.suites.router",
     "vision-ttft": "benchmarks.suites.vision_ttft",
     "structured": "benchmarks.suites.structured",
+    "beam": "benchmarks.suites.beam",
     # suites whose code stays at the script path their owners and notes name (`python benchmarks/X.py`
     # runs them through the framework too, with --repeats and --out)
     "disagg": "benchmarks.llm_disagg",

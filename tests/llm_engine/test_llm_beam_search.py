@@ -1,4 +1,6 @@
-"""Beam search against Transformers' generate(num_beams=..., do_sample=False) in float32."""
+"""Beam search against Transformers' generate(num_beams=..., do_sample=False) in float32, and the
+engine's beam groups: one token per beam a step (forked block tables, copy-on-write), in the batch
+with other requests, under preemption, with and without prefix caching, and no block leaked."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from llm_engine import LLM
 from llm_engine.beam_search import BeamSearchParams
+from llm_engine.sampling_params import SamplingParams
 
 PROMPTS = [[1, 17, 42, 99, 5], [1, 250, 3, 3, 8, 77, 120]]
 
@@ -115,4 +118,112 @@ def test_smollm2_beams_and_scores_match_transformers():
             assert [beam.output_tokens for beam in out.sequences] == [s[len(prompt):].tolist() for s in ref.sequences]
             for beam, score in zip(out.sequences, ref.sequences_scores.tolist()):
                 assert abs(beam.score(length_penalty) - score) < 1e-4, (width, beam.score(length_penalty), score)
+    assert not llm.engine.has_unfinished_requests()
+
+
+def _transformers_beams(hf, prompt, width, max_tokens, length_penalty=1.0):
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), num_beams=width, num_return_sequences=width, do_sample=False,
+                          max_new_tokens=max_tokens, length_penalty=length_penalty, eos_token_id=None, pad_token_id=0,
+                          output_scores=True, return_dict_in_generate=True)
+    return [(seq[len(prompt):].tolist(), float(score)) for seq, score in zip(ref.sequences, ref.sequences_scores)]
+
+
+def _assert_same_beams(ours, theirs):
+    assert [tokens for tokens, _ in ours] == [tokens for tokens, _ in theirs]
+    for (_, a), (_, b) in zip(ours, theirs):
+        assert abs(a - b) < 1e-4, (a, b)
+
+
+def _record_schedules(engine):
+    """Wrap the scheduler so that every step's SchedulerOutput is kept."""
+    outs = []
+    schedule = engine.scheduler.schedule
+
+    def recording():
+        out = schedule()
+        outs.append(out)
+        return out
+
+    engine.scheduler.schedule = recording
+    return outs
+
+
+def test_each_step_computes_one_token_per_beam(llm, hf):
+    """The prompt once, then one token per live beam a step: beams fork block tables, and a shared
+    partial block is copied before a beam writes to it (block_size 4, a 7-token prompt)."""
+    engine = llm.engine
+    prompt = [1, 33, 44, 55, 66, 77, 88]
+    outs = _record_schedules(engine)
+    try:
+        engine.add_request("count", prompt, BeamSearchParams(beam_width=4, max_tokens=6, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            final = [o for o in engine.step() if o.finished]
+    finally:
+        del engine.scheduler.schedule
+    assert sum(o.num_batched_tokens for o in outs) == len(prompt) + 5 * 4  # 6 steps: the prompt's, 5 of 4 beams
+    assert any(o.block_copies for o in outs)  # copy-on-write of the shared partial block
+    ours = [(c.token_ids, c.cumulative_logprob / len(c.token_ids)) for c in final[0].outputs]
+    _assert_same_beams(ours, _transformers_beams(hf, prompt, 4, 6))
+
+
+def test_beams_run_in_the_batch_with_other_requests(llm, hf):
+    engine = llm.engine
+    alone = llm.generate([[1, 5, 6, 7]], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0]
+    outs = _record_schedules(engine)
+    try:
+        engine.add_request("plain", [1, 5, 6, 7], SamplingParams(temperature=0, max_tokens=8))
+        engine.add_request("beams", PROMPTS[0], BeamSearchParams(beam_width=2, max_tokens=6, ignore_eos=True))
+        finished = {}
+        while engine.has_unfinished_requests():
+            finished.update({o.request_id: o for o in engine.step() if o.finished})
+    finally:
+        del engine.scheduler.schedule
+    assert any({s.request.request_id for s, _ in o.scheduled} == {"plain", "beams"} and len(o.scheduled) == 3
+               for o in outs)  # one step: the plain request and both beams
+    assert finished["plain"].outputs[0].token_ids == alone.outputs[0].token_ids
+    ours = [(c.token_ids, c.cumulative_logprob / len(c.token_ids)) for c in finished["beams"].outputs]
+    _assert_same_beams(ours, _transformers_beams(hf, PROMPTS[0], 2, 6))
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_beams_match_transformers_under_preemption(tiny_llama, hf, prefix_caching):
+    """A pool of 24 blocks for 6 groups of 4 beams: groups are preempted whole and recomputed."""
+    llm = LLM(model=str(tiny_llama), dtype="float32", block_size=4, num_kv_blocks=24,
+              enable_prefix_caching=prefix_caching)
+    prompts = [[1, 9 + i, 40 + 3 * i, 7, 100 + i, 5, 61] for i in range(6)]
+    outputs = llm.beam_search(prompts, BeamSearchParams(beam_width=4, max_tokens=6, ignore_eos=True))
+    assert llm.engine.scheduler.num_preemptions > 0
+    for prompt, out in zip(prompts, outputs):
+        _assert_same_beams([(b.output_tokens, b.score(1.0)) for b in out.sequences],
+                           _transformers_beams(hf, prompt, 4, 6))
+    assert llm.engine.block_manager.num_free_blocks == 24
+
+
+def test_hundred_beam_requests_with_aborts_leak_no_block(tiny_llama):
+    llm = LLM(model=str(tiny_llama), dtype="float32", block_size=4, num_kv_blocks=40)
+    engine = llm.engine
+    bm = engine.block_manager
+    for i in range(100):
+        prompt = [1] + [(7 * i + j) % 300 + 3 for j in range(4 + i % 9)]
+        engine.add_request(f"b{i}", prompt, BeamSearchParams(beam_width=2 + i % 3, max_tokens=3 + i % 5,
+                                                             ignore_eos=i % 2 == 0))
+    finished, steps = {}, 0
+    while engine.has_unfinished_requests():
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+        steps += 1
+        engine.abort_request([f"b{i}" for i in range(100) if i % 4 == 0 and i % 7 + 1 == steps])
+    assert engine.scheduler.num_preemptions > 0 and len(finished) == 100
+    assert sum(1 for o in finished.values() if o.outputs and o.outputs[-1].finish_reason == "abort") > 0
+    done = [int(rid[1:]) for rid, o in finished.items() if all(c.finish_reason in ("stop", "length") for c in o.outputs)]
+    assert len(done) > 50 and all(len(finished[f"b{i}"].outputs) == 2 + i % 3 for i in done)
+    assert bm.num_free_blocks == 40 and all(block.ref_count == 0 for block in bm.blocks)
+
+
+def test_a_beam_group_too_big_for_the_engine_is_refused(tiny_llama):
+    llm = LLM(model=str(tiny_llama), dtype="float32", block_size=4, num_kv_blocks=8, max_num_seqs=4)
+    with pytest.raises(ValueError, match="need 9 KV blocks"):
+        llm.engine.add_request("big", [1, 2, 3, 4], BeamSearchParams(beam_width=3, max_tokens=8))
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        llm.engine.add_request("wide", [1, 2, 3], BeamSearchParams(beam_width=5, max_tokens=1))
     assert not llm.engine.has_unfinished_requests()
