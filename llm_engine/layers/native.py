@@ -100,6 +100,8 @@ def load_kernels() -> ctypes.CDLL:
                            "decode_stack_f32": [pointer, pointer, i64, pointer, pointer, i32, pointer]}.items():
         getattr(library, name).argtypes = argtypes
         getattr(library, name).restype = None
+    library.int4_few_rows_bf16_amx.argtypes = [pointer] * 5 + [i64] * 4  # 1 done, 0 not here (quant_gemm.cpp)
+    library.int4_few_rows_bf16_amx.restype = i32
     library.amx_int8_ready.argtypes, library.amx_int8_ready.restype = [], i32
     library.amx_bf16_ready.argtypes, library.amx_bf16_ready.restype = [], i32
     if library.amx_bf16_ready():

@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -30,6 +31,8 @@ extern "C" {
 void int8_gemm_f32(const float*, const int8_t*, const uint16_t*, float*, int64_t, int64_t, int64_t, int64_t);
 void int4_gemm_f32(const float*, const uint8_t*, const uint16_t*, const uint16_t*, float*, int64_t, int64_t, int64_t,
                    int64_t);
+int32_t int4_few_rows_bf16_amx(const float*, const uint8_t*, const uint16_t*, const uint16_t*, float*, int64_t,
+                               int64_t, int64_t, int64_t);
 void fp8_gemm_f32(const float*, const uint8_t*, const uint16_t*, float*, int64_t, int64_t, int64_t, int64_t);
 void quantize_rows_q8(const float*, int64_t, int64_t, int64_t, int8_t*, float*, float*);
 void int8_gemm_q8(const int8_t*, const float*, const float*, const int8_t*, const uint16_t*, float*, int64_t, int64_t,
@@ -149,10 +152,20 @@ void attend(const DecodeModel* m, const DecodeLayer& layer, float* qkv, int64_t 
                    contexts, out, rows, m->heads, m->kv_heads, m->block_size, m->head_dim, num_blocks, m->scale);
 }
 
+// A bfloat16 model's int4 g32 layers on the AMX bf16 few-row kernel (quant_gemm.cpp), opt-in while
+// its numerics (weights and activations rounded to bf16) are weighed: CODEYARD_FEW_ROWS_AMX=1.
+bool few_rows_amx_wanted(const DecodeModel* m) {
+  const char* flag = std::getenv("CODEYARD_FEW_ROWS_AMX");
+  return m->kv_bf16 != 0 && flag != nullptr && flag[0] == '1';
+}
+
 // out [rows, n_out] = x [rows, k_in] @ W^T (+ bias)
-void linear(const QuantLinear& l, const float* x, int64_t rows, float* out, Scratch& scratch) {
+void linear(const QuantLinear& l, const float* x, int64_t rows, float* out, Scratch& scratch, bool few_amx = false) {
   if (l.act_block == 0) {
-    if (l.kind == 0)
+    if (few_amx && l.kind == 1 &&
+        int4_few_rows_bf16_amx(x, static_cast<const uint8_t*>(l.qweight), l.scales, l.offsets, out, rows, l.n_out,
+                               l.k_in, l.group) != 0) {
+    } else if (l.kind == 0)
       int8_gemm_f32(x, static_cast<const int8_t*>(l.qweight), l.scales, out, rows, l.n_out, l.k_in, l.group);
     else if (l.kind == 1)
       int4_gemm_f32(x, static_cast<const uint8_t*>(l.qweight), l.scales, l.offsets, out, rows, l.n_out, l.k_in,
@@ -198,13 +211,14 @@ void decode_stack_f32(const DecodeModel* m, float* x, int64_t tokens, const int6
     contexts[t] = static_cast<int32_t>(positions[t] + 1);
   }
   Scratch scratch;
+  const bool few_amx = few_rows_amx_wanted(m);
   Clock clock(seconds);
   rms_norm_f32(x, nullptr, m->layers[0].input_norm, normed.data(), rows, width, m->eps);
   for (int32_t i = 0; i < m->num_layers; ++i) {
     const DecodeLayer& layer = m->layers[i];
     if (i > 0) rms_norm_f32(x, residual.data(), layer.input_norm, normed.data(), rows, width, m->eps);
     clock.lap(NORMS);
-    linear(layer.qkv, normed.data(), tokens, qkv.data(), scratch);
+    linear(layer.qkv, normed.data(), tokens, qkv.data(), scratch, few_amx);
     clock.lap(QKV);
     float *q = qkv.data(), *k = q + q_size;
     rotary_f32(positions, q, k, m->cos, m->sin, tokens, m->heads, m->kv_heads, m->head_dim, m->head_dim,
@@ -212,15 +226,15 @@ void decode_stack_f32(const DecodeModel* m, float* x, int64_t tokens, const int6
     attend(m, layer, qkv.data(), tokens, slot_blocks.data(), slot_offsets.data(), tables, contexts.data(),
            num_blocks, attn.data(), scratch, clock);
     clock.lap(ATTENTION);
-    linear(layer.o, attn.data(), tokens, x, scratch);
+    linear(layer.o, attn.data(), tokens, x, scratch, few_amx);
     clock.lap(O_PROJ);
     rms_norm_f32(x, residual.data(), layer.post_norm, normed.data(), rows, width, m->eps);
     clock.lap(NORMS);
-    linear(layer.gate_up, normed.data(), tokens, gate_up.data(), scratch);
+    linear(layer.gate_up, normed.data(), tokens, gate_up.data(), scratch, few_amx);
     clock.lap(GATE_UP);
     silu_and_mul_f32(gate_up.data(), act.data(), tokens, static_cast<int>(m->intermediate));
     clock.lap(ACTIVATION);
-    linear(layer.down, act.data(), tokens, x, scratch);
+    linear(layer.down, act.data(), tokens, x, scratch, few_amx);
     clock.lap(DOWN);
   }
   rms_norm_f32(x, residual.data(), m->final_norm, normed.data(), rows, width, m->eps);

@@ -25,9 +25,16 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <new>
 
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
+#endif
+
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__) && defined(__F16C__)
+#define CODEYARD_FEW_ROWS_AMX 1
+#include "amx.h"
 #endif
 
 namespace {
@@ -337,6 +344,124 @@ void rows_g32(const float* x, const uint8_t* q, const uint16_t* scales, const ui
 }
 #endif
 
+#ifdef CODEYARD_FEW_ROWS_AMX
+// Few rows (1-16) against 32-input int4 groups on AMX bf16 tiles, for bfloat16 models (opt-in:
+// it rounds weights and activations to bf16). Why: with one 512-bit FMA port, the float kernel
+// above pays two FMAs per row and group (a verified row costs what a one-token step's arithmetic
+// costs); the tile unit multiplies up to 16 rows in the time of one. Per pass 16 output channels:
+// their float16 scales/offsets convert once, then slices of FEW_SLICE groups are dequantized into
+// an L1 buffer (per pair of groups a 32-entry bf16 table, code * scale + offset with dequantize's
+// two roundings then rounded to bf16, looked up with one vpermw per group), and the slice before
+// is multiplied while the next one is dequantized: A = 16 channels x 32 weights, B = the group's
+// 32 activations of every row (pair-interleaved, rounded to bf16 once per call), C = 16 channels
+// x rows float32 sums, even groups into one C tile and odd into another (two dependency chains),
+// added at the end. Each output element depends only on its channel's weights and its row's
+// activations, in an order fixed by the hardware: a row's result is the same whatever rows are
+// beside it (tested), so a verified row equals its one-token step.
+constexpr int64_t FEW_SLICE = 8;       // groups per dequantized slice (16 channels x 8 groups: 8 KiB)
+constexpr int64_t FEW_MAX_ROWS = 16;   // a B tile's columns
+
+void few_rows_dequantize_slice(const uint8_t* q, const float* scales, const float* offsets, int64_t n0, int64_t g0,
+                               int64_t count, int64_t groups, int64_t row_bytes, int64_t n_out, uint16_t* buf) {
+  const __m512 codes16 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  // a group's 16 bytes as 32 words: the bytes (low nibbles) then the bytes >> 4 (high nibbles)
+  const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  const __m512i fifteen = _mm512_set1_epi16(15), sixteen = _mm512_set1_epi16(16);
+  for (int64_t ch = 0; ch < 16; ++ch) {
+    const uint8_t* qn = q + (n0 + ch) * row_bytes + g0 * 16;
+    if (n0 + ch + 16 < n_out)  // the next pass's codes of this slice start on their way to L1
+      for (int64_t b = 0; b < count * 16; b += 64) _mm_prefetch(reinterpret_cast<const char*>(qn + 16 * row_bytes + b), _MM_HINT_T0);
+    const float* s = scales + ch * groups + g0;
+    const float* o = offsets + ch * groups + g0;
+    uint16_t* w = buf + ch * FEW_SLICE * 32;
+    int64_t j = 0;
+    for (; j + 2 <= count; j += 2) {  // entries 0-15: group j's levels, 16-31: group j + 1's
+      const __m512 t0 = _mm512_add_ps(_mm512_mul_ps(codes16, _mm512_set1_ps(s[j])), _mm512_set1_ps(o[j]));
+      const __m512 t1 = _mm512_add_ps(_mm512_mul_ps(codes16, _mm512_set1_ps(s[j + 1])), _mm512_set1_ps(o[j + 1]));
+      const __m512i table = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(t1, t0));
+      const __m512i b0 = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qn + j * 16))));
+      const __m512i b1 = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qn + j * 16 + 16))));
+      const __m512i i0 = _mm512_and_si512(_mm512_srlv_epi16(b0, shifts), fifteen);
+      const __m512i i1 = _mm512_ternarylogic_epi32(_mm512_srlv_epi16(b1, shifts), fifteen, sixteen, 0xEA);  // (a & b) | c
+      _mm512_store_si512(w + j * 32, _mm512_permutexvar_epi16(i0, table));
+      _mm512_store_si512(w + j * 32 + 32, _mm512_permutexvar_epi16(i1, table));
+    }
+    if (j < count) {
+      const __m512 t0 = _mm512_add_ps(_mm512_mul_ps(codes16, _mm512_set1_ps(s[j])), _mm512_set1_ps(o[j]));
+      const __m512i table = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(t0, t0));
+      const __m512i b0 = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qn + j * 16))));
+      _mm512_store_si512(w + j * 32, _mm512_permutexvar_epi16(_mm512_and_si512(_mm512_srlv_epi16(b0, shifts), fifteen), table));
+    }
+  }
+}
+
+// x [rows, k_in] float32 (rounded to bf16 here) -> out [rows, n_out]; n_out a multiple of 16.
+void few_rows_int4_amx(const float* x, const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, float* out,
+                       int64_t rows, int64_t n_out, int64_t k_in) {
+  const int64_t groups = k_in / 32, row_bytes = k_in / 2, slices = (groups + FEW_SLICE - 1) / FEW_SLICE;
+  // B tiles: per group, 16 input pairs x rows x 2, as torch's .to(torch.bfloat16) rounds
+  uint16_t* xb = static_cast<uint16_t*>(::operator new(groups * 32 * rows * sizeof(uint16_t), std::align_val_t(64)));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < k_in; k += 16) {
+      const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(x + r * k_in + k)));
+      alignas(32) uint16_t v[16];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(v), h);
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t e = k + i, g = e / 32, p = (e % 32) / 2;
+        xb[g * 32 * rows + p * 2 * rows + r * 2 + (e & 1)] = v[i];
+      }
+    }
+  const int tile_cols = static_cast<int>(rows * 4);
+#pragma omp parallel
+  {
+    codeyard_amx::TileConfig config;  // tiles 0, 1: C (even, odd groups); 2, 3: A; 4, 5: B
+    for (int t = 0; t < 6; ++t) config.rows[t] = 16, config.colsb[t] = t == 2 || t == 3 ? 64 : tile_cols;
+    _tile_loadconfig(&config);
+    alignas(64) uint16_t buf[2][16 * FEW_SLICE * 32];
+    alignas(64) float c[2][16 * FEW_MAX_ROWS];
+    float* sf = new float[2 * 16 * groups];
+    float* of = sf + 16 * groups;
+#pragma omp for schedule(static)
+    for (int64_t n0 = 0; n0 < n_out; n0 += 16) {
+      for (int64_t i = 0; i < 16 * groups; i += 16) {  // the pass's float16 scales and offsets, 16 at a time
+        _mm512_storeu_ps(sf + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + n0 * groups + i))));
+        _mm512_storeu_ps(of + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(offsets + n0 * groups + i))));
+      }
+      _tile_zero(0);
+      _tile_zero(1);
+      for (int64_t s = 0; s <= slices; ++s) {
+        if (s < slices) {
+          const int64_t g0 = s * FEW_SLICE, count = groups - g0 < FEW_SLICE ? groups - g0 : FEW_SLICE;
+          few_rows_dequantize_slice(q, sf, of, n0, g0, count, groups, row_bytes, n_out, buf[s & 1]);
+        }
+        if (s == 0) continue;
+        const int64_t g0 = (s - 1) * FEW_SLICE, count = groups - g0 < FEW_SLICE ? groups - g0 : FEW_SLICE;
+        const uint16_t* w = buf[(s - 1) & 1];
+        for (int64_t j = 0; j < count; ++j) {  // groups alternate between the two C tiles
+          const int64_t g = g0 + j;
+          if (g % 2 == 0) {
+            _tile_loadd(4, xb + g * 32 * rows, tile_cols);
+            _tile_loadd(2, w + j * 32, FEW_SLICE * 64);
+            _tile_dpbf16ps(0, 2, 4);
+          } else {
+            _tile_loadd(5, xb + g * 32 * rows, tile_cols);
+            _tile_loadd(3, w + j * 32, FEW_SLICE * 64);
+            _tile_dpbf16ps(1, 3, 5);
+          }
+        }
+      }
+      _tile_stored(0, c[0], tile_cols);
+      _tile_stored(1, c[1], tile_cols);
+      for (int64_t ch = 0; ch < 16; ++ch)
+        for (int64_t r = 0; r < rows; ++r) out[r * n_out + n0 + ch] = c[0][ch * rows + r] + c[1][ch * rows + r];
+    }
+    delete[] sf;
+    _tile_release();
+  }
+  ::operator delete(xb, std::align_val_t(64));
+}
+#endif
+
 // One output channel's weights as floats (w: k_in floats); the last group may be shorter (K not a
 // multiple of `group`; for int4 its length is even). offsets: int4's, else unused.
 template <Weights KIND>
@@ -602,6 +727,24 @@ void int4_gemm_f32(const float* x, const uint8_t* q, const uint16_t* scales, con
 void fp8_gemm_f32(const float* x, const uint8_t* q, const uint16_t* scales, float* out, int64_t rows, int64_t n_out,
                   int64_t k_in, int64_t group) {
   gemm<Weights::FP8>(x, q, scales, nullptr, out, rows, n_out, k_in, group);
+}
+
+// A bfloat16 model's decode rows on an int4 g32 layer through the AMX bf16 few-row kernel (above),
+// 16 rows per pass over the weights: 1 when done, 0 when this build/CPU/shape cannot (the caller
+// then takes int4_gemm_f32). Opt-in: results are F.linear(x.bfloat16(), dequantize(W).bfloat16())
+// in float32 up to summation order, not the float32 kernel's.
+int32_t int4_few_rows_bf16_amx(const float* x, const uint8_t* q, const uint16_t* scales, const uint16_t* offsets,
+                               float* out, int64_t rows, int64_t n_out, int64_t k_in, int64_t group) {
+#ifdef CODEYARD_FEW_ROWS_AMX
+  if (rows < 1 || group != 32 || k_in % 32 != 0 || n_out % 16 != 0 || !codeyard_amx::tile_state_granted()) return 0;
+  for (int64_t m0 = 0; m0 < rows; m0 += FEW_MAX_ROWS)
+    few_rows_int4_amx(x + m0 * k_in, q, scales, offsets, out + m0 * n_out,
+                      rows - m0 < FEW_MAX_ROWS ? rows - m0 : FEW_MAX_ROWS, n_out, k_in);
+  return 1;
+#else
+  (void)x, (void)q, (void)scales, (void)offsets, (void)out, (void)rows, (void)n_out, (void)k_in, (void)group;
+  return 0;
+#endif
 }
 
 // kind: 0 int8, 1 int4, 2 fp8 (decode_stack.cpp's numbering); offsets: int4's, else null.
