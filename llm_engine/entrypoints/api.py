@@ -14,8 +14,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
+from starlette.types import Receive, Scope, Send
 
 from llm_engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, parse_request
 from llm_engine.entrypoints.service import LLMService
@@ -65,7 +66,7 @@ async def unless_disconnected(request: Request, work: Awaitable[Result]) -> Resu
     """Await `work`, cancelling it (which aborts its engine requests) if the client goes away.
 
     A stream is watched here until its first output (while it waits in the queue), then by
-    Starlette's StreamingResponse, which cancels the stream when the client disconnects.
+    EventStream, which cancels the stream when the client disconnects.
     """
     task = asyncio.ensure_future(work)
     try:
@@ -82,13 +83,62 @@ async def unless_disconnected(request: Request, work: Awaitable[Result]) -> Resu
             task.cancel()
 
 
+class EventStream(Response):
+    """Server-sent events from `events`, stopped (and so its engine requests aborted) when the
+    client disconnects. Starlette's StreamingResponse does the same with an anyio task group per
+    response (its stream in one task, the watch for the disconnect in another, a cancel scope
+    over both): ~30% of the event loop's CPU for a one-token /v1 request, paid one request after
+    another while a burst's first tokens go out. Here the stream runs in the request's own task,
+    and one plain task waits for the disconnect and cancels it."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[bytes]) -> None:
+        self.events = events
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        host = asyncio.current_task()
+        assert host is not None
+        state = {"streaming": True, "gone": False}
+
+        def on_message(watch: asyncio.Future[None]) -> None:
+            if state["streaming"] and not watch.cancelled() and watch.exception() is None:
+                state["gone"] = True
+                host.cancel()
+
+        watch = asyncio.ensure_future(_disconnected(receive))
+        watch.add_done_callback(on_message)
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            async for chunk in self.events:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not state["gone"]:
+                raise
+            host.uncancel()  # the client left: the stream ends here, as StreamingResponse's does
+        finally:
+            state["streaming"] = False
+            watch.cancel()
+            aclose = getattr(self.events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 def answer(result: dict[str, Any] | AsyncIterator[bytes] | Response) -> Response:
     if isinstance(result, Response):  # the client went away (499)
         return result
     if isinstance(result, dict):
         return JSONResponse(result)
-    return StreamingResponse(result, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return EventStream(result)
 
 
 def build_router(get_service: ServiceGetter, auth: Any, metrics_path: str = "/metrics") -> APIRouter:

@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
-from llm_engine.entrypoints.api import ServiceGetter, json_body, unless_disconnected
+from llm_engine.entrypoints.api import EventStream, ServiceGetter, json_body, unless_disconnected
 from llm_engine.entrypoints.protocol import OpenAIError
 from llm_engine.entrypoints.service import LLMService
 from llm_engine.entrypoints.serving import _Run, sse
@@ -231,7 +231,6 @@ def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: lis
         run = await unless_disconnected(request, start())
         if isinstance(run, Response):
             return run
-        return StreamingResponse(events(run), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return EventStream(events(run))
 
     return router
