@@ -45,7 +45,7 @@ needs_amx = pytest.mark.skipif(not available(), reason="no AMX bf16 tiles in thi
 
 
 @needs_amx
-@pytest.mark.parametrize("k_in", [32, 96, 576, 1536])  # 1, 3 (odd: one C tile's chain longer), 18, 48 groups
+@pytest.mark.parametrize("k_in", [32, 96, 576, 1536])  # 1, 3, 18, 48 groups (slices of 4: part of one, some)
 def test_it_is_the_bf16_product_in_float32(k_in):
     qweight, scales, offsets = layer(48, k_in, seed=k_in)
     x = torch.randn(5, k_in, generator=torch.Generator().manual_seed(1))
