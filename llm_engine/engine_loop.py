@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 from llm_engine.outputs import RequestOutput
 from llm_engine.sampling_params import SamplingParams
+from llm_engine.step_trace import StepTrace
 
 if TYPE_CHECKING:
     from llm_engine.llm_engine import LLMEngine
@@ -107,6 +108,15 @@ class LoopHost(Protocol):
 
 def run_loop(engine: LLMEngine, host: LoopHost) -> None:
     """Serve until the host says stop; a failed step fails the requests in flight, not the server."""
+    trace = StepTrace.from_env()
+    try:
+        _serve(engine, host, trace)
+    finally:
+        if trace is not None:
+            trace.close()
+
+
+def _serve(engine: LLMEngine, host: LoopHost, trace: StepTrace | None) -> None:
     while True:
         applied = _apply_commands(engine, host, idle=not engine.has_unfinished_requests())
         if applied is None:
@@ -118,7 +128,11 @@ def run_loop(engine: LLMEngine, host: LoopHost) -> None:
                 host.idle(engine)
             continue
         try:
+            if trace is not None:
+                trace.begin()
             outputs = engine.step()
+            if trace is not None:
+                trace.end(engine.last_iteration_tokens, outputs)
         except Exception as exc:
             log.exception("LLM engine step failed")
             engine.abort_request(list(engine.requests))
