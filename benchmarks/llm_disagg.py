@@ -53,14 +53,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
-import numpy
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.framework.targets import cpu_split  # noqa: E402
+from benchmarks.llm_disagg_analysis import (  # noqa: E402
+    Span,
+    block_bootstrap_ratio,
+    percentile,
+    span_line,
+    spread,
+    steps_line,
+    verdict,
+)
+from llm_engine import step_trace  # noqa: E402
 from llm_engine.entrypoints.disagg_servers import instance_cores  # noqa: E402
 from llm_engine.entrypoints.models import builtin_model_path  # noqa: E402
 from llm_engine.entrypoints.replicas import child_servers  # noqa: E402
@@ -99,8 +109,10 @@ class Arrival:
 @dataclass
 class Result:
     arrival: Arrival
+    round: int = 0
     chunk_times: list[float] = field(default_factory=list)  # seconds after the request was sent
     sent: float = 0.0  # perf_counter() when it was sent
+    sent_wall: float = 0.0  # time.time() then, to line the chunks up with the engine's step trace
     tokens: int = 0
     error: str | None = None
 
@@ -114,10 +126,13 @@ class Result:
             return None
         return (self.chunk_times[-1] - self.chunk_times[0]) / (self.tokens - 1)
 
+    def span(self) -> Span:
+        return Span(self.sent_wall + self.chunk_times[0], self.sent_wall + self.chunk_times[-1], self.tokens)
 
-def workload(args: argparse.Namespace) -> list[Arrival]:
+
+def workload(args: argparse.Namespace, seed: int) -> list[Arrival]:
     """Short requests as a Poisson stream; long prompts in bursts every --burst-every seconds."""
-    rng = random.Random(args.seed)
+    rng = random.Random(seed)
     arrivals, t = [], 0.0
     while (t := t + rng.expovariate(args.short_rate)) < args.seconds:
         prompt = [rng.randrange(1000, 40000) for _ in range(rng.randrange(24, 64))]
@@ -131,10 +146,11 @@ def workload(args: argparse.Namespace) -> list[Arrival]:
     return sorted(arrivals, key=lambda a: a.at)
 
 
-async def send(client: httpx.AsyncClient, arrival: Arrival, started: float) -> Result:
+async def send(client: httpx.AsyncClient, arrival: Arrival, started: float, round_: int = 0) -> Result:
     await asyncio.sleep(max(0.0, started + arrival.at - time.perf_counter()))
-    result = Result(arrival)
-    result.sent = sent = time.perf_counter()
+    result = Result(arrival, round_)
+    result.sent_wall, result.sent = time.time(), time.perf_counter()
+    sent = result.sent
     body = {"model": MODEL_NAME, "prompt": arrival.prompt, "max_tokens": arrival.max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     try:
@@ -157,55 +173,62 @@ async def send(client: httpx.AsyncClient, arrival: Arrival, started: float) -> R
     return result
 
 
-async def drive(base_url: str, key: str, arrivals: list[Arrival], warmed: Callable[[], object]) -> list[Result]:
-    """Warm the server up (a short and a long request), call `warmed`, then send the schedule."""
+async def drive(base_url: str, key: str, arrivals: list[Arrival], round_: int, warm: bool,
+                warmed: Callable[[], object]) -> list[Result]:
+    """Warm the server up on its first round (a short and a long request), call `warmed`, then
+    send the schedule."""
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
     async with httpx.AsyncClient(base_url=base_url, timeout=600, headers={"Authorization": f"Bearer {key}"},
                                  limits=limits) as client:
-        await send(client, Arrival(0, arrivals[0].prompt, 4, False), time.perf_counter())  # warm-up
-        long_warm = next((a for a in arrivals if a.long), None)
-        if long_warm is not None:
-            await send(client, Arrival(0, [t + 1 for t in long_warm.prompt], 2, True), time.perf_counter())
+        if warm:
+            await send(client, Arrival(0, [t + 1 for t in arrivals[0].prompt], 4, False), time.perf_counter())
+            long_warm = next((a for a in arrivals if a.long), None)
+            if long_warm is not None:
+                await send(client, Arrival(0, [t + 1 for t in long_warm.prompt], 2, True), time.perf_counter())
         warmed()
         started = time.perf_counter()
-        return list(await asyncio.gather(*(send(client, a, started) for a in arrivals)))
-
-
-def percentile(values: list[float], q: float) -> float:
-    """numpy's (linear between the two nearest ranks), as vLLM's benchmark reports percentiles."""
-    return float(numpy.percentile(values, q)) if values else float("nan")
+        return list(await asyncio.gather(*(send(client, a, started, round_) for a in arrivals)))
 
 
 def decoding_beside(result: Result, results: list[Result]) -> float:
-    """How many other requests were decoding, on average, while this one decoded (first to last
-    chunk): the batch its tokens were computed in. A high TPOT beside a small batch is a stall
-    (prefills in its steps); beside a large one, requests that started decoding together."""
+    """How many other requests of its round were decoding, on average, while this one decoded
+    (first to last chunk): the batch its tokens were computed in. A high TPOT beside a small batch
+    is a stall (prefills in its steps); beside a large one, requests that started decoding together."""
     start, end = result.sent + result.chunk_times[0], result.sent + result.chunk_times[-1]
     overlap = sum(max(0.0, min(end, r.sent + r.chunk_times[-1]) - max(start, r.sent + r.chunk_times[0]))
-                  for r in results if r is not result and len(r.chunk_times) > 1)
+                  for r in results if r is not result and r.round == result.round and len(r.chunk_times) > 1)
     return overlap / (end - start) if end > start else 0.0
 
 
-def summarize(label: str, results: list[Result], args: argparse.Namespace) -> dict:
+def short_ok(results: list[Result]) -> list[Result]:
+    return [r for r in results if not r.arrival.long and r.error is None and r.chunk_times]
+
+
+def summarize(label: str, results: list[Result], rounds: int, args: argparse.Namespace) -> dict:
+    """The pooled figures over every round, and the spread of each round's TPOT p99."""
     short = [r for r in results if not r.arrival.long]
-    ok = [r for r in short if r.error is None and r.chunk_times]
+    ok = short_ok(results)
     errors = [r.error for r in results if r.error]
     tpots = [t for r in ok if (t := r.tpot) is not None]
     gaps = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:])]
     good = [r for r in ok if r.ttft <= args.slo_ttft and (r.tpot or 0.0) <= args.slo_tpot]
     longs = [r for r in results if r.arrival.long]
+    per_round = spread([1000 * percentile(ts, 99) for n in range(rounds)
+                        if (ts := [t for r in ok if r.round == n and (t := r.tpot) is not None])])
     row = {"setup": label, "short_requests": len(short), "long_requests": len(longs), "errors": len(errors),
            "tpot_p50_ms": 1000 * statistics.median(tpots) if tpots else float("nan"),
-           "tpot_p99_ms": 1000 * percentile(tpots, 99), "itl_p99_ms": 1000 * percentile(gaps, 99),
+           "tpot_p99_ms": 1000 * percentile(tpots, 99), "tpot_max_ms": 1000 * max(tpots, default=float("nan")),
+           "tpot_p99_round_median_ms": per_round.median, "tpot_p99_round_min_ms": per_round.low,
+           "tpot_p99_round_max_ms": per_round.high, "itl_p99_ms": 1000 * percentile(gaps, 99),
            "ttft_p50_ms": 1000 * statistics.median([r.ttft for r in ok]) if ok else float("nan"),
            "ttft_p99_ms": 1000 * percentile([r.ttft for r in ok], 99),
            "long_ttft_p50_ms": 1000 * statistics.median([r.ttft for r in longs if r.chunk_times] or [float("nan")]),
-           "goodput_rps": len(good) / args.seconds, "slo_met": len(good) / len(short) if short else 0.0}
-    print(f"{label:<15} TPOT p50 {row['tpot_p50_ms']:7.1f} ms  p99 {row['tpot_p99_ms']:7.1f} ms  "
-          f"chunk gap p99 {row['itl_p99_ms']:7.1f} ms  TTFT p50 {row['ttft_p50_ms']:7.1f} ms  "
-          f"p99 {row['ttft_p99_ms']:7.1f} ms  long TTFT p50 {row['long_ttft_p50_ms']:7.1f} ms  "
-          f"goodput {row['goodput_rps']:5.2f} req/s ({row['slo_met']:.0%} met the SLOs)  errors {len(errors)}",
-          flush=True)
+           "goodput_rps": len(good) / (rounds * args.seconds), "slo_met": len(good) / len(short) if short else 0.0}
+    print(f"{label:<15} TPOT p50 {row['tpot_p50_ms']:7.1f} ms  p99 {row['tpot_p99_ms']:7.1f} ms (rounds' p99 "
+          f"{per_round.text(' ms')}; max {row['tpot_max_ms']:.1f})  chunk gap p99 {row['itl_p99_ms']:7.1f} ms  "
+          f"TTFT p50 {row['ttft_p50_ms']:7.1f} ms  p99 {row['ttft_p99_ms']:7.1f} ms  long TTFT p50 "
+          f"{row['long_ttft_p50_ms']:7.1f} ms  goodput {row['goodput_rps']:5.2f} req/s ({row['slo_met']:.0%} met the "
+          f"SLOs)  errors {len(errors)}", flush=True)
     slowest = sorted((r for r in ok if r.tpot is not None), key=lambda r: r.tpot or 0.0)
     if slowest:
         beside = [decoding_beside(r, results) for r in slowest]
@@ -215,6 +238,15 @@ def summarize(label: str, results: list[Result], args: argparse.Namespace) -> di
     for error in errors[:3]:
         print(f"  error: {error}")
     return row
+
+
+def tpots_by_block(results: list[Result], burst_every: float) -> dict[tuple[int, int], list[float]]:
+    """The short requests' TPOTs by (round, burst period of their arrival): the bootstrap's blocks."""
+    blocks: dict[tuple[int, int], list[float]] = {}
+    for r in short_ok(results):
+        if (tpot := r.tpot) is not None:
+            blocks.setdefault((r.round, int(r.arrival.at // burst_every)), []).append(tpot)
+    return blocks
 
 
 def server_processes(pid: int, label: str) -> dict[str, int]:
@@ -277,32 +309,85 @@ def step_sizes_line(before: dict[float, float], after: dict[float, float]) -> tu
     return ", ".join(f"{name} {count:.0f}" for name, count in counts.items()), counts
 
 
-def run_setup(label: str, serve_args: list[str], arrivals: list[Arrival], args: argparse.Namespace) -> dict:
-    """`codeyard llm serve <serve_args>` as one process (the colocated server on both cores, or
-    the --disaggregated launcher, which pins its two instances itself); the client sends the
-    schedule to it."""
-    cores = instance_cores(pin=True)
-    both = [cores[0] | cores[1]] if cores and "--disaggregated" not in serve_args else None
-    with child_servers([serve_args], [label], both) as server:
-        pids = server_processes(server.procs[0].pid, label)
-        decoding = decoding_server(pids.get("decode", 0), label, server.urls[0], server.key)
-        load_before, before, client_before = os.getloadavg()[0], process_times(pids), time.process_time()
-        steps_before: list[dict[float, float]] = []
-        results = asyncio.run(drive(server.urls[0], server.key, arrivals,
-                                    lambda: steps_before.append(steps_by_tokens(*decoding))))
-        after, client_cpu = process_times(pids), time.process_time() - client_before
-        sizes, size_counts = step_sizes_line(steps_before[0], steps_by_tokens(*decoding))
-    tokens = sum(r.tokens for r in results)
-    spent = {name: (after[name][0] - before[name][0], after[name][1] - before[name][1], after[name][2] - before[name][2])
-             for name in pids}
+@dataclass
+class Setup:
+    """One way of serving the schedule, its server kept up across rounds, and what it measured."""
+
+    label: str
+    serve_args: list[str]
+    pids: dict[str, int] = field(default_factory=dict)
+    url: str = ""
+    decoding: tuple[str, str] = ("", "")  # URL and key of the server whose engine decodes the streams
+    engine_pid: int = 0  # that server's engine-core process (its step trace)
+    results: list[Result] = field(default_factory=list)
+    spent: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    client_cpu: float = 0.0
+    size_counts: dict[str, float] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    loads: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def colocated(self) -> bool:
+        return self.label.startswith("colocated")
+
+    def attach(self, pid: int, url: str, key: str) -> None:
+        self.pids, self.url = server_processes(pid, self.label), url
+        self.decoding = decoding_server(self.pids.get("decode", 0), self.label, url, key)
+        decoding_pid = self.pids["server" if self.colocated else "decode"]
+        self.engine_pid = next(iter(children(decoding_pid)), 0)
+
+
+def children(pid: int) -> list[int]:
+    return sorted(int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+                  for child in (task / "children").read_text().split())
+
+
+def run_round(setup: Setup, arrivals: list[Arrival], round_: int, key: str, trace: Path,
+              args: argparse.Namespace) -> None:
+    """Send one round's schedule to the setup's server; add its results, CPU, steps."""
+    load_before, before, client_before = os.getloadavg()[0], process_times(setup.pids), time.process_time()
+    steps_before: list[dict[float, float]] = []
+    window: list[float] = []
+    results = asyncio.run(drive(setup.url, key, arrivals, round_, warm=round_ == 0, warmed=lambda: (
+        steps_before.append(steps_by_tokens(*setup.decoding)), window.append(time.time()))))
+    window.append(time.time())
+    after, client_cpu = process_times(setup.pids), time.process_time() - client_before
+    setup.size_counts = {name: setup.size_counts.get(name, 0.0) + count for name, count in
+                         step_sizes_line(steps_before[0], steps_by_tokens(*setup.decoding))[1].items()}
+    for name in setup.pids:
+        old = setup.spent.get(name, (0.0, 0.0, 0.0))
+        setup.spent[name] = tuple(o + a - b for o, a, b in zip(old, after[name], before[name]))  # type: ignore[assignment]
+    setup.client_cpu += client_cpu
+    setup.results.extend(results)
+    setup.loads.append((load_before, os.getloadavg()[0]))
+    trace_file = trace / f"steps-{setup.engine_pid}.jsonl"
+    if trace_file.exists():
+        setup.steps.extend(s for s in step_trace.read(trace_file) if window[0] <= s["t"] <= window[1])
+    tpots = [t for r in short_ok(results) if (t := r.tpot) is not None]
+    print(f"  round {round_ + 1} {setup.label}: TPOT p50 {1000 * percentile(tpots, 50):.1f} / p99 "
+          f"{1000 * percentile(tpots, 99):.1f} ms, errors {sum(1 for r in results if r.error)}, load average "
+          f"{load_before:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
+
+
+def report_setup(setup: Setup, rounds: int, args: argparse.Namespace) -> dict:
+    spent = dict(setup.spent)
     if "proxy" in spent:  # cpu_split counts a process's children too: the launcher's are the instances
         spent["proxy"] = (0.0, spent["proxy"][1] - spent["prefill"][1] - spent["decode"][1], 0.0)
-    print(f"{label}: load average {load_before:.1f} before the schedule, {os.getloadavg()[0]:.1f} after", flush=True)
-    print(cpu_line(label, spent, client_cpu, tokens), flush=True)
-    print(f"{label}: {'server' if label.startswith('colocated') else 'decode instance'} steps by tokens: {sizes}",
+    tokens = sum(r.tokens for r in setup.results)
+    loads = ", ".join(f"{a:.1f}-{b:.1f}" for a, b in setup.loads)
+    print(f"{setup.label}: load average before-after each round {loads}", flush=True)
+    print(cpu_line(setup.label, spent, setup.client_cpu, tokens), flush=True)
+    sizes = ", ".join(f"{name} {count:.0f}" for name, count in setup.size_counts.items())
+    print(f"{setup.label}: {'server' if setup.colocated else 'decode instance'} steps by tokens: {sizes}", flush=True)
+    print(f"{setup.label}: {'server' if setup.colocated else 'decode instance'} engine: {steps_line(setup.steps)}",
           flush=True)
-    return {**summarize(label, results, args), "client_cpu_s": client_cpu,
-            **{f"decoding_steps_{name.replace(' ', '_')}": count for name, count in size_counts.items()},
+    row = summarize(setup.label, setup.results, rounds, args)
+    slowest = sorted((r for r in short_ok(setup.results) if r.tpot is not None), key=lambda r: r.tpot or 0.0)
+    for result in slowest[-args.explain:][::-1]:
+        print(f"  slow request (round {result.round + 1}, arrived {result.arrival.at:.1f} s): "
+              f"{span_line(result.span(), setup.steps)}")
+    return {**row, "client_cpu_s": setup.client_cpu,
+            **{f"decoding_steps_{name.replace(' ', '_')}": count for name, count in setup.size_counts.items()},
             **{f"{name}_{kind}_s": value for name, (engine, whole, wait) in spent.items()
                for kind, value in (("engine_cpu", engine), ("process_cpu", whole), ("engine_wait", wait))}}
 
@@ -310,7 +395,9 @@ def run_setup(label: str, serve_args: list[str], arrivals: list[Arrival], args: 
 def parse_args(argv: list[str] | None, parser: argparse.ArgumentParser) -> argparse.Namespace:
     parser.add_argument("--model", default="builtin", help="builtin (SmolLM2-135M, the default), random (a "
                         "random 4-layer Llama built here with SmolLM2's tokenizer) or a local HF folder or GGUF file")
-    parser.add_argument("--seconds", type=float, default=45.0, help="length of the arrival schedule")
+    parser.add_argument("--seconds", type=float, default=45.0, help="length of one round's arrival schedule")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds (a new seed each; the setups' order alternates), pooled for the figures")
     parser.add_argument("--short-rate", type=float, default=2.0, help="short requests a second (Poisson)")
     parser.add_argument("--short-tokens", type=int, default=48, help="tokens each short request generates")
     parser.add_argument("--burst-every", type=float, default=15.0, help="seconds between bursts of long prompts")
@@ -322,48 +409,100 @@ def parse_args(argv: list[str] | None, parser: argparse.ArgumentParser) -> argpa
     parser.add_argument("--max-local-prefill-length", type=int, default=256,
                         help="also run disaggregated with prompts of up to this many tokens prefilled on the decode "
                              "instance (disagg-local; 0: not)")
-    parser.add_argument("--colocated-budget", type=int, default=0,
-                        help="also run colocated with this chunked prefill budget (--max-num-batched-tokens; the "
-                             "engine's default is 2048): colocated-N, to tell whether colocated is at its best")
-    parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args(argv)
+    parser.add_argument("--colocated-budget", type=budgets, default=[],
+                        help="also run colocated with these chunked prefill budgets, comma-separated "
+                             "(--max-num-batched-tokens; the engine's default is 2048): colocated-N, to find "
+                             "colocated's best")
+    parser.add_argument("--bootstrap", type=int, default=2000, help="resamples for the ratios' intervals")
+    parser.add_argument("--explain", type=int, default=2, help="slowest requests of each setup to break down")
+    parser.add_argument("--seed", type=int, default=0, help="round n's schedule uses seed + n")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    return args
+
+
+def budgets(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of token counts: {text!r}") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"budgets must be positive: {text!r}")
+    return values
+
+
+def setups_of(args: argparse.Namespace, serve_args: list[str]) -> list[Setup]:
+    disaggregated = [*serve_args, "--disaggregated", "--kv-transport", args.kv_transport]
+    setups = [Setup("colocated", serve_args)]
+    setups += [Setup(f"colocated-{n}", [*serve_args, "--max-num-batched-tokens", str(n)])
+               for n in args.colocated_budget]
+    setups.append(Setup("disaggregated", disaggregated))
+    if args.max_local_prefill_length:
+        setups.append(Setup("disagg-local",
+                            [*disaggregated, "--max-local-prefill-length", str(args.max_local_prefill_length)]))
+    return setups
+
+
+def ratio_lines(setups: list[Setup], args: argparse.Namespace) -> list[dict]:
+    """Every colocated setup's TPOT p99 over every disaggregated one's, pooled, with each round's
+    ratio and the block bootstrap's 90% interval, and the goal's verdict on it."""
+    ratios = []
+    blocks = {s.label: tpots_by_block(s.results, args.burst_every) for s in setups}
+    for together in (s for s in setups if s.colocated):
+        for apart in (s for s in setups if not s.colocated):
+            ratio = block_bootstrap_ratio(blocks[together.label], blocks[apart.label], 99, args.bootstrap, args.seed)
+            per_round = spread([percentile(a, 99) / percentile(b, 99) for n in range(args.rounds)
+                                if (a := [t for (r, _), ts in blocks[together.label].items() if r == n for t in ts])
+                                and (b := [t for (r, _), ts in blocks[apart.label].items() if r == n for t in ts])])
+            print(f"TPOT p99 {together.label} / {apart.label}: {ratio.median:.2f}x pooled, 90% interval "
+                  f"{ratio.low:.2f}-{ratio.high:.2f}x (block bootstrap), rounds {per_round.text('x', 2)}: goal >= 2 "
+                  f"{verdict(ratio, 2.0)}", flush=True)
+            ratios.append({"setup": f"{together.label}/{apart.label}", "tpot_p99_ratio": ratio.median,
+                           "tpot_p99_ratio_low": ratio.low, "tpot_p99_ratio_high": ratio.high,
+                           "tpot_p99_ratio_round_median": per_round.median})
+    return ratios
 
 
 def run(args: argparse.Namespace) -> dict:
+    began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="codeyard-disagg-") as folder:
         model = {"builtin": lambda: str(builtin_model_path()),
                  "random": lambda: str(build_model(Path(folder)))}.get(args.model, lambda: args.model)()
         serve_args = ["--model", model, "--served-model-name", MODEL_NAME, "--kv-cache-memory", "1GiB",
                       "--max-num-seqs", "64", "--max-waiting", "512"]
-        arrivals = workload(args)
-        longs = sum(a.long for a in arrivals)
-        print(f"{len(arrivals) - longs} short requests ({args.short_tokens} tokens each) and {longs} long prompts "
-              f"of {args.long_tokens} tokens over {args.seconds:.0f} s; model {model}; cores: {instance_cores(pin=True)}")
-        disaggregated = [*serve_args, "--disaggregated", "--kv-transport", args.kv_transport]
-        rows = [run_setup("colocated", serve_args, arrivals, args)]
-        if args.colocated_budget:
-            budget = ["--max-num-batched-tokens", str(args.colocated_budget)]
-            rows.append(run_setup(f"colocated-{args.colocated_budget}", [*serve_args, *budget], arrivals, args))
-        rows.append(run_setup("disaggregated", disaggregated, arrivals, args))
-        if args.max_local_prefill_length:
-            local = [*disaggregated, "--max-local-prefill-length", str(args.max_local_prefill_length)]
-            rows.append(run_setup("disagg-local", local, arrivals, args))
-    for together in (row for row in rows if row["setup"].startswith("colocated")):
-        for apart in (row for row in rows if row["setup"].startswith("disagg")):
-            goodput = (f"{apart['goodput_rps'] / together['goodput_rps']:.2f}x" if together['goodput_rps']
-                       else f"{together['setup']} met no SLO")
-            print(f"TPOT p99 {together['setup']} / {apart['setup']}: "
-                  f"{together['tpot_p99_ms'] / apart['tpot_p99_ms']:.2f}x (goal >= 2); goodput {apart['setup']} / "
-                  f"{together['setup']}: {goodput}")
-    return {"rows": rows}
+        schedules = [workload(args, args.seed + n) for n in range(args.rounds)]
+        longs = sum(a.long for a in schedules[0])
+        cores = instance_cores(pin=True)
+        print(f"{args.rounds} rounds of {len(schedules[0]) - longs} short requests ({args.short_tokens} tokens each; "
+              f"{sum(len(s) - longs for s in schedules)} in all) and {longs} long prompts of {args.long_tokens} tokens "
+              f"over {args.seconds:.0f} s; model {model}; cores: {cores}")
+        setups = setups_of(args, serve_args)
+        trace = Path(folder) / "steps"
+        os.environ[step_trace.ENV] = str(trace)  # the servers' engine loops write their steps there
+        both = cores[0] | cores[1] if cores else None
+        with child_servers([s.serve_args for s in setups], [s.label for s in setups],
+                           [both if s.colocated else None for s in setups]) as servers:
+            print(f"servers up after {time.monotonic() - began:.0f} s (all loaded at once, then kept up)", flush=True)
+            for setup, proc, url in zip(setups, servers.procs, servers.urls):
+                setup.attach(proc.pid, url, servers.key)
+            for n, arrivals in enumerate(schedules):
+                for setup in setups if n % 2 == 0 else setups[::-1]:  # alternated: drift hits every setup
+                    run_round(setup, arrivals, n, servers.key, trace, args)
+        del os.environ[step_trace.ENV]
+    rows = [report_setup(setup, args.rounds, args) for setup in setups]
+    ratios = ratio_lines(setups, args)
+    print(f"total time {time.monotonic() - began:.0f} s")
+    return {"rows": rows, "ratios": ratios}
 
 
 DIRECTIONS = {"tpot_p99_ms": False, "tpot_p50_ms": False, "itl_p99_ms": False, "ttft_p99_ms": False,
-              "goodput_rps": True}
+              "goodput_rps": True, "tpot_p99_ratio": True}
 
 
 def figures(report: dict) -> dict[str, dict[str, float]]:
-    return {row["setup"]: {name: row[name] for name in DIRECTIONS} for row in report["rows"]}
+    return {row["setup"]: {name: row[name] for name in DIRECTIONS if name in row}
+            for row in [*report["rows"], *report["ratios"]]}
 
 
 if __name__ == "__main__":
