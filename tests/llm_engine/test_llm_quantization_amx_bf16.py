@@ -65,10 +65,12 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(scheme):
 
 
 @pytest.mark.parametrize("scheme", SCHEMES, ids=QuantScheme.describe)
-def test_native_bf16_dequantization_is_the_reference_rounded_to_bf16(scheme):
-    layer, weight = bf16_layer(scheme, k_in=320, n_out=37)
+@pytest.mark.parametrize("k_in", [320, 352])
+def test_native_bf16_dequantization_is_the_reference_rounded_to_bf16(scheme, k_in):
+    """352 inputs: an odd number of 32-input groups (int4 g32 unpacks two groups a step, the last alone)."""
+    layer, weight = bf16_layer(scheme, k_in=k_in, n_out=37)
     got = KERNELS.dequantize_bf16(layer.qweight, layer.scales, getattr(layer, "offsets", None),
-                                  scheme.group_size or 320)
+                                  scheme.group_size or k_in)
     assert torch.equal(got, weight)
 
 

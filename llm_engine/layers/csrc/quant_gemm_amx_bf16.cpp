@@ -59,7 +59,27 @@ void dequantize_int4_row(const uint8_t* qn, const float* scales, const float* of
                          int64_t group, uint16_t* w) {
   const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m256i low = _mm256_set1_epi16(15);
-  for (int64_t start = 0, g = 0; start < k_in; start += group, ++g) {
+  int64_t start = 0, g = 0;
+  if (group == 32) {  // two 32-input groups a step: one 32-entry table (group g's 16 values, then g+1's)
+    const __m512i low16 = _mm512_set1_epi16(15);
+    const __m512i second = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(16), 1);
+    for (; start + 64 <= k_in; start += 64, g += 2) {
+      const __m512 first_level =
+          _mm512_add_ps(_mm512_mul_ps(codes, _mm512_set1_ps(scales[g])), _mm512_set1_ps(offsets[g]));
+      const __m512 second_level =
+          _mm512_add_ps(_mm512_mul_ps(codes, _mm512_set1_ps(scales[g + 1])), _mm512_set1_ps(offsets[g + 1]));
+      const __m512i table = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(second_level, first_level));
+      // 16 code bytes of group g, then 16 of g + 1, widened; g + 1's indices moved to the table's upper half
+      const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qn + start / 2)));
+      const __m512i lows = _mm512_permutexvar_epi16(_mm512_or_si512(_mm512_and_si512(b, low16), second), table);
+      const __m512i highs = _mm512_permutexvar_epi16(_mm512_or_si512(_mm512_srli_epi16(b, 4), second), table);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + start), _mm512_castsi512_si256(lows));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + start + 16), _mm512_castsi512_si256(highs));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + start + 32), _mm512_extracti64x4_epi64(lows, 1));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + start + 48), _mm512_extracti64x4_epi64(highs, 1));
+    }
+  }
+  for (; start < k_in; start += group, ++g) {
     const int64_t half = (k_in - start < group ? k_in - start : group) / 2;
     // code * scale, then + offset: dequantize's two float32 roundings (-ffp-contract=off), then bf16
     const __m512 level = _mm512_add_ps(_mm512_mul_ps(codes, _mm512_set1_ps(scales[g])), _mm512_set1_ps(offsets[g]));
