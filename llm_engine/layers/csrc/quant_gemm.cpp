@@ -14,6 +14,8 @@
 // Up to 64 rows against 32-input int4/int8 groups (GGUF's Q4/Q8 shape: decode steps, a
 // speculative draft's verification) skip the buffer and unpack each group into registers once
 // for all rows; each row's arithmetic is then the same whatever the number of rows.
+// A bfloat16 model's int4 g32 decode rows can instead take AMX bf16 tiles (few_rows_int4_amx,
+// opt-in): weights and activations rounded to bf16, every row in one tile product per group.
 // A second pair of kernels (int4_gemm_q8/int8_gemm_q8, after quantize_rows_q8) multiplies in
 // integers, as llama.cpp does on the CPU: each row of x is first rounded to int8 with one float
 // scale per `block` inputs (32, or the whole row for per-token W8A8), then every 32 weights cost
@@ -25,7 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <new>
+#include <vector>
 
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
@@ -35,6 +37,9 @@
     defined(__AVX512VL__) && defined(__F16C__)
 #define CODEYARD_FEW_ROWS_AMX 1
 #include "amx.h"
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 #endif
 
 namespace {
@@ -401,18 +406,19 @@ void few_rows_dequantize_slice(const uint8_t* q, const float* scales, const floa
 void few_rows_int4_amx(const float* x, const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, float* out,
                        int64_t rows, int64_t n_out, int64_t k_in) {
   const int64_t groups = k_in / 32, row_bytes = k_in / 2, slices = (groups + FEW_SLICE - 1) / FEW_SLICE;
-  // B tiles: per group, 16 input pairs x rows x 2, as torch's .to(torch.bfloat16) rounds
-  uint16_t* xb = static_cast<uint16_t*>(::operator new(groups * 32 * rows * sizeof(uint16_t), std::align_val_t(64)));
+  // B tiles: per group, 16 input pairs x rows (a pair of bf16 is one 32-bit word), rounded as torch's
+  // .to(torch.bfloat16) rounds; kept per thread across calls (a step makes ~120 of them)
+  thread_local std::vector<uint32_t> pairs_buffer;
+  if (pairs_buffer.size() < static_cast<size_t>(groups * 16 * rows)) pairs_buffer.resize(groups * 16 * rows);
+  uint32_t* pairs = pairs_buffer.data();
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t k = 0; k < k_in; k += 16) {
-      const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(x + r * k_in + k)));
-      alignas(32) uint16_t v[16];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(v), h);
-      for (int64_t i = 0; i < 16; ++i) {
-        const int64_t e = k + i, g = e / 32, p = (e % 32) / 2;
-        xb[g * 32 * rows + p * 2 * rows + r * 2 + (e & 1)] = v[i];
-      }
+    for (int64_t k = 0; k < k_in; k += 32) {  // one group: 16 pairs
+      alignas(64) uint32_t v[16];
+      _mm512_store_si512(v, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + r * k_in + k + 16),
+                                                                         _mm512_loadu_ps(x + r * k_in + k))));
+      for (int64_t p = 0; p < 16; ++p) pairs[(k / 32 * 16 + p) * rows + r] = v[p];
     }
+  const uint16_t* xb = reinterpret_cast<const uint16_t*>(pairs);
   const int tile_cols = static_cast<int>(rows * 4);
 #pragma omp parallel
   {
@@ -421,37 +427,49 @@ void few_rows_int4_amx(const float* x, const uint8_t* q, const uint16_t* scales,
     _tile_loadconfig(&config);
     alignas(64) uint16_t buf[2][16 * FEW_SLICE * 32];
     alignas(64) float c[16 * FEW_MAX_ROWS];
-    float* sf = new float[2 * 16 * groups];
+    thread_local std::vector<float> levels;  // the pass's scales, then its offsets, as float32
+    if (levels.size() < static_cast<size_t>(2 * 16 * groups)) levels.resize(2 * 16 * groups);
+    float* sf = levels.data();
     float* of = sf + 16 * groups;
-#pragma omp for schedule(static)
-    for (int64_t n0 = 0; n0 < n_out; n0 += 16) {
-      for (int64_t i = 0; i < 16 * groups; i += 16) {  // the pass's float16 scales and offsets, 16 at a time
-        _mm512_storeu_ps(sf + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + n0 * groups + i))));
-        _mm512_storeu_ps(of + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(offsets + n0 * groups + i))));
+    // this thread's passes (16 channels each), their slices in one sequence: slice t is dequantized
+    // while slice t - 1 (of this pass or the one before) is multiplied
+#if defined(_OPENMP)
+    const int64_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
+#else
+    const int64_t threads = 1, thread = 0;
+#endif
+    const int64_t passes = n_out / 16;
+    const int64_t first = passes * thread / threads, last = passes * (thread + 1) / threads;
+    _tile_zero(0);
+    for (int64_t t = first * slices; t <= last * slices && first < last; ++t) {
+      if (t < last * slices) {
+        const int64_t n0 = t / slices * 16, s = t % slices;
+        if (s == 0)
+          for (int64_t i = 0; i < 16 * groups; i += 16) {  // the pass's float16 scales and offsets, 16 at a time
+            _mm512_storeu_ps(sf + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + n0 * groups + i))));
+            _mm512_storeu_ps(of + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(offsets + n0 * groups + i))));
+          }
+        const int64_t g0 = s * FEW_SLICE, count = groups - g0 < FEW_SLICE ? groups - g0 : FEW_SLICE;
+        few_rows_dequantize_slice(q, sf, of, n0, g0, count, groups, row_bytes, n_out, buf[t & 1]);
       }
-      _tile_zero(0);
-      for (int64_t s = 0; s <= slices; ++s) {
-        if (s < slices) {
-          const int64_t g0 = s * FEW_SLICE, count = groups - g0 < FEW_SLICE ? groups - g0 : FEW_SLICE;
-          few_rows_dequantize_slice(q, sf, of, n0, g0, count, groups, row_bytes, n_out, buf[s & 1]);
-        }
-        if (s == 0) continue;
-        const int64_t g0 = (s - 1) * FEW_SLICE, count = groups - g0 < FEW_SLICE ? groups - g0 : FEW_SLICE;
-        const uint16_t* w = buf[(s - 1) & 1];
-        for (int64_t j = 0; j < count; ++j) {
-          _tile_loadd(2, xb + (g0 + j) * 32 * rows, tile_cols);
-          _tile_loadd(1, w + j * 32, FEW_SLICE * 64);
-          _tile_dpbf16ps(0, 1, 2);
-        }
+      if (t == first * slices) continue;
+      const int64_t n0 = (t - 1) / slices * 16, s = (t - 1) % slices;
+      const int64_t g0 = s * FEW_SLICE, count = groups - g0 < FEW_SLICE ? groups - g0 : FEW_SLICE;
+      const uint16_t* w = buf[(t - 1) & 1];
+      for (int64_t j = 0; j < count; ++j) {
+        _tile_loadd(2, xb + (g0 + j) * 32 * rows, tile_cols);
+        _tile_loadd(1, w + j * 32, FEW_SLICE * 64);
+        _tile_dpbf16ps(0, 1, 2);
       }
-      _tile_stored(0, c, tile_cols);
-      for (int64_t ch = 0; ch < 16; ++ch)
-        for (int64_t r = 0; r < rows; ++r) out[r * n_out + n0 + ch] = c[ch * rows + r];
+      if (s == slices - 1) {  // the pass's sums are complete
+        _tile_stored(0, c, tile_cols);
+        _tile_zero(0);
+        for (int64_t ch = 0; ch < 16; ++ch)
+          for (int64_t r = 0; r < rows; ++r) out[r * n_out + n0 + ch] = c[ch * rows + r];
+      }
     }
-    delete[] sf;
     _tile_release();
   }
-  ::operator delete(xb, std::align_val_t(64));
 }
 #endif
 
