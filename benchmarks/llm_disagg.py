@@ -21,10 +21,19 @@ load): a decode instance whose TPOT is high because it waited is the machine's d
 line counts the decoding engine's steps by tokens (its batch; on the decode instance, steps over
 1024 tokens are long prompts it computed itself after a failed pull), from its /metrics.
 
+A p99 of one 45 s schedule is about its second slowest request, and colocated's slow ones are the
+few a burst catches while they decode, so the schedule runs --rounds times (a new seed each, the
+setups' order alternated, every server kept up across rounds) and the figures pool the rounds.
+Each ratio comes with each round's value and a 90% interval from a paired block bootstrap over
+(round, burst period) blocks (`llm_disagg_analysis.py`); the goal's verdict is "met" only when
+the interval's low end is >= 2. The servers' engine loops write a step trace (CODEYARD_STEP_TRACE),
+and the slowest requests of each setup are broken down into the steps they decoded in.
+
     python benchmarks/llm_disagg.py                       # the built-in SmolLM2-135M (GGUF, Q4_1)
     python benchmarks/llm_disagg.py --model random        # a random 4-layer Llama, hidden 256
     python benchmarks/llm_disagg.py --seconds 30 --burst-every 10 --burst 4 --long-tokens 2000
-    python benchmarks/llm_disagg.py --colocated-budget 512  # also colocated with a 512-token step budget
+    python benchmarks/llm_disagg.py --colocated-budget 256,512,1024  # also colocated with these step budgets
+    python benchmarks/llm_disagg.py --colocated-budget 512 --max-local-prefill-length 0  # ~8 min quiet
 
 The default model is the built-in one, because the goal is about a real model's costs: a 2k-token
 prefill takes seconds on one core (~1.5 s in bfloat16, dtype=auto's choice on a CPU with native
@@ -480,6 +489,9 @@ def run(args: argparse.Namespace) -> dict:
         setups = setups_of(args, serve_args)
         trace = Path(folder) / "steps"
         os.environ[step_trace.ENV] = str(trace)  # the servers' engine loops write their steps there
+        # A std::terminate at a server's exit ("terminate called without an active exception", seen
+        # twice, not located) aborts it: faulthandler then prints that process's Python stacks.
+        os.environ["PYTHONFAULTHANDLER"] = "1"
         both = cores[0] | cores[1] if cores else None
         with child_servers([s.serve_args for s in setups], [s.label for s in setups],
                            [both if s.colocated else None for s in setups]) as servers:
@@ -489,7 +501,8 @@ def run(args: argparse.Namespace) -> dict:
             for n, arrivals in enumerate(schedules):
                 for setup in setups if n % 2 == 0 else setups[::-1]:  # alternated: drift hits every setup
                     run_round(setup, arrivals, n, servers.key, trace, args)
-        del os.environ[step_trace.ENV]
+        for name in (step_trace.ENV, "PYTHONFAULTHANDLER"):
+            os.environ.pop(name, None)
     rows = [report_setup(setup, args.rounds, args) for setup in setups]
     ratios = ratio_lines(setups, args)
     print(f"total time {time.monotonic() - began:.0f} s")
