@@ -18,8 +18,8 @@ log = logging.getLogger(__name__)
 
 # Prompt lookup (issue 18) for the ghost-text completions, greedy lines that often copy code already
 # in the prompt: the same suggestions for a little less (benchmarks/llm_spec_assistant.py, 64
-# prompts: 1.03x CPU, median wait 1.07x; the prompt's prefill is most of a suggestion). Answers
-# sample with a repetition penalty, so the engine drafts nothing for them.
+# prompts: 1.03x CPU, median wait 1.07x; the prompt's prefill is most of a suggestion). Answers,
+# sampled with a repetition penalty, draft too (each verify row is penalised over the draft before it).
 PROMPT_LOOKUP = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
 
 

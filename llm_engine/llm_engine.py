@@ -20,7 +20,7 @@ from llm_engine.models.registry import resolve_model_class
 from llm_engine.multimodal.image import ImageInputError
 from llm_engine.multimodal.inputs import ImageInputs, ImageItem, ImagePrompt
 from llm_engine.outputs import CompletionOutput, RequestOutput
-from llm_engine.sampler import SampleResult, adjusts_logits
+from llm_engine.sampler import SampleResult
 from llm_engine.sampling_params import SamplingParams
 from llm_engine.scheduler import Scheduler, SchedulerOutput
 from llm_engine.sequence import Request, Sequence, SequenceStatus
@@ -331,7 +331,7 @@ class LLMEngine:
                                                [seq for _, seq in plain], self.eos_token_ids)
             ready_groups = self.beam_steps.record(logits, beams)
             verified = [(seq, self.model_runner.sampler.verify(
-                logits[row:row + 1 + len(seq.spec_token_ids)], seq, seq.spec_token_ids))
+                logits[row:row + 1 + len(seq.spec_token_ids)], seq, seq.spec_token_ids, self.eos_token_ids))
                 for row, seq in to_sample if seq.spec_token_ids]
         except WorkerGroupError as exc:
             self._restart_worker_group(exc)
@@ -491,8 +491,8 @@ class LLMEngine:
         for seq in self.scheduler.running:
             params = seq.request.params
             if (seq.num_computed_tokens != seq.num_tokens - 1 or seq.num_output_tokens == 0
-                    or adjusts_logits(seq) or seq.request.beam is not None):
-                continue  # penalties depend on each token before, beams rank every token: no drafts
+                    or seq.request.beam is not None):
+                continue  # beams rank every token of theirs: no drafts
             room = self.max_model_len - seq.num_tokens - 1
             if params.max_tokens is not None:
                 room = min(room, params.max_tokens - seq.num_output_tokens - 1)

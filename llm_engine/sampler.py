@@ -108,20 +108,25 @@ class Sampler:
 
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
-        vocab = logits.shape[-1]
         for i, seq in enumerate(seqs):
-            p = seq.request.params
-            if p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty:
-                continue
-            counts = torch.bincount(torch.tensor(seq.output_token_ids, dtype=torch.long), minlength=vocab)[:vocab]
-            if p.repetition_penalty != 1.0:
-                seen = counts > 0
-                prompt = torch.tensor(seq.token_ids[:seq.num_prompt_tokens], dtype=torch.long)
-                seen[prompt[prompt < vocab]] = True
-                row = logits[i]
-                penalised = torch.where(row > 0, row / p.repetition_penalty, row * p.repetition_penalty)
-                logits[i] = torch.where(seen, penalised, row)
-            logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
+            Sampler._penalise(logits[i], seq, seq.output_token_ids)
+
+    @staticmethod
+    def _penalise(row: torch.Tensor, seq: Sequence, output_ids: list[int]) -> None:
+        """Repetition, frequency and presence penalties on one logits row (in place), given the
+        output tokens before it (a draft's row i: the sequence's and the draft's first i)."""
+        p = seq.request.params
+        if p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty:
+            return
+        vocab = row.shape[-1]
+        counts = torch.bincount(torch.tensor(output_ids, dtype=torch.long), minlength=vocab)[:vocab]
+        if p.repetition_penalty != 1.0:
+            seen = counts > 0
+            prompt = torch.tensor(seq.token_ids[:seq.num_prompt_tokens], dtype=torch.long)
+            seen[prompt[prompt < vocab]] = True
+            penalised = torch.where(row > 0, row / p.repetition_penalty, row * p.repetition_penalty)
+            row.copy_(torch.where(seen, penalised, row))
+        row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
 
     @staticmethod
     def _apply_penalties_on_device(logits: torch.Tensor, seqs: list[Sequence]) -> None:
@@ -145,13 +150,18 @@ class Sampler:
     def _suppress_stops_before_min_tokens(logits: torch.Tensor, seqs: list[Sequence],
                                           eos_token_ids: set[int]) -> None:
         for i, seq in enumerate(seqs):
-            p = seq.request.params
-            if seq.num_output_tokens >= p.min_tokens or seq.grammar is not None:  # its grammar says when
-                continue
-            banned = set(p.stop_token_ids or []) | (set() if p.ignore_eos else eos_token_ids)
-            ids = [t for t in banned if t < logits.shape[-1]]
-            if ids:
-                logits[i, ids] = float("-inf")
+            Sampler._suppress_stops(logits[i], seq, seq.num_output_tokens, eos_token_ids)
+
+    @staticmethod
+    def _suppress_stops(row: torch.Tensor, seq: Sequence, num_output_tokens: int, eos_token_ids: set[int]) -> None:
+        """Stop tokens off one logits row while the sequence has fewer than min_tokens outputs."""
+        p = seq.request.params
+        if num_output_tokens >= p.min_tokens or seq.grammar is not None:  # its grammar says when
+            return
+        banned = set(p.stop_token_ids or []) | (set() if p.ignore_eos else eos_token_ids)
+        ids = [t for t in banned if t < row.shape[-1]]
+        if ids:
+            row[ids] = float("-inf")
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         probs = self._probs(logits, seqs)
@@ -198,10 +208,12 @@ class Sampler:
             probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
         return probs
 
-    def verify(self, logits: torch.Tensor, seq: Sequence, draft: list[int]) -> list[SampleResult]:
+    def verify(self, logits: torch.Tensor, seq: Sequence, draft: list[int],
+               eos_token_ids: set[int] | None = None) -> list[SampleResult]:
         """Speculative verification of a point-mass draft (prompt lookup) for one sequence.
 
-        logits: [len(draft) + 1, vocab], row i predicting the token after draft[:i]. Greedy keeps
+        logits: [len(draft) + 1, vocab], row i predicting the token after draft[:i]; penalties and
+        min_tokens apply to row i as to a step whose output so far ends with draft[:i]. Greedy keeps
         drafts equal to the argmax; sampling accepts draft[i] with probability p_i(draft[i]) and
         on rejection draws from p_i without that token, which leaves every emitted token
         distributed exactly as p (rejection sampling with q = a point mass). Returns the accepted
@@ -210,8 +222,14 @@ class Sampler:
         logits = logits.float().cpu()
         params = seq.request.params
         masked = logits
-        if seq.grammar is not None:  # each row under the grammar's mask at its own prefix
+        if adjusts_logits(seq) or seq.grammar is not None:
             masked = logits.clone()
+        if adjusts_logits(seq):  # row i's penalties count the draft's first i tokens too
+            outputs = seq.output_token_ids
+            for i, row in enumerate(masked):
+                self._penalise(row, seq, outputs + draft[:i])
+                self._suppress_stops(row, seq, len(outputs) + i, eos_token_ids or set())
+        if seq.grammar is not None:  # each row under the grammar's mask at its own prefix
             seq.grammar.mask_draft_rows(masked)
         if params.greedy:
             targets = greedy_tokens(masked).tolist()

@@ -21,6 +21,7 @@ and the acceptance figures (vllm:spec_decode_*).
     python -m benchmarks run spec --quick         # 3 + 3
     python -m benchmarks run spec --k 8 --out out.json
     python -m benchmarks run spec --dtype float32 # both engines in float32 (the fused one-sequence step)
+    python -m benchmarks run spec --repetition-penalty 1.1  # greedy under the assistant answers' penalty
 
 Both engines run at `dtype="auto"` unless --dtype says otherwise: what users get, bfloat16 on
 CPUs with AVX512-BF16 or AMX (prompts' matmuls on AMX tiles; one sequence's step and its draft's
@@ -80,27 +81,29 @@ def workloads(tokenizer, args: argparse.Namespace) -> dict[str, list[tuple[list[
     return {"code-edit": edits, "free-text": free}
 
 
-def run_one(llm, prompt: list[int], max_tokens: int) -> tuple[list[int], float, float, float]:
+def run_one(llm, prompt: list[int], max_tokens: int, repetition_penalty: float = 1.0
+            ) -> tuple[list[int], float, float, float]:
     """Greedy tokens, the request's seconds, the seconds from its first token to its last, and the
     process's CPU seconds for the request (what other work on a shared machine changes least)."""
     from llm_engine import SamplingParams
 
     start, cpu = time.perf_counter(), time.process_time()
-    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)[0]
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, repetition_penalty=repetition_penalty)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
     cpu = time.process_time() - cpu
     return (out.outputs[0].token_ids, time.perf_counter() - start,
             out.metrics.finished_time - out.metrics.first_token_time, cpu)
 
 
-def measure(plain, spec, requests: list[tuple[list[int], int]]) -> dict:
+def measure(plain, spec, requests: list[tuple[list[int], int]], repetition_penalty: float = 1.0) -> dict:
     """Both engines on each request in turn; tokens/s, identity and the draft's acceptance."""
     before = spec.engine.get_stats()
     tokens, plain_s, spec_s, identical = 0, 0.0, 0.0, 0
     decoded, plain_decode_s, spec_decode_s = 0, 0.0, 0.0  # after each request's first token (its prefill)
     plain_cpu, spec_cpu = 0.0, 0.0
     for prompt, max_tokens in requests:
-        ours, t_plain, d_plain, c_plain = run_one(plain, prompt, max_tokens)
-        theirs, t_spec, d_spec, c_spec = run_one(spec, prompt, max_tokens)
+        ours, t_plain, d_plain, c_plain = run_one(plain, prompt, max_tokens, repetition_penalty)
+        theirs, t_spec, d_spec, c_spec = run_one(spec, prompt, max_tokens, repetition_penalty)
         tokens += len(ours)
         decoded += len(ours) - 1
         plain_s += t_plain
@@ -135,6 +138,8 @@ def parse_args(argv: list[str] | None, parser: argparse.ArgumentParser) -> argpa
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--dtype", default="auto", choices=("float32", "bfloat16", "auto"),
                         help="both engines' dtype (auto: the engine's own choice; float32: the fused single-sequence step)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="every request's (the assistant's answers use 1.1): drafts verified under it")
     args = parser.parse_args(argv)
     if args.quick:
         args.code_edits, args.free_text = 3, 3
@@ -153,13 +158,14 @@ def run(args: argparse.Namespace) -> dict:
     for llm in (plain, spec):  # warm-up, outside the timings
         run_one(llm, loads["code-edit"][0][0], 16)
     dtype = str(plain.engine.model_runner.dtype).removeprefix("torch.")  # what "auto" chose
-    print(f"model {gguf.name}, {args.threads} threads, dtype {args.dtype} ({dtype}), speculative_config {spec_config}")
+    print(f"model {gguf.name}, {args.threads} threads, dtype {args.dtype} ({dtype}), speculative_config {spec_config}, "
+          f"repetition_penalty {args.repetition_penalty}")
     print(f"{'workload':<11}{'requests':>9}{'tokens':>8}{'plain tok/s':>13}{'spec tok/s':>12}{'ratio':>7}"
           f"{'goal':>7}{'decode ratio':>13}{'CPU ratio':>10}{'accept len':>11}{'drafts':>8}{'accepted/drafted':>18}{'identical':>10}")
     report: dict = {"model": gguf.name, "threads": args.threads, "dtype": dtype, "speculative_config": spec_config,
                     "workloads": {}}
     for name, requests in loads.items():
-        row = measure(plain, spec, requests)
+        row = measure(plain, spec, requests, args.repetition_penalty)
         row |= {"goal": GOALS[name], "met": row["ratio"] >= GOALS[name]}
         ratio, tokens, drafts = row["ratio"], row["output_tokens"], row["drafts"]
         accepted, drafted, identical = row["accepted_tokens"], row["draft_tokens"], row["identical"]

@@ -212,13 +212,14 @@ def test_rejected_slots_are_rolled_back_every_step_and_aborts_free_everything(ti
     assert stats.num_free_blocks == stats.num_total_blocks
 
 
-def verified_draws(logits: torch.Tensor, seq: Sequence, draft: list[int], trials: int) -> list[list[int]]:
+def verified_draws(logits: torch.Tensor, seq: Sequence, draft: list[int], trials: int,
+                   eos_token_ids: set[int] | None = None) -> list[list[int]]:
     """The tokens of `trials` verifications of one draft, each drawn anew."""
     sampler = Sampler(0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # thousands of tiny ops: threads only add overhead
     try:
-        return [[r.token_id for r in sampler.verify(logits, seq, draft)] for _ in range(trials)]
+        return [[r.token_id for r in sampler.verify(logits, seq, draft, eos_token_ids)] for _ in range(trials)]
     finally:
         torch.set_num_threads(threads)
 
@@ -243,6 +244,67 @@ def test_rejection_sampling_follows_the_target_distribution():
         expected = probs[support] / probs[support].sum() * counts.sum()
         assert chi_square_pvalue(counts[support], expected) > 1e-3
     assert second.sum() > 300  # the accepted branch was exercised
+
+
+def test_greedy_output_with_penalties_and_min_tokens_is_identical_with_drafts(tiny_llama):
+    """Requests with repetition/frequency/presence penalties or pending min_tokens get drafts, and
+    each verify row is penalised over the tokens before it (the draft's own included): greedy
+    output equals no speculation, token for token."""
+    requests = []
+    strong = [dict(repetition_penalty=1.5), dict(frequency_penalty=2.0), dict(presence_penalty=2.0),
+              dict(min_tokens=20, frequency_penalty=1.0)]  # a draft's own repeats change the next row
+    mild = [dict(repetition_penalty=1.3), dict(frequency_penalty=0.6), dict(presence_penalty=0.8),
+            dict(min_tokens=20, repetition_penalty=1.1)]  # drafts get accepted
+    for seed, kinds in ((5, strong), (6, mild)):
+        rng = random.Random(seed)
+        for i in range(12):
+            piece = [rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 8))]
+            requests.append((piece * 5, SamplingParams(temperature=0.0, max_tokens=28, logprobs=1, **kinds[i % 4])))
+    common = dict(dtype="float32", block_size=8, num_kv_blocks=64, enable_prefix_caching=True)
+    plain = run_all(LLM(str(tiny_llama), **common), requests)
+    llm = LLM(str(tiny_llama), speculative_config=NGRAM, **common)
+    spec = run_all(llm, requests)
+    for i, (a, b) in enumerate(zip(plain, spec)):
+        x, y = a.outputs[0], b.outputs[0]
+        assert x.token_ids == y.token_ids, f"request {i}"
+        assert x.finish_reason == y.finish_reason
+        assert all(abs(lx[t].logprob - ly[t].logprob) < 1e-4 for lx, ly in zip(x.logprobs, y.logprobs) for t in lx)
+    assert all(len(out.outputs[0].token_ids) >= 20 for out in spec[3::4])  # min_tokens held
+    stats = llm.engine.get_stats()
+    assert stats.spec_decode_num_drafts > 0 and stats.spec_decode_num_accepted_tokens > 0
+
+
+def test_rejection_sampling_with_penalties_follows_the_penalised_distribution():
+    """Frequency and presence penalties: the first emitted token follows p0 penalised over the
+    sequence's outputs, the second (after draft[0] was accepted) p1 penalised over those and
+    draft[0]; min_tokens 4 keeps EOS (2) off the first row (the 4th output) only."""
+    vocab, trials = 8, 4000
+    torch.manual_seed(1)
+    logits = torch.randn(3, vocab) * 1.5
+    params = SamplingParams(temperature=0.8, frequency_penalty=0.7, presence_penalty=0.5, min_tokens=4, seed=7)
+    seq = Request("x", None, [1], params).seqs[0]
+    seq.token_ids += [5, 5, 6]  # outputs so far
+    draft = [int(logits[0].argsort()[-1]), 3]
+    assert draft[0] not in (5, 6)
+    logits[1, draft[0]] = logits[1].max() + 0.5  # the likeliest next unless its penalty counts
+    expected = []
+    for i, outputs in enumerate(([5, 5, 6], [5, 5, 6, draft[0]])):
+        row = logits[i].clone()
+        counts = torch.bincount(torch.tensor(outputs), minlength=vocab).float()
+        row -= 0.7 * counts + 0.5 * (counts > 0).float()
+        if i == 0:
+            row[2] = float("-inf")
+        expected.append(Sampler._probs(row[None], [seq])[0])
+    first, second = torch.zeros(vocab), torch.zeros(vocab)
+    for tokens in verified_draws(logits, seq, draft, trials, eos_token_ids={2}):
+        first[tokens[0]] += 1
+        if tokens[0] == draft[0]:
+            second[tokens[1]] += 1
+    for counts, probs in ((first, expected[0]), (second, expected[1])):
+        support = probs > 0
+        assert counts[~support].sum() == 0  # no EOS before min_tokens
+        assert chi_square_pvalue(counts[support], probs[support] * counts.sum()) > 1e-3
+    assert second.sum() > 300 and second[2] > 0  # the accepted branch was exercised, EOS allowed there
 
 
 def test_rejection_sampling_under_a_grammar_follows_the_masked_distribution(tiny_llama_smollm_vocab):
