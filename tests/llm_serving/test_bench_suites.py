@@ -67,6 +67,15 @@ def test_spec_suite_outputs_match_and_count_drafts(tiny_chat_model, tmp_path):
     assert result["figures"]["code-edit"]["runs"][0]["cpu_ratio"] > 0
 
 
+def test_beam_suite_computes_one_token_per_beam_inside_the_engine(tiny_chat_model, tmp_path):
+    result = run_suite(tmp_path, "beam", "--model", str(tiny_chat_model), "--requests", "1", "--widths", "2",
+                       "--max-tokens", "6", "--dtype", "float32")
+    row = result["report"]["widths"]["2"]
+    assert row["same_beams"] == 1  # float32: both designs find the same beams
+    assert row["inside_tokens"] < row["on_top_tokens"]  # no partial block recomputed each step
+    assert result["figures"]["width 2"]["runs"][0]["ratio"] > 0
+
+
 def test_spec_draft_suite_with_a_draft_model(tiny_chat_model, tmp_path):
     # the model as its own draft: every drafted token is accepted in float32 (in bfloat16 the draft's
     # catch-up forwards over several tokens, the prompt's first output token among them, round
