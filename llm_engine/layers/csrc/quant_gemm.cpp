@@ -34,7 +34,7 @@
 #endif
 
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__) && defined(__AVX512BW__) && \
-    defined(__AVX512VL__) && defined(__F16C__)
+    defined(__AVX512VL__) && defined(__AVX512VBMI__) && defined(__F16C__)
 #define CODEYARD_FEW_ROWS_AMX 1
 #include "amx.h"
 #if defined(_OPENMP)
@@ -355,25 +355,42 @@ void rows_g32(const float* x, const uint8_t* q, const uint16_t* scales, const ui
 // above pays two FMAs per row and group (a verified row costs what a one-token step's arithmetic
 // costs); the tile unit multiplies up to 16 rows in the time of one. Per pass 16 output channels:
 // their float16 scales/offsets convert once, then slices of FEW_SLICE groups are dequantized into
-// an L1 buffer (per pair of groups a 32-entry bf16 table, code * scale + offset with dequantize's
-// two roundings then rounded to bf16, looked up with one vpermw per group), and the slice before
+// an L1 buffer (per group a bf16 table of its 16 levels, and its 32 codes picked out of their 16
+// bytes by one vpmultishiftqb and looked up by one vpermw, in FEW_ORDER), and the slice before
 // is multiplied while the next one is dequantized: A = 16 channels x 32 weights, B = the group's
 // 32 activations of every row (pair-interleaved, rounded to bf16 once per call), C = 16 channels
 // x rows float32 sums over all of K. (Measured on SmolLM2's layers, one thread, against the float
 // kernel's one row: 4-group slices 1.06-1.09x, 8 1.11x, 16 1.12x; even and odd groups in two C
 // tiles, 32 or 64 channels per pass, or a tile product issued between channels' dequantization:
-// no better.) Each output element depends only on its channel's weights and its row's
+// no better; the multishift and the FMA table instead of a shared two-group table with masked
+// indices and two roundings: 1.05-1.08x -> 0.97-0.99x.) Each output element depends only on its channel's weights and its row's
 // activations, in an order fixed by the hardware: a row's result is the same whatever rows are
 // beside it (tested), so a verified row equals its one-token step.
 constexpr int64_t FEW_SLICE = 4;       // groups per dequantized slice (16 channels x 4 groups: 4 KiB)
 constexpr int64_t FEW_MAX_ROWS = 16;   // a B tile's columns
 
+// The order of a group's 32 weights in an A row (and of its inputs in the B tiles): word w holds
+// element order[w], the nibble `select` picks out of a broadcast of the group's 16 bytes with one
+// vpmultishiftqb (its bits 4-7 are the neighbouring nibble's: the table repeats in both halves,
+// and vpermw reads only 5 bits).
+struct FewRowsOrder {
+  alignas(64) uint8_t select[64];
+  alignas(64) uint16_t order[32];
+  FewRowsOrder() {
+    for (int w = 0; w < 32; ++w) {  // qword m of the result takes from the group's qword m % 2
+      const int m = w / 4, t = w % 4, nibble = (m / 2) * 4 + t, byte = nibble % 8, high = nibble / 8;
+      select[8 * m + 2 * t] = static_cast<uint8_t>(8 * byte + 4 * high);
+      select[8 * m + 2 * t + 1] = 0;
+      order[w] = static_cast<uint16_t>(8 * (m % 2) + byte + 16 * high);  // byte b: element b, b + 16
+    }
+  }
+};
+const FewRowsOrder FEW_ORDER;
+
 void few_rows_dequantize_slice(const uint8_t* q, const float* scales, const float* offsets, int64_t n0, int64_t g0,
                                int64_t count, int64_t groups, int64_t row_bytes, int64_t n_out, uint16_t* buf) {
   const __m512 codes16 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  // a group's 16 bytes as 32 words: the bytes (low nibbles) then the bytes >> 4 (high nibbles)
-  const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-  const __m512i fifteen = _mm512_set1_epi16(15), sixteen = _mm512_set1_epi16(16);
+  const __m512i select = _mm512_load_si512(FEW_ORDER.select);
   for (int64_t ch = 0; ch < 16; ++ch) {
     const uint8_t* qn = q + (n0 + ch) * row_bytes + g0 * 16;
     if (n0 + ch + 16 < n_out)  // the next pass's codes of this slice start on their way to L1
@@ -381,23 +398,13 @@ void few_rows_dequantize_slice(const uint8_t* q, const float* scales, const floa
     const float* s = scales + ch * groups + g0;
     const float* o = offsets + ch * groups + g0;
     uint16_t* w = buf + ch * FEW_SLICE * 32;
-    int64_t j = 0;
-    for (; j + 2 <= count; j += 2) {  // entries 0-15: group j's levels, 16-31: group j + 1's
-      const __m512 t0 = _mm512_add_ps(_mm512_mul_ps(codes16, _mm512_set1_ps(s[j])), _mm512_set1_ps(o[j]));
-      const __m512 t1 = _mm512_add_ps(_mm512_mul_ps(codes16, _mm512_set1_ps(s[j + 1])), _mm512_set1_ps(o[j + 1]));
-      const __m512i table = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(t1, t0));
-      const __m512i b0 = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qn + j * 16))));
-      const __m512i b1 = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qn + j * 16 + 16))));
-      const __m512i i0 = _mm512_and_si512(_mm512_srlv_epi16(b0, shifts), fifteen);
-      const __m512i i1 = _mm512_ternarylogic_epi32(_mm512_srlv_epi16(b1, shifts), fifteen, sixteen, 0xEA);  // (a & b) | c
-      _mm512_store_si512(w + j * 32, _mm512_permutexvar_epi16(i0, table));
-      _mm512_store_si512(w + j * 32 + 32, _mm512_permutexvar_epi16(i1, table));
-    }
-    if (j < count) {
-      const __m512 t0 = _mm512_add_ps(_mm512_mul_ps(codes16, _mm512_set1_ps(s[j])), _mm512_set1_ps(o[j]));
-      const __m512i table = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(t0, t0));
-      const __m512i b0 = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qn + j * 16))));
-      _mm512_store_si512(w + j * 32, _mm512_permutexvar_epi16(_mm512_and_si512(_mm512_srlv_epi16(b0, shifts), fifteen), table));
+    for (int64_t j = 0; j < count; ++j) {
+      // the group's 16 levels, code * scale + offset in one rounding (an FMA: dequantize rounds
+      // twice, which the bf16 rounding after it hides but for rare ties), in both table halves
+      const __m512 levels = _mm512_fmadd_ps(codes16, _mm512_set1_ps(s[j]), _mm512_set1_ps(o[j]));
+      const __m512i table = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(levels, levels));
+      const __m512i bytes = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qn + j * 16)));
+      _mm512_store_si512(w + j * 32, _mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(select, bytes), table));
     }
   }
 }
@@ -412,10 +419,11 @@ void few_rows_int4_amx(const float* x, const uint8_t* q, const uint16_t* scales,
   if (pairs_buffer.size() < static_cast<size_t>(groups * 16 * rows)) pairs_buffer.resize(groups * 16 * rows);
   uint32_t* pairs = pairs_buffer.data();
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t k = 0; k < k_in; k += 32) {  // one group: 16 pairs
+    for (int64_t k = 0; k < k_in; k += 32) {  // one group: 16 pairs, in the A rows' order (FEW_ORDER)
       alignas(64) uint32_t v[16];
-      _mm512_store_si512(v, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + r * k_in + k + 16),
-                                                                         _mm512_loadu_ps(x + r * k_in + k))));
+      const __m512i natural = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + r * k_in + k + 16),
+                                                                           _mm512_loadu_ps(x + r * k_in + k)));
+      _mm512_store_si512(v, _mm512_permutexvar_epi16(_mm512_load_si512(FEW_ORDER.order), natural));
       for (int64_t p = 0; p < 16; ++p) pairs[(k / 32 * 16 + p) * rows + r] = v[p];
     }
   const uint16_t* xb = reinterpret_cast<const uint16_t*>(pairs);
