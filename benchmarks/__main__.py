@@ -84,6 +84,7 @@ def cmd_run(args) -> int:
     engine_cpus, client_cpus = _cpus(args.engine_cpus, "--engine-cpus"), _cpus(args.client_cpus, "--client-cpus")
     if bool(engine_cpus) != bool(client_cpus) or (engine_cpus and engine_cpus & client_cpus):
         raise UsageError("--engine-cpus and --client-cpus go together and must not overlap")
+    api_cpus = _api_cpus(args.api_cpus, client_cpus)
     model_path, _ = resolve_model(args.model)
     workload = build(Corpus(load_tokenizer(model_path)), args.seed, **settings)
     if client_cpus:
@@ -91,7 +92,7 @@ def cmd_run(args) -> int:
     server = None
     if any(k != "offline" for k in kinds):
         server = Server(model_path, args.max_num_seqs, url=args.url, grpc=args.grpc, api_key=args.api_key,
-                        engine_cpus=engine_cpus, other_cpus=client_cpus, engine=args.server_engine)
+                        engine_cpus=engine_cpus, other_cpus=api_cpus, engine=args.server_engine)
     offline = {"model": model_path, "max_num_seqs": args.max_num_seqs, "slowdown": args.inject_slowdown,
                "cpus": engine_cpus}
     try:
@@ -100,12 +101,23 @@ def cmd_run(args) -> int:
     finally:
         if server is not None:
             server.close()
-    result["settings"].update(engine_cpus=sorted(engine_cpus or ()), client_cpus=sorted(client_cpus or ()))
+    result["settings"].update(engine_cpus=sorted(engine_cpus or ()), client_cpus=sorted(client_cpus or ()),
+                              api_cpus=sorted(api_cpus or ()))
     print(overhead_table(result))
     if args.out:
         results.save(result, args.out)
         print(f"wrote {args.out}")
     return 0
+
+
+def _api_cpus(text: str | None, client_cpus: frozenset[int] | None) -> frozenset[int] | None:
+    """Where a started server's API process runs: beside the client (None, the default), or "any"
+    CPU of this machine's (unpinned, as `llm serve --engine-cpus` leaves it), or a CPU list."""
+    if text is None:
+        return client_cpus
+    if not client_cpus:
+        raise UsageError("--api-cpus goes with --engine-cpus and --client-cpus")
+    return frozenset(os.sched_getaffinity(0)) if text == "any" else _cpus(text, "--api-cpus")
 
 
 def _cpus(text: str | None, option: str) -> frozenset[int] | None:
@@ -254,6 +266,9 @@ def dispatch(argv: list[str], prog: str) -> int:
                      "CPU; the rest (offline: this process's consumer; a server: its event loop and gRPC "
                      "threads) runs on --client-cpus with the client")
     run.add_argument("--client-cpus", help="pin this benchmark's client here (with --engine-cpus)")
+    run.add_argument("--api-cpus", help="a started server's API process (event loop, gRPC threads) runs on "
+                     "these CPUs, or 'any' (unpinned, as `llm serve --engine-cpus` leaves it: the engine's "
+                     "CPUs too); default: --client-cpus, beside the client")
     run.add_argument("--server-engine", choices=("process", "thread"),
                      help="the started server's engine: its own process (--engine-process) or a thread of "
                           "the server's (--engine-thread); default: the server's default")

@@ -165,6 +165,15 @@ def test_pinning_gives_the_offline_engine_its_own_cpu(tiny_chat_model, capsys):
         argv = ["run", "grid", "--engine-cpus", engine] + (["--client-cpus", client] if client else [])
         assert bench_main(argv) == 2
         assert "cpus" in capsys.readouterr().err.lower()
+    # --api-cpus places a started server's API process: beside the client unless told, "any" = unpinned
+    from benchmarks.__main__ import UsageError, _api_cpus
+
+    here = frozenset(os.sched_getaffinity(0))
+    assert _api_cpus(None, frozenset({1})) == {1} and _api_cpus("any", frozenset({1})) == here
+    assert _api_cpus("0", frozenset({1})) == {0}
+    for text, client in (("any", None), ("0-99", frozenset({1}))):
+        with pytest.raises(UsageError, match="--api-cpus"):
+            _api_cpus(text, client)
 
 
 def test_the_gate_takes_its_baseline_engine_out_of_git_or_says_why_not(tmp_path):
