@@ -121,13 +121,16 @@ class _Serving:
                                            more=i < len(prompts) - 1, fit_window=fit_window)
                       for i, (prompt, p) in enumerate(zip(prompts, params))]
         try:
-            # every prompt at once: awaiting each one's first output before sending the next put
-            # a batch's prompts into the engine a step apart
-            results = await asyncio.gather(*(anext(gen) for gen in generators), return_exceptions=True)
-            failure = next((r for r in results if isinstance(r, BaseException)), None)
-            if failure is not None:
-                raise failure
-            firsts = [r for r in results if isinstance(r, RequestOutput)]
+            if len(generators) == 1:  # most requests: no task to wrap it in (gather's), one hop less
+                firsts = [await anext(generators[0])]
+            else:
+                # every prompt at once: awaiting each one's first output before sending the next put
+                # a batch's prompts into the engine a step apart
+                results = await asyncio.gather(*(anext(gen) for gen in generators), return_exceptions=True)
+                failure = next((r for r in results if isinstance(r, BaseException)), None)
+                if failure is not None:
+                    raise failure
+                firsts = [r for r in results if isinstance(r, RequestOutput)]
         except BaseException as exc:
             for gen in generators:
                 await gen.aclose()
