@@ -48,7 +48,7 @@ def main() -> None:
     print(f"load (1/5/15 min) at start: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
     for name, requests in loads.items():
         cpu = {(mode, kind): 0.0 for mode in FLAGS for kind in ("plain", "spec")}
-        tokens, identical, across = 0, dict.fromkeys(FLAGS, 0), 0
+        tokens, identical, across = dict.fromkeys(FLAGS, 0), dict.fromkeys(FLAGS, 0), 0
         for prompt, max_tokens in requests:
             outputs = {}
             for mode, flag in FLAGS.items():
@@ -59,11 +59,11 @@ def main() -> None:
                 cpu[mode, "spec"] += c_spec
                 identical[mode] += ours == theirs
                 outputs[mode] = ours
-            tokens += len(outputs["float32 kernel"])
+                tokens[mode] += len(ours)  # each mode's own outputs (the modes may differ)
             across += outputs["float32 kernel"] == outputs["AMX bf16 tiles"]
-        ms = {key: 1000 * value / tokens for key, value in cpu.items()}
+        ms = {(mode, kind): 1000 * value / tokens[mode] for (mode, kind), value in cpu.items()}
         base = ms["float32 kernel", "plain"]
-        print(f"\n{name}: {len(requests)} requests, {tokens} tokens (float32 kernel's), "
+        print(f"\n{name}: {len(requests)} requests, {' / '.join(str(n) for n in tokens.values())} tokens, "
               f"outputs equal across modes {across}/{len(requests)}")
         for mode in FLAGS:
             print(f"  {mode:<15} plain {ms[mode, 'plain']:6.2f} CPU ms/token ({base / ms[mode, 'plain']:.2f}x), "
