@@ -5,19 +5,16 @@ candidates by cumulative logprob go on, and a candidate ending in EOS is finishe
 among the best beam_width (as in Transformers). Final order is Transformers':
 cum_logprob / generated_length ** length_penalty.
 
-Two drivers share that ranking (`rank_candidates`): `BeamGroup` is a beam-search request inside
-the engine (its beams are sequences that fork each other's block tables copy-on-write, see
-beam_steps.py), and `BeamSearch` runs beams on top of an engine as one-token requests (the
-completions endpoint over the async engine).
+`BeamGroup` is a beam-search request inside the engine (its beams are sequences that fork each
+other's block tables copy-on-write, see beam_steps.py): `LLM.beam_search`, `LLMEngine.add_request`
+and the completions endpoint's `use_beam_search` (through the async engine or the engine-core
+process) all run one. The previous design, beams run on top of the engine as one-token requests,
+is kept only as the beam benchmark's baseline (benchmarks/suites/beam.py), with this ranking.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-from llm_engine.outputs import Logprob
-from llm_engine.sampling_params import SamplingParams
 
 
 @dataclass
@@ -112,42 +109,3 @@ class BeamGroup:
     def top_n(self) -> int:
         return 2 * self.params.beam_width
 
-
-class BeamSearch:
-    """The beams of one prompt run on top of an engine: what to extend next and, at the end, the ranking."""
-
-    def __init__(self, prompt_ids: list[int], params: BeamSearchParams, eos_token_ids: set[int]) -> None:
-        self.params = params
-        self.eos_token_ids = eos_token_ids
-        self.live = [BeamSearchSequence(list(prompt_ids), 0.0, len(prompt_ids))]
-        self.finished: list[BeamSearchSequence] = []
-        self.steps = 0
-        # One more token of a beam, with the logprobs of its 2 x beam_width likeliest tokens.
-        self.step_params = SamplingParams(temperature=0, max_tokens=1, logprobs=2 * params.beam_width,
-                                          ignore_eos=True)
-
-    @property
-    def done(self) -> bool:
-        return not self.live or self.steps >= self.params.max_tokens
-
-    def advance(self, tops: list[dict[int, Logprob]]) -> None:
-        """Extend the live beams, given each one's next-token logprobs (in the order of `live`)."""
-        live, ended = rank_candidates([(beam.cum_logprob, [(t, lp.logprob) for t, lp in top.items()])
-                                       for beam, top in zip(self.live, tops)], self.params, self.eos_token_ids)
-
-        def extend(c: Candidate, reason: str | None) -> BeamSearchSequence:
-            parent = self.live[c.parent]
-            return BeamSearchSequence(parent.tokens + [c.token], c.cum_logprob, parent.num_prompt_tokens,
-                                      finish_reason=reason)
-
-        self.finished.extend(extend(c, "stop") for c in ended)
-        self.live = [extend(c, None) for c in live]
-        self.steps += 1
-
-    def result(self, tokenizer: Any) -> BeamSearchOutput:
-        for beam in self.live:
-            beam.finish_reason = "length"
-        ranked = final_ranking(self.finished + self.live, self.params)
-        for beam in ranked:
-            beam.text = tokenizer.decode(beam.tokens) if tokenizer is not None else None
-        return BeamSearchOutput(ranked)

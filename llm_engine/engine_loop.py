@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Protocol
 
+from llm_engine.beam_search import BeamSearchParams
 from llm_engine.outputs import RequestOutput
 from llm_engine.sampling_params import SamplingParams
 from llm_engine.step_trace import StepTrace
@@ -27,7 +28,7 @@ log = logging.getLogger("codeyard.llm")
 class AddRequest:
     request_id: str
     prompt: str | list[int] | ImagePrompt
-    params: SamplingParams
+    params: SamplingParams | BeamSearchParams  # a beam search: one beam group in the engine
     priority: int
     arrival_time: float
     # Other requests were on their way to the engine behind this one (a burst the API process is

@@ -17,6 +17,7 @@ from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Final
 
+from llm_engine.beam_search import BeamSearchParams
 from llm_engine.engine_loop import AbortRequest, AddRequest, Command
 from llm_engine.outputs import RequestOutput
 from llm_engine.sampling_params import SamplingParams
@@ -130,10 +131,11 @@ class RequestStreams(ABC):
             with self._lock:
                 self._admitting -= 1
 
-    async def generate(self, prompt: str | list[int] | ImagePrompt, sampling_params: SamplingParams,
+    async def generate(self, prompt: str | list[int] | ImagePrompt, sampling_params: SamplingParams | BeamSearchParams,
                        request_id: str, priority: int = 0, more: bool = False,
                        fit_window: bool = False) -> AsyncGenerator[RequestOutput, None]:
-        """Yield the request's output after each step that changed it (cumulative text/tokens).
+        """Yield the request's output after each step that changed it (cumulative text/tokens; a
+        beam search's completions are its beam_width best beams so far, their text once finished).
         `more`: the caller sends other prompts right behind this one (a batch's rows).
         `fit_window`: the engine tokenizes the prompt and checks it against the context window
         (`AddRequest.fit_window`); a prompt that does not fit raises ContextLengthExceeded.

