@@ -1,5 +1,5 @@
 """The AMX bf16 few-row kernel for a bfloat16 model's int4 g32 decode rows (csrc/quant_gemm.cpp's
-int4_few_rows_bf16_amx, opt-in through CODEYARD_FEW_ROWS_AMX=1 in the fused decode step): what it
+int4_few_rows_bf16_amx, the fused decode step's kernel unless CODEYARD_FEW_ROWS_AMX=0): what it
 computes (x and the dequantized weights rounded to bf16, float32 sums), that a row's result does not
 depend on the rows beside it (a verified row must equal its one-token step), and that a fused bf16
 step's drafted rows equal its one-token steps with it on."""

@@ -152,11 +152,14 @@ void attend(const DecodeModel* m, const DecodeLayer& layer, float* qkv, int64_t 
                    contexts, out, rows, m->heads, m->kv_heads, m->block_size, m->head_dim, num_blocks, m->scale);
 }
 
-// A bfloat16 model's int4 g32 layers on the AMX bf16 few-row kernel (quant_gemm.cpp), opt-in while
-// its numerics (weights and activations rounded to bf16) are weighed: CODEYARD_FEW_ROWS_AMX=1.
+// A bfloat16 model's int4 g32 layers take the AMX bf16 few-row kernel (quant_gemm.cpp) where the CPU
+// has it: a verify row costs ~0.3x of a one-token step there against ~0.6x on the float kernel, for
+// a one-token step ~3-6% dearer and bf16 rounding of the weights and activations (the numerics a
+// bfloat16 model's prefill and the >8-sequence tiles already have). CODEYARD_FEW_ROWS_AMX=0 keeps
+// the float kernel (the A/B benchmarks alternate the two).
 bool few_rows_amx_wanted(const DecodeModel* m) {
   const char* flag = std::getenv("CODEYARD_FEW_ROWS_AMX");
-  return m->kv_bf16 != 0 && flag != nullptr && flag[0] == '1';
+  return m->kv_bf16 != 0 && (flag == nullptr || flag[0] != '0');
 }
 
 // out [rows, n_out] = x [rows, k_in] @ W^T (+ bias)
