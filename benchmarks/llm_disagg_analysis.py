@@ -101,12 +101,13 @@ def span_line(span: Span, steps: list[dict[str, Any]]) -> str:
     inside = [s for s in steps if span.first <= s["t"] + s["wall"] <= span.last]
     if not inside:
         return "no traced steps inside"
-    wall = sum(s["wall"] for s in inside)
+    # the first step may have begun before the span: only its part inside counts against the gaps
+    wall = sum(s["t"] + s["wall"] - max(s["t"], span.first) for s in inside)
     cpu = sum(s["cpu"] for s in inside)
     slowest = max(inside, key=lambda s: s["wall"])
     length = span.last - span.first
     return (f"{length / max(span.tokens - 1, 1) * 1000:.1f} ms a token over {len(inside)} steps ({1000 * length:.0f} ms): "
-            f"steps' wall {1000 * wall:.0f} ms (CPU {1000 * cpu:.0f}, waiting {1000 * (wall - cpu):.0f}), between "
+            f"steps' wall inside it {1000 * wall:.0f} ms (their CPU {1000 * cpu:.0f}), between "
             f"steps {1000 * (length - wall):.0f} ms; tokens a step median "
             f"{statistics.median(s['tokens'] for s in inside):.0f}, max {max(s['tokens'] for s in inside)}; "
             f"{sum(1 for s in inside if s['firsts'])} steps with joins; GC {1000 * sum(s['gc'] for s in inside):.0f} ms; "

@@ -4,6 +4,7 @@ break-down of a request's decoding span into the traced steps."""
 from __future__ import annotations
 
 import argparse
+import re
 
 import numpy
 import pytest
@@ -45,6 +46,10 @@ def test_a_span_counts_the_steps_that_ended_inside_it() -> None:
     line = span_line(Span(1.0, 1.06, 4), steps)
     assert "over 3 steps" in line and "1 steps with joins" in line and "20.0 ms a token" in line
     assert "3 steps where" not in steps_line(steps) and steps_line(steps).startswith("5 steps")
+    # a step that began before the span counts only its part inside: the time between steps stays >= 0
+    long_first = [{**steps[0], "t": 0.9, "wall": 0.11}, {**steps[0], "t": 1.01, "wall": 0.01}]
+    gaps = re.search(r"between steps (-?\d+) ms", span_line(Span(1.0, 1.02, 2), long_first))
+    assert gaps is not None and int(gaps.group(1)) >= 0
 
 
 def test_budgets_are_a_positive_list() -> None:
