@@ -57,6 +57,7 @@ ROLES = ("kv_producer", "kv_consumer")
 TRANSPORTS = ("shm", "socket")
 CONNECT_TIMEOUT_S = 5.0
 TRANSFER_TIMEOUT_S = 60.0
+CLOSE_JOIN_S = 10.0  # how long close() waits for the connector's thread (a pull under way) to end
 
 
 class KVTransferError(RuntimeError):
@@ -225,9 +226,10 @@ class KVConnector:
         self._finished_event = threading.Event()
         if config.is_producer:
             self._server = _KVServer((config.kv_ip, config.kv_port), _KVHandler, self)
-            threading.Thread(target=self._server.serve_forever, name="kv-connector", daemon=True).start()
+            self._thread = threading.Thread(target=self._server.serve_forever, name="kv-connector", daemon=True)
         else:
-            threading.Thread(target=self._load_forever, name="kv-loads", daemon=True).start()
+            self._thread = threading.Thread(target=self._load_forever, name="kv-loads", daemon=True)
+        self._thread.start()
 
     @property
     def port(self) -> int:
@@ -242,9 +244,18 @@ class KVConnector:
             self._server.shutdown()
             self._server.server_close()
         self._loads.put(None)
+        # No thread may free a pool tensor after this: a thread's target (this connector's bound
+        # method, the server's) references the pools, and a daemon thread that drops the last
+        # reference while the interpreter finalizes frees a tensor, whose dealloc releases the GIL;
+        # taking it back then ends the thread (pthread_exit) inside torch's C++ frame, and the
+        # forced unwind aborts the process: "terminate called without an active exception" at a
+        # disaggregated instance's exit (core dump: Thread.run's `del self._target` ->
+        # THPVariable_clear -> take_gil -> pthread_exit -> std::terminate).
+        self._thread.join(CLOSE_JOIN_S)
         for shard in self.shards:
             if shard.path is not None:
                 remove_pool(shard.path)
+        self.shards, self._mapped = [], {}
 
     def replace_shards(self, shards: list[KVShard]) -> None:
         """A restarted tensor-parallel group's new pools. The old pools' KV is gone: transfers held
