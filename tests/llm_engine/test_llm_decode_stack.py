@@ -79,8 +79,8 @@ def test_a_batch_steps_fused_each_row_as_its_sequence_alone(tiny_llama, monkeypa
 
 
 def test_a_bf16_model_steps_fused_on_its_bf16_cache(tiny_llama):
-    """dtype="auto" on a CPU with native bf16: the fused step's arithmetic is float32 on the bf16 KV
-    cache. A draft's rows are its one-token steps bit for bit (what speculation needs), and the
+    """dtype="auto" on a CPU with native bf16: the fused step runs on the bf16 KV cache (its int4 g32
+    layers on the AMX bf16 few-row kernel where the CPU has one, float32 arithmetic otherwise). A draft's rows are its one-token steps bit for bit (what speculation needs), and the
     per-layer bf16 path (a batch's) agrees to its bf16 roundings: same greedy tokens."""
     llm = LLM(model=str(tiny_llama), dtype="bfloat16", quantization="int4", kv_cache_memory="8MiB", block_size=4,
               enable_prefix_caching=False, num_threads=1)
