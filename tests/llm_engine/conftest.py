@@ -30,6 +30,19 @@ ARCHS = {
 }
 
 
+def drafted_after_prefix(stack, table: list[int], start: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """A seeded 30-token sequence through a fused decode stack: its first `start` tokens one step each,
+    then the rest as one drafted call and again as one-token steps. Returns (drafted, the drafted
+    call's rows, the one-token steps' rows), which a verified draft needs equal. Under inference_mode."""
+    tokens = [int(t) for t in torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(5))]
+    drafted = tokens[start:]
+    for position, token in enumerate(tokens[:start]):
+        stack([token], position, table)
+    together = stack(drafted, start, table)
+    alone = torch.cat([stack([token], start + i, table) for i, token in enumerate(drafted)])
+    return drafted, together, alone
+
+
 def build_tiny_model(arch: str, folder: Path) -> Path:
     """Random-weight model of `arch` saved as safetensors (sharded for some) under folder."""
     config_class, extra, shard = ARCHS[arch]

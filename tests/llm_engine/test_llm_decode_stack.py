@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import VOCAB, build_tiny_model
+from conftest import build_tiny_model, drafted_after_prefix
 from test_llm_spec_fused import step
 
 from llm_engine import LLM, SamplingParams
@@ -87,13 +87,9 @@ def test_a_bf16_model_steps_fused_on_its_bf16_cache(tiny_llama):
     runner = llm.engine.model_runner
     stack, table = runner.decode_stack, list(range(12))
     assert stack is not None and runner.kv_cache.dtype == torch.bfloat16
-    tokens = [int(t) for t in torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(5))]
-    start, drafted = 17, tokens[17:30]
+    start = 17
     with torch.inference_mode():
-        for position, token in enumerate(tokens[:start]):
-            stack([token], position, table)
-        fused = stack(drafted, start, table)
-        alone = torch.cat([stack([token], start + i, table) for i, token in enumerate(drafted)])
+        drafted, fused, alone = drafted_after_prefix(stack, table, start)
         fused_logits = runner.run_step(step(drafted, start, table))[0]
         runner.decode_stack = None
         layered = step(drafted, start, table)

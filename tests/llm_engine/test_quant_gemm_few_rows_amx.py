@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import VOCAB
+from conftest import drafted_after_prefix
 
 from llm_engine import LLM
 from llm_engine.layers.native import load_kernels
@@ -84,13 +84,9 @@ def test_a_bf16_fused_steps_drafted_rows_are_its_one_token_steps(tiny_llama, mon
     runner = llm.engine.model_runner
     stack, table = runner.decode_stack, list(range(12))
     assert stack is not None
-    tokens = [int(t) for t in torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(5))]
-    start, drafted = 17, tokens[17:30]
+    start = 17
     with torch.inference_mode():
-        for position, token in enumerate(tokens[:start]):
-            stack([token], position, table)
-        on = stack(drafted, start, table)
-        alone = torch.cat([stack([token], start + i, table) for i, token in enumerate(drafted)])
+        drafted, on, alone = drafted_after_prefix(stack, table, start)
         monkeypatch.setenv("CODEYARD_FEW_ROWS_AMX", "0")
         off = stack(drafted, start, table)
     assert torch.equal(on, alone)
