@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request
@@ -141,6 +142,39 @@ def answer(result: dict[str, Any] | AsyncIterator[bytes] | Response) -> Response
     return EventStream(result)
 
 
+@dataclass(frozen=True)
+class InferenceRoute:
+    """An inference endpoint: FastAPI registers it (`add_to`, behind the router's auth dependency),
+    and the standalone server also answers it ahead of FastAPI's router (`hot_routes.HotRoutes`)
+    with the same handler. `handler(request, **path parameters)`, path parameters as in `path`."""
+
+    path: str  # a Starlette path template
+    handler: Callable[..., Awaitable[Response]]
+    tags: tuple[str, ...]
+    openapi_extra: dict[str, Any] | None = field(default=None, compare=False)
+
+    def add_to(self, router: APIRouter, auth: Any) -> None:
+        router.add_api_route(self.path, self.handler, methods=["POST"], dependencies=[auth],
+                             tags=list(self.tags) or None, openapi_extra=self.openapi_extra)
+
+
+def inference_routes(get_service: ServiceGetter) -> list[InferenceRoute]:
+    """POST /v1/completions and /v1/chat/completions."""
+
+    async def completions(request: Request) -> Response:
+        req = parse_request(CompletionRequest, await json_body(request))
+        service = get_service(request)
+        return answer(await unless_disconnected(request, ServingCompletion(service).create(req)))
+
+    async def chat_completions(request: Request) -> Response:
+        req = parse_request(ChatCompletionRequest, await json_body(request))
+        service = get_service(request)
+        return answer(await unless_disconnected(request, ServingChat(service).create(req)))
+
+    return [InferenceRoute("/v1/completions", completions, ("llm",), _body_schema(CompletionRequest)),
+            InferenceRoute("/v1/chat/completions", chat_completions, ("llm",), _body_schema(ChatCompletionRequest))]
+
+
 def build_router(get_service: ServiceGetter, auth: Any, metrics_path: str = "/metrics") -> APIRouter:
     """`auth`: a dependency (Depends(...)) that every route, metrics included, runs first."""
     router = APIRouter()
@@ -153,19 +187,8 @@ def build_router(get_service: ServiceGetter, auth: Any, metrics_path: str = "/me
             "owned_by": "codeyard", "root": service.model_path, "max_model_len": service.max_model_len(),
             "ready": service.engine.is_ready}]}
 
-    @router.post("/v1/completions", dependencies=[auth], tags=["llm"],
-                 openapi_extra=_body_schema(CompletionRequest))
-    async def completions(request: Request) -> Response:
-        req = parse_request(CompletionRequest, await json_body(request))
-        service = get_service(request)
-        return answer(await unless_disconnected(request, ServingCompletion(service).create(req)))
-
-    @router.post("/v1/chat/completions", dependencies=[auth], tags=["llm"],
-                 openapi_extra=_body_schema(ChatCompletionRequest))
-    async def chat_completions(request: Request) -> Response:
-        req = parse_request(ChatCompletionRequest, await json_body(request))
-        service = get_service(request)
-        return answer(await unless_disconnected(request, ServingChat(service).create(req)))
+    for route in inference_routes(get_service):
+        route.add_to(router, auth)
 
     @router.get(metrics_path, dependencies=[auth], tags=["llm"])
     def metrics(request: Request) -> Response:

@@ -12,6 +12,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llm_engine.config import EngineConfig
 from llm_engine.entrypoints import api, kserve_http
+from llm_engine.entrypoints.hot_routes import HotRoutes
 from llm_engine.entrypoints.protocol import OpenAIError
 from llm_engine.entrypoints.service import LLMService, ServerOptions
 
@@ -55,9 +56,11 @@ def create_app(config: EngineConfig, served_name: str, options: ServerOptions | 
     return app_for(LLMService(config, served_name, options))
 
 
-def app_for(service: LLMService, own_service: bool = True) -> FastAPI:
+def app_for(service: LLMService, own_service: bool = True, hot_routes: bool = True) -> FastAPI:
     """The server over `service`; when it owns the service, it starts and stops it with the app
-    (else it serves one that runs already, e.g. a model loaded once for several servers)."""
+    (else it serves one that runs already, e.g. a model loaded once for several servers).
+    `hot_routes`: answer the inference POSTs ahead of FastAPI's router (`HotRoutes`; False: all
+    through FastAPI, as the benchmark of their cost compares)."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -77,6 +80,10 @@ def app_for(service: LLMService, own_service: bool = True) -> FastAPI:
                 service.stop()
 
     app = FastAPI(title="Codeyard LLM server", lifespan=lifespan)
+    if hot_routes:  # inside CountAdmissions (the middleware added last is the outer one)
+        app.add_middleware(HotRoutes, check=lambda request: check_bearer(request, service.options.api_keys),
+                           routes=[*api.inference_routes(api.service_from_state),
+                                   *kserve_http.inference_routes(api.service_from_state)])
     app.add_middleware(CountAdmissions, service=service)
     app.state.llm = service
     api.install(app)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from llm_engine.entrypoints.api import EventStream, ServiceGetter, json_body, unless_disconnected
+from llm_engine.entrypoints.api import EventStream, InferenceRoute, ServiceGetter, json_body, unless_disconnected
 from llm_engine.entrypoints.protocol import OpenAIError
 from llm_engine.entrypoints.service import LLMService
 from llm_engine.entrypoints.serving import _Run, sse
@@ -115,61 +115,30 @@ def _generate_body(service: LLMService, result: kserve.RowResult, request_id: An
     return body
 
 
-def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: list[Any] | None = None) -> APIRouter:
-    """`auth` guards every model route; health routes take `health_dependencies` (none on the
-    standalone server, so Kubernetes probes need no key, as its /health)."""
-    router = APIRouter(tags=["kserve-v2"])
-    health = health_dependencies if health_dependencies is not None else [auth]
+def _model_paths(suffix: str) -> tuple[str, str]:
+    """/v2/models/{name}{suffix} and /v2/models/{name}/versions/{version}{suffix}."""
+    return f"/v2/models/{{model_name}}{suffix}", f"/v2/models/{{model_name}}/versions/{{version}}{suffix}"
 
-    def model_route(method: str, suffix: str, dependencies: list[Any] | None = None) -> Callable[[Handler], Handler]:
-        """Register a handler at /v2/models/{name}{suffix} and /v2/models/{name}/versions/{version}{suffix}."""
-        def register(handler: Handler) -> Handler:
-            for path in (f"/v2/models/{{model_name}}{suffix}", f"/v2/models/{{model_name}}/versions/{{version}}{suffix}"):
-                router.add_api_route(path, handler, methods=[method], dependencies=dependencies or [auth])
-            return handler
-        return register
 
-    def model_service(request: Request, model_name: str, version: str | None) -> LLMService:
-        """The service, once `model_name` is its LLM or one of its ensembles (404 otherwise)."""
-        service = get_service(request)
-        kserve.find_model(service, model_name, version)
-        return service
+def _model_service(get_service: ServiceGetter, request: Request, model_name: str, version: str | None) -> LLMService:
+    """The service, once `model_name` is its LLM or one of its ensembles (404 otherwise)."""
+    service = get_service(request)
+    kserve.find_model(service, model_name, version)
+    return service
 
-    def llm_service(request: Request, model_name: str, version: str | None) -> LLMService:
-        service = get_service(request)
-        kserve.llm_only(service, model_name, version)
-        return service
 
-    @router.get("/v2", dependencies=[auth])
-    def server_metadata() -> dict[str, Any]:
-        return kserve.server_metadata()
+def _llm_service(get_service: ServiceGetter, request: Request, model_name: str, version: str | None) -> LLMService:
+    service = get_service(request)
+    kserve.llm_only(service, model_name, version)
+    return service
 
-    @router.get("/v2/health/live", dependencies=health)
-    def live() -> dict[str, Any]:
-        return {}
 
-    @router.get("/v2/health/ready", dependencies=health)
-    def ready(request: Request) -> dict[str, Any]:
-        get_service(request).require_ready()
-        return {}
+def inference_routes(get_service: ServiceGetter) -> list[InferenceRoute]:
+    """POST .../infer, .../generate and .../generate_stream, each with and without a version."""
 
-    @model_route("GET", "")
-    def metadata(request: Request, model_name: str, version: str | None = None) -> dict[str, Any]:
-        return kserve.model_metadata(get_service(request), model_name, version)
-
-    @model_route("GET", "/ready")
-    def model_ready(request: Request, model_name: str, version: str | None = None) -> dict[str, Any]:
-        model_service(request, model_name, version).require_ready()
-        return {}
-
-    @model_route("GET", "/config")
-    def config(request: Request, model_name: str, version: str | None = None) -> dict[str, Any]:
-        return kserve.model_config(get_service(request), model_name, version)
-
-    @model_route("POST", "/infer")
     async def infer(request: Request, model_name: str, version: str | None = None) -> Response:
         arrived = time.time()
-        service = model_service(request, model_name, version)
+        service = _model_service(get_service, request, model_name, version)
         raw = await request.body()
         length = request.headers.get(HEADER_LENGTH)
         try:
@@ -187,10 +156,9 @@ def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: lis
                 return _infer_response(header, arrays, model_name)
         return await unless_disconnected(request, work())
 
-    @model_route("POST", "/generate")
     async def generate(request: Request, model_name: str, version: str | None = None) -> Response:
         arrived = time.time()
-        service = llm_service(request, model_name, version)
+        service = _llm_service(get_service, request, model_name, version)
         body = await json_body(request)
 
         async def work() -> Response:
@@ -202,10 +170,9 @@ def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: lis
                 return JSONResponse(_generate_body(service, result, body.get("id")))
         return await unless_disconnected(request, work())
 
-    @model_route("POST", "/generate_stream")
     async def generate_stream(request: Request, model_name: str, version: str | None = None) -> Response:
         arrived = time.time()
-        service = llm_service(request, model_name, version)
+        service = _llm_service(get_service, request, model_name, version)
         body = await json_body(request)
         stats = kserve.request_stats(service, model_name, version, arrived)
         serving = kserve.ServingV2(service, stats)
@@ -233,4 +200,51 @@ def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: lis
             return run
         return EventStream(events(run))
 
+    return [InferenceRoute(path, handler, ())  # the router's own tag
+            for suffix, handler in (("/infer", infer), ("/generate", generate), ("/generate_stream", generate_stream))
+            for path in _model_paths(suffix)]
+
+
+def build_router(get_service: ServiceGetter, auth: Any, health_dependencies: list[Any] | None = None) -> APIRouter:
+    """`auth` guards every model route; health routes take `health_dependencies` (none on the
+    standalone server, so Kubernetes probes need no key, as its /health)."""
+    router = APIRouter(tags=["kserve-v2"])
+    health = health_dependencies if health_dependencies is not None else [auth]
+
+    def model_route(method: str, suffix: str) -> Callable[[Handler], Handler]:
+        """Register a handler at /v2/models/{name}{suffix} and /v2/models/{name}/versions/{version}{suffix}."""
+        def register(handler: Handler) -> Handler:
+            for path in _model_paths(suffix):
+                router.add_api_route(path, handler, methods=[method], dependencies=[auth])
+            return handler
+        return register
+
+    @router.get("/v2", dependencies=[auth])
+    def server_metadata() -> dict[str, Any]:
+        return kserve.server_metadata()
+
+    @router.get("/v2/health/live", dependencies=health)
+    def live() -> dict[str, Any]:
+        return {}
+
+    @router.get("/v2/health/ready", dependencies=health)
+    def ready(request: Request) -> dict[str, Any]:
+        get_service(request).require_ready()
+        return {}
+
+    @model_route("GET", "")
+    def metadata(request: Request, model_name: str, version: str | None = None) -> dict[str, Any]:
+        return kserve.model_metadata(get_service(request), model_name, version)
+
+    @model_route("GET", "/ready")
+    def model_ready(request: Request, model_name: str, version: str | None = None) -> dict[str, Any]:
+        _model_service(get_service, request, model_name, version).require_ready()
+        return {}
+
+    @model_route("GET", "/config")
+    def config(request: Request, model_name: str, version: str | None = None) -> dict[str, Any]:
+        return kserve.model_config(get_service(request), model_name, version)
+
+    for route in inference_routes(get_service):
+        route.add_to(router, auth)
     return router
