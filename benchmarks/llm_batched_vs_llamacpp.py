@@ -25,6 +25,9 @@ output tok/s >= 2x llama.cpp's best, and int4 >= 1.3x our bf16. For the largest 
 also prints where an engine step's time goes (decoder layers, LM head, sampling, the rest), and
 every row the median CPU ms of its decode steps (every sequence one token), the steadiest figure
 on a shared machine: e.g. int4's 9-16-sequence steps against its 8 and 17+ (issue 16's boundary).
+After its timed runs each row runs the largest batch once more, untimed, to print its decode step's
+thread CPU by part of the model (linear layers, attention, norm/act/rotary, layer glue, LM head,
+sampling: suites/decode_parts.py), the same parts for both rows.
 
 llama.cpp is built natively (-DGGML_NATIVE=ON, as a user builds it on their machine) with CMake
 from the llama.cpp source that the llama-cpp-python sdist vendors (LLAMA_CPP_PYTHON, the version
@@ -60,6 +63,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.suites.decode_parts import DecodeParts  # noqa: E402
 from benchmarks.suites.throughput import VOCAB_HIGH, VOCAB_LOW, StepClock, find_smollm2_gguf, mark  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,9 +200,11 @@ def prompts(count: int, length: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(length)] for _ in range(count)]
 
 
-def engine_batched(llm, npp: int, ntg: int, npl: list[int], seed: int = 0, vocab: int = VOCAB_HIGH) -> dict[int, dict]:
+def engine_batched(llm, npp: int, ntg: int, npl: list[int], seed: int = 0, vocab: int = VOCAB_HIGH,
+                   parts: bool = False) -> dict[int, dict]:
     """Our engine's figures per batch size (one generate() call each); the largest batch's step
-    breakdown under "breakdown_ms"."""
+    breakdown under "breakdown_ms", and with `parts` its decode step's CPU by part of the model
+    under "decode_parts_ms" (one more, untimed run of that batch: the wrappers cost a little)."""
     from llm_engine import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=ntg, ignore_eos=True)
@@ -225,6 +231,11 @@ def engine_batched(llm, npp: int, ntg: int, npl: list[int], seed: int = 0, vocab
                       "decode_step_cpu_ms": statistics.median(decode_cpu[b]) if decode_cpu.get(b) else math.nan}
         print(f"  B={b}: {results[b]['output_tok_s']:.1f} output tok/s", file=sys.stderr, flush=True)
     results[max(npl)]["breakdown_ms"] = clock.breakdown(steps[0])
+    if parts:
+        b = max(npl)
+        with DecodeParts(llm, b) as decode_parts:
+            llm.generate([[t % vocab for t in p] for p in prompts(b, npp, seed + b)], params, use_tqdm=False)
+        results[b]["decode_parts_ms"] = decode_parts.parts()
     return results
 
 
@@ -310,6 +321,10 @@ def print_table(title: str, figures: dict[int, dict], anchor: dict[int, dict] | 
     if "breakdown_ms" in figures[max(figures)]:
         bd = figures[max(figures)]["breakdown_ms"]
         print(f"  B={max(figures)}, ms per engine step: " + ", ".join(f"{k} {v:.1f}" for k, v in bd.items()))
+    if figures[max(figures)].get("decode_parts_ms"):
+        parts = figures[max(figures)]["decode_parts_ms"]
+        print(f"  B={max(figures)}, thread CPU ms per decode step by part: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
 
 
 # (label, figure key) of the per-batch-size int4 vs bf16 ratios: total (prompt included) and decode only
@@ -399,7 +414,7 @@ def run(args: argparse.Namespace) -> dict:
                   kv_cache_memory=max(256 << 20, 60_000 * max(args.npl) * (args.npp + args.ntg)))
         if row in LAYERED:
             llm.engine.model_runner.decode_stack = None
-        report[row] = engine_batched(llm, args.npp, args.ntg, args.npl)
+        report[row] = engine_batched(llm, args.npp, args.ntg, args.npl, parts=True)
         weight_mb = llm.engine.model_runner.weight_bytes / 1e6
         del llm
         print_table(f"engine {row} (weights {weight_mb:.0f} MB)", report[row], anchor)
