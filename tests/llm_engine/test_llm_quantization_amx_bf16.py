@@ -64,6 +64,26 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(scheme):
         assert torch.equal(KERNELS.quant_gemm_bf16(x[lo:hi], *args), together[lo:hi])
 
 
+@pytest.mark.parametrize("scheme", [QuantScheme("int4", 32, False), QuantScheme("int8", 32)], ids=QuantScheme.describe)
+@pytest.mark.parametrize("rows", [17, 64])
+def test_passes_split_over_threads_give_every_channel_the_same_bits(scheme, rows):
+    """7 passes of 32 channels (the last one partial), each thread's next pass dequantized
+    between its current pass's tile products: any thread count, every channel, the same bits."""
+    layer, weight = bf16_layer(scheme, k_in=576, n_out=200)
+    x = torch.randn(rows, 576).bfloat16()
+    args = (layer.qweight, layer.scales, getattr(layer, "offsets", None), 32)
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for count in (1, 2, 3, 8):
+            torch.set_num_threads(count)
+            outs.append(KERNELS.quant_gemm_bf16(x, *args))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
+    torch.testing.assert_close(outs[0].double(), x.double() @ weight.double().t(), rtol=2 ** -8, atol=1e-3)
+
+
 @pytest.mark.parametrize("scheme", SCHEMES, ids=QuantScheme.describe)
 @pytest.mark.parametrize("k_in", [320, 352])
 def test_native_bf16_dequantization_is_the_reference_rounded_to_bf16(scheme, k_in):

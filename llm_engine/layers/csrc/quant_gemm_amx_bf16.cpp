@@ -26,6 +26,8 @@
 #define CODEYARD_AMX_BF16 1
 #include <immintrin.h>
 
+#include <omp.h>
+
 #include "amx.h"
 #endif
 
@@ -142,17 +144,43 @@ void prefetch_channel(const uint8_t* q, const uint16_t* scales, const uint16_t* 
   if (INT4) _mm_prefetch(reinterpret_cast<const char*>(offsets + n * groups), _MM_HINT_T1);
 }
 
-// Channels n0..n0+31 as bfloat16 rows of w [32][k_in]; channels past n_out are zeros. The next
-// pass's channels (n0+32..) are prefetched on the way.
+// Channels n0..n0+31 as bfloat16 rows of w [32][k_in], a few at a time; channels past n_out are
+// zeros. Each one's successor 32 channels on (the pass after) is prefetched on the way.
 template <bool INT4>
-void dequantize_channels(const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, int64_t n0,
-                         int64_t n_out, int64_t k_in, int64_t group, uint16_t* w, float* factors) {
-  for (int64_t c = 0; c < 2 * BLOCK; ++c) {
+struct PassChannels {
+  const uint8_t* q;
+  const uint16_t* scales;
+  const uint16_t* offsets;
+  int64_t n0, n_out, k_in, group;
+  uint16_t* w;
+  float* factors;
+  int64_t done = 0;
+
+  void one() {
+    const int64_t c = done++;
     if (n0 + 2 * BLOCK + c < n_out) prefetch_channel<INT4>(q, scales, offsets, n0 + 2 * BLOCK + c, k_in, group);
     if (n0 + c < n_out) dequantize_channel<INT4>(q, scales, offsets, n0 + c, k_in, group, w + c * k_in, factors);
     else std::memset(w + c * k_in, 0, k_in * 2);
   }
-}
+  void all() {
+    while (done < 2 * BLOCK) one();
+  }
+};
+
+// The next pass's channels, dequantized between this pass's tile products (`step` after each
+// k step, spread evenly over `steps` of them): the AVX-512 dequantization then runs beside the AMX
+// products instead of after them. The same bits as dequantizing the pass up front.
+template <bool INT4>
+struct NextPass {
+  PassChannels<INT4> channels;
+  int64_t steps_left;
+
+  void step() {
+    if (steps_left <= 0) return;
+    for (int64_t todo = (2 * BLOCK - channels.done + steps_left - 1) / steps_left; todo > 0; --todo) channels.one();
+    --steps_left;
+  }
+};
 
 // The activations' row blocks as B tiles: [row block][input pair][row][2 inputs], rows past the end zeros.
 std::vector<uint32_t> tiled_rows(const uint16_t* x, int64_t rows, int64_t k_in) {
@@ -202,9 +230,9 @@ void write_block(const float* c, uint16_t* out, int64_t r0, int64_t block_rows, 
 
 // out[row blocks mb (and mb + 1 if TWO), channels n0..n0+31] from the dequantized channels w.
 // (GCC's tile intrinsics take the tile numbers as literals, hence the spelled-out tiles.)
-template <bool TWO>
+template <bool TWO, typename Next>
 void multiply_row_blocks(const uint16_t* w, const uint32_t* xt, int64_t mb, int64_t rows, int64_t n0, int64_t n_out,
-                int64_t k_in, float* c, uint16_t* out) {
+                int64_t k_in, float* c, uint16_t* out, Next* next) {
   const int64_t pairs = k_in / 2;
   const uint32_t* x0 = xt + mb * pairs * BLOCK;
   const uint32_t* x1 = x0 + pairs * BLOCK;
@@ -225,6 +253,7 @@ void multiply_row_blocks(const uint16_t* w, const uint32_t* xt, int64_t mb, int6
       _tile_dpbf16ps(2, 4, 7);
       _tile_dpbf16ps(3, 5, 7);
     }
+    if (next != nullptr) next->step();
   }
   constexpr int64_t TILE = BLOCK * BLOCK;
   _tile_stored(0, c, BLOCK * 4);
@@ -248,18 +277,32 @@ void gemm_bf16_amx(const uint16_t* x, const uint8_t* q, const uint16_t* scales, 
 #pragma omp parallel
   {
     load_tile_config();
-    Bf16Buffer w(2 * BLOCK * k_in);
+    // this pass's channels and the next's (the second only where passes overlap: two row blocks or more)
+    Bf16Buffer w0(2 * BLOCK * k_in), w1(row_blocks > 1 ? 2 * BLOCK * k_in : 32);
     std::vector<float> factors(2 * ((k_in + group - 1) / group));
     alignas(64) float c[4 * BLOCK * BLOCK];
-    for (int64_t first = 0; first < row_blocks; first += CHUNK_BLOCKS) {
+    // this thread's passes, split by hand (not `omp for`) so that a pass knows its successor
+    const int64_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
+    const int64_t share = channel_pairs / threads, extra = channel_pairs % threads;
+    const int64_t begin = thread * share + (thread < extra ? thread : extra);
+    const int64_t end = begin + share + (thread < extra ? 1 : 0);
+    for (int64_t first = 0; first < row_blocks && begin < end; first += CHUNK_BLOCKS) {
       const int64_t last = first + CHUNK_BLOCKS < row_blocks ? first + CHUNK_BLOCKS : row_blocks;
-#pragma omp for schedule(static)
-      for (int64_t p = 0; p < channel_pairs; ++p) {
+      const int64_t steps = (last - first + 1) / 2 * (k_in / STEP);  // k steps of a pass
+      // one row block (16 rows or fewer): too few products to hide a pass's dequantization behind
+      const bool overlap = last - first >= 2;
+      for (int64_t p = begin; p < end; ++p) {
         const int64_t n0 = p * 2 * BLOCK;
-        dequantize_channels<INT4>(q, scales, offsets, n0, n_out, k_in, group, w.data, factors.data());
+        const bool odd = overlap && (p - begin) % 2;
+        uint16_t* w = odd ? w1.data : w0.data;
+        if (p == begin || !overlap) PassChannels<INT4>{q, scales, offsets, n0, n_out, k_in, group, w, factors.data()}.all();
+        NextPass<INT4> next{{q, scales, offsets, n0 + 2 * BLOCK, n_out, k_in, group, odd ? w0.data : w1.data,
+                             factors.data()}, steps};
+        NextPass<INT4>* pending = overlap && p + 1 < end ? &next : nullptr;
         int64_t mb = first;
-        for (; mb + 1 < last; mb += 2) multiply_row_blocks<true>(w.data, xt.data(), mb, rows, n0, n_out, k_in, c, out);
-        if (mb < last) multiply_row_blocks<false>(w.data, xt.data(), mb, rows, n0, n_out, k_in, c, out);
+        for (; mb + 1 < last; mb += 2) multiply_row_blocks<true>(w, xt.data(), mb, rows, n0, n_out, k_in, c, out, pending);
+        if (mb < last) multiply_row_blocks<false>(w, xt.data(), mb, rows, n0, n_out, k_in, c, out, pending);
+        if (pending != nullptr) pending->channels.all();
       }
     }
     _tile_release();
