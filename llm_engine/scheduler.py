@@ -90,33 +90,64 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         self.encoder_budget = self.max_num_batched_tokens
         self.running.sort(key=lambda s: s.sort_key)
+        deferred: list[Sequence] = []
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
-            num_new = min(len(seq.step_token_ids) - seq.num_computed_tokens, budget)
-            num_new = self._fit_encoder_budget(seq, seq.num_computed_tokens, num_new)
-            if num_new == 0:  # its next image waits for a step with encoder budget left
-                index += 1
-                continue
-            # A draft cut by the budget keeps what fits (num_new - 1 of it, after the one real token).
-            del seq.spec_token_ids[max(num_new - (seq.num_tokens - seq.num_computed_tokens), 0):]
-            copies = self.block_manager.allocate_slots(seq, num_new)
-            while copies is None:
-                victims = self._preempt_group(self.running[-1], out)
-                if seq in victims:
-                    break
-                copies = self.block_manager.allocate_slots(seq, num_new)
-            if copies is None:
-                break
-            out.scheduled.append((seq, num_new))
-            out.block_copies.extend(copies)
-            budget -= num_new
             index += 1
+            if self._yields_to_waiting(seq):
+                deferred.append(seq)
+                continue
+            taken = self._advance(seq, budget, out)
+            if taken is None:
+                break
+            budget -= taken
         if not out.preempted:
-            self._admit_waiting(out, budget)
+            budget = self._admit_waiting(out, budget)
+            for seq in deferred:  # the budget the waiting requests left
+                if seq.status is not SequenceStatus.RUNNING:  # preempted for a waiting one
+                    continue
+                if budget <= 0 or (taken := self._advance(seq, budget, out, preempt=False)) is None:
+                    break
+                budget -= taken
         if not out.scheduled and not out.preempted and self.waiting:
             self._unblock_beams(out)
         return out
+
+    def _advance(self, seq: Sequence, budget: int, out: SchedulerOutput, preempt: bool = True) -> int | None:
+        """Schedule a running sequence's next tokens (a decode, a draft, a prefill chunk) within
+        `budget`, preempting the last running ones when the pool is short (unless not `preempt`:
+        a deferred prompt chunk must not displace the requests admitted before it): the tokens
+        taken (0: its next image waits for a step with encoder budget left), None when it cannot
+        run (the step is full)."""
+        num_new = min(len(seq.step_token_ids) - seq.num_computed_tokens, budget)
+        num_new = self._fit_encoder_budget(seq, seq.num_computed_tokens, num_new)
+        if num_new == 0:
+            return 0
+        # A draft cut by the budget keeps what fits (num_new - 1 of it, after the one real token).
+        del seq.spec_token_ids[max(num_new - (seq.num_tokens - seq.num_computed_tokens), 0):]
+        copies = self.block_manager.allocate_slots(seq, num_new)
+        while copies is None and preempt:
+            victims = self._preempt_group(self.running[-1], out)
+            if seq in victims:
+                break
+            copies = self.block_manager.allocate_slots(seq, num_new)
+        if copies is None:
+            return None
+        out.scheduled.append((seq, num_new))
+        out.block_copies.extend(copies)
+        return num_new
+
+    def _yields_to_waiting(self, seq: Sequence) -> bool:
+        """Under the priority policy, a running sequence still computing its prompt (chunked) lets
+        the waiting requests of strictly higher priority have the step's budget first, and takes
+        what they leave. First come first served, a request that arrived after a long prompt began
+        waited for its every chunk: on a disaggregated prefill instance (priority: shortest prompt
+        first) a short prompt waited for the whole of a 2k-token one, and the short prompts held
+        up together then reached the decode instance together and swelled its batch."""
+        return (self.policy == "priority" and bool(self.waiting)
+                and seq.num_tokens - seq.num_computed_tokens > 1
+                and seq.request.priority_key > self.waiting[0].request.priority_key)
 
     def _unblock_beams(self, out: SchedulerOutput) -> None:
         """Nothing runs while a request waits: running beams that wait for their group hold the
@@ -135,7 +166,8 @@ class Scheduler:
         return (needed <= self.block_manager.num_free_blocks
                 and len(self.running) + len(self.loading) + len(group) <= self.max_num_seqs)
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        """Admit waiting requests in order within `budget`; the budget left."""
         bm = self.block_manager
         while self.waiting and budget > 0:
             seq = self.waiting[0]
@@ -173,6 +205,7 @@ class Scheduler:
             out.scheduled.append((seq, num_new))
             out.block_copies.extend(copies)
             budget -= num_new
+        return budget
 
     def _prefilled_elsewhere(self, seq: Sequence) -> bool:
         """A decode instance's request whose prompt KV waits on the prefill instance (not once

@@ -66,6 +66,41 @@ def test_priority_policy_orders_waiting_by_priority_then_arrival():
     assert order[:3] == [high, mid, low]
 
 
+def test_priority_policy_puts_a_waiting_higher_priority_prompt_before_a_running_prompts_chunks():
+    """A short prompt (priority = its length, as a disaggregated prefill instance's proxy sets it)
+    that arrives while a long prompt is being chunked runs in the next step, and the long prompt
+    takes what budget it leaves; it no longer waits for the long prompt's every chunk."""
+    sched = make_scheduler(num_blocks=256, budget=32, policy="priority")
+    long = add(sched, 200, priority=200, arrival=1)
+    out = sched.schedule()
+    assert out.scheduled == [(long, 32)]
+    finish_step(sched, out)
+    short = add(sched, 10, priority=10, arrival=2)
+    out = sched.schedule()
+    assert out.scheduled == [(short, 10), (long, 22)]
+    finish_step(sched, out)
+    out = sched.schedule()  # the short one decodes first, the long prompt goes on with the rest
+    assert out.scheduled == [(short, 1), (long, 31)]
+
+
+def test_a_deferred_prompt_chunk_never_preempts_the_requests_admitted_before_it():
+    sched = make_scheduler(num_blocks=14, budget=32, policy="priority")
+    long = add(sched, 76, priority=76, arrival=1)
+    finish_step(sched, sched.schedule())  # 32 tokens: 8 blocks
+    short = add(sched, 8, priority=8, arrival=2)  # 2 blocks, then 4 free: the long chunk (24) needs 6
+    out = sched.schedule()
+    assert out.scheduled == [(short, 8)] and not out.preempted
+    assert long.status is SequenceStatus.RUNNING and short.status is SequenceStatus.RUNNING
+
+
+def test_fcfs_keeps_a_running_prompts_chunks_first():
+    sched = make_scheduler(num_blocks=256, budget=32, policy="fcfs")
+    long = add(sched, 200, arrival=1)
+    finish_step(sched, sched.schedule())
+    add(sched, 10, arrival=2)
+    assert sched.schedule().scheduled == [(long, 32)]
+
+
 def test_fcfs_ignores_priority():
     sched = make_scheduler(budget=10, policy="fcfs")
     first = add(sched, 10, priority=9, arrival=1)

@@ -23,7 +23,13 @@ import openai
 import pytest
 
 from llm_engine.entrypoints.disagg_proxy import create_disagg_app, prefill_payload, prompt_tokens_bound
-from llm_engine.entrypoints.disagg_servers import decode_engine_alone, disaggregated_servers, proxy_beside_prefill
+from llm_engine.entrypoints.disagg_servers import (
+    PREFILL_STEP_TOKENS,
+    decode_engine_alone,
+    disaggregated_servers,
+    proxy_beside_prefill,
+    role_args,
+)
 from llm_engine.entrypoints.replicas import RESTART_DELAYS_S, Supervisor
 
 from .conftest import start_server
@@ -85,6 +91,16 @@ def test_a_mixed_batch_gets_one_engines_greedy_answers(pair):
     assert metric(children.urls[0], children.key, "vllm:iteration_tokens_total_bucket", 'le="16.0"') < steps
     with pytest.raises(openai.AuthenticationError):
         complete(client_for(proxy.url, "wrong"), "hi", 2, False)
+
+
+def test_the_prefill_instance_computes_long_prompts_in_chunks_unless_given_a_budget():
+    """A short prompt waits on the prefill instance for one chunk of a long prompt, not all of it
+    (the scheduler's priority policy puts it before the chunks that follow)."""
+    prefill_args, decode_args = role_args(["--model", "m"], "127.0.0.1", 4000, "shm")
+    assert prefill_args[prefill_args.index("--max-num-batched-tokens") + 1] == str(PREFILL_STEP_TOKENS)
+    assert "--max-num-batched-tokens" not in decode_args
+    given = role_args(["--model", "m", "--max-num-batched-tokens", "64"], "127.0.0.1", 4000, "shm")
+    assert [args.count("--max-num-batched-tokens") for args in given] == [1, 1]
 
 
 def test_the_prefill_instance_takes_the_shortest_prompt_first(pair):
