@@ -182,26 +182,11 @@ struct NextPass {
   }
 };
 
-// The activations' row blocks as B tiles: [row block][input pair][row][2 inputs], rows past the end zeros.
-std::vector<uint32_t> tiled_rows(const uint16_t* x, int64_t rows, int64_t k_in) {
-  const int64_t pairs = k_in / 2;
-  std::vector<uint32_t> xt(((rows + BLOCK - 1) / BLOCK) * pairs * BLOCK, 0);
-  for (int64_t m = 0; m < rows; ++m) {
-    const uint32_t* row = reinterpret_cast<const uint32_t*>(x + m * k_in);
-    uint32_t* block = xt.data() + (m / BLOCK) * pairs * BLOCK + m % BLOCK;
-    for (int64_t p = 0; p < pairs; ++p) block[p * BLOCK] = row[p];
-  }
-  return xt;
-}
-
-// The 16 x 16 float sums of C [channel][row] into out's rows r0.. (bf16, channels n0..): C
-// transposed in registers (a column of C is a row of out; a gather per row cost ~4x more).
-void write_block(const float* c, uint16_t* out, int64_t r0, int64_t block_rows, int64_t n0, int64_t n_out) {
-  const int64_t channels = n_out - n0;
-  if (channels <= 0) return;
-  const __mmask16 mask = channels >= BLOCK ? 0xFFFF : static_cast<__mmask16>((1u << channels) - 1);
-  __m512 t[BLOCK], u[BLOCK];
-  for (int i = 0; i < BLOCK; ++i) t[i] = _mm512_load_ps(c + i * BLOCK);
+// 16 x 16 32-bit elements transposed in registers: on return t[i] holds column ROW_OF[i] of the
+// rows t held (the 4 x 4 step swaps columns 1 and 2; callers store each t[i] where it belongs).
+constexpr int ROW_OF[BLOCK] = {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15};
+inline void transpose16(__m512* t) {
+  __m512 u[BLOCK];
   for (int i = 0; i < BLOCK; i += 2) {  // 2 x 2 blocks of floats
     u[i] = _mm512_unpacklo_ps(t[i], t[i + 1]);
     u[i + 1] = _mm512_unpackhi_ps(t[i], t[i + 1]);
@@ -220,8 +205,34 @@ void write_block(const float* c, uint16_t* out, int64_t r0, int64_t block_rows, 
     t[j] = _mm512_shuffle_f32x4(u[j], u[j + 8], 0x88);
     t[j + 8] = _mm512_shuffle_f32x4(u[j], u[j + 8], 0xDD);
   }
-  // t[i] is now row ROW_OF[i] of out: 16 channels in order (the 4 x 4 step swaps columns 1 and 2)
-  constexpr int ROW_OF[BLOCK] = {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15};
+}
+
+// The activations' row blocks as B tiles: [row block][input pair][row][2 inputs], rows past the
+// end zeros; 16 rows x 16 input pairs transposed at a time (k_in is a multiple of 32).
+void tiled_rows(const uint16_t* x, int64_t rows, int64_t k_in, uint32_t* xt) {
+  const int64_t pairs = k_in / 2;
+  for (int64_t r0 = 0; r0 < rows; r0 += BLOCK) {
+    const int64_t block_rows = rows - r0 < BLOCK ? rows - r0 : BLOCK;
+    uint32_t* block = xt + r0 * pairs;
+    for (int64_t p = 0; p < pairs; p += BLOCK) {
+      __m512 t[BLOCK];
+      for (int i = 0; i < BLOCK; ++i)
+        t[i] = i < block_rows ? _mm512_castsi512_ps(_mm512_loadu_si512(x + (r0 + i) * k_in + 2 * p)) : _mm512_setzero_ps();
+      transpose16(t);
+      for (int i = 0; i < BLOCK; ++i) _mm512_storeu_ps(reinterpret_cast<float*>(block + (p + ROW_OF[i]) * BLOCK), t[i]);
+    }
+  }
+}
+
+// The 16 x 16 float sums of C [channel][row] into out's rows r0.. (bf16, channels n0..): C
+// transposed in registers (a column of C is a row of out; a gather per row cost ~4x more).
+void write_block(const float* c, uint16_t* out, int64_t r0, int64_t block_rows, int64_t n0, int64_t n_out) {
+  const int64_t channels = n_out - n0;
+  if (channels <= 0) return;
+  const __mmask16 mask = channels >= BLOCK ? 0xFFFF : static_cast<__mmask16>((1u << channels) - 1);
+  __m512 t[BLOCK];
+  for (int i = 0; i < BLOCK; ++i) t[i] = _mm512_load_ps(c + i * BLOCK);
+  transpose16(t);  // t[i]: row ROW_OF[i] of out, 16 channels in order
   for (int i = 0; i < BLOCK; ++i) {
     const int r = ROW_OF[i];
     if (r < block_rows) _mm256_mask_storeu_epi16(out + (r0 + r) * n_out + n0, mask, bf16_of(t[i]));
@@ -273,7 +284,9 @@ template <bool INT4>
 void gemm_bf16_amx(const uint16_t* x, const uint8_t* q, const uint16_t* scales, const uint16_t* offsets,
                    uint16_t* out, int64_t rows, int64_t n_out, int64_t k_in, int64_t group) {
   const int64_t row_blocks = (rows + BLOCK - 1) / BLOCK, channel_pairs = (n_out + 2 * BLOCK - 1) / (2 * BLOCK);
-  const std::vector<uint32_t> xt = tiled_rows(x, rows, k_in);
+  Bf16Buffer xt_storage(2 * row_blocks * BLOCK * (k_in / 2));  // 32-bit pairs
+  uint32_t* xt = reinterpret_cast<uint32_t*>(xt_storage.data);
+  tiled_rows(x, rows, k_in, xt);
 #pragma omp parallel
   {
     load_tile_config();
@@ -300,8 +313,8 @@ void gemm_bf16_amx(const uint16_t* x, const uint8_t* q, const uint16_t* scales, 
                              factors.data()}, steps};
         NextPass<INT4>* pending = overlap && p + 1 < end ? &next : nullptr;
         int64_t mb = first;
-        for (; mb + 1 < last; mb += 2) multiply_row_blocks<true>(w, xt.data(), mb, rows, n0, n_out, k_in, c, out, pending);
-        if (mb < last) multiply_row_blocks<false>(w, xt.data(), mb, rows, n0, n_out, k_in, c, out, pending);
+        for (; mb + 1 < last; mb += 2) multiply_row_blocks<true>(w, xt, mb, rows, n0, n_out, k_in, c, out, pending);
+        if (mb < last) multiply_row_blocks<false>(w, xt, mb, rows, n0, n_out, k_in, c, out, pending);
         if (pending != nullptr) pending->channels.all();
       }
     }
