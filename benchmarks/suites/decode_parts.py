@@ -6,7 +6,9 @@ rotary embeddings, and the runner's execute, LM head and sampling, and sums each
 time over the runner steps in which exactly `batch` sequences all decode one token. `parts()`
 gives milliseconds per such step: the step (execute: inputs, metadata, layers, LM head), linear
 layers, attention, norm/act/rotary, the layers' own Python (a layer's time less its parts), the
-LM head, the rest of the step, and sampling (which runs after execute). Thread CPU, so waiting for
+LM head, the rest of the step, and sampling (which runs after execute; a step that the fused
+decode stack runs, layers/decode_stack.py, bypasses the layers' modules: it is all in the step's
+rest). Thread CPU, so waiting for
 a core on a shared machine is not in it; the wrappers themselves add a few microseconds per call,
 so time the figures that matter without it, and read these as shares.
 """
