@@ -21,6 +21,14 @@ load): a decode instance whose TPOT is high because it waited is the machine's d
 line counts the decoding engine's steps by tokens (its batch; on the decode instance, steps over
 1024 tokens are long prompts it computed itself after a failed pull), from its /metrics.
 
+The short requests come at 5 a second (a class of 200, each asking for a completion every 40 s on
+average), so that a burst finds some decoding: a burst that catches none measures nothing about
+stalls. At 2 a second (the default before 3 Dec) a short request decoded for ~0.55-0.7 s and 22-33%
+of the bursts found none decoding (40 seeds' schedules); at 5, 1-7% do, with ~3 decoding at a
+burst's start on average. The rate was chosen for that, not for the ratio; `--short-rate 2` gives
+the old workload. At 5 a second the decode core is busy nearly all the time (a batch of ~3.5), so
+under other load (load average 3-4) both setups fall behind: the figures then are queueing.
+
 A p99 of one 45 s schedule is about its second slowest request, and colocated's slow ones are the
 few a burst catches while they decode, so the schedule runs --rounds times (a new seed each, the
 setups' order alternated, every server kept up across rounds) and the figures pool the rounds.
@@ -33,7 +41,8 @@ and the slowest requests of each setup are broken down into the steps they decod
     python benchmarks/llm_disagg.py --model random        # a random 4-layer Llama, hidden 256
     python benchmarks/llm_disagg.py --seconds 30 --burst-every 10 --burst 4 --long-tokens 2000
     python benchmarks/llm_disagg.py --colocated-budget 256,512,1024  # also colocated with these step budgets
-    python benchmarks/llm_disagg.py --colocated-budget 512 --max-local-prefill-length 0  # ~8 min quiet
+    python benchmarks/llm_disagg.py --colocated-budget 512 --max-local-prefill-length 0 --rounds 4  # ~10 min quiet
+    python benchmarks/llm_disagg.py --disaggregated-budget 2048 --keep /tmp/disagg  # A/B: whole-prompt prefill steps; keep the traces
 
 The default model is the built-in one, because the goal is about a real model's costs: a 2k-token
 prefill takes seconds on one core (~1.5 s in bfloat16, dtype=auto's choice on a CPU with native
@@ -73,6 +82,7 @@ from benchmarks.framework.targets import cpu_split  # noqa: E402
 from benchmarks.llm_disagg_analysis import (  # noqa: E402
     Span,
     block_bootstrap_ratio,
+    cpu_per_token,
     percentile,
     span_line,
     spread,
@@ -378,6 +388,16 @@ def run_round(setup: Setup, arrivals: list[Arrival], round_: int, key: str, trac
           f"{load_before:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
 
 
+def keep_requests(path: Path, setups: list[Setup]) -> None:
+    """Every request's setup, round, arrival, and chunk times (time.time()), one JSON line each."""
+    with path.open("w", encoding="utf-8") as out:
+        for setup in setups:
+            for r in setup.results:
+                out.write(json.dumps({"setup": setup.label, "engine_pid": setup.engine_pid, "round": r.round,
+                                      "at": r.arrival.at, "long": r.arrival.long, "tokens": r.tokens,
+                                      "error": r.error, "chunks": [r.sent_wall + c for c in r.chunk_times]}) + "\n")
+
+
 def report_setup(setup: Setup, rounds: int, args: argparse.Namespace) -> dict:
     spent = dict(setup.spent)
     if "proxy" in spent:  # cpu_split counts a process's children too: the launcher's are the instances
@@ -392,6 +412,11 @@ def report_setup(setup: Setup, rounds: int, args: argparse.Namespace) -> dict:
           flush=True)
     row = summarize(setup.label, setup.results, rounds, args)
     slowest = sorted((r for r in short_ok(setup.results) if r.tpot is not None), key=lambda r: r.tpot or 0.0)
+    cpus = [1000 * c for r in slowest if (c := cpu_per_token(r.span(), setup.steps)) is not None]
+    if cpus:
+        row["engine_cpu_a_token_p50_ms"], row["engine_cpu_a_token_p99_ms"] = percentile(cpus, 50), percentile(cpus, 99)
+        print(f"  decoding engine's thread CPU a token in each short request's steps (its TPOT on a core of its own): "
+              f"p50 {row['engine_cpu_a_token_p50_ms']:.1f} / p99 {row['engine_cpu_a_token_p99_ms']:.1f} ms", flush=True)
     for result in slowest[-args.explain:][::-1]:
         print(f"  slow request (round {result.round + 1}, arrived {result.arrival.at:.1f} s): "
               f"{span_line(result.span(), setup.steps)}")
@@ -407,7 +432,9 @@ def parse_args(argv: list[str] | None, parser: argparse.ArgumentParser) -> argpa
     parser.add_argument("--seconds", type=float, default=45.0, help="length of one round's arrival schedule")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds (a new seed each; the setups' order alternates), pooled for the figures")
-    parser.add_argument("--short-rate", type=float, default=2.0, help="short requests a second (Poisson)")
+    parser.add_argument("--short-rate", type=float, default=5.0,
+                        help="short requests a second (Poisson; 5: a class of 200 asking one each every 40 s; "
+                             "2 before 3 Dec, which left ~1 burst in 4 with no short request decoding)")
     parser.add_argument("--short-tokens", type=int, default=48, help="tokens each short request generates")
     parser.add_argument("--burst-every", type=float, default=15.0, help="seconds between bursts of long prompts")
     parser.add_argument("--burst", type=int, default=4, help="long prompts per burst")
@@ -422,9 +449,16 @@ def parse_args(argv: list[str] | None, parser: argparse.ArgumentParser) -> argpa
                         help="also run colocated with these chunked prefill budgets, comma-separated "
                              "(--max-num-batched-tokens; the engine's default is 2048): colocated-N, to find "
                              "colocated's best")
+    parser.add_argument("--disaggregated-budget", type=budgets, default=[],
+                        help="also run disaggregated with these step budgets on both instances, comma-separated: "
+                             "disaggregated-N (2048: the prefill instance's steps before it ran long prompts in "
+                             "chunks of 512, for an A/B)")
     parser.add_argument("--bootstrap", type=int, default=2000, help="resamples for the ratios' intervals")
     parser.add_argument("--explain", type=int, default=2, help="slowest requests of each setup to break down")
     parser.add_argument("--seed", type=int, default=0, help="round n's schedule uses seed + n")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="a folder to keep the servers' step traces and every request's chunk times in "
+                             "(requests.jsonl), to study a tail after the run")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -447,6 +481,8 @@ def setups_of(args: argparse.Namespace, serve_args: list[str]) -> list[Setup]:
     setups += [Setup(f"colocated-{n}", [*serve_args, "--max-num-batched-tokens", str(n)])
                for n in args.colocated_budget]
     setups.append(Setup("disaggregated", disaggregated))
+    setups += [Setup(f"disaggregated-{n}", [*disaggregated, "--max-num-batched-tokens", str(n)])
+               for n in args.disaggregated_budget]
     if args.max_local_prefill_length:
         setups.append(Setup("disagg-local",
                             [*disaggregated, "--max-local-prefill-length", str(args.max_local_prefill_length)]))
@@ -487,7 +523,7 @@ def run(args: argparse.Namespace) -> dict:
               f"{sum(len(s) - longs for s in schedules)} in all) and {longs} long prompts of {args.long_tokens} tokens "
               f"over {args.seconds:.0f} s; model {model}; cores: {cores}")
         setups = setups_of(args, serve_args)
-        trace = Path(folder) / "steps"
+        trace = args.keep / "steps" if args.keep else Path(folder) / "steps"
         os.environ[step_trace.ENV] = str(trace)  # the servers' engine loops write their steps there
         # A std::terminate at a server's exit ("terminate called without an active exception", seen
         # twice, not located) aborts it: faulthandler then prints that process's Python stacks.
@@ -503,6 +539,8 @@ def run(args: argparse.Namespace) -> dict:
                     run_round(setup, arrivals, n, servers.key, trace, args)
         for name in (step_trace.ENV, "PYTHONFAULTHANDLER"):
             os.environ.pop(name, None)
+    if args.keep:
+        keep_requests(args.keep / "requests.jsonl", setups)
     rows = [report_setup(setup, args.rounds, args) for setup in setups]
     ratios = ratio_lines(setups, args)
     print(f"total time {time.monotonic() - began:.0f} s")
@@ -519,6 +557,11 @@ def figures(report: dict) -> dict[str, dict[str, float]]:
 
 
 if __name__ == "__main__":
+    import signal
+
     from benchmarks.__main__ import main as bench_main
+
+    # SIGTERM as SystemExit, so that child_servers stops the servers (the default action orphaned them)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
     sys.exit(bench_main(["run", "disagg", *sys.argv[1:]]))

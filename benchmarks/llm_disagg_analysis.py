@@ -95,10 +95,23 @@ def steps_line(steps: list[dict[str, Any]]) -> str:
             f"p50 {1000 * percentile(joins, 50):.1f} ms against {1000 * percentile(plain, 50):.1f} without")
 
 
+def steps_inside(span: Span, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The steps that ended inside a request's decoding span: those that gave it its tokens after the first."""
+    return [s for s in steps if span.first <= s["t"] + s["wall"] <= span.last]
+
+
+def cpu_per_token(span: Span, steps: list[dict[str, Any]]) -> float | None:
+    """The engine thread's CPU seconds in the steps that gave a request its tokens after the first,
+    per token: its TPOT had the engine never waited for a core nor idled between steps. Other load
+    on the machine raises a TPOT (the wait) far more than this, so an A/B under load compares it."""
+    inside = steps_inside(span, steps)
+    return sum(s["cpu"] for s in inside) / (span.tokens - 1) if inside and span.tokens > 1 else None
+
+
 def span_line(span: Span, steps: list[dict[str, Any]]) -> str:
     """Where one request's decoding time went: the steps inside its span (their wall, CPU, tokens a
     step, joins, collector), and the time between them (the engine loop's own work or idling)."""
-    inside = [s for s in steps if span.first <= s["t"] + s["wall"] <= span.last]
+    inside = steps_inside(span, steps)
     if not inside:
         return "no traced steps inside"
     # the first step may have begun before the span: only its part inside counts against the gaps

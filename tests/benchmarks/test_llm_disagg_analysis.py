@@ -10,7 +10,15 @@ import numpy
 import pytest
 
 from benchmarks.llm_disagg import budgets
-from benchmarks.llm_disagg_analysis import Span, block_bootstrap_ratio, span_line, spread, steps_line, verdict
+from benchmarks.llm_disagg_analysis import (
+    Span,
+    block_bootstrap_ratio,
+    cpu_per_token,
+    span_line,
+    spread,
+    steps_line,
+    verdict,
+)
 
 
 def test_pooled_ratio_is_the_p99s_ratio_and_the_interval_holds_it() -> None:
@@ -50,6 +58,16 @@ def test_a_span_counts_the_steps_that_ended_inside_it() -> None:
     long_first = [{**steps[0], "t": 0.9, "wall": 0.11}, {**steps[0], "t": 1.01, "wall": 0.01}]
     gaps = re.search(r"between steps (-?\d+) ms", span_line(Span(1.0, 1.02, 2), long_first))
     assert gaps is not None and int(gaps.group(1)) >= 0
+
+
+def test_cpu_a_token_counts_only_the_steps_that_gave_the_request_its_tokens() -> None:
+    """Steps of 8 ms CPU that waited 40 ms for a core: the TPOT is the wall's, this the CPU's."""
+    steps = [{"t": 1.0 + 0.05 * n, "wall": 0.048, "cpu": 0.008, "tokens": 2, "firsts": 0, "gc": 0.0, "gap": 0.002}
+             for n in range(-2, 6)]
+    span = Span(1.049, 1.049 + 4 * 0.05, 5)  # its tokens 1 ms after the steps at 1.0 (its first) to 1.2 ended
+    assert cpu_per_token(span, steps) == pytest.approx(0.008)
+    assert cpu_per_token(Span(5.0, 6.0, 3), steps) is None  # no traced steps inside
+    assert cpu_per_token(Span(1.048, 1.048, 1), steps) is None  # one token: no TPOT
 
 
 def test_budgets_are_a_positive_list() -> None:
