@@ -8,10 +8,11 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from llm_engine.entrypoints.api import answer, unless_disconnected
+    from llm_engine.entrypoints.api import answer
     from llm_engine.entrypoints.api import build_router as build_openai_router
     from llm_engine.entrypoints.api import install as install_error_handler
     from llm_engine.entrypoints.app import create_app
+    from llm_engine.entrypoints.disconnects import unless_disconnected
     from llm_engine.entrypoints.kserve_grpc import start_server as start_grpc_server
     from llm_engine.entrypoints.kserve_http import build_router as build_kserve_router
     from llm_engine.entrypoints.models import resolve_model
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from llm_engine.entrypoints.serving import ServingChat
 
 _EXPORTS = {
-    "answer": ("api", "answer"), "unless_disconnected": ("api", "unless_disconnected"),
+    "answer": ("api", "answer"), "unless_disconnected": ("disconnects", "unless_disconnected"),
     "build_openai_router": ("api", "build_router"), "install_error_handler": ("api", "install"),
     "create_app": ("app", "create_app"), "build_kserve_router": ("kserve_http", "build_router"),
     "start_grpc_server": ("kserve_grpc", "start_server"),

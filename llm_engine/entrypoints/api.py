@@ -12,21 +12,20 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
+from llm_engine.entrypoints.disconnects import unless_disconnected
 from llm_engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, parse_request
 from llm_engine.entrypoints.service import LLMService
 from llm_engine.entrypoints.serving import ServingChat, ServingCompletion
 from llm_engine.metrics import CONTENT_TYPE
 
 ServiceGetter = Callable[[Request], LLMService]
-Result = TypeVar("Result")
-_DISCONNECT_POLL_S = 0.25
 
 
 def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
@@ -61,27 +60,6 @@ async def json_body(request: Request) -> Any:
         return json.loads(await request.body())
     except ValueError:
         raise OpenAIError(400, "the request body is not valid JSON") from None
-
-
-async def unless_disconnected(request: Request, work: Awaitable[Result]) -> Result | Response:
-    """Await `work`, cancelling it (which aborts its engine requests) if the client goes away.
-
-    A stream is watched here until its first output (while it waits in the queue), then by
-    EventStream, which cancels the stream when the client disconnects.
-    """
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                return Response(status_code=499)
-    finally:
-        if not task.done():
-            task.cancel()
 
 
 class EventStream(Response):

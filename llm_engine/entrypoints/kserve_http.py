@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from llm_engine.entrypoints.api import EventStream, InferenceRoute, ServiceGetter, json_body, unless_disconnected
+from llm_engine.entrypoints.api import EventStream, InferenceRoute, ServiceGetter, json_body
+from llm_engine.entrypoints.disconnects import unless_disconnected
 from llm_engine.entrypoints.protocol import OpenAIError
 from llm_engine.entrypoints.service import LLMService
 from llm_engine.entrypoints.serving import _Run, sse
