@@ -2,14 +2,17 @@
 `AsyncLLM` + `EngineCoreClient`). The servers' API process keeps the HTTP/gRPC event loop,
 tokenizing and streaming; the core (`llm_engine.engine_core`) steps without sharing a GIL with them.
 
-One reader thread takes the core's messages off the socket and hands outputs to the callers' event
-loops as the in-thread engine does. When the core dies (killed, out of memory), the requests in
+The core's messages are read off the socket by the server's event loop itself when `start` is
+given it (`loop.add_reader`: a step's outputs reach their requests with no thread between), else
+by a reader thread that hands outputs to the callers' event loops as the in-thread engine does. When the core dies (killed, out of memory), the requests in
 flight fail at once with EngineNotReady naming its exit status, and later ones get the same (503).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import pickle
 import socket
 import subprocess
@@ -48,8 +51,11 @@ class EngineCoreClient(RequestStreams):
 
     # ----- lifecycle ------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the core process (it loads the model) and the thread that reads it; returns at once."""
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Start the core process (it loads the model) and what reads it; returns at once.
+        `loop`: that event loop reads the core's socket (no blocking `wait_ready` on it, then);
+        None: a thread of its own does. Why the loop: in a burst the step's report went core ->
+        reader thread -> the loop (a wake-up and a GIL hand-off each) before any first token left."""
         if self.core is not None:
             return
         ours, theirs = socket.socketpair()
@@ -58,7 +64,13 @@ class EngineCoreClient(RequestStreams):
         theirs.close()
         self._conn = Connection(ours.detach())
         self._send(CoreHello(self.config, self.cpus))
-        threading.Thread(target=self._read, name="engine-core-reader", daemon=True).start()
+        if loop is None:
+            threading.Thread(target=self._read, name="engine-core-reader", daemon=True).start()
+        else:
+            loop.add_reader(self._conn.fileno(), self._read_ready, loop)
+            # uvloop (libuv) makes a watched descriptor non-blocking: a message read in part, or a
+            # command sent while the core's side is full, would fail. Readiness needs no such mode.
+            os.set_blocking(self._conn.fileno(), True)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ask the core to stop, then end it if it has not within `timeout`."""
@@ -132,19 +144,43 @@ class EngineCoreClient(RequestStreams):
             self._conn.send_bytes(data)
 
     def _read(self) -> None:
-        assert self._conn is not None and self.core is not None
-        broken = ""
+        """The reader thread: every message until the socket ends, then the core's end."""
+        broken: str | None = None
+        while broken is None:
+            broken = self._read_one()
+        self._ended(broken)
+
+    def _read_ready(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the event loop, when the socket is readable: the messages there (one being written is
+        read to its end: the core writes each at once, so that waits only while it does); once the
+        socket ends, the core's end in a thread (it waits for the process)."""
+        assert self._conn is not None
         while True:
-            try:
-                message: CoreMessage = pickle.loads(self._conn.recv_bytes())
-            except (EOFError, OSError):
-                break
-            except Exception as exc:  # a message this side cannot read: the two sides disagree
-                log.exception("LLM: unreadable message from the engine core")
-                broken = f"; unreadable message: {type(exc).__name__}: {exc}"
-                self.core.kill()
-                break
-            self._handle(message)
+            broken = self._read_one()
+            if broken is not None:
+                loop.remove_reader(self._conn.fileno())
+                threading.Thread(target=self._ended, args=(broken,), name="engine-core-end", daemon=True).start()
+                return
+            if not self._conn.poll(0):
+                return
+
+    def _read_one(self) -> str | None:
+        """Read and handle one message; None, or once the socket has ended, why ("" for no reason
+        but the core's exit)."""
+        assert self._conn is not None and self.core is not None
+        try:
+            message: CoreMessage = pickle.loads(self._conn.recv_bytes())
+        except (EOFError, OSError):
+            return ""
+        except Exception as exc:  # a message this side cannot read: the two sides disagree
+            log.exception("LLM: unreadable message from the engine core")
+            self.core.kill()
+            return f"; unreadable message: {type(exc).__name__}: {exc}"
+        self._handle(message)
+        return None
+
+    def _ended(self, broken: str) -> None:
+        assert self.core is not None
         code = self.core.wait()
         reason = (f"signal {-code}" if code < 0 else f"code {code}") + broken
         if self.load_error is None:

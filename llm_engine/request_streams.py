@@ -185,7 +185,8 @@ class RequestStreams(ABC):
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         """Hand a step's outputs over with one wake-up per event loop, not one per request: each
-        wake-up is a write to the loop's self-pipe and a GIL hand-off, and a step may feed dozens."""
+        wake-up is a write to the loop's self-pipe and a GIL hand-off, and a step may feed dozens.
+        Read on the callers' own event loop (`EngineCoreClient.start(loop)`), they go straight in."""
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput]]] = {}
         with self._lock:
             for output in outputs:
@@ -194,7 +195,14 @@ class RequestStreams(ABC):
                     self._streams.pop(output.request_id, None)
                 if stream is not None:
                     by_loop.setdefault(stream.loop, []).append((stream, output))
+        try:
+            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()  # the reader is that loop
+        except RuntimeError:
+            here = None
         for loop, handed in by_loop.items():
+            if loop is here:
+                _put_each(handed)
+                continue
             with suppress(RuntimeError):  # that caller's event loop has closed: it is gone
                 loop.call_soon_threadsafe(_put_each, handed)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -64,8 +65,8 @@ def app_for(service: LLMService, own_service: bool = True, hot_routes: bool = Tr
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        if own_service:
-            service.start()
+        if own_service:  # this loop reads the engine core's outputs (no reader thread in between)
+            service.start(asyncio.get_running_loop())
         grpc_server = None
         if service.options.grpc_address:  # on this event loop, so both protocols share the engine's
             from llm_engine.entrypoints.kserve_grpc import api_key_check, start_server

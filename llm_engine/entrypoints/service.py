@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -50,8 +51,12 @@ class LLMService:
     def max_model_len(self) -> int | None:
         return self.engine.max_model_len if self.engine.is_ready else None
 
-    def start(self) -> None:
-        self.engine.start()
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """`loop`: the server's event loop, which then reads the engine core's outputs itself."""
+        if isinstance(self.engine, EngineCoreClient):
+            self.engine.start(loop)
+        else:
+            self.engine.start()
 
     def stop(self) -> None:
         self.engine.stop()

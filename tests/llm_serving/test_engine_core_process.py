@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 
 import httpx
@@ -193,3 +194,20 @@ def test_a_requests_prompts_start_in_one_engine_step(tiny_server):
             "temperature": 0, "ignore_eos": True})
     assert answer.status_code == 200 and len(answer.json()["choices"]) == 3
     assert [len(step) for step in seen.steps] == [3]
+
+
+def test_the_servers_event_loop_reads_the_core_itself(tiny_server, monkeypatch):
+    """The core's step reports are read by the server's event loop (no reader thread between the core
+    and the requests): the step callback runs on the server's thread, and no reader thread exists."""
+    engine = tiny_server.service.engine
+    threads: list[threading.Thread] = []
+    on_step = engine.on_step
+
+    def recording(stats, outputs):
+        threads.append(threading.current_thread())
+        on_step(stats, outputs)
+
+    monkeypatch.setattr(engine, "on_step", recording)
+    assert complete(tiny_server.url, "def loop_read(x):").usage.completion_tokens == 6
+    assert threads and set(threads) == {tiny_server.thread}
+    assert not [t for t in threading.enumerate() if t.name == "engine-core-reader"]
