@@ -20,6 +20,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,32 +80,44 @@ def _requests(tokens: int) -> dict[str, tuple[str, bytes]]:
     }
 
 
-async def _call(app: Any, path: str, body: bytes) -> int:
-    """One request through the app; its status (checked: a benchmark of errors would mean nothing)."""
+async def asgi_request(app: Any, method: str, path: str, body: bytes,
+                       send: Callable[[dict[str, Any]], Awaitable[None]], key: str | None = KEY,
+                       root_path: str = "") -> None:
+    """One HTTP request driven through an ASGI app as a server drives it: the whole body at once, and
+    no disconnect until the app has answered."""
+    auth = ((b"authorization", f"Bearer {key}".encode()),) if key is not None else ()
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
-             "root_path": "", "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 40000),
-             "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
-                         (b"authorization", f"Bearer {KEY}".encode()), (b"content-length", str(len(body)).encode())]}
-    sent = False
+             "method": method, "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+             "root_path": root_path, "server": ("testserver", 80), "client": ("127.0.0.1", 40000),
+             "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode()), *auth]}
+    given = False
     never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    status = 0
 
     async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
+        nonlocal given
+        if not given:
+            given = True
             return {"type": "http.request", "body": body, "more_body": False}
         await never
         return {"type": "http.disconnect"}
+
+    try:
+        await app(scope, receive, send)
+    finally:
+        never.cancel()
+
+
+async def _call(app: Any, path: str, body: bytes) -> int:
+    """One request through the app; its status (checked: a benchmark of errors would mean nothing)."""
+    status = 0
 
     async def send(message: dict[str, Any]) -> None:
         nonlocal status
         if message["type"] == "http.response.start":
             status = message["status"]
 
-    await app(scope, receive, send)
-    never.cancel()
+    await asgi_request(app, "POST", path, body, send)
     return status
 
 

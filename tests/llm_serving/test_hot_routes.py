@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fastapi import Request
 
-from benchmarks.llm_api_cpu import KEY, MODEL, StandInEngine
+from benchmarks.llm_api_cpu import KEY, MODEL, StandInEngine, asgi_request
 from llm_engine.config import EngineConfig
 from llm_engine.entrypoints import app as app_module
 from llm_engine.entrypoints.service import LLMService, ServerOptions
@@ -33,31 +33,10 @@ def _call(app: Any, method: str, path: str, body: bytes = b"", key: str | None =
     """(status, headers, body) of one request driven through the app's ASGI interface."""
     sent: list[dict[str, Any]] = []
 
-    async def run() -> None:
-        given = False
-        never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
 
-        async def receive() -> dict[str, Any]:
-            nonlocal given
-            if not given:
-                given = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await never
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict[str, Any]) -> None:
-            sent.append(message)
-
-        auth = ((b"authorization", f"Bearer {key}".encode()),) if key is not None else ()
-        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-                 "method": method, "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
-                 "root_path": root_path, "server": ("testserver", 80), "client": ("127.0.0.1", 40000),
-                 "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"),
-                             (b"content-length", str(len(body)).encode()), *auth]}
-        await app(scope, receive, send)
-        never.cancel()
-
-    asyncio.run(run())
+    asyncio.run(asgi_request(app, method, path, body, send, key=key, root_path=root_path))
     start = next(m for m in sent if m["type"] == "http.response.start")
     answer = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return start["status"], {k.decode(): v.decode() for k, v in start.get("headers", [])}, answer
