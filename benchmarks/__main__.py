@@ -60,7 +60,7 @@ def load_tokenizer(model_path: str):
 
 
 def cmd_run(args) -> int:
-    from benchmarks.framework import results, runner
+    from benchmarks.framework import paired, results, runner
     from benchmarks.framework.targets import Server
     from benchmarks.framework.workloads import WORKLOADS, Corpus
     from llm_engine.entrypoints.models import resolve_model
@@ -104,6 +104,10 @@ def cmd_run(args) -> int:
     result["settings"].update(engine_cpus=sorted(engine_cpus or ()), client_cpus=sorted(client_cpus or ()),
                               api_cpus=sorted(api_cpus or ()))
     print(overhead_table(result))
+    if len(kinds) > 1:
+        judged = paired.judge(result)
+        result["paired"] = paired.as_json(judged)
+        print(paired.table(judged, kinds[0]))
     if args.out:
         results.save(result, args.out)
         print(f"wrote {args.out}")

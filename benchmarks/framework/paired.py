@@ -1,0 +1,136 @@
+"""Judging the protocol overhead (issue 21's goal: under 5%) from paired repeats.
+
+Within one repeat of the overhead command the targets run back to back (offline, /v1, /v2, gRPC, the
+order rotating per repeat), so a slow spell of the host hits all of them alike, while from one repeat
+to the next the host's speed drifts (one target's burst TTFT p50 moved 147-205 ms between repeats of
+one run). So each repeat gives one paired ratio per target, its figure over the first target's (the
+reference, offline) in that same repeat, and the drift mostly cancels in it.
+
+The ratios' median is judged with the order-statistic interval for a median: for sorted ratios
+x(1) <= ... <= x(n), [x(k), x(n+1-k)] holds the ratios' population median with probability
+1 - 2 * P(Binomial(n, 1/2) < k), whatever their distribution (only independent repeats are assumed).
+It is exact for any n, where a bootstrap of 3-10 repeats is too narrow (its percentiles come from at
+most n distinct values and undercover). The interval is two-sided at `level` (90%), so each of its
+bounds is a one-sided 95% bound, the one a goal's verdict reads:
+
+- "within 5%" only when the bound on the goal's side is inside it (tok/s: the low end >= 0.95;
+  TTFT: the high end <= 1.05),
+- "not met" only when the whole interval is outside it,
+- "undecided" otherwise, and always when the repeats are too few for the interval to reach `level`
+  (3 repeats: [min, max] covers 75%; 5 is the fewest that reach 90%).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+LEVEL = 0.90
+GOAL = 0.05
+# figure -> True when higher is better (the goal's side of the ratio)
+FIGURES = {"output_tokens_per_s": True, "ttft_p50_ms": False}
+LABELS = {"output_tokens_per_s": "tok/s", "ttft_p50_ms": "TTFT p50"}
+
+
+@dataclass(frozen=True)
+class Interval:
+    low: float
+    high: float
+    confidence: float  # the probability that [low, high] holds the median (exact, distribution-free)
+
+
+@dataclass(frozen=True)
+class Judged:
+    phase: str
+    target: str
+    figure: str
+    ratios: tuple[float, ...]  # per repeat: the target's figure / the reference's, same repeat
+    median: float
+    interval: Interval
+    verdict: str  # "within 5%", "not met", "undecided"
+
+
+def coverage(n: int, k: int) -> float:
+    """The probability that [x(k), x(n+1-k)] of n sorted independent values holds their median."""
+    if not 1 <= k <= (n + 1) // 2:
+        raise ValueError(f"order statistic {k} of {n} does not bound an interval")
+    return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / float(2 ** n)
+
+
+def median_interval(values: list[float], level: float = LEVEL) -> Interval:
+    """The narrowest order-statistic interval for the median that reaches `level`; with too few
+    values, [min, max] and its own (lower) confidence."""
+    if not values:
+        raise ValueError("no values to bound")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be between 0 and 1, not {level}")
+    ordered = sorted(values)
+    n = len(ordered)
+    k = 1
+    while k + 1 <= (n + 1) // 2 and coverage(n, k + 1) >= level:
+        k += 1
+    return Interval(ordered[k - 1], ordered[n - k], coverage(n, k))
+
+
+def verdict(interval: Interval, higher_is_better: bool, goal: float = GOAL, level: float = LEVEL) -> str:
+    """The goal's verdict on a ratio's interval: the ratio may be at most `goal` worse than 1."""
+    if interval.confidence < level:
+        return "undecided"
+    if higher_is_better:
+        bound = 1 - goal
+        met, missed = interval.low >= bound, interval.high < bound
+    else:
+        bound = 1 + goal
+        met, missed = interval.high <= bound, interval.low > bound
+    return f"within {goal:.0%}" if met else "not met" if missed else "undecided"
+
+
+def paired_ratios(reference: list[dict[str, Any]], runs: list[dict[str, Any]], figure: str) -> list[float]:
+    """Repeat r's figure over the reference's in repeat r; repeats where either is missing are left out."""
+    ratios = []
+    for ref, run in zip(reference, runs):
+        a, b = run.get(figure), ref.get(figure)
+        if a is None or b is None or math.isnan(a) or math.isnan(b) or b <= 0:
+            continue
+        ratios.append(a / b)
+    return ratios
+
+
+def judge(result: dict[str, Any], goal: float = GOAL, level: float = LEVEL) -> list[Judged]:
+    """Every (phase, target) but the reference (the first target of each phase), per goal figure."""
+    by_phase: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for key, entry in result["figures"].items():
+        target, phase = key.split(" / ", 1)
+        by_phase.setdefault(phase, {})[target] = entry["runs"]
+    judged = []
+    for phase, targets in by_phase.items():
+        reference = next(iter(targets.values()))
+        for target, runs in list(targets.items())[1:]:
+            for figure, higher in FIGURES.items():
+                ratios = paired_ratios(reference, runs, figure)
+                if not ratios:
+                    continue
+                interval = median_interval(ratios, level)
+                judged.append(Judged(phase, target, figure, tuple(ratios), statistics.median(ratios), interval,
+                                     verdict(interval, higher, goal, level)))
+    return judged
+
+
+def table(judged: list[Judged], reference: str) -> str:
+    """One line per (phase, target, figure): the paired ratios, their median, interval and verdict."""
+    lines = [f"paired with {reference} in each repeat (order-statistic interval for the median):",
+             f"{'phase':<16} {'target':<8} {'figure':<9} {'median':>8} {'interval':>17} {'conf':>5}  "
+             f"{'verdict':<10} per repeat"]
+    for j in judged:
+        lines.append(f"{j.phase:<16} {j.target:<8} {LABELS[j.figure]:<9} {j.median - 1:>+8.1%} "
+                     f"[{j.interval.low - 1:>+6.1%}, {j.interval.high - 1:>+6.1%}] {j.interval.confidence:>5.0%}  "
+                     f"{j.verdict:<10} {', '.join(f'{r - 1:+.1%}' for r in j.ratios)}")
+    return "\n".join(lines)
+
+
+def as_json(judged: list[Judged]) -> list[dict[str, Any]]:
+    return [{"phase": j.phase, "target": j.target, "figure": j.figure, "ratios": [round(r, 4) for r in j.ratios],
+             "median": round(j.median, 4), "low": round(j.interval.low, 4), "high": round(j.interval.high, 4),
+             "confidence": round(j.interval.confidence, 4), "verdict": j.verdict} for j in judged]

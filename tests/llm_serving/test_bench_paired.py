@@ -1,0 +1,81 @@
+"""The protocol-overhead verdict (benchmarks/framework/paired.py): per-repeat ratios to the reference
+target, the order-statistic interval for their median, and the goal's verdict from its bounds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from benchmarks.framework import paired
+
+
+def test_order_statistic_coverage_is_the_binomial_one():
+    assert paired.coverage(3, 1) == pytest.approx(0.75)
+    assert paired.coverage(5, 1) == pytest.approx(1 - 2 / 32)
+    assert paired.coverage(9, 2) == pytest.approx(1 - 2 * 10 / 512)
+    assert paired.coverage(9, 3) == pytest.approx(1 - 2 * 46 / 512)
+    with pytest.raises(ValueError, match="does not bound"):
+        paired.coverage(4, 3)
+
+
+def test_the_interval_is_the_narrowest_that_reaches_the_level():
+    values = [1.09, 1.01, 1.05, 1.02, 1.08, 1.03, 1.07, 1.04, 1.06]  # 9 values: [x(2), x(8)] covers 96%
+    interval = paired.median_interval(values, 0.90)
+    assert (interval.low, interval.high) == (1.02, 1.08)
+    assert interval.confidence == pytest.approx(0.961, abs=1e-3)
+    three = paired.median_interval([1.3, 0.9, 1.0], 0.90)  # too few: [min, max] at its own 75%
+    assert (three.low, three.high, three.confidence) == (0.9, 1.3, 0.75)
+    with pytest.raises(ValueError, match="no values"):
+        paired.median_interval([])
+    with pytest.raises(ValueError, match="level"):
+        paired.median_interval([1.0], 1.5)
+
+
+@pytest.mark.parametrize("ratios, higher, expected", [
+    ([0.97, 0.99, 0.96, 1.01, 0.98], True, "within 5%"),      # tok/s: every bound above 0.95
+    ([0.90, 0.93, 0.91, 0.94, 0.92], True, "not met"),        # tok/s: the whole interval below 0.95
+    ([0.93, 0.99, 0.96, 1.01, 0.98], True, "undecided"),      # tok/s: straddles 0.95
+    ([1.02, 1.04, 0.99, 1.03, 1.01], False, "within 5%"),     # TTFT: every bound below 1.05
+    ([1.08, 1.12, 1.07, 1.10, 1.09], False, "not met"),       # TTFT: the whole interval above 1.05
+    ([1.02, 1.09, 1.04, 1.01, 1.03], False, "undecided"),     # TTFT: straddles 1.05
+    ([1.00, 1.01, 0.99], True, "undecided"),                  # 3 repeats: [min, max] covers only 75%
+    ([1.20, 1.30, 1.25], False, "undecided"),                 # even when far outside
+])
+def test_the_verdict_reads_the_bound_on_the_goals_side(ratios, higher, expected):
+    assert paired.verdict(paired.median_interval(ratios), higher) == expected
+
+
+def _result(reference: list[float], target: list[float], ttft_ref: list[float], ttft: list[float]) -> dict:
+    def runs(tok: list[float], lat: list[float]) -> list[dict]:
+        return [{"output_tokens_per_s": a, "ttft_p50_ms": b} for a, b in zip(tok, lat)]
+    return {"figures": {"offline / burst": {"runs": runs(reference, ttft_ref)},
+                        "v1 / burst": {"runs": runs(target, ttft)}}}
+
+
+def test_pairing_by_repeat_cancels_the_hosts_drift():
+    # The host's speed drifts 2x over the run; within each repeat v1 is 2% slower and 3% later.
+    speed = [1.0, 1.3, 0.7, 1.6, 0.8, 1.1]
+    tok = [80 * s for s in speed]
+    ttft = [100 / s for s in speed]
+    result = _result(tok, [t * 0.98 for t in tok], ttft, [t * 1.03 for t in ttft])
+    # The unpaired medians' ratio says nothing (reordered repeats give any answer); the paired one is exact.
+    judged = {j.figure: j for j in paired.judge(result)}
+    assert judged["output_tokens_per_s"].median == pytest.approx(0.98)
+    assert judged["ttft_p50_ms"].median == pytest.approx(1.03)
+    assert {j.verdict for j in judged.values()} == {"within 5%"}
+    # The same figures with v1's repeats shifted by one against the reference's: no longer paired, no verdict.
+    shifted = _result(tok, [t * 0.98 for t in tok[1:] + tok[:1]], ttft, [t * 1.03 for t in ttft[1:] + ttft[:1]])
+    assert {j.verdict for j in paired.judge(shifted)} == {"undecided"}
+
+
+def test_missing_figures_leave_their_repeat_out_and_the_table_says_it_all():
+    result = _result([80, 81, math.nan, 79, 80], [70, 71, 72, 69, 70], [100] * 5, [120, 118, 121, 119, 122])
+    judged = paired.judge(result)
+    tok = next(j for j in judged if j.figure == "output_tokens_per_s")
+    assert len(tok.ratios) == 4 and tok.verdict == "undecided"  # 4 repeats reach only 87.5%
+    ttft = next(j for j in judged if j.figure == "ttft_p50_ms")
+    assert ttft.verdict == "not met" and ttft.interval.confidence == pytest.approx(0.9375)
+    text = paired.table(judged, "offline")
+    assert "paired with offline" in text and "not met" in text and "+20.0%" in text
+    assert paired.as_json(judged)[1]["verdict"] == "not met"
