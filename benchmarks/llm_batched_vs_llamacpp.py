@@ -27,7 +27,8 @@ every row the median CPU ms of its decode steps (every sequence one token), the 
 on a shared machine: e.g. int4's 9-16-sequence steps against its 8 and 17+ (issue 16's boundary).
 After its timed runs each row runs the largest batch once more, untimed, to print its decode step's
 thread CPU by part of the model (linear layers, attention, norm/act/rotary, layer glue, LM head,
-sampling: suites/decode_parts.py), the same parts for both rows.
+sampling: suites/decode_parts.py), the same parts for both rows, and the same parts summed over
+that run's prompt phase (the steps with a prompt chunk).
 
 llama.cpp is built natively (-DGGML_NATIVE=ON, as a user builds it on their machine) with CMake
 from the llama.cpp source that the llama-cpp-python sdist vendors (LLAMA_CPP_PYTHON, the version
@@ -236,6 +237,8 @@ def engine_batched(llm, npp: int, ntg: int, npl: list[int], seed: int = 0, vocab
         with DecodeParts(llm, b) as decode_parts:
             llm.generate([[t % vocab for t in p] for p in prompts(b, npp, seed + b)], params, use_tqdm=False)
         results[b]["decode_parts_ms"] = decode_parts.parts()
+        results[b]["prompt_parts_ms"] = decode_parts.parts("prompt", per_step=False)
+        results[b]["prompt_steps"] = decode_parts.steps["prompt"]
     return results
 
 
@@ -325,6 +328,10 @@ def print_table(title: str, figures: dict[int, dict], anchor: dict[int, dict] | 
         parts = figures[max(figures)]["decode_parts_ms"]
         print(f"  B={max(figures)}, thread CPU ms per decode step by part: "
               + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
+    if figures[max(figures)].get("prompt_parts_ms"):
+        parts = figures[max(figures)]["prompt_parts_ms"]
+        print(f"  B={max(figures)}, thread CPU ms of the prompt phase by part "
+              f"({figures[max(figures)]['prompt_steps']} steps): " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
 
 
 # (label, figure key) of the per-batch-size int4 vs bf16 ratios: total (prompt included) and decode only

@@ -34,7 +34,7 @@ def test_counts_only_steps_of_that_many_decoding_sequences_and_splits_them(tiny_
     with DecodeParts(tiny_llm, 3) as parts:
         generate(tiny_llm, 3, 6)  # one prefill step, then 5 steps of 3 decodes
         generate(tiny_llm, 2, 4)  # steps of 2 sequences: not counted
-    assert parts.steps == 5
+    assert parts.steps == {"decode": 5, "prompt": 2}  # each generate's prompt step is counted apart
     figures = parts.parts()
     assert list(figures) == ["step", "linear", "attention", "norm/act/rotary", "layer glue", "lm head",
                              "step rest", "sample"]
@@ -57,3 +57,14 @@ def test_leaving_puts_every_wrapped_callable_back(tiny_llm):
     with DecodeParts(tiny_llm, 2) as unused:
         pass
     assert unused.parts() == {}  # nothing counted
+
+
+def test_prompt_phase_is_summed_apart_from_the_decode_steps(tiny_llm):
+    with DecodeParts(tiny_llm, 3) as parts:
+        generate(tiny_llm, 3, 2)  # one prompt step of 36 rows, then one decode step
+    assert parts.steps == {"decode": 1, "prompt": 1}
+    prompt, per_step = parts.parts("prompt", per_step=False), parts.parts("prompt")
+    assert prompt == per_step and prompt["linear"] > 0 and prompt["attention"] > 0
+    assert parts.totals["prompt"]["linear"] != parts.totals["decode"]["linear"]
+    with pytest.raises(ValueError, match="phase"):
+        parts.parts("prefill")
