@@ -75,3 +75,24 @@ def test_without_a_compiler_native_is_a_clear_error_and_auto_falls_back(monkeypa
         assert type(make_attention_backend(EngineConfig(model="m"))) is TorchPagedAttention
     finally:
         native.load_kernels.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_whole_prompts_of_one_length_share_a_call_with_each_prompts_own_bits(dtype):
+    """Adjacent whole prompts of one length go to one batched SDPA call; each prompt's rows are what
+    a step holding it alone gives, bit for bit (a prompt's result does not depend on its batch)."""
+    new_tokens = [1, 20, 20, 20, 7, 20, 20, 1, 33]
+    seqs, q, k, v, k_cache, v_cache = random_step(dtype, new_tokens, seed=3)
+    for i in (1, 2, 3, 5, 6):  # whole prompts (random_step gives some 40 cached tokens); 8 may have them
+        seqs[i].num_computed = 0
+    backend = NativePagedAttention()
+    metadata = backend.build_metadata(seqs, BLOCK_SIZE, torch.device("cpu"))
+    runs = [[c.query_len for c in run] for run in metadata.prefill_runs()]
+    assert [20, 20, 20] in runs and [20, 20] in runs and sum(map(len, runs)) == len(metadata.prefills)
+    got = run(backend, seqs, q, k, v, k_cache, v_cache)
+    start = 0
+    for s, n in zip(seqs, new_tokens):
+        rows = slice(start, start + n)
+        alone = run(backend, [s], q[rows], k[rows], v[rows], k_cache, v_cache)
+        assert torch.equal(got[rows], alone), f"rows {rows}"
+        start += n
