@@ -193,7 +193,7 @@ class TorchPagedAttention(AttentionBackend):
         rows = slice(start, start + count * length)
 
         def batched(t: torch.Tensor) -> torch.Tensor:  # [count * length, heads, dim] -> [count, heads, length, dim]
-            return t[rows].unflatten(0, (count, length)).transpose(1, 2)
+            return t[rows].view(count, length, *t.shape[1:]).transpose(1, 2)
 
         attn = F.scaled_dot_product_attention(batched(q), batched(k), batched(v), is_causal=True, scale=scale,
                                               enable_gqa=True)
