@@ -210,6 +210,13 @@ def engine_batched(llm, npp: int, ntg: int, npl: list[int], seed: int = 0, vocab
 
     params = SamplingParams(temperature=0, max_tokens=ntg, ignore_eos=True)
     llm.generate(prompts(2, npp, seed - 1), params, use_tqdm=False)  # warm-up
+    # and one full-sized prompt chunk: its first run pays one-time costs (oneDNN's kernels for the
+    # shape, buffers' page faults) that would land in the largest batch's timed run, and in the
+    # first row's alone when rows share the process (stop 29: int4's first B=64 prompt phase ~190
+    # CPU ms above its next ones, bf16's ~20)
+    chunk = llm.engine.config.max_num_batched_tokens
+    llm.generate(prompts(min(max(npl), -(-chunk // npp)), npp, seed - 2),
+                 SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
     results: dict[int, dict] = {}
     decode_cpu, phase = decode_step_cpu(llm), DecodePhase(llm)
     for b in npl:
