@@ -18,6 +18,12 @@ bounds is a one-sided 95% bound, the one a goal's verdict reads:
 - "not met" only when the whole interval is outside it,
 - "undecided" otherwise, and always when the repeats are too few for the interval to reach `level`
   (3 repeats: [min, max] covers 75%; 5 is the fewest that reach 90%).
+
+A repeat where either side's engine waited for a CPU more than `LOADED_WAIT_MS` per output token
+(`engine_wait_ms_per_token`, the neighbours' load) is left out of that pair's ratios: a load that
+hits one target's turn and not the other's moves the ratio either way (a loaded run of stop 29 read
+v1 +20% tok/s "faster" than offline in the repeat where offline's engine waited 7 ms a token). Quiet
+runs wait 0.00-0.05 ms a token.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any
 
 LEVEL = 0.90
 GOAL = 0.05
+LOADED_WAIT_MS = 0.5  # ms per output token the engine waited for a CPU: above it a repeat is left out
 # figure -> True when higher is better (the goal's side of the ratio)
 FIGURES = {"output_tokens_per_s": True, "ttft_p50_ms": False}
 LABELS = {"output_tokens_per_s": "tok/s", "ttft_p50_ms": "TTFT p50"}
@@ -87,19 +94,25 @@ def verdict(interval: Interval, higher_is_better: bool, goal: float = GOAL, leve
     return f"within {goal:.0%}" if met else "not met" if missed else "undecided"
 
 
-def paired_ratios(reference: list[dict[str, Any]], runs: list[dict[str, Any]], figure: str) -> list[float]:
-    """Repeat r's figure over the reference's in repeat r; repeats where either is missing are left out."""
+def paired_ratios(reference: list[dict[str, Any]], runs: list[dict[str, Any]], figure: str,
+                  loaded_wait_ms: float = LOADED_WAIT_MS) -> list[float]:
+    """Repeat r's figure over the reference's in repeat r; repeats where either is missing, or
+    either's engine waited more than `loaded_wait_ms` per token for a CPU, are left out."""
     ratios = []
     for ref, run in zip(reference, runs):
         a, b = run.get(figure), ref.get(figure)
         if a is None or b is None or math.isnan(a) or math.isnan(b) or b <= 0:
             continue
+        if max(run.get("engine_wait_ms_per_token", 0.0), ref.get("engine_wait_ms_per_token", 0.0)) > loaded_wait_ms:
+            continue
         ratios.append(a / b)
     return ratios
 
 
-def judge(result: dict[str, Any], goal: float = GOAL, level: float = LEVEL) -> list[Judged]:
-    """Every (phase, target) but the reference (the first target of each phase), per goal figure."""
+def judge(result: dict[str, Any], goal: float = GOAL, level: float = LEVEL,
+          loaded_wait_ms: float = LOADED_WAIT_MS) -> list[Judged]:
+    """Every (phase, target) but the reference (the first target of each phase), per goal figure; a
+    pair with no quiet repeat at all is listed with no ratios, undecided."""
     by_phase: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for key, entry in result["figures"].items():
         target, phase = key.split(" / ", 1)
@@ -109,8 +122,10 @@ def judge(result: dict[str, Any], goal: float = GOAL, level: float = LEVEL) -> l
         reference = next(iter(targets.values()))
         for target, runs in list(targets.items())[1:]:
             for figure, higher in FIGURES.items():
-                ratios = paired_ratios(reference, runs, figure)
+                ratios = paired_ratios(reference, runs, figure, loaded_wait_ms)
                 if not ratios:
+                    judged.append(Judged(phase, target, figure, (), math.nan, Interval(math.nan, math.nan, 0.0),
+                                         "undecided"))
                     continue
                 interval = median_interval(ratios, level)
                 judged.append(Judged(phase, target, figure, tuple(ratios), statistics.median(ratios), interval,
@@ -120,10 +135,15 @@ def judge(result: dict[str, Any], goal: float = GOAL, level: float = LEVEL) -> l
 
 def table(judged: list[Judged], reference: str) -> str:
     """One line per (phase, target, figure): the paired ratios, their median, interval and verdict."""
-    lines = [f"paired with {reference} in each repeat (order-statistic interval for the median):",
+    lines = [f"paired with {reference} in each repeat (order-statistic interval for the median; repeats where "
+             f"an engine waited > {LOADED_WAIT_MS} ms/token for a CPU left out):",
              f"{'phase':<16} {'target':<8} {'figure':<9} {'median':>8} {'interval':>17} {'conf':>5}  "
              f"{'verdict':<10} per repeat"]
     for j in judged:
+        if not j.ratios:
+            lines.append(f"{j.phase:<16} {j.target:<8} {LABELS[j.figure]:<9} {'':>8} {'':>17} {'':>5}  "
+                         f"{j.verdict:<10} (no quiet repeat)")
+            continue
         lines.append(f"{j.phase:<16} {j.target:<8} {LABELS[j.figure]:<9} {j.median - 1:>+8.1%} "
                      f"[{j.interval.low - 1:>+6.1%}, {j.interval.high - 1:>+6.1%}] {j.interval.confidence:>5.0%}  "
                      f"{j.verdict:<10} {', '.join(f'{r - 1:+.1%}' for r in j.ratios)}")

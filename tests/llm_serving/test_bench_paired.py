@@ -79,3 +79,23 @@ def test_missing_figures_leave_their_repeat_out_and_the_table_says_it_all():
     text = paired.table(judged, "offline")
     assert "paired with offline" in text and "not met" in text and "+20.0%" in text
     assert paired.as_json(judged)[1]["verdict"] == "not met"
+
+
+def test_repeats_where_an_engine_waited_for_a_cpu_are_left_out():
+    result = _result([80] * 6, [79, 79, 95, 79, 79, 79], [100] * 6, [101, 102, 60, 101, 102, 101])
+    # Repeat 3: offline's engine waited 7 ms a token for a CPU (a neighbour's load), so v1 read faster.
+    for target, runs in result["figures"].items():
+        for i, run in enumerate(runs["runs"]):
+            run["engine_wait_ms_per_token"] = 7.0 if (i == 2 and target.startswith("offline")) else 0.02
+    judged = {j.figure: j for j in paired.judge(result)}
+    assert len(judged["output_tokens_per_s"].ratios) == 5 and max(judged["output_tokens_per_s"].ratios) < 1
+    assert judged["ttft_p50_ms"].verdict == "within 5%" and min(judged["ttft_p50_ms"].ratios) > 1
+    # With the threshold raised the loaded repeat counts again.
+    assert len(paired.judge(result, loaded_wait_ms=10.0)[0].ratios) == 6
+    # Every repeat loaded: no ratios, undecided, and the table says why.
+    for runs in result["figures"].values():
+        for run in runs["runs"]:
+            run["engine_wait_ms_per_token"] = 3.0
+    judged_all = paired.judge(result)
+    assert all(j.ratios == () and j.verdict == "undecided" for j in judged_all)
+    assert "(no quiet repeat)" in paired.table(judged_all, "offline")
