@@ -11,8 +11,10 @@ other end. The core ends with its socket: when the server process goes, so does 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import pickle
+import select
 import signal
 import socket
 import sys
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from llm_engine.async_engine import ENGINE_THREAD, name_os_thread
 from llm_engine.config import EngineConfig
 from llm_engine.engine_loop import NO_COMMAND, Command, NoCommand, run_loop
+from llm_engine.output_deltas import DeltaEncoder, StepItem
 from llm_engine.outputs import RequestOutput
 from llm_engine.tokenizer import tokenize_prompt
 
@@ -66,9 +69,9 @@ class CoreLoadFailed:
 
 @dataclass
 class CoreStep:
-    """A step's outputs (cumulative per request, as `LLMEngine.step` returns them) and the stats after it."""
+    """A step's outputs (what changed per request: `output_deltas`) and the stats after it."""
 
-    outputs: list[RequestOutput]
+    outputs: list[StepItem]
     stats: EngineStats
     adds: int  # requests added to the engine since the last message
 
@@ -90,13 +93,19 @@ class EngineCore:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.adds = 0
+        self.encoder = DeltaEncoder()
+        # One poll object for the socket: `Connection.poll` builds a selector, registers the socket
+        # and drops it again on every call, once a step at least (~3 us against ~0.3; py-spy had it
+        # at ~0.7% of a busy core's samples).
+        self._poller = select.poll()
+        self._poller.register(conn.fileno(), select.POLLIN)
 
     def send(self, message: CoreMessage) -> None:
         self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
     def next_command(self, wait: float) -> Command | NoCommand | None:
         try:
-            if not self.conn.poll(wait):
+            if not self._poller.poll(math.ceil(wait * 1000)):  # readable, or the other side closed
                 return NO_COMMAND
             command: Command | None = pickle.loads(self.conn.recv_bytes())
         except (EOFError, OSError):  # the server process is gone
@@ -107,7 +116,7 @@ class EngineCore:
         self.adds += 1
 
     def report(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
-        self.send(CoreStep(outputs, engine.get_stats(), self.adds))
+        self.send(CoreStep(self.encoder.encode(outputs), engine.get_stats(), self.adds))
         self.adds = 0
 
     def idle(self, engine: LLMEngine) -> None:
@@ -119,6 +128,7 @@ class EngineCore:
         self.send(CoreFailed(request_id, exc))
 
     def fail_all(self, exc: Exception) -> None:
+        self.encoder.clear()
         self.send(CoreFailed(None, exc))
 
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from llm_engine.config import EngineConfig
 from llm_engine.engine_core import CoreFailed, CoreHello, CoreLoadFailed, CoreMessage, CoreReady, CoreStep
 from llm_engine.engine_loop import Command
+from llm_engine.output_deltas import DeltaDecoder
 from llm_engine.request_streams import EngineNotReady, RequestStreams, StepCallback
 from llm_engine.tokenizer import Tokenizer
 
@@ -48,6 +49,7 @@ class EngineCoreClient(RequestStreams):
         self._send_lock = threading.Lock()
         self._ready = threading.Event()
         self._stopping = False
+        self._decoder = DeltaDecoder()  # read by one reader at a time (the thread or the loop)
 
     # ----- lifecycle ------------------------------------------------------------------------
 
@@ -189,16 +191,18 @@ class EngineCoreClient(RequestStreams):
             if not self._stopping:
                 log.error("LLM: %s", self.load_error)
         self._ready.set()
+        self._decoder.forget(None)
         self.fail_all(EngineNotReady(self.load_error))
 
     def _handle(self, message: CoreMessage) -> None:
         if isinstance(message, CoreStep):
             with self._lock:
                 self._pending_adds -= message.adds
-            self.report_step(message.stats, message.outputs)
+            self.report_step(message.stats, self._decoder.decode(message.outputs))
         elif isinstance(message, CoreFailed):
             with self._lock:
                 self._pending_adds -= message.request_id is not None
+            self._decoder.forget(message.request_id)
             if message.request_id is None:
                 self.fail_all(message.error)
             else:
