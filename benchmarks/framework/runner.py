@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 
+from benchmarks._workload import percentile
 from benchmarks.framework import results
 from benchmarks.framework.targets import Server, make_target
 from benchmarks.framework.workloads import Phase, Workload
@@ -44,9 +46,20 @@ class PhaseRun:
     connections_opened: int | None = None  # an HTTP target's new connections while the phase ran
 
 
+def _sum(a: tuple | None, b: tuple | None) -> tuple | None:
+    return None if a is None or b is None else tuple(x + y for x, y in zip(a, b, strict=True))
+
+
+def _diff(after: tuple | None, before: tuple | None) -> tuple | None:
+    return None if after is None or before is None else tuple(x - y for x, y in zip(after, before, strict=True))
+
+
 async def run_phase(target, phase: Phase, probe_interval: float = PROBE_INTERVAL_S) -> PhaseRun:
     """Send the phase's items at their arrival times, sampling memory and KV usage every
-    `probe_interval` seconds (0: never, so a server does no work for the benchmark), and CPU time."""
+    `probe_interval` seconds (0: never, so a server does no work for the benchmark), and CPU time.
+    A phase of several waves (`Item.wave`, the burst phase's `bursts`) sends each when the previous
+    one's requests are done; its duration, CPU and engine TTFT are the sums over its waves, each
+    measured from the wave's start, so what runs between waves (the pool's warm-up) is not counted."""
     peak_rss, peak_kv = 0, 0.0
     done = asyncio.Event()
 
@@ -58,27 +71,30 @@ async def run_phase(target, phase: Phase, probe_interval: float = PROBE_INTERVAL
             await asyncio.sleep(probe_interval)
 
     prepare = getattr(target, "prepare", None)  # an HTTP target warms its connection pool
-    if prepare is not None:
-        await prepare(phase)
-    opened_before = getattr(target, "connections_opened", None)
+    opened = 0 if getattr(target, "connections_opened", None) is not None else None
+    samples: list = []
+    duration, cpu, engine_ttft = 0.0, (0.0, 0.0, 0.0), (0.0, 0)
     prober = asyncio.ensure_future(probe())
-    cpu_before, ttft_before = target.cpu(), await asyncio.to_thread(target.engine_ttft)
-    start = time.perf_counter()
+    for wave in phase.waves():
+        if prepare is not None:  # before each wave: a wave's pool idles out while the last one's tail runs
+            await prepare(Phase(phase.label, wave, phase.x))
+        opened_before = getattr(target, "connections_opened", None)
+        cpu_before, ttft_before = target.cpu(), await asyncio.to_thread(target.engine_ttft)
+        start = time.perf_counter()
 
-    async def at(item):
-        await asyncio.sleep(max(0.0, start + item.at - time.perf_counter()))
-        return await target.send(item)
+        async def at(item, start=start):
+            await asyncio.sleep(max(0.0, start + item.at - time.perf_counter()))
+            return await target.send(item)
 
-    samples = await asyncio.gather(*(at(item) for item in phase.items))
-    duration = time.perf_counter() - start
-    cpu_after, ttft_after = target.cpu(), await asyncio.to_thread(target.engine_ttft)
+        samples += await asyncio.gather(*(at(item) for item in wave))
+        duration += time.perf_counter() - start
+        cpu_after, ttft_after = target.cpu(), await asyncio.to_thread(target.engine_ttft)
+        cpu = _sum(cpu, _diff(cpu_after, cpu_before))
+        engine_ttft = _sum(engine_ttft, _diff(ttft_after, ttft_before))
+        if opened is not None:
+            opened += target.connections_opened - opened_before
     done.set()
     await prober
-    cpu = None if cpu_before is None or cpu_after is None else (
-        cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1], cpu_after[2] - cpu_before[2])
-    engine_ttft = None if ttft_before is None or ttft_after is None else (
-        ttft_after[0] - ttft_before[0], ttft_after[1] - ttft_before[1])
-    opened = None if opened_before is None else target.connections_opened - opened_before
     return PhaseRun(samples, duration, peak_rss, peak_kv, cpu, engine_ttft, opened)
 
 
@@ -113,6 +129,20 @@ def ttft_split(run: PhaseRun) -> dict:
             "ttft_outside_engine_ms": round(client - engine, 2)}
 
 
+def wave_ttft(run: PhaseRun, phase: Phase) -> dict:
+    """Each wave's own TTFT p50 (ms), for a phase of several waves: how far its bursts' figures
+    spread, which the phase's p50 over all of them evens out (a wave with a failed request: nan)."""
+    waves = phase.waves()
+    if len(waves) < 2:
+        return {}
+    p50s, at = [], 0
+    for wave in waves:
+        samples, at = run.samples[at:at + len(wave)], at + len(wave)
+        ok = all(s.ok for s in samples)
+        p50s.append(round(percentile([(s.first - s.start) * 1000 for s in samples], 50), 1) if ok else math.nan)
+    return {"wave_ttft_p50_ms": p50s}
+
+
 def turns(targets: list, repeats: int) -> list[list]:
     """Each repeat's order of the targets: every one in turn, the first moving one place per repeat."""
     return [targets[r % len(targets):] + targets[:r % len(targets)] for r in range(repeats)]
@@ -128,7 +158,9 @@ async def run(workload: Workload, target_kinds: list[str], repeats: int, server:
     result["warmup_requests"] = {}
     targets = [make_target(kind, server, offline_args) for kind in target_kinds]
     try:
-        everything = [dataclasses.replace(item, at=0.0) for phase in workload.phases for item in phase.items]
+        # each phase's first wave: its later waves (the burst phase's `bursts`) resend the same requests
+        everything = [dataclasses.replace(item, at=0.0) for phase in workload.phases
+                      for wave in phase.waves()[:1] for item in wave]
         warm_engines: list = []  # the offline target itself, or the Server behind /v1, /v2 and gRPC
         for target in targets:
             engine = getattr(target, "server", target)
@@ -151,6 +183,7 @@ async def run(workload: Workload, target_kinds: list[str], repeats: int, server:
                     figures.update(ttft_split(measured))
                     if measured.connections_opened is not None:
                         figures["connections_opened"] = measured.connections_opened
+                    figures.update(wave_ttft(measured, phase))
                     results.add_repeat(result, f"{target.name} / {phase.label}", figures, phase.x)
                     errors = {s.error for s in measured.samples if not s.ok}
                     cpu = (f"  CPU ms/token engine {figures['engine_cpu_ms_per_token']:.2f} serving "
@@ -162,7 +195,8 @@ async def run(workload: Workload, target_kinds: list[str], repeats: int, server:
                         f"tok/s  TTFT p50 {figures['ttft_p50_ms']:7.1f} ms  TPOT p50 {figures['tpot_p50_ms']:6.1f} ms"
                         + cpu + outside + (f"  new connections {figures['connections_opened']}"
                                            if "connections_opened" in figures else "")
-                        + (f"  failed {figures['failed']}: {sorted(errors)[:2]}" if errors else ""))
+                        + (f"  failed {figures['failed']}: {sorted(errors)[:2]}" if errors else "")
+                        + (f"  TTFT p50 by wave {figures['wave_ttft_p50_ms']}" if "wave_ttft_p50_ms" in figures else ""))
     finally:
         for target in targets:
             await target.aclose()

@@ -9,6 +9,7 @@ which is what a latency-throughput curve plots.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Callable
@@ -23,7 +24,8 @@ CORPUS_GLOBS = ("llm_engine/**/*.py", "ide_server/**/*.py")
 class Item:
     prompt: str
     max_tokens: int
-    at: float = 0.0  # seconds after the phase starts
+    at: float = 0.0  # seconds after its wave starts
+    wave: int = 0  # a phase's waves run one after another, each when the previous one's requests are done
 
 
 @dataclass
@@ -31,6 +33,11 @@ class Phase:
     label: str
     items: list[Item]
     x: float | None = None  # the phase's position on a curve (request rate, batch size)
+
+    def waves(self) -> list[list[Item]]:
+        """The items of each wave, in wave order and, within a wave, in the order they are sent."""
+        numbers = sorted({item.wave for item in self.items})
+        return [[item for item in self.items if item.wave == n] for n in numbers]
 
 
 @dataclass
@@ -94,9 +101,28 @@ def grid(corpus: Corpus, seed: int, batch: tuple[int, ...] = (1, 4, 16), input_l
     return Workload("grid", phases, {"batch": batch, "input_len": input_len, "output_len": output_len})
 
 
+def _rebursts(items: list[Item], bursts: int, rng: random.Random) -> list[Item]:
+    """`bursts` waves of the same requests, each sent when the previous one's are done: the first in
+    the given order, the others each in its own shuffled order (the same for every target, as the
+    workload is built once), so which request reaches a server first varies between waves, not
+    between targets."""
+    if bursts < 1:
+        raise ValueError(f"bursts must be at least 1, got {bursts}")
+    waves = [list(items)]
+    for _ in range(bursts - 1):
+        waves.append(rng.sample(items, len(items)))
+    return [dataclasses.replace(item, wave=n) for n, wave in enumerate(waves) for item in wave]
+
+
 def poisson(corpus: Corpus, seed: int, rates: tuple[float, ...] = (1.0, 2.0, 4.0), num_requests: int = 16,
-            input_mean: int = 128, output_mean: int = 32, burstiness: float = 1.0, name: str = "poisson") -> Workload:
-    """Realistic arrivals at each rate (then all at once), log-normal prompt and answer lengths."""
+            input_mean: int = 128, output_mean: int = 32, burstiness: float = 1.0, bursts: int = 1,
+            name: str = "poisson") -> Workload:
+    """Realistic arrivals at each rate (then all at once), log-normal prompt and answer lengths.
+
+    The burst phase is `bursts` bursts of the `num_requests` requests, each after the previous one's
+    requests are done, its figures over all of them. One burst's requests share their first step
+    (their prompts are in the prefix cache after the warm-up), so its TTFT p50 is one step's timing,
+    ~10% apart between repeats on a shared host; several bursts make the phase's p50 a median of them."""
     phases = []
     rates = _tuple(rates)
     for rate in (*rates, math.inf):
@@ -104,9 +130,11 @@ def poisson(corpus: Corpus, seed: int, rates: tuple[float, ...] = (1.0, 2.0, 4.0
         times = _arrivals(random.Random(seed + 1), num_requests, rate, burstiness)
         items = [Item(corpus.text(rng, _lengths(rng, input_mean, 8, 4 * input_mean)),
                       _lengths(rng, output_mean, 4, 4 * output_mean), at) for at in times]
+        if rate == math.inf:
+            items = _rebursts(items, bursts, random.Random(seed + 2))
         phases.append(Phase("burst" if rate == math.inf else f"{rate:g}/s", items, x=rate))
     return Workload(name, phases, {"rates": rates, "num_requests": num_requests, "input_mean": input_mean,
-                                   "output_mean": output_mean, "burstiness": burstiness})
+                                   "output_mean": output_mean, "burstiness": burstiness, "bursts": bursts})
 
 
 def bursty(corpus: Corpus, seed: int, **kwargs) -> Workload:

@@ -4,11 +4,13 @@ noise-aware comparison rule, and the HTML report as Chromium shows it."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import random
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,78 @@ def test_workloads_are_seeded_and_shaped(smollm_tokenizer):
     chat = WORKLOADS["chat"](corpus, 0, conversations=2, turns=3)
     prompts = [i.prompt for i in chat.phases[0].items]
     assert any(b.startswith(a) and b != a for a in prompts for b in prompts)  # turns resend the history
+
+
+def test_the_burst_phase_is_several_bursts_in_shared_shuffled_orders(smollm_tokenizer):
+    corpus = Corpus(smollm_tokenizer)
+    one = WORKLOADS["poisson"](corpus, 5, rates=(2.0,), num_requests=6)
+    three = WORKLOADS["poisson"](corpus, 5, rates=(2.0,), num_requests=6, bursts=3)
+    assert three.settings["bursts"] == 3 and one.settings["bursts"] == 1
+    assert three.phases[0] == one.phases[0]  # the rate phase is untouched
+    [single] = one.phases[1].waves()
+    waves = three.phases[1].waves()
+    assert len(waves) == 3 and all(len(w) == 6 and all(i.at == 0.0 for i in w) for w in waves)
+    assert [(i.prompt, i.max_tokens) for i in waves[0]] == [(i.prompt, i.max_tokens) for i in single]
+    orders = [[single.index(dataclasses.replace(i, wave=0)) for i in wave] for wave in waves]
+    assert all(sorted(order) == list(range(6)) for order in orders)  # the same requests each burst
+    assert len({tuple(order) for order in orders}) == 3  # each sent in its own order
+    again = WORKLOADS["poisson"](corpus, 5, rates=(2.0,), num_requests=6, bursts=3)
+    assert again.phases[1].items == three.phases[1].items  # one order for every target
+    with pytest.raises(ValueError, match="bursts"):
+        WORKLOADS["poisson"](corpus, 5, num_requests=6, bursts=0)
+
+
+class _Recorder:
+    """A stand-in target: answers after `item.max_tokens` ms, counting what is in flight."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.in_flight, self.sent, self.prepared, self.connections_opened = 0, [], [], 0
+        self.cpu_reads = 0
+
+    async def prepare(self, phase) -> None:
+        self.prepared.append(len(phase.items))
+        self.connections_opened += 1  # one connection opened outside the clock, before each wave
+
+    async def send(self, item):
+        from benchmarks.framework.targets import Sample
+
+        self.sent.append((item.wave, self.in_flight))
+        self.in_flight += 1
+        start = time.perf_counter()
+        await asyncio.sleep(item.max_tokens / 1000)
+        self.in_flight -= 1
+        return Sample(True, start, start + item.wave / 1000, time.perf_counter(), 1)  # TTFT: `wave` ms
+
+    def cpu(self):
+        self.cpu_reads += 1
+        return (float(self.cpu_reads), 2.0 * self.cpu_reads, 0.0)
+
+    def engine_ttft(self):
+        return (0.001 * len(self.sent), len(self.sent))
+
+    def probe(self):
+        return 0, 0.0
+
+
+def test_a_phase_sends_each_wave_when_the_previous_one_is_done():
+    from benchmarks.framework.workloads import Item, Phase
+
+    items = [Item("p", ms, 0.0, wave) for wave in range(3) for ms in (30, 5, 10)]
+    target = _Recorder()
+    started = time.perf_counter()
+    run = asyncio.run(runner.run_phase(target, Phase("burst", items), probe_interval=0))
+    assert len(run.samples) == 9 and all(s.ok for s in run.samples)
+    # each wave went out all at once, and only when nothing of the previous one was in flight
+    assert target.sent == [(w, n) for w in range(3) for n in range(3)]
+    assert target.prepared == [3, 3, 3]  # the pool warmed before each wave, off the clock
+    assert run.connections_opened == 0
+    assert 0.09 <= run.duration <= time.perf_counter() - started
+    assert run.cpu == (3.0, 6.0, 0.0)  # summed over the waves: 1 of engine CPU a wave here
+    assert run.engine_ttft == pytest.approx((0.009, 9))
+    assert runner.wave_ttft(run, Phase("burst", items)) == {"wave_ttft_p50_ms": [0.0, 1.0, 2.0]}
+    assert runner.wave_ttft(run, Phase("burst", items[:3])) == {}  # one wave: the phase's own p50 says it
 
 
 @pytest.fixture(scope="module")
