@@ -80,8 +80,13 @@ IDLE_WAIT_S: Final = 1.0  # an idle loop's wait for a command, after which it lo
 # the same whether it prefills one arrival or twelve (a pass over the weights), so starting on the
 # first arrival made the rest wait for that step: +19..25% burst TTFT p50 against the offline engine,
 # which gets the whole burst before its first step. The bound covers a neighbour that fails its
-# checks after the hint went out; a burst of 12 reached the core over 2-25 ms (load 1-7).
-ADMISSION_HOLD_S: Final = 0.03
+# checks after the hint went out; a burst of 12 reached the core over 2-25 ms (load 1-7). The bound
+# runs from the latest request that said more, not the first, and is 50 ms, not 30: a gRPC stream's
+# burst of 12 took 35-70 ms to come in at load ~2 (its client sends from a thread on the CPU the
+# server shares), and a hold of 30 ms from the first arrival stepped the first 1-5 alone in 3 of 10
+# bursts (0 of 10 with this and `request_streams.BURST_WINDOWS`; either alone: 2-4 of 10).
+ADMISSION_HOLD_S: Final = 0.05
+ADMISSION_HOLD_MAX_S: Final = 0.1  # a burst still coming in after this is stepped as it stands
 
 
 class LoopHost(Protocol):
@@ -145,9 +150,10 @@ def _serve(engine: LLMEngine, host: LoopHost, trace: StepTrace | None) -> None:
 
 def _apply_commands(engine: LLMEngine, host: LoopHost, idle: bool) -> int | None:
     """Apply every queued command: how many; None when asked to stop. An idle engine waits for one,
-    and then, while the latest request says more are behind it, for those (up to ADMISSION_HOLD_S)."""
+    and then, while the latest request says more are behind it, for those (up to ADMISSION_HOLD_S
+    after the latest such request, ADMISSION_HOLD_MAX_S in all)."""
     applied, holding = 0, False
-    wait, hold_until = (IDLE_WAIT_S if idle else 0.0), 0.0
+    wait, hold_until, held_since = (IDLE_WAIT_S if idle else 0.0), 0.0, 0.0
     while True:
         command = host.next_command(wait)
         if command is None:
@@ -158,8 +164,10 @@ def _apply_commands(engine: LLMEngine, host: LoopHost, idle: bool) -> int | None
         if isinstance(command, AbortRequest):
             engine.abort_request(command.request_id)
         else:
-            if idle and command.more and not hold_until:
-                hold_until = time.monotonic() + ADMISSION_HOLD_S
+            if idle and command.more:
+                now = time.monotonic()
+                held_since = held_since or now
+                hold_until = min(now + ADMISSION_HOLD_S, held_since + ADMISSION_HOLD_MAX_S)
             holding = idle and command.more
             try:
                 prompt = _fitted(engine, command) if command.fit_window else command.prompt

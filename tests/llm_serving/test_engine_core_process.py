@@ -181,6 +181,18 @@ def test_a_bursts_first_request_waits_for_the_rest_written_right_after_it(tiny_s
     assert [len(step) for step in seen.steps] == [2]
 
 
+def test_a_burst_trickling_in_is_not_closed_by_its_first_request_back_from_its_window(tiny_server, monkeypatch):
+    """Requests a few ms apart (gRPC's stream delivers a burst so): the second goes to the engine while
+    the first waits out its window, saying more follow; the first, back and finding nothing else on
+    its way, would close the burst and the third would wait a step. It waits on while the burst is open."""
+    monkeypatch.setattr(request_streams, "BURST_WINDOW_S", 0.01)  # 10 ms windows: >= 3 gaps within the 30 ms hold
+    bodies = [completion_body(f"def trickle_{i}(x):") for i in range(3)]
+    with FirstTokenSteps(tiny_server.service.engine) as seen:
+        answers = post_raw(tiny_server.url, bodies, gap_s=0.006, headers_first=False)
+    assert all(a.startswith(b"HTTP/1.1 200") for a in answers), answers
+    assert [len(step) for step in seen.steps] == [3]
+
+
 def test_a_neighbour_that_fails_before_the_engine_holds_the_burst_only_briefly(tiny_server):
     answers = post_raw(tiny_server.url, [completion_body("def ok(x):"), b"{not json"], gap_s=0.05)
     assert answers[0].startswith(b"HTTP/1.1 200") and answers[1].startswith(b"HTTP/1.1 400")
