@@ -6,6 +6,7 @@ repository root.
     python -m benchmarks run poisson --targets offline,v1,v2,grpc --repeats 3 --out results/x.json
     python -m benchmarks run grid --set batch=1,8 --set input_len=64 --url http://host:8001 --targets v1,v2
     python -m benchmarks compare baseline.json current.json          # exit 1 on a regression
+    python -m benchmarks paired results/x.json --loaded-wait-ms 20   # judge a stored run's overhead again
     python -m benchmarks gate                                         # the CI check (ratios vs Transformers)
     python -m benchmarks report results/*.json --out report.html      # PNG + self-contained HTML
 """
@@ -217,6 +218,20 @@ def cmd_compare(args) -> int:
     return 1 if regressions else 0
 
 
+def cmd_paired(args) -> int:
+    """Judge a stored overhead run again (e.g. with another load threshold), with no rerun."""
+    from benchmarks.framework import paired
+
+    if args.loaded_wait_ms < 0:
+        raise UsageError("--loaded-wait-ms must be 0 or more")
+    [result] = load_results(args.result)
+    if result.get("kind") != "workload" or len(result["settings"].get("targets", ())) < 2:
+        raise UsageError(f"{args.result} is not a workload run of two or more targets")
+    judged = paired.judge(result, loaded_wait_ms=args.loaded_wait_ms)
+    print(paired.table(judged, result["settings"]["targets"][0], args.loaded_wait_ms))
+    return 0
+
+
 def cmd_gate(args) -> int:
     from benchmarks.framework import gate
 
@@ -285,6 +300,13 @@ def dispatch(argv: list[str], prog: str) -> int:
     comp.add_argument("--alpha", type=float, default=0.05)
     comp.add_argument("--min-change", type=float, default=0.05)
 
+    from benchmarks.framework.paired import LOADED_WAIT_MS
+
+    pair = sub.add_parser("paired", help="the protocol-overhead verdicts of a stored run, judged again")
+    pair.add_argument("result")
+    pair.add_argument("--loaded-wait-ms", type=float, default=LOADED_WAIT_MS,
+                      help="leave out repeats where an engine waited more than this per output token for a CPU")
+
     gate = sub.add_parser("gate", help="CI: engine/Transformers ratios vs the stored baseline")
     gate.add_argument("--repeats", type=int, default=6)
     gate.add_argument("--baseline", help="default: the stored one for this CPU kind (gate.py's default_baseline)")
@@ -306,7 +328,8 @@ def dispatch(argv: list[str], prog: str) -> int:
         for name, module in SUITES.items():
             print(f"{name:<20} (self-timed) {(import_module(module).__doc__ or '').strip().splitlines()[0]}")
         return 0
-    return {"run": cmd_run, "compare": cmd_compare, "gate": cmd_gate, "report": cmd_report}[args.command](args)
+    return {"run": cmd_run, "compare": cmd_compare, "paired": cmd_paired, "gate": cmd_gate,
+            "report": cmd_report}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,14 @@ bounds is a one-sided 95% bound, the one a goal's verdict reads:
 - "undecided" otherwise, and always when the repeats are too few for the interval to reach `level`
   (3 repeats: [min, max] covers 75%; 5 is the fewest that reach 90%).
 
+Besides the ratio of the phases' TTFT p50s, each repeat gives a per-request one (`ttft_per_request`):
+the median over the phase's requests of TTFT_target(i) / TTFT_reference(i), request i paired with
+itself (the workload is seeded: every target sends the same requests at the same offsets in every
+repeat; `results.per_request` stores them by index), only requests that succeeded on both sides.
+It is the figure that answers the goal for TTFT: the overhead a request suffers is its own TTFT
+against the same request offline. A p50 of 12 requests jumps with which requests collide in a
+step, so the p50s' ratio spread -8%..+35% across the repeats of one quiet run; it is kept beside.
+
 A repeat where either side's engine waited for a CPU more than `LOADED_WAIT_MS` per output token
 (`engine_wait_ms_per_token`, the neighbours' load) is left out of that pair's ratios: a load that
 hits one target's turn and not the other's moves the ratio either way (a loaded run of stop 29 read
@@ -36,9 +44,10 @@ from typing import Any
 LEVEL = 0.90
 GOAL = 0.05
 LOADED_WAIT_MS = 0.5  # ms per output token the engine waited for a CPU: above it a repeat is left out
+PER_REQUEST = "ttft_per_request"  # the median of the requests' own TTFT ratios, not a figure of a run
 # figure -> True when higher is better (the goal's side of the ratio)
-FIGURES = {"output_tokens_per_s": True, "ttft_p50_ms": False}
-LABELS = {"output_tokens_per_s": "tok/s", "ttft_p50_ms": "TTFT p50"}
+FIGURES = {"output_tokens_per_s": True, "ttft_p50_ms": False, PER_REQUEST: False}
+LABELS = {"output_tokens_per_s": "tok/s", "ttft_p50_ms": "TTFT p50", PER_REQUEST: "TTFT/req"}
 
 
 @dataclass(frozen=True)
@@ -94,25 +103,41 @@ def verdict(interval: Interval, higher_is_better: bool, goal: float = GOAL, leve
     return f"within {goal:.0%}" if met else "not met" if missed else "undecided"
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or math.isnan(a) or math.isnan(b) or b <= 0:
+        return None
+    return a / b
+
+
+def request_ratio(reference: dict[str, Any], run: dict[str, Any]) -> float | None:
+    """The median over requests of the run's TTFT over the same request's (same index) in the
+    reference run; requests failed on either side are left out; None when no request pairs."""
+    theirs = {r["index"]: r.get("ttft_ms") for r in reference.get("requests", ())}
+    ratios = [ratio for r in run.get("requests", ()) if r["index"] in theirs
+              and (ratio := _ratio(r.get("ttft_ms"), theirs[r["index"]])) is not None]
+    return statistics.median(ratios) if ratios else None
+
+
 def paired_ratios(reference: list[dict[str, Any]], runs: list[dict[str, Any]], figure: str,
                   loaded_wait_ms: float = LOADED_WAIT_MS) -> list[float]:
-    """Repeat r's figure over the reference's in repeat r; repeats where either is missing, or
-    either's engine waited more than `loaded_wait_ms` per token for a CPU, are left out."""
+    """Repeat r's figure over the reference's in repeat r (`PER_REQUEST`: its requests' median
+    ratio); repeats where either is missing, or either's engine waited more than `loaded_wait_ms`
+    per token for a CPU, are left out."""
     ratios = []
     for ref, run in zip(reference, runs):
-        a, b = run.get(figure), ref.get(figure)
-        if a is None or b is None or math.isnan(a) or math.isnan(b) or b <= 0:
-            continue
         if max(run.get("engine_wait_ms_per_token", 0.0), ref.get("engine_wait_ms_per_token", 0.0)) > loaded_wait_ms:
             continue
-        ratios.append(a / b)
+        ratio = request_ratio(ref, run) if figure == PER_REQUEST else _ratio(run.get(figure), ref.get(figure))
+        if ratio is not None:
+            ratios.append(ratio)
     return ratios
 
 
 def judge(result: dict[str, Any], goal: float = GOAL, level: float = LEVEL,
           loaded_wait_ms: float = LOADED_WAIT_MS) -> list[Judged]:
     """Every (phase, target) but the reference (the first target of each phase), per goal figure; a
-    pair with no quiet repeat at all is listed with no ratios, undecided."""
+    pair with no quiet repeat at all is listed with no ratios, undecided. The per-request figure is
+    left out where neither side stored its requests (a result from before they were stored)."""
     by_phase: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for key, entry in result["figures"].items():
         target, phase = key.split(" / ", 1)
@@ -122,6 +147,8 @@ def judge(result: dict[str, Any], goal: float = GOAL, level: float = LEVEL,
         reference = next(iter(targets.values()))
         for target, runs in list(targets.items())[1:]:
             for figure, higher in FIGURES.items():
+                if figure == PER_REQUEST and not any("requests" in r for r in (*reference, *runs)):
+                    continue
                 ratios = paired_ratios(reference, runs, figure, loaded_wait_ms)
                 if not ratios:
                     judged.append(Judged(phase, target, figure, (), math.nan, Interval(math.nan, math.nan, 0.0),
@@ -133,20 +160,23 @@ def judge(result: dict[str, Any], goal: float = GOAL, level: float = LEVEL,
     return judged
 
 
-def table(judged: list[Judged], reference: str) -> str:
-    """One line per (phase, target, figure): the paired ratios, their median, interval and verdict."""
+def table(judged: list[Judged], reference: str, loaded_wait_ms: float = LOADED_WAIT_MS) -> str:
+    """One line per (phase, target, figure): the paired ratios, their median, interval, verdict and
+    spread (the per-repeat ratios' max - min, in points: what more repeats or requests must narrow)."""
     lines = [f"paired with {reference} in each repeat (order-statistic interval for the median; repeats where "
-             f"an engine waited > {LOADED_WAIT_MS} ms/token for a CPU left out):",
+             f"an engine waited > {loaded_wait_ms:g} ms/token for a CPU left out; TTFT/req: the median of the "
+             f"requests' own TTFT ratios):",
              f"{'phase':<16} {'target':<8} {'figure':<9} {'median':>8} {'interval':>17} {'conf':>5}  "
-             f"{'verdict':<10} per repeat"]
+             f"{'verdict':<10} {'spread':>6}  per repeat"]
     for j in judged:
         if not j.ratios:
             lines.append(f"{j.phase:<16} {j.target:<8} {LABELS[j.figure]:<9} {'':>8} {'':>17} {'':>5}  "
-                         f"{j.verdict:<10} (no quiet repeat)")
+                         f"{j.verdict:<10} {'':>6}  (no quiet repeat)")
             continue
         lines.append(f"{j.phase:<16} {j.target:<8} {LABELS[j.figure]:<9} {j.median - 1:>+8.1%} "
                      f"[{j.interval.low - 1:>+6.1%}, {j.interval.high - 1:>+6.1%}] {j.interval.confidence:>5.0%}  "
-                     f"{j.verdict:<10} {', '.join(f'{r - 1:+.1%}' for r in j.ratios)}")
+                     f"{j.verdict:<10} {max(j.ratios) - min(j.ratios):>6.1%}  "
+                     f"{', '.join(f'{r - 1:+.1%}' for r in j.ratios)}")
     return "\n".join(lines)
 
 

@@ -59,6 +59,20 @@ def summarize(samples: list[Sample], duration: float, ttft_slo_ms: float, tpot_s
     return out
 
 
+def per_request(samples: list[Sample]) -> list[dict]:
+    """Each request as its client saw it, by its index in the phase (the order its waves send them,
+    the same for every target: the workload is seeded), so later analyses pair a request with itself
+    on another target without a rerun. A failed request keeps its index and its error."""
+    rows: list[dict] = []
+    for index, s in enumerate(samples):
+        if s.ok:
+            rows.append({"index": index, "ttft_ms": round((s.first - s.start) * 1000, 3),
+                         "e2e_ms": round((s.finish - s.start) * 1000, 3), "tokens": s.tokens})
+        else:
+            rows.append({"index": index, "error": s.error or "failed"})
+    return rows
+
+
 # ----- the stored result ------------------------------------------------------------------------------
 
 def git_state() -> dict:

@@ -184,6 +184,7 @@ async def run(workload: Workload, target_kinds: list[str], repeats: int, server:
                     if measured.connections_opened is not None:
                         figures["connections_opened"] = measured.connections_opened
                     figures.update(wave_ttft(measured, phase))
+                    figures["requests"] = results.per_request(measured.samples)
                     results.add_repeat(result, f"{target.name} / {phase.label}", figures, phase.x)
                     errors = {s.error for s in measured.samples if not s.ok}
                     cpu = (f"  CPU ms/token engine {figures['engine_cpu_ms_per_token']:.2f} serving "

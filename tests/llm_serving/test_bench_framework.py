@@ -124,6 +124,16 @@ def test_a_phase_sends_each_wave_when_the_previous_one_is_done():
     assert runner.wave_ttft(run, Phase("burst", items[:3])) == {}  # one wave: the phase's own p50 says it
 
 
+def test_each_request_is_stored_by_its_index_in_the_phase():
+    from benchmarks.framework.targets import Sample
+
+    samples = [Sample(True, 1.0, 1.25, 1.5, 6), Sample(False, 2.0, error="HTTP 503"), Sample(True, 3.0, 3.01, 3.2, 4)]
+    assert results.per_request(samples) == [
+        {"index": 0, "ttft_ms": 250.0, "e2e_ms": 500.0, "tokens": 6},
+        {"index": 1, "error": "HTTP 503"},  # kept, so the indices stay the workload's
+        {"index": 2, "ttft_ms": 10.0, "e2e_ms": 200.0, "tokens": 4}]
+
+
 @pytest.fixture(scope="module")
 def bench_results(tiny_server, tiny_chat_model, smollm_tokenizer, tmp_path_factory) -> list[Path]:
     """A small grid through every target, as two 'commits' (the second a copy with a new commit id)."""
@@ -155,6 +165,11 @@ def test_every_target_answers_the_same_workload(bench_results):
             # TTFT split at the engine's own timestamps: its part, and what the path around it adds
             assert 0 < run["engine_ttft_mean_ms"] <= run["ttft_mean_ms"]
             assert run["ttft_outside_engine_ms"] == pytest.approx(run["ttft_mean_ms"] - run["engine_ttft_mean_ms"], abs=0.02)
+            # every request stored by its index, for pairing a request with itself on another target
+            assert [r["index"] for r in run["requests"]] == list(range(int(phase[1])))
+            assert all(0 < r["ttft_ms"] <= r["e2e_ms"] and r["tokens"] == 6 for r in run["requests"])
+            ttfts = sorted(r["ttft_ms"] for r in run["requests"])  # 1 or 3 requests: the middle one is the p50
+            assert ttfts[len(ttfts) // 2] == pytest.approx(run["ttft_p50_ms"], abs=0.01)
         assert result["figures"]["offline / b3 in24 out6"]["runs"][0]["peak_kv_usage"] > 0
     offline = result["figures"]["offline / b3 in24 out6"]["runs"][0]  # CPU time of this process, per token
     assert offline["engine_cpu_ms_per_token"] >= 0 and offline["serving_cpu_ms_per_token"] >= 0  # 10 ms ticks

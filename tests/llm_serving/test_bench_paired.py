@@ -4,6 +4,7 @@ target, the order-statistic interval for their median, and the goal's verdict fr
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
@@ -99,3 +100,90 @@ def test_repeats_where_an_engine_waited_for_a_cpu_are_left_out():
     judged_all = paired.judge(result)
     assert all(j.ratios == () and j.verdict == "undecided" for j in judged_all)
     assert "(no quiet repeat)" in paired.table(judged_all, "offline")
+
+
+def _requests(ttfts: list[float | None]) -> list[dict]:
+    """A run's stored requests by index; None: that request failed."""
+    return [{"index": i, "error": "timed out"} if t is None else {"index": i, "ttft_ms": t, "e2e_ms": t + 50, "tokens": 8}
+            for i, t in enumerate(ttfts)]
+
+
+def _per_request_result(reference: list[list[float | None]], target: list[list[float | None]]) -> dict:
+    def runs(repeats: list[list[float | None]]) -> list[dict]:
+        return [{"output_tokens_per_s": 80.0, "ttft_p50_ms": 100.0, "requests": _requests(r)} for r in repeats]
+    return {"figures": {"offline / 2/s": {"runs": runs(reference)}, "v2 / 2/s": {"runs": runs(target)}}}
+
+
+def _per_request(result: dict) -> paired.Judged:
+    return next(j for j in paired.judge(result) if j.figure == paired.PER_REQUEST)
+
+
+# Offline's requests in 5 repeats: each request's TTFT differs (its length, what it collided with).
+OFFLINE = [[40.0 + 13 * ((i * 7 + r) % 12) for i in range(12)] for r in range(5)]
+
+
+@pytest.mark.parametrize("scale, expected", [
+    ([[1.02] * 12, [1.01] * 12, [1.03] * 12, [1.00] * 12, [1.02] * 12], "within 5%"),
+    ([[1.09] * 12, [1.08] * 12, [1.10] * 12, [1.07] * 12, [1.12] * 12], "not met"),
+    ([[1.02] * 12, [1.09] * 12, [1.03] * 12, [1.06] * 12, [1.01] * 12], "undecided"),  # straddles 1.05
+    # in every repeat most requests are 2% later and a few much later: the median reads the most
+    ([[1.02] * 9 + [1.6] * 3 for _ in range(5)], "within 5%"),
+])
+def test_the_per_request_figure_is_the_median_of_each_requests_own_ratio(scale, expected):
+    target = [[t * s for t, s in zip(ttfts, scales)] for ttfts, scales in zip(OFFLINE, scale)]
+    judged = _per_request(_per_request_result(OFFLINE, target))
+    assert judged.ratios == pytest.approx([statistics.median(s) for s in scale])
+    assert judged.verdict == expected
+    assert "TTFT/req" in paired.table([judged], "offline")
+
+
+def test_requests_are_paired_by_their_index_not_their_place_in_the_list():
+    reference = [[50.0, 100.0, 200.0, 400.0]] * 5
+    run = _per_request_result(reference, [[t * 1.03 for t in ttfts] for ttfts in reference])
+    for repeat in run["figures"]["v2 / 2/s"]["runs"]:
+        repeat["requests"].reverse()  # stored in another order: still each request against itself
+    judged = _per_request(run)
+    assert judged.ratios == pytest.approx([1.03] * 5) and judged.verdict == "within 5%"
+    # (paired by place, the reversed list would read 8.2x, 2.1x, 0.5x and 0.1x: a median of 1.29)
+    # two requests that swapped TTFTs between the sides: 2x and 0.5x, each against itself
+    assert paired.request_ratio({"requests": _requests([50.0, 100.0])}, {"requests": _requests([100.0, 50.0])}) == 1.25
+
+
+def test_a_request_failed_on_either_side_is_left_out():
+    reference = {"requests": _requests([100.0, 100.0, None, 100.0])}
+    run = {"requests": _requests([110.0, 103.0, 104.0, None])}
+    assert paired.request_ratio(reference, run) == pytest.approx(1.065)  # requests 0 and 1 only
+    assert paired.request_ratio({"requests": _requests([None, None])}, {"requests": _requests([90.0, 95.0])}) is None
+    # a repeat where no request paired is left out of the interval, like a missing figure
+    result = _per_request_result(OFFLINE[:4] + [[None] * 12], [[t * 1.01 for t in r] for r in OFFLINE])
+    assert len(_per_request(result).ratios) == 4
+
+
+def test_results_without_stored_requests_have_no_per_request_row():
+    result = _result([80] * 5, [79] * 5, [100] * 5, [101] * 5)
+    assert {j.figure for j in paired.judge(result)} == {"output_tokens_per_s", "ttft_p50_ms"}
+
+
+def test_a_stored_run_is_judged_again_from_the_command_line(tmp_path, capsys):
+    from benchmarks.__main__ import main as bench_main
+    from benchmarks.framework import results
+
+    result = _per_request_result(OFFLINE, [[t * 1.02 for t in r] for r in OFFLINE])
+    for runs in result["figures"].values():
+        for run in runs["runs"]:
+            run["engine_wait_ms_per_token"] = 3.0  # a loaded run: every repeat left out at 0.5 ms
+    result.update(kind="workload", settings={"targets": ["offline", "v2"]})
+    path = tmp_path / "run.json"
+    results.save(result, path)
+    assert bench_main(["paired", str(path)]) == 0
+    assert "(no quiet repeat)" in capsys.readouterr().out
+    assert bench_main(["paired", str(path), "--loaded-wait-ms", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "> 5 ms/token" in out
+    row = next(line for line in out.splitlines() if line.startswith("2/s") and "TTFT/req" in line)
+    assert "+2.0%" in row and "within 5%" in row and "0.0%" in row  # the same 2% in every repeat: no spread
+    result["kind"] = "suite"
+    results.save(result, path)
+    assert bench_main(["paired", str(path)]) == 2
+    assert "not a workload run" in capsys.readouterr().err
+    assert bench_main(["paired", str(path), "--loaded-wait-ms", "-1"]) == 2
