@@ -9,7 +9,6 @@ Subclasses say how a command reaches the engine (`_submit`) and when the engine 
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -29,18 +28,13 @@ if TYPE_CHECKING:
 
 StepCallback = Callable[["EngineStats", list[RequestOutput]], None]
 
-# A request that finds the engine idle and no other request on its way first steps aside
-# (`wait_for_burst`). A client on the server's CPU (the IDE's assistant, a benchmark) is preempted by
-# the server as soon as its burst's first request is written: the server took that one to an idle
-# engine alone, which stepped it alone, and the burst's other requests, written a few ms later,
-# waited for that step (traced: 2 first steps in most bursts of 12). Stepping aside lets them in
-# first, and the engine's hold then takes them all in one step. It hands the CPU to whatever else is
-# runnable there (`os.sched_yield`) and lets the event loop take in what arrived, BURST_YIELD_PASSES
-# times, stopping as soon as another request is on its way; with nothing else runnable it costs
-# microseconds. Until stop 30 it slept BURST_WINDOW_S instead, which every isolated request at an
-# idle engine paid (1-2 ms: uvloop's timers are whole ms), ~2% of a 50 ms TTFT.
-BURST_YIELD_PASSES: Final = 6
-# While a burst is open, a request that would close it waits for the next in windows this long.
+# How long a request that finds the engine idle and no other request on its way waits before it
+# goes on to `generate` (`wait_for_burst`). A client on the server's CPU (the IDE's assistant, a
+# benchmark) is preempted by the server as soon as its burst's first request is written: the server
+# took that one to an idle engine alone, which stepped it alone, and the burst's other requests,
+# written a few ms later, waited for that step (traced: 2 first steps in most bursts of 12).
+# Stepping aside for a moment lets them in first, and the engine's hold then takes them all in one
+# step. An isolated request pays this once, and only when the engine is idle.
 BURST_WINDOW_S: Final = 0.001
 # While a burst is open (requests went to an idle engine saying more follow, and no step has run
 # since), the request that would end it (nothing else on its way) waits up to this many windows
@@ -139,30 +133,18 @@ class RequestStreams(ABC):
             self._admitted(mark)
 
     async def wait_for_burst(self) -> None:
-        """Inside `admission`: a request alone (nothing in flight, nothing else on its way) steps aside
-        for the rest of a burst to arrive and say so (`_step_aside`) before it reaches `generate`;
-        while the burst it started or joined is open (`_burst_open`), it keeps waiting, a window
-        (BURST_WINDOW_S) at a time, BURST_WINDOWS at most, for as long as it would be the one to close
-        it."""
-        if self._admitting == 1 and not self._streams:
-            await self._step_aside()
+        """Inside `admission`: a request alone (nothing in flight, nothing else on its way) gives the
+        rest of a burst BURST_WINDOW_S to arrive and say so, before it reaches `generate`; while the
+        burst it started or joined is open (`_burst_open`), it keeps waiting, a window at a time
+        (BURST_WINDOWS at most), for as long as it would be the one to close it."""
         waited = 0
         while self._admitting == 1 and waited < BURST_WINDOWS:
-            held = time.monotonic() - self._burst_opened
-            if not self._burst_open or held + BURST_WINDOW_S >= ADMISSION_HOLD_S:
-                return
+            if waited or self._streams:  # the burst's hold must outlast the window
+                held = time.monotonic() - self._burst_opened
+                if not self._burst_open or held + BURST_WINDOW_S >= ADMISSION_HOLD_S:
+                    return
             await asyncio.sleep(BURST_WINDOW_S)
             waited += 1
-
-    async def _step_aside(self) -> None:
-        """Hand this CPU to what else is runnable on it (a client in the middle of writing a burst)
-        and let the event loop take in what it wrote, until another request is on its way or has
-        gone to the engine, BURST_YIELD_PASSES times at most."""
-        for _ in range(BURST_YIELD_PASSES):
-            os.sched_yield()
-            await asyncio.sleep(0)
-            if self._admitting > 1 or self._burst_open:
-                return
 
     def _admitted(self, mark: _Admission | None) -> None:
         if mark is not None and mark.open:

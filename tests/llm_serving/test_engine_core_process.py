@@ -125,8 +125,8 @@ class FirstTokenSteps:
         self.chained(stats, outputs)
 
 
-def post_raw(url: str, bodies: list[bytes], gap_s: float | list[float], headers_first: bool = True) -> list[bytes]:
-    """POST each body on its own connection, `gap_s` apart (a list: the gap after each). headers_first: every request's headers
+def post_raw(url: str, bodies: list[bytes], gap_s: float, headers_first: bool = True) -> list[bytes]:
+    """POST each body on its own connection, `gap_s` apart. headers_first: every request's headers
     first (the server starts handling them), then the bodies, as a burst trickles through the
     server's parsing; else each request whole, one after another, as a client writes its burst."""
     host, port = url.removeprefix("http://").split(":")
@@ -138,10 +138,9 @@ def post_raw(url: str, bodies: list[bytes], gap_s: float | list[float], headers_
             sock.sendall(head)
         time.sleep(0.3)
         heads = [b""] * len(bodies)
-    gaps = gap_s if isinstance(gap_s, list) else [gap_s] * len(bodies)
-    for sock, head, body, gap in zip(sockets, heads, bodies, gaps):
+    for sock, head, body in zip(sockets, heads, bodies):
         sock.sendall(head + body)
-        time.sleep(gap)
+        time.sleep(gap_s)
     answers = []
     for sock in sockets:
         with sock:
@@ -167,25 +166,29 @@ def test_a_burst_parsed_one_request_after_another_starts_in_one_engine_step(tiny
     assert [len(step) for step in seen.steps] == [3]
 
 
-def test_a_burst_written_back_to_back_starts_in_one_engine_step(tiny_server):
-    """A client writes its burst one request after another; the server may take the first in before
-    the rest (on a shared CPU it preempts the client as soon as the first is written). Alone at an
-    idle engine, the first steps aside for them (wait_for_burst) instead of being stepped alone."""
+def test_a_bursts_first_request_waits_for_the_rest_written_right_after_it(tiny_server, monkeypatch):
+    """A client writes its burst one request after another; the server takes the first in before the
+    rest (on a shared CPU it preempts the client as soon as the first is written). Alone at an idle
+    engine, the first waits a moment for them (wait_for_burst) instead of being stepped alone."""
+    # The writes 15 ms apart let the server take the first in alone even when the machine is busy
+    # (without the wait, it is stepped alone); a window that long (within the engine's 30 ms hold)
+    # keeps this about the mechanism, not about how soon a loaded machine runs this thread again.
+    monkeypatch.setattr(request_streams, "BURST_WINDOW_S", 0.028)
     bodies = [completion_body(f"def whole_{i}(x):") for i in range(2)]
     with FirstTokenSteps(tiny_server.service.engine) as seen:
-        answers = post_raw(tiny_server.url, bodies, gap_s=0.0, headers_first=False)
+        answers = post_raw(tiny_server.url, bodies, gap_s=0.015, headers_first=False)
     assert all(a.startswith(b"HTTP/1.1 200") for a in answers), answers
     assert [len(step) for step in seen.steps] == [2]
 
 
-def test_a_burst_trickling_in_is_not_closed_by_a_request_that_finds_nothing_else_on_its_way(tiny_server, monkeypatch):
-    """Requests a few ms apart once a burst has opened (gRPC's stream delivers a burst so): the one that
-    finds nothing else on its way would close the burst and the next would wait a step. It waits on,
-    a window at a time, while the burst is open."""
-    monkeypatch.setattr(request_streams, "BURST_WINDOW_S", 0.01)  # 10 ms windows: >= 3 gaps within the hold
+def test_a_burst_trickling_in_is_not_closed_by_its_first_request_back_from_its_window(tiny_server, monkeypatch):
+    """Requests a few ms apart (gRPC's stream delivers a burst so): the second goes to the engine while
+    the first waits out its window, saying more follow; the first, back and finding nothing else on
+    its way, would close the burst and the third would wait a step. It waits on while the burst is open."""
+    monkeypatch.setattr(request_streams, "BURST_WINDOW_S", 0.01)  # 10 ms windows: >= 3 gaps within the 30 ms hold
     bodies = [completion_body(f"def trickle_{i}(x):") for i in range(3)]
     with FirstTokenSteps(tiny_server.service.engine) as seen:
-        answers = post_raw(tiny_server.url, bodies, gap_s=[0.0, 0.006, 0.0], headers_first=False)
+        answers = post_raw(tiny_server.url, bodies, gap_s=0.006, headers_first=False)
     assert all(a.startswith(b"HTTP/1.1 200") for a in answers), answers
     assert [len(step) for step in seen.steps] == [3]
 
