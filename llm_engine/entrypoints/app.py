@@ -37,7 +37,7 @@ def check_bearer(request: Request, keys: frozenset[str]) -> None:
 class CountAdmissions:
     """Counts each POST (an inference request: /v1 and /v2 take no other) as on its way to the engine
     from the moment it arrives, before its body is read and parsed (`RequestStreams.admission`), and
-    lets a request that comes alone step aside for the rest of a burst (`wait_for_burst`)."""
+    lets a request that comes alone wait a moment for the rest of a burst (`wait_for_burst`)."""
 
     def __init__(self, app: ASGIApp, service: LLMService) -> None:
         self.app = app
