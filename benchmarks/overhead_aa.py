@@ -54,9 +54,7 @@ async def measure(target, phases: dict[int, runner.Phase], repeats: int, log=pri
         for n in sizes if repeat % 2 == 0 else sizes[::-1]:
             for side in SIDES if repeat % 2 == 0 else SIDES[::-1]:
                 run = await runner.run_phase(target, phases[n], 0)
-                figures = results.summarize(run.samples, run.duration, math.inf, math.inf)
-                figures.update(runner.cpu_figures(run))
-                figures["requests"] = results.per_request(run.samples)
+                figures = runner.phase_figures(run, phases[n], math.inf, math.inf, probed=False)
                 results.add_repeat(result, f"{side} / {phase_label(n)}", figures, n)
                 log(f"#{repeat + 1} {phase_label(n):>8} {side}: TTFT p50 {figures['ttft_p50_ms']:6.1f} ms, engine "
                     f"waited {figures.get('engine_wait_ms_per_token', math.nan):.2f} ms/token")

@@ -98,6 +98,21 @@ async def run_phase(target, phase: Phase, probe_interval: float = PROBE_INTERVAL
     return PhaseRun(samples, duration, peak_rss, peak_kv, cpu, engine_ttft, opened)
 
 
+def phase_figures(run: PhaseRun, phase: Phase, ttft_slo_ms: float, tpot_slo_ms: float, probed: bool) -> dict:
+    """One phase run's stored figures: the summary, the probes' peaks (when it probed), CPU, the TTFT
+    split, connections, the waves' TTFT and each request (for pairing a request with itself)."""
+    figures = results.summarize(run.samples, run.duration, ttft_slo_ms, tpot_slo_ms)
+    if probed:
+        figures.update(peak_rss_mib=round(run.peak_rss / 2**20, 1), peak_kv_usage=round(run.peak_kv, 3))
+    figures.update(cpu_figures(run))
+    figures.update(ttft_split(run))
+    if run.connections_opened is not None:
+        figures["connections_opened"] = run.connections_opened
+    figures.update(wave_ttft(run, phase))
+    figures["requests"] = results.per_request(run.samples)
+    return figures
+
+
 def cpu_figures(run: PhaseRun) -> dict:
     """CPU milliseconds per output token of the serving process: its engine threads, and the rest
     (a server's event loop and gRPC threads; offline, the in-process consumer of the outputs); and
@@ -175,16 +190,7 @@ async def run(workload: Workload, target_kinds: list[str], repeats: int, server:
             for target in order:
                 for phase in workload.phases:
                     measured = await run_phase(target, phase, probe_interval)
-                    figures = results.summarize(measured.samples, measured.duration, ttft_slo_ms, tpot_slo_ms)
-                    if probe_interval:
-                        figures.update(peak_rss_mib=round(measured.peak_rss / 2**20, 1),
-                                       peak_kv_usage=round(measured.peak_kv, 3))
-                    figures.update(cpu_figures(measured))
-                    figures.update(ttft_split(measured))
-                    if measured.connections_opened is not None:
-                        figures["connections_opened"] = measured.connections_opened
-                    figures.update(wave_ttft(measured, phase))
-                    figures["requests"] = results.per_request(measured.samples)
+                    figures = phase_figures(measured, phase, ttft_slo_ms, tpot_slo_ms, probed=bool(probe_interval))
                     results.add_repeat(result, f"{target.name} / {phase.label}", figures, phase.x)
                     errors = {s.error for s in measured.samples if not s.ok}
                     cpu = (f"  CPU ms/token engine {figures['engine_cpu_ms_per_token']:.2f} serving "
