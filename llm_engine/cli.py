@@ -122,6 +122,7 @@ def serve(
     import uvicorn
 
     from llm_engine.config import EngineConfig
+    from llm_engine.entrypoints.access_log import LateAccessLog
     from llm_engine.entrypoints.app import create_app
     from llm_engine.entrypoints.ensemble import Ensemble
     from llm_engine.entrypoints.models import resolve_model
@@ -209,7 +210,9 @@ def serve(
                             grpc_address=f"{host}:{grpc_port}" if grpc_port else None,
                             ensembles=tuple(Ensemble.load(p) for p in ensemble or ()), engine_cpus=pinned,
                             engine_process=engine_process)
-    uvicorn.run(create_app(config, served_model_name or name, options), host=host, port=port, log_level="info")
+    # the access line once a response ends, not on its first token's way out (access_log.LateAccessLog)
+    uvicorn.run(create_app(config, served_model_name or name, options), host=host, port=port, log_level="info",
+                http=LateAccessLog)
 
 
 def check_disaggregation(disaggregated: bool, role: str | None, kv_port: int | None, kv_transport: str,
