@@ -81,4 +81,5 @@ def test_serve_answers_openai_requests(tiny_chat_model):
         proc.terminate()
         output = proc.communicate(timeout=60)[0]
     assert "loading" in output and "100%" in output  # load progress is logged
+    assert '"POST /v1/completions HTTP/1.1" 200' in output  # the access line (access_log.LateAccessLog)
     core.wait(30)  # the core ends with the server
