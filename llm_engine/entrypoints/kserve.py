@@ -10,7 +10,6 @@ which is what the binary tensor extension and gRPC's raw contents both carry.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -21,6 +20,7 @@ from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, ser
 
 from llm_engine.entrypoints.kserve_metrics import RequestStats
 from llm_engine.entrypoints.protocol import CompletionRequest, OpenAIError, parse_request
+from llm_engine.entrypoints.request_ids import new_request_id
 from llm_engine.entrypoints.service import LLMService
 from llm_engine.entrypoints.serving import _Run, _Serving
 
@@ -309,7 +309,7 @@ class ServingV2(_Serving):
             prompts = [prompt for _, prompt in rows]
             params = [self.sampling_params(r, self.check_length(ids, r.max_tokens), None)
                       for r, (ids, _) in zip(requests, rows)]
-        run = await self.start(prompts, params, priority, f"v2-{uuid.uuid4().hex}", fit_window=images is None)
+        run = await self.start(prompts, params, priority, new_request_id("v2"), fit_window=images is None)
         if self.stats is not None:
             self.stats.admitted(len(requests))
         return run

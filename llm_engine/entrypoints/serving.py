@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ from llm_engine.engine_core_client import EngineCoreClient
 from llm_engine.engine_loop import check_window
 from llm_engine.entrypoints.chat_images import request_images, with_placeholders
 from llm_engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
+from llm_engine.entrypoints.request_ids import new_request_id
 from llm_engine.entrypoints.service import LLMService, as_openai_error
 from llm_engine.outputs import CompletionOutput, Logprob, RequestOutput
 from llm_engine.sampling_params import SamplingParams
@@ -298,7 +298,7 @@ class ServingCompletion(_Serving):
         prompts = req.prompts()
         if req.kv_transfer_params is not None and len(prompts) > 1:
             raise OpenAIError(400, "kv_transfer_params: one prompt per request", param="kv_transfer_params")
-        request_id = f"cmpl-{uuid.uuid4().hex}"
+        request_id = new_request_id("cmpl")
         if req.use_beam_search:
             return await self._beam_search(req, [self.tokenize(p) for p in prompts], request_id)
         params = [self.sampling_params(req, req.max_tokens, req.logprobs) for _ in prompts]
@@ -410,7 +410,7 @@ class ServingChat(_Serving):
         max_tokens = self.check_length(prompt_ids, req.max_completion_tokens or req.max_tokens)
         top = req.top_logprobs or 0
         params = [self.sampling_params(req, max_tokens, top if req.logprobs else None)]
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        request_id = new_request_id("chatcmpl")
         run = await self.start([prompt], params, req.priority, request_id)
         if req.stream:
             return self._stream(req, run, request_id)
