@@ -10,6 +10,7 @@ which is what the binary tensor extension and gRPC's raw contents both carry.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -221,6 +222,86 @@ def _python(value: np.generic | bytes) -> object:
         except UnicodeDecodeError:
             raise OpenAIError(400, "BYTES inputs must be UTF-8 text") from None
     return value.item() if isinstance(value, np.generic) else value
+
+
+def request_from_values(service: LLMService, values: dict[str, object], parameters: dict[str, Any],
+                        streaming: bool) -> CompletionRequest | None:
+    """The request `requests_from_tensors` builds when every input is one plain value of its
+    datatype (`scalar`; /v2 generate's JSON, gRPC's one-element raw tensors), without numpy arrays:
+    None where the tensor path must judge (lists, other types, values out of range, unknown or
+    missing inputs, images), so the answer is the tensor path's either way. `streaming`: the
+    route streams whatever `stream` says; elsewhere stream=true is refused (by the tensor path)."""
+    fields: dict[str, Any] = {"model": service.served_name, "n": 1}
+    for name, value in values.items():
+        spec = INPUT_BY_NAME.get(name)
+        if spec is None:
+            return None
+        if name == "stream":  # no field
+            if type(value) is bool and (streaming or not value):
+                continue
+            return None
+        converted = scalar(spec.datatype, value)
+        if spec.field is None or converted is NOT_SCALAR:
+            return None
+        fields[spec.field] = [converted] if spec.dims == (-1,) else converted
+    if "prompt" not in fields:
+        return None
+    for name, value in parameters.items():  # request parameters fill inputs not sent
+        spec = INPUT_BY_NAME.get(name)
+        if spec is not None and spec.field is not None and name not in values:
+            fields[spec.field] = value
+    return parse_request(CompletionRequest, fields)
+
+
+NOT_SCALAR = object()
+_FP32 = struct.Struct("<f")
+_INT_RANGES = {"INT32": (-(2 ** 31), 2 ** 31 - 1), "INT64": (-(2 ** 63), 2 ** 63 - 1)}
+
+
+def scalar(datatype: str, value: object) -> object:
+    """`value` as a one-element tensor of `datatype` hands it on (FP32 rounded to float32, as
+    numpy does), or NOT_SCALAR where numpy's conversion must decide (it converts more, or fails)."""
+    if datatype == "BYTES" and type(value) is str:
+        try:
+            value.encode()
+        except UnicodeEncodeError:  # the tensor path answers it
+            return NOT_SCALAR
+        return value
+    if datatype in _INT_RANGES and type(value) is int:
+        low, high = _INT_RANGES[datatype]
+        return value if low <= value <= high else NOT_SCALAR
+    if datatype == "FP32" and (type(value) is int or type(value) is float):
+        try:
+            rounded: float = _FP32.unpack(_FP32.pack(value))[0]
+        except OverflowError:  # numpy makes it inf
+            return NOT_SCALAR
+        return rounded
+    if datatype == "BOOL" and type(value) is bool:
+        return value
+    return NOT_SCALAR
+
+
+_RAW = {"INT32": struct.Struct("<i"), "INT64": struct.Struct("<q"), "FP32": _FP32}
+
+
+def raw_scalar(datatype: str, raw: bytes) -> object:
+    """The one value of a one-element tensor in Triton's raw layout, or NOT_SCALAR where
+    `decode_raw` must judge (a length that does not fit, text that is not UTF-8, a BOOL byte
+    other than 0 or 1)."""
+    if datatype == "BYTES":
+        if len(raw) < 4 or int.from_bytes(raw[:4], "little") != len(raw) - 4:
+            return NOT_SCALAR
+        try:
+            return raw[4:].decode()
+        except UnicodeDecodeError:
+            return NOT_SCALAR
+    if datatype == "BOOL":
+        return raw == b"\x01" if raw in (b"\x00", b"\x01") else NOT_SCALAR
+    layout = _RAW.get(datatype)
+    if layout is None or len(raw) != layout.size:
+        return NOT_SCALAR
+    value: object = layout.unpack(raw)[0]
+    return value
 
 
 def requests_from_tensors(service: LLMService, tensors: dict[str, np.ndarray],

@@ -58,6 +58,26 @@ def _tensors(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
     return tensors
 
 
+def _raw_values(request: pb.ModelInferRequest) -> dict[str, object] | None:
+    """Each input's one value, read from raw_input_contents (what tritonclient sends) without numpy
+    (`kserve.raw_scalar`), when every input is a one-element tensor of its spec's datatype; else
+    None, and `_tensors` reads them. The numpy round trip was the larger part of a gRPC request's
+    way from its message to `generate` (0.41-0.43 ms, cold caches)."""
+    raw = request.raw_input_contents
+    if len(raw) != len(request.inputs):
+        return None
+    values: dict[str, object] = {}
+    for tensor, data in zip(request.inputs, raw):
+        spec = kserve.INPUT_BY_NAME.get(tensor.name)
+        if spec is None or tensor.datatype != spec.datatype or list(tensor.shape) not in ([1, 1], [1]):
+            return None
+        value = kserve.raw_scalar(spec.datatype, data)
+        if value is kserve.NOT_SCALAR:
+            return None
+        values[tensor.name] = value
+    return values
+
+
 def _parameters(params: Any) -> dict[str, Any]:  # a protobuf map of InferParameter
     return {key: getattr(value, value.WhichOneof("parameter_choice")) for key, value in params.items()
             if value.WhichOneof("parameter_choice")}
@@ -204,15 +224,24 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         """The responses to one request on a stream: deltas when it asks to stream, else one."""
         try:
             with kserve.request_stats(service, request.model_name, request.model_version) as stats:
-                tensors = _tensors(request)
-                stream = tensors.pop("stream", None)
-                if stream is None or not stream.any():
-                    arrays = await kserve.infer(service, request.model_name, request.model_version, tensors,
-                                                _parameters(request.parameters), stats)
-                    yield pb.ModelStreamInferResponse(infer_response=_response(request, raw_outputs(arrays), True))
-                    return
-                kserve.llm_only(service, request.model_name, request.model_version)
-                requests = kserve.requests_from_tensors(service, tensors, _parameters(request.parameters))
+                values = _raw_values(request)
+                if values is not None and values.get("stream") is True:  # most streams: no tensors
+                    kserve.llm_only(service, request.model_name, request.model_version)
+                    single = kserve.request_from_values(service, values, _parameters(request.parameters), True)
+                else:
+                    single = None
+                if single is not None:
+                    requests = [single]
+                else:
+                    tensors = _tensors(request)
+                    stream = tensors.pop("stream", None)
+                    if stream is None or not stream.any():
+                        arrays = await kserve.infer(service, request.model_name, request.model_version, tensors,
+                                                    _parameters(request.parameters), stats)
+                        yield pb.ModelStreamInferResponse(infer_response=_response(request, raw_outputs(arrays), True))
+                        return
+                    kserve.llm_only(service, request.model_name, request.model_version)
+                    requests = kserve.requests_from_tensors(service, tensors, _parameters(request.parameters))
                 if len(requests) != 1:
                     raise OpenAIError(400, "streaming takes one prompt per request")
                 template = _piece_template(request)

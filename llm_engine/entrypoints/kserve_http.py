@@ -10,7 +10,6 @@ engine, as on /v1.
 from __future__ import annotations
 
 import json
-import struct
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -20,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from llm_engine.entrypoints.api import EventStream, InferenceRoute, ServiceGetter, json_body
 from llm_engine.entrypoints.disconnects import unless_disconnected
-from llm_engine.entrypoints.protocol import CompletionRequest, OpenAIError, parse_request
+from llm_engine.entrypoints.protocol import CompletionRequest, OpenAIError
 from llm_engine.entrypoints.service import LLMService
 from llm_engine.entrypoints.serving import _Run, sse
 from llm_engine.lazy import lazy_module
@@ -127,62 +126,14 @@ def _scalar_request(service: LLMService, body: Any, streaming: bool) -> Completi
     text_input, max_tokens, temperature...), without building them into numpy arrays and back:
     that round trip was ~75 us of an isolated /v2 request's ~120 us from its bytes to the request
     (cold caches, load ~2; `json.loads` and validation the rest). None where the tensor path must
-    judge: lists, other types, values out of the datatype's range, unknown or missing inputs."""
+    judge (`kserve.request_from_values`)."""
     if not isinstance(body, dict):
         return None
     parameters = body.get("parameters") or {}
     if not isinstance(parameters, dict):
         return None
-    fields: dict[str, Any] = {"model": service.served_name, "n": 1}
-    for name, value in body.items():
-        if name in ("id", "parameters"):
-            continue
-        spec = kserve.INPUT_BY_NAME.get(name)
-        if spec is None:
-            return None
-        if name == "stream":  # no field: generate_stream ignores it, generate refuses stream=true
-            if type(value) is bool and (streaming or not value):
-                continue
-            return None
-        converted = _scalar(spec.datatype, value)
-        if spec.field is None or converted is _NOT_SCALAR:
-            return None
-        fields[spec.field] = [converted] if spec.dims == (-1,) else converted
-    if "prompt" not in fields:
-        return None
-    for name, value in parameters.items():  # request parameters fill inputs not sent
-        spec = kserve.INPUT_BY_NAME.get(name)
-        if spec is not None and spec.field is not None and name not in body:
-            fields[spec.field] = value
-    return parse_request(CompletionRequest, fields)
-
-
-_NOT_SCALAR = object()
-_FP32 = struct.Struct("<f")
-_INT_RANGES = {"INT32": (-(2 ** 31), 2 ** 31 - 1), "INT64": (-(2 ** 63), 2 ** 63 - 1)}
-
-
-def _scalar(datatype: str, value: object) -> object:
-    """`value` as a one-element tensor of `datatype` hands it on (FP32 rounded to float32, as
-    numpy does), or _NOT_SCALAR where numpy's conversion must decide (it converts more, or fails)."""
-    if datatype == "BYTES" and type(value) is str:
-        try:
-            value.encode()
-        except UnicodeEncodeError:  # the tensor path answers it
-            return _NOT_SCALAR
-        return value
-    if datatype in _INT_RANGES and type(value) is int:
-        low, high = _INT_RANGES[datatype]
-        return value if low <= value <= high else _NOT_SCALAR
-    if datatype == "FP32" and (type(value) is int or type(value) is float):
-        try:
-            rounded: float = _FP32.unpack(_FP32.pack(value))[0]
-        except OverflowError:  # numpy makes it inf
-            return _NOT_SCALAR
-        return rounded
-    if datatype == "BOOL" and type(value) is bool:
-        return value
-    return _NOT_SCALAR
+    values = {name: value for name, value in body.items() if name not in ("id", "parameters")}
+    return kserve.request_from_values(service, values, parameters, streaming)
 
 
 def _generate_body(service: LLMService, result: kserve.RowResult, request_id: Any) -> dict[str, Any]:
