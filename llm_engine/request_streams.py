@@ -17,7 +17,9 @@ from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Final
 
+from llm_engine import precise_sleep
 from llm_engine.beam_search import BeamSearchParams
+from llm_engine.cpu_contention import cpus_contended
 from llm_engine.engine_loop import ADMISSION_HOLD_S, AbortRequest, AddRequest, Command
 from llm_engine.outputs import RequestOutput
 from llm_engine.sampling_params import SamplingParams
@@ -34,7 +36,18 @@ StepCallback = Callable[["EngineStats", list[RequestOutput]], None]
 # took that one to an idle engine alone, which stepped it alone, and the burst's other requests,
 # written a few ms later, waited for that step (traced: 2 first steps in most bursts of 12).
 # Stepping aside for a moment lets them in first, and the engine's hold then takes them all in one
-# step. An isolated request pays this once, and only when the engine is idle.
+# step. An isolated request pays this once, and only when the engine is idle: LONE_WINDOW_S (a
+# timerfd, `precise_sleep`: ~0.25-0.45 ms) while every runnable task has a CPU, so that a burst's
+# writer is running and its next request comes within microseconds; LONE_WINDOW_CONTENDED_S when
+# runnable tasks outnumber the CPUs (`cpu_contention`, read as the wait starts and again when the
+# short window ends), where the writer may wait a scheduler slice for a CPU, or for the GIL if it is
+# a thread of this process (stop 30's step aside, a few event-loop passes, split back-to-back bursts
+# under load). The contended window is the 1 ms every lone request waited until stop 31 (then on
+# the loop's timer: 1.1-2 ms, uvloop's timers count whole ms): about what held bursts in
+# CI, no longer for an isolated request under load (2 ms cost it 1.1 ms more there, no fewer splits).
+LONE_WINDOW_S: Final = 0.0002
+LONE_WINDOW_CONTENDED_S: Final = 0.001
+# A request that would close an open burst (below) waits for the next in windows this long.
 BURST_WINDOW_S: Final = 0.001
 # While a burst is open (requests went to an idle engine saying more follow, and no step has run
 # since), the request that would end it (nothing else on its way) waits up to this many windows
@@ -134,17 +147,30 @@ class RequestStreams(ABC):
 
     async def wait_for_burst(self) -> None:
         """Inside `admission`: a request alone (nothing in flight, nothing else on its way) gives the
-        rest of a burst BURST_WINDOW_S to arrive and say so, before it reaches `generate`; while the
-        burst it started or joined is open (`_burst_open`), it keeps waiting, a window at a time
-        (BURST_WINDOWS at most), for as long as it would be the one to close it."""
+        rest of a burst a moment to arrive and say so (`_wait_alone`), before it reaches `generate`;
+        while the burst it started or joined is open (`_burst_open`), it keeps waiting, a window
+        (BURST_WINDOW_S) at a time, BURST_WINDOWS at most, for as long as it would be the one to
+        close it."""
+        if self._admitting == 1 and not self._streams:
+            await self._wait_alone()
         waited = 0
         while self._admitting == 1 and waited < BURST_WINDOWS:
-            if waited or self._streams:  # the burst's hold must outlast the window
-                held = time.monotonic() - self._burst_opened
-                if not self._burst_open or held + BURST_WINDOW_S >= ADMISSION_HOLD_S:
-                    return
+            held = time.monotonic() - self._burst_opened
+            if not self._burst_open or held + BURST_WINDOW_S >= ADMISSION_HOLD_S:
+                return
             await asyncio.sleep(BURST_WINDOW_S)
             waited += 1
+
+    @staticmethod
+    async def _wait_alone() -> None:
+        """LONE_WINDOW_S, or LONE_WINDOW_CONTENDED_S in all when the CPUs are contended as it starts
+        or when the short window ends (the loop serves on meanwhile: what arrives is taken in)."""
+        if cpus_contended():
+            await precise_sleep.sleep(LONE_WINDOW_CONTENDED_S)
+            return
+        await precise_sleep.sleep(LONE_WINDOW_S)
+        if cpus_contended():
+            await precise_sleep.sleep(LONE_WINDOW_CONTENDED_S - LONE_WINDOW_S)
 
     def _admitted(self, mark: _Admission | None) -> None:
         if mark is not None and mark.open:
