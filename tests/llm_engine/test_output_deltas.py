@@ -134,3 +134,12 @@ def test_a_whole_output_crosses_as_plain_values_with_every_field():
     assert len(item) == len(fields(RequestOutput)) and len(item[5]) == len(fields(RequestMetrics))
     assert all(len(c) == len(fields(CompletionOutput)) for c in item[3])
     assert DeltaDecoder().decode(pickle.loads(data)) == [whole]
+
+
+def test_a_steps_stats_cross_as_plain_values(engine):
+    engine.add_request("r", "def add(a, b):", SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+    engine.step()
+    stats = engine.get_stats()
+    data = pickle.dumps(CoreStep.of([], stats, 1), protocol=5)
+    assert b"EngineStats" not in data
+    assert pickle.loads(data).stats == stats
