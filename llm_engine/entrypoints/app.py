@@ -6,6 +6,7 @@ import asyncio
 import hmac
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -47,9 +48,36 @@ class CountAdmissions:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        with self.service.engine.admission():
-            await self.service.engine.wait_for_burst()
-            await self.app(scope, receive, send)
+        await admitted(self.service, self.app, scope, receive, send)
+
+
+async def admitted(service: LLMService, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """`app` answers the request, counted as on its way to the engine from here (`admission`), after
+    the moment a request alone waits for the rest of a burst (`wait_for_burst`)."""
+    with service.engine.admission():
+        await service.engine.wait_for_burst()
+        await app(scope, receive, send)
+
+
+class ServerApp(FastAPI):
+    """FastAPI with the inference POSTs (`hot`) answered before any of FastAPI's own layers: counted
+    (`admitted`), the key checked, the route's handler (`HotRoutes.answer`); every other request, other
+    POSTs too (through `CountAdmissions`), goes through FastAPI's middleware, routing and dependencies.
+    An isolated request ran FastAPI's telemetry check, Starlette's error, body-limit and exception
+    middleware and its own wrappers cold before it reached `HotRoutes`; as a middleware inside them
+    (stop 28), the hot path saved only FastAPI's routing and dependencies."""
+
+    hot: HotRoutes | None = None
+    service: LLMService | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.hot is not None and self.service is not None:
+            found = self.hot.find(scope)
+            if found is not None:
+                scope["app"] = self  # as Starlette sets it: the handlers find the service in its state
+                await admitted(self.service, partial(self.hot.answer, *found), scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
 
 
 def create_app(config: EngineConfig, served_name: str, options: ServerOptions | None = None) -> FastAPI:
@@ -80,12 +108,13 @@ def app_for(service: LLMService, own_service: bool = True, hot_routes: bool = Tr
             if own_service:
                 service.stop()
 
-    app = FastAPI(title="Codeyard LLM server", lifespan=lifespan)
-    if hot_routes:  # inside CountAdmissions (the middleware added last is the outer one)
-        app.add_middleware(HotRoutes, check=lambda request: check_bearer(request, service.options.api_keys),
-                           routes=[*api.inference_routes(api.service_from_state),
-                                   *kserve_http.inference_routes(api.service_from_state)])
-    app.add_middleware(CountAdmissions, service=service)
+    app = ServerApp(title="Codeyard LLM server", lifespan=lifespan)
+    if hot_routes:  # answered ahead of FastAPI's layers (ServerApp.__call__)
+        app.hot = HotRoutes(check=lambda request: check_bearer(request, service.options.api_keys),
+                            routes=[*api.inference_routes(api.service_from_state),
+                                    *kserve_http.inference_routes(api.service_from_state)])
+        app.service = service
+    app.add_middleware(CountAdmissions, service=service)  # the POSTs that go through FastAPI
     app.state.llm = service
     api.install(app)
     guard = Depends(_api_key_guard)

@@ -137,3 +137,41 @@ def test_behind_a_root_path_as_through_fastapi(monkeypatch):
     hot, plain = (_call(_app(flag), "POST", "/llm" + V1, body, root_path="/llm") for flag in (True, False))
     assert hot[0] == plain[0] == 200 and solved == ["/llm" + V1]  # only FastAPI's call solved the guard
     assert _same_apart_from_ids(hot[2]) == _same_apart_from_ids(plain[2])
+
+
+def test_the_inference_routes_skip_fastapis_middleware_but_are_still_counted(monkeypatch):
+    """ServerApp answers the inference POSTs before FastAPI's middleware stack (its error, telemetry,
+    body-limit and exception layers, and any middleware added to the app): a middleware added to the
+    app sees every other request, none of those; and those are still counted as on their way to the
+    engine and wait for a burst as alone (`admitted`), once each."""
+    seen: list[str] = []
+
+    class Seen:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http":
+                seen.append(f"{scope['method']} {scope['path']}")
+            await self.app(scope, receive, send)
+
+    waits: list[int] = []
+    app = _app(True)
+    engine = app.state.llm.engine
+    real_wait = engine.wait_for_burst
+
+    async def wait_for_burst() -> None:
+        waits.append(engine._admitting)
+        await real_wait()
+
+    monkeypatch.setattr(engine, "wait_for_burst", wait_for_burst)
+    app.add_middleware(Seen)
+    body = _json({"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    assert _call(app, "POST", V1, body)[0] == 200
+    assert _call(app, "POST", f"{V2}/generate_stream", _json({"text_input": "hi"}))[0] == 200
+    assert _call(app, "POST", V1, body, key="wrong")[0] == 401
+    assert seen == [] and waits == [1, 1, 1]
+    assert _call(app, "GET", "/v1/models")[0] == 200
+    assert _call(app, "POST", "/v1/models", b"{}")[0] == 405  # a POST FastAPI answers: counted there
+    assert seen == ["GET /v1/models", "POST /v1/models"] and waits == [1, 1, 1, 1]
+    assert engine._admitting == 0
