@@ -117,6 +117,12 @@ def load_kernels() -> ctypes.CDLL:
     return library
 
 
+# A prefill chunk's dequantized weight: one buffer per thread, shared by every CpuKernels (each
+# layer holds its own instance). Per instance, SmolLM2's ~120 quantized layers kept ~210 MB of
+# them after a prefill, each cold in cache when its layer came round again.
+_REUSED = threading.local()
+
+
 class CpuKernels:
     """The layers' fused CPU steps over torch tensors (float32 or bfloat16, on the CPU)."""
 
@@ -130,7 +136,6 @@ class CpuKernels:
         self._int8_gemm, self._int4_gemm = library.int8_gemm_f32, library.int4_gemm_f32
         self._fp8_gemm = library.fp8_gemm_f32
         self._dequantize = library.dequantize_f32
-        self._reused = threading.local()  # dequantize's buffer
         self._quantize_rows = library.quantize_rows_q8
         self._int8_gemm_q8, self._int4_gemm_q8 = library.int8_gemm_q8, library.int4_gemm_q8
         # AMX tiles for batches (csrc/quant_gemm_amx.cpp): None where the CPU or the build lacks them
@@ -214,43 +219,72 @@ class CpuKernels:
                       out.data_ptr(), rows, qweight.shape[0], k_in, group_size)
         return out
 
+    def dequantized_linear(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                           offsets: torch.Tensor | None, group_size: int,
+                           bias: torch.Tensor | None = None) -> torch.Tensor:
+        """F.linear(x, W, bias) with W the dequantized weight as x's dtype (bfloat16 x with AMX
+        bf16's build and groups of multiples of 32 inputs: `dequantize_bf16`'s bits, natively;
+        otherwise `dequantize`'s, then `.to(x.dtype)`): a prefill chunk's matmul. W lands in this
+        thread's reused buffer (up to REUSED_BYTES: a fresh one costs its page faults, ~8x the
+        unpacking on a prefill chunk), which no caller ever sees: the next call overwrites it."""
+        if x.dtype == torch.bfloat16 and self.bf16_dequantizes(qweight, offsets, group_size):
+            weight = self._dequantize_bf16_into(qweight, scales, offsets, group_size, reuse=True)
+        else:
+            weight = self._dequantize_into(qweight, scales, offsets, group_size, reuse=True).to(x.dtype)
+        return torch.nn.functional.linear(x, weight, bias)
+
+    def bf16_dequantizes(self, qweight: torch.Tensor, offsets: torch.Tensor | None, group_size: int) -> bool:
+        """Whether `dequantize_bf16` takes this int8 or packed int4 weight (AMX bf16's build,
+        groups of multiples of 32 inputs)."""
+        k_in = qweight.shape[1] * 2 if offsets is not None else qweight.shape[1]
+        return (self._dequantize_bf16 is not None and qweight.dtype in (torch.int8, torch.uint8)
+                and k_in % 32 == 0 and group_size % 32 == 0)
+
     def dequantize_bf16(self, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
                         group_size: int) -> torch.Tensor:
         """The bfloat16 weight [N, K] of an int8 or packed int4 one (`dequantize(...).bfloat16()`'s
-        bits), in this thread's reused buffer as `dequantize`'s; needs AMX bf16's build and groups
-        of multiples of 32 inputs (`amx_bf16_fits`)."""
-        if self._dequantize_bf16 is None:
-            raise ValueError("dequantize_bf16: this CPU or build has no AMX bf16 kernels")
-        n_out = qweight.shape[0]
-        k_in = qweight.shape[1] * 2 if offsets is not None else qweight.shape[1]
-        out = self._weight_buffer(n_out * k_in // 2).view(torch.bfloat16).view(n_out, k_in)
-        self._dequantize_bf16(qweight.data_ptr(), scales.data_ptr(), 0 if offsets is None else offsets.data_ptr(),
-                              out.data_ptr(), n_out, k_in, group_size)
-        return out
+        bits) in a tensor of its own; needs AMX bf16's build and groups of multiples of 32 inputs
+        (`bf16_dequantizes`)."""
+        return self._dequantize_bf16_into(qweight, scales, offsets, group_size, reuse=False)
 
     def dequantize(self, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
                    group_size: int) -> torch.Tensor:
         """The float32 weight [N, K] of a packed int8/float8/int4 one, bit for bit
-        quantization.dequantize's (layouts as in quant_gemm), for one matmul: weights up to
-        REUSED_BYTES land in a buffer that this thread's next call overwrites (a fresh one costs
-        its page faults, ~8x the unpacking on a prefill chunk)."""
-        if scales.dtype != torch.float16 or (offsets is not None and offsets.dtype != torch.float16):
-            raise ValueError("dequantize: scales and offsets must be float16")
+        quantization.dequantize's (layouts as in quant_gemm), in a tensor of its own."""
+        return self._dequantize_into(qweight, scales, offsets, group_size, reuse=False)
+
+    def _dequantize_bf16_into(self, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
+                              group_size: int, reuse: bool) -> torch.Tensor:
+        if self._dequantize_bf16 is None:
+            raise ValueError("dequantize_bf16: this CPU or build has no AMX bf16 kernels")
+        if not self.bf16_dequantizes(qweight, offsets, group_size):
+            raise ValueError(f"dequantize_bf16: needs int8 or int4 weights with inputs and groups in multiples of "
+                             f"32, got {qweight.dtype}, group {group_size}")
+        self._check_scales("dequantize_bf16", scales, offsets)
+        n_out = qweight.shape[0]
+        k_in = qweight.shape[1] * 2 if offsets is not None else qweight.shape[1]
+        numel = n_out * k_in
+        storage = _weight_buffer(-(-numel // 2), self.REUSED_BYTES) if reuse else torch.empty(-(-numel // 2))
+        out = storage.view(torch.bfloat16)[:numel].view(n_out, k_in)
+        self._dequantize_bf16(qweight.data_ptr(), scales.data_ptr(), 0 if offsets is None else offsets.data_ptr(),
+                              out.data_ptr(), n_out, k_in, group_size)
+        return out
+
+    def _dequantize_into(self, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
+                         group_size: int, reuse: bool) -> torch.Tensor:
+        self._check_scales("dequantize", scales, offsets)
         kind = 1 if offsets is not None else 2 if qweight.dtype == torch.float8_e4m3fn else 0
         n_out = qweight.shape[0]
         k_in = qweight.shape[1] * 2 if offsets is not None else qweight.shape[1]
-        out = self._weight_buffer(n_out * k_in).view(n_out, k_in)
+        out = (_weight_buffer(n_out * k_in, self.REUSED_BYTES) if reuse else torch.empty(n_out * k_in)).view(n_out, k_in)
         self._dequantize(kind, qweight.data_ptr(), scales.data_ptr(), 0 if offsets is None else offsets.data_ptr(),
                          out.data_ptr(), n_out, k_in, group_size)
         return out
 
-    def _weight_buffer(self, numel: int) -> torch.Tensor:
-        if numel * 4 > self.REUSED_BYTES:
-            return torch.empty(numel)
-        buffer: torch.Tensor | None = getattr(self._reused, "buffer", None)
-        if buffer is None or buffer.numel() < numel:
-            buffer = self._reused.buffer = torch.empty(numel)
-        return buffer[:numel]
+    @staticmethod
+    def _check_scales(name: str, scales: torch.Tensor, offsets: torch.Tensor | None) -> None:
+        if scales.dtype != torch.float16 or (offsets is not None and offsets.dtype != torch.float16):
+            raise ValueError(f"{name}: scales and offsets must be float16")
 
     def quantize_rows(self, x: torch.Tensor, block: int, row_absmax: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -291,6 +325,17 @@ class CpuKernels:
             int4_gemm(xq.data_ptr(), dx.data_ptr(), sx.data_ptr(), qweight.data_ptr(), scales.data_ptr(),
                                offsets.data_ptr(), out.data_ptr(), rows, qweight.shape[0], k_in, group_size)
         return out
+
+
+def _weight_buffer(numel: int, limit_bytes: int) -> torch.Tensor:
+    """`numel` float32s of this thread's reused buffer (grown as needed), or a fresh tensor above
+    `limit_bytes`."""
+    if numel * 4 > limit_bytes:
+        return torch.empty(numel)
+    buffer: torch.Tensor | None = getattr(_REUSED, "buffer", None)
+    if buffer is None or buffer.numel() < numel:
+        buffer = _REUSED.buffer = torch.empty(numel)
+    return buffer[:numel]
 
 
 def cpu_kernels() -> CpuKernels | None:

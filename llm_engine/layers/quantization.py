@@ -433,11 +433,9 @@ class WeightOnlyLinearMethod(QuantMethod):
             from llm_engine.kernels.quant_gemm import quant_gemm  # imports Triton: only when a GPU path runs
 
             return quant_gemm(x, quant_layer.qweight, quant_layer.scales, offsets, self.group(layer), bias)
-        if bf16_tiles is not None:  # the same bits as below, without the float32 copy
-            weight = bf16_tiles.dequantize_bf16(quant_layer.qweight, quant_layer.scales, offsets, self.group(layer))
-        else:
-            unpack = kernels.dequantize if kernels is not None else dequantize  # the same bits, natively faster
-            weight = unpack(quant_layer.qweight, quant_layer.scales, offsets, self.group(layer)).to(x.dtype)
+        if kernels is not None:  # dequantize's bits natively (bf16 ones straight from the codes), into a reused buffer
+            return kernels.dequantized_linear(x, quant_layer.qweight, quant_layer.scales, offsets, self.group(layer), bias)
+        weight = dequantize(quant_layer.qweight, quant_layer.scales, offsets, self.group(layer)).to(x.dtype)
         return F.linear(x, weight, bias)
 
 

@@ -3,6 +3,8 @@ bits, so a prefill chunk computes what it computed before, only without the chai
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -49,18 +51,83 @@ def test_native_dequantize_is_the_torch_dequantize_bit_for_bit(kernels, kind, n_
     assert torch.equal(kernels.dequantize(qweight, scales, offsets, group), expected)
 
 
-def test_reused_buffer_serves_one_matmul_at_a_time_and_large_weights_get_their_own(kernels, monkeypatch):
+def test_a_dequantized_weight_is_the_callers_own(kernels):
+    """`dequantize` and `dequantize_bf16` hand back tensors no later call overwrites (another
+    layer's kernels included): only `dequantized_linear` dequantizes into the shared buffer."""
     torch.manual_seed(0)
     small, big = (quantize_int8(torch.randn(n, 64), 32) for n in (4, 16))
     first = kernels.dequantize(*small, None, 32)
-    expected_first = first.clone()
-    second = kernels.dequantize(*big, None, 32)  # grows the buffer: `first` is no longer read
-    assert torch.equal(second, dequantize(*big, None, 32))
-    assert torch.equal(kernels.dequantize(*small, None, 32), expected_first)
-    monkeypatch.setattr(CpuKernels, "REUSED_BYTES", 16 * 64 * 4 - 1)
-    own = kernels.dequantize(*big, None, 32)
-    assert own.data_ptr() != kernels.dequantize(*small, None, 32).data_ptr()
-    assert torch.equal(own, dequantize(*big, None, 32))
+    kernels.dequantize(*big, None, 32)
+    cpu_kernels().dequantized_linear(torch.randn(3, 64), *big, None, 32)  # type: ignore[union-attr]
+    assert torch.equal(first, dequantize(*small, None, 32))
+    if kernels.bf16_dequantizes(small[0], None, 32):
+        first_bf16 = kernels.dequantize_bf16(*small, None, 32)
+        kernels.dequantized_linear(torch.randn(3, 64, dtype=torch.bfloat16), *big, None, 32)
+        assert torch.equal(first_bf16, dequantize(*small, None, 32).bfloat16())
+
+
+def linear_weights(monkeypatch) -> list[torch.Tensor]:
+    """The weights F.linear is called with from now on."""
+    seen: list[torch.Tensor] = []
+    linear = torch.nn.functional.linear
+
+    def noted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        seen.append(weight)
+        return linear(x, weight, bias)
+    monkeypatch.setattr(torch.nn.functional, "linear", noted)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_matmuls_share_one_buffer_per_thread(kernels, monkeypatch, dtype):
+    """Every layer's kernels (an instance per layer) dequantize into one buffer per thread, not
+    one each; the result is F.linear with the dequantized weight bit for bit, bias included; a
+    weight above REUSED_BYTES gets a tensor of its own."""
+    torch.manual_seed(0)
+    shapes = [(48, 64), (16, 64)]
+    weights = [quantize_int4(torch.randn(n, k), 32, symmetric=False) for n, k in shapes]
+    layers = [(pack_int4(codes, 32), scales, offsets) for codes, scales, offsets in weights]
+    x, bias = torch.randn(5, 64).to(dtype), torch.randn(48).to(dtype)
+    seen = linear_weights(monkeypatch)
+    other = cpu_kernels()
+    assert other is not None and other is not kernels
+    out = [kernels.dequantized_linear(x, *layers[0], 32, bias), other.dequantized_linear(x, *layers[1], 32)]
+    assert seen[0].untyped_storage().data_ptr() == seen[1].untyped_storage().data_ptr()
+    assert torch.equal(out[0], torch.nn.functional.linear(x, dequantize(*layers[0], 32).to(dtype), bias))
+    assert torch.equal(out[1], torch.nn.functional.linear(x, dequantize(*layers[1], 32).to(dtype)))
+    assert all(o.untyped_storage().data_ptr() != seen[0].untyped_storage().data_ptr() for o in out)
+
+    threads_own = []
+    thread = threading.Thread(target=lambda: threads_own.append(other.dequantized_linear(x, *layers[0], 32, bias)))
+    thread.start()
+    thread.join()
+    assert torch.equal(threads_own[0], out[0])
+    assert seen[-1].untyped_storage().data_ptr() != seen[0].untyped_storage().data_ptr()
+
+    monkeypatch.setattr(CpuKernels, "REUSED_BYTES", 48 * 64 * 2 - 1)  # below the bf16 weight too
+    assert torch.equal(kernels.dequantized_linear(x, *layers[0], 32, bias), out[0])
+    assert seen[-1].untyped_storage().data_ptr() != seen[0].untyped_storage().data_ptr()
+
+
+def test_threads_dequantizing_at_once_do_not_overwrite_each_other(kernels):
+    """Each thread's buffer is its own: two threads multiplying different weights side by side
+    each get their own weight's product, every time."""
+    torch.manual_seed(0)
+    layers = [(*quantize_int8(torch.randn(1024, 512) * (i + 1), 32), None) for i in range(2)]
+    x = torch.randn(20, 512)
+    expected = [torch.nn.functional.linear(x, dequantize(*layer, 32)) for layer in layers]
+    wrong: list[int] = []
+
+    def run(i: int) -> None:
+        for _ in range(40):
+            if not torch.equal(kernels.dequantized_linear(x, *layers[i], 32), expected[i]):
+                wrong.append(i)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not wrong
 
 
 def quantized_linear(scheme: QuantScheme, k_in: int = 320, n_out: int = 48) -> ReplicatedLinear:
