@@ -153,18 +153,17 @@ class EngineCoreClient(RequestStreams):
         self._ended(broken)
 
     def _read_ready(self, loop: asyncio.AbstractEventLoop) -> None:
-        """On the event loop, when the socket is readable: the messages there (one being written is
-        read to its end: the core writes each at once, so that waits only while it does); once the
-        socket ends, the core's end in a thread (it waits for the process)."""
+        """On the event loop, when the socket is readable: one message (one being written is read to
+        its end: the core writes each at once, so that waits only while it does); once the socket
+        ends, the core's end in a thread (it waits for the process). A further message waiting is
+        read on the loop's next pass (readiness is level-triggered), not looked for here: that look
+        (`Connection.poll`, a selector built per call) ran after every report, on the first token's
+        way to its client, and found nothing nearly always (a step's report is one message)."""
         assert self._conn is not None
-        while True:
-            broken = self._read_one()
-            if broken is not None:
-                loop.remove_reader(self._conn.fileno())
-                threading.Thread(target=self._ended, args=(broken,), name="engine-core-end", daemon=True).start()
-                return
-            if not self._conn.poll(0):
-                return
+        broken = self._read_one()
+        if broken is not None:
+            loop.remove_reader(self._conn.fileno())
+            threading.Thread(target=self._ended, args=(broken,), name="engine-core-end", daemon=True).start()
 
     def _read_one(self) -> str | None:
         """Read and handle one message; None, or once the socket has ended, why ("" for no reason
