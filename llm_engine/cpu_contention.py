@@ -1,7 +1,7 @@
-"""Whether runnable tasks outnumber this machine's CPUs right now (some task waits for a CPU): read
+"""Whether any task besides the caller is runnable right now (running, or waiting for a CPU): read
 from /proc/loadavg's count of runnable scheduling entities (threads included, the caller among
 them), a snapshot, not the load averages' minutes. Where it cannot be read, the answer is yes: a
-caller that waits longer when CPUs are contended stays on the safe side.
+caller that waits longer when others may be at work stays on the safe side.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ def _read(path: str) -> str:
         raise
 
 
-def cpus_contended(loadavg: str = LOADAVG, cpus: int | None = None) -> bool:
-    """More runnable tasks than CPUs (`cpus`: the machine's, os.cpu_count(), unless given), read from
-    the file at `loadavg`."""
+def others_runnable(loadavg: str = LOADAVG) -> bool:
+    """A runnable task besides the caller, read from the file at `loadavg` (the count includes the
+    caller, which is running as it reads)."""
     try:
         runnable = runnable_tasks(_read(loadavg))
     except (OSError, ValueError):
         return True
-    return runnable > (cpus or os.cpu_count() or 1)
+    return runnable > 1

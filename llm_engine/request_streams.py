@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Final
 
 from llm_engine import precise_sleep
 from llm_engine.beam_search import BeamSearchParams
-from llm_engine.cpu_contention import cpus_contended
+from llm_engine.cpu_contention import others_runnable
 from llm_engine.engine_loop import ADMISSION_HOLD_S, AbortRequest, AddRequest, Command
 from llm_engine.outputs import RequestOutput
 from llm_engine.sampling_params import SamplingParams
@@ -37,14 +37,16 @@ StepCallback = Callable[["EngineStats", list[RequestOutput]], None]
 # written a few ms later, waited for that step (traced: 2 first steps in most bursts of 12).
 # Stepping aside for a moment lets them in first, and the engine's hold then takes them all in one
 # step. An isolated request pays this once, and only when the engine is idle: LONE_WINDOW_S (a
-# timerfd, `precise_sleep`: ~0.25-0.45 ms) while every runnable task has a CPU, so that a burst's
-# writer is running and its next request comes within microseconds; LONE_WINDOW_CONTENDED_S when
-# runnable tasks outnumber the CPUs (`cpu_contention`, read as the wait starts and again when the
-# short window ends), where the writer may wait a scheduler slice for a CPU, or for the GIL if it is
-# a thread of this process (stop 30's step aside, a few event-loop passes, split back-to-back bursts
-# under load). The contended window is the 1 ms every lone request waited until stop 31 (then on
-# the loop's timer: 1.1-2 ms, uvloop's timers count whole ms): about what held bursts in
-# CI, no longer for an isolated request under load (2 ms cost it 1.1 ms more there, no fewer splits).
+# timerfd, `precise_sleep`: ~0.25-0.45 ms), then LONE_WINDOW_CONTENDED_S in all if, when the short
+# window ends, any task besides this thread is runnable (`cpu_contention.others_runnable`): a
+# burst's writer still at work, or waiting a scheduler slice for a CPU (stop 30's step aside, a few
+# event-loop passes, split back-to-back bursts under load). Read only at the end (stop 32): as the
+# wait starts, the client that just wrote is often still runnable (the server's wake-up preempted
+# it; tritonclient's threads at 19 of 24 isolated gRPC requests), and done 0.2 ms later, while a
+# burst's writer is still runnable then. The long window is the 1 ms every lone request waited
+# until stop 31 (then on the loop's timer: 1.1-2 ms, uvloop's timers count whole ms): about what
+# held bursts in CI, no longer for an isolated request under load (2 ms cost it 1.1 ms more there,
+# no fewer splits).
 LONE_WINDOW_S: Final = 0.0002
 LONE_WINDOW_CONTENDED_S: Final = 0.001
 # A request that would close an open burst (below) waits for the next in windows this long.
@@ -163,13 +165,10 @@ class RequestStreams(ABC):
 
     @staticmethod
     async def _wait_alone() -> None:
-        """LONE_WINDOW_S, or LONE_WINDOW_CONTENDED_S in all when the CPUs are contended as it starts
-        or when the short window ends (the loop serves on meanwhile: what arrives is taken in)."""
-        if cpus_contended():
-            await precise_sleep.sleep(LONE_WINDOW_CONTENDED_S)
-            return
+        """LONE_WINDOW_S, or LONE_WINDOW_CONTENDED_S in all when another task is runnable as the
+        short window ends (the loop serves on meanwhile: what arrives is taken in)."""
         await precise_sleep.sleep(LONE_WINDOW_S)
-        if cpus_contended():
+        if others_runnable():
             await precise_sleep.sleep(LONE_WINDOW_CONTENDED_S - LONE_WINDOW_S)
 
     def _admitted(self, mark: _Admission | None) -> None:

@@ -93,9 +93,9 @@ def test_the_runnable_count_is_read_from_a_file_kept_open(monkeypatch, tmp_path)
 
     monkeypatch.setattr(cpu_contention.os, "open", counted)
     answers = []
-    for runnable in (1, 3, 2):
+    for runnable in (1, 3, 1):
         loadavg.write_text(f"0.52 0.40 0.77 {runnable}/110 25248\n")
-        answers.append(cpu_contention.cpus_contended(str(loadavg), cpus=2))
+        answers.append(cpu_contention.others_runnable(str(loadavg)))
     assert answers == [False, True, False]  # each read sees the file as it is now
     assert opened == [str(loadavg)]
     os.close(cpu_contention._OPEN.pop(str(loadavg)))
