@@ -19,35 +19,39 @@ def runnable_tasks(loadavg: str) -> int:
     return int(fields[3].partition("/")[0])
 
 
-# /proc/loadavg stays open: each read is one pread from its start (the kernel writes the text
-# afresh), not an open, a read and a close (stop 32): the isolated request that reads it has found
-# the server idle, and runs every call cold.
-_OPEN: dict[str, int] = {}
+class KeptOpenFile:
+    """A small file read again and again from its start through one descriptor, kept open: one
+    pread a read, not an open, a read and a close (stop 32): the isolated request that reads
+    /proc/loadavg has found the server idle, and runs every call cold. The kernel writes
+    /proc/loadavg's text afresh for each read from its start."""
 
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd: int | None = None
 
-def _read(path: str) -> str:
-    if path != LOADAVG:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # ~2 us; Path.read_text takes ~10
+    def read(self) -> str:
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
-            return os.read(fd, 256).decode()
-        finally:
-            os.close(fd)
-    if path not in _OPEN:
-        _OPEN[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    fd = _OPEN[path]
-    try:
-        return os.pread(fd, 256, 0).decode()
-    except OSError:
-        del _OPEN[path]
-        os.close(fd)
-        raise
+            return os.pread(self.fd, 256, 0).decode()
+        except OSError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
-def others_runnable(loadavg: str = LOADAVG) -> bool:
-    """A runnable task besides the caller, read from the file at `loadavg` (the count includes the
-    caller, which is running as it reads)."""
+_LOADAVG = KeptOpenFile(LOADAVG)
+
+
+def others_runnable() -> bool:
+    """A runnable task besides the caller, read from /proc/loadavg (the count includes the caller,
+    which is running as it reads)."""
     try:
-        runnable = runnable_tasks(_read(loadavg))
+        runnable = runnable_tasks(_LOADAVG.read())
     except (OSError, ValueError):
         return True
     return runnable > 1

@@ -162,21 +162,35 @@ def test_without_a_timerfd_the_precise_sleep_is_the_loops_own(monkeypatch):
         asyncio.run(precise_sleep.sleep(-1.0))
 
 
+def _count_from(monkeypatch, path):
+    """others_runnable reading `path` in place of /proc/loadavg (its descriptor closed at the end)."""
+    kept = cpu_contention.KeptOpenFile(str(path))
+    monkeypatch.setattr(cpu_contention, "_LOADAVG", kept)
+    return kept
+
+
 @pytest.mark.parametrize(("runnable", "others"), [(1, False), (2, True), (3, True)])
-def test_others_are_runnable_when_the_count_holds_more_than_the_caller(tmp_path, runnable, others):
+def test_others_are_runnable_when_the_count_holds_more_than_the_caller(monkeypatch, tmp_path, runnable, others):
     """The count includes the caller; a second runnable task on a machine of 2 CPUs (a burst's one
     busy writer beside the reader) is what the CPU-count rule of stop 31 missed."""
     loadavg = tmp_path / "loadavg"
     loadavg.write_text(f"0.52 0.40 0.77 {runnable}/110 25248\n")
-    assert cpu_contention.others_runnable(str(loadavg)) is others
+    kept = _count_from(monkeypatch, loadavg)
+    assert cpu_contention.others_runnable() is others
+    kept.close()
 
 
-def test_an_unreadable_count_reads_as_others_runnable(tmp_path):
-    """The caller then waits the longer window, the safe side for a burst."""
-    garbled = tmp_path / "loadavg"
-    garbled.write_text("not a loadavg\n")
-    assert cpu_contention.others_runnable(str(tmp_path / "missing"))
-    assert cpu_contention.others_runnable(str(garbled))
+def test_an_unreadable_count_reads_as_others_runnable(monkeypatch, tmp_path):
+    """The caller then waits the longer window, the safe side for a burst; a later read tries again."""
+    loadavg = tmp_path / "loadavg"
+    kept = _count_from(monkeypatch, loadavg)
+    assert cpu_contention.others_runnable()  # missing
+    loadavg.write_text("not a loadavg\n")
+    assert cpu_contention.others_runnable()  # garbled
+    loadavg.write_text("0.52 0.40 0.77 1/110 25248\n")
+    assert not cpu_contention.others_runnable()
+    kept.close()
+    assert kept.fd is None
     with pytest.raises(ValueError, match="loadavg"):
         cpu_contention.runnable_tasks("not a loadavg")
     assert cpu_contention.runnable_tasks("0.52 0.40 0.77 3/110 25248") == 3

@@ -82,8 +82,8 @@ def test_a_forked_child_drops_its_parents_timers(monkeypatch):
 
 def test_the_runnable_count_is_read_from_a_file_kept_open(monkeypatch, tmp_path):
     loadavg = tmp_path / "loadavg"
-    monkeypatch.setattr(cpu_contention, "LOADAVG", str(loadavg))
-    monkeypatch.setattr(cpu_contention, "_OPEN", {})
+    kept = cpu_contention.KeptOpenFile(str(loadavg))
+    monkeypatch.setattr(cpu_contention, "_LOADAVG", kept)
     opened: list[str] = []
     real_open = os.open
 
@@ -95,17 +95,18 @@ def test_the_runnable_count_is_read_from_a_file_kept_open(monkeypatch, tmp_path)
     answers = []
     for runnable in (1, 3, 1):
         loadavg.write_text(f"0.52 0.40 0.77 {runnable}/110 25248\n")
-        answers.append(cpu_contention.others_runnable(str(loadavg)))
+        answers.append(cpu_contention.others_runnable())
     assert answers == [False, True, False]  # each read sees the file as it is now
     assert opened == [str(loadavg)]
-    os.close(cpu_contention._OPEN.pop(str(loadavg)))
+    kept.close()
 
 
 def test_proc_loadavg_read_again_is_fresh():
     """The kernel writes /proc/loadavg's text afresh for each read from its start."""
     if not os.path.exists(cpu_contention.LOADAVG):
         pytest.skip("no /proc/loadavg")
-    first = cpu_contention._read(cpu_contention.LOADAVG)
-    again = cpu_contention._read(cpu_contention.LOADAVG)
+    kept = cpu_contention.KeptOpenFile(cpu_contention.LOADAVG)
+    first, again = kept.read(), kept.read()
     assert cpu_contention.runnable_tasks(first) >= 1 and cpu_contention.runnable_tasks(again) >= 1
-    assert cpu_contention.LOADAVG in cpu_contention._OPEN
+    assert kept.fd is not None
+    kept.close()
