@@ -53,10 +53,11 @@ class _Clock:
         self.sample = Sample(True, start=time.perf_counter())
         self._last: float | None = None
 
-    def piece(self, new_tokens: int) -> None:
+    def piece(self, new_tokens: int, at: float | None = None) -> None:
+        """`at`: when the client had the piece (perf_counter), if not now."""
         if new_tokens <= 0:
             return
-        now = time.perf_counter()
+        now = time.perf_counter() if at is None else at
         if self._last is None:
             self.sample.first = now
         else:
@@ -406,14 +407,17 @@ class Grpc:
         return self.server.engine_ttft()
 
     def _on_response(self, result, error) -> None:
-        """tritonclient's stream thread: hand the piece to its request's queue on the event loop."""
+        """tritonclient's stream thread: hand the piece to its request's queue on the event loop,
+        stamped now: the client has it here, in tritonclient's callback (the user's receipt); the hop
+        to this benchmark's event loop is its own plumbing, not the protocol's."""
+        received = time.perf_counter()
         request_id = result.get_response().id if result is not None else None
         assert self.loop is not None
-        self.loop.call_soon_threadsafe(self._route, request_id, result, error)
+        self.loop.call_soon_threadsafe(self._route, request_id, result, error, received)
 
-    def _route(self, request_id, result, error) -> None:
+    def _route(self, request_id, result, error, received: float) -> None:
         for key in [request_id] if request_id in self.pending else list(self.pending):  # an error names no id
-            self.pending[key].put_nowait((result, error))
+            self.pending[key].put_nowait((result, error, received))
 
     async def send(self, item: Item) -> Sample:
         import numpy as np
@@ -439,10 +443,10 @@ class Grpc:
         try:
             self.client.async_stream_infer(self.server.name, tensors, request_id=request_id)
             while True:
-                result, error = await pieces.get()
+                result, error, received = await pieces.get()
                 if error is not None:
                     return Sample(False, error=str(error))
-                clock.piece(int(result.as_numpy("num_output_tokens").sum()))
+                clock.piece(int(result.as_numpy("num_output_tokens").sum()), at=received)
                 if result.get_response().parameters["triton_final_response"].bool_param:
                     return clock.done()
         finally:
