@@ -99,6 +99,37 @@ def _put_each(handed: list[tuple[_Stream, RequestOutput]]) -> None:
         stream.queue.put_nowait(output)
 
 
+class RequestOutputs:
+    """One request's outputs as they come (`RequestStreams.open`): an async iterator that ends after
+    the final output and raises the request's failure; `aclose` aborts it unless it finished."""
+
+    def __init__(self, streams: RequestStreams, request_id: str, stream: _Stream) -> None:
+        self.streams = streams
+        self.request_id = request_id
+        self.stream = stream
+        self.closed = False
+
+    def __aiter__(self) -> RequestOutputs:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.stream.finished or self.closed:
+            raise StopAsyncIteration
+        item = await self.stream.queue.get()
+        if isinstance(item, Exception):
+            self.stream.finished = True
+            raise item
+        if item.finished:
+            self.stream.finished = True
+        return item
+
+    async def aclose(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if not self.stream.finished:
+                self.streams.abort(self.request_id)
+
+
 class RequestStreams(ABC):
     def __init__(self, max_waiting: int, on_step: StepCallback | None) -> None:
         if max_waiting < 0:
@@ -189,6 +220,19 @@ class RequestStreams(ABC):
         Raises EngineNotReady, EngineOverloaded, ValueError (bad prompt/parameters, naming the
         field). Closing the iterator before the final output aborts the request.
         """
+        outputs = self.open(prompt, sampling_params, request_id, priority, more, fit_window)
+        try:
+            async for output in outputs:
+                yield output
+        finally:
+            await outputs.aclose()
+
+    def open(self, prompt: str | list[int] | ImagePrompt, sampling_params: SamplingParams | BeamSearchParams,
+             request_id: str, priority: int = 0, more: bool = False, fit_window: bool = False) -> RequestOutputs:
+        """`generate`'s checks and its send to the engine, done now (raising what `generate` raises
+        before its first output), the outputs to come from the iterator returned: a server learns
+        that a request is on its way, and may answer the client's headers, before the first token.
+        Its `aclose` aborts the request unless it finished, whether any output was read or not."""
         self.check_ready()
         stream = _Stream(asyncio.get_running_loop())
         with self._lock:
@@ -208,20 +252,7 @@ class RequestStreams(ABC):
         self._burst_open = more and (idle or self._burst_open)
         self._submit(AddRequest(request_id, prompt, sampling_params, priority, time.time(),
                                 more=more, fit_window=fit_window))
-        try:
-            while True:
-                item = await stream.queue.get()
-                if isinstance(item, Exception):
-                    stream.finished = True
-                    raise item
-                if item.finished:
-                    stream.finished = True
-                yield item
-                if item.finished:
-                    return
-        finally:
-            if not stream.finished:
-                self.abort(request_id)
+        return RequestOutputs(self, request_id, stream)
 
     def abort(self, request_id: str) -> None:
         """Abort a request (no-op when unknown or finished); its blocks are freed before the next step."""

@@ -7,7 +7,10 @@ and the loader casts the tokenizer it makes to it once.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import json
+from collections.abc import Hashable
+from functools import lru_cache
+from typing import Any, Protocol, cast
 
 
 class Tokenizer(Protocol):
@@ -38,3 +41,31 @@ def tokenize_prompt(tokenizer: Tokenizer | None, vocab_size: int,
     if bad:
         raise ValueError(f"prompt: token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")
     return None, list(prompt)
+
+
+def token_count_bound(tokenizer: Tokenizer, text: str) -> int | None:
+    """An upper bound on the number of tokens `tokenizer(text)` gives, without tokenizing; None
+    where the tokenizer's kind gives none. A byte-level BPE (GPT-2's, SmolLM2's, Llama 3's) with
+    no normalizer makes each token of at least one byte of the text (special tokens written in it
+    of more), so the text's UTF-8 length, plus a prefix space it may add and the special tokens it
+    adds around a text, bounds the count."""
+    added = _byte_level_additions(cast(Hashable, tokenizer))
+    return None if added is None else len(text.encode()) + added
+
+
+@lru_cache(maxsize=8)
+def _byte_level_additions(tokenizer: Any) -> int | None:
+    """The tokens a byte-level BPE tokenizer may add to a text's bytes (1 for a prefix space, and
+    its special tokens), or None for any other kind (a normalizer may lengthen the text;
+    SentencePiece's byte fallback writes a character as up to 4 byte tokens after a prefix)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.normalizer is not None or type(backend.model).__name__ != "BPE" \
+            or backend.pre_tokenizer is None:
+        return None
+    pre = json.loads(backend.pre_tokenizer.__getstate__())  # its own JSON, not the whole vocabulary's
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    kinds = {step.get("type") for step in steps}
+    if "ByteLevel" not in kinds or not kinds <= {"ByteLevel", "Split", "Digits", "Punctuation"}:
+        return None
+    specials: int = tokenizer.num_special_tokens_to_add(pair=False)
+    return 1 + specials

@@ -378,8 +378,9 @@ class ServingV2(_Serving):
         self.stats = stats
 
     async def start_rows(self, requests: list[CompletionRequest], priority: int = 0,
-                         images: list[list[bytes]] | None = None) -> _Run:
-        """`images`: each row's image files, one image token in its text_input per image."""
+                         images: list[list[bytes]] | None = None, stream: bool = False) -> _Run:
+        """`images`: each row's image files, one image token in its text_input per image; `stream`:
+        as `_Serving.start`'s (the run may start before its first output)."""
         self.service.require_ready()
         texts = [_text_input(r) for r in requests]
         if images is None:  # the engine tokenizes the texts and checks their length (AddRequest.fit_window)
@@ -390,7 +391,8 @@ class ServingV2(_Serving):
             prompts = [prompt for _, prompt in rows]
             params = [self.sampling_params(r, self.check_length(ids, r.max_tokens), None)
                       for r, (ids, _) in zip(requests, rows)]
-        run = await self.start(prompts, params, priority, new_request_id("v2"), fit_window=images is None)
+        run = await self.start(prompts, params, priority, new_request_id("v2"), fit_window=images is None,
+                               stream=stream)
         if self.stats is not None:
             self.stats.admitted(len(requests))
         return run

@@ -207,7 +207,7 @@ def inference_routes(get_service: ServiceGetter) -> list[InferenceRoute]:
 
         async def start() -> _Run:
             try:
-                return await serving.start_rows(_generate_requests(service, body, streaming=True))
+                return await serving.start_rows(_generate_requests(service, body, streaming=True), stream=True)
             except BaseException as exc:  # refused, bad input, or the client left while it waited
                 stats.failed(exc)
                 raise

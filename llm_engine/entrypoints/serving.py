@@ -2,7 +2,9 @@
 
 Both endpoints turn a request into prompts and SamplingParams, run the prompts concurrently, and
 format the cumulative engine outputs as per-choice deltas. Bad input fails before any byte is
-streamed: every prompt's first output (or refusal) is awaited first. A completion's prompts go to
+streamed: every prompt's first output (or refusal) is awaited first, except a stream's one prompt
+that the engine cannot refuse any more once it is sent (`_Serving.start`): its headers go out
+while the engine prefills it. A completion's prompts go to
 the engine as sent, and the engine tokenizes them and checks the context window
 (`AddRequest.fit_window`), off this process's CPU; a chat's conversation is rendered and tokenized
 here (its template and images need the tokenizer). Usage counts the prompt tokens the engine
@@ -28,14 +30,13 @@ from llm_engine.entrypoints.protocol import ChatCompletionRequest, CompletionReq
 from llm_engine.entrypoints.request_ids import new_request_id
 from llm_engine.entrypoints.service import LLMService, as_openai_error
 from llm_engine.outputs import CompletionOutput, Logprob, RequestOutput
+from llm_engine.request_streams import RequestOutputs
 from llm_engine.sampling_params import SamplingParams
+from llm_engine.tokenizer import token_count_bound
 
 if TYPE_CHECKING:  # torch and Pillow load only when an image comes (the IDE imports this without them)
     from llm_engine.multimodal.inputs import ImageInputs, ImagePrompt
     from llm_engine.tokenizer import Tokenizer
-
-Generation = AsyncGenerator[RequestOutput, None]  # one prompt's outputs; closing it aborts the request
-
 
 @dataclass
 class _Choice:
@@ -115,35 +116,62 @@ class _Serving:
 
     async def start(self, prompts: Sequence[str | list[int] | ImagePrompt],
                     params: Sequence[SamplingParams | BeamSearchParams],
-                    priority: int, request_id: str, fit_window: bool = False) -> _Run:
+                    priority: int, request_id: str, fit_window: bool = False, stream: bool = False) -> _Run:
         """Admit every prompt (raising 429/503/400 before any answer is sent), then merge their outputs.
-        `fit_window`: the prompts are as the client sent them, for the engine to tokenize and check."""
-        generators = [self.engine.generate(prompt, p, f"{request_id}-{i}", priority=priority,
-                                           more=i < len(prompts) - 1, fit_window=fit_window)
-                      for i, (prompt, p) in enumerate(zip(prompts, params))]
+        `fit_window`: the prompts are as the client sent them, for the engine to tokenize and check.
+        `stream`: a stream's headers may go before its first token: one prompt that nothing in the
+        engine can refuse any more (`_sure_to_start`) returns once it is sent, and a failure after
+        that reaches the client as the stream's error event; otherwise the first outputs are awaited,
+        so that what the engine refuses is still a status code."""
+        outputs: list[RequestOutputs] = []
         try:
-            if len(generators) == 1:  # most requests: no task to wrap it in (gather's), one hop less
-                firsts = [await anext(generators[0])]
+            for i, (prompt, p) in enumerate(zip(prompts, params)):
+                outputs.append(self.engine.open(prompt, p, f"{request_id}-{i}", priority=priority,
+                                                more=i < len(prompts) - 1, fit_window=fit_window))
+            if len(outputs) == 1:  # most requests: no task to wrap it in (gather's), one hop less
+                started = stream and self._sure_to_start(prompts[0], params[0], fit_window)
+                first = None if started else await anext(outputs[0])
             else:
                 # every prompt at once: awaiting each one's first output before sending the next put
                 # a batch's prompts into the engine a step apart
-                results = await asyncio.gather(*(anext(gen) for gen in generators), return_exceptions=True)
+                results = await asyncio.gather(*(anext(out) for out in outputs), return_exceptions=True)
                 failure = next((r for r in results if isinstance(r, BaseException)), None)
                 if failure is not None:
                     raise failure
                 firsts = [r for r in results if isinstance(r, RequestOutput)]
         except BaseException as exc:
-            for gen in generators:
-                await gen.aclose()
+            for out in outputs:
+                await out.aclose()
             if isinstance(exc, Exception):
                 raise as_openai_error(exc) from None
             raise
-        updates = _single(generators[0], firsts[0]) if len(generators) == 1 else _merge(generators, firsts)
         head = params[0]  # a beam search's output holds its beam_width best beams
         n = head.n if isinstance(head, SamplingParams) else head.beam_width
-        run = _Run([first.prompt_token_ids for first in firsts], n, updates)
+        if len(outputs) == 1:
+            prompt_ids = [[] if first is None else first.prompt_token_ids]
+            run = _Run(prompt_ids, n, _single(outputs[0], first, prompt_ids))
+        else:
+            run = _Run([first.prompt_token_ids for first in firsts], n, _merge(outputs, firsts))
         run.choices = [_Choice(i) for i in range(len(prompts) * run.n)]
         return run
+
+    def _sure_to_start(self, prompt: str | list[int] | ImagePrompt, params: SamplingParams | BeamSearchParams,
+                       fit_window: bool) -> bool:
+        """Whether the engine takes this prompt for sure, now that it is sent (`LLMEngine.add_request`'s
+        and `engine_loop._fitted`'s checks): plain sampling of a text or token ids (no grammar to
+        compile, no KV transfer, no images, no beams), and a text the engine tokenizes
+        (`fit_window`) non-empty and, by a bound on its token count, inside the context window."""
+        tokenizer = self.engine.tokenizer
+        if not isinstance(params, SamplingParams) or params.structured_outputs is not None \
+                or params.kv_transfer_params is not None or not prompt or (params.stop_list and tokenizer is None):
+            return False
+        if not fit_window:
+            return isinstance(prompt, list)  # token ids tokenized and checked against the window here
+        if not isinstance(prompt, str):
+            return False  # token ids as the client sent them: the engine checks their vocabulary
+        bound = None if tokenizer is None else token_count_bound(tokenizer, prompt)
+        room = self.engine.max_model_len - (params.max_tokens or 1)
+        return bound is not None and bound <= room
 
     def image_inputs(self) -> ImageInputs:
         inputs = self.engine.image_inputs
@@ -218,26 +246,32 @@ class _Serving:
         return int(time.time())
 
 
-async def _single(generator: Generation, first: RequestOutput) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+async def _single(outputs: RequestOutputs, first: RequestOutput | None, prompt_ids: list[list[int]]
+                  ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     """One prompt's stream (most requests): its outputs straight through, without the task and
-    queue hop per output that interleaving several streams needs; closing it aborts the request."""
+    queue hop per output that interleaving several streams needs; closing it aborts the request.
+    `first`: its first output, or None when the stream started before it (`start`'s `stream`):
+    then its prompt's token ids go into `prompt_ids` (the run's) once it comes."""
     try:
+        if first is None:
+            first = await anext(outputs)
+            prompt_ids[0] = first.prompt_token_ids
         yield 0, first
         if not first.finished:
-            async for out in generator:
+            async for out in outputs:
                 yield 0, out
     except Exception as exc:
         raise as_openai_error(exc) from None
     finally:
-        await generator.aclose()
+        await outputs.aclose()
 
 
-async def _merge(generators: list[Generation], firsts: list[RequestOutput]
+async def _merge(generators: list[RequestOutputs], firsts: list[RequestOutput]
                  ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     """Interleave several request streams; closing this closes (and so aborts) all of them."""
     merged: asyncio.Queue[tuple[int, RequestOutput | Exception | None]] = asyncio.Queue()
 
-    async def pump(index: int, gen: Generation) -> None:
+    async def pump(index: int, gen: RequestOutputs) -> None:
         try:
             async for out in gen:
                 await merged.put((index, out))
@@ -302,7 +336,7 @@ class ServingCompletion(_Serving):
         if req.use_beam_search:
             return await self._beam_search(req, [self.tokenize(p) for p in prompts], request_id)
         params = [self.sampling_params(req, req.max_tokens, req.logprobs) for _ in prompts]
-        run = await self.start(prompts, params, req.priority, request_id, fit_window=True)
+        run = await self.start(prompts, params, req.priority, request_id, fit_window=True, stream=bool(req.stream))
         if req.stream:
             return self._stream(req, run, request_id)
         return await self._full(req, run, request_id)
@@ -411,7 +445,7 @@ class ServingChat(_Serving):
         top = req.top_logprobs or 0
         params = [self.sampling_params(req, max_tokens, top if req.logprobs else None)]
         request_id = new_request_id("chatcmpl")
-        run = await self.start([prompt], params, req.priority, request_id)
+        run = await self.start([prompt], params, req.priority, request_id, stream=bool(req.stream))
         if req.stream:
             return self._stream(req, run, request_id)
         return await self._full(req, run, request_id)
