@@ -37,7 +37,7 @@ StepCallback = Callable[["EngineStats", list[RequestOutput]], None]
 # written a few ms later, waited for that step (traced: 2 first steps in most bursts of 12).
 # Stepping aside for a moment lets them in first, and the engine's hold then takes them all in one
 # step. An isolated request pays this once, and only when the engine is idle: LONE_WINDOW_S (a
-# timerfd, `precise_sleep`: ~0.25-0.45 ms), then LONE_WINDOW_CONTENDED_S in all if, when the short
+# timerfd, `precise_sleep`: ~0.25-0.45 ms), then LONE_WINDOW_OTHERS_RUNNABLE_S in all if, when the short
 # window ends, any task besides this thread is runnable (`cpu_contention.others_runnable`): a
 # burst's writer still at work, or waiting a scheduler slice for a CPU (stop 30's step aside, a few
 # event-loop passes, split back-to-back bursts under load). Read only at the end (stop 32): as the
@@ -48,7 +48,7 @@ StepCallback = Callable[["EngineStats", list[RequestOutput]], None]
 # held bursts in CI, no longer for an isolated request under load (2 ms cost it 1.1 ms more there,
 # no fewer splits).
 LONE_WINDOW_S: Final = 0.0002
-LONE_WINDOW_CONTENDED_S: Final = 0.001
+LONE_WINDOW_OTHERS_RUNNABLE_S: Final = 0.001
 # A request that would close an open burst (below) waits for the next in windows this long.
 BURST_WINDOW_S: Final = 0.001
 # While a burst is open (requests went to an idle engine saying more follow, and no step has run
@@ -196,11 +196,11 @@ class RequestStreams(ABC):
 
     @staticmethod
     async def _wait_alone() -> None:
-        """LONE_WINDOW_S, or LONE_WINDOW_CONTENDED_S in all when another task is runnable as the
+        """LONE_WINDOW_S, or LONE_WINDOW_OTHERS_RUNNABLE_S in all when another task is runnable as the
         short window ends (the loop serves on meanwhile: what arrives is taken in)."""
         await precise_sleep.sleep(LONE_WINDOW_S)
         if others_runnable():
-            await precise_sleep.sleep(LONE_WINDOW_CONTENDED_S - LONE_WINDOW_S)
+            await precise_sleep.sleep(LONE_WINDOW_OTHERS_RUNNABLE_S - LONE_WINDOW_S)
 
     def _admitted(self, mark: _Admission | None) -> None:
         if mark is not None and mark.open:

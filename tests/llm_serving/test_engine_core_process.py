@@ -169,7 +169,7 @@ def test_a_burst_parsed_one_request_after_another_starts_in_one_engine_step(tiny
 def lone_windows(monkeypatch, seconds: float) -> None:
     """A request alone at an idle engine waits `seconds` for a burst's next one, contended CPUs or not."""
     monkeypatch.setattr(request_streams, "LONE_WINDOW_S", seconds)
-    monkeypatch.setattr(request_streams, "LONE_WINDOW_CONTENDED_S", seconds)
+    monkeypatch.setattr(request_streams, "LONE_WINDOW_OTHERS_RUNNABLE_S", seconds)
 
 
 def test_a_bursts_first_request_waits_for_the_rest_written_right_after_it(tiny_server, monkeypatch):
