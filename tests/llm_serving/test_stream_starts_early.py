@@ -5,6 +5,7 @@ engine refuses is still a status code; the token-count bound that decides whethe
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from types import SimpleNamespace
 
@@ -15,13 +16,14 @@ from tokenizers import models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from llm_engine import SamplingParams, StructuredOutputsParams
-from llm_engine.engine_loop import AddRequest, Command, ContextLengthExceeded
+from llm_engine.engine_loop import AbortRequest, AddRequest, Command, ContextLengthExceeded
 from llm_engine.entrypoints.protocol import OpenAIError
 from llm_engine.entrypoints.serving import ServingCompletion
 from llm_engine.request_streams import RequestStreams
 from llm_engine.tokenizer import token_count_bound
 
 from .conftest import TINY_NAME
+from .test_backpressure_and_metrics import wait_for
 
 
 class Engine(RequestStreams):
@@ -131,3 +133,61 @@ def test_a_stream_that_starts_early_streams_as_before(tiny_server, smollm_tokeni
     assert events[-1] == "[DONE]"
     usage = httpx.Response(200, content=events[-2]).json()["usage"]
     assert usage["completion_tokens"] == 4 and usage["prompt_tokens"] == len(smollm_tokenizer("def f(x):").input_ids)
+
+
+# On a real server whose engine's commands are held back (nothing runs until `release`):
+
+V1 = ("/v1/completions", {"model": TINY_NAME, "prompt": "def held(x):", "max_tokens": 3, "temperature": 0,
+                          "ignore_eos": True, "stream": True})
+V2 = (f"/v2/models/{TINY_NAME}/generate_stream", {"text_input": "def held(x):", "max_tokens": 3, "temperature": 0,
+                                                   "ignore_eos": True})
+
+
+@pytest.fixture
+def held(tiny_server, monkeypatch) -> list[AddRequest]:
+    """The engine's requests kept in this list instead of reaching the core: nothing runs until
+    `release`."""
+    commands: list[AddRequest] = []
+    monkeypatch.setattr(tiny_server.service.engine, "_submit", commands.append)
+    return commands
+
+
+def release(tiny_server, commands: list[AddRequest]) -> None:
+    engine = tiny_server.service.engine
+    for command in commands:
+        type(engine)._submit(engine, command)
+
+
+def data_lines(response: httpx.Response) -> list[str]:
+    return [line.removeprefix("data: ") for line in response.iter_lines() if line]
+
+
+@pytest.mark.parametrize("path, body", [V1, V2])
+def test_the_headers_arrive_while_the_request_has_no_token_yet(tiny_server, held, path, body):
+    with httpx.stream("POST", tiny_server.url + path, json=body, timeout=20) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        assert len(held) == 1 and isinstance(held[0], AddRequest)  # submitted, never run: no token exists
+        release(tiny_server, held)
+        lines = data_lines(response)
+    assert lines[-1] == "[DONE]" if path.startswith("/v1") else "error" not in lines[-1]
+    assert not any("error" in json.loads(line) for line in lines if line != "[DONE]")
+
+
+@pytest.mark.parametrize("path, body", [V1, V2])
+def test_an_engine_failure_after_the_headers_is_an_error_event(tiny_server, held, path, body):
+    with httpx.stream("POST", tiny_server.url + path, json=body, timeout=20) as response:
+        assert response.status_code == 200
+        tiny_server.service.engine.fail(held[0].request_id, RuntimeError("engine step failed: boom"))
+        lines = data_lines(response)
+    error = json.loads(lines[0])["error"]
+    assert "engine step failed: boom" in (error["message"] if isinstance(error, dict) else error)
+
+
+@pytest.mark.parametrize("path, body", [V1, V2])
+def test_a_client_gone_before_the_first_token_aborts_its_request(tiny_server, held, path, body):
+    with httpx.stream("POST", tiny_server.url + path, json=body, timeout=20) as response:
+        assert response.status_code == 200
+    wait_for(lambda: any(isinstance(c, AbortRequest) for c in held), timeout=20)
+    assert [c.request_id for c in held if isinstance(c, AbortRequest)] == [held[0].request_id]
+    release(tiny_server, held)  # the core adds and aborts it, and the server forgets it
+    wait_for(lambda: not tiny_server.service.engine._streams, timeout=20)
