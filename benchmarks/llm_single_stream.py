@@ -173,7 +173,12 @@ def measure(gguf: Path, threads: int, args: argparse.Namespace) -> dict:
     print(f"\n== {threads} thread(s): {args.rounds} rounds of fused / layered / llama.cpp, "
           f"{PROMPT_TOKENS}-token prompt, {args.tokens} tokens, load average {os.getloadavg()[0]:.1f} ==", flush=True)
     engine = Engine(gguf, threads, args.tokens, args.dtype)
-    print(f"our model runs in {engine.dtype} (--dtype {args.dtype})", flush=True)
+    from llm_engine.layers.native import cpu_kernels
+
+    kernels = cpu_kernels()
+    bits = kernels.int4_g32_activation_bits if kernels is not None else 32
+    print(f"our model runs in {engine.dtype} (--dtype {args.dtype}); its int4 decode rows take "
+          f"{'int16-rounded' if bits == 16 else 'float32'} activations", flush=True)
     llama = LlamaCpp(gguf, threads, engine.prompt, args.tokens)
     engine.run(True), engine.run(False), llama.run(), engine.prefill(), llama.prefill(engine.long_prompt)  # warm-up
     fused, layered, llama_wall, llama_eval, prefill, llama_prefill = [], [], [], [], [], []

@@ -155,7 +155,9 @@ class QuantScheme:
     group; int4: per group, symmetric or asymmetric (zero points); fp8: float8 E4M3 with a scale
     per output channel (or per group), or one for the whole matrix (per_tensor).
     w8a8 and w4a8 store int8 and int4 weights and round each token's activations to int8 at run
-    time: w8a8 with one scale per token, w4a8 one per 32 inputs (llama.cpp's Q4 x Q8 arithmetic)."""
+    time: w8a8 with one scale per token, w4a8 one per 32 inputs (llama.cpp's Q4 x Q8 arithmetic).
+    (Plain int4 on 32-input groups rounds activations too, to int16, where the kernels are built
+    without AVX-512: csrc/quant_gemm.cpp's rows_dot_int4_g32.)"""
 
     method: str
     group_size: int | None = None

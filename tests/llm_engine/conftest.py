@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from pathlib import Path
@@ -11,6 +12,7 @@ import torch
 import triton_interpret  # noqa: F401  (sets TRITON_INTERPRET before any Triton kernel is defined)
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
+from llm_engine.layers.native import cpu_kernels
 from llm_engine.loader.gguf_conversion import config_and_tokenizer
 
 # The heavier tensor-parallel tests (many worker groups) run under `make test-llm-parallel`.
@@ -77,6 +79,39 @@ def check_logprobs_close(ours: list[tuple[list[int], list[dict]]], ref: list[tup
         for step, (token, top) in enumerate(zip(our_tokens, our_logprobs)):
             assert abs(top[token].logprob - ref_logprobs[step]) < atol, (
                 f"prompt {i} step {step}: logprob {top[token].logprob} vs {ref_logprobs[step]}")
+
+
+@functools.cache
+def int4_rounds_activations() -> bool:
+    """Whether this machine's int4 kernel rounds a row's activations to int16 per 32 inputs before
+    multiplying 32-input groups (csrc/quant_gemm.cpp, AVX2 builds without AVX-512)."""
+    kernels = cpu_kernels()
+    return kernels is not None and kernels.int4_g32_activation_bits == 16
+
+
+def int4_kernel_activations(x: torch.Tensor) -> torch.Tensor:
+    """x as the int4 kernel's rows of 32-input groups multiply it: where it rounds activations,
+    each 32 inputs to the nearest (even) multiple of max|x| / 32767, in float32 as it computes them."""
+    if not int4_rounds_activations():
+        return x
+    groups = x.float().reshape(*x.shape[:-1], -1, 32)
+    largest = groups.abs().amax(-1, keepdim=True)
+    step = torch.where(largest > 1e-30, largest / 32767, torch.zeros_like(largest))
+    inverse = torch.where(step > 0, 1 / step, torch.zeros_like(step))
+    return (torch.round(groups * inverse) * step).reshape(x.shape)
+
+
+def int4_rounding_bound(x: torch.Tensor, weight: torch.Tensor) -> float:
+    """The most the int4 kernel's int16 rounding of x can move an output of x @ weight^T (each
+    input moves by at most half a step, max|x| of its row / 65534); 0 where it keeps float32."""
+    if not int4_rounds_activations():
+        return 0.0
+    return float((x.abs().amax(-1, keepdim=True) / 65534 * weight.abs().sum(-1)).max())
+
+
+# How far an int4 model's logprobs may move from its dequantized float model's: summation order
+# alone with float32 activations; with int16-rounded ones, up to ~3.4e-4 seen on the tiny models.
+INT4_LOGPROB_ATOL = 1e-3
 
 
 def smollm_gguf_path() -> Path:

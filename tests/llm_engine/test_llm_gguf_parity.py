@@ -6,7 +6,7 @@ import os
 
 import pytest
 import torch
-from conftest import hf_greedy, smollm_gguf_path
+from conftest import hf_greedy, int4_rounds_activations, smollm_gguf_path
 from transformers import AutoModelForCausalLM
 
 from llm_engine import LLM, SamplingParams
@@ -25,7 +25,8 @@ def test_smollm2_gguf_greedy_matches_transformers_kept_quantized_and_dequantized
     """By default the Q4_1 weights stay quantized (int4 kernel); with quantization=None they are
     dequantized to float32 like Transformers does. Both give Transformers' greedy tokens, and
     logprobs within 2e-3 (kept quantized vs dequantized differ by ~1e-5: the kernel computes the
-    same d*q + m weights in float32, summing in another order)."""
+    same d*q + m weights in float32, summing in another order; 5e-3 where the int4 kernel rounds
+    activations to int16, csrc/quant_gemm.cpp)."""
     path = smollm_gguf_path()
     hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     ref: list = []
@@ -39,6 +40,7 @@ def test_smollm2_gguf_greedy_matches_transformers_kept_quantized_and_dequantized
         prompt_ids = [tokenizer(p).input_ids for p in PROMPTS]
         params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
         ours = llm.generate(PROMPTS, params, use_tqdm=False)
+        atol = 5e-3 if quantization and int4_rounds_activations() else 2e-3  # 2.2e-3 seen with int16 rounding
         ref = ref or hf_greedy(hf_model, prompt_ids, MAX_NEW)  # one reference for both runs
         for out, ids, (ref_tokens, ref_logprobs) in zip(ours, prompt_ids, ref):
             completion = out.outputs[0]
@@ -46,7 +48,7 @@ def test_smollm2_gguf_greedy_matches_transformers_kept_quantized_and_dequantized
             assert completion.token_ids == ref_tokens, (quantization, out.prompt, completion.text,
                                                         tokenizer.decode(ref_tokens))
             for step, token in enumerate(ref_tokens):
-                assert abs(completion.logprobs[step][token].logprob - ref_logprobs[step]) < 2e-3
+                assert abs(completion.logprobs[step][token].logprob - ref_logprobs[step]) < atol
             assert completion.text == tokenizer.decode(ref_tokens, skip_special_tokens=True)
         if quantization:
             check_fused_decode(llm, prompt_ids[1], ref[1][0])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import VOCAB
+from conftest import VOCAB, int4_rounds_activations
 
 from llm_engine import LLM, SamplingParams
 from llm_engine.layers.attention import SeqSlice
@@ -56,7 +56,10 @@ def test_a_draft_step_is_the_one_token_steps_bit_for_bit_and_the_layered_step_to
         torch.testing.assert_close(fused, alone, atol=1e-5, rtol=1e-5)
     else:
         assert torch.equal(fused, alone)
-    torch.testing.assert_close(fused_logits, layered_logits, atol=2e-5, rtol=1e-5)
+    # Both paths run the same kernels; their other ops round apart by ~1e-7, which moves a few of
+    # the int16 roundings of activations where the int4 kernel makes them (up to ~8e-4 seen here).
+    atol = 2e-3 if int4_rounds_activations() and kind.startswith("q4") else 2e-5
+    torch.testing.assert_close(fused_logits, layered_logits, atol=atol, rtol=1e-5)
     assert torch.equal(fused_logits.argmax(-1), layered_logits.argmax(-1))
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import COMMON, check_logprobs_close, hf_greedy
+from conftest import COMMON, INT4_LOGPROB_ATOL, check_logprobs_close, hf_greedy, int4_rounds_activations
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -161,8 +161,10 @@ def test_checkpoint_matches_its_dequantized_float_model(tmp_path, case):
                    if "proj" in name), "projections must stay packed"
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
     ours = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(PROMPTS, params, use_tqdm=False)]
-    # Same arithmetic up to summation order; the exact (q - z) * s differs by the float16 offsets.
-    check_logprobs_close(ours, hf_greedy(reference, PROMPTS, 8), atol=1e-4)
+    # Same arithmetic up to summation order (and int16-rounded activations on 32-input groups where
+    # the kernel rounds them); the exact (q - z) * s differs by the float16 offsets.
+    rounded = int4_rounds_activations() and spec.get("bits", 4) == 4 and spec.get("group", 32) == 32
+    check_logprobs_close(ours, hf_greedy(reference, PROMPTS, 8), atol=INT4_LOGPROB_ATOL if rounded else 1e-4)
     reference.load_state_dict(exact, strict=False)
     check_logprobs_close(ours, hf_greedy(reference, PROMPTS, 8), atol=1e-2)
 

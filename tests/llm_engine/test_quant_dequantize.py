@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import torch
+from conftest import int4_kernel_activations, int4_rounds_activations
 
 from llm_engine.layers.linear import ReplicatedLinear
 from llm_engine.layers.native import CpuKernels, cpu_kernels
@@ -168,4 +169,26 @@ def test_decode_batches_of_32_input_groups_stay_on_the_kernel_row_by_row(kernels
     assert all(torch.equal(batched[r], layer(x[r:r + 1])[0]) for r in range(0, G32_KERNEL_MAX_ROWS, 7))
     weight = dequantize(layer.qweight, layer.scales, getattr(layer, "offsets", None), 32)
     assert not torch.equal(batched, torch.nn.functional.linear(x, weight))  # it is not the dequantized path
-    torch.testing.assert_close(batched, torch.nn.functional.linear(x, weight), atol=2e-4, rtol=1e-4)
+    seen = int4_kernel_activations(x) if scheme.method == "int4" else x
+    torch.testing.assert_close(batched, torch.nn.functional.linear(seen, weight), atol=2e-4, rtol=1e-4)
+
+
+def test_int4_rows_of_32_input_groups_multiply_the_activations_the_kernel_says(kernels):
+    """Float32 activations, or each 32 inputs rounded to int16 where `int4_g32_activation_bits` says
+    16 (AVX2 builds): a group whose outlier makes its step coarse shows which; a NaN still reaches
+    every output of its row, and a row of zeros and a 1e-35 group gives (near) zeros."""
+    layer = quantized_linear(QuantScheme("int4", 32, False))
+    weight = dequantize(layer.qweight, layer.scales, layer.offsets, 32).double()
+    x = torch.randn(4, 320) * 0.01
+    x[:, ::32] = 1000.0  # per group one input at 1000: an int16 step of 0.03 swamps the others
+    x[2] = 0.0
+    x[2, 40:72] = 1e-35  # a group too small to scale counts as zeros (and overflows nothing)
+    x[3, 5] = float("nan")
+    out = layer(x).double()
+    rounded = kernels.int4_g32_activation_bits == 16
+    assert rounded == int4_rounds_activations() and kernels.int4_g32_activation_bits in (16, 32)
+    torch.testing.assert_close(out[:3], int4_kernel_activations(x[:3]).double() @ weight.t(), atol=1e-3, rtol=1e-6)
+    assert bool((out[2].abs() < 1e-30).all())
+    assert bool(out[3].isnan().all())
+    deviation = (out[:2] - x[:2].double() @ weight.t()).abs().max().item()
+    assert deviation > 5e-3 if rounded else deviation < 1e-3

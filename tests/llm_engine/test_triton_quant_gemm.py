@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import check_logprobs_close
+from conftest import check_logprobs_close, int4_rounding_bound
 from triton_interpret import CUDA, DEVICES, INTERPRETED, assert_close_to_reference
 
 from llm_engine import LLM, SamplingParams
@@ -165,7 +165,11 @@ def test_awq_and_gptq_checkpoints_repacked_at_load_run_in_the_kernel(device, met
     layer = loaded_layer(WeightOnlyLinearMethod(quant.scheme, prequantized=True, act_order=quant.act_order),
                          k_in, n_out, engine)
     ours, cpu = triton_and_cpu(layer, x, device, monkeypatch)
-    assert_close_to_reference(ours, cpu)
+    if bits == 4 and group == 32:  # M rows of 32-input groups stay on the CPU kernel, which may round x to int16
+        scale = float(cpu.abs().max())
+        torch.testing.assert_close(ours.cpu(), cpu, rtol=2e-5, atol=2e-5 * scale + int4_rounding_bound(x, exact))
+    else:
+        assert_close_to_reference(ours, cpu)
     ours = ours.cpu()
     # the layout's float16 offset -z * s moves results a little from an exact (q - z) * s
     torch.testing.assert_close(ours, F.linear(x, exact), rtol=1e-2, atol=1e-2 * float(ours.abs().max()))

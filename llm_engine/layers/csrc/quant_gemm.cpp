@@ -192,18 +192,18 @@ enum class Weights { INT8, INT4, FP8 };
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-constexpr bool X_SUMS = false;  // int4's offset is in the weights this kernel builds (below)
-// The AVX-512 form of the kernel below: sixteen groups' float16 scales (and offsets) convert at
+// R decode rows against one weight row of 32-input int4/int8 groups (AVX-512; the AVX2 kernels
+// below are for CPUs without it): sixteen groups' float16 scales (and offsets) convert at
 // once, a masked load for the last ones. int4 skips the int-to-float conversions: per group a
 // 16-float table, code * scale + offset (quantization.py's dequantized weights bit for bit), and
 // one permute per 16 codes (vpermps reads the low 4 bits of each index: the low nibbles as they
 // are, the high ones after a shift) gives the group's 32 weights; each row then costs two FMAs
 // per group, into one accumulator for the group's first 16 inputs and one for its last 16.
 // int8 widens the 32 codes into two 16-lane vectors times the scale (dequantize's weights too),
-// then the same two FMAs per row. Sums in another order than the AVX2 kernel, which factors the
-// scale and offset out of each group (3 vector ops per row and group), the same per row whatever R is.
+// then the same two FMAs per row, the same per row whatever R is. Sums in another order than the
+// AVX2 int8 kernel, which factors the scale out of each group; AVX2's int4 kernel rounds x to int16.
 template <Weights KIND, int R>
-void rows_dot_float_g32(const float* x, const float*, int64_t k_in, const uint8_t* q, const uint16_t* scales,
+void rows_dot_float_g32(const float* x, int64_t k_in, const uint8_t* q, const uint16_t* scales,
                         const uint16_t* offsets, float* out, int64_t n_out) {
   const int64_t groups = k_in / 32, row_bytes = KIND == Weights::INT4 ? k_in / 2 : k_in;
   const __m512 codes16 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -249,62 +249,36 @@ void rows_dot_float_g32(const float* x, const float*, int64_t k_in, const uint8_
   }
 }
 #else
-constexpr bool X_SUMS = true;  // the kernel below takes int4's offset term from sum_k x_k per group
-// R decode rows against one weight row of 32-input int4/int8 groups, without the L1 buffer:
-// sum_k x_k (q_k s + o) = s * sum_k x_k q_k + o * sum_k x_k, with sum_k x_k per group given
-// (x_sums [R, groups]). Each group is unpacked once for all R rows, and every row gets the
-// same operations in the same order whatever R is, so a row's result does not depend on the
-// rows beside it (a speculative verification step gives the very logits of one-token steps).
-// Per 32 weights: the codes widen straight from memory (8 bytes -> 8 int32 lanes, int4's low and
-// high nibbles from the same lanes), eight groups' float16 scales and offsets convert at once,
-// and the offset term is one vector FMA per eight groups.
-template <Weights KIND, int R>
-void rows_dot_float_g32(const float* x, const float* x_sums, int64_t k_in, const uint8_t* q, const uint16_t* scales,
-                        const uint16_t* offsets, float* out, int64_t n_out) {
-  const int64_t groups = k_in / 32, row_bytes = KIND == Weights::INT4 ? k_in / 2 : k_in;
+// Without AVX-512, R decode rows against one weight row of 32-input groups, without the L1
+// buffer. Each group is unpacked once for all R rows, and every row gets the same operations in
+// the same order whatever R is, so a row's result does not depend on the rows beside it (a
+// speculative verification step gives the very logits of one-token steps).
+// int8 (GGUF's Q8_0): the codes widen straight from memory (8 bytes -> 8 int32 lanes -> floats),
+// eight groups' float16 scales convert at once, and each row sums s * sum_k x_k q_k in float32.
+template <int R>
+void rows_dot_int8_g32(const float* x, int64_t k_in, const uint8_t* q, const uint16_t* scales, float* out,
+                       int64_t n_out) {
+  const int64_t groups = k_in / 32;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < n_out; ++n) {
-    const uint8_t* qn = q + n * row_bytes;
+    const uint8_t* qn = q + n * k_in;
     const uint16_t* scale_n = scales + n * groups;
     if (n + 2 < n_out)  // as in the AVX-512 kernel (without AVX-512: one row 24.1 -> 15.4 ms, six 49.5 -> 34.5 ms)
-      for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(qn + 2 * row_bytes + b), _MM_HINT_T0);
-    __m256 acc[R], offset_acc[R];
-    float offset_tail[R];
-    for (int r = 0; r < R; ++r) acc[r] = offset_acc[r] = _mm256_setzero_ps(), offset_tail[r] = 0.0f;
+      for (int64_t b = 0; b < k_in; b += 64) _mm_prefetch(reinterpret_cast<const char*>(qn + 2 * k_in + b), _MM_HINT_T0);
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     alignas(32) float scale8[8];
     for (int64_t g0 = 0; g0 < groups; g0 += 8) {
       const int64_t count = groups - g0 < 8 ? groups - g0 : 8;
-      if (count == 8) {
-        _mm256_store_ps(scale8, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scale_n + g0))));
-        if (KIND == Weights::INT4) {
-          const __m256 offset8 =
-              _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(offsets + n * groups + g0)));
-          for (int r = 0; r < R; ++r)
-            offset_acc[r] = _mm256_fmadd_ps(offset8, _mm256_loadu_ps(x_sums + r * groups + g0), offset_acc[r]);
-        }
-      } else {
-        for (int64_t j = 0; j < count; ++j) {
-          scale8[j] = f16(scale_n[g0 + j]);
-          if (KIND == Weights::INT4)
-            for (int r = 0; r < R; ++r) offset_tail[r] += f16(offsets[n * groups + g0 + j]) * x_sums[r * groups + g0 + j];
-        }
-      }
+      if (count == 8) _mm256_store_ps(scale8, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scale_n + g0))));
+      else for (int64_t j = 0; j < count; ++j) scale8[j] = f16(scale_n[g0 + j]);
       for (int64_t j = 0; j < count; ++j) {
         const int64_t g = g0 + j;
-        __m256 w0, w1, w2, w3;
-        if (KIND == Weights::INT4) {  // byte b holds element b (low nibble) and b + 16 (high)
-          const __m256i m = _mm256_set1_epi32(15);
-          const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qn + g * 16)));
-          const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qn + g * 16 + 8)));
-          w0 = _mm256_cvtepi32_ps(_mm256_and_si256(a, m)), w1 = _mm256_cvtepi32_ps(_mm256_and_si256(b, m));
-          w2 = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), w3 = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
-        } else {
-          const int8_t* qg = reinterpret_cast<const int8_t*>(qn + g * 32);
-          w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qg))));
-          w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qg + 8))));
-          w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qg + 16))));
-          w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qg + 24))));
-        }
+        const int8_t* qg = reinterpret_cast<const int8_t*>(qn + g * 32);
+        const __m256 w0 = widen(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qg)), true);
+        const __m256 w1 = widen(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qg + 8)), true);
+        const __m256 w2 = widen(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qg + 16)), true);
+        const __m256 w3 = widen(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qg + 24)), true);
         const __m256 scale = _mm256_broadcast_ss(scale8 + j);
         for (int r = 0; r < R; ++r) {
           const float* xg = x + r * k_in + g * 32;
@@ -316,6 +290,115 @@ void rows_dot_float_g32(const float* x, const float* x_sums, int64_t k_in, const
         }
       }
     }
+    for (int r = 0; r < R; ++r) out[r * n_out + n] = hsum(acc[r]);
+  }
+}
+
+// A row of activations rounded to int16, one scale per 32 inputs, for the int4 kernel below.
+struct Int16Rows {
+  std::vector<int16_t> xq;  // [rows, K]: round(x / dx), |xq| <= 32767
+  std::vector<float> dx;    // [rows, K/32]: the group's max |x| / 32767
+  std::vector<float> sums;  // [rows, K/32]: dx * sum_k xq_k (int4's offset term)
+};
+
+inline int32_t hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+// x's rows as Int16Rows. A group holding a NaN or an infinity gets a NaN scale, so the outputs
+// it feeds are NaN as the float kernel's would be (the integers cannot carry it).
+Int16Rows int16_rows(const float* x, int64_t rows, int64_t k_in) {
+  const int64_t groups = k_in / 32;
+  Int16Rows r{std::vector<int16_t>(rows * k_in), std::vector<float>(rows * groups), std::vector<float>(rows * groups)};
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t i = 0; i < rows * groups; ++i) {
+    const float* xg = x + i * 32;  // group i % groups of row i / groups: rows are contiguous
+    __m256 amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+    for (int k = 0; k < 32; k += 8) {
+      const __m256 v = _mm256_loadu_ps(xg + k);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
+      sum = _mm256_add_ps(sum, v);
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, amax);
+    float max = 0.0f;
+    for (float lane : lanes) max = std::fmax(max, lane);
+    // groups below 1e-30 count as zeros: 1 / d would overflow to infinity
+    const float d = (max > 1e-30f ? max / 32767.0f : 0.0f) + 0.0f * hsum(sum), inverse = d > 0.0f ? 1.0f / d : 0.0f;
+    const __m256 scale = _mm256_set1_ps(inverse);
+    __m256i codes_sum = _mm256_setzero_si256();
+    for (int k = 0; k < 32; k += 16) {  // to nearest (even), then packed in order (packs interleaves 128-bit lanes)
+      const __m256i lo = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + k), scale));
+      const __m256i hi = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + k + 8), scale));
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(r.xq.data() + i * 32 + k), packed);
+      codes_sum = _mm256_add_epi32(codes_sum, _mm256_madd_epi16(packed, _mm256_set1_epi16(1)));
+    }
+    r.dx[i] = d;
+    r.sums[i] = d * static_cast<float>(hsum_epi32(codes_sum));
+  }
+  return r;
+}
+
+// int4 (GGUF's Q4_0/Q4_1): the activations are rounded to int16 per 32 inputs first (Int16Rows),
+// so a group's 32 codes widen to 16-bit lanes once (low nibbles = its first 16 inputs, high = its
+// last 16) and each row costs two vpmaddwd, an add, one conversion and one FMA per group:
+//   sum_k (dx xq_k) (q_k s + o) = s * dx * sum_k q_k xq_k + o * dx * sum_k xq_k
+// so a row's result is F.linear(x rounded, W) up to float32 rounding, whatever rows are beside it:
+// the integer sums are exact (|q xq| <= 15 * 32767), and the rounding of x to int16 (at most
+// dx / 2 = max|x| / 65534 per input, ~250x finer than bfloat16's) is the only difference from the
+// float kernel's result beyond summation order. Why: the float kernel's widening (4 int-to-float
+// conversions, 2 masks, 2 shifts per group) and 5 FMAs per row held a one-row step on SmolLM2's
+// layers to ~15 vector ops per group, 8 here (measured in docs/ARCHITECTURE.md).
+template <int R>
+void rows_dot_int4_g32(const Int16Rows& x, int64_t row0, int64_t k_in, const uint8_t* q, const uint16_t* scales,
+                       const uint16_t* offsets, float* out, int64_t n_out) {
+  const int64_t groups = k_in / 32, row_bytes = k_in / 2;
+  const int16_t* xq = x.xq.data() + row0 * k_in;
+  const float* dx = x.dx.data() + row0 * groups;
+  const float* sums = x.sums.data() + row0 * groups;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < n_out; ++n) {
+    const uint8_t* qn = q + n * row_bytes;
+    const uint16_t* scale_n = scales + n * groups;
+    const uint16_t* offset_n = offsets + n * groups;
+    if (n + 2 < n_out)
+      for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(qn + 2 * row_bytes + b), _MM_HINT_T0);
+    __m256 acc[R], offset_acc[R];
+    float offset_tail[R];
+    for (int r = 0; r < R; ++r) acc[r] = offset_acc[r] = _mm256_setzero_ps(), offset_tail[r] = 0.0f;
+    alignas(32) float d8[R][8];  // s * dx per row and group
+    const __m256i low = _mm256_set1_epi16(15);
+    for (int64_t g0 = 0; g0 < groups; g0 += 8) {
+      const int64_t count = groups - g0 < 8 ? groups - g0 : 8;
+      if (count == 8) {
+        const __m256 scale8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scale_n + g0)));
+        const __m256 offset8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(offset_n + g0)));
+        for (int r = 0; r < R; ++r) {
+          _mm256_store_ps(d8[r], _mm256_mul_ps(scale8, _mm256_loadu_ps(dx + r * groups + g0)));
+          offset_acc[r] = _mm256_fmadd_ps(offset8, _mm256_loadu_ps(sums + r * groups + g0), offset_acc[r]);
+        }
+      } else {
+        for (int64_t j = 0; j < count; ++j)
+          for (int r = 0; r < R; ++r) {
+            d8[r][j] = f16(scale_n[g0 + j]) * dx[r * groups + g0 + j];
+            offset_tail[r] += f16(offset_n[g0 + j]) * sums[r * groups + g0 + j];
+          }
+      }
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t g = g0 + j;
+        const __m256i codes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qn + g * 16)));
+        const __m256i first = _mm256_and_si256(codes, low), last = _mm256_srli_epi16(codes, 4);
+        for (int r = 0; r < R; ++r) {
+          const __m256i* xg = reinterpret_cast<const __m256i*>(xq + r * k_in + g * 32);
+          const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(first, _mm256_loadu_si256(xg)),
+                                               _mm256_madd_epi16(last, _mm256_loadu_si256(xg + 1)));
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(d8[r] + j), acc[r]);
+        }
+      }
+    }
     for (int r = 0; r < R; ++r) out[r * n_out + n] = hsum(acc[r]) + (hsum(offset_acc[r]) + offset_tail[r]);
   }
 }
@@ -324,28 +407,39 @@ void rows_dot_float_g32(const float* x, const float* x_sums, int64_t k_in, const
 constexpr int64_t G32_MAX_ROWS = 64;  // quantization.py's G32_KERNEL_MAX_ROWS: larger calls dequantize
 constexpr int64_t G32_TILE = 8;       // rows per pass over the weights: 8 accumulators stay in registers
 
+// kernel(tile_index, m0): rows m0 .. m0 + tile_index of x, for up to G32_TILE rows at a time.
+template <typename Kernel>
+void by_tiles(int64_t rows, Kernel kernel) {
+  for (int64_t m0 = 0; m0 < rows; m0 += G32_TILE) kernel((rows - m0 < G32_TILE ? rows - m0 : G32_TILE) - 1, m0);
+}
+
 template <Weights KIND>
 void rows_g32(const float* x, const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, float* out,
               int64_t rows, int64_t n_out, int64_t k_in) {
-  const int64_t groups = k_in / 32;
-  float* x_sums = new float[rows * groups];  // int4's offset term: sum_k x_k per row and group
-  for (int64_t m = 0; m < rows && KIND == Weights::INT4 && X_SUMS; ++m)
-    for (int64_t g = 0; g < groups; ++g) {
-      float& sum = x_sums[m * groups + g];
-      sum = 0.0f;
-      for (int64_t k = g * 32; k < (g + 1) * 32; ++k) sum += x[m * k_in + k];
-    }
-  using Tile = void (*)(const float*, const float*, int64_t, const uint8_t*, const uint16_t*, const uint16_t*,
-                        float*, int64_t);
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  using Tile = void (*)(const float*, int64_t, const uint8_t*, const uint16_t*, const uint16_t*, float*, int64_t);
   static constexpr Tile tiles[G32_TILE] = {
       rows_dot_float_g32<KIND, 1>, rows_dot_float_g32<KIND, 2>, rows_dot_float_g32<KIND, 3>,
       rows_dot_float_g32<KIND, 4>, rows_dot_float_g32<KIND, 5>, rows_dot_float_g32<KIND, 6>,
       rows_dot_float_g32<KIND, 7>, rows_dot_float_g32<KIND, 8>};
-  for (int64_t m0 = 0; m0 < rows; m0 += G32_TILE) {
-    const int64_t tile = rows - m0 < G32_TILE ? rows - m0 : G32_TILE;
-    tiles[tile - 1](x + m0 * k_in, x_sums + m0 * groups, k_in, q, scales, offsets, out + m0 * n_out, n_out);
+  by_tiles(rows, [&](int64_t t, int64_t m0) { tiles[t](x + m0 * k_in, k_in, q, scales, offsets, out + m0 * n_out, n_out); });
+#else
+  if constexpr (KIND == Weights::INT4) {
+    using Tile = void (*)(const Int16Rows&, int64_t, int64_t, const uint8_t*, const uint16_t*, const uint16_t*, float*,
+                          int64_t);
+    static constexpr Tile tiles[G32_TILE] = {
+        rows_dot_int4_g32<1>, rows_dot_int4_g32<2>, rows_dot_int4_g32<3>, rows_dot_int4_g32<4>,
+        rows_dot_int4_g32<5>, rows_dot_int4_g32<6>, rows_dot_int4_g32<7>, rows_dot_int4_g32<8>};
+    const Int16Rows rounded = int16_rows(x, rows, k_in);
+    by_tiles(rows, [&](int64_t t, int64_t m0) { tiles[t](rounded, m0, k_in, q, scales, offsets, out + m0 * n_out, n_out); });
+  } else {
+    using Tile = void (*)(const float*, int64_t, const uint8_t*, const uint16_t*, float*, int64_t);
+    static constexpr Tile tiles[G32_TILE] = {
+        rows_dot_int8_g32<1>, rows_dot_int8_g32<2>, rows_dot_int8_g32<3>, rows_dot_int8_g32<4>,
+        rows_dot_int8_g32<5>, rows_dot_int8_g32<6>, rows_dot_int8_g32<7>, rows_dot_int8_g32<8>};
+    by_tiles(rows, [&](int64_t t, int64_t m0) { tiles[t](x + m0 * k_in, k_in, q, scales, out + m0 * n_out, n_out); });
   }
-  delete[] x_sums;
+#endif
 }
 #endif
 
@@ -763,6 +857,17 @@ int32_t int4_few_rows_bf16_amx(const float* x, const uint8_t* q, const uint16_t*
 #else
   (void)x, (void)q, (void)scales, (void)offsets, (void)out, (void)rows, (void)n_out, (void)k_in, (void)group;
   return 0;
+#endif
+}
+
+// The activations' precision in int4_gemm_f32's rows of 32-input groups: 16 where they are rounded
+// to int16 per 32 inputs (AVX2 builds without AVX-512: rows_dot_int4_g32), else 32 (float32).
+int32_t int4_g32_activation_bits() {
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && \
+    !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__))
+  return 16;
+#else
+  return 32;
 #endif
 }
 
