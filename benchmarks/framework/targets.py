@@ -30,7 +30,6 @@ import aiohttp
 import httpx
 
 from benchmarks.framework.workloads import Item, Phase
-from llm_engine.async_engine import ENGINE_THREAD
 
 
 @dataclass
@@ -91,6 +90,10 @@ def cpu_split(pid: int) -> tuple[float, float, float]:
     wait is the machine's share of a slow run: an engine that waited for a core lost that time to
     whatever else ran there, not to its protocol."""
     import psutil
+
+    # here, not at the top: the gate's baseline worker imports this module over an older engine
+    # (gate.json's commit predates the name; its same-run A/B failed on that import from 0bdbae1 on)
+    from llm_engine.async_engine import ENGINE_THREAD
 
     engine = wait = whole = 0.0
     try:

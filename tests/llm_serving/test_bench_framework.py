@@ -9,6 +9,7 @@ import json
 import os
 import random
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -301,3 +302,21 @@ def test_the_gate_takes_its_baseline_engine_out_of_git_or_says_why_not(tmp_path)
     assert (tree / "llm_engine" / "__init__.py").is_file() and not (tree / "benchmarks").exists()
     with pytest.raises(gate_ab.ABUnavailable, match="not in this clone"):
         gate_ab.extract_engine("0" * 40, tmp_path / "other")
+
+
+@pytest.mark.parametrize("baseline", sorted(p.name for p in (gate_ab.REPO / "benchmarks" / "baselines").glob("gate*.json")))
+def test_the_gate_worker_imports_over_each_stored_baselines_engine(tmp_path, baseline):
+    """The A/B's baseline worker runs this tree's benchmark code over the stored commit's llm_engine:
+    it must import there (a module-level import of a newer engine name made every A/B on gate.json's
+    CPU kind fall back to the stored ratios, unseen, from 0bdbae1 to stop 34)."""
+    commit = json.loads((gate_ab.REPO / "benchmarks" / "baselines" / baseline).read_text())["git"]["commit"]
+    try:
+        tree = gate_ab.extract_engine(commit, tmp_path)
+    except gate_ab.ABUnavailable as exc:  # a shallow clone: the gate says so and uses the stored ratios
+        pytest.skip(str(exc))
+    code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import llm_engine; "
+            "from benchmarks.framework import gate, gate_ab, targets; print(llm_engine.__file__)")
+    done = subprocess.run([sys.executable, "-c", code, str(tree), str(gate_ab.REPO)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert Path(done.stdout.strip()).resolve() == (tree / "llm_engine" / "__init__.py").resolve()
