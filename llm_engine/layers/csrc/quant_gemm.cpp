@@ -191,7 +191,10 @@ inline float dot(const float* x, const float* w, int64_t n) {
 enum class Weights { INT8, INT4, FP8 };
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__))
+#define CODEYARD_G32_AVX2 1  // the AVX2 kernels below, not the AVX-512 one: int4 rows take int16 activations
+#endif
+#ifndef CODEYARD_G32_AVX2
 // R decode rows against one weight row of 32-input int4/int8 groups (AVX-512; the AVX2 kernels
 // below are for CPUs without it): sixteen groups' float16 scales (and offsets) convert at
 // once, a masked load for the last ones. int4 skips the int-to-float conversions: per group a
@@ -416,7 +419,7 @@ void by_tiles(int64_t rows, Kernel kernel) {
 template <Weights KIND>
 void rows_g32(const float* x, const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, float* out,
               int64_t rows, int64_t n_out, int64_t k_in) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#ifndef CODEYARD_G32_AVX2
   using Tile = void (*)(const float*, int64_t, const uint8_t*, const uint16_t*, const uint16_t*, float*, int64_t);
   static constexpr Tile tiles[G32_TILE] = {
       rows_dot_float_g32<KIND, 1>, rows_dot_float_g32<KIND, 2>, rows_dot_float_g32<KIND, 3>,
@@ -863,8 +866,7 @@ int32_t int4_few_rows_bf16_amx(const float* x, const uint8_t* q, const uint16_t*
 // The activations' precision in int4_gemm_f32's rows of 32-input groups: 16 where they are rounded
 // to int16 per 32 inputs (AVX2 builds without AVX-512: rows_dot_int4_g32), else 32 (float32).
 int32_t int4_g32_activation_bits() {
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && \
-    !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__))
+#ifdef CODEYARD_G32_AVX2
   return 16;
 #else
   return 32;
