@@ -25,7 +25,7 @@ import torch
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "paged_attention.cpp", CSRC / "elementwise.cpp", CSRC / "quant_gemm.cpp", CSRC / "quant_gemm_amx.cpp",
-           CSRC / "quant_gemm_amx_bf16.cpp", CSRC / "decode_stack.cpp"]
+           CSRC / "quant_gemm_amx_bf16.cpp", CSRC / "quant_gemm_q8_columns.cpp", CSRC / "decode_stack.cpp"]
 HEADERS = [CSRC / "simd.h", CSRC / "amx.h"]
 # -ffp-contract=off: a*b - c*d stays two roundings, as in the PyTorch code the kernels replace.
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
@@ -103,6 +103,7 @@ def load_kernels() -> ctypes.CDLL:
     library.int4_few_rows_bf16_amx.argtypes = [pointer] * 5 + [i64] * 4  # 1 done, 0 not here (quant_gemm.cpp)
     library.int4_few_rows_bf16_amx.restype = i32
     library.int4_g32_activation_bits.argtypes, library.int4_g32_activation_bits.restype = [], i32
+    library.int4_q8_columns_fit.argtypes, library.int4_q8_columns_fit.restype = [i64] * 3, i32
     library.amx_int8_ready.argtypes, library.amx_int8_ready.restype = [], i32
     library.amx_bf16_ready.argtypes, library.amx_bf16_ready.restype = [], i32
     if library.amx_bf16_ready():
@@ -147,6 +148,12 @@ class CpuKernels:
         # 16: quant_gemm's int4 rows of 32-input groups round activations to int16 per 32 inputs
         # (AVX2 builds without AVX-512, where that beat float32 activations), else 32 (float32)
         self.int4_g32_activation_bits: int = library.int4_g32_activation_bits()
+        self._int4_q8_columns_fit = library.int4_q8_columns_fit
+
+    def int4_q8_columns_fit(self, n_out: int, k_in: int, group_size: int) -> bool:
+        """Whether quant_gemm_q8 multiplies int4 weights of this shape on eight channels a pass
+        (csrc/quant_gemm_q8_columns.cpp), which beats a dequantized matmul at every row count."""
+        return bool(self._int4_q8_columns_fit(n_out, k_in, group_size))
 
     def supports(self, x: torch.Tensor) -> bool:
         return x.device.type == "cpu" and x.dtype in self._SUFFIXES

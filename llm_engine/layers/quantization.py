@@ -344,6 +344,15 @@ class WeightOnlyLinearMethod(QuantMethod):
         k_in = quant_layer.input_perm.numel() if self.act_order else quant_layer.input_size
         return dtype == torch.bfloat16 and self.bf16_tiles(layer, k_in) is not None and not self.one_pass(layer)
 
+    def integer_max_rows(self, layer: nn.Module, kernels: CpuKernels, rows: int) -> int:
+        """Rows up to which w8a8/w4a8 multiply in integers (above: their rounded activations take
+        the float kernel or a dequantized matmul). On AMX tiles, or int4 weights eight channels a
+        pass, the integer kernel beats both at every size, prefill included."""
+        quant_layer = cast(QuantLayer, layer)
+        every_size = kernels.amx is not None or (self.scheme.weights == "int4" and kernels.int4_q8_columns_fit(
+            quant_layer.qweight.shape[0], quant_layer.qweight.shape[1] * 2, self.group(layer)))
+        return rows if every_size else KERNEL_MAX_ROWS
+
     def kernel_max_rows(self, layer: nn.Module) -> int:
         """Rows up to which the float-activation kernel runs rather than a dequantized matmul."""
         return G32_KERNEL_MAX_ROWS if self.one_pass(layer) else KERNEL_MAX_ROWS
@@ -416,21 +425,17 @@ class WeightOnlyLinearMethod(QuantMethod):
             out = bf16_tiles.quant_gemm_bf16(x.reshape(rows, -1), quant_layer.qweight, quant_layer.scales, offsets,
                                              self.group(layer)).view(*x.shape[:-1], -1)
             return out if bias is None else out + bias
-        if act_block:  # on AMX tiles the integer kernel beats a dequantized matmul at every size (prefill too)
-            max_rows = rows if kernels is not None and kernels.amx is not None else KERNEL_MAX_ROWS
-        else:
-            max_rows = self.kernel_max_rows(layer)
-        if kernels is not None and rows <= max_rows and not triton:
-            flat = x.reshape(rows, -1).float()
-            if act_block:
-                out = kernels.quant_gemm_q8(flat, quant_layer.qweight, quant_layer.scales, offsets,
-                                            self.group(layer), act_block, row_absmax)
-            else:
-                out = kernels.quant_gemm(flat, quant_layer.qweight, quant_layer.scales, offsets, self.group(layer))
-            out = out.view(*x.shape[:-1], -1).to(x.dtype)
-            return out if bias is None else out + bias
-        if act_block:
+        native_kernels = kernels if kernels is not None and not triton else None
+        if act_block and native_kernels is not None and rows <= self.integer_max_rows(layer, native_kernels, rows):
+            out = native_kernels.quant_gemm_q8(x.reshape(rows, -1).float(), quant_layer.qweight, quant_layer.scales,
+                                               offsets, self.group(layer), act_block, row_absmax)
+            return _rows_out(out, x, bias)
+        if act_block:  # rounded as the integer kernels round them, then multiplied as float (below)
             x = quantize_activations(x.reshape(rows, -1), act_block, row_absmax).view(x.shape).to(x.dtype)
+        if native_kernels is not None and rows <= self.kernel_max_rows(layer):
+            out = native_kernels.quant_gemm(x.reshape(rows, -1).float(), quant_layer.qweight, quant_layer.scales,
+                                            offsets, self.group(layer))
+            return _rows_out(out, x, bias)
         if triton:
             from llm_engine.kernels.quant_gemm import quant_gemm  # imports Triton: only when a GPU path runs
 
@@ -439,6 +444,12 @@ class WeightOnlyLinearMethod(QuantMethod):
             return kernels.dequantized_linear(x, quant_layer.qweight, quant_layer.scales, offsets, self.group(layer), bias)
         weight = dequantize(quant_layer.qweight, quant_layer.scales, offsets, self.group(layer)).to(x.dtype)
         return F.linear(x, weight, bias)
+
+
+def _rows_out(out: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A kernel's [rows, N] float32 result back in x's leading shape and dtype, plus the bias."""
+    out = out.view(*x.shape[:-1], -1).to(x.dtype)
+    return out if bias is None else out + bias
 
 
 def load_input_perm(param: nn.Parameter, loaded: torch.Tensor, *shard: object) -> None:

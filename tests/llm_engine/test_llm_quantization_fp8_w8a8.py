@@ -77,6 +77,29 @@ def test_integer_kernels_match_int8_activations_times_the_dequantized_weight(sch
     assert (layer(x) - float_out).abs().max() < 0.05 * float_out.abs().max()
 
 
+@pytest.mark.parametrize("symmetric", [False, True], ids=["offsets", "symmetric"])
+def test_w4a8_eight_channels_a_pass_match_the_reference_and_keep_each_rows_result(symmetric):
+    """int4 g32 layers with channels in eights take csrc/quant_gemm_q8_columns.cpp at every row
+    count (300 rows: tiles of 64 and a partial one): the reference's result, and each row's the
+    same whatever rows are beside it (a verified row is its one-token step)."""
+    kernels = native.cpu_kernels()
+    if kernels is None or not kernels.int4_q8_columns_fit(48, 320, 32):
+        pytest.skip("no AVX2 kernels in this build")
+    assert not kernels.int4_q8_columns_fit(45, 320, 32) and not kernels.int4_q8_columns_fit(48, 320, 64)
+    layer, weight = quantized_layer(QuantScheme("w4a8", 32, symmetric), 320, n_out=48)
+    x = torch.randn(300, 320) * torch.linspace(0.01, 10, 300).unsqueeze(1)  # scales far apart
+    x[0, 3] = 90.0  # an outlier: its block's scale is coarse
+    x[1, 32:64] = 0  # an all-zero block: scale 0
+    expected = (quantize_activations(x, 32).double() @ weight.double().t() + layer.bias.double()).float()
+    for rows in (1, 2, 7, 64, 65, 300):
+        torch.testing.assert_close(layer(x[:rows]), expected[:rows], atol=1e-5 * float(expected.abs().max()), rtol=0)
+    offsets = layer.offsets
+    kernels.amx = None  # this instance's: AMX tiles, where there are any, take 2+ rows in other sums
+    alone = [kernels.quant_gemm_q8(x[i:i + 1], layer.qweight, layer.scales, offsets, 32, 32) for i in (0, 1, 64, 299)]
+    together = kernels.quant_gemm_q8(x, layer.qweight, layer.scales, offsets, 32, 32)
+    assert all(torch.equal(row, together[i:i + 1]) for row, i in zip(alone, (0, 1, 64, 299)))
+
+
 @pytest.mark.skipif(native.cpu_kernels() is None or native.cpu_kernels().amx is None,  # type: ignore[union-attr]
                     reason="no AMX tiles on this CPU or in this build")
 @pytest.mark.parametrize("scheme,k_in", ACT_CASES, ids=lambda v: v.describe() if isinstance(v, QuantScheme) else str(v))

@@ -81,6 +81,12 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
+inline int32_t hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
 inline __m256 widen(__m128i bytes8, bool is_signed) {  // 8 integers in the low bytes -> 8 floats
   return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(bytes8) : _mm256_cvtepu8_epi32(bytes8));
 }
@@ -303,12 +309,6 @@ struct Int16Rows {
   std::vector<float> dx;    // [rows, K/32]: the group's max |x| / 32767
   std::vector<float> sums;  // [rows, K/32]: dx * sum_k xq_k (int4's offset term)
 };
-
-inline int32_t hsum_epi32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
-}
 
 // x's rows as Int16Rows. A group holding a NaN or an infinity gets a NaN scale, so the outputs
 // it feeds are NaN as the float kernel's would be (the integers cannot carry it).
@@ -651,6 +651,14 @@ void quantize_rows(const float* x, int64_t rows, int64_t k_in, int64_t block, in
       __m512 amax16 = _mm512_setzero_ps();
       for (int64_t k = 0; k < block; k += 16) amax16 = _mm512_max_ps(amax16, _mm512_abs_ps(_mm512_loadu_ps(xb + k)));
       const float amax = _mm512_reduce_max_ps(amax16);
+#elif defined(__AVX2__)
+      __m256 amax8 = _mm256_setzero_ps();
+      for (int64_t k = 0; k < block; k += 8)
+        amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(xb + k)));
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, amax8);
+      float amax = 0.0f;
+      for (float lane : lanes) amax = std::fmax(amax, lane);
 #else
       float amax = 0.0f;
       for (int64_t k = 0; k < block; ++k) amax = std::fmax(amax, std::fabs(xb[k]));
@@ -665,6 +673,15 @@ void quantize_rows(const float* x, int64_t rows, int64_t k_in, int64_t block, in
         _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + s * SUB + 16), _mm512_cvtepi32_epi8(hi));
         const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(
             _mm512_cvtepi8_epi32(_mm512_cvtepi32_epi8(lo)), _mm512_cvtepi8_epi32(_mm512_cvtepi32_epi8(hi))));
+#elif defined(__AVX2__)
+        // the same roundings, 8 inputs at a time: packs saturate where the wrap would, never (|v| <= 127)
+        const __m256 scale = _mm256_set1_ps(inverse);
+        __m256i v[4];
+        for (int i = 0; i < 4; ++i) v[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + s * SUB + 8 * i), scale));
+        const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + s * SUB),  // packs interleave 128-bit halves
+                            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        const int32_t sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3])));
 #else
         int32_t sum = 0;
         for (int64_t k = s * SUB; k < (s + 1) * SUB; ++k) {
@@ -830,6 +847,10 @@ void gemm_q8(const int8_t* xq, const float* dx, const float* sx, const uint8_t* 
 
 extern "C" {
 
+int32_t int4_gemm_q8_columns(const int8_t* xq, const float* dx, const float* sx, const uint8_t* q,
+                             const uint16_t* scales, const uint16_t* offsets, float* out, int64_t rows,
+                             int64_t n_out, int64_t k_in, int64_t group);  // quant_gemm_q8_columns.cpp
+
 void int8_gemm_f32(const float* x, const int8_t* q, const uint16_t* scales, float* out, int64_t rows,
                    int64_t n_out, int64_t k_in, int64_t group) {
   gemm<Weights::INT8>(x, reinterpret_cast<const uint8_t*>(q), scales, nullptr, out, rows, n_out, k_in, group);
@@ -891,9 +912,11 @@ void int8_gemm_q8(const int8_t* xq, const float* dx, const float* sx, const int8
   gemm_q8<false>(xq, dx, sx, reinterpret_cast<const uint8_t*>(q), scales, nullptr, out, rows, n_out, k_in, group);
 }
 
+// Rows of 32-input groups take quant_gemm_q8_columns.cpp's kernel where it fits (any number of rows).
 void int4_gemm_q8(const int8_t* xq, const float* dx, const float* sx, const uint8_t* q, const uint16_t* scales,
                   const uint16_t* offsets, float* out, int64_t rows, int64_t n_out, int64_t k_in, int64_t group) {
-  gemm_q8<true>(xq, dx, sx, q, scales, offsets, out, rows, n_out, k_in, group);
+  if (!int4_gemm_q8_columns(xq, dx, sx, q, scales, offsets, out, rows, n_out, k_in, group))
+    gemm_q8<true>(xq, dx, sx, q, scales, offsets, out, rows, n_out, k_in, group);
 }
 
 }  // extern "C"
