@@ -14,7 +14,10 @@ tok/s, wall and per CPU second (B prompts of NPP random tokens decoding NTG toke
 once; see llm_batched_vs_llamacpp.py), and each quantized row against bf16 per batch size.
 Rows: `bf16` (oneDNN's bf16 matmuls), `int4` (linear layers rounded at load to int4 g128 with zero points, bf16 activations, embedding and LM head bf16), `int4+tables`
 (the same, the embedding and LM head int8 per row: they are 0.2B of the 0.92B parameters),
-`int8+tables` (everything int8 per channel), `int4-f32` (int4 with float32 activations). Random
+`int8+tables` (everything int8 per channel), `int4-f32` (int4 with float32 activations), and
+for a CPU without native bf16 (AVX2 hosts: bf16 is emulated there, float32 is the auto dtype) `f32`
+and `w4a8+tables` (int4 g32 with activations rounded to int8, tables int8 per row); quantized rows
+are held against bf16 and f32, those of the two that ran. Random
 weights make the arithmetic, not the text, realistic. The machine is shared: figures are noisy.
 """
 
@@ -31,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.llm_batched_vs_llamacpp import (  # noqa: E402
     RATES,
+    UNQUANTIZED,
     batched_figures,
     best,
     engine_batched,
@@ -46,7 +50,11 @@ ROWS = {"bf16": ("bfloat16", None), "int4": ("bfloat16", "int4"), "int4-f32": ("
         "int4+tables": ("bfloat16", {"config_groups": {"linear": {"targets": ["Linear"], "method": "int4",
                                                                   "group_size": 128, "symmetric": False},
                                                        "tables": TABLES}}),
-        "int8+tables": ("bfloat16", {"targets": ["Linear", *TABLES["targets"]], "method": "int8"})}
+        "int8+tables": ("bfloat16", {"targets": ["Linear", *TABLES["targets"]], "method": "int8"}),
+        # for a CPU without native bf16 (AVX2 hosts), whose auto dtype is float32
+        "f32": ("float32", None),
+        "w4a8+tables": ("float32", {"config_groups": {"linear": {"targets": ["Linear"], "method": "w4a8"},
+                                                      "tables": TABLES}})}
 MEMORY_GOALS = {"int4": 0.35, "int8": 0.55}  # weight bytes vs bf16 (issue 16)
 INT4_GOAL = 1.3  # batched throughput vs bf16 (issue 16's goal for int4; printed for every row)
 
@@ -128,10 +136,10 @@ def run(args: argparse.Namespace) -> dict:
                      f"({args.ntg / single['cpu_seconds']:.1f} output tok per CPU s)")
         (batched, b), (per_cpu, b_cpu) = best(r["batched"]), best(r["batched"], per_cpu=True)
         print(line + f", best batched {batched:.1f} output tok/s (B={b}), {per_cpu:.1f} per CPU s (B={b_cpu})")
-    for row in rows:  # the quantized rows against bf16, batch size by batch size (issue 16: int4 >= 1.3x)
-        if row != "bf16" and "bf16" in report:
-            ratios = report[row]["vs_bf16"] = ratios_by_batch(report[row]["batched"], report["bf16"]["batched"])
-            print_ratios(row, ratios, INT4_GOAL)
+    for row in rows:  # the quantized rows against bf16 and f32, batch size by batch size (issue 16: int4 >= 1.3x)
+        for base in (b for b in UNQUANTIZED if b in report and row not in UNQUANTIZED):
+            ratios = report[row][f"vs_{base}"] = ratios_by_batch(report[row]["batched"], report[base]["batched"])
+            print_ratios(row, ratios, INT4_GOAL, base)
     return report
 
 
@@ -144,8 +152,8 @@ def figures(report: dict) -> dict[str, dict[str, float]]:
     for row, r in report.items():
         out[row] = {"weight_bytes": r["weight_bytes"]}
         out |= batched_figures(row, r["batched"])
-        out |= {f"{row} vs bf16 / B={b} / {key}": {"ratio": v}
-                for b, ratios in r.get("vs_bf16", {}).items() for key, v in ratios.items()}
+        out |= {f"{row} vs {base} / B={b} / {key}": {"ratio": v} for base in UNQUANTIZED
+                for b, ratios in r.get(f"vs_{base}", {}).items() for key, v in ratios.items()}
     return out
 
 

@@ -15,7 +15,8 @@ Per CPU second (our rows): output tok per CPU s is B * NTG over the run's CPU ti
 included, the "total" of llama-batched-bench's S); decode tok per CPU s is the generation phase
 alone (S_TG's counterpart): the tokens of the engine steps in which every sequence decodes one token
 over those steps' CPU time (scheduling, sampling and outputs included). int4 (and w4a8) against
-bf16 is printed per batch size for both, wall and CPU, beside the best-of-all-batch-sizes ratios.
+bf16 and f32 (those of the two that ran) is printed per batch size for both, wall and CPU, beside
+the best-of-all-batch-sizes ratios: on a CPU without native bf16 (AVX2 hosts) f32 is the reference.
 Our rows: `int4` is the GGUF's Q4_1 blocks kept quantized with the default dtype ("auto":
 bfloat16 on a CPU with native bf16, where batches multiply on AMX bf16 tiles; float32 elsewhere),
 `int4-f32` the same in float32 (the float-activation kernel), `bf16` the same weights dequantized
@@ -79,6 +80,10 @@ W4A8 = {"config_groups": {"layers": {"targets": ["Linear"], "method": "w4a8"},
                           "tables": {"targets": ["Embedding"], "method": "w8a8", "group_size": 32}}}
 ROWS = {"int4": ("auto", "auto"), "int4-f32": ("float32", "auto"), "w4a8": ("float32", W4A8),
         "bf16": ("bfloat16", None), "f32": ("float32", None), "int4-layered": ("auto", "auto")}
+INT4_ROWS = ("int4", "int4-f32", "w4a8")  # the rows holding int4 weights
+# The unquantized rows the int4 ones are held against: the goal names bf16, the auto dtype where the
+# CPU has native bf16; without it (AVX2 hosts) bf16 is emulated and float32 is the auto dtype.
+UNQUANTIZED = ("bf16", "f32")
 LAYERED = {"int4-layered"}  # one sequence's steps layer by layer too (the default before the fused bf16 step)
 
 
@@ -353,8 +358,8 @@ def ratios_by_batch(ours: dict[int, dict], base: dict[int, dict]) -> dict[int, d
             for b in ours if b in base}
 
 
-def print_ratios(row: str, ratios: dict[int, dict[str, float]], goal: float) -> None:
-    print(f"\n{row} vs bf16 per batch size (total = prompt included; goal >= {goal:g}x, '*' = met):")
+def print_ratios(row: str, ratios: dict[int, dict[str, float]], goal: float, base: str = "bf16") -> None:
+    print(f"\n{row} vs {base} per batch size (total = prompt included; goal >= {goal:g}x, '*' = met):")
     print(f"{'B':>4}" + "".join(f"{label:>19}" for label, _ in RATIO_FIGURES))
     for b, r in ratios.items():
         print(f"{b:>4}" + "".join(f"{r[key]:17.2f}x" + ("*" if r[key] >= goal else " ") for _, key in RATIO_FIGURES))
@@ -432,10 +437,10 @@ def run(args: argparse.Namespace) -> dict:
         weight_mb = llm.engine.model_runner.weight_bytes / 1e6
         del llm
         print_table(f"engine {row} (weights {weight_mb:.0f} MB)", report[row], anchor)
-    for row in ("int4", "int4-f32", "w4a8"):  # all hold int4 weights
-        if row in args.rows and "bf16" in args.rows:
-            report[f"{row}_vs_bf16 by batch size"] = ratios = ratios_by_batch(report[row], report["bf16"])
-            print_ratios(row, ratios, INT4_GOAL)
+    int4_pairs = [(row, base) for row in INT4_ROWS for base in UNQUANTIZED if row in args.rows and base in args.rows]
+    for row, base in int4_pairs:
+        report[f"{row}_vs_{base} by batch size"] = ratios = ratios_by_batch(report[row], report[base])
+        print_ratios(row, ratios, INT4_GOAL, base)
     print()
     for per_cpu, unit in ((False, "tok/s"), (True, "tok per CPU s")):
         if anchor:
@@ -444,12 +449,10 @@ def run(args: argparse.Namespace) -> dict:
             ratio = report[f"best_vs_llamacpp ({unit})"] = ours / theirs
             print(f"best batched: ours {ours:.1f} {unit} ({our_row}, B={our_b}), llama.cpp {theirs:.1f} {unit} "
                   f"(B={their_b}): {ratio:.2f}x (goal >= {BATCHED_GOAL:g}x: {mark(ratio >= BATCHED_GOAL)})")
-        for row in ("int4", "int4-f32", "w4a8"):  # all hold int4 weights
-            if row in args.rows and "bf16" in args.rows:
-                ratio = report[f"{row}_vs_bf16 ({unit})"] = (best(report[row], per_cpu)[0]
-                                                             / best(report["bf16"], per_cpu)[0])
-                print(f"best batched {row} vs bf16, {unit}: {ratio:.2f}x "
-                      f"(goal >= {INT4_GOAL:g}x: {mark(ratio >= INT4_GOAL)})")
+        for row, base in int4_pairs:
+            ratio = report[f"{row}_vs_{base} ({unit})"] = best(report[row], per_cpu)[0] / best(report[base], per_cpu)[0]
+            print(f"best batched {row} vs {base}, {unit}: {ratio:.2f}x "
+                  f"(goal >= {INT4_GOAL:g}x: {mark(ratio >= INT4_GOAL)})")
     return report
 
 

@@ -111,3 +111,6 @@ def test_int4_vs_bf16_ratios_per_batch_size_total_and_decode(capsys):
     lines = capsys.readouterr().out.splitlines()
     b8 = next(line for line in lines if line.split() and line.split()[0] == "8")
     assert b8.split() == ["8", "1.00x", "1.10x", "2.00x*", "1.30x*"]
+    assert any(line.startswith("int4 vs bf16 per batch size") for line in lines)
+    print_ratios("w4a8", ratios, 1.3, "f32")  # an AVX2 host's reference: float32, its auto dtype
+    assert any(line.startswith("w4a8 vs f32 per batch size") for line in capsys.readouterr().out.splitlines())

@@ -65,12 +65,14 @@ void columns8(const int8_t* xq, const float* dx, const float* sx, const uint8_t*
     const __m256 offset = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(offset_half)));
     for (int64_t m = 0; m < rows; ++m) {
       const int8_t* xg = xq + m * k_in + g * 32;
-      __m256i pairs = _mm256_setzero_si256();
+      __m256i p[8];
       for (int s = 0; s < 8; ++s) {
         int32_t four;
         __builtin_memcpy(&four, xg + 4 * s, 4);
-        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(codes[s], _mm256_set1_epi32(four)));
+        p[s] = _mm256_maddubs_epi16(codes[s], _mm256_set1_epi32(four));
       }
+      const __m256i pairs = _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])),
+                                             _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])));
       const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
       __m256 sum = _mm256_load_ps(acc[m]);
       sum = _mm256_fmadd_ps(_mm256_mul_ps(dot, scale), _mm256_set1_ps(dx[m * groups + g]), sum);
