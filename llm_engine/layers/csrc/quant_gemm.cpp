@@ -651,7 +651,7 @@ void quantize_rows(const float* x, int64_t rows, int64_t k_in, int64_t block, in
       __m512 amax16 = _mm512_setzero_ps();
       for (int64_t k = 0; k < block; k += 16) amax16 = _mm512_max_ps(amax16, _mm512_abs_ps(_mm512_loadu_ps(xb + k)));
       const float amax = _mm512_reduce_max_ps(amax16);
-#elif defined(__AVX2__)
+#elif defined(__AVX2__) && defined(__FMA__)
       __m256 amax8 = _mm256_setzero_ps();
       for (int64_t k = 0; k < block; k += 8)
         amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(xb + k)));
@@ -673,8 +673,9 @@ void quantize_rows(const float* x, int64_t rows, int64_t k_in, int64_t block, in
         _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + s * SUB + 16), _mm512_cvtepi32_epi8(hi));
         const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(
             _mm512_cvtepi8_epi32(_mm512_cvtepi32_epi8(lo)), _mm512_cvtepi8_epi32(_mm512_cvtepi32_epi8(hi))));
-#elif defined(__AVX2__)
-        // the same roundings, 8 inputs at a time: packs saturate where the wrap would, never (|v| <= 127)
+#elif defined(__AVX2__) && defined(__FMA__)  // hsum_epi32 is defined under these
+        // the same roundings, 8 inputs at a time; packs saturate where AVX-512 wraps, which differs only
+        // past |v| = 127: a NaN input (either output is meaningless then)
         const __m256 scale = _mm256_set1_ps(inverse);
         __m256i v[4];
         for (int i = 0; i < 4; ++i) v[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + s * SUB + 8 * i), scale));
