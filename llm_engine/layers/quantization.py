@@ -344,14 +344,14 @@ class WeightOnlyLinearMethod(QuantMethod):
         k_in = quant_layer.input_perm.numel() if self.act_order else quant_layer.input_size
         return dtype == torch.bfloat16 and self.bf16_tiles(layer, k_in) is not None and not self.one_pass(layer)
 
-    def integer_max_rows(self, layer: nn.Module, kernels: CpuKernels, rows: int) -> int:
-        """Rows up to which w8a8/w4a8 multiply in integers (above: their rounded activations take
-        the float kernel or a dequantized matmul). On AMX tiles, or int4 weights eight channels a
-        pass, the integer kernel beats both at every size, prefill included."""
+    def integer_kernel_takes(self, layer: nn.Module, kernels: CpuKernels, rows: int) -> bool:
+        """Whether w8a8/w4a8 multiply `rows` rows in integers (else their rounded activations take
+        the float kernel or a dequantized matmul): up to KERNEL_MAX_ROWS, or at every size on AMX
+        tiles or for int4 weights eight channels a pass, which beat both there, prefill included."""
         quant_layer = cast(QuantLayer, layer)
-        every_size = kernels.amx is not None or (self.scheme.weights == "int4" and kernels.int4_q8_columns_fit(
-            quant_layer.qweight.shape[0], quant_layer.qweight.shape[1] * 2, self.group(layer)))
-        return rows if every_size else KERNEL_MAX_ROWS
+        return rows <= KERNEL_MAX_ROWS or kernels.amx is not None or (
+            self.scheme.weights == "int4" and kernels.int4_q8_columns_fit(
+                quant_layer.qweight.shape[0], quant_layer.qweight.shape[1] * 2, self.group(layer)))
 
     def kernel_max_rows(self, layer: nn.Module) -> int:
         """Rows up to which the float-activation kernel runs rather than a dequantized matmul."""
@@ -426,7 +426,7 @@ class WeightOnlyLinearMethod(QuantMethod):
                                              self.group(layer)).view(*x.shape[:-1], -1)
             return out if bias is None else out + bias
         native_kernels = kernels if kernels is not None and not triton else None
-        if act_block and native_kernels is not None and rows <= self.integer_max_rows(layer, native_kernels, rows):
+        if act_block and native_kernels is not None and self.integer_kernel_takes(layer, native_kernels, rows):
             out = native_kernels.quant_gemm_q8(x.reshape(rows, -1).float(), quant_layer.qweight, quant_layer.scales,
                                                offsets, self.group(layer), act_block, row_absmax)
             return _rows_out(out, x, bias)

@@ -87,6 +87,14 @@ inline int32_t hsum_epi32(__m256i v) {
   return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
 }
 
+inline float max_of_lanes(__m256 v) {  // of non-negative lanes, NaNs skipped (std::fmax): 0 if all are NaN
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  float max = 0.0f;
+  for (float lane : lanes) max = std::fmax(max, lane);
+  return max;
+}
+
 inline __m256 widen(__m128i bytes8, bool is_signed) {  // 8 integers in the low bytes -> 8 floats
   return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(bytes8) : _mm256_cvtepu8_epi32(bytes8));
 }
@@ -324,10 +332,7 @@ Int16Rows int16_rows(const float* x, int64_t rows, int64_t k_in) {
       amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
       sum = _mm256_add_ps(sum, v);
     }
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, amax);
-    float max = 0.0f;
-    for (float lane : lanes) max = std::fmax(max, lane);
+    const float max = max_of_lanes(amax);
     // groups below 1e-30 count as zeros: 1 / d would overflow to infinity
     const float d = (max > 1e-30f ? max / 32767.0f : 0.0f) + 0.0f * hsum(sum), inverse = d > 0.0f ? 1.0f / d : 0.0f;
     const __m256 scale = _mm256_set1_ps(inverse);
@@ -655,10 +660,7 @@ void quantize_rows(const float* x, int64_t rows, int64_t k_in, int64_t block, in
       __m256 amax8 = _mm256_setzero_ps();
       for (int64_t k = 0; k < block; k += 8)
         amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(xb + k)));
-      alignas(32) float lanes[8];
-      _mm256_store_ps(lanes, amax8);
-      float amax = 0.0f;
-      for (float lane : lanes) amax = std::fmax(amax, lane);
+      const float amax = max_of_lanes(amax8);
 #else
       float amax = 0.0f;
       for (int64_t k = 0; k < block; ++k) amax = std::fmax(amax, std::fabs(xb[k]));
