@@ -7,6 +7,7 @@ pulled (CODEYARD_SANDBOX_BASE_IMAGE), it is used instead.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -41,14 +42,32 @@ def cache_dir() -> Path:
     return path
 
 
+def rootfs_path(packages: tuple[str, ...] = PACKAGES, name: str = "runner") -> Path:
+    """Where the tarball of Debian with `packages` is cached: a new package list or mirror makes a new one."""
+    key = hashlib.sha256(f"{SUITE} {MIRROR} {' '.join(packages)}".encode()).hexdigest()[:12]
+    return cache_dir() / f"{name}-rootfs-{SUITE}-{key}.tar"
+
+
 def rootfs_tarball(progress: Progress, packages: tuple[str, ...] = PACKAGES, name: str = "runner") -> Path:
     """The cached rootfs tarball of Debian with `packages`, made with debootstrap on the first call
-    (the sandbox's runner image, and the base of the server images: `ide_server.images`)."""
-    key = hashlib.sha256(f"{SUITE} {MIRROR} {' '.join(packages)}".encode()).hexdigest()[:12]
-    tarball = cache_dir() / f"{name}-rootfs-{SUITE}-{key}.tar"
-    if tarball.exists():
-        progress(f"using cached rootfs {tarball}")
-        return tarball
+    (the sandbox's runner image, and the base of the server images: `ide_server.images`). A second
+    caller while one builds waits for that build instead of starting its own (`make test` starts the
+    runner's beside its first tests)."""
+    tarball = rootfs_path(packages, name)
+    with open(tarball.with_suffix(".lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"waiting for the rootfs that another process is making ({tarball.name})")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if tarball.exists():
+            progress(f"using cached rootfs {tarball}")
+            return tarball
+        _debootstrap(tarball, packages, progress)
+    return tarball
+
+
+def _debootstrap(tarball: Path, packages: tuple[str, ...], progress: Progress) -> None:
     if shutil.which("debootstrap") is None:
         raise ImageBuildError("debootstrap is not installed (apt-get install debootstrap)")
     work = Path(tempfile.mkdtemp(prefix="rootfs-", dir=cache_dir()))
@@ -68,7 +87,6 @@ def rootfs_tarball(progress: Progress, packages: tuple[str, ...] = PACKAGES, nam
         partial.rename(tarball)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return tarball
 
 
 def _run_with_progress(argv: list[str], progress: Progress) -> None:
