@@ -40,10 +40,12 @@ test: system-deps venv web
 	bash scripts/run-tests.sh
 	$(BIN)/python -m benchmarks gate  # engine/Transformers ratios vs benchmarks/baselines/gate.json, ~2 min
 
-# The capacity and robustness suites at full length (CI runs them shorter: 2 kills, 10 examples per operation):
-# the crash test's 10 SIGKILLs of a saving class and the OpenAPI fuzz at 30 examples per operation, ~6 min.
-test-long: venv
-	CODEYARD_LONG=1 bash scripts/run-tests.sh tests/ide_server/test_crash_restart.py tests/ide_server/test_openapi_fuzz.py
+# The capacity and robustness suites at full length (CI runs them shorter: 2 kills, 10 examples per operation, a
+# 12 s pause): the crash test's 10 SIGKILLs of a saving class, the OpenAPI fuzz at 30 examples per operation and a
+# learner thinking 30 s at input() in the browser, ~7 min.
+test-long: venv web
+	CODEYARD_LONG=1 bash scripts/run-tests.sh tests/ide_server/test_crash_restart.py tests/ide_server/test_openapi_fuzz.py \
+	  "tests/web/test_run_journeys.py::test_a_pause_at_input_keeps_the_run"
 
 # The multi-machine stack for real (images built here, docker-compose up, broken on purpose): too long for CI.
 test-stack: venv web
