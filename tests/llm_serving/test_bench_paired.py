@@ -187,3 +187,44 @@ def test_a_stored_run_is_judged_again_from_the_command_line(tmp_path, capsys):
     assert bench_main(["paired", str(path)]) == 2
     assert "not a workload run" in capsys.readouterr().err
     assert bench_main(["paired", str(path), "--loaded-wait-ms", "-1"]) == 2
+
+
+def _split_result(reference: list[tuple[float, float]], target: list[tuple[float, float]]) -> dict:
+    """Phases with the TTFT split: per repeat (the engine's mean TTFT, the time outside it), ms."""
+    def runs(split: list[tuple[float, float]]) -> list[dict]:
+        return [{"output_tokens_per_s": 64.0, "ttft_p50_ms": engine + outside, "ttft_mean_ms": engine + outside,
+                 "engine_ttft_mean_ms": engine, "ttft_outside_engine_ms": outside} for engine, outside in split]
+    return {"figures": {"offline / 2/s": {"runs": runs(reference)}, "grpc / 2/s": {"runs": runs(target)}}}
+
+
+def _judged(result: dict) -> dict[str, paired.Judged]:
+    return {j.figure: j for j in paired.judge(result)}
+
+
+def test_the_protocol_figure_holds_the_engines_part_equal():
+    # The engine's part swings 60-100 ms between phases (the host's step speed), the time outside it
+    # does not: offline 0.8-1.0 ms, the server 3.4-3.9 ms.
+    offline = [(85.0, 1.0), (62.0, 0.8), (78.0, 0.9), (70.0, 0.8), (84.0, 1.0), (66.0, 0.8), (80.0, 0.9), (68.0, 0.8)]
+    server = [(63.0, 3.4), (92.0, 3.9), (70.0, 3.6), (100.0, 3.7), (74.0, 3.5), (88.0, 3.8), (69.0, 3.6), (90.0, 3.6)]
+    judged = _judged(_split_result(offline, server))
+    protocol = judged[paired.PROTOCOL]
+    assert protocol.ratios[0] == pytest.approx((85.0 + 3.4) / 86.0)
+    assert protocol.verdict == "within 5%" and 1.025 < protocol.median < 1.05
+    assert judged["ttft_p50_ms"].verdict == "undecided"  # the engine's swings hide the same overhead
+    assert "TTFT prot" in paired.table(list(judged.values()), "offline")
+    # 6 ms more outside the engine on a ~75 ms TTFT: not met, however the engine's part moves
+    slower = [(engine, outside + 6.0) for engine, outside in server]
+    assert _judged(_split_result(offline, slower))[paired.PROTOCOL].verdict == "not met"
+
+
+def test_the_protocol_figure_needs_the_split_on_both_sides():
+    offline = [(70.0, 0.8)] * 5
+    server = [(70.0, 3.0)] * 5
+    result = _split_result(offline, server)
+    del result["figures"]["grpc / 2/s"]["runs"][1]["ttft_outside_engine_ms"]  # an engine that missed a request
+    protocol = _judged(result)[paired.PROTOCOL]
+    assert len(protocol.ratios) == 4 and protocol.verdict == "undecided"  # 4 repeats reach only 87.5%
+    for runs in result["figures"].values():  # a result from before the split: no such row at all
+        for run in runs["runs"]:
+            run.pop("ttft_outside_engine_ms", None)
+    assert paired.PROTOCOL not in _judged(result)
