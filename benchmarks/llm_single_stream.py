@@ -176,7 +176,7 @@ def measure(gguf: Path, threads: int, args: argparse.Namespace) -> dict:
     from llm_engine.layers.native import cpu_kernels
 
     kernels = cpu_kernels()
-    bits = kernels.int4_g32_activation_bits if kernels is not None else 32
+    bits = kernels.int4_activation_bits if kernels is not None else 32
     print(f"our model runs in {engine.dtype} (--dtype {args.dtype}); its int4 decode rows take "
           f"{'int16-rounded' if bits == 16 else 'float32'} activations", flush=True)
     llama = LlamaCpp(gguf, threads, engine.prompt, args.tokens)

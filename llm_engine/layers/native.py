@@ -102,7 +102,7 @@ def load_kernels() -> ctypes.CDLL:
         getattr(library, name).restype = None
     library.int4_few_rows_bf16_amx.argtypes = [pointer] * 5 + [i64] * 4  # 1 done, 0 not here (quant_gemm.cpp)
     library.int4_few_rows_bf16_amx.restype = i32
-    library.int4_g32_activation_bits.argtypes, library.int4_g32_activation_bits.restype = [], i32
+    library.int4_activation_bits.argtypes, library.int4_activation_bits.restype = [], i32
     library.int4_q8_columns_fit.argtypes, library.int4_q8_columns_fit.restype = [i64] * 3, i32
     library.amx_int8_ready.argtypes, library.amx_int8_ready.restype = [], i32
     library.amx_bf16_ready.argtypes, library.amx_bf16_ready.restype = [], i32
@@ -145,9 +145,10 @@ class CpuKernels:
         # bfloat16 activations x int4/int8 weights on AMX bf16 tiles (csrc/quant_gemm_amx_bf16.cpp), or None
         self.amx_bf16 = library.weight_only_gemm_bf16_amx if library.amx_bf16_ready() else None
         self._dequantize_bf16 = library.weight_only_dequantize_bf16 if library.amx_bf16_ready() else None
-        # 16: quant_gemm's int4 rows of 32-input groups round activations to int16 per 32 inputs
-        # (AVX2 builds without AVX-512, where that beat float32 activations), else 32 (float32)
-        self.int4_g32_activation_bits: int = library.int4_g32_activation_bits()
+        # 16: quant_gemm's int4 rows (up to 64) of groups of 32 inputs or a multiple of 64 round
+        # activations to int16 per 32 inputs (AVX2 builds without AVX-512, where that beat float32
+        # activations), else 32 (float32)
+        self.int4_activation_bits: int = library.int4_activation_bits()
         self._int4_q8_columns_fit = library.int4_q8_columns_fit
 
     def int4_q8_columns_fit(self, n_out: int, k_in: int, group_size: int) -> bool:

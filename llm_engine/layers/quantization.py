@@ -28,8 +28,8 @@ from llm_engine.layers.native import CpuKernels, cpu_kernels
 # Above this many rows (prefill chunks) one dequantized copy per call and oneDNN's blocked matmul
 # beat the row-by-row kernel; decode steps and small batches stay on the kernel.
 KERNEL_MAX_ROWS = 16
-# On 32-input int4/int8 groups (GGUF's Q4/Q8 blocks) the kernel unpacks each group once per 8 rows
-# and keeps up to here (csrc/quant_gemm.cpp's G32_MAX_ROWS): batched decode steps of up to 64
+# On 32-input int4/int8 groups (GGUF's Q4/Q8 blocks; in AVX2 builds int4 groups of a multiple of
+# 64 too, `one_pass`) the kernel unpacks each group once per 8 rows and keeps up to here (csrc/quant_gemm.cpp's G32_MAX_ROWS): batched decode steps of up to 64
 # sequences; dequantizing SmolLM2's Q8_0 LM head for 64 rows cost ~2x the kernel's CPU time.
 G32_KERNEL_MAX_ROWS = 64
 # Where the CPU has AMX bf16 tiles, bfloat16 activations of more than KERNEL_MAX_ROWS and up to
@@ -156,8 +156,8 @@ class QuantScheme:
     per output channel (or per group), or one for the whole matrix (per_tensor).
     w8a8 and w4a8 store int8 and int4 weights and round each token's activations to int8 at run
     time: w8a8 with one scale per token, w4a8 one per 32 inputs (llama.cpp's Q4 x Q8 arithmetic).
-    (Plain int4 on 32-input groups rounds activations too, to int16, where the kernels are built
-    without AVX-512: csrc/quant_gemm.cpp's rows_dot_int4_g32.)"""
+    (Plain int4 on groups of 32 inputs or a multiple of 64 rounds activations too, to int16, where
+    the kernels are built without AVX-512: csrc/quant_gemm.cpp's rows_dot_int4.)"""
 
     method: str
     group_size: int | None = None
@@ -323,10 +323,18 @@ class WeightOnlyLinearMethod(QuantMethod):
         return self.scheme.group_size or cast(QuantLayer, layer).input_size
 
     def one_pass(self, layer: nn.Module) -> bool:
-        """Whether the few-row float-activation kernel unpacks each group once per 8 rows (int4/int8
-        in 32-input groups) rather than once per row."""
-        g32 = self.group(layer) == 32 and cast(QuantLayer, layer).input_size % 32 == 0
-        return g32 and self.scheme.weights != "fp8"
+        """Whether the few-row kernel unpacks each group once per 8 rows (int4/int8 in 32-input
+        groups; where it rounds int4 activations to int16, AVX2 builds, int4 groups of a multiple
+        of 64 too) rather than once per row."""
+        quant_layer = cast(QuantLayer, layer)
+        k_in, group = quant_layer.input_size, self.group(layer)
+        if self.scheme.weights == "fp8":
+            return False
+        if group == 32 and k_in % 32 == 0:
+            return True
+        kernels = quant_layer.kernels
+        return (self.scheme.weights == "int4" and kernels is not None and kernels.int4_activation_bits == 16
+                and integer_kernel_fits(k_in, group, int4=True))
 
     def bf16_tiles(self, layer: nn.Module, k_in: int) -> CpuKernels | None:
         """The kernels whose AMX bf16 tiles can multiply this layer's weights by bfloat16

@@ -86,7 +86,7 @@ def int4_rounds_activations() -> bool:
     """Whether this machine's int4 kernel rounds a row's activations to int16 per 32 inputs before
     multiplying 32-input groups (csrc/quant_gemm.cpp, AVX2 builds without AVX-512)."""
     kernels = cpu_kernels()
-    return kernels is not None and kernels.int4_g32_activation_bits == 16
+    return kernels is not None and kernels.int4_activation_bits == 16
 
 
 def int4_kernel_activations(x: torch.Tensor) -> torch.Tensor:

@@ -146,14 +146,17 @@ def quantized_linear(scheme: QuantScheme, k_in: int = 320, n_out: int = 48) -> R
     return layer
 
 
-@pytest.mark.parametrize(("scheme", "rows"), [(QuantScheme("int4", 32, False), G32_KERNEL_MAX_ROWS + 7),
-                                              (QuantScheme("int4", 64, False), KERNEL_MAX_ROWS + 7)],
-                         ids=["g32", "g64"])
-def test_prefill_sized_inputs_multiply_with_the_dequantized_weight(kernels, scheme, rows):
+@pytest.mark.parametrize("scheme", [QuantScheme("int4", 32, False), QuantScheme("int4", 64, False),
+                                    QuantScheme("int8", 64)], ids=QuantScheme.describe)
+def test_prefill_sized_inputs_multiply_with_the_dequantized_weight(kernels, scheme):
     """More rows than the few-row kernel takes: F.linear with exactly the dequantized weight."""
     layer = quantized_linear(scheme)
+    rows = layer.quant_method.kernel_max_rows(layer) + 7
+    # int4 groups of 64 stay on the kernel to 64 rows where it rounds activations to int16 (AVX2)
+    assert rows == (G32_KERNEL_MAX_ROWS if scheme.group_size == 32 or (
+        scheme.weights == "int4" and int4_rounds_activations()) else KERNEL_MAX_ROWS) + 7
     x = torch.randn(rows, 320)
-    weight = dequantize(layer.qweight, layer.scales, layer.offsets, scheme.group_size)
+    weight = dequantize(layer.qweight, layer.scales, getattr(layer, "offsets", None), scheme.group_size)
     assert torch.equal(layer(x), torch.nn.functional.linear(x, weight))
 
 
@@ -173,22 +176,43 @@ def test_decode_batches_of_32_input_groups_stay_on_the_kernel_row_by_row(kernels
     torch.testing.assert_close(batched, torch.nn.functional.linear(seen, weight), atol=2e-4, rtol=1e-4)
 
 
-def test_int4_rows_of_32_input_groups_multiply_the_activations_the_kernel_says(kernels):
-    """Float32 activations, or each 32 inputs rounded to int16 where `int4_g32_activation_bits` says
+# groups of 128 over 320 inputs: two, then a short one of 64 (a run of low nibbles, one of high)
+@pytest.mark.parametrize("group", [32, 128])
+def test_int4_rows_multiply_the_activations_the_kernel_says(kernels, group):
+    """Float32 activations, or each 32 inputs rounded to int16 where `int4_activation_bits` says
     16 (AVX2 builds): a group whose outlier makes its step coarse shows which; a NaN still reaches
     every output of its row, and a row of zeros and a 1e-35 group gives (near) zeros."""
-    layer = quantized_linear(QuantScheme("int4", 32, False))
-    weight = dequantize(layer.qweight, layer.scales, layer.offsets, 32).double()
+    layer = quantized_linear(QuantScheme("int4", group, False))
+    weight = dequantize(layer.qweight, layer.scales, layer.offsets, group).double()
     x = torch.randn(4, 320) * 0.01
     x[:, ::32] = 1000.0  # per group one input at 1000: an int16 step of 0.03 swamps the others
     x[2] = 0.0
     x[2, 40:72] = 1e-35  # a group too small to scale counts as zeros (and overflows nothing)
     x[3, 5] = float("nan")
     out = layer(x).double()
-    rounded = kernels.int4_g32_activation_bits == 16
-    assert rounded == int4_rounds_activations() and kernels.int4_g32_activation_bits in (16, 32)
+    rounded = kernels.int4_activation_bits == 16
+    assert rounded == int4_rounds_activations() and kernels.int4_activation_bits in (16, 32)
     torch.testing.assert_close(out[:3], int4_kernel_activations(x[:3]).double() @ weight.t(), atol=1e-3, rtol=1e-6)
     assert bool((out[2].abs() < 1e-30).all())
     assert bool(out[3].isnan().all())
     deviation = (out[:2] - x[:2].double() @ weight.t()).abs().max().item()
     assert deviation > 5e-3 if rounded else deviation < 1e-3
+
+
+# int4 groups of a multiple of 64 (AWQ/GPTQ's and our int4's 128): K in whole groups; a short last
+# group of 64 (one run of low nibbles, one of high) or of 32 (paired like GGUF's); groups of 64 and 256
+@pytest.mark.parametrize(("k_in", "group"), [(1024, 128), (320, 128), (288, 128), (544, 64), (1280, 256)])
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+def test_decode_batches_of_int4_groups_of_64_and_more_are_computed_row_by_row(kernels, k_in, group, symmetric):
+    """Where the kernel rounds int4 activations to int16 (AVX2 builds) these groups take its few-row
+    path up to 64 rows too, each 32-input sub-block's nibbles picked out of its group's layout; a
+    row's result is then what it computes alone, F.linear of its rounded activations."""
+    layer = quantized_linear(QuantScheme("int4", group, symmetric), k_in)
+    rows = layer.quant_method.kernel_max_rows(layer)
+    assert rows == (G32_KERNEL_MAX_ROWS if int4_rounds_activations() else KERNEL_MAX_ROWS)
+    x = torch.randn(rows, k_in)
+    batched = layer(x)
+    assert all(torch.equal(batched[r], layer(x[r:r + 1])[0]) for r in range(0, rows, 5))
+    weight = dequantize(layer.qweight, layer.scales, layer.offsets, group)
+    torch.testing.assert_close(batched, torch.nn.functional.linear(int4_kernel_activations(x), weight),
+                               atol=2e-4, rtol=1e-4)

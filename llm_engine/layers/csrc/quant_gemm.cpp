@@ -12,8 +12,9 @@
 // per channel however many rows x has. AVX-512, else AVX2+FMA, where the compiler targets it
 // (plain loops elsewhere and for tails); output channels are spread over torch's OpenMP threads.
 // Up to 64 rows against 32-input int4/int8 groups (GGUF's Q4/Q8 shape: decode steps, a
-// speculative draft's verification) skip the buffer and unpack each group into registers once
-// for all rows; each row's arithmetic is then the same whatever the number of rows.
+// speculative draft's verification), and in AVX2 builds int4 groups of a multiple of 64 too,
+// skip the buffer and unpack each group into registers once for all rows; each row's arithmetic
+// is then the same whatever the number of rows.
 // A bfloat16 model's int4 g32 decode rows can instead take AMX bf16 tiles (few_rows_int4_amx,
 // opt-in): weights and activations rounded to bf16, every row in one tile product per group.
 // A second pair of kernels (int4_gemm_q8/int8_gemm_q8, after quantize_rows_q8) multiplies in
@@ -350,23 +351,88 @@ Int16Rows int16_rows(const float* x, int64_t rows, int64_t k_in) {
   return r;
 }
 
-// int4 (GGUF's Q4_0/Q4_1): the activations are rounded to int16 per 32 inputs first (Int16Rows),
-// so a group's 32 codes widen to 16-bit lanes once (low nibbles = its first 16 inputs, high = its
-// last 16) and each row costs two vpmaddwd, an add, one conversion and one FMA per group:
+// Where each 32-input sub-block of an int4 weight row lies, for groups of 32 inputs or a multiple
+// of 64 (the last group too): its group, its first byte in the row, and which nibbles hold its 32
+// codes. A 32-input group is 16 bytes, low nibbles its first 16 inputs and high nibbles its last
+// 16 (PAIRED); in a group of 64 or more the low nibbles are its first half and the high ones its
+// second, so a sub-block is a run of 32 bytes' low (LOW_RUN) or high (HIGH_RUN) nibbles.
+enum class Nibbles : uint8_t { PAIRED, LOW_RUN, HIGH_RUN };
+
+struct Int4Subs {
+  std::vector<int32_t> group, byte;
+  std::vector<Nibbles> nibbles;
+  int64_t subs_per_group = 1;
+  // Groups of 64, 128 or 256 inputs (2, 4 or 8 sub-blocks: eight sub-blocks hold whole groups):
+  // groups per eight sub-blocks, and the lane -> group-in-block map that spreads their scales over
+  // their sub-blocks; 0 for other groups, which take a sub-block at a time.
+  int per_block = 0;
+  alignas(32) int32_t expand[8] = {};
+};
+
+Int4Subs int4_subs(int64_t k_in, int64_t group) {
+  Int4Subs layout;
+  layout.subs_per_group = group / 32;
+  if (group >= 64 && 8 % layout.subs_per_group == 0) {
+    layout.per_block = static_cast<int>(8 / layout.subs_per_group);
+    for (int j = 0; j < 8; ++j) layout.expand[j] = static_cast<int32_t>(j / layout.subs_per_group);
+  }
+  for (int64_t start = 0, g = 0; start < k_in; start += group, ++g) {
+    const int64_t length = k_in - start < group ? k_in - start : group, chunks = length / 64;
+    for (int64_t s = 0; s < length / 32; ++s) {
+      layout.group.push_back(static_cast<int32_t>(g));
+      layout.byte.push_back(static_cast<int32_t>(start / 2 + (length == 32 ? 0 : (s % chunks) * 32)));
+      layout.nibbles.push_back(length == 32 ? Nibbles::PAIRED : s < chunks ? Nibbles::LOW_RUN : Nibbles::HIGH_RUN);
+    }
+  }
+  return layout;
+}
+
+// n (1, 2 or 4) float16 values, the rest of the vector zero: nothing read past them.
+inline __m128i halves(const uint16_t* p, int n) {
+  if (n == 4) return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const uint32_t bits = n == 2 ? static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 16 : p[0];
+  return _mm_cvtsi32_si128(static_cast<int>(bits));
+}
+
+// Whether rows_dot_int4 takes this shape: K in 32-input sub-blocks, every group 32 or a multiple of 64.
+bool int4_subs_fit(int64_t k_in, int64_t group) {
+  const int64_t tail = k_in % group;
+  return k_in % 32 == 0 && (group == 32 || group % 64 == 0) && (tail == 0 || tail == 32 || tail % 64 == 0);
+}
+
+// int4 (GGUF's Q4_0/Q4_1, and AWQ/GPTQ/our int4 in groups of 64-128): the activations are rounded
+// to int16 per 32 inputs first (Int16Rows), so each 32-input sub-block's codes widen to 16-bit
+// lanes once for all rows (G32: groups of 32, one group a sub-block) and each row costs two
+// vpmaddwd, an add, one conversion and one FMA per sub-block:
 //   sum_k (dx xq_k) (q_k s + o) = s * dx * sum_k q_k xq_k + o * dx * sum_k xq_k
 // so a row's result is F.linear(x rounded, W) up to float32 rounding, whatever rows are beside it:
 // the integer sums are exact (|q xq| <= 15 * 32767), and the rounding of x to int16 (at most
 // dx / 2 = max|x| / 65534 per input, ~250x finer than bfloat16's) is the only difference from the
 // float kernel's result beyond summation order. Why: the float kernel's widening (4 int-to-float
 // conversions, 2 masks, 2 shifts per group) and 5 FMAs per row held a one-row step on SmolLM2's
-// layers to ~15 vector ops per group, 8 here (measured in docs/ARCHITECTURE.md).
+// layers to ~15 vector ops per group, 8 here (measured in docs/ARCHITECTURE.md); groups of 128
+// took the buffered float kernel, a widening per 8 weights and an FMA per row, no faster than
+// oneDNN's float32.
+// One 32-input sub-block's codes (first and last 16 inputs, 16-bit lanes) into R rows' sums: per
+// row two vpmaddwd against its int16 activations (xq: row 0's sub-block, rows k_in apart), an add,
+// a conversion and one FMA by its s * dx (d: row 0's, rows 8 floats apart).
 template <int R>
-void rows_dot_int4_g32(const Int16Rows& x, int64_t row0, int64_t k_in, const uint8_t* q, const uint16_t* scales,
-                       const uint16_t* offsets, float* out, int64_t n_out) {
-  const int64_t groups = k_in / 32, row_bytes = k_in / 2;
+inline void sub_rows(__m256i first, __m256i last, const int16_t* xq, int64_t k_in, const float* d, __m256* acc) {
+  for (int r = 0; r < R; ++r) {
+    const __m256i* xg = reinterpret_cast<const __m256i*>(xq + r * k_in);
+    const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(first, _mm256_loadu_si256(xg)),
+                                         _mm256_madd_epi16(last, _mm256_loadu_si256(xg + 1)));
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(d + r * 8), acc[r]);
+  }
+}
+
+template <int R, bool G32>
+void rows_dot_int4(const Int16Rows& x, int64_t row0, int64_t k_in, const Int4Subs& layout, const uint8_t* q,
+                   const uint16_t* scales, const uint16_t* offsets, float* out, int64_t n_out, int64_t groups) {
+  const int64_t subs = k_in / 32, row_bytes = k_in / 2;
   const int16_t* xq = x.xq.data() + row0 * k_in;
-  const float* dx = x.dx.data() + row0 * groups;
-  const float* sums = x.sums.data() + row0 * groups;
+  const float* dx = x.dx.data() + row0 * subs;
+  const float* sums = x.sums.data() + row0 * subs;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < n_out; ++n) {
     const uint8_t* qn = q + n * row_bytes;
@@ -377,34 +443,67 @@ void rows_dot_int4_g32(const Int16Rows& x, int64_t row0, int64_t k_in, const uin
     __m256 acc[R], offset_acc[R];
     float offset_tail[R];
     for (int r = 0; r < R; ++r) acc[r] = offset_acc[r] = _mm256_setzero_ps(), offset_tail[r] = 0.0f;
-    alignas(32) float d8[R][8];  // s * dx per row and group
+    alignas(32) float d8[R][8];  // s * dx per row and sub-block
     const __m256i low = _mm256_set1_epi16(15);
-    for (int64_t g0 = 0; g0 < groups; g0 += 8) {
-      const int64_t count = groups - g0 < 8 ? groups - g0 : 8;
-      if (count == 8) {
-        const __m256 scale8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scale_n + g0)));
-        const __m256 offset8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(offset_n + g0)));
+    for (int64_t t0 = 0; t0 < subs; t0 += 8) {
+      const int64_t count = subs - t0 < 8 ? subs - t0 : 8;
+      const bool whole = count == 8 && (G32 || layout.per_block);  // eight sub-blocks of whole groups
+      if (whole) {
+        __m256 scale8, offset8;
+        if (G32) {
+          scale8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scale_n + t0)));
+          offset8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(offset_n + t0)));
+        } else {  // each group's scale and offset spread over its sub-blocks
+          const int64_t g0 = t0 / layout.subs_per_group;
+          const __m256i expand = _mm256_load_si256(reinterpret_cast<const __m256i*>(layout.expand));
+          scale8 = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(halves(scale_n + g0, layout.per_block)), expand);
+          offset8 = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(halves(offset_n + g0, layout.per_block)), expand);
+        }
         for (int r = 0; r < R; ++r) {
-          _mm256_store_ps(d8[r], _mm256_mul_ps(scale8, _mm256_loadu_ps(dx + r * groups + g0)));
-          offset_acc[r] = _mm256_fmadd_ps(offset8, _mm256_loadu_ps(sums + r * groups + g0), offset_acc[r]);
+          _mm256_store_ps(d8[r], _mm256_mul_ps(scale8, _mm256_loadu_ps(dx + r * subs + t0)));
+          offset_acc[r] = _mm256_fmadd_ps(offset8, _mm256_loadu_ps(sums + r * subs + t0), offset_acc[r]);
         }
       } else {
-        for (int64_t j = 0; j < count; ++j)
+        for (int64_t j = 0; j < count; ++j) {
+          const int64_t g = G32 ? t0 + j : layout.group[t0 + j];
           for (int r = 0; r < R; ++r) {
-            d8[r][j] = f16(scale_n[g0 + j]) * dx[r * groups + g0 + j];
-            offset_tail[r] += f16(offset_n[g0 + j]) * sums[r * groups + g0 + j];
+            d8[r][j] = f16(scale_n[g]) * dx[r * subs + t0 + j];
+            offset_tail[r] += f16(offset_n[g]) * sums[r * subs + t0 + j];
           }
+        }
+      }
+      if (!G32 && whole) {
+        // Each 32-byte run's low nibbles are one sub-block and its high nibbles the one half a group
+        // on: widened once for both, every row taking the first, then every row the second (each
+        // row's sums in the same order whatever rows are beside it).
+        const int64_t half = layout.subs_per_group / 2;
+        for (int64_t c = 0; c < 4; ++c) {
+          const int64_t first_sub = c / half * 2 * half + c % half, second_sub = first_sub + half;
+          const uint8_t* bytes = qn + layout.byte[t0 + first_sub];
+          const __m256i a = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+          const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 16)));
+          sub_rows<R>(_mm256_and_si256(a, low), _mm256_and_si256(b, low), xq + (t0 + first_sub) * 32, k_in,
+                      &d8[0][first_sub], acc);
+          sub_rows<R>(_mm256_srli_epi16(a, 4), _mm256_srli_epi16(b, 4), xq + (t0 + second_sub) * 32, k_in,
+                      &d8[0][second_sub], acc);
+        }
+        continue;
       }
       for (int64_t j = 0; j < count; ++j) {
-        const int64_t g = g0 + j;
-        const __m256i codes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qn + g * 16)));
-        const __m256i first = _mm256_and_si256(codes, low), last = _mm256_srli_epi16(codes, 4);
-        for (int r = 0; r < R; ++r) {
-          const __m256i* xg = reinterpret_cast<const __m256i*>(xq + r * k_in + g * 32);
-          const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(first, _mm256_loadu_si256(xg)),
-                                               _mm256_madd_epi16(last, _mm256_loadu_si256(xg + 1)));
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(d8[r] + j), acc[r]);
+        const int64_t t = t0 + j;
+        __m256i first, last;  // the sub-block's codes for its first and last 16 inputs
+        const Nibbles nibbles = G32 ? Nibbles::PAIRED : layout.nibbles[t];
+        const uint8_t* bytes = qn + (G32 ? t * 16 : layout.byte[t]);
+        const __m256i codes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+        if (nibbles == Nibbles::PAIRED) {
+          first = _mm256_and_si256(codes, low), last = _mm256_srli_epi16(codes, 4);
+        } else {
+          const __m256i next = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 16)));
+          const bool high = nibbles == Nibbles::HIGH_RUN;
+          first = high ? _mm256_srli_epi16(codes, 4) : _mm256_and_si256(codes, low);
+          last = high ? _mm256_srli_epi16(next, 4) : _mm256_and_si256(next, low);
         }
+        sub_rows<R>(first, last, xq + t * 32, k_in, &d8[0][j], acc);
       }
     }
     for (int r = 0; r < R; ++r) out[r * n_out + n] = hsum(acc[r]) + (hsum(offset_acc[r]) + offset_tail[r]);
@@ -421,10 +520,13 @@ void by_tiles(int64_t rows, Kernel kernel) {
   for (int64_t m0 = 0; m0 < rows; m0 += G32_TILE) kernel((rows - m0 < G32_TILE ? rows - m0 : G32_TILE) - 1, m0);
 }
 
+// Up to G32_MAX_ROWS rows against 32-input groups (int4 in AVX2 builds: also groups of a multiple
+// of 64, int4_subs_fit), each group unpacked once per G32_TILE rows.
 template <Weights KIND>
-void rows_g32(const float* x, const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, float* out,
-              int64_t rows, int64_t n_out, int64_t k_in) {
+void rows_few(const float* x, const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, float* out,
+              int64_t rows, int64_t n_out, int64_t k_in, int64_t group) {
 #ifndef CODEYARD_G32_AVX2
+  (void)group;
   using Tile = void (*)(const float*, int64_t, const uint8_t*, const uint16_t*, const uint16_t*, float*, int64_t);
   static constexpr Tile tiles[G32_TILE] = {
       rows_dot_float_g32<KIND, 1>, rows_dot_float_g32<KIND, 2>, rows_dot_float_g32<KIND, 3>,
@@ -433,13 +535,21 @@ void rows_g32(const float* x, const uint8_t* q, const uint16_t* scales, const ui
   by_tiles(rows, [&](int64_t t, int64_t m0) { tiles[t](x + m0 * k_in, k_in, q, scales, offsets, out + m0 * n_out, n_out); });
 #else
   if constexpr (KIND == Weights::INT4) {
-    using Tile = void (*)(const Int16Rows&, int64_t, int64_t, const uint8_t*, const uint16_t*, const uint16_t*, float*,
-                          int64_t);
-    static constexpr Tile tiles[G32_TILE] = {
-        rows_dot_int4_g32<1>, rows_dot_int4_g32<2>, rows_dot_int4_g32<3>, rows_dot_int4_g32<4>,
-        rows_dot_int4_g32<5>, rows_dot_int4_g32<6>, rows_dot_int4_g32<7>, rows_dot_int4_g32<8>};
+    using Tile = void (*)(const Int16Rows&, int64_t, int64_t, const Int4Subs&, const uint8_t*, const uint16_t*,
+                          const uint16_t*, float*, int64_t, int64_t);
+    static constexpr Tile g32[G32_TILE] = {
+        rows_dot_int4<1, true>, rows_dot_int4<2, true>, rows_dot_int4<3, true>, rows_dot_int4<4, true>,
+        rows_dot_int4<5, true>, rows_dot_int4<6, true>, rows_dot_int4<7, true>, rows_dot_int4<8, true>};
+    static constexpr Tile runs[G32_TILE] = {
+        rows_dot_int4<1, false>, rows_dot_int4<2, false>, rows_dot_int4<3, false>, rows_dot_int4<4, false>,
+        rows_dot_int4<5, false>, rows_dot_int4<6, false>, rows_dot_int4<7, false>, rows_dot_int4<8, false>};
+    const Tile* tiles = group == 32 ? g32 : runs;
+    const Int4Subs layout = group == 32 ? Int4Subs{} : int4_subs(k_in, group);
+    const int64_t groups = (k_in + group - 1) / group;
     const Int16Rows rounded = int16_rows(x, rows, k_in);
-    by_tiles(rows, [&](int64_t t, int64_t m0) { tiles[t](rounded, m0, k_in, q, scales, offsets, out + m0 * n_out, n_out); });
+    by_tiles(rows, [&](int64_t t, int64_t m0) {
+      tiles[t](rounded, m0, k_in, layout, q, scales, offsets, out + m0 * n_out, n_out, groups);
+    });
   } else {
     using Tile = void (*)(const float*, int64_t, const uint8_t*, const uint16_t*, float*, int64_t);
     static constexpr Tile tiles[G32_TILE] = {
@@ -603,13 +713,25 @@ void widen_row(const uint8_t* qn, const uint16_t* scales, const uint16_t* offset
   }
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// Whether rows_few takes this shape.
+template <Weights KIND>
+bool few_rows_fit(int64_t k_in, int64_t group) {
+  if (KIND == Weights::FP8) return false;
+#ifdef CODEYARD_G32_AVX2
+  if (KIND == Weights::INT4) return int4_subs_fit(k_in, group);
+#endif
+  return group == 32 && k_in % 32 == 0;
+}
+#endif
+
 template <Weights KIND>
 void gemm(const float* x, const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, float* out,
           int64_t rows, int64_t n_out, int64_t k_in, int64_t group) {
   const int64_t groups = (k_in + group - 1) / group, row_bytes = KIND == Weights::INT4 ? k_in / 2 : k_in;
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (rows <= G32_MAX_ROWS && group == 32 && k_in % 32 == 0 && KIND != Weights::FP8) {
-    rows_g32<KIND>(x, q, scales, offsets, out, rows, n_out, k_in);
+  if (rows <= G32_MAX_ROWS && few_rows_fit<KIND>(k_in, group)) {
+    rows_few<KIND>(x, q, scales, offsets, out, rows, n_out, k_in, group);
     return;
   }
 #endif
@@ -887,9 +1009,10 @@ int32_t int4_few_rows_bf16_amx(const float* x, const uint8_t* q, const uint16_t*
 #endif
 }
 
-// The activations' precision in int4_gemm_f32's rows of 32-input groups: 16 where they are rounded
-// to int16 per 32 inputs (AVX2 builds without AVX-512: rows_dot_int4_g32), else 32 (float32).
-int32_t int4_g32_activation_bits() {
+// The activations' precision in int4_gemm_f32's few rows (up to 64) against groups of 32 inputs or
+// a multiple of 64: 16 where they are rounded to int16 per 32 inputs (AVX2 builds without AVX-512:
+// rows_dot_int4), else 32 (float32).
+int32_t int4_activation_bits() {
 #ifdef CODEYARD_G32_AVX2
   return 16;
 #else
