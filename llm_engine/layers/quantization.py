@@ -29,8 +29,9 @@ from llm_engine.layers.native import CpuKernels, cpu_kernels
 # beat the row-by-row kernel; decode steps and small batches stay on the kernel.
 KERNEL_MAX_ROWS = 16
 # On 32-input int4/int8 groups (GGUF's Q4/Q8 blocks; in AVX2 builds int4 groups of a multiple of
-# 64 too, `one_pass`) the kernel unpacks each group once per 8 rows and keeps up to here (csrc/quant_gemm.cpp's G32_MAX_ROWS): batched decode steps of up to 64
-# sequences; dequantizing SmolLM2's Q8_0 LM head for 64 rows cost ~2x the kernel's CPU time.
+# 64 too, `one_pass`) the kernel unpacks each group once per 8 rows and keeps up to here
+# (csrc/quant_gemm.cpp's G32_MAX_ROWS): batched decode steps of up to 64 sequences; dequantizing
+# SmolLM2's Q8_0 LM head for 64 rows cost ~2x the kernel's CPU time.
 G32_KERNEL_MAX_ROWS = 64
 # Where the CPU has AMX bf16 tiles, bfloat16 activations of more than KERNEL_MAX_ROWS and up to
 # this many rows (batched decode steps) multiply on them (csrc/quant_gemm_amx_bf16.cpp: int4/int8

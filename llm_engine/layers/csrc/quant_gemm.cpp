@@ -352,14 +352,14 @@ Int16Rows int16_rows(const float* x, int64_t rows, int64_t k_in) {
 }
 
 // Where each 32-input sub-block of an int4 weight row lies, for groups of 32 inputs or a multiple
-// of 64 (the last group too): its group, its first byte in the row, and which nibbles hold its 32
-// codes. A 32-input group is 16 bytes, low nibbles its first 16 inputs and high nibbles its last
-// 16 (PAIRED); in a group of 64 or more the low nibbles are its first half and the high ones its
+// of 64 (the last group too): its first byte in the row and which nibbles hold its 32 codes. A
+// 32-input group is 16 bytes, low nibbles its first 16 inputs and high nibbles its last 16
+// (PAIRED); in a group of 64 or more the low nibbles are its first half and the high ones its
 // second, so a sub-block is a run of 32 bytes' low (LOW_RUN) or high (HIGH_RUN) nibbles.
 enum class Nibbles : uint8_t { PAIRED, LOW_RUN, HIGH_RUN };
 
 struct Int4Subs {
-  std::vector<int32_t> group, byte;
+  std::vector<int32_t> byte;  // per sub-block t (its group is t / subs_per_group: groups start a group apart)
   std::vector<Nibbles> nibbles;
   int64_t subs_per_group = 1;
   // Groups of 64, 128 or 256 inputs (2, 4 or 8 sub-blocks: eight sub-blocks hold whole groups):
@@ -376,10 +376,9 @@ Int4Subs int4_subs(int64_t k_in, int64_t group) {
     layout.per_block = static_cast<int>(8 / layout.subs_per_group);
     for (int j = 0; j < 8; ++j) layout.expand[j] = static_cast<int32_t>(j / layout.subs_per_group);
   }
-  for (int64_t start = 0, g = 0; start < k_in; start += group, ++g) {
+  for (int64_t start = 0; start < k_in; start += group) {
     const int64_t length = k_in - start < group ? k_in - start : group, chunks = length / 64;
     for (int64_t s = 0; s < length / 32; ++s) {
-      layout.group.push_back(static_cast<int32_t>(g));
       layout.byte.push_back(static_cast<int32_t>(start / 2 + (length == 32 ? 0 : (s % chunks) * 32)));
       layout.nibbles.push_back(length == 32 ? Nibbles::PAIRED : s < chunks ? Nibbles::LOW_RUN : Nibbles::HIGH_RUN);
     }
@@ -400,19 +399,6 @@ bool int4_subs_fit(int64_t k_in, int64_t group) {
   return k_in % 32 == 0 && (group == 32 || group % 64 == 0) && (tail == 0 || tail == 32 || tail % 64 == 0);
 }
 
-// int4 (GGUF's Q4_0/Q4_1, and AWQ/GPTQ/our int4 in groups of 64-128): the activations are rounded
-// to int16 per 32 inputs first (Int16Rows), so each 32-input sub-block's codes widen to 16-bit
-// lanes once for all rows (G32: groups of 32, one group a sub-block) and each row costs two
-// vpmaddwd, an add, one conversion and one FMA per sub-block:
-//   sum_k (dx xq_k) (q_k s + o) = s * dx * sum_k q_k xq_k + o * dx * sum_k xq_k
-// so a row's result is F.linear(x rounded, W) up to float32 rounding, whatever rows are beside it:
-// the integer sums are exact (|q xq| <= 15 * 32767), and the rounding of x to int16 (at most
-// dx / 2 = max|x| / 65534 per input, ~250x finer than bfloat16's) is the only difference from the
-// float kernel's result beyond summation order. Why: the float kernel's widening (4 int-to-float
-// conversions, 2 masks, 2 shifts per group) and 5 FMAs per row held a one-row step on SmolLM2's
-// layers to ~15 vector ops per group, 8 here (measured in docs/ARCHITECTURE.md); groups of 128
-// took the buffered float kernel, a widening per 8 weights and an FMA per row, no faster than
-// oneDNN's float32.
 // One 32-input sub-block's codes (first and last 16 inputs, 16-bit lanes) into R rows' sums: per
 // row two vpmaddwd against its int16 activations (xq: row 0's sub-block, rows k_in apart), an add,
 // a conversion and one FMA by its s * dx (d: row 0's, rows 8 floats apart).
@@ -426,6 +412,19 @@ inline void sub_rows(__m256i first, __m256i last, const int16_t* xq, int64_t k_i
   }
 }
 
+// int4 (GGUF's Q4_0/Q4_1, and AWQ/GPTQ/our int4 in groups of 64-128): the activations are rounded
+// to int16 per 32 inputs first (Int16Rows), so each 32-input sub-block's codes widen to 16-bit
+// lanes once for all rows (G32: groups of 32, one group a sub-block) and each row costs two
+// vpmaddwd, an add, one conversion and one FMA per sub-block:
+//   sum_k (dx xq_k) (q_k s + o) = s * dx * sum_k q_k xq_k + o * dx * sum_k xq_k
+// so a row's result is F.linear(x rounded, W) up to float32 rounding, whatever rows are beside it:
+// the integer sums are exact (|q xq| <= 15 * 32767), and the rounding of x to int16 (at most
+// dx / 2 = max|x| / 65534 per input, ~250x finer than bfloat16's) is the only difference from the
+// float kernel's result beyond summation order. Why: the float kernel's widening (4 int-to-float
+// conversions, 2 masks, 2 shifts per group) and 5 FMAs per row held a one-row step on SmolLM2's
+// layers to ~15 vector ops per group, 8 here (measured in docs/ARCHITECTURE.md); groups of 128
+// took the buffered float kernel, a widening per 8 weights and an FMA per row, no faster than
+// oneDNN's float32.
 template <int R, bool G32>
 void rows_dot_int4(const Int16Rows& x, int64_t row0, int64_t k_in, const Int4Subs& layout, const uint8_t* q,
                    const uint16_t* scales, const uint16_t* offsets, float* out, int64_t n_out, int64_t groups) {
@@ -465,7 +464,7 @@ void rows_dot_int4(const Int16Rows& x, int64_t row0, int64_t k_in, const Int4Sub
         }
       } else {
         for (int64_t j = 0; j < count; ++j) {
-          const int64_t g = G32 ? t0 + j : layout.group[t0 + j];
+          const int64_t g = (t0 + j) / layout.subs_per_group;
           for (int r = 0; r < R; ++r) {
             d8[r][j] = f16(scale_n[g]) * dx[r * subs + t0 + j];
             offset_tail[r] += f16(offset_n[g]) * sums[r * subs + t0 + j];
