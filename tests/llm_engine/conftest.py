@@ -84,7 +84,8 @@ def check_logprobs_close(ours: list[tuple[list[int], list[dict]]], ref: list[tup
 @functools.cache
 def int4_rounds_activations() -> bool:
     """Whether this machine's int4 kernel rounds a row's activations to int16 per 32 inputs before
-    multiplying 32-input groups (csrc/quant_gemm.cpp, AVX2 builds without AVX-512)."""
+    multiplying groups of 32 inputs or a multiple of 64 (csrc/quant_gemm.cpp, AVX2 builds without
+    AVX-512)."""
     kernels = cpu_kernels()
     return kernels is not None and kernels.int4_activation_bits == 16
 
