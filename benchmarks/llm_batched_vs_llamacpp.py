@@ -44,6 +44,14 @@ size: its own rusage, model load and warm-up included) are printed too, and the 
 figures per CPU second: waiting for a core is not in them, so with one thread (`--threads 1`, no
 spinning) they are the steadier comparison on a loaded machine.
 The machine is shared: rerun and read the ratios, not the absolute figures.
+
+`--rounds N` judges int4 against bf16 on a host whose speed drifts: all our rows' engines are
+loaded at once and each round runs every row once per batch size on that round's prompts (the
+rows' order reversed every other round); the tables hold the rounds' medians, and each per-batch
+ratio is the median of the per-round ratios with its order-statistic interval
+(framework/paired.py) and a verdict on the 1.3x goal: met, not met, or undecided. Without it the
+rows run one after another, and on the AMX host of stop 38, whose tile rate moved 11-30 ns a
+product between back-to-back runs of the same loop, the same code read 1.01x and 1.43x at B=64.
 """
 
 from __future__ import annotations
@@ -62,9 +70,11 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.framework.paired import LEVEL, median_interval  # noqa: E402
 from benchmarks.suites.decode_parts import DecodeParts  # noqa: E402
 from benchmarks.suites.throughput import VOCAB_HIGH, VOCAB_LOW, StepClock, find_smollm2_gguf, mark  # noqa: E402
 
@@ -206,52 +216,103 @@ def prompts(count: int, length: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(length)] for _ in range(count)]
 
 
+def warm_up(llm, npp: int, ntg: int, npl: list[int], seed: int = 0) -> None:
+    """Two short prompts, then one full-sized prompt chunk: its first run pays one-time costs
+    (oneDNN's kernels for the shape, buffers' page faults) that would land in the largest batch's
+    timed run, and in the first row's alone when rows share the process (stop 29: int4's first B=64
+    prompt phase ~190 CPU ms above its next ones, bf16's ~20)."""
+    from llm_engine import SamplingParams
+
+    llm.generate(prompts(2, npp, seed - 1), SamplingParams(temperature=0, max_tokens=ntg, ignore_eos=True),
+                 use_tqdm=False)
+    chunk = llm.engine.config.max_num_batched_tokens
+    llm.generate(prompts(min(max(npl), -(-chunk // npp)), npp, seed - 2),
+                 SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+
+
+def timed_batch(llm, batch: list[list[int]], ntg: int, decode_cpu: dict[int, list[float]],
+                phase: DecodePhase) -> dict:
+    """One generate() of `batch` (greedy, `ntg` tokens each) and its figures."""
+    from llm_engine import SamplingParams
+
+    b = len(batch)
+    decode_cpu.clear()
+    phase.clear()
+    start, cpu = time.perf_counter(), time.process_time()
+    outputs = llm.generate(batch, SamplingParams(temperature=0, max_tokens=ntg, ignore_eos=True), use_tqdm=False)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    if any(len(o.outputs[0].token_ids) != ntg for o in outputs):
+        raise RuntimeError("the engine produced a different number of tokens than asked")
+    last_first = max(o.metrics.first_token_time for o in outputs)
+    decode_s = max(o.metrics.finished_time for o in outputs) - last_first
+    return {"output_tok_s": b * ntg / seconds, "decode_tok_s": b * (ntg - 1) / decode_s,
+            "prefill_tok_s": b * len(batch[0]) / (last_first - min(o.metrics.arrival_time for o in outputs)),
+            "seconds": seconds, "cpu_seconds": cpu, "output_tok_per_cpu_s": b * ntg / cpu,
+            "decode_tok_per_cpu_s": phase.tok_per_cpu_s(),
+            "decode_step_cpu_ms": statistics.median(decode_cpu[b]) if decode_cpu.get(b) else math.nan}
+
+
+def batch_prompts(b: int, npp: int, seed: int, vocab: int = VOCAB_HIGH) -> list[list[int]]:
+    return [[t % vocab for t in p] for p in prompts(b, npp, seed + b)]
+
+
 def engine_batched(llm, npp: int, ntg: int, npl: list[int], seed: int = 0, vocab: int = VOCAB_HIGH,
                    parts: bool = False) -> dict[int, dict]:
     """Our engine's figures per batch size (one generate() call each); the largest batch's step
     breakdown under "breakdown_ms", and with `parts` its decode step's CPU by part of the model
-    under "decode_parts_ms" (one more, untimed run of that batch: the wrappers cost a little)."""
-    from llm_engine import SamplingParams
-
-    params = SamplingParams(temperature=0, max_tokens=ntg, ignore_eos=True)
-    llm.generate(prompts(2, npp, seed - 1), params, use_tqdm=False)  # warm-up
-    # and one full-sized prompt chunk: its first run pays one-time costs (oneDNN's kernels for the
-    # shape, buffers' page faults) that would land in the largest batch's timed run, and in the
-    # first row's alone when rows share the process (stop 29: int4's first B=64 prompt phase ~190
-    # CPU ms above its next ones, bf16's ~20)
-    chunk = llm.engine.config.max_num_batched_tokens
-    llm.generate(prompts(min(max(npl), -(-chunk // npp)), npp, seed - 2),
-                 SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    (`add_parts`)."""
+    warm_up(llm, npp, ntg, npl, seed)
     results: dict[int, dict] = {}
     decode_cpu, phase = decode_step_cpu(llm), DecodePhase(llm)
     for b in npl:
-        batch = [[t % vocab for t in p] for p in prompts(b, npp, seed + b)]
         if b == max(npl):
             clock, steps = StepClock(llm), count_steps(llm)
-        decode_cpu.clear()
-        phase.clear()
-        start, cpu = time.perf_counter(), time.process_time()
-        outputs = llm.generate(batch, params, use_tqdm=False)
-        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-        if any(len(o.outputs[0].token_ids) != ntg for o in outputs):
-            raise RuntimeError("the engine produced a different number of tokens than asked")
-        last_first = max(o.metrics.first_token_time for o in outputs)
-        decode_s = max(o.metrics.finished_time for o in outputs) - last_first
-        results[b] = {"output_tok_s": b * ntg / seconds, "decode_tok_s": b * (ntg - 1) / decode_s,
-                      "prefill_tok_s": b * npp / (last_first - min(o.metrics.arrival_time for o in outputs)),
-                      "seconds": seconds, "cpu_seconds": cpu, "output_tok_per_cpu_s": b * ntg / cpu,
-                      "decode_tok_per_cpu_s": phase.tok_per_cpu_s(),
-                      "decode_step_cpu_ms": statistics.median(decode_cpu[b]) if decode_cpu.get(b) else math.nan}
+        results[b] = timed_batch(llm, batch_prompts(b, npp, seed, vocab), ntg, decode_cpu, phase)
         print(f"  B={b}: {results[b]['output_tok_s']:.1f} output tok/s", file=sys.stderr, flush=True)
     results[max(npl)]["breakdown_ms"] = clock.breakdown(steps[0])
     if parts:
-        b = max(npl)
-        with DecodeParts(llm, b) as decode_parts:
-            llm.generate([[t % vocab for t in p] for p in prompts(b, npp, seed + b)], params, use_tqdm=False)
-        results[b]["decode_parts_ms"] = decode_parts.parts()
-        results[b]["prompt_parts_ms"] = decode_parts.parts("prompt", per_step=False)
-        results[b]["prompt_steps"] = decode_parts.steps["prompt"]
+        add_parts(llm, results[max(npl)], max(npl), npp, ntg, seed, vocab)
     return results
+
+
+def add_parts(llm, figures: dict, b: int, npp: int, ntg: int, seed: int = 0, vocab: int = VOCAB_HIGH) -> None:
+    """One more, untimed run of B=`b` (the wrappers cost a little) into `figures`, that batch's: its
+    decode step's CPU by part of the model under "decode_parts_ms", its prompt phase's under
+    "prompt_parts_ms"."""
+    from llm_engine import SamplingParams
+
+    with DecodeParts(llm, b) as decode_parts:
+        llm.generate(batch_prompts(b, npp, seed, vocab), SamplingParams(temperature=0, max_tokens=ntg, ignore_eos=True),
+                     use_tqdm=False)
+    figures["decode_parts_ms"] = decode_parts.parts()
+    figures["prompt_parts_ms"] = decode_parts.parts("prompt", per_step=False)
+    figures["prompt_steps"] = decode_parts.steps["prompt"]
+
+
+def paired_rounds(llms: dict[str, Any], npp: int, ntg: int, npl: list[int], rounds: int,
+                  seed: int = 0) -> dict[str, list[dict[int, dict]]]:
+    """Every row's figures per round and batch size, with the rows' engines all in this process:
+    each round runs every row once per batch size on that round's prompts, the rows in order on
+    even rounds and reversed on odd ones. Why: on a shared host the speed of the machine drifts
+    by tens of percent within minutes, so rows run one after another (as without --rounds) differ
+    by when they ran; within a round both rows meet the same spell, and the per-round ratio is
+    what `judge_rounds` judges."""
+    hooks = {row: (decode_step_cpu(llm), DecodePhase(llm)) for row, llm in llms.items()}
+    figures: dict[str, list[dict[int, dict]]] = {row: [] for row in llms}
+    for r in range(rounds):
+        order = list(llms) if r % 2 == 0 else list(llms)[::-1]
+        for row in order:
+            figures[row].append({b: timed_batch(llms[row], batch_prompts(b, npp, seed + 1000 * (r + 1)), ntg,
+                                                *hooks[row]) for b in npl})
+        line = ", ".join(f"{row} {figures[row][-1][max(npl)]['output_tok_per_cpu_s']:.1f}" for row in llms)
+        print(f"  round {r + 1}/{rounds} ({order[0]} first): B={max(npl)} output tok per CPU s {line}",
+              file=sys.stderr, flush=True)
+    return figures
+
+
+def median_figures(rounds: list[dict[int, dict]]) -> dict[int, dict]:
+    """Per batch size, each figure's median over the rounds."""
+    return {b: {key: statistics.median(r[b][key] for r in rounds) for key in rounds[0][b]} for b in rounds[0]}
 
 
 def decode_step_cpu(llm) -> dict[int, list[float]]:
@@ -367,8 +428,60 @@ def print_ratios(row: str, ratios: dict[int, dict[str, float]], goal: float, bas
 
 def best(figures: dict[int, dict], per_cpu: bool = False) -> tuple[float, int]:
     """The best output tok/s (of wall time, or per_cpu: of the process's CPU time) and its batch size."""
-    return max((f["output_tok_s"] * f["seconds"] / f["cpu_seconds"] if per_cpu else f["output_tok_s"], b)
-               for b, f in figures.items())
+    return max((f.get("output_tok_per_cpu_s", f["output_tok_s"] * f["seconds"] / f["cpu_seconds"]) if per_cpu
+                else f["output_tok_s"], b) for b, f in figures.items())
+
+
+def judge_rounds(ours: list[dict[int, dict]], base: list[dict[int, dict]], goal: float = INT4_GOAL,
+                 level: float = LEVEL) -> dict[int, dict[str, dict]]:
+    """Per batch size and RATIO_FIGURES figure: the per-round ratios of `ours` over `base` (the
+    same round's), their median, the order-statistic interval for it (paired.median_interval:
+    exact and distribution-free) and the goal's verdict: "met" when the interval's low end is at
+    least `goal`, "not met" when its high end is below it, "undecided" otherwise or when the
+    rounds are too few for the interval to reach `level` (5 rounds for 90%)."""
+    judged: dict[int, dict[str, dict]] = {}
+    for b in ours[0]:
+        judged[b] = {}
+        for _, key in RATIO_FIGURES:
+            ratios = [o[b][key] / r[b][key] for o, r in zip(ours, base, strict=True)
+                      if math.isfinite(o[b][key]) and math.isfinite(r[b][key]) and r[b][key] > 0]
+            if not ratios:
+                continue
+            interval = median_interval(ratios, level)
+            verdict = ("undecided" if interval.confidence < level else "met" if interval.low >= goal
+                       else "not met" if interval.high < goal else "undecided")
+            judged[b][key] = {"ratios": ratios, "median": statistics.median(ratios), "low": interval.low,
+                              "high": interval.high, "confidence": interval.confidence, "verdict": verdict}
+    return judged
+
+
+def print_judged(row: str, base: str, judged: dict[int, dict[str, dict]], rounds: int, goal: float = INT4_GOAL) -> None:
+    print(f"\n{row} vs {base} over {rounds} paired rounds: median of the per-round ratios [interval] "
+          f"(goal >= {goal:g}x: '*' met, '-' not met, '?' undecided):")
+    print(f"{'B':>4}" + "".join(f"{label:>24}" for label, _ in RATIO_FIGURES))
+    marks = {"met": "*", "not met": "-", "undecided": "?"}
+    for b, figures in judged.items():
+        cells = [(f"{j['median']:.2f}x [{j['low']:.2f}-{j['high']:.2f}] {marks[j['verdict']]}" if (j := figures.get(key))
+                  else "n/a") for _, key in RATIO_FIGURES]
+        print(f"{b:>4}" + "".join(f"{cell:>24}" for cell in cells))
+    if judged:
+        confidence = next(iter(next(iter(judged.values())).values()), {}).get("confidence", math.nan)
+        print(f"  (intervals hold the median with probability {confidence:.0%}; per-round ratios at "
+              f"B={max(judged)}, output per CPU s: "
+              + " ".join(f"{r:.2f}" for r in judged[max(judged)].get("output_tok_per_cpu_s", {}).get("ratios", [])) + ")")
+
+
+def row_engine(row: str, args: argparse.Namespace):
+    """An engine for one of our rows on the built-in GGUF, sized for the largest batch."""
+    from llm_engine import LLM
+
+    dtype, quantization = ROWS[row]
+    llm = LLM(model=str(find_smollm2_gguf()), dtype=dtype, quantization=quantization, num_threads=args.threads,
+              max_num_seqs=max(args.npl), enable_prefix_caching=False,
+              kv_cache_memory=max(256 << 20, 60_000 * max(args.npl) * (args.npp + args.ntg)))
+    if row in LAYERED:
+        llm.engine.model_runner.decode_stack = None
+    return llm
 
 
 def parse_args(argv: list[str] | None, p: argparse.ArgumentParser | None = None) -> argparse.Namespace:
@@ -381,6 +494,11 @@ def parse_args(argv: list[str] | None, p: argparse.ArgumentParser | None = None)
     p.add_argument("--llamacpp", choices=("auto", "binary", "bindings", "none"), default="auto",
                    help=f"the anchor: {BINARY} if built, else (auto) its loop through llama-cpp-python")
     p.add_argument("--build-llamacpp", action="store_true", help=f"build {BINARY} (if needed) and exit")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="our rows' engines all loaded at once and run in N paired rounds (each round every row "
+                        "once per batch size, the order reversed every other round), tables of the rounds' "
+                        "medians and int4 vs bf16 judged on the per-round ratios; 0 (default): each row "
+                        "once, one after another")
     args = p.parse_args(argv)
     try:
         args.npl = sorted({int(b) for b in args.npl.split(",")})
@@ -391,6 +509,8 @@ def parse_args(argv: list[str] | None, p: argparse.ArgumentParser | None = None)
         p.error(f"--rows: unknown {unknown}; choose from {list(ROWS)}")
     if args.npp < 1 or args.ntg < 2 or args.threads < 1 or min(args.npl) < 1:
         p.error("--npp, --threads and batch sizes must be at least 1, --ntg at least 2")
+    if args.rounds < 0:
+        p.error("--rounds must be 0 or more")
     return args
 
 
@@ -401,8 +521,6 @@ def run(args: argparse.Namespace) -> dict:
         except LlamaCppMissing:
             print(f"built: {build_batched_bench()}")
         return {}
-    from llm_engine import LLM
-
     gguf = find_smollm2_gguf()
     binary = None
     if args.llamacpp in ("auto", "binary"):
@@ -425,22 +543,34 @@ def run(args: argparse.Namespace) -> dict:
     elif args.llamacpp != "none":
         anchor = report["llama.cpp"] = llamacpp_batched_bindings(gguf, args.npp, args.ntg, args.npl, args.threads)
         print_table(f"llama.cpp, {BINARY}'s loop through llama-cpp-python (Q4_1, native build)", anchor, None)
-    for row in args.rows:
-        dtype, quantization = ROWS[row]
-        print(f"engine {row} ...", file=sys.stderr, flush=True)
-        llm = LLM(model=str(gguf), dtype=dtype, quantization=quantization, num_threads=args.threads,
-                  max_num_seqs=max(args.npl), enable_prefix_caching=False,
-                  kv_cache_memory=max(256 << 20, 60_000 * max(args.npl) * (args.npp + args.ntg)))
-        if row in LAYERED:
-            llm.engine.model_runner.decode_stack = None
-        report[row] = engine_batched(llm, args.npp, args.ntg, args.npl, parts=True)
-        weight_mb = llm.engine.model_runner.weight_bytes / 1e6
-        del llm
-        print_table(f"engine {row} (weights {weight_mb:.0f} MB)", report[row], anchor)
+    if args.rounds:
+        engines = {row: row_engine(row, args) for row in args.rows}
+        for llm in engines.values():
+            warm_up(llm, args.npp, args.ntg, args.npl)
+        rounds = paired_rounds(engines, args.npp, args.ntg, args.npl, args.rounds)
+        for row, llm in engines.items():
+            report[row] = median_figures(rounds[row])
+            add_parts(llm, report[row][max(args.npl)], max(args.npl), args.npp, args.ntg)
+            report[f"{row} rounds"] = rounds[row]
+            print_table(f"engine {row} (weights {llm.engine.model_runner.weight_bytes / 1e6:.0f} MB; "
+                        f"medians of {args.rounds} rounds)", report[row], anchor)
+        del engines
+    else:
+        for row in args.rows:
+            print(f"engine {row} ...", file=sys.stderr, flush=True)
+            llm = row_engine(row, args)
+            report[row] = engine_batched(llm, args.npp, args.ntg, args.npl, parts=True)
+            weight_mb = llm.engine.model_runner.weight_bytes / 1e6
+            del llm
+            print_table(f"engine {row} (weights {weight_mb:.0f} MB)", report[row], anchor)
     int4_pairs = [(row, base) for row in INT4_ROWS for base in UNQUANTIZED if row in args.rows and base in args.rows]
     for row, base in int4_pairs:
-        report[f"{row}_vs_{base} by batch size"] = ratios = ratios_by_batch(report[row], report[base])
-        print_ratios(row, ratios, INT4_GOAL, base)
+        if args.rounds:
+            report[f"{row}_vs_{base} rounds"] = judged = judge_rounds(report[f"{row} rounds"], report[f"{base} rounds"])
+            print_judged(row, base, judged, args.rounds)
+        else:
+            report[f"{row}_vs_{base} by batch size"] = ratios = ratios_by_batch(report[row], report[base])
+            print_ratios(row, ratios, INT4_GOAL, base)
     print()
     for per_cpu, unit in ((False, "tok/s"), (True, "tok per CPU s")):
         if anchor:
@@ -472,6 +602,11 @@ def figures(report: dict) -> dict[str, dict[str, float]]:
     for label, value in report.items():
         if label in ROWS or label == "llama.cpp":
             out |= batched_figures(label, value)
+        elif label.endswith(" rounds") and label.removesuffix(" rounds") in ROWS:
+            continue  # each round's figures: in the report only (the tables hold their medians)
+        elif label.endswith("_vs_bf16 rounds") or label.endswith("_vs_f32 rounds"):
+            out |= {f"{label} / B={b} / {key}": {"ratio": j["median"]} for b, judged in value.items()
+                    for key, j in judged.items()}
         elif label.endswith("by batch size"):
             out |= {f"{label} / B={b} / {key}": {"ratio": r} for b, ratios in value.items() for key, r in ratios.items()}
         elif label != "args":
