@@ -18,7 +18,9 @@ Rows: `bf16` (oneDNN's bf16 matmuls), `int4` (linear layers rounded at load to i
 for a CPU without native bf16 (AVX2 hosts: bf16 is emulated there, float32 is the auto dtype) `f32`
 and `w4a8+tables` (int4 g32 with activations rounded to int8, tables int8 per row); quantized rows
 are held against bf16 and f32, those of the two that ran. Random
-weights make the arithmetic, not the text, realistic. The machine is shared: figures are noisy.
+weights make the arithmetic, not the text, realistic. The machine is shared: figures are noisy;
+`--rounds N` loads every row at once and alternates them in N paired rounds, judging each quantized
+row on the per-round ratios (llm_batched_vs_llamacpp.py's --rounds).
 """
 
 from __future__ import annotations
@@ -38,9 +40,14 @@ from benchmarks.llm_batched_vs_llamacpp import (  # noqa: E402
     batched_figures,
     best,
     engine_batched,
+    judge_rounds,
+    median_figures,
+    paired_rounds,
+    print_judged,
     print_ratios,
     print_table,
     ratios_by_batch,
+    warm_up,
 )
 
 SHAPE = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -89,6 +96,10 @@ def parse_args(argv: list[str] | None, p: argparse.ArgumentParser | None = None)
     p.add_argument("--rows", default="int4+tables,int4,bf16", help=f"of {','.join(ROWS)} (default int4+tables,int4,bf16)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--layers", type=int, default=SHAPE["num_hidden_layers"], help="fewer for a quick check")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="every row's engine loaded at once and run in N paired rounds, quantized rows against "
+                        "bf16/f32 judged on the per-round ratios (as llm_batched_vs_llamacpp.py --rounds); "
+                        "0 (default): each row once, one after another")
     args = p.parse_args(argv)
     try:
         args.npl = sorted({int(b) for b in args.npl.split(",")})
@@ -99,6 +110,8 @@ def parse_args(argv: list[str] | None, p: argparse.ArgumentParser | None = None)
         p.error(f"--rows: unknown {unknown}; choose from {list(ROWS)}")
     if args.npp < 1 or args.ntg < 2 or args.threads < 1 or args.layers < 1 or min(args.npl) < 1:
         p.error("--npp, --threads, --layers and batch sizes must be at least 1, --ntg at least 2")
+    if args.rounds < 0:
+        p.error("--rounds must be 0 or more")
     return args
 
 
@@ -114,15 +127,28 @@ def run(args: argparse.Namespace) -> dict:
         print(f"built and saved in {time.perf_counter() - start:.0f} s; prompts {args.npp}, outputs {args.ntg}, "
               f"batch sizes {npl}, {args.threads} threads; load averages "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} (shared machine: noisy)", flush=True)
+        engines = {}
         for row in rows:
             dtype, quantization = ROWS[row]
             print(f"engine {row} ...", file=sys.stderr, flush=True)
             llm = LLM(model=tmp, dtype=dtype, quantization=quantization, num_threads=args.threads,
                       max_num_seqs=max(npl), enable_prefix_caching=False, kv_cache_memory="512MiB")
+            if args.rounds:
+                warm_up(llm, args.npp, args.ntg, npl)
+                engines[row] = llm
+                continue
             figures = engine_batched(llm, args.npp, args.ntg, npl)
             report[row] = {"weight_bytes": llm.engine.model_runner.weight_bytes, "batched": figures}
             del llm
             print_table(f"{row}: weights {report[row]['weight_bytes'] / 2**30:.2f} GiB", figures, None)
+        if args.rounds:
+            rounds = paired_rounds(engines, args.npp, args.ntg, npl, args.rounds)
+            for row, llm in engines.items():
+                report[row] = {"weight_bytes": llm.engine.model_runner.weight_bytes,
+                               "batched": median_figures(rounds[row]), "rounds": rounds[row]}
+                print_table(f"{row}: weights {report[row]['weight_bytes'] / 2**30:.2f} GiB "
+                            f"(medians of {args.rounds} rounds)", report[row]["batched"], None)
+            del engines
     print()
     for row, r in report.items():
         single = r["batched"].get(1)
@@ -138,6 +164,11 @@ def run(args: argparse.Namespace) -> dict:
         print(line + f", best batched {batched:.1f} output tok/s (B={b}), {per_cpu:.1f} per CPU s (B={b_cpu})")
     for row in rows:  # the quantized rows against bf16 and f32, batch size by batch size (issue 16: int4 >= 1.3x)
         for base in (b for b in UNQUANTIZED if b in report and row not in UNQUANTIZED):
+            if args.rounds:
+                judged = report[row][f"vs_{base} rounds"] = judge_rounds(report[row]["rounds"], report[base]["rounds"],
+                                                                         INT4_GOAL)
+                print_judged(row, base, judged, args.rounds, INT4_GOAL)
+                continue
             ratios = report[row][f"vs_{base}"] = ratios_by_batch(report[row]["batched"], report[base]["batched"])
             print_ratios(row, ratios, INT4_GOAL, base)
     return report
@@ -154,6 +185,8 @@ def figures(report: dict) -> dict[str, dict[str, float]]:
         out |= batched_figures(row, r["batched"])
         out |= {f"{row} vs {base} / B={b} / {key}": {"ratio": v} for base in UNQUANTIZED
                 for b, ratios in r.get(f"vs_{base}", {}).items() for key, v in ratios.items()}
+        out |= {f"{row} vs {base} / B={b} / {key}": {"ratio": j["median"]} for base in UNQUANTIZED
+                for b, judged in r.get(f"vs_{base} rounds", {}).items() for key, j in judged.items()}
     return out
 
 

@@ -205,8 +205,10 @@ def test_int4_rows_multiply_the_activations_the_kernel_says(kernels, group):
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
 def test_decode_batches_of_int4_groups_of_64_and_more_are_computed_row_by_row(kernels, k_in, group, symmetric):
     """Where the kernel rounds int4 activations to int16 (AVX2 builds) these groups take its few-row
-    path up to 64 rows too, each 32-input sub-block's nibbles picked out of its group's layout; a
-    row's result is then what it computes alone, F.linear of its rounded activations."""
+    path up to 64 rows too, each 32-input sub-block's nibbles picked out of its group's layout; on
+    AVX-512 builds (float activations) the table kernel's, up to the layer's 16 rows, 16 codes of
+    a group's first half and the matching 16 of its second at a time. A row's result is then what
+    it computes alone, F.linear of the activations the kernel multiplies."""
     layer = quantized_linear(QuantScheme("int4", group, symmetric), k_in)
     rows = layer.quant_method.kernel_max_rows(layer)
     assert rows == (G32_KERNEL_MAX_ROWS if int4_rounds_activations() else KERNEL_MAX_ROWS)
@@ -216,3 +218,19 @@ def test_decode_batches_of_int4_groups_of_64_and_more_are_computed_row_by_row(ke
     weight = dequantize(layer.qweight, layer.scales, layer.offsets, group)
     torch.testing.assert_close(batched, torch.nn.functional.linear(int4_kernel_activations(x), weight),
                                atol=2e-4, rtol=1e-4)
+
+
+# per channel (the group is the row: the `int8` method's default, the 1B benchmark's tables), a
+# group of 64 and of 96 (three 32s), over 544 inputs (a short last group of 32 or 64)
+@pytest.mark.parametrize("group", [None, 64, 96], ids=["per-channel", "g64", "g96"])
+def test_int8_decode_rows_of_any_32_multiple_groups_are_computed_row_by_row(kernels, group):
+    """Decode rows of int8 weights in groups of a multiple of 32 inputs (on AVX-512 builds the
+    table kernel's path since stop 38, each 32 codes widened once for all rows): every row is
+    what it computes alone, and F.linear with the dequantized weight to float rounding."""
+    layer = quantized_linear(QuantScheme("int8", group), 544)
+    rows = layer.quant_method.kernel_max_rows(layer)
+    x = torch.randn(rows, 544)
+    batched = layer(x)
+    assert all(torch.equal(batched[r], layer(x[r:r + 1])[0]) for r in range(rows))
+    weight = dequantize(layer.qweight, layer.scales, None, group or 544)
+    torch.testing.assert_close(batched, torch.nn.functional.linear(x, weight), atol=2e-4, rtol=1e-4)

@@ -210,20 +210,26 @@ enum class Weights { INT8, INT4, FP8 };
 #define CODEYARD_G32_AVX2 1  // the AVX2 kernels below, not the AVX-512 one: int4 rows take int16 activations
 #endif
 #ifndef CODEYARD_G32_AVX2
-// R decode rows against one weight row of 32-input int4/int8 groups (AVX-512; the AVX2 kernels
-// below are for CPUs without it): sixteen groups' float16 scales (and offsets) convert at
-// once, a masked load for the last ones. int4 skips the int-to-float conversions: per group a
-// 16-float table, code * scale + offset (quantization.py's dequantized weights bit for bit), and
-// one permute per 16 codes (vpermps reads the low 4 bits of each index: the low nibbles as they
-// are, the high ones after a shift) gives the group's 32 weights; each row then costs two FMAs
-// per group, into one accumulator for the group's first 16 inputs and one for its last 16.
-// int8 widens the 32 codes into two 16-lane vectors times the scale (dequantize's weights too),
-// then the same two FMAs per row, the same per row whatever R is. Sums in another order than the
-// AVX2 int8 kernel, which factors the scale out of each group; AVX2's int4 kernel rounds x to int16.
+// R decode rows against one weight row of int4/int8 groups of any multiple of 32 inputs (AVX-512;
+// the AVX2 kernels below are for CPUs without it): sixteen groups' float16 scales (and offsets)
+// convert at once, a masked load for the last ones. int4 skips the int-to-float conversions: per
+// group a 16-float table, code * scale + offset (quantization.py's dequantized weights bit for
+// bit), and one permute per 16 codes (vpermps reads the low 4 bits of each index: the low nibbles
+// as they are, the high ones after a shift) gives 32 of the group's weights, 16 of its first half
+// from the low nibbles and the matching 16 of its second half from the high ones (a group's byte
+// j holds its elements j and j + length / 2). Each row then costs two FMAs per 32 weights, into
+// one accumulator for the first halves' inputs and one for the second halves'. A group of 128
+// (AWQ's, GPTQ's, our int4's) builds one table for 4 such steps; before stop 38 groups other
+// than 32 took the buffered kernel below, which widens every code to float into L1 and reads it
+// back: 1.4-2.2x the CPU time on ~1B shapes. int8 widens each 32 codes into two 16-lane vectors
+// times the scale (dequantize's weights too; per channel, the group is the whole row), then the
+// same two FMAs per row. Every row gets the same operations whatever R is. Sums in another order
+// than the AVX2 int8 kernel, which factors the scale out of each group; AVX2's int4 kernel rounds
+// x to int16.
 template <Weights KIND, int R>
-void rows_dot_float_g32(const float* x, int64_t k_in, const uint8_t* q, const uint16_t* scales,
-                        const uint16_t* offsets, float* out, int64_t n_out) {
-  const int64_t groups = k_in / 32, row_bytes = KIND == Weights::INT4 ? k_in / 2 : k_in;
+void rows_dot_float(const float* x, int64_t k_in, const uint8_t* q, const uint16_t* scales,
+                    const uint16_t* offsets, float* out, int64_t n_out, int64_t group) {
+  const int64_t groups = (k_in + group - 1) / group, row_bytes = KIND == Weights::INT4 ? k_in / 2 : k_in;
   const __m512 codes16 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < n_out; ++n) {
@@ -243,23 +249,33 @@ void rows_dot_float_g32(const float* x, int64_t k_in, const uint8_t* q, const ui
       if constexpr (KIND == Weights::INT4)
         _mm512_store_ps(offset16, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, offsets + n * groups + g0)));
       for (int64_t j = 0; j < count; ++j) {
-        const int64_t g = g0 + j;
+        const int64_t start = (g0 + j) * group, half = (k_in - start < group ? k_in - start : group) / 2;
         const __m512 scale = _mm512_set1_ps(scale16[j]);
-        __m512 w0, w1;  // the group's weights, as quantization.py's dequantize gives them
         if constexpr (KIND == Weights::INT4) {
           const __m512 table = _mm512_add_ps(_mm512_mul_ps(codes16, scale), _mm512_set1_ps(offset16[j]));
-          const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qn + g * 16)));
-          w0 = _mm512_permutexvar_ps(codes, table);  // byte b: element b (low nibble), b + 16 (high)
-          w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table);
+          for (int64_t b = 0; b < half; b += 16) {  // bytes b..b+15: elements b.. (low), half + b.. (high)
+            const __m512i codes =
+                _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qn + start / 2 + b)));
+            const __m512 w0 = _mm512_permutexvar_ps(codes, table);
+            const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table);
+            for (int r = 0; r < R; ++r) {
+              const float* xg = x + r * k_in + start + b;
+              even[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg), even[r]);
+              odd[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + half), odd[r]);
+            }
+          }
         } else {
-          const __m128i* bytes = reinterpret_cast<const __m128i*>(qn + g * 32);
-          w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(bytes))), scale);
-          w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(bytes + 1))), scale);
-        }
-        for (int r = 0; r < R; ++r) {
-          const float* xg = x + r * k_in + g * 32;
-          even[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg), even[r]);
-          odd[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 16), odd[r]);
+          for (int64_t b = 0; b < 2 * half; b += 32) {  // 32 consecutive codes: the first 16, the last 16
+            const __m128i* bytes = reinterpret_cast<const __m128i*>(qn + start + b);
+            const __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(bytes))), scale);
+            const __m512 w1 =
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(bytes + 1))), scale);
+            for (int r = 0; r < R; ++r) {
+              const float* xg = x + r * k_in + start + b;
+              even[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg), even[r]);
+              odd[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 16), odd[r]);
+            }
+          }
         }
       }
     }
@@ -519,19 +535,21 @@ void by_tiles(int64_t rows, Kernel kernel) {
   for (int64_t m0 = 0; m0 < rows; m0 += G32_TILE) kernel((rows - m0 < G32_TILE ? rows - m0 : G32_TILE) - 1, m0);
 }
 
-// Up to G32_MAX_ROWS rows against 32-input groups (int4 in AVX2 builds: also groups of a multiple
-// of 64, int4_subs_fit), each group unpacked once per G32_TILE rows.
+// Up to G32_MAX_ROWS rows against 32-input groups (AVX2 builds: int4 groups of a multiple of 64 too,
+// int4_subs_fit; AVX-512 builds: int4/int8 groups of any multiple of 32), each group unpacked once
+// per G32_TILE rows.
 template <Weights KIND>
 void rows_few(const float* x, const uint8_t* q, const uint16_t* scales, const uint16_t* offsets, float* out,
               int64_t rows, int64_t n_out, int64_t k_in, int64_t group) {
 #ifndef CODEYARD_G32_AVX2
-  (void)group;
-  using Tile = void (*)(const float*, int64_t, const uint8_t*, const uint16_t*, const uint16_t*, float*, int64_t);
+  using Tile = void (*)(const float*, int64_t, const uint8_t*, const uint16_t*, const uint16_t*, float*, int64_t,
+                        int64_t);
   static constexpr Tile tiles[G32_TILE] = {
-      rows_dot_float_g32<KIND, 1>, rows_dot_float_g32<KIND, 2>, rows_dot_float_g32<KIND, 3>,
-      rows_dot_float_g32<KIND, 4>, rows_dot_float_g32<KIND, 5>, rows_dot_float_g32<KIND, 6>,
-      rows_dot_float_g32<KIND, 7>, rows_dot_float_g32<KIND, 8>};
-  by_tiles(rows, [&](int64_t t, int64_t m0) { tiles[t](x + m0 * k_in, k_in, q, scales, offsets, out + m0 * n_out, n_out); });
+      rows_dot_float<KIND, 1>, rows_dot_float<KIND, 2>, rows_dot_float<KIND, 3>, rows_dot_float<KIND, 4>,
+      rows_dot_float<KIND, 5>, rows_dot_float<KIND, 6>, rows_dot_float<KIND, 7>, rows_dot_float<KIND, 8>};
+  by_tiles(rows, [&](int64_t t, int64_t m0) {
+    tiles[t](x + m0 * k_in, k_in, q, scales, offsets, out + m0 * n_out, n_out, group);
+  });
 #else
   if constexpr (KIND == Weights::INT4) {
     using Tile = void (*)(const Int16Rows&, int64_t, int64_t, const Int4Subs&, const uint8_t*, const uint16_t*,
@@ -719,8 +737,10 @@ bool few_rows_fit(int64_t k_in, int64_t group) {
   if (KIND == Weights::FP8) return false;
 #ifdef CODEYARD_G32_AVX2
   if (KIND == Weights::INT4) return int4_subs_fit(k_in, group);
-#endif
   return group == 32 && k_in % 32 == 0;
+#else
+  return group % 32 == 0 && k_in % 32 == 0;  // every group (the last too) in whole 32s
+#endif
 }
 #endif
 
