@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -113,6 +114,32 @@ def run_hf_batched(
     return timings, time.perf_counter() - run_start
 
 
+def llamacpp_model_params() -> Any:
+    """llama.cpp's default model parameters with its CPU "extra buffer types" off, as
+    `llama-batched-bench --no-repack` runs: on a CPU with AMX the native build repacks the weights
+    for its AMX matmul, which faults on the first decode (SIGILL before the process holds the tile
+    state, SIGSEGV after: upstream llama.cpp#20824; #16315 reports wrong results there too)."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_default_params()
+    params.use_extra_bufts = False
+    return params
+
+
+def llamacpp_llama(**kwargs: Any) -> Any:
+    """llama_cpp.Llama(**kwargs) loaded with `llamacpp_model_params`: the class builds its model
+    parameters itself and has no option for them, so its default is swapped while it loads."""
+    import llama_cpp
+    import llama_cpp.llama_cpp as bindings
+
+    default = bindings.llama_model_default_params
+    bindings.llama_model_default_params = llamacpp_model_params
+    try:
+        return llama_cpp.Llama(**kwargs)
+    finally:
+        bindings.llama_model_default_params = default
+
+
 def run_llamacpp(
     gguf_path: Path, workload: list[BenchRequest], threads: int, progress: Progress
 ) -> tuple[list[RequestTiming], float]:
@@ -121,10 +148,8 @@ def run_llamacpp(
     The low-level eval/sample loop never checks for EOS, so every request
     produces exactly its `max_tokens`.
     """
-    from llama_cpp import Llama
-
     n_ctx = max(len(r.prompt_token_ids) + r.max_tokens for r in workload)
-    llm = Llama(
+    llm = llamacpp_llama(
         model_path=str(gguf_path),
         n_ctx=n_ctx,
         n_batch=512,

@@ -167,8 +167,10 @@ def llamacpp_batched_bindings(gguf: Path, npp: int, ntg: int, npl: list[int], th
     tool is not built. Filling the batch from Python adds ~1 us per token to each call."""
     import llama_cpp as lc
 
+    from benchmarks._baselines import llamacpp_model_params
+
     lc.llama_backend_init()
-    model = lc.llama_model_load_from_file(str(gguf).encode(), lc.llama_model_default_params())
+    model = lc.llama_model_load_from_file(str(gguf).encode(), llamacpp_model_params())  # as --no-repack
     params = lc.llama_context_default_params()
     params.n_ctx, params.n_batch, params.n_ubatch = max(npl) * (npp + ntg), 2048, 512
     params.n_threads = params.n_threads_batch = threads

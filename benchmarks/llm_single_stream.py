@@ -132,10 +132,10 @@ class Engine:
 
 class LlamaCpp:
     def __init__(self, gguf: Path, threads: int, prompt: list[int], tokens: int) -> None:
-        from llama_cpp import Llama
+        from benchmarks._baselines import llamacpp_llama
 
         self.prompt, self.tokens = prompt, tokens
-        self.llm = Llama(model_path=str(gguf), n_ctx=max(len(prompt) + tokens, 512), n_batch=512, n_threads=threads,
+        self.llm = llamacpp_llama(model_path=str(gguf), n_ctx=max(len(prompt) + tokens, 512), n_batch=512, n_threads=threads,
                          n_threads_batch=threads, verbose=False)
 
     def run(self) -> tuple[float, float, float, list[int]]:
