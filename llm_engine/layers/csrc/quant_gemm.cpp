@@ -12,9 +12,10 @@
 // per channel however many rows x has. AVX-512, else AVX2+FMA, where the compiler targets it
 // (plain loops elsewhere and for tails); output channels are spread over torch's OpenMP threads.
 // Up to 64 rows against 32-input int4/int8 groups (GGUF's Q4/Q8 shape: decode steps, a
-// speculative draft's verification), and in AVX2 builds int4 groups of a multiple of 64 too,
-// skip the buffer and unpack each group into registers once for all rows; each row's arithmetic
-// is then the same whatever the number of rows.
+// speculative draft's verification), in AVX2 builds int4 groups of a multiple of 64 too and in
+// AVX-512 builds int4/int8 groups of any multiple of 32 (few_rows_fit), skip the buffer and
+// unpack each group into registers once for all rows; each row's arithmetic is then the same
+// whatever the number of rows.
 // A bfloat16 model's int4 g32 decode rows can instead take AMX bf16 tiles (few_rows_int4_amx,
 // opt-in): weights and activations rounded to bf16, every row in one tile product per group.
 // A second pair of kernels (int4_gemm_q8/int8_gemm_q8, after quantize_rows_q8) multiplies in
@@ -249,32 +250,31 @@ void rows_dot_float(const float* x, int64_t k_in, const uint8_t* q, const uint16
       if constexpr (KIND == Weights::INT4)
         _mm512_store_ps(offset16, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, offsets + n * groups + g0)));
       for (int64_t j = 0; j < count; ++j) {
-        const int64_t start = (g0 + j) * group, half = (k_in - start < group ? k_in - start : group) / 2;
+        const int64_t start = (g0 + j) * group, length = k_in - start < group ? k_in - start : group;
         const __m512 scale = _mm512_set1_ps(scale16[j]);
+        // 16 weights for inputs k.. and 16 for inputs k + apart.. into every row's two accumulators
+        const auto rows_fma = [&](__m512 w0, __m512 w1, int64_t k, int64_t apart) {
+          for (int r = 0; r < R; ++r) {
+            const float* xk = x + r * k_in + k;
+            even[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xk), even[r]);
+            odd[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xk + apart), odd[r]);
+          }
+        };
         if constexpr (KIND == Weights::INT4) {
           const __m512 table = _mm512_add_ps(_mm512_mul_ps(codes16, scale), _mm512_set1_ps(offset16[j]));
+          const int64_t half = length / 2;
           for (int64_t b = 0; b < half; b += 16) {  // bytes b..b+15: elements b.. (low), half + b.. (high)
             const __m512i codes =
                 _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qn + start / 2 + b)));
-            const __m512 w0 = _mm512_permutexvar_ps(codes, table);
-            const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table);
-            for (int r = 0; r < R; ++r) {
-              const float* xg = x + r * k_in + start + b;
-              even[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg), even[r]);
-              odd[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + half), odd[r]);
-            }
+            rows_fma(_mm512_permutexvar_ps(codes, table), _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table),
+                     start + b, half);
           }
         } else {
-          for (int64_t b = 0; b < 2 * half; b += 32) {  // 32 consecutive codes: the first 16, the last 16
+          for (int64_t b = 0; b < length; b += 32) {  // 32 consecutive codes: the first 16, the last 16
             const __m128i* bytes = reinterpret_cast<const __m128i*>(qn + start + b);
-            const __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(bytes))), scale);
-            const __m512 w1 =
-                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(bytes + 1))), scale);
-            for (int r = 0; r < R; ++r) {
-              const float* xg = x + r * k_in + start + b;
-              even[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg), even[r]);
-              odd[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 16), odd[r]);
-            }
+            rows_fma(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(bytes))), scale),
+                     _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(bytes + 1))), scale),
+                     start + b, 16);
           }
         }
       }
