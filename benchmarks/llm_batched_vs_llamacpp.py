@@ -74,7 +74,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.framework.paired import LEVEL, median_interval  # noqa: E402
+from benchmarks.framework.paired import LEVEL, bound_verdict, median_interval  # noqa: E402
 from benchmarks.suites.decode_parts import DecodeParts  # noqa: E402
 from benchmarks.suites.throughput import VOCAB_HIGH, VOCAB_LOW, StepClock, find_smollm2_gguf, mark  # noqa: E402
 
@@ -218,30 +218,31 @@ def prompts(count: int, length: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(length)] for _ in range(count)]
 
 
+def greedy(max_tokens: int):
+    """The runs' sampling: greedy, exactly `max_tokens` tokens (EOS ignored)."""
+    from llm_engine import SamplingParams
+
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+
+
 def warm_up(llm, npp: int, ntg: int, npl: list[int], seed: int = 0) -> None:
     """Two short prompts, then one full-sized prompt chunk: its first run pays one-time costs
     (oneDNN's kernels for the shape, buffers' page faults) that would land in the largest batch's
     timed run, and in the first row's alone when rows share the process (stop 29: int4's first B=64
     prompt phase ~190 CPU ms above its next ones, bf16's ~20)."""
-    from llm_engine import SamplingParams
-
-    llm.generate(prompts(2, npp, seed - 1), SamplingParams(temperature=0, max_tokens=ntg, ignore_eos=True),
-                 use_tqdm=False)
+    llm.generate(prompts(2, npp, seed - 1), greedy(ntg), use_tqdm=False)
     chunk = llm.engine.config.max_num_batched_tokens
-    llm.generate(prompts(min(max(npl), -(-chunk // npp)), npp, seed - 2),
-                 SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    llm.generate(prompts(min(max(npl), -(-chunk // npp)), npp, seed - 2), greedy(2), use_tqdm=False)
 
 
 def timed_batch(llm, batch: list[list[int]], ntg: int, decode_cpu: dict[int, list[float]],
                 phase: DecodePhase) -> dict:
     """One generate() of `batch` (greedy, `ntg` tokens each) and its figures."""
-    from llm_engine import SamplingParams
-
     b = len(batch)
     decode_cpu.clear()
     phase.clear()
     start, cpu = time.perf_counter(), time.process_time()
-    outputs = llm.generate(batch, SamplingParams(temperature=0, max_tokens=ntg, ignore_eos=True), use_tqdm=False)
+    outputs = llm.generate(batch, greedy(ntg), use_tqdm=False)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     if any(len(o.outputs[0].token_ids) != ntg for o in outputs):
         raise RuntimeError("the engine produced a different number of tokens than asked")
@@ -281,11 +282,8 @@ def add_parts(llm, figures: dict, b: int, npp: int, ntg: int, seed: int = 0, voc
     """One more, untimed run of B=`b` (the wrappers cost a little) into `figures`, that batch's: its
     decode step's CPU by part of the model under "decode_parts_ms", its prompt phase's under
     "prompt_parts_ms"."""
-    from llm_engine import SamplingParams
-
     with DecodeParts(llm, b) as decode_parts:
-        llm.generate(batch_prompts(b, npp, seed, vocab), SamplingParams(temperature=0, max_tokens=ntg, ignore_eos=True),
-                     use_tqdm=False)
+        llm.generate(batch_prompts(b, npp, seed, vocab), greedy(ntg), use_tqdm=False)
     figures["decode_parts_ms"] = decode_parts.parts()
     figures["prompt_parts_ms"] = decode_parts.parts("prompt", per_step=False)
     figures["prompt_steps"] = decode_parts.steps["prompt"]
@@ -438,9 +436,9 @@ def judge_rounds(ours: list[dict[int, dict]], base: list[dict[int, dict]], goal:
                  level: float = LEVEL) -> dict[int, dict[str, dict]]:
     """Per batch size and RATIO_FIGURES figure: the per-round ratios of `ours` over `base` (the
     same round's), their median, the order-statistic interval for it (paired.median_interval:
-    exact and distribution-free) and the goal's verdict: "met" when the interval's low end is at
-    least `goal`, "not met" when its high end is below it, "undecided" otherwise or when the
-    rounds are too few for the interval to reach `level` (5 rounds for 90%)."""
+    exact and distribution-free) and the goal's verdict (paired.bound_verdict: "met" when the
+    interval's low end is at least `goal`, "not met" when its high end is below it, "undecided"
+    otherwise or when the rounds are too few for the interval to reach `level`: 5 for 90%)."""
     judged: dict[int, dict[str, dict]] = {}
     for b in ours[0]:
         judged[b] = {}
@@ -450,10 +448,9 @@ def judge_rounds(ours: list[dict[int, dict]], base: list[dict[int, dict]], goal:
             if not ratios:
                 continue
             interval = median_interval(ratios, level)
-            verdict = ("undecided" if interval.confidence < level else "met" if interval.low >= goal
-                       else "not met" if interval.high < goal else "undecided")
             judged[b][key] = {"ratios": ratios, "median": statistics.median(ratios), "low": interval.low,
-                              "high": interval.high, "confidence": interval.confidence, "verdict": verdict}
+                              "high": interval.high, "confidence": interval.confidence,
+                              "verdict": bound_verdict(interval, goal, True, level)}
     return judged
 
 
@@ -466,11 +463,10 @@ def print_judged(row: str, base: str, judged: dict[int, dict[str, dict]], rounds
         cells = [(f"{j['median']:.2f}x [{j['low']:.2f}-{j['high']:.2f}] {marks[j['verdict']]}" if (j := figures.get(key))
                   else "n/a") for _, key in RATIO_FIGURES]
         print(f"{b:>4}" + "".join(f"{cell:>24}" for cell in cells))
-    if judged:
-        confidence = next(iter(next(iter(judged.values())).values()), {}).get("confidence", math.nan)
-        print(f"  (intervals hold the median with probability {confidence:.0%}; per-round ratios at "
-              f"B={max(judged)}, output per CPU s: "
-              + " ".join(f"{r:.2f}" for r in judged[max(judged)].get("output_tok_per_cpu_s", {}).get("ratios", [])) + ")")
+    largest = judged[max(judged)].get("output_tok_per_cpu_s") if judged else None
+    if largest:
+        print(f"  (intervals hold the median with probability {largest['confidence']:.0%}; per-round ratios at "
+              f"B={max(judged)}, output per CPU s: " + " ".join(f"{r:.2f}" for r in largest["ratios"]) + ")")
 
 
 def row_engine(row: str, args: argparse.Namespace):

@@ -135,8 +135,8 @@ class LlamaCpp:
         from benchmarks._baselines import llamacpp_llama
 
         self.prompt, self.tokens = prompt, tokens
-        self.llm = llamacpp_llama(model_path=str(gguf), n_ctx=max(len(prompt) + tokens, 512), n_batch=512, n_threads=threads,
-                         n_threads_batch=threads, verbose=False)
+        self.llm = llamacpp_llama(model_path=str(gguf), n_ctx=max(len(prompt) + tokens, 512), n_batch=512,
+                                  n_threads=threads, n_threads_batch=threads, verbose=False)
 
     def run(self) -> tuple[float, float, float, list[int]]:
         """ms per output token after the first (wall, from Python; llama.cpp's own eval time per

@@ -104,17 +104,23 @@ def median_interval(values: list[float], level: float = LEVEL) -> Interval:
     return Interval(ordered[k - 1], ordered[n - k], coverage(n, k))
 
 
-def verdict(interval: Interval, higher_is_better: bool, goal: float = GOAL, level: float = LEVEL) -> str:
-    """The goal's verdict on a ratio's interval: the ratio may be at most `goal` worse than 1."""
+def bound_verdict(interval: Interval, bound: float, higher_is_better: bool, level: float = LEVEL) -> str:
+    """"met" when the interval's bound on the goal's side is past `bound` (higher_is_better: its low
+    end at least `bound`; else its high end at most `bound`), "not met" when the whole interval is on
+    the wrong side, "undecided" otherwise or when its confidence is under `level`."""
     if interval.confidence < level:
         return "undecided"
     if higher_is_better:
-        bound = 1 - goal
         met, missed = interval.low >= bound, interval.high < bound
     else:
-        bound = 1 + goal
         met, missed = interval.high <= bound, interval.low > bound
-    return f"within {goal:.0%}" if met else "not met" if missed else "undecided"
+    return "met" if met else "not met" if missed else "undecided"
+
+
+def verdict(interval: Interval, higher_is_better: bool, goal: float = GOAL, level: float = LEVEL) -> str:
+    """The goal's verdict on a ratio's interval: the ratio may be at most `goal` worse than 1."""
+    said = bound_verdict(interval, 1 - goal if higher_is_better else 1 + goal, higher_is_better, level)
+    return f"within {goal:.0%}" if said == "met" else said
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

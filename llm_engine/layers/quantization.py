@@ -324,9 +324,12 @@ class WeightOnlyLinearMethod(QuantMethod):
         return self.scheme.group_size or cast(QuantLayer, layer).input_size
 
     def one_pass(self, layer: nn.Module) -> bool:
-        """Whether the few-row kernel unpacks each group once per 8 rows (int4/int8 in 32-input
-        groups; where it rounds int4 activations to int16, AVX2 builds, int4 groups of a multiple
-        of 64 too) rather than once per row."""
+        """Whether this layer's decode batches stay on the few-row kernel, which unpacks each group
+        once per 8 rows: int4/int8 in 32-input groups, and where it rounds int4 activations to int16
+        (AVX2 builds) int4 groups of a multiple of 64 too. AVX-512 builds' kernel also unpacks other
+        multiples of 32 once per 8 rows, but there 2-8 bf16 sequences of them run faster on the AMX
+        tiles (stop 38, ~1B int4 g128, 8 rows: its layers' matmuls ~250 CPU ms on the kernel, a whole
+        decode step 114 on the tiles), so they answer False."""
         quant_layer = cast(QuantLayer, layer)
         k_in, group = quant_layer.input_size, self.group(layer)
         if self.scheme.weights == "fp8":

@@ -15,9 +15,9 @@ from llm_engine.layers.native import cpu_kernels
 from llm_engine.layers.quantization import QuantScheme, pack_int4, quantize_int4, quantize_int8
 from llm_engine.model_runner import StepInput
 
-# GGUF's block layouts (Q4_1, Q4_0, Q8_0: the few-row g32 kernels), int4 g64 (the few-row kernel
-# where it rounds activations to int16, else the buffered one, as fp8), and int8-rounded
-# activations (the integer kernels)
+# GGUF's block layouts (Q4_1, Q4_0, Q8_0: the few-row g32 kernels), int4 g64 (the few-row kernel:
+# int16-rounded activations in AVX2 builds, the table kernel in AVX-512 ones), fp8 (the buffered
+# kernel), and int8-rounded activations (the integer kernels)
 KINDS = {"q4_1": {"method": "int4", "group_size": 32, "symmetric": False},
          "q4_0": {"method": "int4", "group_size": 32, "symmetric": True},
          "q8_0": {"method": "int8", "group_size": 32},
